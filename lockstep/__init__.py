@@ -1,0 +1,1 @@
+"""The `lockstep` command line: one entry point that dispatches to the simulator and the engine."""

@@ -1,0 +1,58 @@
+"""`lockstep` command dispatcher.
+
+Each subcommand lives with the package that implements it (`sim.cli` for `check` and
+`docs`, `engine.cli` for `make-model`, `generate` and `bench`); this module only wires them
+up, importing the engine lazily so that `lockstep check` never imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# subcommand -> module exposing add_parser(subparsers) and run(args) -> int
+SUBCOMMANDS = {
+    "check": "sim.cli",
+    "docs": "sim.docs_cli",
+    "make-model": "engine.cli_make_model",
+    "generate": "engine.cli_generate",
+    "bench": "engine.cli_bench",
+}
+
+
+class _ArgumentParser(argparse.ArgumentParser):
+    """argparse with one-line errors and exit status 2."""
+
+    def error(self, message: str) -> None:  # noqa: D401 - argparse override
+        sys.stderr.write(f"lockstep: error: {message}\n")
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the top-level parser; subcommands whose module is missing are skipped."""
+    parser = _ArgumentParser(prog="lockstep", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", parser_class=_ArgumentParser)
+    for name, module_name in SUBCOMMANDS.items():
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name and exc.name.startswith(module_name.split(".")[0]):
+                continue
+            raise
+        module.add_parser(sub, name)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `lockstep` console script; returns the process exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    return int(args.run(args) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
