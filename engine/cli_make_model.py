@@ -1,0 +1,38 @@
+"""`lockstep make-model`: write a random-weight HF-layout Qwen3 directory from a named preset.
+
+Only argparse runs at import time; torch and transformers are imported inside `run`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from engine.presets import PRESETS
+
+
+def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
+    """Register the subcommand `name` on `subparsers`; sets `run` as its handler."""
+    p = subparsers.add_parser(name, help="write a random-weight Qwen3 model directory",
+                              description=__doc__.splitlines()[0])
+    p.add_argument("--preset", required=True, choices=list(PRESETS),
+                   help="named configuration (real Qwen3 shapes, or tiny for tests)")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"],
+                   help="storage dtype (default bfloat16)")
+    p.set_defaults(run=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Write the directory; returns the exit status (0 on success)."""
+    from engine.model_dir import write_model_dir
+
+    def progress(done: int, total: int) -> None:
+        print(f"make-model: wrote shard {done}/{total}", file=sys.stderr, flush=True)
+
+    out = write_model_dir(args.preset, args.out, seed=args.seed, dtype=args.dtype,
+                          progress=progress)
+    print(f"make-model: {args.preset} ({args.dtype}, seed {args.seed}) -> {out}")
+    return 0

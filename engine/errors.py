@@ -1,0 +1,38 @@
+"""Errors of the engine that a caller can act on.
+
+Every message names the offending value and, where there is one, the file it came from, so a
+log line alone says what to fix. All are raised before any rank starts or device memory is
+allocated, unless the class says otherwise.
+"""
+
+from __future__ import annotations
+
+
+class ModelDirError(ValueError):
+    """A model directory is unusable: missing, incomplete, wrong architecture, bad shapes."""
+
+
+class ParallelConfigError(ValueError):
+    """The model cannot be split at the requested tensor-parallel size (heads, intermediate,
+    vocab not divisible), or the parallel settings themselves are invalid."""
+
+
+class RequestError(ValueError):
+    """One request is invalid (bad sampling parameters, prompt too long, unknown token id).
+
+    Raised or reported for that request only; other requests in the same call still finish.
+    """
+
+
+class RankError(RuntimeError):
+    """A rank process raised, died, or did not answer within its deadline.
+
+    Attributes:
+        rank: the failing rank (the lowest one when several failed).
+        detail: the rank's error text, or how it died (exit code / signal / timeout).
+    """
+
+    def __init__(self, rank: int, detail: str):
+        super().__init__(f"rank {rank} failed: {detail}")
+        self.rank = rank
+        self.detail = detail

@@ -1,0 +1,170 @@
+"""Write a random-weight Qwen3 model directory in the Hugging Face layout.
+
+The directory holds config.json (built with `transformers.Qwen3Config`), generation_config.json,
+sharded `*.safetensors` and `model.safetensors.index.json`, so that both this engine and
+`transformers.AutoModelForCausalLM.from_pretrained` load it. Weights are drawn tensor by tensor
+from a generator seeded with (seed, tensor index) and written shard by shard: peak host memory
+is one shard plus one tensor, never the whole model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Callable, Iterator
+
+from engine.presets import DEFAULT_SHARD_BYTES, PRESETS, SHARD_BYTES
+
+# Standard deviation of the random matrices: the `initializer_range` of Qwen3 configs.
+INIT_STD = 0.02
+# Norm weights are 1 plus noise of this size, so a norm that is skipped or applied to the
+# wrong tensor changes the logits measurably in tests.
+NORM_NOISE = 0.1
+
+
+def tensor_shapes(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
+    """HF parameter names and shapes of a Qwen3 dense model, in checkpoint order.
+
+    Args:
+        cfg: a preset dict (see `engine.presets`).
+    Returns:
+        [(name, shape)], e.g. ("model.layers.0.self_attn.q_proj.weight", (q_heads*head_dim, hidden)).
+    """
+    h, d, i = cfg["hidden_size"], cfg["head_dim"], cfg["intermediate_size"]
+    nq, nkv, v = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["vocab_size"]
+    out = [("model.embed_tokens.weight", (v, h))]
+    for layer in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{layer}."
+        out += [
+            (p + "input_layernorm.weight", (h,)),
+            (p + "self_attn.q_proj.weight", (nq * d, h)),
+            (p + "self_attn.k_proj.weight", (nkv * d, h)),
+            (p + "self_attn.v_proj.weight", (nkv * d, h)),
+            (p + "self_attn.o_proj.weight", (h, nq * d)),
+            (p + "self_attn.q_norm.weight", (d,)),
+            (p + "self_attn.k_norm.weight", (d,)),
+            (p + "post_attention_layernorm.weight", (h,)),
+            (p + "mlp.gate_proj.weight", (i, h)),
+            (p + "mlp.up_proj.weight", (i, h)),
+            (p + "mlp.down_proj.weight", (h, i)),
+        ]
+    out.append(("model.norm.weight", (h,)))
+    if not cfg["tie_word_embeddings"]:
+        out.append(("lm_head.weight", (v, h)))
+    return out
+
+
+def build_config(preset: str, dtype: str):
+    """Return the `transformers.Qwen3Config` of a preset.
+
+    Raises:
+        ValueError: unknown preset name.
+    """
+    from transformers import Qwen3Config
+
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
+    cfg = dict(PRESETS[preset])
+    theta = cfg.pop("rope_theta")
+    config = Qwen3Config(
+        **cfg,
+        rope_parameters={"rope_type": "default", "rope_theta": theta},
+        hidden_act="silu",
+        attention_bias=False,
+        torch_dtype=dtype,
+        architectures=["Qwen3ForCausalLM"],
+    )
+    # transformers 4.x keeps rope_theta as an attribute; 5.x moved it into rope_parameters.
+    # Writing both keeps the directory loadable by either.
+    config.rope_theta = theta
+    return config
+
+
+def _shard_plan(shapes, itemsize: int, shard_bytes: int) -> list[list[int]]:
+    """Group tensor indices into shards of at most `shard_bytes` (a lone big tensor is a shard)."""
+    shards, cur, cur_bytes = [], [], 0
+    for idx, (_, shape) in enumerate(shapes):
+        n = itemsize
+        for s in shape:
+            n *= s
+        if cur and cur_bytes + n > shard_bytes:
+            shards.append(cur)
+            cur, cur_bytes = [], 0
+        cur.append(idx)
+        cur_bytes += n
+    if cur:
+        shards.append(cur)
+    return shards
+
+
+def write_model_dir(preset: str, out: str | os.PathLike, seed: int = 0,
+                    dtype: str = "bfloat16", shard_bytes: int | None = None,
+                    progress: Callable[[int, int], None] | None = None) -> Path:
+    """Write a random-weight HF-layout Qwen3 directory.
+
+    Args:
+        preset: a key of `engine.presets.PRESETS`.
+        out: directory to create (may exist; files in it are overwritten).
+        seed: tensor `k` is drawn from `torch.Generator().manual_seed(seed * 1_000_003 + k)`, so
+            a tensor's value does not depend on the shard layout.
+        dtype: "float32", "bfloat16" or "float16": storage dtype of every tensor.
+        shard_bytes: shard size limit in bytes; default per preset (`engine.presets`).
+        progress: called as progress(done_shards, total_shards) after each shard.
+    Returns:
+        The directory path.
+    Raises:
+        ValueError: unknown preset or dtype.
+    """
+    import torch
+    from safetensors.torch import save_file
+
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if dtype not in dtypes:
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(dtypes)}")
+    tdtype = dtypes[dtype]
+    config = build_config(preset, dtype)
+    cfg = PRESETS[preset]
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(out)
+    gen = {"bos_token_id": cfg["bos_token_id"], "eos_token_id": cfg["eos_token_id"],
+           "do_sample": False}
+    (out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
+
+    shapes = tensor_shapes(cfg)
+    if shard_bytes is None:
+        shard_bytes = SHARD_BYTES.get(preset, DEFAULT_SHARD_BYTES)
+    plan = _shard_plan(shapes, tdtype.itemsize, shard_bytes)
+    weight_map, total = {}, 0
+    for s, indices in enumerate(plan):
+        fname = f"model-{s + 1:05d}-of-{len(plan):05d}.safetensors"
+        tensors = {}
+        for idx in indices:
+            name, shape = shapes[idx]
+            tensors[name] = _random_tensor(name, shape, seed, idx, tdtype)
+            weight_map[name] = fname
+            total += tensors[name].numel() * tdtype.itemsize
+        save_file(tensors, str(out / fname), metadata={"format": "pt"})
+        del tensors
+        if progress is not None:
+            progress(s + 1, len(plan))
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    return out
+
+
+def _random_tensor(name: str, shape, seed: int, idx: int, dtype):
+    import torch
+
+    g = torch.Generator().manual_seed(seed * 1_000_003 + idx)
+    if name.endswith("norm.weight"):
+        t = 1.0 + NORM_NOISE * torch.randn(shape, generator=g)
+    else:
+        t = INIT_STD * torch.randn(shape, generator=g)
+    return t.to(dtype)
+
+
+def iter_presets() -> Iterator[str]:
+    """Names of the presets, in declaration order."""
+    return iter(PRESETS)
