@@ -1,0 +1,139 @@
+"""Model and parallel configuration of the engine, validated before any rank starts.
+
+`load_model_config` reads a Hugging Face Qwen3 directory's config.json through
+`transformers.AutoConfig`; `check_parallel` rejects tensor-parallel sizes the model cannot be
+split at. Both raise subclasses of ValueError whose message names the bad value and the file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.errors import ModelDirError, ParallelConfigError
+
+SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM",)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The Qwen3 dense hyper-parameters the engine uses (whole model, not per rank).
+
+    Sizes are element counts; `rope_theta` is the RoPE base; `max_position` is the longest
+    context (tokens) the config allows.
+    """
+
+    model_dir: str
+    hidden_size: int
+    num_layers: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    rope_theta: float
+    rms_norm_eps: float
+    max_position: int
+    torch_dtype: str
+    eos_token_ids: tuple[int, ...]
+
+    @property
+    def config_path(self) -> Path:
+        return Path(self.model_dir) / "config.json"
+
+
+def _rope_theta(hf) -> float:
+    params = getattr(hf, "rope_parameters", None) or {}
+    if isinstance(params, dict) and "rope_theta" in params:
+        return float(params["rope_theta"])
+    theta = getattr(hf, "rope_theta", None)
+    if theta is None:
+        raise ModelDirError("config.json names no rope_theta")
+    return float(theta)
+
+
+def load_model_config(model_dir: str | Path) -> ModelConfig:
+    """Read and check `model_dir/config.json` (and generation_config.json when present).
+
+    Raises:
+        ModelDirError: the directory or config.json is missing or unreadable, the architecture
+            is not Qwen3ForCausalLM, or a field is missing or not positive.
+    """
+    d = Path(model_dir)
+    if not d.is_dir():
+        raise ModelDirError(f"model directory {str(d)!r} does not exist or is not a directory")
+    cfg_path = d / "config.json"
+    if not cfg_path.is_file():
+        raise ModelDirError(f"{cfg_path}: missing (is {str(d)!r} a Hugging Face model dir?)")
+    from transformers import AutoConfig
+
+    try:
+        hf = AutoConfig.from_pretrained(str(d))
+    except Exception as exc:  # transformers raises several unrelated types here
+        raise ModelDirError(f"{cfg_path}: cannot be read by transformers.AutoConfig: {exc}") from exc
+    archs = tuple(getattr(hf, "architectures", None) or ())
+    if not any(a in SUPPORTED_ARCHITECTURES for a in archs) or hf.model_type != "qwen3":
+        raise ModelDirError(
+            f"{cfg_path}: unsupported architecture {list(archs) or None} (model_type "
+            f"{hf.model_type!r}); this engine runs {list(SUPPORTED_ARCHITECTURES)} only")
+    head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+    eos = _eos_ids(d, hf)
+    cfg = ModelConfig(
+        model_dir=str(d), hidden_size=hf.hidden_size, num_layers=hf.num_hidden_layers,
+        num_q_heads=hf.num_attention_heads, num_kv_heads=hf.num_key_value_heads,
+        head_dim=head_dim, intermediate_size=hf.intermediate_size, vocab_size=hf.vocab_size,
+        tie_word_embeddings=bool(hf.tie_word_embeddings), rope_theta=_rope_theta(hf),
+        rms_norm_eps=float(hf.rms_norm_eps), max_position=int(hf.max_position_embeddings),
+        torch_dtype=str(getattr(hf, "dtype", None) or getattr(hf, "torch_dtype", None)
+                        or "bfloat16").replace("torch.", ""),
+        eos_token_ids=eos,
+    )
+    for field in ("hidden_size", "num_layers", "num_q_heads", "num_kv_heads", "head_dim",
+                  "intermediate_size", "vocab_size"):
+        v = getattr(cfg, field)
+        if not isinstance(v, int) or v <= 0:
+            raise ModelDirError(f"{cfg_path}: {field} = {v!r}, expected a positive integer")
+    if cfg.num_q_heads % cfg.num_kv_heads:
+        raise ModelDirError(f"{cfg_path}: num_attention_heads {cfg.num_q_heads} is not a "
+                            f"multiple of num_key_value_heads {cfg.num_kv_heads}")
+    return cfg
+
+
+def _eos_ids(d: Path, hf) -> tuple[int, ...]:
+    import json
+
+    raw = None
+    gen = d / "generation_config.json"
+    if gen.is_file():
+        try:
+            raw = json.loads(gen.read_text()).get("eos_token_id")
+        except (OSError, ValueError) as exc:
+            raise ModelDirError(f"{gen}: not valid JSON: {exc}") from exc
+    if raw is None:
+        raw = getattr(hf, "eos_token_id", None)
+    if raw is None:
+        return ()
+    return tuple(raw) if isinstance(raw, (list, tuple)) else (int(raw),)
+
+
+def check_parallel(cfg: ModelConfig, world_size: int) -> None:
+    """Check that every tensor-parallel split of `cfg` is exact at `world_size` ranks.
+
+    Column-parallel QKV splits q and kv heads, gate_up and down split the intermediate size,
+    the vocab-parallel embedding and LM head split the vocabulary.
+
+    Raises:
+        ParallelConfigError: world_size < 1, or one of those sizes is not divisible by it.
+    """
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ParallelConfigError(f"tensor_parallel_size = {world_size!r}, expected an integer >= 1")
+    where = cfg.config_path
+    for name, value in (("num_attention_heads", cfg.num_q_heads),
+                        ("num_key_value_heads", cfg.num_kv_heads),
+                        ("intermediate_size", cfg.intermediate_size),
+                        ("vocab_size", cfg.vocab_size)):
+        if value % world_size:
+            raise ParallelConfigError(
+                f"{where}: {name} = {value} is not divisible by tensor_parallel_size = "
+                f"{world_size}; choose a tensor-parallel size that divides it")

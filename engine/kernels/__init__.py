@@ -1,0 +1,1 @@
+"""Device kernels (Triton) and their float64 torch references."""

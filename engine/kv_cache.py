@@ -1,0 +1,91 @@
+"""Paged KV cache with a device-resident page table, sequence lengths and padding page/slot.
+
+Layout (per rank, for this rank's kv heads only):
+    k, v:        [num_layers, num_pages + 1, page_size, kv_heads, head_dim]; page `num_pages`
+                 is the reserved padding page, never handed out.
+    page_table:  int32 [max_slots + 1, max_pages_per_seq]; row `max_slots` is the padding
+                 slot. Unused entries point at the padding page, so any read is in bounds.
+    seq_lens:    int32 [max_slots + 1]: tokens held by each slot (the padding slot holds 1).
+
+Token at position p of the sequence in slot s is stored at page page_table[s, p // page_size],
+row p % page_size. A decode slot is only a row of the page table: moving a slot copies its row
+and length, the pages themselves stay where they are. Page ids are chosen by the controller
+and arrive in commands (I2); this class only applies them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    """The KV cache of one rank. All tensors live on `device` at fixed addresses.
+
+    Args:
+        num_layers, kv_heads, head_dim: model shape on this rank.
+        num_pages: pages available to sequences (one more is allocated for padding).
+        page_size: tokens per page.
+        max_slots: decode slots (one more is allocated for padding rows).
+        max_pages_per_seq: width of the page table, i.e. ceil(max context / page_size).
+    """
+
+    def __init__(self, num_layers: int, kv_heads: int, head_dim: int, num_pages: int,
+                 page_size: int, max_slots: int, max_pages_per_seq: int, dtype: torch.dtype,
+                 device="cpu"):
+        self.num_pages, self.page_size = num_pages, page_size
+        self.max_slots, self.max_pages_per_seq = max_slots, max_pages_per_seq
+        self.padding_page, self.padding_slot = num_pages, max_slots
+        shape = (num_layers, num_pages + 1, page_size, kv_heads, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.page_table = torch.full((max_slots + 1, max_pages_per_seq), self.padding_page,
+                                     dtype=torch.int32, device=device)
+        self.seq_lens = torch.zeros(max_slots + 1, dtype=torch.int32, device=device)
+        self.seq_lens[self.padding_slot] = 1
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by K and V."""
+        return 2 * self.k.numel() * self.k.element_size()
+
+    def assign_pages(self, slot: int, first_index: int, page_ids: list[int]) -> None:
+        """Set page_table[slot, first_index : first_index + len(page_ids)] = page_ids.
+
+        Raises:
+            ValueError: slot, index or page id out of range, or the padding page/slot used.
+        """
+        if not 0 <= slot < self.max_slots:
+            raise ValueError(f"slot {slot} out of range [0, {self.max_slots})")
+        if first_index < 0 or first_index + len(page_ids) > self.max_pages_per_seq:
+            raise ValueError(f"page index {first_index}+{len(page_ids)} exceeds "
+                             f"max_pages_per_seq {self.max_pages_per_seq}")
+        if any(not 0 <= p < self.num_pages for p in page_ids):
+            raise ValueError(f"page ids {page_ids} out of range [0, {self.num_pages})")
+        if page_ids:
+            self.page_table[slot, first_index:first_index + len(page_ids)] = torch.tensor(
+                page_ids, dtype=torch.int32).to(self.page_table.device)
+
+    def move_slot(self, src: int, dst: int) -> None:
+        """Move the sequence in slot `src` to slot `dst` (page-table row and length); `src` is
+        left empty (padding page, length 0)."""
+        self.page_table[dst].copy_(self.page_table[src])
+        self.seq_lens[dst] = self.seq_lens[src]
+        self.clear_slot(src)
+
+    def clear_slot(self, slot: int) -> None:
+        """Forget slot `slot`'s pages (they return to the controller's free list)."""
+        self.page_table[slot].fill_(self.padding_page)
+        self.seq_lens[slot] = 0
+
+    def write(self, layer: int, slot_ids: torch.Tensor, positions: torch.Tensor,
+              k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store k, v [T, kv_heads, head_dim] of tokens at `positions` [T] of `slot_ids` [T].
+
+        Device-only indexing: no host value is read, so this is safe inside a CUDA graph.
+        """
+        pos = positions.long()
+        pages = self.page_table[slot_ids.long(), pos // self.page_size].long()
+        flat = pages * self.page_size + pos % self.page_size
+        kv_shape = (-1,) + tuple(self.k.shape[3:])
+        self.k[layer].view(kv_shape).index_copy_(0, flat, k.to(self.k.dtype))
+        self.v[layer].view(kv_shape).index_copy_(0, flat, v.to(self.v.dtype))

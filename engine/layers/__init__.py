@@ -1,0 +1,1 @@
+"""Tensor-parallel building blocks of the Qwen3 model, one concept per module."""

@@ -1,0 +1,92 @@
+"""Column- and row-parallel linear layers (no bias: Qwen3 has none).
+
+Column parallel splits the output features across ranks (each rank holds `out / world_size`
+rows of the weight and produces its slice of the output); row parallel splits the input
+features and sums the partial products with an all-reduce whose result is complete before it
+is returned (I11). Weights are read per rank as slices of the checkpoint tensors.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.parallel import TPGroup
+from engine.weights import WeightIndex
+
+
+class ColumnParallelLinear(nn.Module):
+    """y_local = x @ W_local^T, W_local = rows of each named checkpoint tensor for this rank.
+
+    Several checkpoint tensors may be fused (e.g. gate_proj and up_proj): each is split
+    separately and this rank's slices are concatenated, so the output is
+    [T, sum(out_i) / world_size] laid out as [slice of tensor 0 | slice of tensor 1 | ...].
+
+    Args:
+        in_features: input width (full, not split).
+        out_features: full output width of each fused tensor, e.g. [I, I] for gate_up.
+        tp: this rank's group.
+        dtype / device: parameter dtype and device.
+    """
+
+    def __init__(self, in_features: int, out_features: list[int], tp: TPGroup,
+                 dtype: torch.dtype, device: torch.device | str = "cpu"):
+        super().__init__()
+        self.tp = tp
+        self.out_parts = [o // tp.world_size for o in out_features]
+        self.weight = nn.Parameter(
+            torch.empty(sum(self.out_parts), in_features, dtype=dtype, device=device),
+            requires_grad=False)
+
+    def load(self, index: WeightIndex, names: list[str]) -> None:
+        """Copy this rank's rows of each checkpoint tensor in `names` into the weight."""
+        row = 0
+        for name, part in zip(names, self.out_parts):
+            start = self.tp.rank * part
+            self.weight.data[row:row + part].copy_(index.read(name, 0, start, start + part))
+            row += part
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [T, in] -> [T, sum(out_parts)], same dtype."""
+        return F.linear(x, self.weight)
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """Fused q/k/v projection, split by heads: this rank's [q heads | kv heads | kv heads].
+
+    Args:
+        hidden: input width. num_q_heads / num_kv_heads: full head counts (divisible by the
+        world size, checked by `engine.config.check_parallel`). head_dim: per-head width.
+    """
+
+    def __init__(self, hidden: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
+                 tp: TPGroup, dtype: torch.dtype, device="cpu"):
+        super().__init__(hidden, [num_q_heads * head_dim, num_kv_heads * head_dim,
+                                  num_kv_heads * head_dim], tp, dtype, device)
+
+
+class RowParallelLinear(nn.Module):
+    """y = all_reduce(x_local @ W_local^T), W_local = this rank's columns of the checkpoint.
+
+    Args:
+        in_features: full input width (split across ranks). out_features: output width.
+    """
+
+    def __init__(self, in_features: int, out_features: int, tp: TPGroup, dtype: torch.dtype,
+                 device="cpu"):
+        super().__init__()
+        self.tp = tp
+        self.in_part = in_features // tp.world_size
+        self.weight = nn.Parameter(
+            torch.empty(out_features, self.in_part, dtype=dtype, device=device),
+            requires_grad=False)
+
+    def load(self, index: WeightIndex, name: str) -> None:
+        """Copy this rank's columns of checkpoint tensor `name` into the weight."""
+        start = self.tp.rank * self.in_part
+        self.weight.data.copy_(index.read(name, 1, start, start + self.in_part))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [T, in / world_size] -> [T, out], summed over ranks (complete on return)."""
+        return self.tp.all_reduce(F.linear(x, self.weight))

@@ -1,0 +1,120 @@
+"""Read a Qwen3 checkpoint's tensors from safetensors shards, one rank's slice at a time.
+
+`WeightIndex` maps each HF tensor name to its shard (from model.safetensors.index.json, or the
+single model.safetensors) and checks names and shapes from the shard headers alone, before any
+rank starts. `read` returns one slice of one tensor through `safe_open(...).get_slice`, so a
+rank never loads a full tensor it does not own.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from engine.config import ModelConfig
+from engine.errors import ModelDirError
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+
+
+def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """HF tensor name -> full (unsharded) shape the engine expects for `cfg`."""
+    h, d, i, v = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size, cfg.vocab_size
+    nq, nkv = cfg.num_q_heads, cfg.num_kv_heads
+    out = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,)}
+    for layer in range(cfg.num_layers):
+        p = f"model.layers.{layer}."
+        out.update({
+            p + "input_layernorm.weight": (h,),
+            p + "self_attn.q_proj.weight": (nq * d, h),
+            p + "self_attn.k_proj.weight": (nkv * d, h),
+            p + "self_attn.v_proj.weight": (nkv * d, h),
+            p + "self_attn.o_proj.weight": (h, nq * d),
+            p + "self_attn.q_norm.weight": (d,),
+            p + "self_attn.k_norm.weight": (d,),
+            p + "post_attention_layernorm.weight": (h,),
+            p + "mlp.gate_proj.weight": (i, h),
+            p + "mlp.up_proj.weight": (i, h),
+            p + "mlp.down_proj.weight": (h, i),
+        })
+    if not cfg.tie_word_embeddings:
+        out["lm_head.weight"] = (v, h)
+    return out
+
+
+class WeightIndex:
+    """Where each tensor of a checkpoint lives, checked against a `ModelConfig`.
+
+    Raises (from the constructor):
+        ModelDirError: no index and no single model.safetensors; the index names a shard file
+            that is missing or unreadable; an expected tensor is absent; a tensor's shape
+            differs from the config's.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        self.cfg = cfg
+        d = Path(cfg.model_dir)
+        index_path = d / INDEX_FILE
+        if index_path.is_file():
+            try:
+                weight_map = json.loads(index_path.read_text())["weight_map"]
+            except (OSError, ValueError, KeyError) as exc:
+                raise ModelDirError(f"{index_path}: unreadable index ({exc})") from exc
+            self.files = {name: d / fname for name, fname in weight_map.items()}
+        elif (d / SINGLE_FILE).is_file():
+            from safetensors import safe_open
+
+            with safe_open(str(d / SINGLE_FILE), framework="pt") as f:
+                self.files = {name: d / SINGLE_FILE for name in f.keys()}
+        else:
+            raise ModelDirError(f"{d}: no {INDEX_FILE} and no {SINGLE_FILE}")
+        self._check()
+
+    def _check(self) -> None:
+        from safetensors import safe_open
+
+        expected = expected_shapes(self.cfg)
+        by_file: dict[Path, list[str]] = {}
+        for name in expected:
+            if name not in self.files:
+                raise ModelDirError(f"{Path(self.cfg.model_dir) / INDEX_FILE}: tensor {name!r} "
+                                    f"is missing from the checkpoint")
+            by_file.setdefault(self.files[name], []).append(name)
+        for path, names in by_file.items():
+            if not path.is_file():
+                raise ModelDirError(f"{path}: shard file is missing (named by the index for "
+                                    f"{names[0]!r})")
+            try:
+                with safe_open(str(path), framework="pt") as f:
+                    present = set(f.keys())
+                    for name in names:
+                        if name not in present:
+                            raise ModelDirError(f"{path}: tensor {name!r} is not in this shard, "
+                                                f"though the index says it is")
+                        shape = tuple(f.get_slice(name).get_shape())
+                        if shape != expected[name]:
+                            raise ModelDirError(
+                                f"{path}: tensor {name!r} has shape {list(shape)}, expected "
+                                f"{list(expected[name])} from {self.cfg.config_path}")
+            except ModelDirError:
+                raise
+            except Exception as exc:  # safetensors raises its own error types
+                raise ModelDirError(f"{path}: unreadable safetensors shard ({exc})") from exc
+
+    def read(self, name: str, dim: int | None = None, start: int = 0, stop: int | None = None):
+        """Read tensor `name`, or only `[start:stop]` along dimension `dim` (0 or 1).
+
+        Returns a CPU torch tensor in the checkpoint's dtype. Only the slice is read from disk.
+        """
+        from safetensors import safe_open
+
+        with safe_open(str(self.files[name]), framework="pt") as f:
+            sl = f.get_slice(name)
+            if dim is None:
+                return sl[:]
+            if dim == 0:
+                return sl[start:stop]
+            if dim == 1:
+                return sl[:, start:stop]
+            raise ValueError(f"dim must be None, 0 or 1, got {dim!r}")
