@@ -1,0 +1,111 @@
+"""Protocol configuration and its validation.
+
+Every value is checked here, before any rank starts or any device memory is allocated; an error
+names the bad value and the fix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from protocol.buckets import DEFAULT_DECODE_BUCKETS, validate_buckets
+from protocol.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The model facts the protocol needs: the collective message sizes of a decode step.
+
+    Attributes:
+        hidden_size: model width (elements).
+        num_layers: decoder layers.
+        allreduces_per_layer: row-parallel all-reduces per layer (o_proj and down_proj: 2).
+        dtype_bytes: bytes per activation element (bf16: 2).
+        name: label for reports.
+    """
+
+    hidden_size: int
+    num_layers: int
+    allreduces_per_layer: int = 2
+    dtype_bytes: int = 2
+    name: str = "model"
+
+    def __post_init__(self) -> None:
+        for attr in ("hidden_size", "num_layers", "allreduces_per_layer", "dtype_bytes"):
+            value = getattr(self, attr)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"ModelShape.{attr}={value!r} must be a positive integer")
+
+    @property
+    def allreduces_per_step(self) -> int:
+        """All-reduces in one forward step: two per layer plus the vocab-parallel embedding's."""
+        return self.num_layers * self.allreduces_per_layer + 1
+
+    def allreduce_bytes(self, rows: int) -> int:
+        """Message size in bytes of one activation all-reduce over ``rows`` rows."""
+        return rows * self.hidden_size * self.dtype_bytes
+
+
+QWEN3_4B = ModelShape(hidden_size=2560, num_layers=36, name="Qwen3-4B")
+"""Qwen3-4B: hidden 2560, 36 layers, 2 all-reduces per layer, bf16."""
+
+
+@dataclass(frozen=True)
+class ProtocolConfig:
+    """Everything the controller and workers agree on before startup.
+
+    Attributes:
+        world_size: number of TP ranks (>= 1).
+        buckets: ascending decode bucket sizes (rows); default: pegainfer's 36 Qwen3 buckets.
+        max_batch: most concurrent decode rows the scheduler admits (<= the largest bucket).
+        cuda_graphs: capture decode graphs at startup; False serves every step eagerly.
+        graph_batch_cap: numeric policy: decode batches above this run eager (None: no cap).
+        decode_overlap: overlap host scheduling with device decode; not supported together
+            with CUDA graphs under TP (rejected here, before any model load).
+        watchdog_timeout_s: seconds the startup sweep may take before the watchdog aborts.
+        kv_page_bytes: bytes of one KV page on one rank, all layers.
+        min_kv_pages: fewest KV pages that make serving possible (one per slot plus padding).
+        memory_headroom_bytes: bytes left free on each rank after KV sizing.
+        shape: the model's collective shape.
+    """
+
+    world_size: int = 2
+    buckets: tuple[int, ...] = DEFAULT_DECODE_BUCKETS
+    max_batch: int = 256
+    cuda_graphs: bool = True
+    graph_batch_cap: int | None = None
+    decode_overlap: bool = False
+    watchdog_timeout_s: float = 120.0
+    kv_page_bytes: int = 16 * 36 * 2 * 8 * 128 * 2
+    min_kv_pages: int = 257
+    memory_headroom_bytes: int = 0
+    shape: ModelShape = field(default_factory=lambda: QWEN3_4B)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "buckets", validate_buckets(self.buckets))
+        _positive_int("world_size", self.world_size)
+        _positive_int("max_batch", self.max_batch)
+        _positive_int("kv_page_bytes", self.kv_page_bytes)
+        _positive_int("min_kv_pages", self.min_kv_pages)
+        if self.max_batch > self.buckets[-1]:
+            raise ConfigError(
+                f"max_batch={self.max_batch} exceeds the largest bucket {self.buckets[-1]}; "
+                "add a bucket or lower max_batch")
+        if self.graph_batch_cap is not None:
+            _positive_int("graph_batch_cap", self.graph_batch_cap)
+        if not isinstance(self.watchdog_timeout_s, (int, float)) or self.watchdog_timeout_s <= 0:
+            raise ConfigError(
+                f"watchdog_timeout_s={self.watchdog_timeout_s!r} must be a positive number of seconds")
+        if not isinstance(self.memory_headroom_bytes, int) or self.memory_headroom_bytes < 0:
+            raise ConfigError(
+                f"memory_headroom_bytes={self.memory_headroom_bytes!r} must be a non-negative integer")
+        if self.decode_overlap and self.cuda_graphs and self.world_size > 1:
+            raise ConfigError(
+                "decode_overlap=True with cuda_graphs=True and world_size="
+                f"{self.world_size} is not supported: overlapped scheduling lets a rank run ahead "
+                "of the step lock; turn one of them off")
+
+
+def _positive_int(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ConfigError(f"{name}={value!r} must be a positive integer")

@@ -1,0 +1,389 @@
+"""The controller: scheduler and step loop of the TP step protocol, sans-IO.
+
+The driver asks `next_action()` what to do and feeds every rank's reply to `on_reply()`. The
+controller holds the step lock (I1): it issues command N+1 only once it holds every rank's reply
+for N. Startup runs a fixed sweep under a watchdog (I5, I9, I4, I6): warm-up collectives per
+message size, eager memory profile, graph measurement without launch, KV sizing from the
+tightest rank, then per graph key -- largest first -- a Capture barrier and a Launch barrier,
+and a Finalize that checks every rank captured the same keys (I3) within the reserve (I9).
+Serving then sends steps whose graph key, bucket and slot moves the controller decides (I2,
+I7, I8). Any failed reply, or an expired watchdog, turns into one `Abort` for every rank (I13).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from protocol.buckets import select_bucket
+from protocol.commands import (
+    Admit,
+    AllocateKV,
+    Capture,
+    Command,
+    Finalize,
+    FinalizeReport,
+    Launch,
+    MeasureGraphs,
+    MemoryReport,
+    ProfileMemory,
+    Reply,
+    Step,
+    Teardown,
+    Warmup,
+)
+from protocol.config import ProtocolConfig
+from protocol.eligibility import GraphPlan
+from protocol.errors import (
+    ConfigError,
+    ProtocolError,
+    RankFailure,
+    ReplyError,
+    WatchdogExpired,
+)
+from protocol.keys import GraphKey
+from protocol.memory import MemoryPlan, plan_memory
+from protocol.requests import Request
+from protocol.slots import SlotTable
+from protocol.watchdog import Watchdog
+
+
+@dataclass(frozen=True)
+class Broadcast:
+    """Send ``command`` to every rank."""
+
+    command: Command
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Replies for the current command are outstanding from ``ranks``."""
+
+    ranks: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Idle:
+    """Serving with nothing to do: submit a request or call `shutdown`."""
+
+
+@dataclass(frozen=True)
+class Abort:
+    """Stop every rank now. ``how`` is ``"abort"``: never exit, whose driver teardown can hang (H8)."""
+
+    error: ProtocolError
+    how: str = "abort"
+
+
+@dataclass(frozen=True)
+class Done:
+    """Teardown completed on every rank."""
+
+
+Action = Broadcast | Wait | Idle | Abort | Done
+
+
+class Controller:
+    """Scheduler + step loop for ``config.world_size`` ranks.
+
+    Args:
+        config: the validated protocol configuration.
+        clock: returns seconds (monotonic); drives the startup watchdog.
+        pages_per_seq: KV pages one full-length sequence needs (for memory fitting).
+    """
+
+    abort_how = "abort"
+    disarm_watchdog_on_error = True
+
+    def __init__(self, config: ProtocolConfig, clock: Callable[[], float] = lambda: 0.0,
+                 pages_per_seq: int = 1):
+        self.config = config
+        self.world_size = config.world_size
+        self.plan = GraphPlan.from_config(config)
+        self.pages_per_seq = pages_per_seq
+        self.watchdog = Watchdog(clock, config.watchdog_timeout_s)
+        self.seq = -1
+        self.current: Command | None = None
+        self.replies: dict[int, Reply] = {}
+        self.phase = "startup"
+        self.failure: ProtocolError | None = None
+        self.memory: MemoryPlan | None = None
+        self._stages = self.startup_stages()
+        self._stage = 0
+        self._reports: dict[int, Any] = {}
+        self.slots = SlotTable(config.max_batch)
+        self.pending: list[Request] = []
+        self.requests: dict[int, Request] = {}
+        self.outputs: dict[int, list[int]] = {}
+        self.finished: list[int] = []
+        self._to_retire: list[int] = []
+        self._next_tokens: dict[int, int] = {}
+        self._positions: dict[int, int] = {}
+        self._sweep_index = 0
+        self._closing = False
+
+    # -- what the driver asks --------------------------------------------------------------
+
+    def next_action(self) -> Action:
+        """What the driver does next. Never issues a command while a reply is outstanding (I1)."""
+        if self.phase == "failed":
+            return Abort(self.failure, self.abort_how)
+        if self.phase == "done":
+            return Done()
+        uncollected = self.uncollected()
+        if self.phase == "startup":
+            try:
+                self.watchdog.check(uncollected)
+            except WatchdogExpired as exc:
+                return self._fail(exc)
+        if uncollected:
+            return Wait(uncollected)
+        if self.current is not None:
+            error = self._absorb(self.current, self.replies)
+            self.current = None
+            if error is not None:
+                return self._fail(error)
+        if self.phase == "done":
+            return Done()
+        command = self._next_command()
+        if command is None:
+            return Idle()
+        self.current = command
+        self.replies = {}
+        return Broadcast(command)
+
+    def uncollected(self) -> tuple[int, ...]:
+        """Ranks whose reply to the current command has not arrived, ascending."""
+        if self.current is None:
+            return ()
+        return tuple(r for r in range(self.world_size) if r not in self.replies)
+
+    def on_reply(self, reply: Reply) -> None:
+        """Take one rank's reply to the current command.
+
+        Raises:
+            ReplyError: unknown rank, duplicate reply, wrong sequence number, or a rank-0 step
+                reply without the sampled tokens. The controller is then failed too.
+        """
+        try:
+            self._validate(reply)
+        except ReplyError as exc:
+            self._fail(exc)
+            raise
+        self.replies[reply.rank] = reply
+        if not reply.ok:
+            failed = tuple(sorted(r for r, rep in self.replies.items() if not rep.ok))
+            errors = {r: rep.error or "" for r, rep in self.replies.items() if not rep.ok}
+            uncollected = self.uncollected()
+            self._fail(RankFailure(
+                f"command {reply.seq} ({type(self.current).__name__}) failed on rank(s) "
+                f"{', '.join(map(str, failed))}: {errors[failed[0]]}; ranks not collected: "
+                f"{', '.join(map(str, uncollected)) or 'none'}", failed, uncollected, errors))
+
+    def submit(self, request: Request) -> None:
+        """Queue a request for admission.
+
+        Raises:
+            ConfigError: duplicate request id, or the controller is shutting down or failed.
+        """
+        if self._closing or self.phase in ("failed", "done"):
+            raise ConfigError(f"request {request.request_id} submitted after shutdown")
+        if request.request_id in self.requests:
+            raise ConfigError(f"request id {request.request_id} is already in use")
+        self.requests[request.request_id] = request
+        self.outputs[request.request_id] = []
+        self.pending.append(request)
+
+    def shutdown(self) -> None:
+        """Tear down once the current command is collected: graphs first, then communicator."""
+        self._closing = True
+
+    @property
+    def serving(self) -> bool:
+        """True once the startup sweep finished."""
+        return self.phase == "serving"
+
+    def fingerprint(self) -> tuple:
+        """Hashable summary of the state, for the simulator's state hashing."""
+        return (self.phase, self.seq, self._stage, tuple(sorted(self.replies)),
+                self.slots.requests(), len(self.pending), tuple(self.finished),
+                tuple((r, tuple(t)) for r, t in sorted(self.outputs.items())), self._closing,
+                self.watchdog.armed)
+
+    # -- hooks that variants override -----------------------------------------------------
+
+    def startup_stages(self) -> list[str]:
+        """Names of the startup stages in order; 'sweep' expands to Capture/Launch per key."""
+        return ["warmup", "profile", "measure", "allocate", "sweep", "finalize"]
+
+    def warmup_sizes(self) -> tuple[int, ...]:
+        """One message size per distinct all-reduce size the captured graphs use (I5)."""
+        return tuple(sorted({self.config.shape.allreduce_bytes(k.bucket) for k in self.plan.keys()}))
+
+    def measure_keys(self) -> tuple[GraphKey, ...]:
+        """Every key the plan may keep: the whole retained set is measured and reserved (I9)."""
+        return self.plan.keys()
+
+    def fit_memory(self, reports: dict[int, MemoryReport],
+                   graph_bytes: dict[GraphKey, int]) -> MemoryPlan:
+        """One KV size and batch cap for every rank, from the tightest rank (I9)."""
+        return plan_memory(reports, graph_bytes, self.plan.buckets, self.config.max_batch,
+                           self.config.kv_page_bytes, self.pages_per_seq,
+                           self.config.memory_headroom_bytes)
+
+    def sweep_commands(self, seq: int, index: int) -> Command | None:
+        """The index-th command of the capture sweep: Capture then Launch per key, largest first."""
+        keys = self.plan.keys()
+        if index >= 2 * len(keys):
+            return None
+        key = keys[index // 2]
+        return Capture(seq, key) if index % 2 == 0 else Launch(seq, key)
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _fail(self, error: ProtocolError) -> Abort:
+        if self.phase != "failed":
+            self.phase = "failed"
+            self.failure = error
+            if self.disarm_watchdog_on_error:
+                self.watchdog.disarm()
+        return Abort(self.failure, self.abort_how)
+
+    def _validate(self, reply: Reply) -> None:
+        if self.current is None:
+            raise ReplyError(f"reply from rank {reply.rank} for command {reply.seq}, "
+                             "but no command is outstanding")
+        if not 0 <= reply.rank < self.world_size:
+            raise ReplyError(f"reply from rank {reply.rank}, outside world size {self.world_size}")
+        if reply.seq != self.current.seq:
+            raise ReplyError(f"reply from rank {reply.rank} for command {reply.seq}, "
+                             f"but command {self.current.seq} is outstanding")
+        if reply.rank in self.replies:
+            raise ReplyError(f"duplicate reply from rank {reply.rank} for command {reply.seq}")
+        if (reply.ok and reply.rank == 0 and isinstance(self.current, Step)
+                and (self.current.rows or self.current.admits)):
+            wanted = {row.request_id for row in self.current.rows} | {
+                a.request_id for a in self.current.admits}
+            if not isinstance(reply.payload, dict) or set(reply.payload) != wanted:
+                got = sorted(reply.payload) if isinstance(reply.payload, dict) else reply.payload
+                raise ReplyError(f"rank 0 reply to step {reply.seq} must carry a token for "
+                                 f"requests {sorted(wanted)}, got {got}")
+
+    def _next_command(self) -> Command | None:
+        if self.phase == "startup":
+            command = self._next_startup_command()
+            if command is not None:
+                return command
+            self.phase = "serving"
+        if self.phase == "serving":
+            if self._closing and not self.pending and not self.slots.requests():
+                self.phase = "teardown"
+                self.seq += 1
+                return Teardown(self.seq)
+            return self._next_step()
+        return None
+
+    def _next_startup_command(self) -> Command | None:
+        if self._stage == 0 and not self.watchdog.armed and self.seq == -1:
+            self.watchdog.arm()
+        while self._stage < len(self._stages):
+            name = self._stages[self._stage]
+            seq = self.seq + 1
+            command: Command | None
+            if name == "warmup":
+                command = Warmup(seq, self.warmup_sizes())
+            elif name == "profile":
+                command = ProfileMemory(seq, self.plan.buckets[-1] if self.plan.buckets else 1)
+            elif name == "measure":
+                command = MeasureGraphs(seq, self.measure_keys())
+            elif name == "allocate":
+                command = AllocateKV(seq, self.memory.kv_pages if self.memory else 0)
+            elif name.startswith("sweep"):
+                command = self.sweep_commands(seq, self._sweep_index)
+                if command is None:
+                    self._stage += 1
+                    continue
+                self._sweep_index += 1
+                self.seq = seq
+                return command
+            elif name == "finalize":
+                command = Finalize(seq, self.plan.keys())
+            else:
+                raise ProtocolError(f"unknown startup stage {name!r}")
+            self._stage += 1
+            self.seq = seq
+            return command
+        self.watchdog.disarm()
+        return None
+
+    def _absorb(self, command: Command, replies: dict[int, Reply]) -> ProtocolError | None:
+        """Fold a fully collected command's replies into the controller's state."""
+        if isinstance(command, ProfileMemory):
+            self._reports["memory"] = {r: rep.payload for r, rep in replies.items()}
+        elif isinstance(command, MeasureGraphs):
+            graph_bytes: dict[GraphKey, int] = {}
+            for rep in replies.values():
+                for key, nbytes in (rep.payload or {}).items():
+                    graph_bytes[key] = max(graph_bytes.get(key, 0), nbytes)
+            try:
+                self.memory = self.fit_memory(self._reports.get("memory", {}), graph_bytes)
+            except ConfigError as exc:
+                return exc
+            self.plan = self.plan.fitted(self.memory.batch_cap)
+        elif isinstance(command, Finalize):
+            return self._check_finalize(replies)
+        elif isinstance(command, Step):
+            self._absorb_step(command, replies[0].payload or {})
+        elif isinstance(command, Teardown):
+            self.phase = "done"
+        return None
+
+    def _check_finalize(self, replies: dict[int, Reply]) -> ProtocolError | None:
+        reports: dict[int, FinalizeReport] = {r: rep.payload for r, rep in replies.items()}
+        expected = frozenset(self.plan.keys())
+        for rank, report in sorted(reports.items()):
+            if report.captured != expected:
+                missing = sorted(map(str, expected - report.captured))
+                extra = sorted(map(str, report.captured - expected))
+                return RankFailure(
+                    f"I3 violated: rank {rank} captured a different graph set "
+                    f"(missing {missing}, extra {extra})", (rank,), (), {rank: "captured set"})
+            reserve = self.memory.graph_reserve_bytes if self.memory else 0
+            if report.graph_bytes > reserve:
+                return RankFailure(
+                    f"I9 violated: rank {rank} holds {report.graph_bytes} graph bytes, above the "
+                    f"reserve of {reserve}", (rank,), (), {rank: "graph memory"})
+        return None
+
+    def _next_step(self) -> Step | None:
+        retires, moves = self.slots.retire(self._to_retire) if self._to_retire else ((), ())
+        self._to_retire = []
+        rows = self.slots.rows(self._next_tokens, self._positions) if self.slots.requests() else ()
+        admits = []
+        room = (self.memory.batch_cap if self.memory else self.config.max_batch) - len(self.slots)
+        while self.pending and room > 0:
+            request = self.pending.pop(0)
+            admit = self.slots.admit(request.request_id)
+            admits.append(Admit(request.request_id, admit.slot, request.prompt))
+            room -= 1
+        if not rows and not admits and not retires:
+            return None
+        key, bucket = self.plan.key_for(len(rows), prefill=bool(admits))
+        self.seq += 1
+        return Step(self.seq, retires=retires, moves=moves, admits=tuple(admits), rows=rows,
+                    key=key, bucket=bucket)
+
+    def _absorb_step(self, step: Step, tokens: dict[int, int]) -> None:
+        for admit in step.admits:
+            self._positions[admit.request_id] = len(admit.prompt)
+        for row in step.rows:
+            self._positions[row.request_id] = row.position + 1
+        for request_id, token in sorted(tokens.items()):
+            request = self.requests[request_id]
+            out = self.outputs[request_id]
+            out.append(token)
+            self._next_tokens[request_id] = token
+            if len(out) >= request.max_tokens or token in request.stop_token_ids:
+                self._to_retire.append(request_id)
+                self.finished.append(request_id)

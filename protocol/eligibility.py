@@ -1,0 +1,77 @@
+"""The one owner of graph eligibility (I7).
+
+A single `GraphPlan`, built once from the configuration and refitted once to the memory the ranks
+report, answers graph-or-eager for every (bucket, path). The startup sweep, the memory profile,
+serving and the workers all ask it; none keeps a filter of its own. When one path enforced a cap
+that the capture and replay paths did not, a disallowed request became a silent no-op and ranks'
+captured sets diverged (pegainfer PR #848 review).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from protocol.buckets import select_bucket
+from protocol.config import ProtocolConfig
+from protocol.errors import EligibilityError
+from protocol.keys import DECODE, GraphKey
+
+
+@dataclass(frozen=True)
+class GraphPlan:
+    """Which decode buckets are captured and replayed.
+
+    Attributes:
+        buckets: all decode buckets (ascending); batches map to these even when eager.
+        cuda_graphs: False makes every key ineligible.
+        batch_cap: largest eligible bucket, the smaller of the numeric policy's cap and the
+            memory fit (None: no cap).
+        paths: attention paths with graphs (only ``"decode"``).
+    """
+
+    buckets: tuple[int, ...]
+    cuda_graphs: bool = True
+    batch_cap: int | None = None
+    paths: tuple[str, ...] = (DECODE,)
+
+    @classmethod
+    def from_config(cls, config: ProtocolConfig) -> "GraphPlan":
+        """Plan before memory is known: buckets up to max_batch and the numeric policy's cap."""
+        cap = config.graph_batch_cap
+        buckets = tuple(b for b in config.buckets if b <= select_bucket(config.max_batch, config.buckets))
+        return cls(buckets=buckets, cuda_graphs=config.cuda_graphs, batch_cap=cap)
+
+    def fitted(self, memory_batch_cap: int) -> "GraphPlan":
+        """The same plan with eligibility also capped by what fits in memory."""
+        cap = memory_batch_cap if self.batch_cap is None else min(self.batch_cap, memory_batch_cap)
+        return replace(self, batch_cap=cap)
+
+    def is_eligible(self, key: GraphKey) -> bool:
+        """True if ``key`` is captured at startup and replayed in serving."""
+        return (self.cuda_graphs and key.path in self.paths and key.bucket in self.buckets
+                and (self.batch_cap is None or key.bucket <= self.batch_cap))
+
+    def keys(self) -> tuple[GraphKey, ...]:
+        """Eligible keys in capture order: largest bucket first, so later graphs reuse its pool."""
+        return tuple(GraphKey(b, p) for b in reversed(self.buckets) for p in self.paths
+                     if self.is_eligible(GraphKey(b, p)))
+
+    def require_eligible(self, key: GraphKey, what: str) -> None:
+        """Raise EligibilityError if ``key`` is not eligible; ``what`` names the request."""
+        if not self.is_eligible(key):
+            raise EligibilityError(f"{what} of graph {key} refused: the plan makes it ineligible "
+                                   f"(cuda_graphs={self.cuda_graphs}, batch_cap={self.batch_cap})")
+
+    def key_for(self, decode_rows: int, prefill: bool) -> tuple[GraphKey | None, int]:
+        """(graph key or None for eager, padded bucket) of a step; a pure function of the step.
+
+        A step with any prefill runs eagerly; a decode-only step replays its bucket's graph when
+        that key is eligible.
+        """
+        if decode_rows == 0:
+            return None, 0
+        bucket = select_bucket(decode_rows, self.buckets)
+        key = GraphKey(bucket, DECODE)
+        if prefill or not self.is_eligible(key):
+            return None, bucket
+        return key, bucket

@@ -1,0 +1,75 @@
+"""Memory reservation for the retained graph set, before the KV cache is sized (I9).
+
+Each rank reports its free bytes, its eager peak activation (measured under TP without graphs)
+and the bytes of each graph it recorded and instantiated without launching. The controller then
+picks one effective batch cap and one KV page count for all ranks, from the tightest rank and the
+largest graph figures, reserving *every* graph it keeps -- not only the largest (pegainfer #780,
+PR #848 review; vLLM PR #30515) -- and sizing that reserve from the effective batch it fits, not
+the requested one (pegainfer qwen35 TP graph PR: the oversized reserve starved capacity to zero).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from protocol.commands import MemoryReport
+from protocol.errors import ConfigError
+from protocol.keys import GraphKey
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """The controller's memory decision, the same for every rank.
+
+    Attributes:
+        batch_cap: largest bucket with a graph and the largest admitted batch (rows).
+        kv_pages: KV pages each rank allocates.
+        graph_reserve_bytes: bytes reserved for the retained graph set on each rank.
+    """
+
+    batch_cap: int
+    kv_pages: int
+    graph_reserve_bytes: int
+
+
+def pages_needed(batch: int, pages_per_seq: int) -> int:
+    """KV pages to serve ``batch`` sequences of full length (the padding page comes on top)."""
+    return batch * pages_per_seq
+
+
+def plan_memory(reports: Mapping[int, MemoryReport], graph_bytes: Mapping[GraphKey, int],
+                buckets: tuple[int, ...], max_batch: int, page_bytes: int, pages_per_seq: int,
+                headroom_bytes: int = 0) -> MemoryPlan:
+    """Fit the largest batch cap whose graphs plus KV cache fit on the tightest rank.
+
+    Args:
+        reports: rank -> its memory report (bytes).
+        graph_bytes: key -> largest bytes any rank measured for that graph.
+        buckets: ascending decode buckets; candidate caps are the buckets up to ``max_batch``.
+        max_batch: requested maximum batch (rows).
+        page_bytes: bytes of one KV page on one rank.
+        pages_per_seq: KV pages one full-length sequence needs.
+        headroom_bytes: bytes to leave free.
+
+    Returns:
+        the plan for the largest cap that fits; its KV gets all remaining memory, less the
+        reserved padding page that `allocate_kv` adds.
+
+    Raises:
+        ConfigError: no cap, not even one row, fits; names the tightest rank and the numbers.
+    """
+    if not reports:
+        raise ConfigError("no memory reports: every rank must report before KV sizing")
+    tight_rank = min(reports, key=lambda r: reports[r].free_bytes - reports[r].peak_activation_bytes)
+    tight = reports[tight_rank]
+    budget = tight.free_bytes - tight.peak_activation_bytes - headroom_bytes
+    for cap in sorted({b for b in buckets if b <= max_batch} | {max_batch}, reverse=True):
+        reserve = sum(v for k, v in graph_bytes.items() if k.bucket <= cap)
+        pages = (budget - reserve) // page_bytes - 1  # one page is the reserved padding page
+        if pages >= pages_needed(cap, pages_per_seq):
+            return MemoryPlan(batch_cap=cap, kv_pages=int(pages), graph_reserve_bytes=reserve)
+    raise ConfigError(
+        f"startup refused: rank {tight_rank} has {budget} bytes after activations and headroom, "
+        f"too few for even one sequence ({pages_needed(1, pages_per_seq)} KV pages of "
+        f"{page_bytes} bytes) beside its graphs")

@@ -1,0 +1,146 @@
+"""Scheduler-owned dense decode slots with compaction (I8).
+
+The scheduler (in the controller) owns the slot table: live requests occupy slots 0..n-1, a new
+request takes slot n, and a retirement is filled by moving a request from the tail into the hole
+(swap-remove). The moves travel inside the step command; workers apply them with occupancy
+assertions and never decide a move themselves -- workers that infer moves from their own view end
+with slot maps that differ across ranks (pegainfer qwen35 TP design: the scheduler owns slots).
+Padding rows of a bucket use the reserved slot ``capacity`` (one past the last real slot).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from protocol.commands import Admit, DecodeRow, Retire, SlotMove
+from protocol.errors import SlotError
+
+
+class SlotTable:
+    """The scheduler's slot table: request ids in dense slots 0..n-1.
+
+    Args:
+        capacity: number of real slots (the maximum batch); slot ``capacity`` is the reserved
+            padding slot.
+    """
+
+    def __init__(self, capacity: int):
+        if capacity < 1:
+            raise SlotError(f"slot capacity {capacity} must be at least 1")
+        self.capacity = capacity
+        self._slots: list[int] = []
+
+    @property
+    def padding_slot(self) -> int:
+        """The reserved scratch slot that padding rows of a bucket read and write."""
+        return self.capacity
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def requests(self) -> tuple[int, ...]:
+        """Request ids in slot order."""
+        return tuple(self._slots)
+
+    def slot_of(self, request_id: int) -> int:
+        """Slot of a live request; raises SlotError if it holds none."""
+        try:
+            return self._slots.index(request_id)
+        except ValueError:
+            raise SlotError(f"request {request_id} holds no slot") from None
+
+    def admit(self, request_id: int) -> Admit:
+        """Give ``request_id`` slot n; raises SlotError when full or already live."""
+        if request_id in self._slots:
+            raise SlotError(f"request {request_id} already holds slot {self.slot_of(request_id)}")
+        if len(self._slots) >= self.capacity:
+            raise SlotError(f"no free slot for request {request_id}: all {self.capacity} are taken")
+        self._slots.append(request_id)
+        return Admit(request_id=request_id, slot=len(self._slots) - 1, prompt=())
+
+    def retire(self, request_ids: Iterable[int]) -> tuple[tuple[Retire, ...], tuple[SlotMove, ...]]:
+        """Retire requests and compact; returns the retirements and the moves that fill holes.
+
+        Survivors beyond the new length move, in ascending slot order, into the holes below it,
+        in ascending order; for one retirement this is the classic swap-remove (last into hole).
+        Apply retirements first, then moves.
+        """
+        leaving = list(dict.fromkeys(request_ids))
+        retires = tuple(Retire(request_id=r, slot=self.slot_of(r)) for r in leaving)
+        gone = {r.slot for r in retires}
+        new_len = len(self._slots) - len(gone)
+        holes = sorted(s for s in gone if s < new_len)
+        movers = [s for s in range(new_len, len(self._slots)) if s not in gone]
+        moves = tuple(SlotMove(request_id=self._slots[src], src=src, dst=dst)
+                      for src, dst in zip(movers, holes))
+        table = list(self._slots)
+        for move in moves:
+            table[move.dst] = table[move.src]
+        self._slots = table[:new_len]
+        return retires, moves
+
+    def rows(self, tokens: dict[int, int], positions: dict[int, int]) -> tuple[DecodeRow, ...]:
+        """Decode rows in slot order from each request's next input token and position."""
+        return tuple(DecodeRow(slot=i, request_id=r, token=tokens[r], position=positions[r])
+                     for i, r in enumerate(self._slots))
+
+
+class SlotMap:
+    """A worker's copy of the slot occupancy, changed only by the moves a command carries.
+
+    Every change is asserted against the current occupancy; a mismatch raises SlotError, which
+    poisons the worker (its slot map no longer matches the scheduler's).
+    """
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.slots: dict[int, int] = {}
+
+    def fingerprint(self) -> tuple[tuple[int, int], ...]:
+        """Hashable view: sorted (slot, request_id) pairs."""
+        return tuple(sorted(self.slots.items()))
+
+    def retire(self, retire: Retire) -> None:
+        """Free ``retire.slot``; it must hold ``retire.request_id``."""
+        held = self.slots.get(retire.slot)
+        if held != retire.request_id:
+            raise SlotError(f"retire of request {retire.request_id} from slot {retire.slot}, "
+                            f"but the slot holds {held}")
+        del self.slots[retire.slot]
+
+    def move(self, move: SlotMove) -> None:
+        """Move the request in ``move.src`` to the free slot ``move.dst``."""
+        held = self.slots.get(move.src)
+        if held != move.request_id:
+            raise SlotError(f"move of request {move.request_id} from slot {move.src}, "
+                            f"but the slot holds {held}")
+        if move.dst in self.slots:
+            raise SlotError(f"move of request {move.request_id} into slot {move.dst}, "
+                            f"which still holds request {self.slots[move.dst]}")
+        self.slots[move.dst] = self.slots.pop(move.src)
+
+    def admit(self, admit: Admit) -> None:
+        """Place a new request in ``admit.slot``, which must be the next dense slot."""
+        if admit.slot != len(self.slots) or admit.slot in self.slots:
+            raise SlotError(f"admit of request {admit.request_id} into slot {admit.slot}, "
+                            f"but the next dense slot is {len(self.slots)}")
+        if admit.slot >= self.capacity:
+            raise SlotError(f"admit of request {admit.request_id} into slot {admit.slot} "
+                            f"past capacity {self.capacity}")
+        self.slots[admit.slot] = admit.request_id
+
+    def check_dense(self) -> None:
+        """Occupied slots must be exactly 0..n-1."""
+        if sorted(self.slots) != list(range(len(self.slots))):
+            raise SlotError(f"slots are not dense: occupied {sorted(self.slots)}")
+
+    def check_rows(self, rows: tuple[DecodeRow, ...], admitted: int = 0) -> None:
+        """Row i must be slot i and hold the request the scheduler says; the ``admitted``
+        requests of this step take the slots after the rows."""
+        if len(rows) + admitted != len(self.slots):
+            raise SlotError(f"{len(rows)} decode rows and {admitted} admissions for "
+                            f"{len(self.slots)} live slots")
+        for i, row in enumerate(rows):
+            if row.slot != i or self.slots.get(i) != row.request_id:
+                raise SlotError(f"row {i} names slot {row.slot} request {row.request_id}, "
+                                f"but slot {i} holds {self.slots.get(i)}")

@@ -1,0 +1,58 @@
+"""The protocol trace: what both drivers record, so one set of checkers validates both.
+
+The simulator and the engine append the same events -- commands sent, backend ops run per
+rank, replies, aborts, watchdog transitions -- and `sim.invariants` checks I1..I13 on either.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class TraceEvent:
+    """One event.
+
+    Attributes:
+        actor: ``"controller"``, ``"rank<r>"``, ``"device<r>"`` or ``"collectives"``.
+        kind: ``send`` (a command to every rank), ``op`` (a backend op finished on a rank),
+            ``reply``, ``kernel``, ``collective``, ``abort``, ``exit``, ``watchdog-arm``,
+            ``watchdog-disarm``, ``watchdog-fire``, ``done``.
+        what: the command class, op name or kernel label.
+        seq: the command's sequence number, when there is one.
+        rank: the rank, when there is one.
+        detail: short human-readable arguments.
+        ok: False for a failed reply or op.
+        time: the driver's clock in seconds.
+    """
+
+    actor: str
+    kind: str
+    what: str
+    seq: int | None = None
+    rank: int | None = None
+    detail: str = ""
+    ok: bool = True
+    time: float = 0.0
+
+    def to_json(self) -> dict:
+        """Plain dict for JSON output."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "TraceEvent":
+        """Inverse of `to_json`."""
+        return cls(**data)
+
+
+def describe_args(args: tuple) -> str:
+    """Short text of op arguments: graph keys and numbers as is, commands by their class."""
+    parts = []
+    for arg in args:
+        if hasattr(arg, "seq") and hasattr(arg, "rows"):
+            parts.append(f"step {arg.seq}")
+        elif isinstance(arg, tuple):
+            parts.append(f"{len(arg)} items")
+        else:
+            parts.append(str(arg))
+    return ", ".join(parts)

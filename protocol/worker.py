@@ -1,0 +1,186 @@
+"""The worker: one rank's side of the step protocol, sans-IO.
+
+`ops_for(command)` checks the command against the rank's state (slot occupancy, captured keys,
+the graph plan) and returns the ordered backend operations; the driver runs them and passes the
+results to `reply`, or the exception to `fail`. A failed worker is poisoned: it refuses every
+later command but `Teardown`, so no rank goes on to the next collective alone (I13).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from protocol.backend import Op
+from protocol.commands import (
+    AllocateKV,
+    Capture,
+    Command,
+    Finalize,
+    FinalizeReport,
+    Launch,
+    MeasureGraphs,
+    MemoryReport,
+    ProfileMemory,
+    Reply,
+    Step,
+    Teardown,
+    Warmup,
+)
+from protocol.eligibility import GraphPlan
+from protocol.errors import EligibilityError, ProtocolError
+from protocol.slots import SlotMap
+
+SYNC = Op("synchronize")
+
+
+class Worker:
+    """One rank's protocol state.
+
+    Args:
+        rank: this rank (0 samples and carries the step payload).
+        world_size: number of ranks.
+        plan: the graph plan from the same configuration as the controller's (I7).
+        capacity: number of real decode slots.
+    """
+
+    def __init__(self, rank: int, world_size: int, plan: GraphPlan, capacity: int):
+        self.rank = rank
+        self.world_size = world_size
+        self.plan = plan
+        self.slots = SlotMap(capacity)
+        self.uploaded: set = set()
+        self.captured: set = set()
+        self.serving = False
+        self.poisoned: str | None = None
+        self.torn_down = False
+
+    def fingerprint(self) -> tuple:
+        """Hashable summary of the state, for the simulator's state hashing."""
+        return (self.rank, self.slots.fingerprint(), tuple(sorted(self.captured)),
+                tuple(sorted(self.uploaded)), self.serving, self.poisoned is not None,
+                self.torn_down, self.plan.batch_cap)
+
+    # -- commands to operations -------------------------------------------------------------
+
+    def ops_for(self, command: Command) -> list[Op]:
+        """Operations this rank runs for ``command``, in order; the last is always a synchronize.
+
+        Raises:
+            ProtocolError: the command is invalid here (poisoned worker, slot mismatch,
+                ineligible or uncaptured key); the driver turns it into a failed reply.
+        """
+        if self.poisoned is not None and not isinstance(command, Teardown):
+            raise ProtocolError(f"rank {self.rank} is poisoned by an earlier failure "
+                                f"({self.poisoned}); refusing command {command.seq}")
+        handler = getattr(self, "_ops_" + type(command).__name__.lower(), None)
+        if handler is None:
+            raise ProtocolError(f"rank {self.rank} has no handler for {type(command).__name__}")
+        return handler(command)
+
+    def _ops_warmup(self, command: Warmup) -> list[Op]:
+        return [Op("warmup_collective", (n,)) for n in command.sizes] + [SYNC]
+
+    def _ops_profilememory(self, command: ProfileMemory) -> list[Op]:
+        return [Op("profile_memory", (command.rows,)), SYNC]
+
+    def _ops_measuregraphs(self, command: MeasureGraphs) -> list[Op]:
+        ops: list[Op] = [Op("graph_memory")]
+        for key in command.keys:
+            self.plan.require_eligible(key, "memory measurement")
+            ops += [Op("record", (key,)), Op("instantiate", (key,)), Op("graph_memory")]
+        return ops + [Op("free_graphs"), SYNC]
+
+    def _ops_allocatekv(self, command: AllocateKV) -> list[Op]:
+        return [Op("allocate_kv", (command.pages,)), SYNC]
+
+    def _ops_capture(self, command: Capture) -> list[Op]:
+        if self.serving:
+            raise EligibilityError(f"rank {self.rank}: capture of {command.key} after startup; "
+                                   "serving under TP never captures (I3)")
+        self.plan.require_eligible(command.key, "capture")
+        return [Op("record", (command.key,)), Op("instantiate", (command.key,)),
+                Op("upload", (command.key,)), SYNC]
+
+    def _ops_launch(self, command: Launch) -> list[Op]:
+        if command.key not in self.uploaded:
+            raise EligibilityError(f"rank {self.rank}: launch of {command.key}, which was not "
+                                   "recorded, instantiated and uploaded (I4)")
+        return [Op("launch", (command.key,)), SYNC]
+
+    def _ops_finalize(self, command: Finalize) -> list[Op]:
+        return [Op("graph_memory"), SYNC]
+
+    def _ops_step(self, step: Step) -> list[Op]:
+        ops = self.apply_slot_changes(step)
+        if step.admits:
+            ops.append(Op("prefill", (step.admits,)))
+        if step.rows:
+            ops += self.forward_ops(step)
+        ops.append(SYNC)
+        if self.rank == 0 and (step.rows or step.admits):
+            ops.append(Op("sample", (step,)))
+        return ops
+
+    def apply_slot_changes(self, step: Step) -> list[Op]:
+        """Apply the step's retirements, moves and admissions to the slot map, with assertions.
+
+        Raises:
+            SlotError: the command's view of a slot differs from this rank's (I8).
+        """
+        ops: list[Op] = []
+        for retire in step.retires:
+            self.slots.retire(retire)
+            ops.append(Op("release_slot", (retire.slot,)))
+        for move in step.moves:
+            self.slots.move(move)
+            ops.append(Op("move_slot", (move.src, move.dst)))
+        for admit in step.admits:
+            self.slots.admit(admit)
+        self.slots.check_dense()
+        self.slots.check_rows(step.rows, admitted=len(step.admits))
+        return ops
+
+    def forward_ops(self, step: Step) -> list[Op]:
+        """Replay the step's graph if the command names one, else run it eagerly."""
+        if step.key is None:
+            return [Op("run_eager", (step,))]
+        if step.key not in self.captured:
+            raise EligibilityError(f"rank {self.rank}: decode step {step.seq} asks to replay "
+                                   f"{step.key}, which was not captured at startup (I3)")
+        return [Op("prepare_replay", (step,)), Op("launch", (step.key,))]
+
+    # -- results to replies -------------------------------------------------------------------
+
+    def reply(self, command: Command, results: Sequence[Any]) -> Reply:
+        """The reply once every op of ``command`` ran; ``results`` are their return values in order."""
+        payload: Any = None
+        if isinstance(command, Capture):
+            self.uploaded.add(command.key)
+        elif isinstance(command, Launch):
+            self.captured.add(command.key)
+        elif isinstance(command, ProfileMemory):
+            free, peak = results[0]
+            payload = MemoryReport(free_bytes=free, peak_activation_bytes=peak)
+        elif isinstance(command, MeasureGraphs):
+            # results: graph_memory, then (record, instantiate, graph_memory) per key
+            sizes = [results[0]] + [results[3 * i + 3] for i in range(len(command.keys))]
+            payload = {key: sizes[i + 1] - sizes[i] for i, key in enumerate(command.keys)}
+        elif isinstance(command, AllocateKV):
+            pass
+        elif isinstance(command, Finalize):
+            self.serving = True
+            payload = FinalizeReport(captured=frozenset(self.captured), graph_bytes=results[0])
+        elif isinstance(command, Step) and self.rank == 0 and (command.rows or command.admits):
+            payload = results[-1]
+        elif isinstance(command, Teardown):
+            self.torn_down = True
+        return Reply(rank=self.rank, seq=command.seq, ok=True, payload=payload)
+
+    def fail(self, command: Command, error: BaseException) -> Reply:
+        """Poison this worker and report ``error`` for ``command``."""
+        self.poisoned = f"{type(error).__name__}: {error}"
+        return Reply(rank=self.rank, seq=command.seq, ok=False, error=self.poisoned)
+
+    def _ops_teardown(self, command: Teardown) -> list[Op]:
+        return [SYNC, Op("free_graphs"), Op("destroy_communicator")]

@@ -1,0 +1,63 @@
+"""The hazard model H1..H8: what the CUDA driver and NCCL do that makes TP graph capture unsafe.
+
+Each rule is a switch so that a check can show which hazard a bad design depends on. What is
+public and what is assumed is spelled out per rule; docs/hazards.md is the long form.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+
+@dataclass(frozen=True)
+class HazardModel:
+    """Switches for the modelled hazards; all on by default.
+
+    Attributes:
+        h1_driver_lock: one driver lock per process, held by end-of-capture, instantiate,
+            upload, the implicit upload of a never-uploaded graph's first launch, and
+            allocations. Source: pegainfer TP pre-capture PR (fixes #498); openxla/xla PR #37936
+            discussion; meta-pytorch/breakable-cuda-graphs PR #2.
+        h2_quiesce: lock-holding calls that allocate or load modules (instantiate, upload,
+            implicit upload, KV allocation) wait until every device of their process is idle.
+            Assumed from the same sources: the observed wedge needs a lock holder that waits on
+            a device that spins.
+        h3_spinning_collectives: a collective kernel occupies its stream and spins until every
+            rank's matching collective runs; there is no device-side timeout. Source: NCCL
+            semantics; pegainfer #498.
+        h4_lazy_connect: the first collective of a message-size class connects lazily; inside
+            capture that is an error (``h4_mode="error"``) or a hang (``"hang"``). Source:
+            NCCL >= 2.22 per-size algorithm connect; ROCm/rccl #2022.
+        h5_comm_refcount: destroying a communicator waits until every graph that captured it is
+            freed. Source: NCCL >= 2.26; PyTorch #115388; vLLM #4263.
+        h6_async_host: host calls return before their device work completes. Source: CUDA
+            stream semantics.
+        h7_memory: instantiated graphs and allocations take memory from a per-rank budget;
+            going past it is an OOM on that rank. Source: pegainfer #780; vLLM PR #30515.
+        h8_exit_teardown: process exit runs driver teardown that needs the driver lock (abort
+            does not). Source: pegainfer TP pre-capture PR.
+    """
+
+    h1_driver_lock: bool = True
+    h2_quiesce: bool = True
+    h3_spinning_collectives: bool = True
+    h4_lazy_connect: bool = True
+    h4_mode: str = "error"
+    h5_comm_refcount: bool = True
+    h6_async_host: bool = True
+    h7_memory: bool = True
+    h8_exit_teardown: bool = True
+
+    def without(self, *names: str) -> "HazardModel":
+        """A copy with the named rules (e.g. ``"h1"`` or ``"h1_driver_lock"``) switched off."""
+        changes = {}
+        for name in names:
+            matches = [f.name for f in fields(self) if f.name == name or f.name.startswith(name + "_")
+                       and f.type in (bool, "bool")]
+            if not matches:
+                raise ValueError(f"unknown hazard {name!r}; known: {', '.join(RULES)}")
+            changes[matches[0]] = False
+        return replace(self, **changes)
+
+
+RULES = ("h1", "h2", "h3", "h4", "h5", "h6", "h7", "h8")

@@ -1,0 +1,49 @@
+"""Run one schedule of a scenario and variant to its verdict."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sim.scenario import Scenario
+from sim.world import Outcome, World
+
+
+@dataclass
+class RunResult:
+    """One run: its verdict, the choices that produced it, and what it reached.
+
+    Attributes:
+        outcome: the verdict.
+        choices: the actor chosen at every action (replayable).
+        actions: number of actions taken.
+        reached: counters of interesting events (graph replays in serving, live-slot
+            compaction moves, faults fired), for vacuity checks.
+        world: the final world (trace in ``world.trace``).
+    """
+
+    outcome: Outcome
+    choices: list[str] = field(default_factory=list)
+    actions: int = 0
+    reached: dict = field(default_factory=dict)
+    world: World | None = None
+
+
+def run_schedule(scenario: Scenario, variant, chooser, on_state=None) -> RunResult:
+    """Run until a verdict, asking ``chooser.choose(enabled, step)`` at every action.
+
+    Args:
+        on_state: optional callback(world) after every action (for state counting).
+    """
+    world = World(scenario, variant)
+    choices: list[str] = []
+    while world.outcome is None:
+        enabled = world.enabled()
+        if not enabled:
+            world.settle()
+            continue
+        actor = enabled[0] if len(enabled) == 1 else chooser.choose(enabled, len(choices))
+        choices.append(actor)
+        world.step(actor)
+        if on_state is not None:
+            on_state(world)
+    return RunResult(world.outcome, choices, world.actions, dict(world.events), world)

@@ -1,0 +1,145 @@
+"""A scenario: everything a simulated run depends on except the scheduler's choices."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from protocol.buckets import DEFAULT_DECODE_BUCKETS
+from protocol.config import QWEN3_4B, ProtocolConfig
+from protocol.errors import ConfigError
+from protocol.requests import Request
+from sim.hazards import HazardModel
+
+TOPOLOGIES = ("shared", "per-rank")
+"""``shared``: every rank is a thread of one process (one driver lock), as in thread-per-rank
+engines; ``per-rank``: one process per rank, as with torchrun or spawned workers."""
+
+FAULT_KINDS = ("raise", "oom", "slow", "hang")
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A fault injected into one rank's backend.
+
+    Attributes:
+        kind: ``raise`` (the op raises), ``oom`` (the op fails for memory), ``slow`` (the op
+            takes ``delay_s`` more seconds), ``hang`` (the op never returns, holding whatever
+            lock it holds).
+        rank: the rank it hits.
+        op: backend op name it hits (e.g. ``"instantiate"``).
+        occurrence: which call of that op on that rank (1-based).
+        delay_s: extra seconds for ``slow``.
+    """
+
+    kind: str
+    rank: int
+    op: str
+    occurrence: int = 1
+    delay_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in FAULT_KINDS:
+            raise ConfigError(f"fault kind {self.kind!r} is not one of {', '.join(FAULT_KINDS)}")
+        if self.occurrence < 1:
+            raise ConfigError(f"fault occurrence {self.occurrence} must be >= 1")
+
+
+@dataclass(frozen=True)
+class MemoryModel:
+    """Per-rank memory in bytes (H7).
+
+    Attributes:
+        capacity: device memory per rank.
+        weights: bytes of this rank's weight shard.
+        activation_per_row: eager peak activation bytes per batch row.
+        graph_base: bytes every captured graph holds.
+        graph_per_row: extra graph bytes per bucket row.
+        rank_overhead: extra bytes already used on a rank (NCCL buffers), rank -> bytes.
+    """
+
+    capacity: int = 141 * GiB
+    weights: int = 4 * GiB
+    activation_per_row: int = 2 * MiB
+    graph_base: int = 6 * MiB
+    graph_per_row: int = 64 * 1024
+    rank_overhead: tuple[tuple[int, int], ...] = ()
+
+    def graph_bytes(self, bucket: int) -> int:
+        """Bytes one graph of ``bucket`` rows holds (about 500 MiB for the 36 Qwen3 buckets)."""
+        return self.graph_base + bucket * self.graph_per_row
+
+    def overhead(self, rank: int) -> int:
+        """Bytes used on ``rank`` besides weights."""
+        return dict(self.rank_overhead).get(rank, 0)
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """``request`` is submitted once the controller has issued ``after_step`` serving steps."""
+
+    after_step: int
+    request: Request
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Configuration, topology, hazards, memory, workload and faults of one simulated run."""
+
+    config: ProtocolConfig = field(default_factory=ProtocolConfig)
+    topology: str = "shared"
+    hazards: HazardModel = field(default_factory=HazardModel)
+    memory: MemoryModel = field(default_factory=MemoryModel)
+    workload: tuple[Arrival, ...] = ()
+    faults: tuple[Fault, ...] = ()
+    pages_per_seq: int = 2
+    vocab: int = 1000
+    max_actions: int = 200_000
+
+    def __post_init__(self) -> None:
+        if self.topology not in TOPOLOGIES:
+            raise ConfigError(f"topology {self.topology!r} is not one of {', '.join(TOPOLOGIES)}")
+        for fault in self.faults:
+            if not 0 <= fault.rank < self.config.world_size:
+                raise ConfigError(f"fault on rank {fault.rank}, outside world size "
+                                  f"{self.config.world_size}")
+
+    def processes(self) -> tuple[tuple[int, ...], ...]:
+        """Ranks grouped by process."""
+        ranks = tuple(range(self.config.world_size))
+        return (ranks,) if self.topology == "shared" else tuple((r,) for r in ranks)
+
+    def with_(self, **changes) -> "Scenario":
+        """A copy with fields replaced."""
+        return replace(self, **changes)
+
+
+def serving_workload(max_batch: int, buckets: tuple[int, ...], stop_token: int = 0) -> tuple[Arrival, ...]:
+    """A workload with admissions, retirements that compact live slots, and bucket straddles.
+
+    Requests of different lengths arrive in three waves; early finishers retire from the middle
+    of the slot table, so compaction moves live slots; batch sizes cross bucket boundaries.
+    """
+    arrivals = []
+    rid = 0
+    waves = ((0, min(9, max_batch)), (2, min(5, max_batch)), (5, min(3, max_batch)))
+    for after, count in waves:
+        for i in range(count):
+            arrivals.append(Arrival(after, Request(rid, prompt=(1 + rid, 2, 3), max_tokens=2 + (rid * 3) % 5,
+                                                   stop_token_ids=frozenset({stop_token}))))
+            rid += 1
+    return tuple(arrivals)
+
+
+def default_scenario(topology: str = "shared", world_size: int = 2,
+                     buckets: tuple[int, ...] = DEFAULT_DECODE_BUCKETS, max_batch: int | None = None,
+                     **config_overrides) -> Scenario:
+    """The `lockstep check` default: Qwen3-4B shapes, TP 2, the 36 buckets, max batch 256,
+    startup sweep then a serving workload with admissions, retirements and compactions."""
+    max_batch = buckets[-1] if max_batch is None else max_batch
+    config = ProtocolConfig(world_size=world_size, buckets=buckets, max_batch=max_batch,
+                            shape=QWEN3_4B, **config_overrides)
+    return Scenario(config=config, topology=topology,
+                    workload=serving_workload(max_batch, config.buckets))

@@ -1,0 +1,112 @@
+"""Schedulers: how a run picks the next actor among the enabled ones.
+
+Each strategy is deterministic given its seed or recording. One file holds them all because each
+is a few lines: a seeded random walk; PCT (probabilistic concurrency testing: random priorities
+with d-1 priority change points, which finds a bug of depth d with probability at least
+1/(n k^(d-1))); a replay of recorded choices; and a "sticky" scheduler that keeps running one
+actor until it blocks and switches only at listed points, which the domain reducer uses to
+remove context switches from a counterexample.
+"""
+
+from __future__ import annotations
+
+import random
+
+
+class NondeterminismError(Exception):
+    """A replayed run departed from its recording: the recorded actor was not enabled."""
+
+
+class RandomWalk:
+    """Uniform choice among enabled actors from a seeded generator."""
+
+    name = "random"
+
+    def __init__(self, seed: int):
+        self.rng = random.Random(seed)
+
+    def choose(self, enabled: list[str], step: int) -> str:
+        return enabled[self.rng.randrange(len(enabled))]
+
+
+class PCT:
+    """Probabilistic concurrency testing (Burckhardt et al., ASPLOS 2010).
+
+    Args:
+        seed: random seed.
+        depth: bug depth d; d-1 priority change points are drawn in [0, max_steps).
+        max_steps: expected run length in actions (for placing change points).
+    """
+
+    name = "pct"
+
+    def __init__(self, seed: int, depth: int = 3, max_steps: int = 2000):
+        self.rng = random.Random(seed)
+        self.priority: dict[str, float] = {}
+        self.change_points = sorted(self.rng.randrange(max_steps) for _ in range(max(0, depth - 1)))
+        self.low = 0.0
+
+    def choose(self, enabled: list[str], step: int) -> str:
+        for actor in enabled:
+            if actor not in self.priority:
+                self.priority[actor] = 1.0 + self.rng.random()
+        best = max(enabled, key=self.priority.__getitem__)
+        while self.change_points and step >= self.change_points[0]:
+            self.change_points.pop(0)
+            self.low -= 1.0
+            self.priority[best] = self.low
+        return best
+
+
+class Replay:
+    """Follows recorded choices; raises NondeterminismError if one is not enabled."""
+
+    name = "replay"
+
+    def __init__(self, choices: list[str]):
+        self.choices = choices
+
+    def choose(self, enabled: list[str], step: int) -> str:
+        if step >= len(self.choices):
+            return enabled[0]
+        actor = self.choices[step]
+        if actor not in enabled:
+            raise NondeterminismError(f"replay departed from its recording at action {step}: "
+                                      f"{actor} is not enabled (enabled: {', '.join(enabled)})")
+        return actor
+
+
+class Sticky:
+    """Runs the current actor while it is enabled; switches to ``switches[step]`` when listed.
+
+    When the current actor blocks and no switch is listed, takes the first enabled actor.
+    """
+
+    name = "sticky"
+
+    def __init__(self, switches: dict[int, str]):
+        self.switches = switches
+        self.current: str | None = None
+
+    def choose(self, enabled: list[str], step: int) -> str:
+        wanted = self.switches.get(step)
+        if wanted in enabled:
+            self.current = wanted
+        elif self.current not in enabled:
+            self.current = enabled[0]
+        return self.current
+
+
+class Drawn:
+    """Choices drawn from a callback (Hypothesis's ``data.draw``), for shrinking."""
+
+    name = "hypothesis"
+
+    def __init__(self, draw_index):
+        self.draw_index = draw_index
+
+    def choose(self, enabled: list[str], step: int) -> str:
+        return enabled[self.draw_index(len(enabled)) % len(enabled)]
+
+
+STRATEGIES = ("random", "pct", "exhaustive", "hypothesis")

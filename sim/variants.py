@@ -1,0 +1,526 @@
+"""The variant library: the correct protocol and the known-bad designs real engines shipped.
+
+A variant is a named change to the protocol -- a controller or worker subclass overriding one
+hook -- plus the scenario change it needs to show (a fault, a tight memory budget) and the
+verdict it must get in each process topology. Each bad variant cites the public bug it comes
+from (../shared/design/BACKGROUND.md). Users add their own with `register` or from a Python file
+(`load_variant_file`), without editing this package; see docs/variants.md.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from protocol.backend import Op
+from protocol.buckets import select_bucket
+from protocol.commands import Command, Step
+from protocol.controller import Controller
+from protocol.errors import ConfigError
+from protocol.keys import GraphKey
+from protocol.memory import MemoryPlan, pages_needed
+from protocol.worker import SYNC, Worker
+from sim.scenario import Fault, MemoryModel, Scenario
+
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A protocol variant under test.
+
+    Attributes:
+        name: registry name (``lockstep check --variant NAME``).
+        summary: what the design does, one sentence.
+        source: the public bug or discussion it comes from.
+        expected: topology -> expected verdict, ``"clean"``, ``"deadlock"``, ``"divergence"``,
+            ``"oom"``, ``"hang-at-exit"``, ``"startup-refused"`` or ``"invariant:I<n>"``.
+        controller_cls: the controller class (a `protocol.Controller` subclass).
+        worker_cls: the worker class (a `protocol.Worker` subclass).
+        adjust: scenario -> scenario, for the fault or memory budget the variant needs.
+        sim_ops: extra modelled backend ops, name -> handler(world, rank, host, args, probe).
+        sim_kernels: extra modelled kernels, label -> handler(world, rank, device, kernel).
+    """
+
+    name: str
+    summary: str
+    source: str
+    expected: Mapping[str, str]
+    controller_cls: type = Controller
+    worker_cls: type = Worker
+    adjust: Callable[[Scenario], Scenario] | None = None
+    sim_ops: Mapping[str, Callable] = field(default_factory=dict)
+    sim_kernels: Mapping[str, Callable] = field(default_factory=dict)
+
+    def scenario(self, base: Scenario) -> Scenario:
+        """The scenario this variant runs under, from the base one."""
+        return self.adjust(base) if self.adjust else base
+
+
+REGISTRY: dict[str, Variant] = {}
+
+
+def register(variant: Variant) -> Variant:
+    """Add ``variant`` to the registry; raises ConfigError if the name is taken."""
+    if variant.name in REGISTRY:
+        raise ConfigError(f"variant {variant.name!r} is already registered")
+    REGISTRY[variant.name] = variant
+    return variant
+
+
+def get_variant(name: str) -> Variant:
+    """The registered variant ``name``; raises ConfigError listing the known names."""
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise ConfigError(f"unknown variant {name!r}; known: {', '.join(REGISTRY)}") from None
+
+
+def load_variant_file(path: str | Path) -> list[Variant]:
+    """Import a user's Python file and return the variants it defines.
+
+    The file defines module-level `Variant` objects (or a ``VARIANTS`` list); they are
+    registered under their names.
+
+    Raises:
+        ConfigError: the file is missing, fails to import, or defines no variant.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"variant file {str(path)!r} does not exist")
+    spec = importlib.util.spec_from_file_location(f"lockstep_user_variants_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # a user's file can raise anything; report it as a config error
+        raise ConfigError(f"variant file {str(path)!r} failed to import: {type(exc).__name__}: {exc}") from exc
+    found = list(getattr(module, "VARIANTS", [])) or [
+        v for v in vars(module).values() if isinstance(v, Variant)]
+    if not found:
+        raise ConfigError(f"variant file {str(path)!r} defines no Variant")
+    for variant in found:
+        if REGISTRY.get(variant.name) is not variant:
+            register(variant)
+    return found
+
+
+BOTH_CLEAN = {"shared": "clean", "per-rank": "clean"}
+
+CORRECT = register(Variant(
+    name="correct",
+    summary="the protocol as specified: step lock, two-phase capture barrier, warm-up per size, "
+            "one eligibility plan, measured reserve, watchdog with abort, graphs freed first",
+    source="docs/design.md",
+    expected=BOTH_CLEAN))
+
+
+# -- fused-sweep -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CaptureAndLaunch(Command):
+    """fused-sweep: record, instantiate and launch one key in a single command (no barrier)."""
+
+    key: GraphKey = GraphKey(1)
+
+
+class FusedSweepController(Controller):
+    """Captures and launches each bucket in one command per rank."""
+
+    def sweep_commands(self, seq: int, index: int) -> Command | None:
+        keys = self.plan.keys()
+        return CaptureAndLaunch(seq, keys[index]) if index < len(keys) else None
+
+
+class FusedSweepWorker(Worker):
+    """Runs record, instantiate and launch back to back; the launch does the implicit upload."""
+
+    def _ops_captureandlaunch(self, command: CaptureAndLaunch) -> list[Op]:
+        self.plan.require_eligible(command.key, "capture")
+        return [Op("record", (command.key,)), Op("instantiate", (command.key,)),
+                Op("launch", (command.key,)), SYNC]
+
+    def reply(self, command, results):
+        if isinstance(command, CaptureAndLaunch):
+            self.uploaded.add(command.key)
+            self.captured.add(command.key)
+        return super().reply(command, results)
+
+
+register(Variant(
+    name="fused-sweep",
+    summary="each rank captures, instantiates and launches a bucket's graph in one go, with no "
+            "cross-rank barrier between upload and launch",
+    source="pegainfer TP pre-capture PR (fixes #498); openxla/xla PR #37936 discussion; "
+           "meta-pytorch/breakable-cuda-graphs PR #2",
+    expected={"shared": "deadlock", "per-rank": "invariant:I4"},
+    controller_cls=FusedSweepController, worker_cls=FusedSweepWorker))
+
+
+# -- lazy-serving-capture --------------------------------------------------------------------------
+
+class LazyCaptureController(Controller):
+    """No startup sweep: graphs are captured the first time serving needs them."""
+
+    def startup_stages(self) -> list[str]:
+        return ["warmup", "profile", "measure", "allocate"]
+
+
+class LazyCaptureWorker(Worker):
+    """Captures a bucket on first use during serving, then launches it."""
+
+    def forward_ops(self, step: Step) -> list[Op]:
+        if step.key is not None and step.key not in self.captured:
+            self.captured.add(step.key)
+            return [Op("record", (step.key,)), Op("instantiate", (step.key,)),
+                    Op("prepare_replay", (step,)), Op("launch", (step.key,))]
+        return super().forward_ops(step)
+
+
+register(Variant(
+    name="lazy-serving-capture",
+    summary="a bucket is captured the first time serving needs it",
+    source="pegainfer #481, #496, #498",
+    expected={"shared": "deadlock", "per-rank": "invariant:I3"},
+    controller_cls=LazyCaptureController, worker_cls=LazyCaptureWorker))
+
+
+# -- local-bucket ----------------------------------------------------------------------------------
+
+class LocalBucketWorker(Worker):
+    """Picks the graph bucket from the rank's own batch count.
+
+    Ranks learn of retirements at different times: rank 0 samples and drops a finished request
+    at once; the others still count it until the retirement reaches them. So the local counts,
+    and the buckets, differ across ranks whenever a retirement crosses a bucket boundary.
+    """
+
+    def forward_ops(self, step: Step) -> list[Op]:
+        if step.key is None:
+            return super().forward_ops(step)
+        local_rows = len(step.rows) + (0 if self.rank == 0 else len(step.retires))
+        key = GraphKey(select_bucket(local_rows, self.plan.buckets))
+        if key not in self.captured:
+            return [Op("run_eager", (step,))]
+        return [Op("prepare_replay", (step,)), Op("launch", (key,))]
+
+
+register(Variant(
+    name="local-bucket",
+    summary="each rank picks its graph bucket from its own batch count",
+    source="vLLM PR #25906; SGLang #30242 / PR #30450",
+    expected={"shared": "divergence", "per-rank": "divergence"},
+    worker_cls=LocalBucketWorker))
+
+
+# -- split-eligibility -------------------------------------------------------------------------------
+
+class SplitEligibilityController(Controller):
+    """Serving enforces the numeric policy's cap; the sweep keeps its own filter (no cap)."""
+
+    def warmup_sizes(self) -> tuple[int, ...]:
+        keys = replace(self.plan, batch_cap=None).keys()
+        return tuple(sorted({self.config.shape.allreduce_bytes(k.bucket) for k in keys}))
+
+    def sweep_commands(self, seq: int, index: int) -> Command | None:
+        keys = replace(self.plan, batch_cap=self.memory.batch_cap if self.memory else None).keys()
+        if index >= 2 * len(keys):
+            return None
+        from protocol.commands import Capture, Launch
+        key = keys[index // 2]
+        return Capture(seq, key) if index % 2 == 0 else Launch(seq, key)
+
+
+class SplitEligibilityWorker(Worker):
+    """Rank 0's capture path applies the numeric cap and turns a disallowed capture into a
+    silent successful no-op; the other ranks' capture path does not."""
+
+    def _ops_capture(self, command):
+        cap = self.plan.batch_cap
+        if self.rank == 0 and cap is not None and command.key.bucket > cap:
+            return [SYNC]
+        self.plan = replace(self.plan, batch_cap=None)
+        try:
+            return super()._ops_capture(command)
+        finally:
+            self.plan = replace(self.plan, batch_cap=cap)
+
+    def _ops_launch(self, command):
+        if command.key not in self.uploaded:
+            return [SYNC]
+        return super()._ops_launch(command)
+
+    def reply(self, command, results):
+        from protocol.commands import Capture, Launch
+        if isinstance(command, (Capture, Launch)) and results == [None]:
+            from protocol.commands import Reply
+            return Reply(rank=self.rank, seq=command.seq, ok=True)
+        return super().reply(command, results)
+
+
+register(Variant(
+    name="split-eligibility",
+    summary="the numeric policy's bucket cap is enforced when serving, while the capture and "
+            "replay paths keep their own filters and a disallowed capture is a silent no-op",
+    source="pegainfer PR #848 review",
+    expected={"shared": "divergence", "per-rank": "divergence"},
+    controller_cls=SplitEligibilityController, worker_cls=SplitEligibilityWorker,
+    adjust=lambda sc: sc.with_(config=replace(sc.config, graph_batch_cap=16))))
+
+
+# -- single-warmup -------------------------------------------------------------------------------------
+
+class SingleWarmupController(Controller):
+    """Warms up one all-reduce at one message size before capture."""
+
+    def warmup_sizes(self) -> tuple[int, ...]:
+        return super().warmup_sizes()[:1]
+
+
+register(Variant(
+    name="single-warmup",
+    summary="one warm-up collective before capture, at one message size",
+    source="pegainfer TP pre-capture PR; ROCm/rccl #2022",
+    expected={"shared": "invariant:I5", "per-rank": "invariant:I5"},
+    controller_cls=SingleWarmupController))
+
+
+# -- uncoordinated-profile -------------------------------------------------------------------------
+
+class UncoordinatedProfileWorker(Worker):
+    """The memory profile captures each graph and replays it once to measure, with no barrier."""
+
+    def _ops_measuregraphs(self, command):
+        ops: list[Op] = [Op("graph_memory")]
+        for key in command.keys:
+            ops += [Op("record", (key,)), Op("instantiate", (key,)), Op("launch", (key,)),
+                    Op("graph_memory")]
+        return ops + [Op("free_graphs"), SYNC]
+
+    def reply(self, command, results):
+        from protocol.commands import MeasureGraphs, Reply
+        if isinstance(command, MeasureGraphs):
+            sizes = [results[0]] + [results[4 * i + 4] for i in range(len(command.keys))]
+            payload = {k: sizes[i + 1] - sizes[i] for i, k in enumerate(command.keys)}
+            return Reply(rank=self.rank, seq=command.seq, ok=True, payload=payload)
+        return super().reply(command, results)
+
+
+register(Variant(
+    name="uncoordinated-profile",
+    summary="the TP memory profile captures and replays graphs on each rank without coordination",
+    source="pegainfer TP pre-capture PR",
+    expected={"shared": "deadlock", "per-rank": "invariant:I4"},
+    worker_cls=UncoordinatedProfileWorker))
+
+
+# -- profile-largest-only ----------------------------------------------------------------------------
+
+class LargestOnlyController(Controller):
+    """Measures (and so reserves) only the largest graph."""
+
+    def measure_keys(self):
+        return self.plan.keys()[:1]
+
+
+register(Variant(
+    name="profile-largest-only",
+    summary="the memory profile accounts for the largest graph only, while every allowed bucket "
+            "stays resident",
+    source="pegainfer #780 / PR #848 review; vLLM PR #30515",
+    expected={"shared": "oom", "per-rank": "oom"},
+    controller_cls=LargestOnlyController))
+
+
+# -- reserve-by-requested-batch ----------------------------------------------------------------------
+
+class RequestedBatchReserveController(Controller):
+    """Sizes the graph reserve from the requested max batch, then fits the batch to what is left."""
+
+    def fit_memory(self, reports, graph_bytes) -> MemoryPlan:
+        cfg = self.config
+        tight = min(reports, key=lambda r: reports[r].free_bytes - reports[r].peak_activation_bytes)
+        budget = reports[tight].free_bytes - reports[tight].peak_activation_bytes - cfg.memory_headroom_bytes
+        reserve = sum(graph_bytes.values())
+        pages = (budget - reserve) // cfg.kv_page_bytes - 1
+        capacity = min(cfg.max_batch, max(0, pages // self.pages_per_seq))
+        if capacity < 1:
+            raise ConfigError(f"startup refused: rank {tight} has effective capacity 0 after "
+                              f"reserving {reserve} graph bytes for max batch {cfg.max_batch}")
+        return MemoryPlan(batch_cap=capacity, kv_pages=int(pages), graph_reserve_bytes=reserve)
+
+
+def tight_memory(sc: Scenario) -> Scenario:
+    """Rank 1 is tight: after activations it has room for every graph plus 1.5 KV pages.
+
+    The correct fit then keeps a smaller batch cap with its graphs; a reserve sized for the
+    requested batch leaves no KV page at all.
+    """
+    mem = sc.memory
+    cfg = sc.config
+    buckets = [b for b in cfg.buckets if b <= cfg.max_batch]
+    all_graphs = sum(mem.graph_bytes(b) for b in buckets)
+    peak = buckets[-1] * mem.activation_per_row
+    extra = 64 * 1024 * 1024
+    capacity = mem.weights + peak + all_graphs + 3 * cfg.kv_page_bytes // 2 + extra
+    memory = replace(mem, capacity=capacity, rank_overhead=((1, extra),))
+    return sc.with_(memory=memory, config=replace(cfg, kv_page_bytes=cfg.kv_page_bytes))
+
+
+register(Variant(
+    name="reserve-by-requested-batch",
+    summary="the graph reserve is sized from the requested max batch, while the state is later "
+            "allocated from the effective (fitted) batch",
+    source="pegainfer qwen35 TP graph PR (slot reserve fix)",
+    expected={"shared": "startup-refused", "per-rank": "startup-refused"},
+    controller_cls=RequestedBatchReserveController, adjust=tight_memory))
+
+
+# -- watchdog-armed-on-error -----------------------------------------------------------------------
+
+class ArmedOnErrorController(Controller):
+    """Disarms the watchdog only on an explicit success signal."""
+
+    disarm_watchdog_on_error = False
+
+
+register(Variant(
+    name="watchdog-armed-on-error",
+    summary="the startup watchdog is disarmed only by an explicit success signal",
+    source="pegainfer PR #848 review",
+    expected={"shared": "invariant:I6", "per-rank": "invariant:I6"},
+    controller_cls=ArmedOnErrorController,
+    adjust=lambda sc: sc.with_(faults=(Fault("raise", rank=sc.config.world_size - 1, op="instantiate",
+                                             occurrence=len(sc.config.buckets) + 2),))))
+
+
+# -- exit-on-timeout --------------------------------------------------------------------------------
+
+class ExitOnTimeoutController(Controller):
+    """Ends a wedged sweep with exit() instead of abort()."""
+
+    abort_how = "exit"
+
+
+def _wedged_instantiate(sc: Scenario) -> Scenario:
+    return sc.with_(faults=(Fault("hang", rank=sc.config.world_size - 1, op="instantiate",
+                                  occurrence=len(sc.config.buckets) + 2),))
+
+
+register(Variant(
+    name="exit-on-timeout",
+    summary="the watchdog ends a wedged sweep with exit()",
+    source="pegainfer TP pre-capture PR",
+    expected={"shared": "hang-at-exit", "per-rank": "hang-at-exit"},
+    controller_cls=ExitOnTimeoutController, adjust=_wedged_instantiate))
+
+
+# -- comm-before-graphs -------------------------------------------------------------------------------
+
+class CommBeforeGraphsWorker(Worker):
+    """Destroys the communicator before freeing the graphs that captured it."""
+
+    def _ops_teardown(self, command):
+        return [SYNC, Op("destroy_communicator"), Op("free_graphs")]
+
+
+register(Variant(
+    name="comm-before-graphs",
+    summary="teardown destroys the NCCL communicator while graphs that captured it are alive",
+    source="pegainfer TP pre-capture PR; PyTorch #115388; vLLM #4263",
+    expected={"shared": "hang-at-exit", "per-rank": "hang-at-exit"},
+    worker_cls=CommBeforeGraphsWorker))
+
+
+# -- async-row-parallel -------------------------------------------------------------------------------
+
+class AsyncRowParallelWorker(Worker):
+    """Eager steps return the row-parallel output of an async all-reduce without waiting on it."""
+
+    def forward_ops(self, step: Step) -> list[Op]:
+        if step.key is None:
+            return [Op("run_eager_async", (step,))]
+        return super().forward_ops(step)
+
+
+def _sim_run_eager_async(world, r, host, args, probe):
+    if probe:
+        return 2
+    (step,) = args
+    dev = world.devices[r]
+    world.enqueue(r, ("c", world._eager_sig(len(step.rows), "async all-reduce")), side=True)
+    world.enqueue(r, ("k", "consume-async", step.seq, step.rows, dev.enqueued_collectives))
+    return world.done(r, host, "run_eager_async", (step,))
+
+
+def _sim_consume_async(world, r, dev, kernel):
+    """The consumer reads the all-reduce output; before the collective completed it is a partial sum."""
+    from sim.world import token_fn
+    _, _, seq, rows, needed = kernel
+    complete = dev.completed_collectives >= needed
+    for row in rows:
+        token = token_fn(row.request_id, row.position, row.token, world.scenario.vocab)
+        dev.out[row.request_id] = (seq, token if complete else (token + 1) % world.scenario.vocab)
+
+
+register(Variant(
+    name="async-row-parallel",
+    summary="the row-parallel layer returns the output of an asynchronous all-reduce without "
+            "waiting for it",
+    source="InfiniLM PR #540",
+    expected={"shared": "divergence", "per-rank": "divergence"},
+    worker_cls=AsyncRowParallelWorker,
+    sim_ops={"run_eager_async": _sim_run_eager_async},
+    sim_kernels={"consume-async": _sim_consume_async}))
+
+
+# -- host-frozen-metadata -------------------------------------------------------------------------------
+
+class FrozenMetadataWorker(Worker):
+    """Replays without refreshing the replay buffers: the graph keeps what capture saw."""
+
+    def forward_ops(self, step: Step) -> list[Op]:
+        ops = super().forward_ops(step)
+        return [op for op in ops if op.name != "prepare_replay"]
+
+
+register(Variant(
+    name="host-frozen-metadata",
+    summary="capture reads KV offsets and attention shapes on the host and bakes them into the graph",
+    source="InfiniLM PR #540",
+    expected={"shared": "divergence", "per-rank": "divergence"},
+    worker_cls=FrozenMetadataWorker))
+
+
+# -- worker-inferred-slots ------------------------------------------------------------------------------
+
+class InferredSlotsWorker(Worker):
+    """Compacts slots by its own rule (shift the tail down) instead of the scheduler's moves."""
+
+    def apply_slot_changes(self, step: Step) -> list[Op]:
+        ops: list[Op] = []
+        order = [self.slots.slots[s] for s in sorted(self.slots.slots)]
+        gone = {r.request_id for r in step.retires}
+        for retire in step.retires:
+            ops.append(Op("release_slot", (retire.slot,)))
+        kept = [req for req in order if req not in gone]
+        for i, req in enumerate(kept):
+            old = order.index(req)
+            if old != i:
+                ops.append(Op("move_slot", (old, i)))
+        kept += [a.request_id for a in step.admits]
+        self.slots.slots = dict(enumerate(kept))
+        return ops
+
+
+register(Variant(
+    name="worker-inferred-slots",
+    summary="workers decide slot moves from their own view after a retire instead of applying "
+            "the scheduler's compaction",
+    source="pegainfer qwen35 TP design (scheduler owns slots)",
+    expected={"shared": "divergence", "per-rank": "divergence"},
+    worker_cls=InferredSlotsWorker))
+
+
+SHIPPED = tuple(REGISTRY)
+"""Names of the shipped variants, the correct protocol first."""

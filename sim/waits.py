@@ -1,0 +1,120 @@
+"""The wait-for graph of a stuck world, and the cycle that explains a deadlock.
+
+Nodes are actors (``rank<r>`` host threads, ``device<r>``, ``controller``); an edge a -> b means
+a cannot progress until b does. Each edge carries the sentence a counterexample prints, so a
+deadlock reads as a short story: "rank 1's instantiate holds process 0's driver lock and waits
+for device 0 to go idle; device 0 spins in all-reduce #7 waiting for rank 1 to launch its
+matching collective".
+"""
+
+from __future__ import annotations
+
+import networkx as nx
+
+from sim.world import FOREVER, LOCKING_OPS
+
+
+def _op_text(world, r: int) -> str:
+    host = world.hosts[r]
+    if host.cmd is None:
+        return "idle"
+    op = host.ops[host.pc]
+    arg = f" {op.args[0]}" if op.args and op.name in LOCKING_OPS | {"warmup_collective"} else ""
+    return f"{op.name}{arg}"
+
+
+def wait_edges(world) -> list[tuple[str, str, str]]:
+    """(waiter, waited-on, sentence) for every blocked actor."""
+    edges = []
+    enabled = set(world.enabled())
+    hz = world.hz
+    for r, host in enumerate(world.hosts):
+        me = f"rank{r}"
+        if me in enabled or host.cmd is None:
+            continue
+        op = host.ops[host.pc]
+        what = _op_text(world, r)
+        p = host.proc
+        if host.fault_armed is not None and host.ready_at == FOREVER:
+            continue  # wedged by an injected hang: waits on nothing that could release it
+        holder = world.locks[p]
+        if hz.h1_driver_lock and op.name in LOCKING_OPS and holder not in (None, r):
+            edges.append((me, f"rank{holder}",
+                          f"rank {r}'s {what} waits for process {p}'s driver lock, held by "
+                          f"rank {holder}'s {_op_text(world, holder)}"))
+            continue
+        if op.name == "synchronize" or (host.holding and hz.h2_quiesce) or (
+                op.name in ("instantiate", "upload", "launch", "allocate_kv") and hz.h2_quiesce):
+            busy = [d for d in world.procs[p] if world.devices[d].busy()]
+            if op.name == "synchronize":
+                busy = [r] if world.devices[r].busy() else []
+                for d in busy:
+                    edges.append((me, f"device{d}", f"rank {r}'s synchronize waits for device {d} "
+                                                    "to finish its work"))
+                continue
+            for d in busy:
+                lock = "holds the driver lock and " if host.holding else ""
+                edges.append((me, f"device{d}", f"rank {r}'s {what} {lock}waits for device {d} "
+                                                "to go idle"))
+            if busy:
+                continue
+        if op.name == "destroy_communicator":
+            edges.append((me, me, f"rank {r}'s destroy_communicator waits until every graph that "
+                                  f"captured the communicator is freed, but rank {r} frees its "
+                                  "graphs only after this call returns"))
+    for r, dev in enumerate(world.devices):
+        me = f"device{r}"
+        if me in enabled:
+            continue
+        stream = dev.collective_head()
+        if stream is None:
+            continue
+        kernel = stream[0]
+        from sim.world import _sig_text
+        for q, peer in enumerate(world.devices):
+            if q == r:
+                continue
+            head = peer.collective_head()
+            if head is not None and head[0][1] == kernel[1]:
+                continue
+            if peer.busy() and head is None:
+                target, why = f"device{q}", f"device {q} to reach it"
+            else:
+                target, why = f"rank{q}", f"rank {q} to enqueue its matching collective"
+            edges.append((me, target, f"device {r} spins in {_sig_text(kernel)} waiting for {why}"))
+    ctrl = world.ctrl
+    if ctrl.current is not None:
+        for r in ctrl.uncollected():
+            edges.append(("controller", f"rank{r}",
+                          f"the controller waits for rank {r}'s reply to command {ctrl.current.seq} "
+                          f"({type(ctrl.current).__name__})"))
+    return edges
+
+
+def wait_graph(world) -> nx.DiGraph:
+    """The wait-for graph as a networkx DiGraph with a ``why`` sentence on each edge."""
+    graph = nx.DiGraph()
+    for a, b, why in wait_edges(world):
+        graph.add_edge(a, b, why=why)
+    return graph
+
+
+def wait_cycle(world) -> list[tuple[str, str]] | None:
+    """The first wait-for cycle as (node, sentence) pairs, starting at a host thread, or None."""
+    graph = wait_graph(world)
+    try:
+        cycle = nx.find_cycle(graph)
+    except nx.NetworkXNoCycle:
+        return None
+    start = next((i for i, (a, _) in enumerate(cycle) if a.startswith("rank")), 0)
+    cycle = cycle[start:] + cycle[:start]
+    return [(a, graph.edges[a, b]["why"]) for a, b in cycle]
+
+
+def explain_blocked(world) -> str:
+    """Every blocked actor and what it waits for, for hangs without a cycle."""
+    lines = [why for _, _, why in wait_edges(world)]
+    for r, host in enumerate(world.hosts):
+        if host.fault_armed is not None and host.ready_at == FOREVER:
+            lines.insert(0, f"rank {r} is wedged in {_op_text(world, r)} (injected hang)")
+    return "; ".join(lines) + "." if lines else "every actor is idle but the run did not finish."
