@@ -1,0 +1,290 @@
+"""One rank's executor: the engine's implementation of `protocol.backend.Backend`.
+
+The protocol's `Worker` decides which operations run for a command and in which order; this
+class only performs them on the rank's device: model load, eager prefill and decode, KV
+allocation, slot moves, sampling (rank 0), memory profile, warm-up collectives. It takes no
+protocol decision of its own (bucket, slot compaction, eligibility, step lock).
+
+Decode steps read their inputs from static device buffers (`input_ids`, `positions`,
+`slot_ids`, sized for the largest bucket) refreshed by `prepare_replay` before the forward, and
+per-slot metadata from the KV cache's device-resident page table and lengths (I12), so the
+decode forward itself takes no host value that changes between steps.
+
+KV pages are reserved per slot: slot s owns pages [s * pages_per_seq, (s + 1) * pages_per_seq)
+at allocation, which is the sizing `protocol.memory.pages_needed` assumes. A slot move swaps
+the two page-table rows, so pages stay owned and no page id needs to travel in a command.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.config import ModelConfig, check_parallel, load_model_config
+from engine.kernels.decode_attention import (
+    paged_decode_attention_torch,
+    paged_decode_attention_triton,
+)
+from engine.kv_cache import KVCache
+from engine.layers.attention import StepContext
+from engine.model import Qwen3ForCausalLM
+from engine.parallel import TPGroup
+from engine.sampling import SamplingParams, sample
+from engine.settings import EngineSettings
+from engine.weights import WeightIndex
+from protocol.backend import Backend
+
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class GraphsNotSupported(RuntimeError):
+    """This executor runs eager steps only; CUDA graph operations arrive with the graph task."""
+
+
+class RankExecutor(Backend):
+    """Device operations of one rank.
+
+    Args:
+        settings: engine settings (same object on every rank).
+        tp: this rank's group; torch.distributed must already be initialised when
+            tp.world_size > 1.
+        cfg: the model config, read again from settings.model_dir when None.
+    """
+
+    def __init__(self, settings: EngineSettings, tp: TPGroup, cfg: ModelConfig | None = None):
+        self.settings = settings
+        self.tp = tp
+        self.cfg = cfg or load_model_config(settings.model_dir)
+        check_parallel(self.cfg, tp.world_size)
+        self.dtype = TORCH_DTYPES[settings.dtype]
+        self.device = torch.device(f"cuda:{torch.cuda.current_device()}"
+                                   if settings.device == "cuda" else "cpu")
+        self.model: Qwen3ForCausalLM | None = None
+        self.kv: KVCache | None = None
+        self.decode_attention = (paged_decode_attention_triton if self.device.type == "cuda"
+                                 else paged_decode_attention_torch)
+        nb = max(settings.buckets)
+        self.input_ids = torch.zeros(nb, dtype=torch.long, device=self.device)
+        self.positions = torch.zeros(nb, dtype=torch.long, device=self.device)
+        self.slot_ids = torch.zeros(nb, dtype=torch.int32, device=self.device)
+        # request id -> (params, seed, prompt length); registered by the driver at admission
+        self.requests: dict[int, tuple[SamplingParams, int, int]] = {}
+        self.slot_request: dict[int, int] = {}
+        self._logits: dict[int, torch.Tensor] = {}   # request id -> float32 [vocab], this step
+        self.outputs: dict[int, dict] = {}            # request id -> side outputs of this step
+
+    # -- setup --------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def load_model(self) -> None:
+        """Build this rank's shard of the model and read its weight slices."""
+        self.model = Qwen3ForCausalLM(self.cfg, self.tp, self.dtype, self.device)
+        self.model.load_weights(WeightIndex(self.cfg))
+        self.model.eval()
+
+    def kv_page_bytes(self) -> int:
+        """Bytes of one KV page on this rank, all layers, K and V."""
+        kv_heads = self.cfg.num_kv_heads // self.tp.world_size
+        return (2 * self.cfg.num_layers * self.settings.page_size * kv_heads * self.cfg.head_dim
+                * self.dtype.itemsize)
+
+    def pages_needed(self) -> int:
+        """Pages for every slot at full length (the padding page comes on top)."""
+        return self.settings.max_batch * self.settings.pages_per_seq
+
+    # -- Backend: startup ---------------------------------------------------------------------
+
+    def warmup_collective(self, nbytes: int) -> None:
+        """One eager all-reduce of `nbytes` bytes (rounded up to whole elements)."""
+        n = max(1, -(-nbytes // self.dtype.itemsize))
+        self.tp.all_reduce(torch.zeros(n, dtype=self.dtype, device=self.device))
+
+    @torch.no_grad()
+    def profile_memory(self, rows: int) -> tuple[int, int]:
+        """Eager decode forward of `rows` padding rows on a throw-away one-page cache.
+
+        Returns (free bytes for graphs + KV, peak activation bytes). Free bytes are capped at
+        what the per-slot KV reservation can use, so the controller's fit allocates exactly
+        `pages_needed()` pages when memory allows. On CPU the peak is reported as 0.
+        """
+        kv = KVCache(self.cfg.num_layers, self.cfg.num_kv_heads // self.tp.world_size,
+                     self.cfg.head_dim, 1, self.settings.page_size, 1, 1, self.dtype,
+                     self.device)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            base = torch.cuda.memory_allocated(self.device)
+        ids = torch.zeros(rows, dtype=torch.long, device=self.device)
+        slots = torch.full((rows,), kv.padding_slot, dtype=torch.int32, device=self.device)
+        ctx = StepContext(False, slots, kv, self.decode_attention)
+        self.model.compute_logits(self.model(ids, torch.zeros_like(ids), ctx))
+        want = (self.pages_needed() + 1) * self.kv_page_bytes()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            peak = torch.cuda.max_memory_allocated(self.device) - base
+            free, _ = torch.cuda.mem_get_info(self.device)
+            return min(free, want + peak), peak
+        return want, 0
+
+    def allocate_kv(self, pages: int) -> None:
+        """Allocate the paged KV cache: `pages` pages plus the reserved padding page. Only the
+        per-slot reservation (`pages_needed()`) is allocated when more is offered.
+
+        Raises:
+            ValueError: fewer pages than one full-length sequence per slot.
+        """
+        need = self.pages_needed()
+        if pages < need:
+            raise ValueError(f"allocate_kv({pages}): the per-slot reservation needs {need} "
+                             f"pages ({self.settings.max_batch} slots x "
+                             f"{self.settings.pages_per_seq} pages)")
+        s = self.settings
+        self.kv = KVCache(self.cfg.num_layers, self.cfg.num_kv_heads // self.tp.world_size,
+                          self.cfg.head_dim, need, s.page_size, s.max_batch,
+                          s.pages_per_seq, self.dtype, self.device)
+        pps = s.pages_per_seq
+        rows = torch.arange(s.max_batch * pps, dtype=torch.int32).view(s.max_batch, pps)
+        self.kv.page_table[: s.max_batch].copy_(rows)
+
+    # -- Backend: graphs (next task) ----------------------------------------------------------
+
+    def record(self, key) -> None:
+        raise GraphsNotSupported(f"record({key}): this executor runs eager steps only")
+
+    def instantiate(self, key) -> None:
+        raise GraphsNotSupported(f"instantiate({key}): this executor runs eager steps only")
+
+    def upload(self, key) -> None:
+        raise GraphsNotSupported(f"upload({key}): this executor runs eager steps only")
+
+    def launch(self, key) -> None:
+        raise GraphsNotSupported(f"launch({key}): this executor runs eager steps only")
+
+    def graph_memory(self) -> int:
+        """Bytes held by graphs: none in the eager executor."""
+        return 0
+
+    def free_graphs(self) -> None:
+        """No graphs to free in the eager executor."""
+
+    def destroy_communicator(self) -> None:
+        """Destroy the default process group (after free_graphs, I10)."""
+        if self.tp.world_size > 1:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+    # -- Backend: serving ---------------------------------------------------------------------
+
+    def register(self, info: dict[int, tuple[SamplingParams, int]]) -> None:
+        """Record the sampling parameters and seed of requests about to be admitted (rank 0
+        uses them; other ranks ignore them). Engine data, not a protocol decision."""
+        for rid, (params, seed) in info.items():
+            self.requests[rid] = (params, seed, 0)
+
+    def release_slot(self, slot: int) -> None:
+        """The request in `slot` retired: its length drops to 0, its pages stay with the slot."""
+        self.kv.seq_lens[slot] = 0
+        rid = self.slot_request.pop(slot, None)
+        self.requests.pop(rid, None)
+
+    def move_slot(self, src: int, dst: int) -> None:
+        """Move slot `src`'s sequence into the empty slot `dst` by swapping page-table rows."""
+        kv = self.kv
+        row = kv.page_table[dst].clone()
+        kv.page_table[dst].copy_(kv.page_table[src])
+        kv.page_table[src].copy_(row)
+        kv.seq_lens[dst] = kv.seq_lens[src]
+        kv.seq_lens[src] = 0
+        if src in self.slot_request:
+            self.slot_request[dst] = self.slot_request.pop(src)
+
+    @torch.no_grad()
+    def prefill(self, admits) -> None:
+        """Eager prefill of each admitted prompt into its slot (SDPA, one sequence at a time);
+        keeps the last position's logits for `sample`.
+
+        Raises:
+            ValueError: a prompt longer than max_model_len (the controller-side check failed).
+        """
+        for admit in admits:
+            n = len(admit.prompt)
+            if n > self.settings.max_model_len:
+                raise ValueError(f"request {admit.request_id}: prompt of {n} tokens exceeds "
+                                 f"max_model_len {self.settings.max_model_len}")
+            ids = torch.tensor(admit.prompt, dtype=torch.long).to(self.device)
+            pos = torch.arange(n, device=self.device)
+            slots = torch.full((n,), admit.slot, dtype=torch.int32, device=self.device)
+            self.kv.seq_lens[admit.slot] = n
+            hidden = self.model(ids, pos, StepContext(True, slots, self.kv,
+                                                      self.decode_attention))
+            logits = self.model.compute_logits(hidden[-1:])[0]  # collective: every rank
+            if self.tp.rank == 0:
+                self._logits[admit.request_id] = logits
+            self.slot_request[admit.slot] = admit.request_id
+            if admit.request_id in self.requests:
+                params, seed, _ = self.requests[admit.request_id]
+                self.requests[admit.request_id] = (params, seed, n)
+
+    def prepare_replay(self, step) -> None:
+        """Write the step's tokens, positions and slots into the static buffers (I12); rows
+        past len(step.rows) up to step.bucket are padding (padding slot, position 0, token 0)."""
+        n, bucket = len(step.rows), step.bucket
+        tokens = [r.token for r in step.rows] + [0] * (bucket - n)
+        positions = [r.position for r in step.rows] + [0] * (bucket - n)
+        slots = [r.slot for r in step.rows] + [self.kv.padding_slot] * (bucket - n)
+        self.input_ids[:bucket].copy_(torch.tensor(tokens, dtype=torch.long))
+        self.positions[:bucket].copy_(torch.tensor(positions, dtype=torch.long))
+        self.slot_ids[:bucket].copy_(torch.tensor(slots, dtype=torch.int32))
+
+    @torch.no_grad()
+    def decode_forward(self, bucket: int) -> torch.Tensor:
+        """The decode step over the first `bucket` rows of the static buffers -> float32 logits
+        [bucket, vocab]. Reads only device buffers (graph-capturable)."""
+        ids, pos, slots = self.input_ids[:bucket], self.positions[:bucket], self.slot_ids[:bucket]
+        self.kv.seq_lens.index_copy_(0, slots.long(), (pos + 1).to(torch.int32))
+        hidden = self.model(ids, pos, StepContext(False, slots, self.kv, self.decode_attention))
+        return self.model.compute_logits(hidden)
+
+    def run_eager(self, step) -> None:
+        """Eager decode of the step's rows padded to its bucket; keeps each row's logits."""
+        self.prepare_replay(step)
+        logits = self.decode_forward(step.bucket)
+        if self.tp.rank != 0:
+            return
+        for i, row in enumerate(step.rows):
+            self._logits[row.request_id] = logits[i]
+
+    def synchronize(self) -> None:
+        """Wait for this rank's device work (collectives included) to complete."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def sample(self, step) -> dict[int, int]:
+        """Rank 0: the next token of every admitted and decoded request of `step`.
+
+        Side outputs (logprob, logits when asked for) are left in `self.outputs`.
+        Raises:
+            KeyError: a request was not registered with `register`.
+        """
+        tokens: dict[int, int] = {}
+        self.outputs = {}
+        wanted = [(a.request_id, 0) for a in step.admits] + [
+            (r.request_id, None) for r in step.rows]
+        positions = {r.request_id: r.position for r in step.rows}
+        for rid, index in wanted:
+            params, seed, prompt_len = self.requests[rid]
+            if index is None:
+                index = positions[rid] - prompt_len + 1
+            logits = self._logits.pop(rid)
+            token, logprob = sample(logits, params, seed, index)
+            tokens[rid] = token
+            out = {}
+            if params.logprobs:
+                out["logprob"] = logprob
+            if params.return_logits:
+                out["logits"] = logits.cpu()
+            if out:
+                self.outputs[rid] = out
+        self._logits.clear()
+        return tokens

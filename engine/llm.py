@@ -1,0 +1,296 @@
+"""`LLM`: the offline generation API, the controller side of the engine.
+
+The `protocol.controller.Controller` schedules (admission, slots, buckets, retirement, step
+lock); this module only drives it: it sends each command to every rank through a transport
+from `engine.ranks`, feeds the replies back, and turns finished requests into
+`RequestOutput`s. Requests with bad parameters or prompts that do not fit are rejected on their
+own, before submission, while the others run.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from engine.config import check_parallel, load_model_config
+from engine.errors import ParallelConfigError, RankError, RequestError
+from engine.sampling import SamplingParams
+from engine.settings import EngineSettings
+from engine.weights import WeightIndex
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclass
+class RequestOutput:
+    """The result of one request of `LLM.generate`, in input order.
+
+    Attributes:
+        prompt_token_ids: the prompt as token ids ([] if it could not be tokenized).
+        token_ids: generated token ids (the stop token included when one ended it).
+        text: decoded `token_ids`, or None without a tokenizer.
+        logprobs: natural-log probability of each generated token (SamplingParams.logprobs).
+        logits: float32 tensor [len(token_ids), vocab] (SamplingParams.return_logits).
+        finish_reason: "stop", "length", or None when rejected.
+        error: the RequestError that rejected this request, else None.
+        seed: the sampling seed used.
+    """
+
+    prompt_token_ids: list[int]
+    token_ids: list[int] = field(default_factory=list)
+    text: str | None = None
+    logprobs: list[float] | None = None
+    logits: object = None
+    finish_reason: str | None = None
+    error: RequestError | None = None
+    seed: int | None = None
+
+
+class LLM:
+    """A Qwen3 model served by `tensor_parallel_size` ranks.
+
+    Args:
+        model_dir: HF-layout Qwen3 directory (see `lockstep make-model`).
+        tensor_parallel_size: ranks; 1 runs in this process, more spawn one process per rank.
+        device: "cpu" (gloo between ranks) or "cuda" (rank r on cuda:r, NCCL).
+        dtype: "float32", "bfloat16" or "float16"; default: the checkpoint's dtype.
+        max_batch: decode slots (most requests decoded together).
+        max_model_len: longest prompt + generated tokens; default min(config, 2048).
+        page_size: tokens per KV page.
+        step_timeout_s: seconds to wait for every rank's reply to one command.
+        progress: print loading progress to stderr.
+    Raises:
+        ModelDirError, ParallelConfigError (ValueError): bad directory or parallel settings,
+            before any rank starts or device memory is allocated.
+        RankError: a rank failed while starting.
+    """
+
+    def __init__(self, model_dir: str | Path, tensor_parallel_size: int = 1,
+                 device: str = "cpu", dtype: str | None = None, max_batch: int = 8,
+                 max_model_len: int | None = None, page_size: int = 16,
+                 step_timeout_s: float = 300.0, progress: bool = False,
+                 _fault: tuple[int, int, str] | None = None):
+        self._closed = True
+        self._say = (lambda msg: print(f"lockstep: {msg}", flush=True,
+                                       file=__import__("sys").stderr)) if progress else (
+            lambda msg: None)
+        self.cfg = load_model_config(model_dir)
+        check_parallel(self.cfg, tensor_parallel_size)
+        WeightIndex(self.cfg)  # every tensor present with the right shape
+        self._say(f"config {self.cfg.config_path} ok; weights indexed")
+        if device == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ParallelConfigError("device = 'cuda' but torch.cuda.is_available() is False")
+            if torch.cuda.device_count() < tensor_parallel_size:
+                raise ParallelConfigError(
+                    f"tensor_parallel_size = {tensor_parallel_size} needs that many GPUs; "
+                    f"{torch.cuda.device_count()} visible")
+        from protocol.buckets import DEFAULT_DECODE_BUCKETS, select_bucket
+        from protocol.config import ModelShape, ProtocolConfig
+        from protocol.controller import Controller
+
+        dtype = dtype or (self.cfg.torch_dtype if self.cfg.torch_dtype in DTYPE_BYTES
+                          else "bfloat16")
+        max_model_len = max_model_len or min(self.cfg.max_position, 2048)
+        if max_model_len > self.cfg.max_position:
+            raise ParallelConfigError(f"max_model_len = {max_model_len} exceeds the model's "
+                                      f"max_position_embeddings {self.cfg.max_position}")
+        buckets = tuple(b for b in DEFAULT_DECODE_BUCKETS
+                        if b <= select_bucket(max_batch, DEFAULT_DECODE_BUCKETS))
+        self.settings = EngineSettings(
+            model_dir=str(model_dir), world_size=tensor_parallel_size, device=device,
+            dtype=dtype, max_batch=max_batch, max_model_len=max_model_len,
+            page_size=page_size, buckets=buckets, step_timeout_s=step_timeout_s, fault=_fault)
+        self.settings.validate()
+        kv_heads = self.cfg.num_kv_heads // tensor_parallel_size
+        page_bytes = (2 * self.cfg.num_layers * page_size * kv_heads * self.cfg.head_dim
+                      * DTYPE_BYTES[dtype])
+        pconfig = ProtocolConfig(
+            world_size=tensor_parallel_size, buckets=buckets, max_batch=max_batch,
+            cuda_graphs=False, watchdog_timeout_s=step_timeout_s, kv_page_bytes=page_bytes,
+            min_kv_pages=max_batch * self.settings.pages_per_seq + 1,
+            shape=ModelShape(self.cfg.hidden_size, self.cfg.num_layers,
+                             dtype_bytes=DTYPE_BYTES[dtype], name=Path(model_dir).name))
+        self.controller = Controller(pconfig, clock=time.monotonic,
+                                     pages_per_seq=self.settings.pages_per_seq)
+        self.tokenizer = self._load_tokenizer(Path(model_dir))
+        self._say(f"starting {tensor_parallel_size} rank(s) on {device} ({dtype})")
+        t0 = time.monotonic()
+        from engine.ranks import InProcessRanks, SpawnedRanks
+
+        if tensor_parallel_size == 1:
+            self.ranks = InProcessRanks(self.settings, pconfig, self.cfg)
+        else:
+            self.ranks = SpawnedRanks(self.settings, pconfig)
+        self._closed = False
+        self._next_id = 0
+        self._extras: dict[int, tuple[SamplingParams, int]] = {}
+        self._side: dict[int, dict[str, list]] = {}
+        self._drive()  # the startup sweep
+        self._say(f"model loaded and KV cache allocated in {time.monotonic() - t0:.1f} s")
+
+    @staticmethod
+    def _load_tokenizer(d: Path):
+        if not any((d / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+            return None
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(str(d))
+
+    # -- driving the controller ------------------------------------------------------------
+
+    def _drive(self) -> None:
+        """Run commands until the controller is idle or done; a failure aborts every rank."""
+        from protocol.controller import Abort, Broadcast, Done, Idle, Wait
+        from protocol.commands import Step
+
+        while True:
+            action = self.controller.next_action()
+            if isinstance(action, (Idle, Done)):
+                return
+            if isinstance(action, Abort):
+                self._abort()
+                err = action.error
+                rank = min(getattr(err, "failed", ()) or getattr(err, "uncollected", ()) or (0,))
+                raise RankError(rank, str(err)) from err
+            if isinstance(action, Wait):  # cannot happen: collect() returns every reply
+                raise RuntimeError(f"controller waits for ranks {action.ranks} after collect")
+            command = action.command
+            extras = None
+            if isinstance(command, Step) and command.admits:
+                extras = {a.request_id: self._extras.pop(a.request_id) for a in command.admits}
+            try:
+                self.ranks.send(command, extras)
+                results = self.ranks.collect()
+                for reply, outputs in results:
+                    self.controller.on_reply(reply)
+                    for rid, out in outputs.items():
+                        side = self._side.setdefault(rid, {})
+                        for k, v in out.items():
+                            side.setdefault(k, []).append(v)
+            except BaseException:
+                self._abort()
+                raise
+
+    def _abort(self) -> None:
+        self._closed = True
+        self.ranks.close(abort=True)
+
+    # -- public API ----------------------------------------------------------------------------
+
+    def generate(self, prompts: Sequence[str | Sequence[int]],
+                 params: SamplingParams | Sequence[SamplingParams] | None = None
+                 ) -> list[RequestOutput]:
+        """Generate for every prompt (text, or a list of token ids) with continuous batching.
+
+        Args:
+            prompts: texts (needs a tokenizer in the model dir) or token-id lists.
+            params: one SamplingParams for all, or one per prompt; default SamplingParams().
+        Returns:
+            One RequestOutput per prompt, in order; a rejected request has `.error` set.
+        Raises:
+            RankError: a rank failed; the engine is then closed.
+            RuntimeError: the engine is closed.
+        """
+        if self._closed:
+            raise RuntimeError("this LLM is closed (after shutdown or a rank failure)")
+        from protocol.requests import Request
+
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        if params is None or isinstance(params, SamplingParams):
+            params = [params or SamplingParams()] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"{len(params)} SamplingParams for {len(prompts)} prompts")
+        outs: list[RequestOutput] = []
+        ids: list[int | None] = []
+        for prompt, p in zip(prompts, params):
+            out = RequestOutput(prompt_token_ids=[])
+            outs.append(out)
+            ids.append(None)
+            try:
+                out.prompt_token_ids = self._tokenize(prompt)
+                self._check_request(out.prompt_token_ids, p)
+            except RequestError as exc:
+                out.error = exc
+                continue
+            rid = self._next_id
+            self._next_id += 1
+            seed = p.seed if p.seed is not None else random.randrange(2**62)
+            out.seed = seed
+            stop = set(p.stop_token_ids) | (set() if p.ignore_eos else set(self.cfg.eos_token_ids))
+            self._extras[rid] = (p, seed)
+            self.controller.submit(Request(rid, tuple(out.prompt_token_ids), p.max_tokens,
+                                           frozenset(stop)))
+            ids[-1] = rid
+        self._drive()
+        for out, rid, p in zip(outs, ids, params):
+            if rid is None:
+                continue
+            out.token_ids = list(self.controller.outputs.pop(rid))
+            self.controller.requests.pop(rid, None)
+            side = self._side.pop(rid, {})
+            stop = set(p.stop_token_ids) | (set() if p.ignore_eos else set(self.cfg.eos_token_ids))
+            out.finish_reason = "stop" if out.token_ids and out.token_ids[-1] in stop else "length"
+            if p.logprobs:
+                out.logprobs = side.get("logprob", [])
+            if p.return_logits:
+                import torch
+
+                out.logits = torch.stack(side.get("logits", []))
+            if self.tokenizer is not None:
+                out.text = self.tokenizer.decode(out.token_ids)
+        return outs
+
+    def _tokenize(self, prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise RequestError(f"text prompt {prompt[:40]!r} but {self.settings.model_dir} "
+                                   "has no tokenizer; pass token ids")
+            return list(self.tokenizer.encode(prompt))
+        ids = list(prompt)
+        for t in ids:
+            if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.cfg.vocab_size:
+                raise RequestError(f"prompt token id {t!r} outside the vocabulary "
+                                   f"[0, {self.cfg.vocab_size})")
+        return ids
+
+    def _check_request(self, prompt: list[int], p: SamplingParams) -> None:
+        if not isinstance(p, SamplingParams):
+            raise RequestError(f"sampling params {p!r} is not a SamplingParams")
+        p.validate(self.cfg.vocab_size)
+        if not prompt:
+            raise RequestError("prompt is empty")
+        total = len(prompt) + p.max_tokens
+        if total > self.settings.max_model_len:
+            raise RequestError(f"prompt of {len(prompt)} tokens + max_tokens {p.max_tokens} = "
+                               f"{total} exceeds max_model_len {self.settings.max_model_len}")
+
+    def shutdown(self) -> None:
+        """Tear down every rank (graphs, then communicator) and join their processes."""
+        if self._closed:
+            return
+        self.controller.shutdown()
+        try:
+            self._drive()
+        finally:
+            self._closed = True
+            self.ranks.close(abort=False)
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_closed", True):
+            try:
+                self.ranks.close(abort=True)
+            except Exception:
+                pass

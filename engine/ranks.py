@@ -1,0 +1,235 @@
+"""Rank execution: how commands reach each rank's executor and replies come back.
+
+`execute` runs one command on one rank: the protocol `Worker` turns it into backend operations,
+the `RankExecutor` performs them, the worker turns the results into a `Reply` (or a failed
+reply that poisons it). Two transports carry commands:
+
+    `InProcessRanks`   world size 1: the executor lives in the caller's process.
+    `SpawnedRanks`     one process per rank (torch.multiprocessing spawn context), a duplex
+                       pipe per rank as the command channel; gloo on CPU, NCCL on CUDA.
+
+A rank that raises replies with ok=False; a rank that dies is seen through its process
+sentinel at once; a rank that does not answer within `step_timeout_s` is declared failed. Every
+failure ends in `close(abort=True)`, which kills every rank process (SIGKILL: an abort, never
+an exit that would run driver teardown, H8) and joins it, so no process is left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import traceback
+from multiprocessing.connection import wait as mp_wait
+from typing import Any
+
+from engine.errors import RankError
+from engine.settings import EngineSettings
+
+# Seconds a killed rank process is given to be reaped before we stop waiting for it.
+JOIN_TIMEOUT_S = 10.0
+
+
+def execute(worker, executor, command, extras: dict | None) -> tuple[Any, dict]:
+    """Run `command` on one rank. Returns (protocol Reply, side outputs of rank 0's sampler).
+
+    `extras` carries engine data for this command (sampling parameters of admitted requests);
+    it never carries a protocol decision.
+    """
+    try:
+        if extras:
+            executor.register(extras)
+        ops = worker.ops_for(command)
+        results = [getattr(executor, op.name)(*op.args) for op in ops]
+        reply = worker.reply(command, results)
+    except Exception as exc:  # any failure poisons the worker and is reported (I13)
+        detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        reply = worker.fail(command, RuntimeError(detail))
+    outputs, executor.outputs = executor.outputs, {}
+    return reply, outputs
+
+
+def _make_worker(settings: EngineSettings, protocol_config, rank: int):
+    from protocol.eligibility import GraphPlan
+    from protocol.worker import Worker
+
+    return Worker(rank, settings.world_size, GraphPlan.from_config(protocol_config),
+                  settings.max_batch)
+
+
+class InProcessRanks:
+    """World size 1: one executor in this process."""
+
+    def __init__(self, settings: EngineSettings, protocol_config, cfg=None):
+        from engine.executor import RankExecutor
+        from engine.parallel import SINGLE
+
+        if settings.device == "cuda":
+            import torch
+
+            torch.cuda.set_device(0)
+        self.executor = RankExecutor(settings, SINGLE, cfg)
+        self.executor.load_model()
+        self.worker = _make_worker(settings, protocol_config, 0)
+        self._pending: tuple | None = None
+        self.fault = settings.fault
+
+    def send(self, command, extras: dict | None) -> None:
+        """Run `command` now; its reply is returned by the next `collect`."""
+        if self.fault and self.fault[0] == 0 and self.fault[1] == command.seq:
+            raise RankError(0, f"injected fault {self.fault[2]!r} at command {command.seq}")
+        self._pending = execute(self.worker, self.executor, command, extras)
+
+    def collect(self) -> list[tuple[Any, dict]]:
+        """[(reply, side outputs)] of the last command."""
+        out, self._pending = [self._pending], None
+        return out
+
+    def close(self, abort: bool = False) -> None:
+        """Nothing to stop in-process."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_main(rank: int, settings: EngineSettings, protocol_config, conn) -> None:
+    """Body of one rank process: set up the group, load the model, serve commands.
+
+    Sends ("ready", rank) once loaded, or ("error", text) if setup fails, then one
+    (reply, outputs) per command until Teardown.
+    """
+    try:
+        import torch
+        import torch.distributed as dist
+
+        from engine.executor import RankExecutor
+        from engine.parallel import TPGroup
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // settings.world_size))
+        if settings.device == "cuda":
+            torch.cuda.set_device(rank)
+        backend = "nccl" if settings.device == "cuda" else "gloo"
+        import datetime
+
+        dist.init_process_group(backend, init_method=settings.dist_init_method, rank=rank,
+                                world_size=settings.world_size,
+                                timeout=datetime.timedelta(seconds=settings.step_timeout_s))
+        executor = RankExecutor(settings, TPGroup(rank, settings.world_size))
+        executor.load_model()
+        worker = _make_worker(settings, protocol_config, rank)
+    except BaseException:
+        conn.send(("error", traceback.format_exc(limit=4)))
+        return
+    conn.send(("ready", rank))
+    from protocol.commands import Teardown
+
+    while True:
+        try:
+            command, extras = conn.recv()
+        except EOFError:  # the controller went away: stop
+            return
+        fault = settings.fault
+        if fault and fault[0] == rank and fault[1] == command.seq:
+            if fault[2] == "exit":
+                os._exit(17)  # a crash: no reply, no cleanup
+            conn.send((worker.fail(command, RuntimeError(
+                f"injected fault at command {command.seq}")), {}))
+            continue
+        conn.send(execute(worker, executor, command, extras))
+        if isinstance(command, Teardown):
+            return
+
+
+class SpawnedRanks:
+    """One process per rank, spawned; commands over duplex pipes.
+
+    Raises (constructor):
+        RankError: a rank failed to start (its error text), or died during start.
+    """
+
+    def __init__(self, settings: EngineSettings, protocol_config):
+        import dataclasses
+
+        import torch.multiprocessing as mp
+
+        if not settings.dist_init_method:
+            settings = dataclasses.replace(
+                settings, dist_init_method=f"tcp://127.0.0.1:{_free_port()}")
+        self.settings = settings
+        ctx = mp.get_context("spawn")
+        self.conns, self.procs = [], []
+        try:
+            for rank in range(settings.world_size):
+                parent, child = ctx.Pipe(duplex=True)
+                p = ctx.Process(target=rank_main, args=(rank, settings, protocol_config, child),
+                                name=f"lockstep-rank{rank}", daemon=True)
+                p.start()
+                child.close()
+                self.conns.append(parent)
+                self.procs.append(p)
+            for rank, msg in self._gather(settings.step_timeout_s):
+                if msg[0] != "ready":
+                    raise RankError(rank, f"start-up failed:\n{msg[1]}")
+        except BaseException:
+            self.close(abort=True)
+            raise
+
+    def _gather(self, timeout_s: float) -> list[tuple[int, Any]]:
+        """One message from every rank, in rank order; raises RankError for a dead or silent
+        rank (the lowest such rank is named)."""
+        got: dict[int, Any] = {}
+        deadline = time.monotonic() + timeout_s
+        while len(got) < len(self.conns):
+            waiting = {r: c for r, c in enumerate(self.conns) if r not in got}
+            sentinels = {self.procs[r].sentinel: r for r in waiting}
+            left = deadline - time.monotonic()
+            if left <= 0:
+                missing = sorted(waiting)
+                raise RankError(missing[0], f"no reply within {timeout_s:g} s (ranks not "
+                                            f"collected: {missing})")
+            ready = mp_wait(list(waiting.values()) + list(sentinels), timeout=left)
+            dead = None
+            for r, c in waiting.items():
+                if c in ready or self.procs[r].sentinel in ready:
+                    try:
+                        if c.poll(0):
+                            got[r] = c.recv()
+                            continue
+                    except (EOFError, OSError):
+                        pass
+                    if not self.procs[r].is_alive() or self.procs[r].sentinel in ready:
+                        dead = r if dead is None else min(dead, r)
+            if dead is not None and dead not in got:
+                p = self.procs[dead]
+                p.join(1)
+                raise RankError(dead, f"process exited with code {p.exitcode} before replying")
+        return sorted(got.items())
+
+    def send(self, command, extras: dict | None) -> None:
+        """Send `command` to every rank (extras go to rank 0 only)."""
+        for rank, conn in enumerate(self.conns):
+            try:
+                conn.send((command, extras if rank == 0 else None))
+            except (BrokenPipeError, OSError) as exc:
+                raise RankError(rank, f"command channel closed ({exc})") from exc
+
+    def collect(self) -> list[tuple[Any, dict]]:
+        """Every rank's (reply, side outputs) for the last command, in rank order."""
+        return [msg for _, msg in self._gather(self.settings.step_timeout_s)]
+
+    def close(self, abort: bool = False) -> None:
+        """Stop every rank process: join after Teardown, or kill (abort) and reap."""
+        for p in self.procs:
+            if abort and p.is_alive():
+                p.kill()
+        for p in self.procs:
+            p.join(JOIN_TIMEOUT_S)
+            if p.is_alive():
+                p.kill()
+                p.join(JOIN_TIMEOUT_S)
+        for c in self.conns:
+            c.close()
+        self.procs, self.conns = [], []
