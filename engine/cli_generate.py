@@ -1,0 +1,85 @@
+"""`lockstep generate`: generate from one prompt with a Qwen3 model directory.
+
+Only argparse runs at import time; torch is imported inside `run`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _ids(text: str) -> list[int]:
+    try:
+        return [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--prompt-ids {text!r}: expected comma-separated "
+                                         "integers, e.g. 1,2,3") from None
+
+
+def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
+    """Register the subcommand `name` on `subparsers`; sets `run` as its handler."""
+    p = subparsers.add_parser(name, help="generate tokens with a Qwen3 model directory",
+                              description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True, help="HF-layout Qwen3 directory")
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
+                   help="ranks (default 1)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                   help="default: the checkpoint's dtype")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="prompt text (needs a tokenizer in the model dir)")
+    src.add_argument("--prompt-ids", type=_ids, help="prompt token ids, e.g. 1,2,3")
+    p.add_argument("--max-tokens", type=int, default=16, help="new tokens (default 16)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=0, help="0 = off (default)")
+    p.add_argument("--top-p", type=float, default=1.0, help="1 = off (default)")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed")
+    p.add_argument("--ignore-eos", action="store_true", help="do not stop at end-of-sequence")
+    p.add_argument("--logprobs", action="store_true", help="print each token's logprob")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="longest prompt + output (default min(config, 2048))")
+    p.set_defaults(run=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load, generate, print the token ids (and text); returns the exit status.
+
+    Exit status 2 for a bad model directory, parallel setting or request; 1 if a rank fails.
+    """
+    from engine.errors import RankError
+    from engine.llm import LLM
+    from engine.sampling import SamplingParams
+
+    try:
+        llm = LLM(args.model, tensor_parallel_size=args.tensor_parallel_size,
+                  device=args.device, dtype=args.dtype, max_batch=1,
+                  max_model_len=args.max_model_len, progress=True)
+    except ValueError as exc:
+        print(f"lockstep: error: {exc}", file=sys.stderr)
+        return 2
+    except RankError as exc:
+        print(f"lockstep: error: {exc}", file=sys.stderr)
+        return 1
+    try:
+        params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
+                                top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                                ignore_eos=args.ignore_eos, logprobs=args.logprobs)
+        prompt = args.prompt if args.prompt is not None else args.prompt_ids
+        out, = llm.generate([prompt], params)
+    except RankError as exc:
+        print(f"lockstep: error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        llm.shutdown()
+    if out.error is not None:
+        print(f"lockstep: error: {out.error}", file=sys.stderr)
+        return 2
+    print("token_ids:", ",".join(map(str, out.token_ids)))
+    if out.text is not None:
+        print("text:", out.text)
+    if out.logprobs is not None:
+        print("logprobs:", ",".join(f"{x:.4f}" for x in out.logprobs))
+    print("finish_reason:", out.finish_reason)
+    return 0

@@ -1,0 +1,55 @@
+"""Fixtures of the engine's CPU tests: random-weight model directories written once per session."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    """`tiny` preset (untied LM head), float32, seed 0."""
+    from engine.model_dir import write_model_dir
+
+    return write_model_dir("tiny", tmp_path_factory.mktemp("tiny"), seed=0, dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def tiny_tied_dir(tmp_path_factory):
+    """`tiny-tied` preset (tied embeddings, q width != hidden), float32, seed 1."""
+    from engine.model_dir import write_model_dir
+
+    return write_model_dir("tiny-tied", tmp_path_factory.mktemp("tiny_tied"), seed=1,
+                           dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def hf_model():
+    """Loader of the HF transformers reference model (eager attention, float32), cached."""
+    cache = {}
+
+    def load(path):
+        if path not in cache:
+            from transformers import AutoModelForCausalLM
+
+            cache[path] = AutoModelForCausalLM.from_pretrained(
+                str(path), attn_implementation="eager", dtype="float32").eval()
+        return cache[path]
+
+    return load
+
+
+def hf_greedy(model, prompt, n):
+    """HF greedy continuation of `prompt` by exactly `n` tokens (no EOS stop)."""
+    import torch
+
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n,
+                         do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def hf_logits(model, tokens):
+    """HF float32 logits [len(tokens), vocab] of one sequence."""
+    import torch
+
+    with torch.no_grad():
+        return model(torch.tensor([tokens])).logits[0]

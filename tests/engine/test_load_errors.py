@@ -1,0 +1,128 @@
+"""Every unusable model directory or parallel setting fails with a ValueError subclass naming the
+bad value and the file, before any rank process starts."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import shutil
+
+import pytest
+
+from engine.config import check_parallel, load_model_config
+from engine.errors import ModelDirError, ParallelConfigError
+from engine.llm import LLM
+from engine.weights import WeightIndex
+
+
+@pytest.fixture
+def model_copy(tiny_dir, tmp_path):
+    d = tmp_path / "m"
+    shutil.copytree(tiny_dir, d)
+    return d
+
+
+def _edit_config(d, **fields):
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.update(fields)
+    (d / "config.json").write_text(json.dumps(cfg))
+
+
+def _rejects(d, exc_type, *fragments, tp=1):
+    """LLM(d) raises exc_type mentioning every fragment, and no rank process was started."""
+    with pytest.raises(exc_type) as info:
+        LLM(d, tensor_parallel_size=tp)
+    msg = str(info.value)
+    for f in fragments:
+        assert f in msg, (f, msg)
+    assert multiprocessing.active_children() == []
+    return msg
+
+
+def test_errors_are_value_errors():
+    assert issubclass(ModelDirError, ValueError) and issubclass(ParallelConfigError, ValueError)
+
+
+def test_missing_directory(tmp_path):
+    _rejects(tmp_path / "nope", ModelDirError, "nope", "does not exist")
+
+
+def test_missing_config(model_copy):
+    (model_copy / "config.json").unlink()
+    _rejects(model_copy, ModelDirError, "config.json", "missing")
+
+
+def test_unsupported_architecture(model_copy):
+    _edit_config(model_copy, architectures=["LlamaForCausalLM"], model_type="llama")
+    _rejects(model_copy, ModelDirError, "config.json", "LlamaForCausalLM",
+             "unsupported architecture")
+
+
+def test_missing_shard(model_copy):
+    idx = json.loads((model_copy / "model.safetensors.index.json").read_text())
+    shard = sorted(set(idx["weight_map"].values()))[1]
+    (model_copy / shard).unlink()
+    _rejects(model_copy, ModelDirError, shard, "missing")
+
+
+def test_tensor_missing_from_index(model_copy):
+    path = model_copy / "model.safetensors.index.json"
+    idx = json.loads(path.read_text())
+    del idx["weight_map"]["model.layers.1.mlp.down_proj.weight"]
+    path.write_text(json.dumps(idx))
+    _rejects(model_copy, ModelDirError, "model.layers.1.mlp.down_proj.weight", "missing")
+
+
+def test_wrong_tensor_shape(model_copy):
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    name = "model.layers.0.self_attn.k_proj.weight"
+    idx = json.loads((model_copy / "model.safetensors.index.json").read_text())
+    shard = model_copy / idx["weight_map"][name]
+    tensors = load_file(str(shard))
+    tensors[name] = torch.zeros(48, 64)
+    save_file(tensors, str(shard))
+    _rejects(model_copy, ModelDirError, name, "[48, 64]", "[32, 64]", shard.name)
+
+
+def test_wrong_config_field_shapes_are_caught_against_weights(model_copy):
+    _edit_config(model_copy, intermediate_size=96)
+    _rejects(model_copy, ModelDirError, "mlp.gate_proj.weight", "[96, 64]")
+
+
+@pytest.mark.parametrize("tp, field, value", [
+    (3, "num_attention_heads", 4),
+    (4, "num_key_value_heads", 2),
+])
+def test_heads_not_divisible_by_tp(tiny_dir, tp, field, value):
+    _rejects(tiny_dir, ParallelConfigError, f"{field} = {value}",
+             f"tensor_parallel_size = {tp}", "config.json", tp=tp)
+
+
+def test_intermediate_and_vocab_not_divisible_by_tp(tiny_dir):
+    cfg = load_model_config(tiny_dir)
+    import dataclasses
+
+    odd_inter = dataclasses.replace(cfg, intermediate_size=130, num_kv_heads=4)
+    with pytest.raises(ParallelConfigError, match="intermediate_size = 130 .* = 4"):
+        check_parallel(odd_inter, 4)
+    odd_vocab = dataclasses.replace(cfg, vocab_size=511)
+    with pytest.raises(ParallelConfigError, match="vocab_size = 511"):
+        check_parallel(odd_vocab, 2)
+
+
+def test_bad_tp_size_and_settings(tiny_dir):
+    _rejects(tiny_dir, ParallelConfigError, "tensor_parallel_size = 0", tp=0)
+    with pytest.raises(ParallelConfigError, match="page_size = 24"):
+        LLM(tiny_dir, page_size=24)
+    with pytest.raises(ParallelConfigError, match="device = 'tpu'"):
+        LLM(tiny_dir, device="tpu")
+    with pytest.raises(ParallelConfigError, match="max_model_len = 999999"):
+        LLM(tiny_dir, max_model_len=999999)
+
+
+def test_weight_index_accepts_the_good_dir(tiny_dir):
+    index = WeightIndex(load_model_config(tiny_dir))
+    sl = index.read("model.embed_tokens.weight", 0, 256, 512)
+    assert tuple(sl.shape) == (256, 64)

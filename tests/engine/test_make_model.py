@@ -1,0 +1,80 @@
+"""`lockstep make-model`: HF-layout directories that transformers and the engine both load."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from engine.model_dir import build_config, tensor_shapes, write_model_dir
+from engine.presets import PRESETS
+
+REAL = {  # preset: (hidden, layers, q heads, kv heads, head_dim, intermediate, tied)
+    "qwen3-0.6b": (1024, 28, 16, 8, 128, 3072, True),
+    "qwen3-1.7b": (2048, 28, 16, 8, 128, 6144, True),
+    "qwen3-4b": (2560, 36, 32, 8, 128, 9728, True),
+    "qwen3-8b": (4096, 36, 32, 8, 128, 12288, False),
+}
+
+
+@pytest.mark.parametrize("preset", sorted(REAL))
+def test_real_presets_have_the_qwen3_shapes(preset):
+    c = build_config(preset, "bfloat16")
+    got = (c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads,
+           c.head_dim, c.intermediate_size, c.tie_word_embeddings)
+    assert got == REAL[preset]
+    assert c.vocab_size == 151936 and c.rms_norm_eps == 1e-6
+    assert c.rope_parameters["rope_theta"] == 1e6
+    assert c.architectures == ["Qwen3ForCausalLM"]
+
+
+def test_cli_writes_a_dir_transformers_loads(tmp_path):
+    from lockstep.cli import main
+    from transformers import AutoModelForCausalLM
+
+    assert main(["make-model", "--preset", "tiny", "--out", str(tmp_path), "--seed", "3",
+                 "--dtype", "float32"]) == 0
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    shards = set(index["weight_map"].values())
+    assert len(shards) > 1, "tiny must be multi-shard so sharded loading is exercised"
+    assert all((tmp_path / s).is_file() for s in shards)
+    assert set(index["weight_map"]) == {n for n, _ in tensor_shapes(PRESETS["tiny"])}
+    model = AutoModelForCausalLM.from_pretrained(str(tmp_path))
+    assert type(model).__name__ == "Qwen3ForCausalLM"
+    w = model.model.layers[0].mlp.up_proj.weight.detach()
+    assert 0.015 < float(w.std()) < 0.025
+    assert abs(float(model.model.norm.weight.detach().mean()) - 1.0) < 0.1
+    gen = json.loads((tmp_path / "generation_config.json").read_text())
+    assert gen["eos_token_id"] == PRESETS["tiny"]["eos_token_id"]
+
+
+def test_seed_decides_weights_and_dtype_is_honoured(tmp_path):
+    from safetensors.torch import load_file
+
+    def first(d):
+        name = "model.layers.0.self_attn.q_proj.weight"
+        idx = json.loads((d / "model.safetensors.index.json").read_text())["weight_map"]
+        return load_file(str(d / idx[name]))[name]
+
+    a = first(write_model_dir("tiny", tmp_path / "a", seed=5, dtype="bfloat16"))
+    b = first(write_model_dir("tiny", tmp_path / "b", seed=5, dtype="bfloat16",
+                              shard_bytes=10**9))  # one shard: same values
+    c = first(write_model_dir("tiny", tmp_path / "c", seed=6, dtype="bfloat16"))
+    assert str(a.dtype) == "torch.bfloat16"
+    assert (a == b).all() and not (a == c).all()
+
+
+def test_cli_module_does_not_import_torch():
+    code = ("import sys; from lockstep.cli import build_parser; build_parser(); "
+            "bad = [m for m in ('torch', 'transformers', 'triton') if m in sys.modules]; "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_unknown_preset_and_dtype_are_rejected(tmp_path):
+    with pytest.raises(ValueError, match="unknown preset 'qwen9'"):
+        write_model_dir("qwen9", tmp_path)
+    with pytest.raises(ValueError, match="unknown dtype 'int8'"):
+        write_model_dir("tiny", tmp_path, dtype="int8")
