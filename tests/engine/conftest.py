@@ -36,20 +36,3 @@ def hf_model():
         return cache[path]
 
     return load
-
-
-def hf_greedy(model, prompt, n):
-    """HF greedy continuation of `prompt` by exactly `n` tokens (no EOS stop)."""
-    import torch
-
-    out = model.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n,
-                         do_sample=False, eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
-
-
-def hf_logits(model, tokens):
-    """HF float32 logits [len(tokens), vocab] of one sequence."""
-    import torch
-
-    with torch.no_grad():
-        return model(torch.tensor([tokens])).logits[0]

@@ -1,0 +1,49 @@
+"""Test utilities shipped with the engine (as trio ships its own): random paged-attention
+inputs shared by the CPU tests, the GPU tests and benchmarks."""
+
+from __future__ import annotations
+
+
+def make_case(lengths, q_heads=4, kv_heads=2, head_dim=16, page_size=16, dtype=None,
+              device="cpu", seed=0):
+    """A KV cache whose slots hold `lengths` tokens on shuffled pages, plus one padding row.
+
+    Returns (q, k_cache, v_cache, page_table, seq_lens, slot_ids): the batch rows are the slots
+    in reverse order followed by one row on the padding slot (length 1, padding page).
+    """
+    import torch
+
+    dtype = dtype or torch.float32
+    g = torch.Generator().manual_seed(seed)
+    slots = len(lengths)
+    max_pages = max(-(-n // page_size) for n in lengths)
+    num_pages = sum(-(-n // page_size) for n in lengths) + 3
+    pad_page, pad_slot = num_pages, slots
+    k = torch.randn(num_pages + 1, page_size, kv_heads, head_dim, generator=g).to(dtype)
+    v = torch.randn(num_pages + 1, page_size, kv_heads, head_dim, generator=g).to(dtype)
+    table = torch.full((slots + 1, max_pages), pad_page, dtype=torch.int32)
+    perm = torch.randperm(num_pages, generator=g).tolist()
+    for s, n in enumerate(lengths):
+        for i in range(-(-n // page_size)):
+            table[s, i] = perm.pop()
+    lens = torch.tensor(list(lengths) + [1], dtype=torch.int32)
+    slot_ids = torch.tensor(list(reversed(range(slots))) + [pad_slot], dtype=torch.int32)
+    q = torch.randn(len(slot_ids), q_heads, head_dim, generator=g).to(dtype)
+    return tuple(t.to(device) for t in (q, k, v, table, lens, slot_ids))
+
+
+def hf_greedy(model, prompt, n):
+    """HF greedy continuation of `prompt` by exactly `n` tokens (no EOS stop)."""
+    import torch
+
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n,
+                         do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def hf_logits(model, tokens):
+    """HF float32 logits [len(tokens), vocab] of one sequence."""
+    import torch
+
+    with torch.no_grad():
+        return model(torch.tensor([tokens])).logits[0]

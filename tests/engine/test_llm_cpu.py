@@ -1,0 +1,137 @@
+"""`LLM` at tensor-parallel size 1 on CPU: logits and greedy tokens against HF transformers at
+the same weights, continuous batching, sampling, and per-request errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.errors import RequestError
+from engine.llm import LLM
+from engine.sampling import SamplingParams
+from engine.testing import hf_greedy, hf_logits
+
+GREEDY = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True, return_logits=True)
+PROMPT = [5, 6, 7, 8, 100, 200, 300, 17, 42]
+
+
+@pytest.fixture(scope="module", params=["tiny_dir", "tiny_tied_dir"])
+def model(request):
+    d = request.getfixturevalue(request.param)
+    llm = LLM(d, max_batch=4, max_model_len=96)
+    yield d, llm
+    llm.shutdown()
+
+
+def test_logits_and_greedy_tokens_match_hf(model, hf_model):
+    d, llm = model
+    hf = hf_model(d)
+    out, = llm.generate([PROMPT], GREEDY)
+    assert out.token_ids == hf_greedy(hf, PROMPT, 32)
+    ref = hf_logits(hf, PROMPT + out.token_ids[:-1])[len(PROMPT) - 1:]
+    rel = float((out.logits - ref).abs().max() / ref.abs().max())
+    assert rel < 1e-4, rel
+
+
+def _prompts():
+    g = torch.Generator().manual_seed(7)
+    return [torch.randint(0, 512, (n,), generator=g).tolist() for n in (3, 17, 9, 30, 1, 12)]
+
+
+def test_continuous_batching_gives_each_request_its_solo_tokens(model):
+    _, llm = model
+    prompts = _prompts()
+    params = [SamplingParams(max_tokens=m, temperature=t, top_k=k, seed=i, ignore_eos=True)
+              for i, (m, t, k) in enumerate([(5, 0, 0), (12, 0.8, 50), (3, 0, 0), (9, 1.0, 0),
+                                             (14, 0.7, 10), (7, 0, 0)])]
+    together = llm.generate(prompts, params)  # 6 requests over 4 slots: queueing + compaction
+    alone = [llm.generate([p], q)[0] for p, q in zip(prompts, params)]
+    for t, a, q in zip(together, alone, params):
+        assert t.error is None and len(t.token_ids) == q.max_tokens
+        assert t.token_ids == a.token_ids
+
+
+def test_seeded_sampling_is_reproducible_and_seed_dependent(model):
+    _, llm = model
+    p = SamplingParams(max_tokens=16, temperature=1.0, seed=123, ignore_eos=True)
+    a, b = llm.generate([PROMPT, PROMPT], [p, p])
+    c, = llm.generate([PROMPT], SamplingParams(max_tokens=16, temperature=1.0, seed=124,
+                                                ignore_eos=True))
+    assert a.token_ids == b.token_ids and a.seed == 123
+    assert a.token_ids != c.token_ids
+    top1, = llm.generate([PROMPT], SamplingParams(max_tokens=8, temperature=1.0, top_k=1,
+                                                   seed=5, ignore_eos=True))
+    greedy, = llm.generate([PROMPT], SamplingParams(max_tokens=8, temperature=0,
+                                                     ignore_eos=True))
+    assert top1.token_ids == greedy.token_ids
+
+
+def test_logprobs_are_log_softmax_of_the_logits(model):
+    _, llm = model
+    out, = llm.generate([PROMPT], SamplingParams(max_tokens=6, temperature=0.9, seed=3,
+                                                  ignore_eos=True, logprobs=True,
+                                                  return_logits=True))
+    want = torch.log_softmax(out.logits, -1)[torch.arange(6), torch.tensor(out.token_ids)]
+    torch.testing.assert_close(torch.tensor(out.logprobs), want)
+
+
+def test_stop_tokens_end_a_request(model):
+    _, llm = model
+    free, = llm.generate([PROMPT], SamplingParams(max_tokens=12, temperature=0,
+                                                   ignore_eos=True))
+    stop = free.token_ids[4]
+    first = free.token_ids.index(stop)
+    out, = llm.generate([PROMPT], SamplingParams(max_tokens=12, temperature=0,
+                                                  ignore_eos=True, stop_token_ids=(stop,)))
+    assert out.token_ids == free.token_ids[:first + 1] and out.finish_reason == "stop"
+    assert free.finish_reason == "length"
+
+
+@pytest.mark.parametrize("prompt, params, fragment", [
+    (list(range(90)), SamplingParams(max_tokens=10), "exceeds max_model_len 96"),
+    ([1, 2], SamplingParams(temperature=-1.0), "temperature = -1.0"),
+    ([1, 2], SamplingParams(max_tokens=0), "max_tokens = 0"),
+    ([1, 2], SamplingParams(top_p=0.0), "top_p = 0.0"),
+    ([1, 2], SamplingParams(top_k=-5), "top_k = -5"),
+    ([1, 2], SamplingParams(seed=-3), "seed = -3"),
+    ([1, 2], SamplingParams(stop_token_ids=(512,)), "stop token id 512"),
+    ([1, 512], SamplingParams(), "prompt token id 512"),
+    ([], SamplingParams(), "prompt is empty"),
+    ("hello", SamplingParams(), "has no tokenizer"),
+])
+def test_a_bad_request_gets_its_own_error_while_others_finish(model, prompt, params, fragment):
+    _, llm = model
+    good = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
+    outs = llm.generate([[3, 4, 5], prompt, [6, 7]], [good, params, good])
+    assert isinstance(outs[1].error, RequestError) and fragment in str(outs[1].error)
+    assert outs[1].token_ids == []
+    assert [o.error for o in (outs[0], outs[2])] == [None, None]
+    assert outs[0].token_ids == llm.generate([[3, 4, 5]], good)[0].token_ids
+    assert len(outs[2].token_ids) == 5
+
+
+def test_eos_from_generation_config_stops_unless_ignored(tiny_dir, tmp_path):
+    import json
+    import shutil
+
+    with LLM(tiny_dir, max_batch=1, max_model_len=64) as llm:
+        free, = llm.generate([PROMPT], SamplingParams(max_tokens=20, temperature=0,
+                                                       ignore_eos=True))
+    d = tmp_path / "eos"
+    shutil.copytree(tiny_dir, d)
+    eos = free.token_ids[5]
+    (d / "generation_config.json").write_text(json.dumps({"eos_token_id": [eos, 0]}))
+    with LLM(d, max_batch=1, max_model_len=64) as llm:
+        stopped, = llm.generate([PROMPT], SamplingParams(max_tokens=20, temperature=0))
+        ignored, = llm.generate([PROMPT], SamplingParams(max_tokens=20, temperature=0,
+                                                          ignore_eos=True))
+    cut = free.token_ids.index(eos) + 1
+    assert stopped.token_ids == free.token_ids[:cut] and stopped.finish_reason == "stop"
+    assert ignored.token_ids == free.token_ids
+
+
+def test_closed_llm_refuses_work(tiny_dir):
+    llm = LLM(tiny_dir, max_batch=1, max_model_len=32)
+    llm.shutdown()
+    with pytest.raises(RuntimeError, match="closed"):
+        llm.generate([[1, 2]])
