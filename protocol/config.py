@@ -63,6 +63,8 @@ class ProtocolConfig:
         decode_overlap: overlap host scheduling with device decode; not supported together
             with CUDA graphs under TP (rejected here, before any model load).
         watchdog_timeout_s: seconds the startup sweep may take before the watchdog aborts.
+        step_timeout_s: seconds a serving or teardown command may wait for every reply before
+            the controller aborts every rank (I13: a wedged rank is a global failure).
         kv_page_bytes: bytes of one KV page on one rank, all layers.
         min_kv_pages: fewest KV pages that make serving possible (one per slot plus padding).
         memory_headroom_bytes: bytes left free on each rank after KV sizing.
@@ -76,6 +78,7 @@ class ProtocolConfig:
     graph_batch_cap: int | None = None
     decode_overlap: bool = False
     watchdog_timeout_s: float = 120.0
+    step_timeout_s: float = 60.0
     kv_page_bytes: int = 16 * 36 * 2 * 8 * 128 * 2
     min_kv_pages: int = 257
     memory_headroom_bytes: int = 0
@@ -96,6 +99,9 @@ class ProtocolConfig:
         if not isinstance(self.watchdog_timeout_s, (int, float)) or self.watchdog_timeout_s <= 0:
             raise ConfigError(
                 f"watchdog_timeout_s={self.watchdog_timeout_s!r} must be a positive number of seconds")
+        if not isinstance(self.step_timeout_s, (int, float)) or self.step_timeout_s <= 0:
+            raise ConfigError(
+                f"step_timeout_s={self.step_timeout_s!r} must be a positive number of seconds")
         if not isinstance(self.memory_headroom_bytes, int) or self.memory_headroom_bytes < 0:
             raise ConfigError(
                 f"memory_headroom_bytes={self.memory_headroom_bytes!r} must be a non-negative integer")

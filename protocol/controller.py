@@ -103,6 +103,8 @@ class Controller:
         self.plan = GraphPlan.from_config(config)
         self.pages_per_seq = pages_per_seq
         self.watchdog = Watchdog(clock, config.watchdog_timeout_s)
+        self._clock = clock
+        self._sent_at = 0.0
         self.seq = -1
         self.current: Command | None = None
         self.replies: dict[int, Reply] = {}
@@ -137,6 +139,11 @@ class Controller:
                 self.watchdog.check(uncollected)
             except WatchdogExpired as exc:
                 return self._fail(exc)
+        elif uncollected and self._clock() >= self.step_deadline:
+            return self._fail(RankFailure(
+                f"command {self.current.seq} ({type(self.current).__name__}) timed out after "
+                f"{self.config.step_timeout_s:g} s; ranks not collected: "
+                f"{', '.join(map(str, uncollected))}", (), uncollected, {}))
         if uncollected:
             return Wait(uncollected)
         if self.current is not None:
@@ -151,6 +158,7 @@ class Controller:
             return Idle()
         self.current = command
         self.replies = {}
+        self._sent_at = self._clock()
         return Broadcast(command)
 
     def uncollected(self) -> tuple[int, ...]:
@@ -198,6 +206,13 @@ class Controller:
     def shutdown(self) -> None:
         """Tear down once the current command is collected: graphs first, then communicator."""
         self._closing = True
+
+    @property
+    def step_deadline(self) -> float:
+        """When the outstanding command times out outside startup (seconds on the clock)."""
+        if self.current is None or self.phase == "startup":
+            return float("inf")
+        return self._sent_at + self.config.step_timeout_s
 
     @property
     def serving(self) -> bool:

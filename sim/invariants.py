@@ -41,7 +41,7 @@ def check_i3_no_serving_capture(events: Sequence[TraceEvent]) -> Violation | Non
     for e in events:
         if e.kind == "send" and e.what == "Step":
             serving = True
-        elif serving and e.kind == "op" and e.what == "record":
+        elif serving and e.kind == "op" and e.ok and e.what == "record":
             return ("I3", f"rank {e.rank} recorded graph {e.detail} while serving (command {e.seq}); "
                           "serving under TP never captures")
     return None
@@ -53,7 +53,7 @@ def check_i4_capture_barrier(events: Sequence[TraceEvent]) -> Violation | None:
     uploaded: dict[str, set[int]] = {}
     launched: set[tuple[int, str]] = set()
     for e in events:
-        if e.kind != "op":
+        if e.kind != "op" or not e.ok:
             continue
         if e.what == "upload":
             uploaded.setdefault(e.detail, set()).add(e.rank)
@@ -73,7 +73,7 @@ def check_i5_warmup(events: Sequence[TraceEvent],
         return None
     warmed: dict[int, set[int]] = {}
     for e in events:
-        if e.kind != "op":
+        if e.kind != "op" or not e.ok:
             continue
         if e.what == "warmup_collective":
             warmed.setdefault(e.rank, set()).add(int(e.detail))
@@ -102,7 +102,7 @@ def check_i9_reserve_before_kv(events: Sequence[TraceEvent]) -> Violation | None
     measured: dict[int, set[str]] = {}
     kv_done: set[int] = set()
     for e in events:
-        if e.kind != "op":
+        if e.kind != "op" or not e.ok:
             continue
         if e.what == "allocate_kv":
             kv_done.add(e.rank)
@@ -118,7 +118,7 @@ def check_i10_teardown_order(events: Sequence[TraceEvent]) -> Violation | None:
     """I10: a rank destroys its communicator only after freeing every graph it holds."""
     live: dict[int, bool] = {}
     for e in events:
-        if e.kind != "op":
+        if e.kind != "op" or not e.ok:
             continue
         if e.what == "record":
             live[e.rank] = True

@@ -23,6 +23,16 @@ def _op_text(world, r: int) -> str:
     return f"{op.name}{arg}"
 
 
+def needs_quiesce(world, r: int, op) -> bool:
+    """True if ``op`` on rank ``r`` waits for its process's devices to go idle (H2)."""
+    if op.name in ("instantiate", "upload", "allocate_kv"):
+        return True
+    if op.name == "launch":
+        graph = world.graphs[r].get(op.args[0])
+        return graph is not None and not graph["uploaded"]
+    return False
+
+
 def wait_edges(world) -> list[tuple[str, str, str]]:
     """(waiter, waited-on, sentence) for every blocked actor."""
     edges = []
@@ -35,16 +45,15 @@ def wait_edges(world) -> list[tuple[str, str, str]]:
         op = host.ops[host.pc]
         what = _op_text(world, r)
         p = host.proc
-        if host.fault_armed is not None and host.ready_at == FOREVER:
-            continue  # wedged by an injected hang: waits on nothing that could release it
+        if host.fault_armed is not None and host.ready_at is not None:
+            continue  # wedged (injected hang) or slow (waits on the clock): no actor to wait on
         holder = world.locks[p]
         if hz.h1_driver_lock and op.name in LOCKING_OPS and holder not in (None, r):
             edges.append((me, f"rank{holder}",
                           f"rank {r}'s {what} waits for process {p}'s driver lock, held by "
                           f"rank {holder}'s {_op_text(world, holder)}"))
             continue
-        if op.name == "synchronize" or (host.holding and hz.h2_quiesce) or (
-                op.name in ("instantiate", "upload", "launch", "allocate_kv") and hz.h2_quiesce):
+        if op.name == "synchronize" or (hz.h2_quiesce and needs_quiesce(world, r, op)):
             busy = [d for d in world.procs[p] if world.devices[d].busy()]
             if op.name == "synchronize":
                 busy = [r] if world.devices[r].busy() else []

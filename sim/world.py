@@ -178,6 +178,8 @@ class World:
         timers = [h.ready_at for h in self.hosts if h.ready_at is not None and h.ready_at != FOREVER]
         if self.ctrl.watchdog.deadline is not None:
             timers.append(self.ctrl.watchdog.deadline)
+        if self.ctrl.step_deadline != FOREVER:
+            timers.append(self.ctrl.step_deadline)
         later = [t for t in timers if t > self.clock]
         orphan = self._orphan_collective()
         if orphan is not None:
@@ -215,8 +217,10 @@ class World:
         if ctrl.phase in ("failed", "done"):
             return True
         if ctrl.current is not None and ctrl.uncollected():
+            if ctrl.phase != "startup":
+                return self.clock >= ctrl.step_deadline
             deadline = ctrl.watchdog.deadline
-            return ctrl.phase == "startup" and deadline is not None and self.clock >= deadline
+            return deadline is not None and self.clock >= deadline
         return True
 
     def _step_controller(self) -> None:

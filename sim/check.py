@@ -1,0 +1,205 @@
+"""`lockstep check` as a library: check variants under topologies and collect verdict rows.
+
+The correct protocol must be clean under every explored schedule, must fail loudly and globally
+(verdict ``abort``) under injected faults, and must reach the interesting events (a graph
+replayed in serving, a live slot moved by compaction, a fault fired) so that a vacuous model
+cannot pass. Each bad variant must be caught with its expected verdict; its first failing
+schedule is reduced to a minimal one.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from protocol.errors import ConfigError
+from sim.hazards import HazardModel
+from sim.reduce import reduce_schedule
+from sim.run import RunResult, run_schedule
+from sim.scenario import Fault, Scenario, default_scenario
+from sim.search import SearchStats, exhaustive_search, hypothesis_search, sample_search
+from sim.strategies import NondeterminismError, Replay
+from sim.variants import Variant, get_variant
+
+FAULT_OPS = ("warmup_collective", "record", "instantiate", "upload", "launch", "allocate_kv",
+             "synchronize", "sample", "profile_memory")
+
+
+@dataclass(frozen=True)
+class CheckSpec:
+    """What `lockstep check` explores for each variant (all of it serialisable to JSON)."""
+
+    ranks: int = 2
+    buckets: tuple[int, ...] | None = None
+    max_batch: int | None = None
+    strategy: str = "random"
+    schedules: int = 300
+    fault_schedules: int = 100
+    time_budget: float = 60.0
+    seed: int = 0
+    hazards_off: tuple[str, ...] = ()
+
+    def scenario(self, topology: str) -> Scenario:
+        kwargs = {}
+        if self.buckets is not None:
+            kwargs["buckets"] = self.buckets
+        sc = default_scenario(topology=topology, world_size=self.ranks, max_batch=self.max_batch, **kwargs)
+        if self.hazards_off:
+            sc = sc.with_(hazards=HazardModel().without(*self.hazards_off))
+        return sc
+
+    def to_json(self) -> dict:
+        return {"ranks": self.ranks, "buckets": list(self.buckets) if self.buckets else None,
+                "max_batch": self.max_batch, "hazards_off": list(self.hazards_off)}
+
+
+@dataclass
+class Row:
+    """One line of the verdict table."""
+
+    variant: str
+    topology: str
+    expected: str
+    got: str
+    stats: SearchStats
+    detail: str = ""
+    minimal: RunResult | None = None
+    scenario: Scenario | None = None
+    passed: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def minimal_length(self) -> int | None:
+        return self.minimal.actions if self.minimal else None
+
+
+def verdict_label(result: RunResult) -> str:
+    """``deadlock``, ``invariant:I6`` ... as in `Variant.expected`."""
+    outcome = result.outcome
+    return f"invariant:{outcome.invariant}" if outcome.verdict == "invariant" else outcome.verdict
+
+
+def _search(spec: CheckSpec, scenario_for, variant, acceptable, schedules, progress, stop=True):
+    if spec.strategy == "exhaustive":
+        return exhaustive_search(scenario_for(0), variant, acceptable, spec.time_budget,
+                                 stop_on_failure=stop, progress=progress)
+    if spec.strategy == "hypothesis":
+        return hypothesis_search(scenario_for(0), variant, acceptable, max_examples=schedules,
+                                 seed=spec.seed)
+    return sample_search(scenario_for, variant, acceptable, spec.strategy, schedules,
+                         spec.time_budget, spec.seed, stop_on_failure=stop, progress=progress)
+
+
+def random_fault(scenario: Scenario, index: int, seed: int) -> Fault:
+    """A fault for run ``index``: a kind, rank, op and occurrence drawn from a seeded generator."""
+    rng = random.Random(seed * 7919 + index)
+    kind = rng.choice(("raise", "oom", "slow", "hang"))
+    op = rng.choice(FAULT_OPS)
+    occurrence = 1 + rng.randrange(3 if op in ("warmup_collective", "sample", "synchronize") else 2)
+    delay = scenario.config.watchdog_timeout_s * rng.choice((0.1, 2.0))
+    return Fault(kind, rng.randrange(scenario.config.world_size), op, occurrence, delay)
+
+
+def check_correct(variant: Variant, spec: CheckSpec, topology: str, progress=None) -> list[Row]:
+    """Rows for a protocol that must be clean, and fail loudly under faults."""
+    base = variant.scenario(spec.scenario(topology))
+    result = _search(spec, lambda i: base, variant, lambda r: r.outcome.verdict == "clean",
+                     spec.schedules, progress)
+    rows = []
+    stats = result.stats
+    if result.failure is not None:
+        got, detail = verdict_label(result.failure), result.failure.outcome.detail
+        minimal = reduce_schedule(base, variant, result.failure)
+    else:
+        missing = [e for e in ("replay", "compaction_moves_live") if not stats.reached.get(e)]
+        got = "vacuous" if missing else "clean"
+        detail = (f"never reached: {', '.join(missing)}" if missing else
+                  f"{stats.schedules} schedules clean; replays, live compactions reached")
+        minimal = None
+    expected = variant.expected.get(topology, "clean")
+    rows.append(Row(variant.name, topology, expected, got, stats, detail, minimal, base,
+                    got == expected))
+    if spec.fault_schedules and expected == "clean":
+        faulted = lambda i: base.with_(faults=(random_fault(base, i, spec.seed),))  # noqa: E731
+        acceptable = lambda r: r.outcome.verdict in ("clean", "abort")  # noqa: E731
+        fres = sample_search(faulted, variant, acceptable, "random", spec.fault_schedules,
+                             spec.time_budget, spec.seed, progress=progress)
+        fstats = fres.stats
+        if fres.failure is not None:
+            got, detail = verdict_label(fres.failure), fres.failure.outcome.detail
+            minimal = reduce_schedule(fres.failure.world.scenario, variant, fres.failure)
+        elif not fstats.reached.get("fault_fired"):
+            got, detail, minimal = "vacuous", "no injected fault ever fired", None
+        else:
+            got = "abort"
+            detail = (f"{fstats.verdicts.get('abort', 0)} of {fstats.schedules} faulted runs "
+                      "aborted loudly on every rank; the rest finished clean")
+            minimal = None
+        rows.append(Row(f"{variant.name}+faults", topology, "abort", got, fstats, detail, minimal,
+                        base, got == "abort"))
+    return rows
+
+
+def check_bad(variant: Variant, spec: CheckSpec, topology: str, progress=None) -> Row:
+    """Row for a known-bad variant: the first schedule with a non-clean verdict, reduced."""
+    scenario = variant.scenario(spec.scenario(topology))
+    expected = variant.expected.get(topology, "?")
+    result = _search(spec, lambda i: scenario, variant, lambda r: r.outcome.verdict == "clean",
+                     spec.schedules, progress)
+    if result.failure is None:
+        return Row(variant.name, topology, expected, "clean", result.stats,
+                   f"no failure in {result.stats.schedules} schedules", None, scenario, expected == "clean")
+    got = verdict_label(result.failure)
+    minimal = reduce_schedule(scenario, variant, result.failure)
+    detail = minimal.outcome.detail
+    if got.startswith("invariant:") and expected.startswith("invariant:"):
+        detail = ("no deadlock or divergence manifested in this topology; the rule check flags: "
+                  + detail)
+    return Row(variant.name, topology, expected, got, result.stats, detail, minimal, scenario,
+               got == expected)
+
+
+def check_variant(variant: Variant, spec: CheckSpec, topology: str, progress=None) -> list[Row]:
+    """Rows for one variant in one topology."""
+    if all(v == "clean" for v in variant.expected.values()):
+        return check_correct(variant, spec, topology, progress)
+    return [check_bad(variant, spec, topology, progress)]
+
+
+def replay_trace(data: dict) -> tuple[RunResult, str | None]:
+    """Re-run a recorded trace JSON exactly; returns (result, nondeterminism message or None).
+
+    Raises:
+        ConfigError: the file is not a lockstep trace or names an unknown variant.
+    """
+    if not isinstance(data, dict) or "choices" not in data or "variant" not in data:
+        raise ConfigError("not a lockstep trace: expected a JSON object with 'variant' and 'choices'")
+    variant = get_variant(data["variant"])
+    spec_data = data.get("scenario", {})
+    spec = CheckSpec(ranks=spec_data.get("ranks", 2),
+                     buckets=tuple(spec_data["buckets"]) if spec_data.get("buckets") else None,
+                     max_batch=spec_data.get("max_batch"),
+                     hazards_off=tuple(spec_data.get("hazards_off", ())))
+    scenario = variant.scenario(spec.scenario(spec_data.get("topology", "shared")))
+    faults = tuple(Fault(**f) for f in spec_data.get("faults", ()))
+    if faults:
+        scenario = scenario.with_(faults=faults)
+    try:
+        result = run_schedule(scenario, variant, Replay(list(data["choices"])))
+    except NondeterminismError as exc:
+        return None, str(exc)
+    if result.choices != list(data["choices"]):
+        return result, (f"replay departed from its recording: {len(result.choices)} actions "
+                        f"instead of {len(data['choices'])}")
+    if result.outcome.verdict != data.get("verdict"):
+        return result, (f"replay gave verdict {result.outcome.verdict}, the recording "
+                        f"{data.get('verdict')}")
+    return result, None
+
+
+def scenario_spec(spec: CheckSpec, topology: str, scenario: Scenario) -> dict:
+    """JSON description of a row's scenario, enough for `replay_trace`."""
+    data = spec.to_json()
+    data["topology"] = topology
+    data["faults"] = [f.__dict__ for f in scenario.faults] if scenario else []
+    return data

@@ -1,0 +1,196 @@
+"""`lockstep check`: check the protocol and every known-bad variant, print the verdict table.
+
+With no arguments it checks the correct protocol on the real configuration (Qwen3-4B shapes, TP
+2, the 36 pegainfer buckets, max batch 256, startup sweep then serving) under both process
+topologies -- clean without faults, loud global aborts with them -- and every shipped variant,
+and exits 0 only if all verdicts are as expected. Bad arguments exit 2 with a one-line error.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from protocol.buckets import validate_buckets
+from protocol.errors import ConfigError
+from sim.check import CheckSpec, Row, check_variant, replay_trace, scenario_spec
+from sim.hazards import RULES
+from sim.report import narrative, write_trace
+from sim.scenario import TOPOLOGIES
+from sim.strategies import STRATEGIES
+from sim.variants import REGISTRY, SHIPPED, get_variant, load_variant_file
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise ValueError(f"{value} must be at least 1")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise ValueError(f"{text} must be positive")
+    return value
+
+
+def _buckets(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"{text!r} is not a comma-separated list of integers") from None
+    return validate_buckets(values)
+
+
+def _typed(fn, what):
+    def parse(text):
+        try:
+            return fn(text)
+        except (ValueError, ConfigError) as exc:
+            import argparse
+            raise argparse.ArgumentTypeError(f"{what}: {exc}") from None
+    parse.__name__ = what
+    return parse
+
+
+def add_parser(subparsers, name: str) -> None:
+    """Register `lockstep check`."""
+    p = subparsers.add_parser(name, help="check the protocol and every known-bad variant",
+                              description=__doc__)
+    p.add_argument("--variant", action="append", default=[], metavar="NAME",
+                   help="check only this variant (repeatable); default: all shipped")
+    p.add_argument("--variant-file", action="append", default=[], metavar="PATH",
+                   help="load variants from a Python file and check them too")
+    p.add_argument("--ranks", type=_typed(_positive_int, "--ranks"), default=2, help="world size (default 2)")
+    p.add_argument("--buckets", type=_typed(_buckets, "--buckets"), default=None,
+                   help="comma-separated decode buckets (default: the 36 pegainfer buckets)")
+    p.add_argument("--max-batch", type=_typed(_positive_int, "--max-batch"), default=None,
+                   help="max batch (default: the largest bucket)")
+    p.add_argument("--topology", choices=("both",) + TOPOLOGIES, default="both",
+                   help="shared (one process, one driver lock) or per-rank processes")
+    p.add_argument("--strategy", choices=STRATEGIES, default="random",
+                   help="schedule search strategy (default random)")
+    p.add_argument("--schedules", type=_typed(_positive_int, "--schedules"), default=300,
+                   help="schedules per variant and topology (default 300)")
+    p.add_argument("--fault-schedules", type=_typed(lambda t: int(t) if int(t) >= 0 else _positive_int(t),
+                                                     "--fault-schedules"), default=100,
+                   help="faulted schedules for the correct protocol (default 100; 0 skips)")
+    p.add_argument("--time-budget", type=_typed(_positive_float, "--time-budget"), default=60.0,
+                   help="seconds per variant and topology (default 60)")
+    p.add_argument("--seed", type=_typed(int, "--seed"), default=0, help="search seed (default 0)")
+    p.add_argument("--hazard-off", action="append", default=[], choices=RULES,
+                   help="switch a hazard rule off (repeatable)")
+    p.add_argument("--replay", metavar="TRACE.json", help="replay a recorded trace exactly")
+    p.add_argument("--trace-out", metavar="DIR", help="write each counterexample as .txt, .mmd, .json")
+    p.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(run=run)
+
+
+def _fail(message: str) -> int:
+    sys.stderr.write(f"lockstep check: error: {message}\n")
+    return 2
+
+
+def run(args) -> int:
+    """Run `lockstep check`; returns the exit status (0 all as expected, 1 not, 2 bad input)."""
+    if args.replay:
+        return _replay(args.replay, args.json)
+    try:
+        for path in args.variant_file:
+            loaded = load_variant_file(path)
+            args.variant += [v.name for v in loaded if v.name not in args.variant]
+        names = args.variant or list(SHIPPED)
+        variants = [get_variant(n) for n in names]
+        spec = CheckSpec(ranks=args.ranks, buckets=args.buckets, max_batch=args.max_batch,
+                         strategy=args.strategy, schedules=args.schedules,
+                         fault_schedules=args.fault_schedules, time_budget=args.time_budget,
+                         seed=args.seed, hazards_off=tuple(args.hazard_off))
+        spec.scenario("shared")  # validates ranks / buckets / max batch before any search
+    except ConfigError as exc:
+        return _fail(str(exc))
+    topologies = TOPOLOGIES if args.topology == "both" else (args.topology,)
+    rows: list[Row] = []
+    start = time.perf_counter()
+    from tqdm import tqdm
+    total = len(variants) * len(topologies) * spec.schedules
+    with tqdm(total=total, desc="lockstep check", unit="sched", file=sys.stderr,
+              disable=args.no_progress or None, leave=False) as bar:
+        for variant in variants:
+            for topology in topologies:
+                bar.set_postfix_str(f"{variant.name} / {topology}")
+                rows += check_variant(variant, spec, topology, bar.update)
+    elapsed = time.perf_counter() - start
+    if args.trace_out:
+        for row in rows:
+            if row.minimal is not None:
+                write_trace(args.trace_out, f"{row.variant}.{row.topology}", row.minimal,
+                            row.variant.split("+")[0], scenario_spec(spec, row.topology, row.minimal.world.scenario))
+    ok = all(row.passed for row in rows)
+    if args.json:
+        print(json.dumps({"ok": ok, "seconds": elapsed, "rows": [_row_json(r) for r in rows]}, indent=1))
+    else:
+        print(render_table(rows))
+        print(f"\n{'OK' if ok else 'FAILED'}: {sum(r.passed for r in rows)}/{len(rows)} verdicts as "
+              f"expected in {elapsed:.1f} s")
+        for row in rows:
+            if row.minimal is not None and (not row.passed or len(variants) == 1):
+                print(f"\nMinimal counterexample, {row.variant} / {row.topology}:\n"
+                      + narrative(row.minimal))
+    return 0 if ok else 1
+
+
+def _row_json(row: Row) -> dict:
+    s = row.stats
+    return {"variant": row.variant, "topology": row.topology, "expected": row.expected,
+            "got": row.got, "passed": row.passed, "schedules": s.schedules, "states": s.actions,
+            "unique_states": s.unique_states, "seconds": round(s.seconds, 3),
+            "failing_percent": round(s.failing_percent, 2), "minimal_trace_length": row.minimal_length,
+            "detail": row.detail, "choices": row.minimal.choices if row.minimal else None}
+
+
+def render_table(rows: list[Row]) -> str:
+    """The verdict table: variant, topology, expected, got, schedules, states, time, minimal trace."""
+    header = ("variant", "topology", "expected", "got", "schedules", "states", "time", "min trace", "")
+    body = [(r.variant, r.topology, r.expected, r.got, str(r.stats.schedules), str(r.stats.actions),
+             f"{r.stats.seconds:.2f}s", str(r.minimal_length or "-"), "ok" if r.passed else "MISMATCH")
+            for r in rows]
+    widths = [max(len(x[i]) for x in [header] + body) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in [header] + body]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _replay(path: str, as_json: bool) -> int:
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        return _fail(f"trace file {path!r} does not exist")
+    except json.JSONDecodeError as exc:
+        return _fail(f"trace file {path!r} is not JSON: {exc}")
+    try:
+        result, problem = replay_trace(data)
+    except ConfigError as exc:
+        return _fail(f"{path}: {exc}")
+    if problem:
+        print(f"NONDETERMINISM: {problem}")
+        return 1
+    if as_json:
+        print(json.dumps({"verdict": result.outcome.verdict, "invariant": result.outcome.invariant,
+                          "detail": result.outcome.detail, "actions": result.actions}))
+    else:
+        print(f"replayed {result.actions} actions exactly: {result.outcome.verdict}")
+        print(narrative(result))
+    return 0
+
+
+__all__ = ["add_parser", "run", "render_table", "REGISTRY"]

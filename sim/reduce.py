@@ -1,0 +1,69 @@
+"""The domain reducer: fewer context switches, same verdict.
+
+A failing schedule is rewritten as the points where it switches actor; the `Sticky` scheduler
+replays it exactly. Then switch points are removed (ddmin-style, preemptions first) while the
+verdict stays the same, and the shortest surviving run wins. The result reads as a short story
+because each remaining switch is one that matters.
+"""
+
+from __future__ import annotations
+
+import time
+
+from sim.run import RunResult, run_schedule
+from sim.scenario import Scenario
+from sim.strategies import Sticky
+
+
+def switch_points(choices: list[str]) -> dict[int, str]:
+    """Step -> actor at every step where the schedule changes actor (and at step 0)."""
+    points = {}
+    previous = None
+    for i, actor in enumerate(choices):
+        if actor != previous:
+            points[i] = actor
+        previous = actor
+    return points
+
+
+def same_failure(a: RunResult, b: RunResult) -> bool:
+    """Same verdict and same invariant."""
+    return a.outcome.verdict == b.outcome.verdict and a.outcome.invariant == b.outcome.invariant
+
+
+def reduce_schedule(scenario: Scenario, variant, failing: RunResult,
+                    time_budget: float = 2.0) -> RunResult:
+    """A run with the same verdict as ``failing`` and as few switches and actions as found in
+    ``time_budget`` seconds."""
+    start = time.perf_counter()
+    best = failing
+    points = switch_points(failing.choices)
+
+    def attempt(candidate: dict[int, str]) -> RunResult | None:
+        result = run_schedule(scenario, variant, Sticky(candidate))
+        return result if same_failure(result, failing) else None
+
+    empty = attempt({})
+    if empty is not None:
+        return empty
+    keys = sorted(points)
+    chunk = max(1, len(keys) // 2)
+    while chunk >= 1 and time.perf_counter() - start < time_budget:
+        removed_any = False
+        i = 0
+        while i < len(keys) and time.perf_counter() - start < time_budget:
+            trial_keys = keys[:i] + keys[i + chunk:]
+            result = attempt({k: points[k] for k in trial_keys})
+            if result is not None:
+                keys = trial_keys
+                removed_any = True
+                if result.actions <= best.actions:
+                    best = result
+            else:
+                i += chunk
+        if not removed_any:
+            chunk //= 2
+    final = run_schedule(scenario, variant, Sticky({k: points[k] for k in keys}))
+    if same_failure(final, failing) and final.actions <= best.actions:
+        best = final
+    return best

@@ -1,0 +1,145 @@
+"""Counterexamples for people and machines: text narrative, Mermaid sequence diagram, JSON.
+
+The narrative keeps what explains the failure -- commands, lock-holding driver calls, launches,
+synchronizes, replies, collectives -- and drops per-kernel noise; it ends with the wait-for cycle
+or the divergence, sentence by sentence.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from protocol.trace import TraceEvent
+from sim.run import RunResult
+
+TRACE_FORMAT = 1
+NOISY_OPS = {"graph_memory", "release_slot", "move_slot", "prepare_replay"}
+
+
+def _window(events: list[TraceEvent], limit: int) -> list[TraceEvent]:
+    """The events from the last few commands before the end, at most ``limit`` of them."""
+    keep = [e for e in events if e.kind != "kernel" and not (e.kind == "op" and e.what in NOISY_OPS)]
+    if len(keep) <= limit:
+        return keep
+    sends = [i for i, e in enumerate(keep) if e.kind == "send"]
+    start = len(keep) - limit
+    for i in reversed(sends):
+        if i <= len(keep) - limit // 2:
+            start = max(start, i) if i >= start else start
+            break
+    return keep[start:]
+
+
+def _sentence(e: TraceEvent) -> str:
+    if e.kind == "send":
+        return f"controller sends command {e.seq} {e.what}" + (f" ({e.detail})" if e.detail else "")
+    if e.kind == "op":
+        status = "" if e.ok else " FAILED"
+        return f"rank {e.rank} {e.what}{f' {e.detail}' if e.detail else ''}{status}"
+    if e.kind == "reply":
+        return f"rank {e.rank} replies to command {e.seq}" + ("" if e.ok else f" with error: {e.detail}")
+    if e.kind == "collective":
+        return f"{e.actor.replace('device', 'device ')} completes {e.detail}"
+    if e.kind == "fault":
+        return f"rank {e.rank}: {e.detail} in {e.what}"
+    return f"{e.actor} {e.kind}" + (f": {e.detail}" if e.detail else "")
+
+
+def narrative(result: RunResult, limit: int = 40) -> str:
+    """Numbered story of the failure's last steps, then the verdict's explanation."""
+    events = _window(result.world.trace, limit)
+    lines = [f"{i + 1:>3}. t={e.time:g}s {_sentence(e)}" for i, e in enumerate(events)]
+    outcome = result.outcome
+    lines.append(f"==> {outcome.verdict}" + (f" ({outcome.invariant})" if outcome.invariant else ""))
+    if outcome.cycle:
+        for node, why in outcome.cycle:
+            lines.append(f"    - {why}")
+    else:
+        lines.append(f"    {outcome.detail}")
+    return "\n".join(lines)
+
+
+def _participant(actor: str) -> str:
+    if actor == "controller":
+        return "C"
+    if actor.startswith("rank"):
+        return "R" + actor[4:]
+    if actor.startswith("device"):
+        return "D" + actor[6:]
+    return "C"
+
+
+def _mermaid_text(text: str) -> str:
+    return text.replace(";", ",").replace("#", "no. ").replace(":", " -")[:90]
+
+
+def mermaid(result: RunResult, limit: int = 40) -> str:
+    """A Mermaid sequence diagram of the same window, ending in the cycle or divergence."""
+    world = result.world
+    ranks = range(world.ws)
+    lines = ["sequenceDiagram", "    participant C as controller"]
+    for r in ranks:
+        lines.append(f"    participant R{r} as rank {r} host")
+    for r in ranks:
+        lines.append(f"    participant D{r} as device {r}")
+    for e in _window(world.trace, limit):
+        if e.kind == "send":
+            for r in ranks:
+                lines.append(f"    C->>R{r}: {e.seq} {e.what} {_mermaid_text(e.detail)}".rstrip())
+        elif e.kind == "op":
+            arrow = "->>" if e.what in ("launch", "warmup_collective", "run_eager", "prefill") else None
+            text = _mermaid_text(f"{e.what} {e.detail}".strip() + ("" if e.ok else " FAILED"))
+            if arrow:
+                lines.append(f"    R{e.rank}{arrow}D{e.rank}: {text}")
+            else:
+                lines.append(f"    Note over R{e.rank}: {text}")
+        elif e.kind == "reply":
+            lines.append(f"    R{e.rank}-->>C: reply {e.seq}" + ("" if e.ok else " error"))
+        elif e.kind == "collective":
+            span = ",".join(f"D{r}" for r in ranks) if e.actor == "collectives" else _participant(e.actor)
+            lines.append(f"    Note over {span}: {_mermaid_text(e.detail)}")
+        elif e.kind in ("abort", "exit", "watchdog-fire", "fault"):
+            where = _participant(e.actor)
+            lines.append(f"    Note over {where}: {e.kind} {_mermaid_text(e.detail)}")
+    outcome = result.outcome
+    if outcome.cycle:
+        for i, (node, why) in enumerate(outcome.cycle):
+            target = outcome.cycle[(i + 1) % len(outcome.cycle)][0]
+            lines.append(f"    {_participant(node)}--x{_participant(target)}: {_mermaid_text(why)}")
+    else:
+        lines.append(f"    Note over C: {outcome.verdict} - {_mermaid_text(outcome.detail)}")
+    return "\n".join(lines) + "\n"
+
+
+def to_json(result: RunResult, variant_name: str, scenario_spec: dict) -> dict:
+    """Everything needed to replay the run exactly and to read it without the simulator."""
+    return {
+        "format": TRACE_FORMAT,
+        "variant": variant_name,
+        "scenario": scenario_spec,
+        "verdict": result.outcome.verdict,
+        "invariant": result.outcome.invariant,
+        "detail": result.outcome.detail,
+        "cycle": [list(edge) for edge in result.outcome.cycle],
+        "actions": result.actions,
+        "choices": result.choices,
+        "trace": [e.to_json() for e in result.world.trace],
+    }
+
+
+def write_trace(directory: str | Path, name: str, result: RunResult, variant_name: str,
+                scenario_spec: dict) -> dict[str, Path]:
+    """Write ``name``.json, ``name``.txt and ``name``.mmd under ``directory``; returns the paths."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = {"json": directory / f"{name}.json", "txt": directory / f"{name}.txt",
+             "mmd": directory / f"{name}.mmd"}
+    paths["json"].write_text(json.dumps(to_json(result, variant_name, scenario_spec), indent=1))
+    paths["txt"].write_text(narrative(result) + "\n")
+    paths["mmd"].write_text(mermaid(result))
+    return paths
+
+
+__all__ = ["narrative", "mermaid", "to_json", "write_trace", "asdict"]

@@ -1,0 +1,214 @@
+"""Search over schedules: seeded random walk, PCT, bounded exhaustive, and Hypothesis.
+
+Every strategy returns a `SearchResult` with the same statistics (schedules, actions, unique
+states where hashed, depth, seconds, failing share), so `lockstep check` and the benchmarks read
+them alike. Exhaustive search is stateless re-execution from choice prefixes (as CHESS and
+shuttle do) with a visited set of world fingerprints: BFS would find the shortest path but needs
+a copy of every frontier world; DFS with re-execution keeps one world and pays O(depth) per
+backtrack. Symmetry over ranks is not applied: rank 0 samples and carries the payload, so ranks
+are not interchangeable.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from sim.run import RunResult, run_schedule
+from sim.scenario import Scenario
+from sim.strategies import PCT, Drawn, RandomWalk
+from sim.world import World
+
+
+@dataclass
+class SearchStats:
+    """What a search did.
+
+    Attributes:
+        schedules: complete runs (each ended in a verdict).
+        actions: actions taken over all runs (states visited, with repeats).
+        unique_states: distinct world fingerprints (exhaustive search only; else 0).
+        max_depth: most actions in one run.
+        seconds: wall time.
+        failing: runs whose verdict was not acceptable.
+        verdicts: verdict -> count.
+        reached: event -> count over all runs (graph replays, live-slot moves, faults fired).
+        complete: True if an exhaustive search covered every reachable state.
+    """
+
+    schedules: int = 0
+    actions: int = 0
+    unique_states: int = 0
+    max_depth: int = 0
+    seconds: float = 0.0
+    failing: int = 0
+    verdicts: Counter = field(default_factory=Counter)
+    reached: Counter = field(default_factory=Counter)
+    complete: bool = False
+
+    def add(self, result: RunResult, ok: bool) -> None:
+        self.schedules += 1
+        self.actions += result.actions
+        self.max_depth = max(self.max_depth, result.actions)
+        self.verdicts[result.outcome.verdict] += 1
+        self.reached.update({k: v for k, v in result.reached.items() if v})
+        if not ok:
+            self.failing += 1
+
+    @property
+    def failing_percent(self) -> float:
+        return 100.0 * self.failing / self.schedules if self.schedules else 0.0
+
+    def line(self) -> str:
+        """One reporter line (as stateright prints): schedules, states, unique, depth, seconds."""
+        rate = self.schedules / self.seconds if self.seconds else 0.0
+        return (f"schedules={self.schedules} states={self.actions} unique={self.unique_states} "
+                f"depth={self.max_depth} sec={self.seconds:.2f} sched/s={rate:.0f} "
+                f"failing={self.failing_percent:.1f}%")
+
+
+@dataclass
+class SearchResult:
+    """Statistics plus the first failing run (None if every run was acceptable)."""
+
+    stats: SearchStats
+    failure: RunResult | None = None
+
+
+Acceptable = Callable[[RunResult], bool]
+
+
+def _chooser(strategy: str, seed: int, index: int):
+    if strategy == "random":
+        return RandomWalk(seed * 1_000_003 + index)
+    if strategy == "pct":
+        return PCT(seed * 1_000_003 + index, depth=2 + index % 3)
+    raise ValueError(f"unknown strategy {strategy!r}")
+
+
+def sample_search(scenario_for: Callable[[int], Scenario], variant, acceptable: Acceptable,
+                  strategy: str = "random", schedules: int = 1000, time_budget: float = 60.0,
+                  seed: int = 0, stop_on_failure: bool = True, progress=None) -> SearchResult:
+    """Random-walk or PCT search: ``schedules`` runs, each from its own derived seed.
+
+    Args:
+        scenario_for: run index -> scenario (lets fault searches vary the fault per run).
+        acceptable: which results pass; the first that does not is the failure.
+        progress: optional callable(n) called after each run (a tqdm ``update``).
+    """
+    stats = SearchStats()
+    start = time.perf_counter()
+    failure = None
+    for i in range(schedules):
+        result = run_schedule(scenario_for(i), variant, _chooser(strategy, seed, i))
+        ok = acceptable(result)
+        stats.add(result, ok)
+        if progress:
+            progress(1)
+        if not ok and failure is None:
+            failure = result
+            if stop_on_failure:
+                break
+        if time.perf_counter() - start > time_budget:
+            break
+    stats.seconds = time.perf_counter() - start
+    return SearchResult(stats, failure)
+
+
+def exhaustive_search(scenario: Scenario, variant, acceptable: Acceptable,
+                      time_budget: float = 60.0, max_states: int = 5_000_000,
+                      stop_on_failure: bool = True, progress=None) -> SearchResult:
+    """Depth-first search over every interleaving, pruning states already visited.
+
+    A state is the world's fingerprint (controller, workers, hosts, streams, locks, memory,
+    clock); two schedules reaching one fingerprint have the same futures, so only the first is
+    expanded. ``stats.complete`` is True when the frontier emptied within the budget.
+    """
+    stats = SearchStats()
+    start = time.perf_counter()
+    visited: set = set()
+    stack: list[list[str]] = [[]]
+    failure = None
+    while stack:
+        if time.perf_counter() - start > time_budget or len(visited) > max_states:
+            break
+        prefix = stack.pop()
+        world = World(scenario, variant)
+        for actor in prefix:
+            while not world.enabled():
+                world.settle()
+            world.step(actor)
+        path = list(prefix)
+        while world.outcome is None:
+            enabled = world.enabled()
+            if not enabled:
+                world.settle()
+                continue
+            if len(enabled) > 1:
+                fp = world.fingerprint()
+                if fp in visited:
+                    break
+                visited.add(fp)
+                for actor in enabled[1:]:
+                    stack.append(path + [actor])
+            path.append(enabled[0])
+            world.step(enabled[0])
+        else:
+            result = RunResult(world.outcome, path, world.actions, dict(world.events), world)
+            ok = acceptable(result)
+            stats.add(result, ok)
+            if progress:
+                progress(1)
+            if not ok and failure is None:
+                failure = result
+                if stop_on_failure:
+                    break
+            continue
+        stats.actions += world.actions
+    stats.unique_states = len(visited)
+    stats.complete = not stack
+    stats.seconds = time.perf_counter() - start
+    return SearchResult(stats, failure)
+
+
+def hypothesis_search(scenario: Scenario, variant, acceptable: Acceptable, max_examples: int = 200,
+                      seed: int = 0, shrink: bool = True) -> SearchResult:
+    """Schedules drawn by Hypothesis; on failure its shrinker minimises the choice sequence.
+
+    Each scheduling choice is one ``data.draw`` of an index into the enabled actors, so
+    shrinking towards zero prefers the first enabled actor -- fewer context switches.
+    """
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as hseed
+    from hypothesis import strategies as st
+
+    stats = SearchStats()
+    start = time.perf_counter()
+    failures: list[RunResult] = []
+
+    phases = (Phase.generate, Phase.shrink) if shrink else (Phase.generate,)
+
+    @hseed(seed)
+    @settings(max_examples=max_examples, database=None, deadline=None, phases=phases,
+              suppress_health_check=list(HealthCheck), report_multiple_bugs=False)
+    @given(st.data())
+    def prop(data):
+        chooser = Drawn(lambda n: data.draw(st.integers(0, n - 1)))
+        result = run_schedule(scenario, variant, chooser)
+        ok = acceptable(result)
+        stats.add(result, ok)
+        if not ok:
+            failures.append(result)
+            raise AssertionError(result.outcome.verdict)
+
+    try:
+        prop()
+    except AssertionError:
+        pass
+    stats.seconds = time.perf_counter() - start
+    if not failures:
+        return SearchResult(stats, None)
+    best = min(failures, key=lambda r: (r.actions, len(r.choices)))
+    return SearchResult(stats, best)
