@@ -89,6 +89,9 @@ def load_variant_file(path: str | Path) -> list[Variant]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"variant file {str(path)!r} does not exist")
+    key = str(path.resolve())
+    if key in _LOADED_FILES:
+        return _LOADED_FILES[key]
     spec = importlib.util.spec_from_file_location(f"lockstep_user_variants_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     try:
@@ -100,9 +103,12 @@ def load_variant_file(path: str | Path) -> list[Variant]:
     if not found:
         raise ConfigError(f"variant file {str(path)!r} defines no Variant")
     for variant in found:
-        if REGISTRY.get(variant.name) is not variant:
-            register(variant)
+        register(variant)
+    _LOADED_FILES[key] = found
     return found
+
+
+_LOADED_FILES: dict[str, list[Variant]] = {}
 
 
 BOTH_CLEAN = {"shared": "clean", "per-rank": "clean"}

@@ -1,0 +1,48 @@
+"""The trace checkers flag each invariant on a hand-written trace, and pass a clean one."""
+
+from protocol.trace import TraceEvent as E
+from sim.invariants import check_trace
+
+
+def send(seq, what="Step", detail=""):
+    return E("controller", "send", what, seq, None, detail)
+
+
+def op(rank, what, seq, detail="", ok=True):
+    return E(f"rank{rank}", "op", what, seq, rank, detail, ok)
+
+
+def reply(rank, seq, ok=True):
+    return E(f"rank{rank}", "reply", "Reply", seq, rank, "", ok)
+
+
+def names(events, **kw):
+    return [v[0] for v in check_trace(events, **kw)]
+
+
+def test_clean_trace_passes():
+    events = [send(0, "Warmup"), op(0, "warmup_collective", 0, "81920"), op(0, "synchronize", 0),
+              reply(0, 0), send(1, "Capture"), op(0, "record", 1, "decode@8"), op(0, "upload", 1, "decode@8"),
+              op(0, "synchronize", 1), reply(0, 1), send(2, "Launch"), op(0, "launch", 2, "decode@8"),
+              op(0, "synchronize", 2), reply(0, 2), send(3, "Teardown"), op(0, "free_graphs", 3),
+              op(0, "destroy_communicator", 3), reply(0, 3)]
+    assert names(events, allreduce_bytes=lambda b: b * 10240) == []
+
+
+def test_each_violation_is_named():
+    assert "I1" in names([send(0), op(0, "synchronize", 0), op(1, "synchronize", 0), reply(0, 0), send(1)])
+    assert "I3" in names([send(0, "Step"), op(0, "record", 0, "decode@8")])
+    assert "I4" in names([op(0, "upload", 0, "decode@8"), op(1, "launch", 0, "decode@8")])
+    assert "I5" in names([op(0, "record", 0, "decode@8")], allreduce_bytes=lambda b: b)
+    assert "I6" in names([send(0, "Step"), E("controller", "watchdog-fire", "watchdog")])
+    assert "I9" in names([op(0, "allocate_kv", 0), op(0, "upload", 1, "decode@8")])
+    assert "I10" in names([op(0, "record", 0, "decode@8"), op(0, "destroy_communicator", 1)])
+    assert "I11" in names([op(0, "launch", 0, "decode@8"), reply(0, 0)])
+    assert "I11" in names([op(0, "run_eager", 0), op(0, "sample", 0)])
+    assert "I12" in names([send(0, "Step"), op(0, "launch", 0, "decode@8")])
+    assert "I13" in names([send(0), reply(0, 0, ok=False), send(1, "Step")])
+
+
+def test_failed_ops_are_ignored():
+    assert names([op(0, "record", 0, "decode@8: out of memory", ok=False)],
+                 allreduce_bytes=lambda b: b) == []

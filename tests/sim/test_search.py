@@ -1,0 +1,80 @@
+"""Search strategies: exhaustive completes and finds the shortest bugs, Hypothesis shrinks,
+the reducer removes switches, property (a) for the correct protocol under faults."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim.check import random_fault
+from sim.reduce import reduce_schedule, switch_points
+from sim.run import run_schedule
+from sim.scenario import Fault, default_scenario
+from sim.search import exhaustive_search, hypothesis_search, sample_search
+from sim.strategies import Drawn, RandomWalk
+from sim.variants import REGISTRY
+
+TINY = dict(buckets=(1, 2), max_batch=2)
+clean = lambda r: r.outcome.verdict == "clean"  # noqa: E731
+
+
+@pytest.mark.timeout(120)
+def test_exhaustive_correct_tiny_completes_clean():
+    sc = default_scenario(**TINY)
+    res = exhaustive_search(sc, REGISTRY["correct"], clean, time_budget=100)
+    assert res.failure is None, res.failure and res.failure.outcome.detail
+    assert res.stats.complete and res.stats.unique_states > 100
+
+
+@pytest.mark.timeout(120)
+def test_exhaustive_finds_fused_sweep_deadlock():
+    res = exhaustive_search(default_scenario(**TINY), REGISTRY["fused-sweep"], clean, time_budget=100)
+    assert res.failure is not None and res.failure.outcome.verdict == "deadlock"
+
+
+@pytest.mark.timeout(120)
+def test_hypothesis_search_shrinks_a_counterexample():
+    sc = default_scenario(**TINY)
+    res = hypothesis_search(sc, REGISTRY["fused-sweep"], clean, max_examples=50, seed=1)
+    assert res.failure is not None and res.failure.outcome.verdict == "deadlock"
+
+
+def test_reducer_keeps_verdict_and_removes_switches():
+    sc = default_scenario()
+    variant = REGISTRY["fused-sweep"]
+    failing = next(r for r in (run_schedule(sc, variant, RandomWalk(s)) for s in range(50))
+                   if r.outcome.verdict == "deadlock")
+    reduced = reduce_schedule(sc, variant, failing, time_budget=5)
+    assert reduced.outcome.verdict == "deadlock"
+    assert len(switch_points(reduced.choices)) <= len(switch_points(failing.choices))
+
+
+@pytest.mark.timeout(120)
+@settings(max_examples=25)
+@given(st.data(), st.sampled_from(["shared", "per-rank"]), st.integers(0, 10_000))
+def test_correct_protocol_never_deadlocks_or_diverges_and_faults_fail_globally(data, topology, seed):
+    """Property (a)."""
+    sc = default_scenario(topology=topology, buckets=(1, 2, 4, 8), max_batch=8)
+    if data.draw(st.booleans()):
+        sc = sc.with_(faults=(random_fault(sc, seed, seed),))
+    result = run_schedule(sc, REGISTRY["correct"], Drawn(lambda n: data.draw(st.integers(0, n - 1))))
+    assert result.outcome.verdict in ("clean", "abort"), result.outcome.detail
+    if sc.faults and result.reached.get("fault_fired") and sc.faults[0].kind != "slow":
+        assert result.outcome.verdict == "abort"
+        assert result.world.trace[-1].kind == "abort"
+
+
+def test_sample_search_stats_are_consistent():
+    res = sample_search(lambda i: default_scenario(**TINY), REGISTRY["correct"], clean, "pct", 20)
+    s = res.stats
+    assert s.schedules == 20 and s.failing == 0 and s.actions >= 20 * s.max_depth // 4
+    assert "schedules=20" in s.line()
+
+
+def test_fault_kinds_validated():
+    from protocol.errors import ConfigError
+    with pytest.raises(ConfigError, match="fault kind 'explode'"):
+        Fault("explode", 0, "record")
+    with pytest.raises(ConfigError, match="fault on rank 5"):
+        default_scenario().with_(faults=(Fault("raise", 5, "record"),))
+    with pytest.raises(ConfigError, match="topology 'ring'"):
+        default_scenario(topology="ring")
