@@ -135,12 +135,22 @@ def rank_main(rank: int, settings: EngineSettings, protocol_config, conn) -> Non
         if fault and fault[0] == rank and fault[1] == command.seq:
             if fault[2] == "exit":
                 os._exit(17)  # a crash: no reply, no cleanup
+            if fault[2] == "hang":
+                time.sleep(3600)  # a wedge: alive, silent
             conn.send((worker.fail(command, RuntimeError(
                 f"injected fault at command {command.seq}")), {}))
             continue
         conn.send(execute(worker, executor, command, extras))
         if isinstance(command, Teardown):
             return
+
+
+def _is_failure(message) -> bool:
+    """True for a start-up error or a failed protocol reply."""
+    if isinstance(message, tuple) and message and message[0] == "error":
+        return True
+    reply = message[0] if isinstance(message, tuple) else None
+    return getattr(reply, "ok", True) is False
 
 
 class SpawnedRanks:
@@ -179,10 +189,14 @@ class SpawnedRanks:
 
     def _gather(self, timeout_s: float) -> list[tuple[int, Any]]:
         """One message from every rank, in rank order; raises RankError for a dead or silent
-        rank (the lowest such rank is named)."""
+        rank (the lowest such rank is named). Returns early, with the messages so far, once
+        a rank reports a failure: its peers may be blocked in a collective that will never
+        complete, and the controller aborts them (I13)."""
         got: dict[int, Any] = {}
         deadline = time.monotonic() + timeout_s
         while len(got) < len(self.conns):
+            if any(_is_failure(m) for m in got.values()):
+                break
             waiting = {r: c for r, c in enumerate(self.conns) if r not in got}
             sentinels = {self.procs[r].sentinel: r for r in waiting}
             left = deadline - time.monotonic()

@@ -28,8 +28,8 @@ class EngineSettings:
         step_timeout_s: seconds the controller waits for every rank's reply to one command
             before it declares the missing ranks failed.
         dist_init_method: torch.distributed init method (tcp://host:port or env://).
-        fault: test hook, None in normal use: (rank, command seq, "raise" | "exit") makes that
-            rank raise or die when it receives that command.
+        fault: test hook, None in normal use: (rank, command seq, "raise" | "exit" | "hang")
+            makes that rank fail, die or go silent when it receives that command.
     """
 
     model_dir: str
