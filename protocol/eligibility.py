@@ -10,6 +10,7 @@ captured sets diverged (pegainfer PR #848 review).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from protocol.buckets import select_bucket
 from protocol.config import ProtocolConfig
@@ -53,8 +54,7 @@ class GraphPlan:
 
     def keys(self) -> tuple[GraphKey, ...]:
         """Eligible keys in capture order: largest bucket first, so later graphs reuse its pool."""
-        return tuple(GraphKey(b, p) for b in reversed(self.buckets) for p in self.paths
-                     if self.is_eligible(GraphKey(b, p)))
+        return _keys(self)
 
     def require_eligible(self, key: GraphKey, what: str) -> None:
         """Raise EligibilityError if ``key`` is not eligible; ``what`` names the request."""
@@ -75,3 +75,9 @@ class GraphPlan:
         if prefill or not self.is_eligible(key):
             return None, bucket
         return key, bucket
+
+
+@lru_cache(maxsize=256)
+def _keys(plan: GraphPlan) -> tuple[GraphKey, ...]:
+    return tuple(GraphKey(b, p) for b in reversed(plan.buckets) for p in plan.paths
+                 if plan.is_eligible(GraphKey(b, p)))
