@@ -32,14 +32,22 @@ def same_failure(a: RunResult, b: RunResult) -> bool:
 
 
 def reduce_schedule(scenario: Scenario, variant, failing: RunResult,
-                    time_budget: float = 2.0) -> RunResult:
+                    time_budget: float = 2.0, max_attempts: int | None = None) -> RunResult:
     """A run with the same verdict as ``failing`` and as few switches and actions as found in
-    ``time_budget`` seconds."""
+    ``time_budget`` seconds -- or, when ``max_attempts`` is given, in that many re-runs, which
+    makes the result independent of machine speed (the generated docs rely on that)."""
     start = time.perf_counter()
     best = failing
     points = switch_points(failing.choices)
+    attempts = [0]
+
+    def out_of_budget() -> bool:
+        if max_attempts is not None:
+            return attempts[0] >= max_attempts
+        return time.perf_counter() - start >= time_budget
 
     def attempt(candidate: dict[int, str]) -> RunResult | None:
+        attempts[0] += 1
         result = run_schedule(scenario, variant, Sticky(candidate))
         return result if same_failure(result, failing) else None
 
@@ -48,10 +56,10 @@ def reduce_schedule(scenario: Scenario, variant, failing: RunResult,
         return empty
     keys = sorted(points)
     chunk = max(1, len(keys) // 2)
-    while chunk >= 1 and time.perf_counter() - start < time_budget:
+    while chunk >= 1 and not out_of_budget():
         removed_any = False
         i = 0
-        while i < len(keys) and time.perf_counter() - start < time_budget:
+        while i < len(keys) and not out_of_budget():
             trial_keys = keys[:i] + keys[i + chunk:]
             result = attempt({k: points[k] for k in trial_keys})
             if result is not None:

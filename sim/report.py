@@ -19,17 +19,11 @@ NOISY_OPS = {"graph_memory", "release_slot", "move_slot", "prepare_replay"}
 
 
 def _window(events: list[TraceEvent], limit: int) -> list[TraceEvent]:
-    """The events from the last few commands before the end, at most ``limit`` of them."""
+    """The events since the command before the last one, at most ``limit`` of them."""
     keep = [e for e in events if e.kind != "kernel" and not (e.kind == "op" and e.what in NOISY_OPS)]
-    if len(keep) <= limit:
-        return keep
     sends = [i for i, e in enumerate(keep) if e.kind == "send"]
-    start = len(keep) - limit
-    for i in reversed(sends):
-        if i <= len(keep) - limit // 2:
-            start = max(start, i) if i >= start else start
-            break
-    return keep[start:]
+    start = sends[-2] if len(sends) >= 2 else 0
+    return keep[max(start, len(keep) - limit):]
 
 
 def _sentence(e: TraceEvent) -> str:
@@ -72,7 +66,7 @@ def _participant(actor: str) -> str:
 
 
 def _mermaid_text(text: str) -> str:
-    return text.replace(";", ",").replace("#", "no. ").replace(":", " -")[:90]
+    return text.replace(";", ",").replace("#", "no. ").replace(":", " -")[:160]
 
 
 def mermaid(result: RunResult, limit: int = 40) -> str:

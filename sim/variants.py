@@ -47,6 +47,7 @@ class Variant:
     summary: str
     source: str
     expected: Mapping[str, str]
+    remedy: str = ""
     controller_cls: type = Controller
     worker_cls: type = Worker
     adjust: Callable[[Scenario], Scenario] | None = None
@@ -160,6 +161,7 @@ register(Variant(
     source="pegainfer TP pre-capture PR (fixes #498); openxla/xla PR #37936 discussion; "
            "meta-pytorch/breakable-cuda-graphs PR #2",
     expected={"shared": "deadlock", "per-rank": "invariant:I4"},
+    remedy="The correct sweep splits each bucket into two barriers: every rank records, instantiates and uploads (Capture) and acks only when its stream is idle; only then does any rank launch (Launch). No rank holds the driver lock while a peer's collective spins (I4).",
     controller_cls=FusedSweepController, worker_cls=FusedSweepWorker))
 
 
@@ -188,6 +190,7 @@ register(Variant(
     summary="a bucket is captured the first time serving needs it",
     source="pegainfer #481, #496, #498",
     expected={"shared": "deadlock", "per-rank": "invariant:I3"},
+    remedy='All graphs are captured at startup under the two-phase barrier; a serving step whose key was not captured fails loudly and nothing captures lazily (I3).',
     controller_cls=LazyCaptureController, worker_cls=LazyCaptureWorker))
 
 
@@ -216,6 +219,7 @@ register(Variant(
     summary="each rank picks its graph bucket from its own batch count",
     source="vLLM PR #25906; SGLang #30242 / PR #30450",
     expected={"shared": "divergence", "per-rank": "divergence"},
+    remedy='The controller picks the bucket and graph key and carries them in the step command; no rank derives them from its own count (I2).',
     worker_cls=LocalBucketWorker))
 
 
@@ -270,6 +274,7 @@ register(Variant(
             "replay paths keep their own filters and a disallowed capture is a silent no-op",
     source="pegainfer PR #848 review",
     expected={"shared": "divergence", "per-rank": "divergence"},
+    remedy='One GraphPlan answers graph-or-eager for the sweep, the memory profile, serving and the workers; an explicit request for an ineligible key is an error, never a silent no-op (I7), and Finalize checks every rank captured the same set (I3).',
     controller_cls=SplitEligibilityController, worker_cls=SplitEligibilityWorker,
     adjust=lambda sc: sc.with_(config=replace(sc.config, graph_batch_cap=16))))
 
@@ -288,6 +293,7 @@ register(Variant(
     summary="one warm-up collective before capture, at one message size",
     source="pegainfer TP pre-capture PR; ROCm/rccl #2022",
     expected={"shared": "invariant:I5", "per-rank": "invariant:I5"},
+    remedy='Before the first capture every rank runs one eager all-reduce per distinct message size the graphs use (I5).',
     controller_cls=SingleWarmupController))
 
 
@@ -317,6 +323,7 @@ register(Variant(
     summary="the TP memory profile captures and replays graphs on each rank without coordination",
     source="pegainfer TP pre-capture PR",
     expected={"shared": "deadlock", "per-rank": "invariant:I4"},
+    remedy='The memory profile records and instantiates graphs without launching them, so no collective runs and no rank waits on a peer (I9).',
     worker_cls=UncoordinatedProfileWorker))
 
 
@@ -335,6 +342,7 @@ register(Variant(
             "stays resident",
     source="pegainfer #780 / PR #848 review; vLLM PR #30515",
     expected={"shared": "oom", "per-rank": "oom"},
+    remedy='MeasureGraphs measures every graph the plan keeps and the reserve is their sum, taken before the KV cache is sized (I9).',
     controller_cls=LargestOnlyController))
 
 
@@ -379,6 +387,7 @@ register(Variant(
             "allocated from the effective (fitted) batch",
     source="pegainfer qwen35 TP graph PR (slot reserve fix)",
     expected={"shared": "startup-refused", "per-rank": "startup-refused"},
+    remedy='The memory fit searches the largest batch cap whose own graphs plus its KV fit on the tightest rank, reserving graphs for that cap rather than for the requested batch (I9).',
     controller_cls=RequestedBatchReserveController, adjust=tight_memory))
 
 
@@ -395,6 +404,7 @@ register(Variant(
     summary="the startup watchdog is disarmed only by an explicit success signal",
     source="pegainfer PR #848 review",
     expected={"shared": "invariant:I6", "per-rank": "invariant:I6"},
+    remedy='The controller disarms the watchdog on every path out of the sweep, errors included (I6).',
     controller_cls=ArmedOnErrorController,
     adjust=lambda sc: sc.with_(faults=(Fault("raise", rank=sc.config.world_size - 1, op="instantiate",
                                              occurrence=len(sc.config.buckets) + 2),))))
@@ -418,6 +428,7 @@ register(Variant(
     summary="the watchdog ends a wedged sweep with exit()",
     source="pegainfer TP pre-capture PR",
     expected={"shared": "hang-at-exit", "per-rank": "hang-at-exit"},
+    remedy='On expiry the controller asks the driver to abort, which needs no driver lock; exit() would run driver teardown (I6, H8).',
     controller_cls=ExitOnTimeoutController, adjust=_wedged_instantiate))
 
 
@@ -435,6 +446,7 @@ register(Variant(
     summary="teardown destroys the NCCL communicator while graphs that captured it are alive",
     source="pegainfer TP pre-capture PR; PyTorch #115388; vLLM #4263",
     expected={"shared": "hang-at-exit", "per-rank": "hang-at-exit"},
+    remedy='Teardown frees every graph before destroying the communicator (I10).',
     worker_cls=CommBeforeGraphsWorker))
 
 
@@ -475,6 +487,7 @@ register(Variant(
             "waiting for it",
     source="InfiniLM PR #540",
     expected={"shared": "divergence", "per-rank": "divergence"},
+    remedy='Every rank synchronizes before it samples or replies, and a row-parallel output is consumed only after its all-reduce completed (I1, I11).',
     worker_cls=AsyncRowParallelWorker,
     sim_ops={"run_eager_async": _sim_run_eager_async},
     sim_kernels={"consume-async": _sim_consume_async}))
@@ -495,6 +508,7 @@ register(Variant(
     summary="capture reads KV offsets and attention shapes on the host and bakes them into the graph",
     source="InfiniLM PR #540",
     expected={"shared": "divergence", "per-rank": "divergence"},
+    remedy='Before each replay the worker refreshes tokens, positions, lengths and tables in fixed-address buffers the graph reads (I12).',
     worker_cls=FrozenMetadataWorker))
 
 
@@ -525,6 +539,7 @@ register(Variant(
             "the scheduler's compaction",
     source="pegainfer qwen35 TP design (scheduler owns slots)",
     expected={"shared": "divergence", "per-rank": "divergence"},
+    remedy='The scheduler decides every slot move and carries it in the step; workers apply it with occupancy assertions (I8).',
     worker_cls=InferredSlotsWorker))
 
 

@@ -722,7 +722,7 @@ def _sig_text(kernel: tuple) -> str:
 
 def _cmd_detail(cmd: Command) -> str:
     name = type(cmd).__name__
-    if name in ("Capture", "Launch"):
+    if hasattr(cmd, "key") and not isinstance(cmd, Step):
         return str(cmd.key)
     if name == "Warmup":
         return f"{len(cmd.sizes)} sizes"
