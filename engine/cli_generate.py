@@ -1,5 +1,8 @@
 """`lockstep generate`: generate from one prompt with a Qwen3 model directory.
 
+Under torchrun (`torchrun --nproc-per-node N -m lockstep generate ... -tp N`), rank 0 drives
+and prints, the other ranks serve its commands.
+
 Only argparse runs at import time; torch is imported inside `run`.
 """
 
@@ -49,13 +52,16 @@ def run(args: argparse.Namespace) -> int:
     Exit status 2 for a bad model directory, parallel setting or request; 1 if a rank fails.
     """
     from engine.errors import RankError
-    from engine.llm import LLM
+    from engine.llm import LLM, serve_rank, torchrun_world
     from engine.sampling import SamplingParams
 
+    llm_args = dict(tensor_parallel_size=args.tensor_parallel_size, device=args.device,
+                    dtype=args.dtype, max_batch=1, max_model_len=args.max_model_len)
+    launched = torchrun_world()
+    if launched is not None and launched[0] > 0:  # torchrun rank > 0: serve rank 0's commands
+        return serve_rank(args.model, **llm_args)
     try:
-        llm = LLM(args.model, tensor_parallel_size=args.tensor_parallel_size,
-                  device=args.device, dtype=args.dtype, max_batch=1,
-                  max_model_len=args.max_model_len, progress=True)
+        llm = LLM(args.model, progress=True, **llm_args)
     except ValueError as exc:
         print(f"lockstep: error: {exc}", file=sys.stderr)
         return 2

@@ -167,12 +167,13 @@ class RankExecutor(Backend):
         """No graphs to free in the eager executor."""
 
     def destroy_communicator(self) -> None:
-        """Destroy the default process group (after free_graphs, I10)."""
+        """Destroy the TP communicator (after free_graphs, I10): the model's group, or the
+        default group when the model uses that one."""
         if self.tp.world_size > 1:
             import torch.distributed as dist
 
             if dist.is_initialized():
-                dist.destroy_process_group()
+                dist.destroy_process_group(self.tp.group)
 
     # -- Backend: serving ---------------------------------------------------------------------
 

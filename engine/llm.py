@@ -77,53 +77,28 @@ class LLM:
         self._say = (lambda msg: print(f"lockstep: {msg}", flush=True,
                                        file=__import__("sys").stderr)) if progress else (
             lambda msg: None)
-        self.cfg = load_model_config(model_dir)
-        check_parallel(self.cfg, tensor_parallel_size)
-        WeightIndex(self.cfg)  # every tensor present with the right shape
+        self.cfg, self.settings, pconfig = prepare(
+            model_dir, tensor_parallel_size, device, dtype, max_batch, max_model_len,
+            page_size, step_timeout_s, _fault)
         self._say(f"config {self.cfg.config_path} ok; weights indexed")
-        if device == "cuda":
-            import torch
-
-            if not torch.cuda.is_available():
-                raise ParallelConfigError("device = 'cuda' but torch.cuda.is_available() is False")
-            if torch.cuda.device_count() < tensor_parallel_size:
-                raise ParallelConfigError(
-                    f"tensor_parallel_size = {tensor_parallel_size} needs that many GPUs; "
-                    f"{torch.cuda.device_count()} visible")
-        from protocol.buckets import DEFAULT_DECODE_BUCKETS, select_bucket
-        from protocol.config import ModelShape, ProtocolConfig
         from protocol.controller import Controller
 
-        dtype = dtype or (self.cfg.torch_dtype if self.cfg.torch_dtype in DTYPE_BYTES
-                          else "bfloat16")
-        max_model_len = max_model_len or min(self.cfg.max_position, 2048)
-        if max_model_len > self.cfg.max_position:
-            raise ParallelConfigError(f"max_model_len = {max_model_len} exceeds the model's "
-                                      f"max_position_embeddings {self.cfg.max_position}")
-        buckets = tuple(b for b in DEFAULT_DECODE_BUCKETS
-                        if b <= select_bucket(max_batch, DEFAULT_DECODE_BUCKETS))
-        self.settings = EngineSettings(
-            model_dir=str(model_dir), world_size=tensor_parallel_size, device=device,
-            dtype=dtype, max_batch=max_batch, max_model_len=max_model_len,
-            page_size=page_size, buckets=buckets, step_timeout_s=step_timeout_s, fault=_fault)
-        self.settings.validate()
-        kv_heads = self.cfg.num_kv_heads // tensor_parallel_size
-        page_bytes = (2 * self.cfg.num_layers * page_size * kv_heads * self.cfg.head_dim
-                      * DTYPE_BYTES[dtype])
-        pconfig = ProtocolConfig(
-            world_size=tensor_parallel_size, buckets=buckets, max_batch=max_batch,
-            cuda_graphs=False, watchdog_timeout_s=step_timeout_s, kv_page_bytes=page_bytes,
-            min_kv_pages=max_batch * self.settings.pages_per_seq + 1,
-            shape=ModelShape(self.cfg.hidden_size, self.cfg.num_layers,
-                             dtype_bytes=DTYPE_BYTES[dtype], name=Path(model_dir).name))
         self.controller = Controller(pconfig, clock=time.monotonic,
                                      pages_per_seq=self.settings.pages_per_seq)
         self.tokenizer = self._load_tokenizer(Path(model_dir))
+        dtype = self.settings.dtype
         self._say(f"starting {tensor_parallel_size} rank(s) on {device} ({dtype})")
         t0 = time.monotonic()
-        from engine.ranks import InProcessRanks, SpawnedRanks
+        from engine.ranks import InProcessRanks, SpawnedRanks, TorchrunRanks, torchrun_env
 
-        if tensor_parallel_size == 1:
+        self.protocol_config = pconfig
+        launched = torchrun_env()
+        if launched is not None and launched[1] > 1:
+            if launched[0] != 0:
+                raise RuntimeError("under torchrun only rank 0 builds an LLM; other ranks call "
+                                   "engine.llm.serve_rank(...) with the same arguments")
+            self.ranks = TorchrunRanks(self.settings, pconfig, self.cfg)
+        elif tensor_parallel_size == 1:
             self.ranks = InProcessRanks(self.settings, pconfig, self.cfg)
         else:
             self.ranks = SpawnedRanks(self.settings, pconfig)
@@ -294,3 +269,72 @@ class LLM:
                 self.ranks.close(abort=True)
             except Exception:
                 pass
+
+
+def prepare(model_dir, tensor_parallel_size: int = 1, device: str = "cpu",
+            dtype: str | None = None, max_batch: int = 8, max_model_len: int | None = None,
+            page_size: int = 16, step_timeout_s: float = 300.0, fault=None):
+    """Check everything that can be checked before a rank starts; build the shared settings.
+
+    Arguments as for `LLM`. Returns (ModelConfig, EngineSettings, protocol ProtocolConfig),
+    the same on every rank for the same arguments.
+    Raises:
+        ModelDirError, ParallelConfigError: see `LLM`.
+    """
+    cfg = load_model_config(model_dir)
+    check_parallel(cfg, tensor_parallel_size)
+    WeightIndex(cfg)  # every tensor present with the right shape
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ParallelConfigError("device = 'cuda' but torch.cuda.is_available() is False")
+        if torch.cuda.device_count() < tensor_parallel_size and torchrun_world() is None:
+            raise ParallelConfigError(
+                f"tensor_parallel_size = {tensor_parallel_size} needs that many GPUs; "
+                f"{torch.cuda.device_count()} visible")
+    from protocol.buckets import DEFAULT_DECODE_BUCKETS, select_bucket
+    from protocol.config import ModelShape, ProtocolConfig
+
+    dtype = dtype or (cfg.torch_dtype if cfg.torch_dtype in DTYPE_BYTES else "bfloat16")
+    max_model_len = max_model_len or min(cfg.max_position, 2048)
+    if max_model_len > cfg.max_position:
+        raise ParallelConfigError(f"max_model_len = {max_model_len} exceeds the model's "
+                                  f"max_position_embeddings {cfg.max_position}")
+    if not isinstance(max_batch, int) or not 1 <= max_batch <= DEFAULT_DECODE_BUCKETS[-1]:
+        raise ParallelConfigError(f"max_batch = {max_batch!r}, expected 1.."
+                                  f"{DEFAULT_DECODE_BUCKETS[-1]}")
+    buckets = tuple(b for b in DEFAULT_DECODE_BUCKETS
+                    if b <= select_bucket(max_batch, DEFAULT_DECODE_BUCKETS))
+    settings = EngineSettings(
+        model_dir=str(model_dir), world_size=tensor_parallel_size, device=device,
+        dtype=dtype, max_batch=max_batch, max_model_len=max_model_len, page_size=page_size,
+        buckets=buckets, step_timeout_s=step_timeout_s, fault=fault)
+    settings.validate()
+    kv_heads = cfg.num_kv_heads // tensor_parallel_size
+    page_bytes = 2 * cfg.num_layers * page_size * kv_heads * cfg.head_dim * DTYPE_BYTES[dtype]
+    pconfig = ProtocolConfig(
+        world_size=tensor_parallel_size, buckets=buckets, max_batch=max_batch,
+        cuda_graphs=False, watchdog_timeout_s=step_timeout_s, kv_page_bytes=page_bytes,
+        min_kv_pages=max_batch * settings.pages_per_seq + 1,
+        shape=ModelShape(cfg.hidden_size, cfg.num_layers, dtype_bytes=DTYPE_BYTES[dtype],
+                         name=Path(model_dir).name))
+    return cfg, settings, pconfig
+
+
+def torchrun_world():
+    """(rank, world size) under torchrun, else None."""
+    from engine.ranks import torchrun_env
+
+    return torchrun_env()
+
+
+def serve_rank(model_dir, tensor_parallel_size: int, **kwargs) -> int:
+    """Under torchrun, the body of ranks > 0: build the same settings as rank 0's `LLM(...)`
+    (pass the same arguments, minus `progress`) and serve commands until teardown."""
+    from engine.ranks import serve_torchrun_rank
+
+    kwargs.pop("progress", None)
+    fault = kwargs.pop("_fault", None)
+    _, settings, pconfig = prepare(model_dir, tensor_parallel_size, fault=fault, **kwargs)
+    return serve_torchrun_rank(settings, pconfig)

@@ -19,10 +19,12 @@ class TPGroup:
     Attributes:
         rank: this rank, 0 <= rank < world_size.
         world_size: number of ranks; 1 means no collective is ever issued.
+        group: the process group the model's collectives use (None: the default group).
     """
 
     rank: int = 0
     world_size: int = 1
+    group: object = None  # torch.distributed group of the model's collectives; None: default
 
     def shard(self, size: int) -> tuple[int, int]:
         """[start, stop) of this rank's equal share of `size` (size % world_size == 0)."""
@@ -35,7 +37,7 @@ class TPGroup:
         if self.world_size > 1:
             import torch.distributed as dist
 
-            dist.all_reduce(x)  # async_op=False: the result is ready (or stream-ordered)
+            dist.all_reduce(x, group=self.group)  # async_op=False: the result is ready (or stream-ordered)
         return x
 
     def all_gather_last_dim(self, x):
@@ -46,7 +48,7 @@ class TPGroup:
         import torch.distributed as dist
 
         parts = [torch.empty_like(x) for _ in range(self.world_size)]
-        dist.all_gather(parts, x.contiguous())
+        dist.all_gather(parts, x.contiguous(), group=self.group)
         return torch.cat(parts, dim=-1)
 
 

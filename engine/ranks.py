@@ -7,6 +7,10 @@ reply that poisons it). Two transports carry commands:
     `InProcessRanks`   world size 1: the executor lives in the caller's process.
     `SpawnedRanks`     one process per rank (torch.multiprocessing spawn context), a duplex
                        pipe per rank as the command channel; gloo on CPU, NCCL on CUDA.
+    `TorchrunRanks`    processes launched by `torchrun` (env:// rendezvous, so multi-node
+                       works): rank 0 drives and runs its own executor; the command channel is
+                       a separate gloo group (broadcast the command, gather the replies);
+                       ranks > 0 run `serve_torchrun_rank`.
 
 A rank that raises replies with ok=False; a rank that dies is seen through its process
 sentinel at once; a rank that does not answer within `step_timeout_s` is declared failed. Every
@@ -247,3 +251,103 @@ class SpawnedRanks:
         for c in self.conns:
             c.close()
         self.procs, self.conns = [], []
+
+
+def torchrun_env() -> tuple[int, int] | None:
+    """(rank, world size) when this process was started by torchrun, else None."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ and "LOCAL_RANK" not in os.environ:
+        return None
+    return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+
+
+def _init_torchrun(settings: EngineSettings):
+    """Initialise the default group (gloo or NCCL) and a gloo command group from env://."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    rank, world = torchrun_env()
+    if world != settings.world_size:
+        raise ValueError(f"torchrun started {world} processes but tensor_parallel_size = "
+                         f"{settings.world_size}; they must be equal")
+    if settings.device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    timeout = datetime.timedelta(seconds=settings.step_timeout_s)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if settings.device == "cuda" else "gloo",
+                                init_method="env://", timeout=timeout)
+    control = dist.new_group(backend="gloo", timeout=timeout)
+    model_group = dist.new_group(backend="nccl" if settings.device == "cuda" else "gloo",
+                                 timeout=timeout)
+    return rank, control, model_group
+
+
+class TorchrunRanks:
+    """Rank 0's view of a torchrun-launched group (see the module docstring).
+
+    Failure handling is bounded by `step_timeout_s` (the gloo timeout of both groups); a rank
+    that dies makes torchrun's agent stop every process of the group.
+    """
+
+    def __init__(self, settings: EngineSettings, protocol_config, cfg=None):
+        from engine.executor import RankExecutor
+        from engine.parallel import TPGroup
+
+        self.rank, self.control, group = _init_torchrun(settings)
+        assert self.rank == 0, "only rank 0 builds TorchrunRanks; others serve_torchrun_rank"
+        self.executor = RankExecutor(settings, TPGroup(0, settings.world_size, group), cfg)
+        self.executor.load_model()
+        self.worker = _make_worker(settings, protocol_config, 0)
+        self.world_size = settings.world_size
+        self._mine = None
+
+    def send(self, command, extras: dict | None) -> None:
+        """Broadcast the command, then run it on rank 0."""
+        import torch.distributed as dist
+
+        dist.broadcast_object_list([(command, None)], src=0, group=self.control)
+        self._mine = execute(self.worker, self.executor, command, extras)
+
+    def collect(self) -> list[tuple[Any, dict]]:
+        """Gather every rank's (reply, outputs)."""
+        import torch.distributed as dist
+
+        out: list = [None] * self.world_size
+        try:
+            dist.gather_object(self._mine, out, dst=0, group=self.control)
+        except Exception as exc:  # gloo timeout or a peer gone
+            raise RankError(1, f"command channel failed ({exc})") from exc
+        return out
+
+    def close(self, abort: bool = False) -> None:
+        """After Teardown the peers return; on abort, exit hard so torchrun stops the group."""
+        if abort:
+            os._exit(1)
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def serve_torchrun_rank(settings: EngineSettings, protocol_config) -> int:
+    """Body of a torchrun rank > 0: execute broadcast commands until Teardown; returns 0."""
+    import torch.distributed as dist
+
+    from engine.executor import RankExecutor
+    from engine.parallel import TPGroup
+    from protocol.commands import Teardown
+
+    rank, control, group = _init_torchrun(settings)
+    executor = RankExecutor(settings, TPGroup(rank, settings.world_size, group))
+    executor.load_model()
+    worker = _make_worker(settings, protocol_config, rank)
+    while True:
+        box = [None]
+        dist.broadcast_object_list(box, src=0, group=control)
+        command, extras = box[0]
+        dist.gather_object(execute(worker, executor, command, extras), None, dst=0,
+                           group=control)
+        if isinstance(command, Teardown):
+            dist.destroy_process_group()
+            return 0

@@ -1,0 +1,81 @@
+"""`lockstep generate`: output format, exit statuses, TP 2 (spawned) and torchrun (env://)
+giving the TP 1 tokens."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lockstep.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _tp1_tokens(tiny_dir, capsys):
+    assert main(["generate", "--model", str(tiny_dir), "--prompt-ids", "1,2,3",
+                 "--max-tokens", "5", "--logprobs"]) == 0
+    out = capsys.readouterr()
+    lines = out.out.splitlines()
+    assert lines[0].startswith("token_ids: ") and len(lines[0][11:].split(",")) == 5
+    assert lines[1].startswith("logprobs: ") and lines[2] == "finish_reason: length"
+    assert "model loaded" in out.err
+    return lines[0]
+
+
+def test_generate_prints_tokens_and_progress(tiny_dir, capsys):
+    _tp1_tokens(tiny_dir, capsys)
+
+
+@pytest.mark.parametrize("argv, status, fragment", [
+    (["-tp", "3"], 2, "num_attention_heads = 4 is not divisible by tensor_parallel_size = 3"),
+    (["--max-tokens", "0"], 2, "max_tokens = 0"),
+    (["--prompt", "hi"], 2, "has no tokenizer"),
+])
+def test_generate_errors_exit_2_with_one_line(tiny_dir, capsys, argv, status, fragment):
+    base = ["generate", "--model", str(tiny_dir), "--max-tokens", "3"]
+    if "--prompt" not in argv:
+        base += ["--prompt-ids", "1,2"]
+    assert main(base + argv) == status
+    assert fragment in capsys.readouterr().err
+
+
+def test_bad_prompt_ids_are_an_argparse_error(tiny_dir, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["generate", "--model", str(tiny_dir), "--prompt-ids", "1,x"])
+    assert info.value.code == 2 and "comma-separated" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(120)
+def test_tp2_spawned_and_torchrun_give_the_tp1_tokens(tiny_dir, capsys):
+    want = _tp1_tokens(tiny_dir, capsys)
+    args = ["generate", "--model", str(tiny_dir), "--prompt-ids", "1,2,3", "--max-tokens", "5",
+            "-tp", "2"]
+    assert main(args) == 0
+    assert capsys.readouterr().out.splitlines()[0] == want
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
+    if torchrun is None:
+        pytest.skip("torchrun not installed beside this python")
+    import signal
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([torchrun, "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+                             "--master-port", str(port), "-m", "lockstep", *args], cwd=ROOT,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=100)
+    finally:
+        if proc.poll() is None:  # end torchrun and its workers: they share its new session
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, stderr[-3000:]
+    assert stdout.splitlines()[0] == want
