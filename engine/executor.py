@@ -148,15 +148,35 @@ class RankExecutor(Backend):
     # -- Backend: graphs (next task) ----------------------------------------------------------
 
     def record(self, key) -> None:
+        """Capture one decode step of key.bucket rows (graph task; refused here).
+
+        Raises:
+            GraphsNotSupported: always; the eager plan never asks for it.
+        """
         raise GraphsNotSupported(f"record({key}): this executor runs eager steps only")
 
     def instantiate(self, key) -> None:
+        """Instantiate a recorded graph (graph task; refused here).
+
+        Raises:
+            GraphsNotSupported: always; the eager plan never asks for it.
+        """
         raise GraphsNotSupported(f"instantiate({key}): this executor runs eager steps only")
 
     def upload(self, key) -> None:
+        """Upload an instantiated graph (graph task; refused here).
+
+        Raises:
+            GraphsNotSupported: always; the eager plan never asks for it.
+        """
         raise GraphsNotSupported(f"upload({key}): this executor runs eager steps only")
 
     def launch(self, key) -> None:
+        """Replay a captured graph (graph task; refused here).
+
+        Raises:
+            GraphsNotSupported: always; the eager plan never asks for it.
+        """
         raise GraphsNotSupported(f"launch({key}): this executor runs eager steps only")
 
     def graph_memory(self) -> int:

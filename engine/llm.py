@@ -66,6 +66,10 @@ class LLM:
         ModelDirError, ParallelConfigError (ValueError): bad directory or parallel settings,
             before any rank starts or device memory is allocated.
         RankError: a rank failed while starting.
+
+    Under torchrun (WORLD_SIZE > 1) only rank 0 builds an LLM; the other ranks call
+    `serve_rank` with the same arguments. There a rank failure ends rank 0's process with
+    exit status 1 (an abort, so that torchrun stops the whole group).
     """
 
     def __init__(self, model_dir: str | Path, tensor_parallel_size: int = 1,

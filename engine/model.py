@@ -33,6 +33,7 @@ class Qwen3MLP(nn.Module):
                                            device)
 
     def load(self, index: WeightIndex, prefix: str) -> None:
+        """Load `prefix` + gate_proj/up_proj (fused, column slices) and down_proj (row slice)."""
         self.gate_up_proj.load(index, [prefix + "gate_proj.weight", prefix + "up_proj.weight"])
         self.down_proj.load(index, prefix + "down_proj.weight")
 
@@ -53,12 +54,14 @@ class Qwen3DecoderLayer(nn.Module):
         self.mlp = Qwen3MLP(cfg, tp, dtype, device)
 
     def load(self, index: WeightIndex, prefix: str) -> None:
+        """Load every tensor of layer `prefix` ("model.layers.{i}.") for this rank."""
         self.input_layernorm.load(index, prefix + "input_layernorm.weight")
         self.self_attn.load(index, prefix + "self_attn.")
         self.post_attention_layernorm.load(index, prefix + "post_attention_layernorm.weight")
         self.mlp.load(index, prefix + "mlp.")
 
     def forward(self, positions, x, ctx: StepContext):
+        """x: [T, hidden] -> [T, hidden]; positions: int [T]."""
         x = x + self.self_attn(positions, self.input_layernorm(x), ctx)
         return x + self.mlp(self.post_attention_layernorm(x))
 

@@ -81,7 +81,10 @@ class InProcessRanks:
     def send(self, command, extras: dict | None) -> None:
         """Run `command` now; its reply is returned by the next `collect`."""
         if self.fault and self.fault[0] == 0 and self.fault[1] == command.seq:
-            raise RankError(0, f"injected fault {self.fault[2]!r} at command {command.seq}")
+            # in-process, every fault kind is a failed reply: there is no process to kill
+            self._pending = (self.worker.fail(command, RuntimeError(
+                f"injected fault at command {command.seq}")), {})
+            return
         self._pending = execute(self.worker, self.executor, command, extras)
 
     def collect(self) -> list[tuple[Any, dict]]:

@@ -32,6 +32,8 @@ class VocabParallelEmbedding(nn.Module):
         self.weight.data.copy_(index.read(name, 0, self.start, self.stop))
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids: int64 [T] -> [T, hidden]; ids outside this rank's range contribute zeros
+        before the all-reduce."""
         if self.tp.world_size == 1:
             return F.embedding(ids, self.weight)
         mine = (ids >= self.start) & (ids < self.stop)
@@ -67,5 +69,6 @@ class ParallelLMHead(nn.Module):
             self.weight.data.copy_(index.read(name, 0, self.start, self.stop))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [B, hidden] -> float32 [B, vocab] (this rank's slice, all-gathered)."""
         logits = F.linear(x, self.weight).float()
         return self.tp.all_gather_last_dim(logits)

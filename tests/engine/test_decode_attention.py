@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.kernels.decode_attention import (
     paged_decode_attention_reference,
@@ -27,6 +29,17 @@ def test_torch_path_matches_float64_reference(q_heads, kv_heads):
     ref = paged_decode_attention_reference(q, k, v, table, lens, slots, scale)
     out = paged_decode_attention_torch(q, k, v, table, lens, slots, scale)
     assert out.dtype == torch.float32
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+@settings(max_examples=30, deadline=None)
+@given(lengths=st.lists(st.integers(1, 70), min_size=1, max_size=5),
+       group=st.sampled_from([1, 2, 4]), kv_heads=st.sampled_from([1, 2]),
+       seed=st.integers(0, 2**16))
+def test_torch_path_matches_reference_for_any_lengths(lengths, group, kv_heads, seed):
+    q, k, v, table, lens, slots = make_case(lengths, group * kv_heads, kv_heads, seed=seed)
+    ref = paged_decode_attention_reference(q, k, v, table, lens, slots, 0.3)
+    out = paged_decode_attention_torch(q, k, v, table, lens, slots, 0.3)
     torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
 
 

@@ -38,13 +38,19 @@ def _prompts():
     return [torch.randint(0, 512, (n,), generator=g).tolist() for n in (3, 17, 9, 30, 1, 12)]
 
 
-def test_continuous_batching_gives_each_request_its_solo_tokens(model):
+def test_continuous_batching_gives_each_request_its_solo_tokens(model, monkeypatch):
     _, llm = model
+    executor = llm.ranks.executor
+    moves = []
+    real_move = executor.move_slot
+    monkeypatch.setattr(executor, "move_slot",
+                        lambda src, dst: (moves.append((src, dst)), real_move(src, dst)))
     prompts = _prompts()
     params = [SamplingParams(max_tokens=m, temperature=t, top_k=k, seed=i, ignore_eos=True)
               for i, (m, t, k) in enumerate([(5, 0, 0), (12, 0.8, 50), (3, 0, 0), (9, 1.0, 0),
                                              (14, 0.7, 10), (7, 0, 0)])]
     together = llm.generate(prompts, params)  # 6 requests over 4 slots: queueing + compaction
+    assert moves, "vacuous: no retirement compacted a live slot"
     alone = [llm.generate([p], q)[0] for p, q in zip(prompts, params)]
     for t, a, q in zip(together, alone, params):
         assert t.error is None and len(t.token_ids) == q.max_tokens
@@ -64,6 +70,9 @@ def test_seeded_sampling_is_reproducible_and_seed_dependent(model):
     greedy, = llm.generate([PROMPT], SamplingParams(max_tokens=8, temperature=0,
                                                      ignore_eos=True))
     assert top1.token_ids == greedy.token_ids
+    nucleus, = llm.generate([PROMPT], SamplingParams(max_tokens=8, temperature=1.0,
+                                                      top_p=1e-6, seed=9, ignore_eos=True))
+    assert nucleus.token_ids == greedy.token_ids
 
 
 def test_logprobs_are_log_softmax_of_the_logits(model):
@@ -133,5 +142,16 @@ def test_eos_from_generation_config_stops_unless_ignored(tiny_dir, tmp_path):
 def test_closed_llm_refuses_work(tiny_dir):
     llm = LLM(tiny_dir, max_batch=1, max_model_len=32)
     llm.shutdown()
+    with pytest.raises(RuntimeError, match="closed"):
+        llm.generate([[1, 2]])
+
+
+def test_an_in_process_rank_failure_closes_the_llm(tiny_dir):
+    from engine.errors import RankError
+
+    llm = LLM(tiny_dir, max_batch=1, max_model_len=32, _fault=(0, 6, "raise"))
+    with pytest.raises(RankError) as info:
+        llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4, ignore_eos=True))
+    assert info.value.rank == 0 and "injected fault at command 6" in str(info.value)
     with pytest.raises(RuntimeError, match="closed"):
         llm.generate([[1, 2]])
