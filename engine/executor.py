@@ -76,9 +76,21 @@ class RankExecutor(Backend):
 
     @torch.no_grad()
     def load_model(self) -> None:
-        """Build this rank's shard of the model and read its weight slices."""
+        """Build this rank's shard of the model and read its weight slices; rank 0 reports
+        progress on stderr every ~10% of the layers when settings.progress is set."""
         self.model = Qwen3ForCausalLM(self.cfg, self.tp, self.dtype, self.device)
-        self.model.load_weights(WeightIndex(self.cfg))
+        progress = None
+        if self.settings.progress and self.tp.rank == 0:
+            import sys
+
+            step = max(1, self.cfg.num_layers // 10)
+
+            def progress(done: int, total: int) -> None:
+                if done % step == 0 or done == total:
+                    print(f"lockstep: rank 0 loaded layer {done}/{total}", file=sys.stderr,
+                          flush=True)
+
+        self.model.load_weights(WeightIndex(self.cfg), progress)
         self.model.eval()
 
     def kv_page_bytes(self) -> int:

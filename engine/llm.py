@@ -83,7 +83,7 @@ class LLM:
             lambda msg: None)
         self.cfg, self.settings, pconfig = prepare(
             model_dir, tensor_parallel_size, device, dtype, max_batch, max_model_len,
-            page_size, step_timeout_s, _fault)
+            page_size, step_timeout_s, _fault, progress)
         self._say(f"config {self.cfg.config_path} ok; weights indexed")
         from protocol.controller import Controller
 
@@ -277,7 +277,8 @@ class LLM:
 
 def prepare(model_dir, tensor_parallel_size: int = 1, device: str = "cpu",
             dtype: str | None = None, max_batch: int = 8, max_model_len: int | None = None,
-            page_size: int = 16, step_timeout_s: float = 300.0, fault=None):
+            page_size: int = 16, step_timeout_s: float = 300.0, fault=None,
+            progress: bool = False):
     """Check everything that can be checked before a rank starts; build the shared settings.
 
     Arguments as for `LLM`. Returns (ModelConfig, EngineSettings, protocol ProtocolConfig),
@@ -313,7 +314,8 @@ def prepare(model_dir, tensor_parallel_size: int = 1, device: str = "cpu",
     settings = EngineSettings(
         model_dir=str(model_dir), world_size=tensor_parallel_size, device=device,
         dtype=dtype, max_batch=max_batch, max_model_len=max_model_len, page_size=page_size,
-        buckets=buckets, step_timeout_s=step_timeout_s, fault=fault)
+        buckets=buckets, step_timeout_s=step_timeout_s, fault=fault,
+        progress=progress)
     settings.validate()
     kv_heads = cfg.num_kv_heads // tensor_parallel_size
     page_bytes = 2 * cfg.num_layers * page_size * kv_heads * cfg.head_dim * DTYPE_BYTES[dtype]

@@ -89,11 +89,17 @@ class Qwen3ForCausalLM(nn.Module):
                                       device)
 
     @torch.no_grad()
-    def load_weights(self, index: WeightIndex) -> None:
-        """Read this rank's slice of every tensor from the checkpoint."""
+    def load_weights(self, index: WeightIndex, progress=None) -> None:
+        """Read this rank's slice of every tensor from the checkpoint.
+
+        Args:
+            progress: called as progress(layers_done, num_layers) after each layer.
+        """
         self.embed_tokens.load(index, "model.embed_tokens.weight")
         for i, layer in enumerate(self.layers):
             layer.load(index, f"model.layers.{i}.")
+            if progress is not None:
+                progress(i + 1, len(self.layers))
         self.norm.load(index, "model.norm.weight")
         self.lm_head.load(index, "lm_head.weight")
 

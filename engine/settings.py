@@ -30,6 +30,7 @@ class EngineSettings:
         dist_init_method: torch.distributed init method (tcp://host:port or env://).
         fault: test hook, None in normal use: (rank, command seq, "raise" | "exit" | "hang")
             makes that rank fail, die or go silent when it receives that command.
+        progress: rank 0 prints weight-loading progress to stderr.
     """
 
     model_dir: str
@@ -43,6 +44,7 @@ class EngineSettings:
     step_timeout_s: float = 300.0
     dist_init_method: str = ""
     fault: tuple[int, int, str] | None = None
+    progress: bool = False
 
     @property
     def pages_per_seq(self) -> int:
