@@ -6,11 +6,10 @@ rank, replies, aborts, watchdog transitions -- and `sim.invariants` checks I1..I
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class TraceEvent:
+class TraceEvent(NamedTuple):
     """One event.
 
     Attributes:
@@ -37,7 +36,7 @@ class TraceEvent:
 
     def to_json(self) -> dict:
         """Plain dict for JSON output."""
-        return asdict(self)
+        return self._asdict()
 
     @classmethod
     def from_json(cls, data: dict) -> "TraceEvent":

@@ -38,6 +38,7 @@ class CheckSpec:
     time_budget: float = 60.0
     seed: int = 0
     hazards_off: tuple[str, ...] = ()
+    jobs: int = 1
 
     def scenario(self, topology: str) -> Scenario:
         kwargs = {}
@@ -87,7 +88,8 @@ def _search(spec: CheckSpec, scenario_for, variant, acceptable, schedules, progr
         return hypothesis_search(scenario_for(0), variant, acceptable, max_examples=schedules,
                                  seed=spec.seed)
     return sample_search(scenario_for, variant, acceptable, spec.strategy, schedules,
-                         spec.time_budget, spec.seed, stop_on_failure=stop, progress=progress)
+                         spec.time_budget, spec.seed, stop_on_failure=stop, progress=progress,
+                         jobs=spec.jobs)
 
 
 def random_fault(scenario: Scenario, index: int, seed: int) -> Fault:
@@ -123,7 +125,7 @@ def check_correct(variant: Variant, spec: CheckSpec, topology: str, progress=Non
         faulted = lambda i: base.with_(faults=(random_fault(base, i, spec.seed),))  # noqa: E731
         acceptable = lambda r: r.outcome.verdict in ("clean", "abort")  # noqa: E731
         fres = sample_search(faulted, variant, acceptable, "random", spec.fault_schedules,
-                             spec.time_budget, spec.seed, progress=progress)
+                             spec.time_budget, spec.seed, progress=progress, jobs=spec.jobs)
         fstats = fres.stats
         if fres.failure is not None:
             got, detail = verdict_label(fres.failure), fres.failure.outcome.detail

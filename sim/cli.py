@@ -9,6 +9,7 @@ and exits 0 only if all verdicts are as expected. Bad arguments exit 2 with a on
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -87,6 +88,8 @@ def add_parser(subparsers, name: str) -> None:
     p.add_argument("--time-budget", type=_typed(_positive_float, "--time-budget"), default=60.0,
                    help="seconds per variant and topology (default 60)")
     p.add_argument("--seed", type=_typed(int, "--seed"), default=0, help="search seed (default 0)")
+    p.add_argument("--jobs", type=_typed(_positive_int, "--jobs"), default=os.cpu_count() or 1,
+                   help="worker processes for random and PCT search (default: CPU count)")
     p.add_argument("--hazard-off", action="append", default=[], choices=RULES,
                    help="switch a hazard rule off (repeatable)")
     p.add_argument("--replay", metavar="TRACE.json", help="replay a recorded trace exactly")
@@ -114,7 +117,7 @@ def run(args) -> int:
         spec = CheckSpec(ranks=args.ranks, buckets=args.buckets, max_batch=args.max_batch,
                          strategy=args.strategy, schedules=args.schedules,
                          fault_schedules=args.fault_schedules, time_budget=args.time_budget,
-                         seed=args.seed, hazards_off=tuple(args.hazard_off))
+                         seed=args.seed, hazards_off=tuple(args.hazard_off), jobs=args.jobs)
         spec.scenario("shared")  # validates ranks / buckets / max batch before any search
     except ConfigError as exc:
         return _fail(str(exc))

@@ -90,14 +90,20 @@ def _chooser(strategy: str, seed: int, index: int):
 
 def sample_search(scenario_for: Callable[[int], Scenario], variant, acceptable: Acceptable,
                   strategy: str = "random", schedules: int = 1000, time_budget: float = 60.0,
-                  seed: int = 0, stop_on_failure: bool = True, progress=None) -> SearchResult:
+                  seed: int = 0, stop_on_failure: bool = True, progress=None,
+                  jobs: int = 1) -> SearchResult:
     """Random-walk or PCT search: ``schedules`` runs, each from its own derived seed.
 
     Args:
         scenario_for: run index -> scenario (lets fault searches vary the fault per run).
         acceptable: which results pass; the first that does not is the failure.
         progress: optional callable(n) called after each run (a tqdm ``update``).
+        jobs: worker processes (fork); run i has the same seed whatever ``jobs`` is, and the
+            reported failure is the lowest-indexed one among the runs made.
     """
+    if jobs > 1 and schedules >= 4 * jobs and _fork_available():
+        return _parallel_sample_search(scenario_for, variant, acceptable, strategy, schedules,
+                                       time_budget, seed, stop_on_failure, progress, jobs)
     stats = SearchStats()
     start = time.perf_counter()
     failure = None
@@ -212,3 +218,67 @@ def hypothesis_search(scenario: Scenario, variant, acceptable: Acceptable, max_e
         return SearchResult(stats, None)
     best = min(failures, key=lambda r: (r.actions, len(r.choices)))
     return SearchResult(stats, best)
+
+
+_JOB: dict = {}
+CHUNK = 25
+
+
+def _fork_available() -> bool:
+    import multiprocessing
+    return "fork" in multiprocessing.get_all_start_methods()
+
+
+def _run_chunk(bounds: tuple[int, int]):
+    """Worker side: run schedules [lo, hi); return their stats and the first failing index."""
+    lo, hi = bounds
+    job = _JOB
+    stats = SearchStats()
+    first = None
+    for i in range(lo, hi):
+        result = run_schedule(job["scenario_for"](i), job["variant"],
+                              _chooser(job["strategy"], job["seed"], i))
+        ok = job["acceptable"](result)
+        result.world = None
+        stats.add(result, ok)
+        if not ok:
+            first = i
+            if job["stop"]:
+                break
+    return stats, first
+
+
+def _parallel_sample_search(scenario_for, variant, acceptable, strategy, schedules, time_budget,
+                            seed, stop_on_failure, progress, jobs) -> SearchResult:
+    import multiprocessing
+
+    _JOB.update(scenario_for=scenario_for, variant=variant, acceptable=acceptable,
+                strategy=strategy, seed=seed, stop=stop_on_failure)
+    start = time.perf_counter()
+    total = SearchStats()
+    failures: list[int] = []
+    chunks = [(lo, min(lo + CHUNK, schedules)) for lo in range(0, schedules, CHUNK)]
+    with multiprocessing.get_context("fork").Pool(jobs) as pool:
+        for stats, first in pool.imap(_run_chunk, chunks):
+            total.schedules += stats.schedules
+            total.actions += stats.actions
+            total.max_depth = max(total.max_depth, stats.max_depth)
+            total.failing += stats.failing
+            total.verdicts.update(stats.verdicts)
+            total.reached.update(stats.reached)
+            if progress:
+                progress(stats.schedules)
+            if first is not None:
+                failures.append(first)
+                if stop_on_failure:
+                    break
+            if time.perf_counter() - start > time_budget:
+                break
+        pool.terminate()
+    _JOB.clear()
+    total.seconds = time.perf_counter() - start
+    failure = None
+    if failures:
+        i = min(failures)
+        failure = run_schedule(scenario_for(i), variant, _chooser(strategy, seed, i))
+    return SearchResult(total, failure)

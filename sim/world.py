@@ -216,7 +216,7 @@ class World:
         ctrl = self.ctrl
         if ctrl.phase in ("failed", "done"):
             return True
-        if ctrl.current is not None and ctrl.uncollected():
+        if ctrl.current is not None and len(ctrl.replies) < self.ws:
             if ctrl.phase != "startup":
                 return self.clock >= ctrl.step_deadline
             deadline = ctrl.watchdog.deadline
@@ -285,7 +285,10 @@ class World:
         host = self.hosts[r]
         if host.cmd is None:
             return bool(host.inbox)
-        return self._run_op(r, host, host.ops[host.pc], probe=True) != BLOCKED
+        op = host.ops[host.pc]
+        if op.name in ALWAYS_READY and not self.faults and host.fault_armed is None:
+            return True
+        return self._run_op(r, host, op, probe=True) != BLOCKED
 
     def _step_host(self, r: int) -> None:
         host = self.hosts[r]
@@ -696,6 +699,10 @@ class World:
 
 
 LOCKING_OPS = frozenset({"record", "instantiate", "upload", "launch", "allocate_kv"})
+ALWAYS_READY = frozenset({"warmup_collective", "profile_memory", "graph_memory", "free_graphs",
+                          "release_slot", "move_slot", "prefill", "prepare_replay", "run_eager",
+                          "sample"})
+"""Ops that never block in the model (host-side work or a plain enqueue), probed for free."""
 
 
 def _synchronous(ops: list[Op]) -> list[Op]:
