@@ -41,12 +41,25 @@ class CheckSpec:
     jobs: int = 1
 
     def scenario(self, topology: str) -> Scenario:
+        """The base scenario; raises ConfigError for a configuration the model cannot hold."""
         kwargs = {}
         if self.buckets is not None:
             kwargs["buckets"] = self.buckets
         sc = default_scenario(topology=topology, world_size=self.ranks, max_batch=self.max_batch, **kwargs)
         if self.hazards_off:
-            sc = sc.with_(hazards=HazardModel().without(*self.hazards_off))
+            try:
+                sc = sc.with_(hazards=HazardModel().without(*self.hazards_off))
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+        mem, cfg = sc.memory, sc.config
+        largest = max(b for b in cfg.buckets if b <= max(cfg.buckets))
+        need = (mem.weights + largest * mem.activation_per_row
+                + sum(mem.graph_bytes(b) for b in cfg.buckets if b <= cfg.max_batch)
+                + (largest * sc.pages_per_seq + 1) * cfg.kv_page_bytes)
+        if need > mem.capacity:
+            raise ConfigError(f"buckets up to {largest} need {need / 2**30:.0f} GiB per rank in the "
+                              f"modelled memory, more than its {mem.capacity / 2**30:.0f} GiB; "
+                              "use smaller buckets")
         return sc
 
     def to_json(self) -> dict:
@@ -86,7 +99,7 @@ def _search(spec: CheckSpec, scenario_for, variant, acceptable, schedules, progr
                                  stop_on_failure=stop, progress=progress)
     if spec.strategy == "hypothesis":
         return hypothesis_search(scenario_for(0), variant, acceptable, max_examples=schedules,
-                                 seed=spec.seed)
+                                 seed=spec.seed, time_budget=spec.time_budget)
     return sample_search(scenario_for, variant, acceptable, spec.strategy, schedules,
                          spec.time_budget, spec.seed, stop_on_failure=stop, progress=progress,
                          jobs=spec.jobs)
@@ -112,6 +125,8 @@ def check_correct(variant: Variant, spec: CheckSpec, topology: str, progress=Non
     if result.failure is not None:
         got, detail = verdict_label(result.failure), result.failure.outcome.detail
         minimal = reduce_schedule(base, variant, result.failure)
+    elif stats.schedules == 0:
+        got, detail, minimal = "incomplete", "the time budget ended the search before one schedule finished", None
     else:
         missing = [e for e in ("replay", "compaction_moves_live") if not stats.reached.get(e)]
         got = "vacuous" if missing else "clean"
@@ -168,34 +183,61 @@ def check_variant(variant: Variant, spec: CheckSpec, topology: str, progress=Non
     return [check_bad(variant, spec, topology, progress)]
 
 
-def replay_trace(data: dict) -> tuple[RunResult, str | None]:
+def replay_trace(data: dict) -> tuple[RunResult | None, str | None]:
     """Re-run a recorded trace JSON exactly; returns (result, nondeterminism message or None).
 
+    The replay must take the recorded choices, give the recorded verdict and reproduce the
+    recorded trace event for event; any departure is reported as nondeterminism.
+
     Raises:
-        ConfigError: the file is not a lockstep trace or names an unknown variant.
+        ConfigError: the file is not a lockstep trace of this format, or names an unknown
+            variant, hazard or fault.
     """
+    from sim.report import TRACE_FORMAT
+
     if not isinstance(data, dict) or "choices" not in data or "variant" not in data:
         raise ConfigError("not a lockstep trace: expected a JSON object with 'variant' and 'choices'")
+    if data.get("format") != TRACE_FORMAT:
+        raise ConfigError(f"trace format {data.get('format')!r} is not {TRACE_FORMAT}")
+    choices = data["choices"]
+    if not isinstance(choices, list) or not all(isinstance(c, str) for c in choices):
+        raise ConfigError("'choices' must be a list of actor names")
     variant = get_variant(data["variant"])
     spec_data = data.get("scenario", {})
-    spec = CheckSpec(ranks=spec_data.get("ranks", 2),
-                     buckets=tuple(spec_data["buckets"]) if spec_data.get("buckets") else None,
-                     max_batch=spec_data.get("max_batch"),
-                     hazards_off=tuple(spec_data.get("hazards_off", ())))
-    scenario = variant.scenario(spec.scenario(spec_data.get("topology", "shared")))
-    faults = tuple(Fault(**f) for f in spec_data.get("faults", ()))
+    if not isinstance(spec_data, dict):
+        raise ConfigError("'scenario' must be an object")
+    try:
+        spec = CheckSpec(ranks=spec_data.get("ranks", 2),
+                         buckets=tuple(spec_data["buckets"]) if spec_data.get("buckets") else None,
+                         max_batch=spec_data.get("max_batch"),
+                         hazards_off=tuple(spec_data.get("hazards_off", ())))
+        scenario = variant.scenario(spec.scenario(spec_data.get("topology", "shared")))
+        faults = tuple(Fault(**f) for f in spec_data.get("faults", ()))
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"bad scenario in trace: {exc}") from None
     if faults:
         scenario = scenario.with_(faults=faults)
     try:
-        result = run_schedule(scenario, variant, Replay(list(data["choices"])))
+        result = run_schedule(scenario, variant, Replay(list(choices)))
     except NondeterminismError as exc:
         return None, str(exc)
-    if result.choices != list(data["choices"]):
-        return result, (f"replay departed from its recording: {len(result.choices)} actions "
-                        f"instead of {len(data['choices'])}")
+    if result.choices != choices:
+        first = next((i for i, (a, b) in enumerate(zip(result.choices, choices)) if a != b),
+                     min(len(result.choices), len(choices)))
+        return result, (f"replay departed from its recording at action {first}: the run took "
+                        f"{len(result.choices)} actions, the recording has {len(choices)}")
     if result.outcome.verdict != data.get("verdict"):
         return result, (f"replay gave verdict {result.outcome.verdict}, the recording "
                         f"{data.get('verdict')}")
+    recorded = data.get("trace")
+    if recorded is not None:
+        replayed = [e.to_json() for e in result.world.trace]
+        if recorded != replayed:
+            first = next((i for i, (a, b) in enumerate(zip(replayed, recorded)) if a != b),
+                         min(len(replayed), len(recorded)))
+            return result, f"replayed trace differs from the recording at event {first}"
+    if data.get("actions", result.actions) != result.actions:
+        return result, f"replay took {result.actions} actions, the recording says {data.get('actions')}"
     return result, None
 
 

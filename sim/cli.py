@@ -24,14 +24,18 @@ from sim.strategies import STRATEGIES
 from sim.variants import REGISTRY, SHIPPED, get_variant, load_variant_file
 
 
-def _positive_int(text: str) -> int:
+def _int(text: str, minimum: int | None = None) -> int:
     try:
         value = int(text)
     except ValueError:
         raise ValueError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise ValueError(f"{value} must be at least 1")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{value} must be at least {minimum}")
     return value
+
+
+def _positive_int(text: str) -> int:
+    return _int(text, 1)
 
 
 def _positive_float(text: str) -> float:
@@ -39,26 +43,31 @@ def _positive_float(text: str) -> float:
         value = float(text)
     except ValueError:
         raise ValueError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise ValueError(f"{text} must be positive")
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"{text} must be a positive number of seconds")
     return value
 
 
 def _buckets(text: str) -> tuple[int, ...]:
+    items = [x.strip() for x in text.split(",")]
+    if any(not x for x in items):
+        raise ValueError(f"{text!r} has an empty item; give a comma-separated list of integers")
     try:
-        values = tuple(int(x) for x in text.split(",") if x.strip())
+        values = tuple(int(x) for x in items)
     except ValueError:
         raise ValueError(f"{text!r} is not a comma-separated list of integers") from None
     return validate_buckets(values)
 
 
 def _typed(fn, what):
+    """An argparse type whose error message is the parser's reason alone (argparse adds the option)."""
+    import argparse
+
     def parse(text):
         try:
             return fn(text)
         except (ValueError, ConfigError) as exc:
-            import argparse
-            raise argparse.ArgumentTypeError(f"{what}: {exc}") from None
+            raise argparse.ArgumentTypeError(str(exc)) from None
     parse.__name__ = what
     return parse
 
@@ -70,8 +79,10 @@ def add_parser(subparsers, name: str) -> None:
     p.add_argument("--variant", action="append", default=[], metavar="NAME",
                    help="check only this variant (repeatable); default: all shipped")
     p.add_argument("--variant-file", action="append", default=[], metavar="PATH",
-                   help="load variants from a Python file and check them too")
-    p.add_argument("--ranks", type=_typed(_positive_int, "--ranks"), default=2, help="world size (default 2)")
+                   help="load variants from a Python file and check them (instead of the shipped "
+                        "ones; add --variant NAME to check shipped ones as well)")
+    p.add_argument("--ranks", type=_typed(lambda t: _int(t, 2), "--ranks"), default=2,
+                   help="world size, at least 2: every hazard is between ranks (default 2)")
     p.add_argument("--buckets", type=_typed(_buckets, "--buckets"), default=None,
                    help="comma-separated decode buckets (default: the 36 pegainfer buckets)")
     p.add_argument("--max-batch", type=_typed(_positive_int, "--max-batch"), default=None,
@@ -82,21 +93,34 @@ def add_parser(subparsers, name: str) -> None:
                    help="schedule search strategy (default random)")
     p.add_argument("--schedules", type=_typed(_positive_int, "--schedules"), default=300,
                    help="schedules per variant and topology (default 300)")
-    p.add_argument("--fault-schedules", type=_typed(lambda t: int(t) if int(t) >= 0 else _positive_int(t),
-                                                     "--fault-schedules"), default=100,
+    p.add_argument("--fault-schedules", type=_typed(lambda t: _int(t, 0), "--fault-schedules"), default=100,
                    help="faulted schedules for the correct protocol (default 100; 0 skips)")
     p.add_argument("--time-budget", type=_typed(_positive_float, "--time-budget"), default=60.0,
                    help="seconds per variant and topology (default 60)")
-    p.add_argument("--seed", type=_typed(int, "--seed"), default=0, help="search seed (default 0)")
+    p.add_argument("--seed", type=_typed(_int, "--seed"), default=0, help="search seed (default 0)")
     p.add_argument("--jobs", type=_typed(_positive_int, "--jobs"), default=os.cpu_count() or 1,
                    help="worker processes for random and PCT search (default: CPU count)")
     p.add_argument("--hazard-off", action="append", default=[], choices=RULES,
                    help="switch a hazard rule off (repeatable)")
     p.add_argument("--replay", metavar="TRACE.json", help="replay a recorded trace exactly")
-    p.add_argument("--trace-out", metavar="DIR", help="write each counterexample as .txt, .mmd, .json")
+    p.add_argument("--trace-out", metavar="DIR", type=_typed(_trace_dir, "--trace-out"),
+                   help="write each counterexample as .txt, .mmd, .json (created if missing)")
     p.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(run=run)
+
+
+def _trace_dir(text: str) -> Path:
+    if not text:
+        raise ValueError("the directory name is empty")
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{text!r} exists and is not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"cannot create {text!r}: {exc.strerror}") from None
+    return path
 
 
 def _fail(message: str) -> int:
@@ -106,13 +130,18 @@ def _fail(message: str) -> int:
 
 def run(args) -> int:
     """Run `lockstep check`; returns the exit status (0 all as expected, 1 not, 2 bad input)."""
-    if args.replay:
+    if args.replay is not None:
+        clashing = [opt for opt, value in (("--variant", args.variant), ("--variant-file", args.variant_file),
+                                            ("--buckets", args.buckets), ("--max-batch", args.max_batch))
+                    if value]
+        if clashing:
+            return _fail(f"--replay takes its scenario from the trace; drop {', '.join(clashing)}")
         return _replay(args.replay, args.json)
     try:
         for path in args.variant_file:
             loaded = load_variant_file(path)
             args.variant += [v.name for v in loaded if v.name not in args.variant]
-        names = args.variant or list(SHIPPED)
+        names = list(dict.fromkeys(args.variant)) or list(SHIPPED)
         variants = [get_variant(n) for n in names]
         spec = CheckSpec(ranks=args.ranks, buckets=args.buckets, max_batch=args.max_batch,
                          strategy=args.strategy, schedules=args.schedules,
@@ -133,7 +162,7 @@ def run(args) -> int:
                 bar.set_postfix_str(f"{variant.name} / {topology}")
                 rows += check_variant(variant, spec, topology, bar.update)
     elapsed = time.perf_counter() - start
-    if args.trace_out:
+    if args.trace_out is not None:
         for row in rows:
             if row.minimal is not None:
                 write_trace(args.trace_out, f"{row.variant}.{row.topology}", row.minimal,
@@ -143,6 +172,12 @@ def run(args) -> int:
         print(json.dumps({"ok": ok, "seconds": elapsed, "rows": [_row_json(r) for r in rows]}, indent=1))
     else:
         print(render_table(rows))
+        for row in rows:
+            if row.stats.budget_reached:
+                print(f"note: {row.variant} / {row.topology}: the time budget ended the search after "
+                      f"{row.stats.schedules} complete schedules"
+                      + ("" if not row.stats.hashed else f" and {row.stats.unique_states} unique states")
+                      + "; the verdict covers only what was explored")
         print(f"\n{'OK' if ok else 'FAILED'}: {sum(r.passed for r in rows)}/{len(rows)} verdicts as "
               f"expected in {elapsed:.1f} s")
         for row in rows:
@@ -156,7 +191,8 @@ def _row_json(row: Row) -> dict:
     s = row.stats
     return {"variant": row.variant, "topology": row.topology, "expected": row.expected,
             "got": row.got, "passed": row.passed, "schedules": s.schedules, "states": s.actions,
-            "unique_states": s.unique_states, "seconds": round(s.seconds, 3),
+            "unique_states": s.unique_states if s.hashed else None, "complete": s.complete,
+            "budget_reached": s.budget_reached, "seconds": round(s.seconds, 3),
             "failing_percent": round(s.failing_percent, 2), "minimal_trace_length": row.minimal_length,
             "detail": row.detail, "choices": row.minimal.choices if row.minimal else None}
 
@@ -174,10 +210,16 @@ def render_table(rows: list[Row]) -> str:
 
 
 def _replay(path: str, as_json: bool) -> int:
+    if not path:
+        return _fail("--replay needs a trace file path")
     try:
-        data = json.loads(Path(path).read_text())
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         return _fail(f"trace file {path!r} does not exist")
+    except IsADirectoryError:
+        return _fail(f"trace file {path!r} is a directory")
+    except UnicodeDecodeError:
+        return _fail(f"trace file {path!r} is not UTF-8 text")
     except json.JSONDecodeError as exc:
         return _fail(f"trace file {path!r} is not JSON: {exc}")
     try:
@@ -185,7 +227,10 @@ def _replay(path: str, as_json: bool) -> int:
     except ConfigError as exc:
         return _fail(f"{path}: {exc}")
     if problem:
-        print(f"NONDETERMINISM: {problem}")
+        if as_json:
+            print(json.dumps({"nondeterminism": problem}))
+        else:
+            print(f"NONDETERMINISM: {problem}")
         return 1
     if as_json:
         print(json.dumps({"verdict": result.outcome.verdict, "invariant": result.outcome.invariant,

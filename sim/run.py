@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from sim.scenario import Scenario
@@ -28,15 +29,21 @@ class RunResult:
     world: World | None = None
 
 
-def run_schedule(scenario: Scenario, variant, chooser, on_state=None) -> RunResult:
+def run_schedule(scenario: Scenario, variant, chooser, on_state=None,
+                 deadline: float | None = None) -> RunResult:
     """Run until a verdict, asking ``chooser.choose(enabled, step)`` at every action.
 
     Args:
         on_state: optional callback(world) after every action (for state counting).
+        deadline: ``time.perf_counter()`` value past which the run stops with verdict
+            ``budget`` (not a protocol verdict: the search ran out of time mid-run).
     """
     world = World(scenario, variant)
     choices: list[str] = []
     while world.outcome is None:
+        if deadline is not None and len(choices) % 1024 == 0 and time.perf_counter() > deadline:
+            world.outcome = Outcome("budget", f"time budget ended the run after {len(choices)} actions")
+            break
         enabled = world.enabled()
         if not enabled:
             world.settle()

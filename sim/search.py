@@ -47,8 +47,14 @@ class SearchStats:
     verdicts: Counter = field(default_factory=Counter)
     reached: Counter = field(default_factory=Counter)
     complete: bool = False
+    hashed: bool = False
+    budget_reached: bool = False
 
     def add(self, result: RunResult, ok: bool) -> None:
+        if result.outcome.verdict == "budget":
+            self.budget_reached = True
+            self.actions += result.actions
+            return
         self.schedules += 1
         self.actions += result.actions
         self.max_depth = max(self.max_depth, result.actions)
@@ -107,8 +113,12 @@ def sample_search(scenario_for: Callable[[int], Scenario], variant, acceptable: 
     stats = SearchStats()
     start = time.perf_counter()
     failure = None
+    deadline = start + time_budget
     for i in range(schedules):
-        result = run_schedule(scenario_for(i), variant, _chooser(strategy, seed, i))
+        result = run_schedule(scenario_for(i), variant, _chooser(strategy, seed, i), deadline=deadline)
+        if result.outcome.verdict == "budget":
+            stats.add(result, True)
+            break
         ok = acceptable(result)
         stats.add(result, ok)
         if progress:
@@ -117,7 +127,8 @@ def sample_search(scenario_for: Callable[[int], Scenario], variant, acceptable: 
             failure = result
             if stop_on_failure:
                 break
-        if time.perf_counter() - start > time_budget:
+        if time.perf_counter() > deadline:
+            stats.budget_reached = i + 1 < schedules
             break
     stats.seconds = time.perf_counter() - start
     return SearchResult(stats, failure)
@@ -174,13 +185,15 @@ def exhaustive_search(scenario: Scenario, variant, acceptable: Acceptable,
             continue
         stats.actions += world.actions
     stats.unique_states = len(visited)
-    stats.complete = not stack
+    stats.hashed = True
+    stats.complete = not stack or (failure is not None and stop_on_failure)
+    stats.budget_reached = bool(stack) and failure is None
     stats.seconds = time.perf_counter() - start
     return SearchResult(stats, failure)
 
 
 def hypothesis_search(scenario: Scenario, variant, acceptable: Acceptable, max_examples: int = 200,
-                      seed: int = 0, shrink: bool = True) -> SearchResult:
+                      seed: int = 0, shrink: bool = True, time_budget: float = 60.0) -> SearchResult:
     """Schedules drawn by Hypothesis; on failure its shrinker minimises the choice sequence.
 
     Each scheduling choice is one ``data.draw`` of an index into the enabled actors, so
@@ -201,6 +214,9 @@ def hypothesis_search(scenario: Scenario, variant, acceptable: Acceptable, max_e
               suppress_health_check=list(HealthCheck), report_multiple_bugs=False)
     @given(st.data())
     def prop(data):
+        if time.perf_counter() - start > time_budget:
+            stats.budget_reached = True
+            return
         chooser = Drawn(lambda n: data.draw(st.integers(0, n - 1)))
         result = run_schedule(scenario, variant, chooser)
         ok = acceptable(result)
@@ -237,7 +253,11 @@ def _run_chunk(bounds: tuple[int, int]):
     first = None
     for i in range(lo, hi):
         result = run_schedule(job["scenario_for"](i), job["variant"],
-                              _chooser(job["strategy"], job["seed"], i))
+                              _chooser(job["strategy"], job["seed"], i), deadline=job["deadline"])
+        if result.outcome.verdict == "budget":
+            result.world = None
+            stats.add(result, True)
+            break
         ok = job["acceptable"](result)
         result.world = None
         stats.add(result, ok)
@@ -252,9 +272,9 @@ def _parallel_sample_search(scenario_for, variant, acceptable, strategy, schedul
                             seed, stop_on_failure, progress, jobs) -> SearchResult:
     import multiprocessing
 
-    _JOB.update(scenario_for=scenario_for, variant=variant, acceptable=acceptable,
-                strategy=strategy, seed=seed, stop=stop_on_failure)
     start = time.perf_counter()
+    _JOB.update(scenario_for=scenario_for, variant=variant, acceptable=acceptable,
+                strategy=strategy, seed=seed, stop=stop_on_failure, deadline=start + time_budget)
     total = SearchStats()
     failures: list[int] = []
     chunks = [(lo, min(lo + CHUNK, schedules)) for lo in range(0, schedules, CHUNK)]
@@ -266,6 +286,7 @@ def _parallel_sample_search(scenario_for, variant, acceptable, strategy, schedul
             total.failing += stats.failing
             total.verdicts.update(stats.verdicts)
             total.reached.update(stats.reached)
+            total.budget_reached |= stats.budget_reached
             if progress:
                 progress(stats.schedules)
             if first is not None:
@@ -273,6 +294,7 @@ def _parallel_sample_search(scenario_for, variant, acceptable, strategy, schedul
                 if stop_on_failure:
                     break
             if time.perf_counter() - start > time_budget:
+                total.budget_reached = total.schedules < schedules
                 break
         pool.terminate()
     _JOB.clear()

@@ -22,7 +22,11 @@ from protocol.errors import ConfigError
 from protocol.keys import GraphKey
 from protocol.memory import MemoryPlan, pages_needed
 from protocol.worker import SYNC, Worker
-from sim.scenario import Fault, MemoryModel, Scenario
+from sim.scenario import TOPOLOGIES, Fault, MemoryModel, Scenario
+
+VERDICTS = ("clean", "abort", "deadlock", "hang", "hang-at-exit", "divergence", "oom",
+            "startup-refused", "livelock") + tuple(f"invariant:I{n}" for n in range(1, 14))
+"""Verdicts a variant may expect."""
 
 
 
@@ -54,6 +58,18 @@ class Variant:
     sim_ops: Mapping[str, Callable] = field(default_factory=dict)
     sim_kernels: Mapping[str, Callable] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ConfigError(f"variant name {self.name!r} must be a non-empty string")
+        for topology in TOPOLOGIES:
+            verdict = self.expected.get(topology) if isinstance(self.expected, Mapping) else None
+            if verdict not in VERDICTS:
+                raise ConfigError(f"variant {self.name!r}: expected verdict for topology {topology!r} "
+                                  f"is {verdict!r}; use one of {', '.join(VERDICTS)}")
+        extra = set(self.expected) - set(TOPOLOGIES)
+        if extra:
+            raise ConfigError(f"variant {self.name!r}: unknown topology {sorted(extra)[0]!r} in expected")
+
     def scenario(self, base: Scenario) -> Scenario:
         """The scenario this variant runs under, from the base one."""
         return self.adjust(base) if self.adjust else base
@@ -79,17 +95,20 @@ def get_variant(name: str) -> Variant:
 
 
 def load_variant_file(path: str | Path) -> list[Variant]:
-    """Import a user's Python file and return the variants it defines.
+    """Import a user's Python file and register the variants it defines.
 
-    The file defines module-level `Variant` objects (or a ``VARIANTS`` list); they are
-    registered under their names.
+    The file defines module-level `Variant` objects, or a ``VARIANTS`` list of them. Variants it
+    only imports (a shipped one it derives from, say) are not re-registered.
 
     Raises:
-        ConfigError: the file is missing, fails to import, or defines no variant.
+        ConfigError: the file is missing or not a file, fails to import (SystemExit included),
+            defines no variant, lists something that is not a Variant, or reuses a name.
     """
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(f"variant file {str(path)!r} does not exist")
+    if not path.is_file():
+        raise ConfigError(f"variant file {str(path)!r} is not a file")
     key = str(path.resolve())
     if key in _LOADED_FILES:
         return _LOADED_FILES[key]
@@ -97,12 +116,26 @@ def load_variant_file(path: str | Path) -> list[Variant]:
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
-    except Exception as exc:  # a user's file can raise anything; report it as a config error
-        raise ConfigError(f"variant file {str(path)!r} failed to import: {type(exc).__name__}: {exc}") from exc
-    found = list(getattr(module, "VARIANTS", [])) or [
-        v for v in vars(module).values() if isinstance(v, Variant)]
+    except (Exception, SystemExit) as exc:  # a user's file can raise anything; report it
+        raise ConfigError(f"variant file {str(path)!r} failed to import: {type(exc).__name__}: {exc}") from None
+    listed = getattr(module, "VARIANTS", None)
+    if listed is not None:
+        if not isinstance(listed, (list, tuple)) or not all(isinstance(v, Variant) for v in listed):
+            raise ConfigError(f"variant file {str(path)!r}: VARIANTS must be a list of Variant "
+                              f"objects, got {listed!r:.80}")
+        found = list(listed)
+    else:
+        found = [v for v in vars(module).values()
+                 if isinstance(v, Variant) and REGISTRY.get(v.name) is not v]
     if not found:
         raise ConfigError(f"variant file {str(path)!r} defines no Variant")
+    names = [v.name for v in found]
+    for name in names:
+        if names.count(name) > 1:
+            raise ConfigError(f"variant file {str(path)!r} defines variant {name!r} twice")
+        if name in REGISTRY:
+            raise ConfigError(f"variant file {str(path)!r}: variant name {name!r} is already "
+                              "registered (pick another name)")
     for variant in found:
         register(variant)
     _LOADED_FILES[key] = found

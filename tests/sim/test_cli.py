@@ -10,11 +10,16 @@ from lockstep.cli import main
 
 
 @pytest.mark.parametrize("argv,needle", [
-    (["check", "--ranks", "0"], "--ranks: 0 must be at least 1"),
+    (["check", "--ranks", "0"], "--ranks: 0 must be at least 2"),
+    (["check", "--ranks", "1"], "--ranks: 1 must be at least 2"),
+    (["check", "--buckets", "1,,2"], "empty item"),
+    (["check", "--fault-schedules", "-1"], "-1 must be at least 0"),
+    (["check", "--seed", "1.5"], "--seed: '1.5' is not an integer"),
+    (["check", "--trace-out", ""], "--trace-out: the directory name is empty"),
     (["check", "--buckets", "8,4"], "ascending"),
     (["check", "--buckets", "a,b"], "'a,b' is not a comma-separated"),
     (["check", "--schedules", "x"], "--schedules: 'x' is not an integer"),
-    (["check", "--time-budget", "-1"], "--time-budget: -1 must be positive"),
+    (["check", "--time-budget", "-1"], "--time-budget: -1 must be a positive number"),
     (["check", "--strategy", "magic"], "invalid choice: 'magic'"),
     (["check", "--topology", "ring"], "invalid choice: 'ring'"),
 ])
@@ -24,6 +29,7 @@ def test_bad_arguments_exit_2_with_one_line(argv, needle, capsys):
     assert info.value.code == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and len(err.splitlines()) == 1
+    assert "--ranks: --ranks" not in err
 
 
 @pytest.mark.parametrize("argv,needle", [
@@ -31,6 +37,10 @@ def test_bad_arguments_exit_2_with_one_line(argv, needle, capsys):
     (["check", "--variant-file", "/nonexistent.py"], "does not exist"),
     (["check", "--max-batch", "300"], "max_batch=300 exceeds the largest bucket 256"),
     (["check", "--replay", "/nonexistent.json"], "does not exist"),
+    (["check", "--replay", ""], "needs a trace file path"),
+    (["check", "--replay", "/tmp", "--variant", "correct"], "drop --variant"),
+    (["check", "--variant-file", "/tmp"], "is not a file"),
+    (["check", "--buckets", "100000"], "more than its 141 GiB"),
 ])
 def test_bad_values_exit_2(argv, needle, capsys):
     assert main(argv) == 2
@@ -49,7 +59,7 @@ def test_replay_of_non_trace_json_exits_2(tmp_path, capsys):
 def test_fused_sweep_check_reports_deadlock_and_writes_replayable_trace(tmp_path, capsys):
     out = tmp_path / "traces"
     code = main(["check", "--variant", "fused-sweep", "--schedules", "30", "--no-progress",
-                 "--trace-out", str(out)])
+                 "--jobs", "1", "--trace-out", str(out)])
     text = capsys.readouterr().out
     assert code == 0
     assert "fused-sweep" in text and "deadlock" in text and "driver lock" in text
@@ -70,7 +80,7 @@ def test_json_output_and_exit_1_on_mismatch(tmp_path, capsys):
         "    worker_cls=__import__('sim.variants', fromlist=['x']).FusedSweepWorker)\n")
     code = main(["check", "--variant-file", str(variant), "--variant", "claims-clean-but-is-fused",
                  "--topology", "shared", "--schedules", "20", "--fault-schedules", "0", "--json",
-                 "--no-progress"])
+                 "--no-progress", "--jobs", "1"])
     data = json.loads(capsys.readouterr().out)
     assert code == 1 and data["ok"] is False
     assert data["rows"][0]["got"] == "deadlock"
@@ -83,3 +93,90 @@ def test_default_check_exits_0_from_the_console_script():
                           capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert "OK: 32/32 verdicts as expected" in proc.stdout
+
+
+def test_trace_out_that_is_a_file_is_rejected_before_search(tmp_path, capsys):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    with pytest.raises(SystemExit) as info:
+        main(["check", "--trace-out", str(f)])
+    assert info.value.code == 2
+    assert "exists and is not a directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content,needle", [
+    ("VARIANTS = 5\n", "VARIANTS must be a list of Variant"),
+    ("VARIANTS = ['fused-sweep']\n", "VARIANTS must be a list of Variant"),
+    ("import sys\nsys.exit(3)\n", "failed to import: SystemExit: 3"),
+    ("x = 1\n", "defines no Variant"),
+    ("def broken(:\n", "failed to import: SyntaxError"),
+    ("from sim.variants import Variant\nV = Variant(name='v', summary='s', source='x', "
+     "expected={'shared': 'bogus', 'per-rank': 'clean'})\n", "expected verdict for topology 'shared' is 'bogus'"),
+    ("from sim.variants import Variant\nV = [Variant(name='dup', summary='s', source='x', "
+     "expected={'shared': 'clean', 'per-rank': 'clean'})] * 2\nVARIANTS = V\n", "defines variant 'dup' twice"),
+    ("from sim.variants import Variant\nV = Variant(name='correct', summary='s', source='x', "
+     "expected={'shared': 'clean', 'per-rank': 'clean'})\n", "'correct' is already registered"),
+])
+def test_bad_variant_files_exit_2(tmp_path, capsys, content, needle):
+    path = tmp_path / "vf.py"
+    path.write_text(content)
+    assert main(["check", "--variant-file", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1
+
+
+def test_variant_file_may_derive_from_a_shipped_variant(tmp_path, capsys):
+    path = tmp_path / "derived.py"
+    path.write_text("import dataclasses\nfrom sim.variants import CORRECT\n"
+                    "MINE = dataclasses.replace(CORRECT, name='my-correct-derived')\n")
+    assert main(["check", "--variant-file", str(path), "--schedules", "5", "--fault-schedules", "0",
+                 "--no-progress", "--jobs", "1"]) == 0
+    assert "my-correct-derived" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("edit,needle", [
+    (lambda d: d.update(choices=None), "'choices' must be a list"),
+    (lambda d: d["scenario"].update(hazards_off=["h99"]), "unknown hazard 'h99'"),
+    (lambda d: d["scenario"].update(faults=[{"x": 1}]), "bad scenario in trace"),
+    (lambda d: d["scenario"].update(faults=["boom"]), "bad scenario in trace"),
+    (lambda d: d.update(format=2), "trace format 2 is not 1"),
+])
+def test_bad_trace_contents_exit_2(tmp_path, capsys, edit, needle):
+    out = tmp_path / "t"
+    assert main(["check", "--variant", "fused-sweep", "--topology", "shared", "--schedules", "20",
+                 "--no-progress", "--jobs", "1", "--trace-out", str(out)]) == 0
+    capsys.readouterr()
+    trace = out / "fused-sweep.shared.json"
+    data = json.loads(trace.read_text())
+    edit(data)
+    trace.write_text(json.dumps(data))
+    assert main(["check", "--replay", str(trace)]) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_edited_trace_is_nondeterminism_not_silence(tmp_path, capsys):
+    out = tmp_path / "t"
+    main(["check", "--variant", "fused-sweep", "--topology", "shared", "--schedules", "20",
+          "--no-progress", "--jobs", "1", "--trace-out", str(out)])
+    capsys.readouterr()
+    trace = out / "fused-sweep.shared.json"
+    data = json.loads(trace.read_text())
+    data["trace"][3]["detail"] = "edited"
+    trace.write_text(json.dumps(data))
+    assert main(["check", "--replay", str(trace), "--json"]) == 1
+    assert "differs from the recording at event 3" in json.loads(capsys.readouterr().out)["nondeterminism"]
+
+
+def test_non_utf8_trace_exit_2(tmp_path, capsys):
+    path = tmp_path / "bin.json"
+    path.write_bytes(b"\xff\xfe")
+    assert main(["check", "--replay", str(path)]) == 2
+    assert "not UTF-8" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(120)
+def test_exhaustive_budget_is_reported(capsys):
+    assert main(["check", "--strategy", "exhaustive", "--variant", "correct", "--topology", "shared",
+                 "--time-budget", "1", "--fault-schedules", "0", "--no-progress", "--json"]) in (0, 1)
+    row = json.loads(capsys.readouterr().out)["rows"][0]
+    assert row["complete"] is False and row["budget_reached"] is True
