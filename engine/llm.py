@@ -125,7 +125,7 @@ class LLM:
 
     def _drive(self) -> None:
         """Run commands until the controller is idle or done; a failure aborts every rank."""
-        from protocol.controller import Abort, Broadcast, Done, Idle, Wait
+        from protocol.controller import Abort, Done, Idle, Wait
         from protocol.commands import Step
 
         while True:
