@@ -1,5 +1,5 @@
 """Test utilities shipped with the engine (as trio ships its own): random paged-attention
-inputs shared by the CPU tests, the GPU tests and benchmarks."""
+inputs and HF transformers reference helpers, shared by the CPU tests, GPU tests and benchmarks."""
 
 from __future__ import annotations
 
