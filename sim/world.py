@@ -630,7 +630,6 @@ class World:
             handler = self.variant.sim_kernels.get(label)
             if handler is not None:
                 handler(self, r, dev, kernel)
-        self._ev(f"device{r}", "kernel", label, rank=r)
 
     def _collective_ready(self):
         if not self.hz.h3_spinning_collectives:
