@@ -47,9 +47,14 @@ class MeasureGraphs(Command):
 
 @dataclass(frozen=True)
 class AllocateKV(Command):
-    """Allocate ``pages`` KV pages on every rank: one figure for all ranks (I9)."""
+    """Allocate ``pages`` KV pages on every rank: one figure for all ranks (I9).
+
+    ``batch_cap`` is the memory-fitted cap of the graph plan; every worker refits its copy of the
+    plan to it, so workers and controller keep one eligibility answer (I7).
+    """
 
     pages: int = 0
+    batch_cap: int | None = None
 
 
 @dataclass(frozen=True)
@@ -98,11 +103,16 @@ class Retire:
 
 @dataclass(frozen=True)
 class Admit:
-    """Request ``request_id`` takes slot ``slot`` and is prefilled with ``prompt`` token ids."""
+    """Request ``request_id`` takes slot ``slot`` and is prefilled with ``prompt`` token ids.
+
+    ``params`` is the request's opaque engine payload (sampling parameters, seed), carried to
+    every rank unchanged; the protocol never reads it.
+    """
 
     request_id: int
     slot: int
     prompt: tuple[int, ...]
+    params: Any = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

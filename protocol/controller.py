@@ -207,6 +207,27 @@ class Controller:
         """Tear down once the current command is collected: graphs first, then communicator."""
         self._closing = True
 
+    def take_finished(self, request_id: int) -> list[int]:
+        """The generated tokens of a finished request, forgetting the request.
+
+        Raises:
+            ConfigError: the request is unknown or not finished.
+        """
+        if request_id not in self.requests:
+            raise ConfigError(f"request {request_id} is unknown (or was already taken)")
+        if request_id not in self.finished:
+            raise ConfigError(f"request {request_id} has not finished")
+        self.finished.remove(request_id)
+        del self.requests[request_id]
+        return self.outputs.pop(request_id)
+
+    def deadline(self) -> float:
+        """The earliest time (on the injected clock) at which `next_action` will abort on its
+        own -- the startup watchdog or the serving step timeout; inf if none. A transport that
+        blocks while collecting replies should wake up by then."""
+        watchdog = self.watchdog.deadline if self.watchdog.deadline is not None else float("inf")
+        return min(watchdog, self.step_deadline)
+
     @property
     def step_deadline(self) -> float:
         """When the outstanding command times out outside startup (seconds on the clock)."""
@@ -313,7 +334,8 @@ class Controller:
             elif name == "measure":
                 command = MeasureGraphs(seq, self.measure_keys())
             elif name == "allocate":
-                command = AllocateKV(seq, self.memory.kv_pages if self.memory else 0)
+                command = AllocateKV(seq, self.memory.kv_pages if self.memory else 0,
+                                     self.memory.batch_cap if self.memory else None)
             elif name.startswith("sweep"):
                 command = self.sweep_commands(seq, self._sweep_index)
                 if command is None:
@@ -380,7 +402,7 @@ class Controller:
         while self.pending and room > 0:
             request = self.pending.pop(0)
             admit = self.slots.admit(request.request_id)
-            admits.append(Admit(request.request_id, admit.slot, request.prompt))
+            admits.append(Admit(request.request_id, admit.slot, request.prompt, request.params))
             room -= 1
         if not rows and not admits and not retires:
             return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from protocol.errors import ConfigError
 
@@ -16,12 +17,15 @@ class Request:
         prompt: prompt token ids (at least one).
         max_tokens: new tokens to generate (>= 1), the first from prefill.
         stop_token_ids: tokens that end the request (the stop token is kept in the output).
+        params: opaque engine payload (sampling parameters, seed) carried in the request's
+            `Admit`; the protocol never reads it.
     """
 
     request_id: int
     prompt: tuple[int, ...]
     max_tokens: int = 16
     stop_token_ids: frozenset[int] = field(default_factory=frozenset)
+    params: Any = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.request_id, int) or self.request_id < 0:

@@ -167,7 +167,8 @@ class Worker:
             sizes = [results[0]] + [results[3 * i + 3] for i in range(len(command.keys))]
             payload = {key: sizes[i + 1] - sizes[i] for i, key in enumerate(command.keys)}
         elif isinstance(command, AllocateKV):
-            pass
+            if command.batch_cap is not None:
+                self.plan = self.plan.fitted(command.batch_cap)
         elif isinstance(command, Finalize):
             self.serving = True
             payload = FinalizeReport(captured=frozenset(self.captured), graph_bytes=results[0])

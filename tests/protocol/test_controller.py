@@ -171,3 +171,34 @@ def test_decode_step_for_uncaptured_key_fails_loudly():
     w.ops_for(Step(0, admits=(Admit(1, 0, (1,)),)))
     with pytest.raises(EligibilityError, match="not captured at startup"):
         w.ops_for(Step(1, rows=(DecodeRow(0, 1, 5, 1),), key=GraphKey(1), bucket=1))
+
+
+def test_workers_refit_their_plan_to_the_memory_cap():
+    from protocol.commands import AllocateKV
+    w = _worker()
+    w.reply(AllocateKV(0, pages=10, batch_cap=2), [None, None])
+    assert w.plan.batch_cap == 2
+    with pytest.raises(EligibilityError, match="decode@4 refused"):
+        w.ops_for(Capture(1, GraphKey(4)))
+
+
+def test_take_finished_and_params_travel_to_workers():
+    config = ProtocolConfig(**SMALL)
+    reqs = [Request(i, (1, 2), max_tokens=2, params={"temperature": 0.5}) for i in range(2)]
+    ctrl, workers, backends, sent, action = drive(config, reqs)
+    admits = [a for c in sent if isinstance(c, Step) for a in c.admits]
+    assert admits and all(a.params == {"temperature": 0.5} for a in admits)
+    allocate = next(c for c in sent if type(c).__name__ == "AllocateKV")
+    assert allocate.batch_cap == 8 and all(w.plan.batch_cap == 8 for w in workers)
+    assert ctrl.take_finished(0) == [7, 7]
+    from protocol.errors import ConfigError
+    with pytest.raises(ConfigError, match="request 0 is unknown"):
+        ctrl.take_finished(0)
+
+
+def test_deadline_is_the_earliest_abort():
+    now = [0.0]
+    ctrl = Controller(ProtocolConfig(watchdog_timeout_s=10, **SMALL), clock=lambda: now[0])
+    assert ctrl.deadline() == float("inf")
+    ctrl.next_action()
+    assert ctrl.deadline() == 10

@@ -78,3 +78,17 @@ def test_fault_kinds_validated():
         default_scenario().with_(faults=(Fault("raise", 5, "record"),))
     with pytest.raises(ConfigError, match="topology 'ring'"):
         default_scenario(topology="ring")
+
+
+def test_action_bound_gives_livelock_verdict():
+    sc = default_scenario(**TINY).with_(max_actions=50)
+    result = run_schedule(sc, REGISTRY["correct"], RandomWalk(0))
+    assert result.outcome.verdict == "livelock"
+    assert "no end after 50 actions" in result.outcome.detail
+
+
+def test_three_ranks_correct_is_clean_and_fused_sweep_deadlocks():
+    sc = default_scenario(world_size=3, buckets=(1, 2, 4), max_batch=4)
+    assert run_schedule(sc, REGISTRY["correct"], RandomWalk(3)).outcome.verdict == "clean"
+    verdicts = {run_schedule(sc, REGISTRY["fused-sweep"], RandomWalk(s)).outcome.verdict for s in range(20)}
+    assert "deadlock" in verdicts
