@@ -86,6 +86,15 @@ class SearchResult:
 Acceptable = Callable[[RunResult], bool]
 
 
+def _tally(stats: SearchStats, result: RunResult, acceptable: Acceptable, progress) -> bool:
+    """Count one finished run; returns whether it was acceptable."""
+    ok = acceptable(result)
+    stats.add(result, ok)
+    if progress:
+        progress(1)
+    return ok
+
+
 def _chooser(strategy: str, seed: int, index: int):
     if strategy == "random":
         return RandomWalk(seed * 1_000_003 + index)
@@ -119,10 +128,7 @@ def sample_search(scenario_for: Callable[[int], Scenario], variant, acceptable: 
         if result.outcome.verdict == "budget":
             stats.add(result, True)
             break
-        ok = acceptable(result)
-        stats.add(result, ok)
-        if progress:
-            progress(1)
+        ok = _tally(stats, result, acceptable, progress)
         if not ok and failure is None:
             failure = result
             if stop_on_failure:
@@ -174,10 +180,7 @@ def exhaustive_search(scenario: Scenario, variant, acceptable: Acceptable,
             world.step(enabled[0])
         else:
             result = RunResult(world.outcome, path, world.actions, dict(world.events), world)
-            ok = acceptable(result)
-            stats.add(result, ok)
-            if progress:
-                progress(1)
+            ok = _tally(stats, result, acceptable, progress)
             if not ok and failure is None:
                 failure = result
                 if stop_on_failure:

@@ -495,8 +495,10 @@ class AsyncRowParallelWorker(Worker):
 
 
 def _sim_run_eager_async(world, r, host, args, probe):
+    """Enqueue the all-reduce on the side stream and its consumer on the main stream, unjoined."""
+    from sim.world import DONE
     if probe:
-        return 2
+        return DONE
     (step,) = args
     dev = world.devices[r]
     world.enqueue(r, ("c", world._eager_sig(len(step.rows), "async all-reduce")), side=True)
