@@ -25,8 +25,28 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
     return p
 
 
+def _check_out(text: str) -> str | None:
+    """The reason ``text`` cannot be the output directory, or None; creates it if missing."""
+    from pathlib import Path
+
+    if not text.strip():
+        return "--out is empty; name the directory to write"
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        return f"--out {text!r} exists and is not a directory"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"--out {text!r} cannot be created: {exc.strerror}"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
-    """Write the directory; returns the exit status (0 on success)."""
+    """Write the directory; returns the exit status (0 on success, 2 on a bad --out)."""
+    problem = _check_out(args.out)
+    if problem:
+        print(f"lockstep make-model: error: {problem}", file=sys.stderr)
+        return 2
     from engine.model_dir import write_model_dir
 
     def progress(done: int, total: int) -> None:

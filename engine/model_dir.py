@@ -146,6 +146,7 @@ def write_model_dir(preset: str, out: str | os.PathLike, seed: int = 0,
             weight_map[name] = fname
             total += tensors[name].numel() * tdtype.itemsize
         save_file(tensors, str(out / fname), metadata={"format": "pt"})
+        _readable(out / fname)
         del tensors
         if progress is not None:
             progress(s + 1, len(plan))
@@ -168,3 +169,10 @@ def _random_tensor(name: str, shape, seed: int, idx: int, dtype):
 def iter_presets() -> Iterator[str]:
     """Names of the presets, in declaration order."""
     return iter(PRESETS)
+
+
+def _readable(path: Path) -> None:
+    """Give a written shard the permissions of any other new file (safetensors writes 0600)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)

@@ -78,3 +78,32 @@ def test_unknown_preset_and_dtype_are_rejected(tmp_path):
         write_model_dir("qwen9", tmp_path)
     with pytest.raises(ValueError, match="unknown dtype 'int8'"):
         write_model_dir("tiny", tmp_path, dtype="int8")
+
+
+@pytest.mark.parametrize("kind,needle", [("empty", "--out is empty"), ("file", "exists and is not a directory"),
+                                         ("unwritable", "cannot be created")])
+def test_bad_out_is_rejected_before_writing(tmp_path, capsys, monkeypatch, kind, needle):
+    from lockstep.cli import main
+    monkeypatch.chdir(tmp_path)
+    if kind == "empty":
+        out = ""
+    elif kind == "file":
+        out = str(tmp_path / "afile")
+        (tmp_path / "afile").write_text("x")
+    else:
+        out = "/proc/lockstep-no/such"
+    assert main(["make-model", "--preset", "tiny", "--out", out]) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1
+    assert not list(tmp_path.glob("*.safetensors"))
+
+
+def test_shards_are_world_readable_like_other_files(tmp_path):
+    import os
+    import stat
+    from lockstep.cli import main
+    assert main(["make-model", "--preset", "tiny", "--out", str(tmp_path / "m")]) == 0
+    umask = os.umask(0)
+    os.umask(umask)
+    for shard in (tmp_path / "m").glob("*.safetensors"):
+        assert stat.S_IMODE(shard.stat().st_mode) == 0o666 & ~umask
