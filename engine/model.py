@@ -2,17 +2,19 @@
 
 Embedding (vocab parallel) -> N x [RMSNorm, attention, residual, RMSNorm, SwiGLU MLP
 (column-parallel gate_up, row-parallel down), residual] -> RMSNorm -> LM head (vocab
-parallel, all-gathered). Two all-reduces per layer (o_proj, down_proj) plus one in the
+parallel, all-gathered). Each residual add is fused into the norm after it
+(`RMSNorm.add_forward`), so a decode layer is 9 launches on CUDA: add+norm, QKV GEMM,
+q/k norm+RoPE+KV write, attention, o_proj, add+norm, gate_up GEMM, SwiGLU, down_proj. Two all-reduces per layer (o_proj, down_proj) plus one in the
 embedding when world_size > 1.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine.config import ModelConfig
+from engine.kernels import fused
 from engine.layers.attention import Qwen3Attention, StepContext
 from engine.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
 from engine.layers.linear import ColumnParallelLinear, RowParallelLinear
@@ -38,9 +40,11 @@ class Qwen3MLP(nn.Module):
         self.down_proj.load(index, prefix + "down_proj.weight")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [T, hidden] -> [T, hidden]."""
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        """x: [T, hidden] -> [T, hidden]. On CUDA the activation is one fused kernel."""
+        gate_up = self.gate_up_proj(x)
+        if x.is_cuda and fused.triton is not None:
+            return self.down_proj(fused.silu_mul(gate_up))
+        return self.down_proj(fused.silu_mul_torch(gate_up))
 
 
 class Qwen3DecoderLayer(nn.Module):
@@ -60,10 +64,17 @@ class Qwen3DecoderLayer(nn.Module):
         self.post_attention_layernorm.load(index, prefix + "post_attention_layernorm.weight")
         self.mlp.load(index, prefix + "mlp.")
 
-    def forward(self, positions, x, ctx: StepContext):
-        """x: [T, hidden] -> [T, hidden]; positions: int [T]."""
-        x = x + self.self_attn(positions, self.input_layernorm(x), ctx)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, positions, x, residual, ctx: StepContext):
+        """x: [T, hidden] this layer's input delta, residual: [T, hidden] the running sum
+        before it (None at layer 0, where x is the embedding); positions: int [T].
+
+        Returns (mlp output, residual): the layer's output is their sum, which the next
+        layer's fused add + norm forms (the residual is updated in place on CUDA).
+        """
+        h, residual = self.input_layernorm.add_forward(x, residual)
+        h = self.self_attn(positions, h, ctx)
+        h, residual = self.post_attention_layernorm.add_forward(h, residual)
+        return self.mlp(h), residual
 
 
 class Qwen3ForCausalLM(nn.Module):
@@ -106,10 +117,10 @@ class Qwen3ForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 ctx: StepContext) -> torch.Tensor:
         """input_ids: int64 [T], positions: int [T] -> final hidden states [T, hidden]."""
-        x = self.embed_tokens(input_ids)
+        x, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
-            x = layer(positions, x, ctx)
-        return self.norm(x)
+            x, residual = layer(positions, x, residual, ctx)
+        return self.norm.add_forward(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [B, hidden] -> float32 logits [B, vocab], identical on every rank."""

@@ -1,5 +1,9 @@
 """Qwen3 self-attention on one rank: fused QKV, per-head q/k RMSNorm, RoPE, KV-cache write,
 attention (SDPA for prefill, paged decode attention for decode), row-parallel output.
+
+A decode step runs q/k norm, RoPE and the KV write as one fused kernel
+(`engine.kernels.fused.qk_norm_rope_kv`; its torch twin on CPU); a prefill runs them as
+separate torch ops, since SDPA needs the step's k and v anyway.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.config import ModelConfig
+from engine.kernels import fused
 from engine.kv_cache import KVCache
 from engine.layers.linear import QKVParallelLinear, RowParallelLinear
 from engine.layers.norm import RMSNorm
@@ -67,21 +72,28 @@ class Qwen3Attention(nn.Module):
     def forward(self, positions: torch.Tensor, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         """x: [T, hidden], positions: int [T] -> [T, hidden] (all-reduced over ranks)."""
         T = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.nq * self.d, self.nkv * self.d,
+        qkv = self.qkv_proj(x)
+        if not ctx.prefill:  # fused q/k norm + RoPE + KV write, then paged attention
+            args = (qkv, self.q_norm.weight, self.k_norm.weight, self.rotary.cos,
+                    self.rotary.sin, positions, ctx.slot_ids, ctx.kv.page_table,
+                    ctx.kv.k[self.layer], ctx.kv.v[self.layer], self.nq, self.nkv,
+                    self.q_norm.eps)
+            q = (fused.qk_norm_rope_kv(*args) if x.is_cuda and fused.triton is not None
+                 else fused.qk_norm_rope_kv_torch(*args))
+            o = ctx.decode_attention(q, ctx.kv.k[self.layer], ctx.kv.v[self.layer],
+                                     ctx.kv.page_table, ctx.kv.seq_lens, ctx.slot_ids,
+                                     self.scale)
+            return self.o_proj(o.reshape(T, self.nq * self.d))
+        q, k, v = qkv.split([self.nq * self.d, self.nkv * self.d,
                                           self.nkv * self.d], dim=-1)
         q = self.q_norm(q.reshape(T, self.nq, self.d))
         k = self.k_norm(k.reshape(T, self.nkv, self.d))
         v = v.reshape(T, self.nkv, self.d)
         q, k = self.rotary(positions, q, k)
         ctx.kv.write(self.layer, ctx.slot_ids, positions, k, v)
-        if ctx.prefill:
-            o = F.scaled_dot_product_attention(
-                q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
-                v.transpose(0, 1).unsqueeze(0), is_causal=True, scale=self.scale,
-                enable_gqa=True)
-            o = o.squeeze(0).transpose(0, 1)
-        else:
-            o = ctx.decode_attention(q, ctx.kv.k[self.layer], ctx.kv.v[self.layer],
-                                     ctx.kv.page_table, ctx.kv.seq_lens, ctx.slot_ids,
-                                     self.scale)
+        o = F.scaled_dot_product_attention(
+            q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
+            v.transpose(0, 1).unsqueeze(0), is_causal=True, scale=self.scale,
+            enable_gqa=True)
+        o = o.squeeze(0).transpose(0, 1)
         return self.o_proj(o.reshape(T, self.nq * self.d))

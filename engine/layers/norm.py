@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from engine.kernels import fused
 from engine.weights import WeightIndex
 
 
@@ -35,3 +36,14 @@ class RMSNorm(nn.Module):
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(dtype)
+
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor | None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fused residual add + norm: residual <- x + residual; returns (norm(residual), residual).
+
+        x, residual: [T, size] (residual None: the residual becomes x). On CUDA one Triton
+        launch (`engine.kernels.fused.add_rms_norm`, residual updated in place); elsewhere torch.
+        """
+        if x.is_cuda and fused.triton is not None:
+            return fused.add_rms_norm(x, residual, self.weight, self.eps)
+        return fused.add_rms_norm_torch(x, residual, self.weight, self.eps)
