@@ -42,6 +42,16 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
     p.add_argument("--logprobs", action="store_true", help="print each token's logprob")
     p.add_argument("--max-model-len", type=int, default=None,
                    help="longest prompt + output (default min(config, 2048))")
+    p.add_argument("--max-batch", type=int, default=1,
+                   help="decode slots; graphs are captured for every bucket up to it "
+                        "(default 1; 256 captures all 36 buckets)")
+    p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
+                   help="capture decode CUDA graphs at startup and replay them (default: on "
+                        "with --device cuda, off on cpu)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                   help="fraction of each GPU's memory the engine may hold (default 0.9)")
+    p.add_argument("--startup-timeout", type=float, default=None,
+                   help="startup sweep watchdog in seconds; on expiry the process aborts")
     p.set_defaults(run=run)
     return p
 
@@ -56,7 +66,10 @@ def run(args: argparse.Namespace) -> int:
     from engine.sampling import SamplingParams
 
     llm_args = dict(tensor_parallel_size=args.tensor_parallel_size, device=args.device,
-                    dtype=args.dtype, max_batch=1, max_model_len=args.max_model_len)
+                    dtype=args.dtype, max_batch=args.max_batch, max_model_len=args.max_model_len,
+                    cuda_graph=args.cuda_graph,
+                    gpu_memory_utilization=args.gpu_memory_utilization,
+                    startup_timeout_s=args.startup_timeout)
     launched = torchrun_world()
     if launched is not None and launched[0] > 0:  # torchrun rank > 0: serve rank 0's commands
         return serve_rank(args.model, **llm_args)

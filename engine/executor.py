@@ -2,13 +2,17 @@
 
 The protocol's `Worker` decides which operations run for a command and in which order; this
 class only performs them on the rank's device: model load, eager prefill and decode, KV
-allocation, slot moves, sampling (rank 0), memory profile, warm-up collectives. It takes no
-protocol decision of its own (bucket, slot compaction, eligibility, step lock).
+allocation, slot moves, sampling (rank 0), memory profile, warm-up collectives, and the CUDA
+graph phases (record, instantiate, upload, launch, free; `engine.graphs`). It takes no
+protocol decision of its own (bucket, slot compaction, eligibility, step lock): a graph op
+for a key it holds no graph for is an error, never a fallback to eager.
 
 Decode steps read their inputs from static device buffers (`input_ids`, `positions`,
 `slot_ids`, sized for the largest bucket) refreshed by `prepare_replay` before the forward, and
 per-slot metadata from the KV cache's device-resident page table and lengths (I12), so the
-decode forward itself takes no host value that changes between steps.
+decode forward itself takes no host value that changes between steps. Every graph writes its
+logits into one static buffer `logits_buf` [max bucket, vocab] (float32), so the shared pool
+keeps intermediates only, and sampling runs outside the graph on rank 0.
 
 KV pages are reserved per slot: slot s owns pages [s * pages_per_seq, (s + 1) * pages_per_seq)
 at allocation, which is the sizing `protocol.memory.pages_needed` assumes. A slot move swaps
@@ -24,6 +28,7 @@ from engine.kernels.decode_attention import (
     paged_decode_attention_torch,
     paged_decode_attention_triton,
 )
+from engine.graphs import CudaGraphs, GraphError, GraphTable, StandInGraphs
 from engine.kv_cache import KVCache
 from engine.layers.attention import StepContext
 from engine.model import Qwen3ForCausalLM
@@ -34,10 +39,6 @@ from engine.weights import WeightIndex
 from protocol.backend import Backend
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-class GraphsNotSupported(RuntimeError):
-    """This executor runs eager steps only; CUDA graph operations arrive with the graph task."""
 
 
 class RankExecutor(Backend):
@@ -71,6 +72,13 @@ class RankExecutor(Backend):
         self.slot_request: dict[int, int] = {}
         self._logits: dict[int, torch.Tensor] = {}   # request id -> float32 [vocab], this step
         self.outputs: dict[int, dict] = {}            # request id -> side outputs of this step
+        self.graphs: GraphTable | None = None
+        if settings.cuda_graph:
+            self.graphs = (CudaGraphs(self.device, self._graph_forward)
+                           if self.device.type == "cuda" else StandInGraphs(self._graph_forward))
+        self.logits_buf: torch.Tensor | None = None    # float32 [max bucket, vocab], graph output
+        self._placeholder_kv = False
+        self._step = None                              # the step prepare_replay set up
 
     # -- setup --------------------------------------------------------------------------------
 
@@ -105,37 +113,62 @@ class RankExecutor(Backend):
 
     # -- Backend: startup ---------------------------------------------------------------------
 
-    def warmup_collective(self, nbytes: int) -> None:
-        """One eager all-reduce of `nbytes` bytes (rounded up to whole elements)."""
-        n = max(1, -(-nbytes // self.dtype.itemsize))
-        self.tp.all_reduce(torch.zeros(n, dtype=self.dtype, device=self.device))
+    def _scratch_kv(self, slots: int) -> KVCache:
+        """A one-page cache with `slots` slots whose rows all point at its padding page."""
+        return KVCache(self.cfg.num_layers, self.cfg.num_kv_heads // self.tp.world_size,
+                       self.cfg.head_dim, 1, self.settings.page_size, slots,
+                       self.settings.pages_per_seq, self.dtype, self.device)
 
     @torch.no_grad()
-    def profile_memory(self, rows: int) -> tuple[int, int]:
-        """Eager decode forward of `rows` padding rows on a throw-away one-page cache.
-
-        Returns (free bytes for graphs + KV, peak activation bytes). Free bytes are capped at
-        what the per-slot KV reservation can use, so the controller's fit allocates exactly
-        `pages_needed()` pages when memory allows. On CPU the peak is reported as 0.
-        """
-        kv = KVCache(self.cfg.num_layers, self.cfg.num_kv_heads // self.tp.world_size,
-                     self.cfg.head_dim, 1, self.settings.page_size, 1, 1, self.dtype,
-                     self.device)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-            base = torch.cuda.memory_allocated(self.device)
+    def _scratch_forward(self, rows: int) -> torch.Tensor:
+        """Eager decode of `rows` padding rows on a throw-away cache -> logits [rows, vocab].
+        Runs every collective of a decode step at that row count (TP > 1)."""
+        kv = self._scratch_kv(1)
         ids = torch.zeros(rows, dtype=torch.long, device=self.device)
         slots = torch.full((rows,), kv.padding_slot, dtype=torch.int32, device=self.device)
         ctx = StepContext(False, slots, kv, self.decode_attention)
-        self.model.compute_logits(self.model(ids, torch.zeros_like(ids), ctx))
+        return self.model.compute_logits(self.model(ids, torch.zeros_like(ids), ctx))
+
+    def warmup_collective(self, nbytes: int) -> None:
+        """One eager all-reduce of `nbytes` bytes (rounded up to whole elements) (I5).
+
+        With CUDA graphs, when `nbytes` is the activation all-reduce of a decode bucket
+        (bucket x hidden x dtype bytes), also one eager decode step of that many padding rows
+        on the capture stream: it runs every collective the bucket's graph will capture (the
+        layers' all-reduces and the LM head's all-gather) at its real size, and loads every
+        kernel the capture will use outside the capture.
+        """
+        n = max(1, -(-nbytes // self.dtype.itemsize))
+        self.tp.all_reduce(torch.zeros(n, dtype=self.dtype, device=self.device))
+        rows, rest = divmod(nbytes, self.cfg.hidden_size * self.dtype.itemsize)
+        if isinstance(self.graphs, CudaGraphs) and not rest and rows in self.settings.buckets:
+            self.graphs.on_stream(lambda: self._scratch_forward(rows))
+
+    @torch.no_grad()
+    def profile_memory(self, rows: int) -> tuple[int, int]:
+        """Eager decode forward of `rows` padding rows on a throw-away one-page cache (I9:
+        the profile runs eager, no graph).
+
+        Returns (free bytes for graphs + KV, peak activation bytes). On CUDA, free is what
+        the driver reports free after emptying the allocator's cache, less the share of the
+        GPU that gpu_memory_utilization leaves to others. On CPU nothing is measured: free is
+        the per-slot KV reservation plus a nominal 1 GiB for graphs, the peak 0.
+        """
         want = (self.pages_needed() + 1) * self.kv_page_bytes()
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            peak = torch.cuda.max_memory_allocated(self.device) - base
-            free, _ = torch.cuda.mem_get_info(self.device)
-            return min(free, want + peak), peak
-        return want, 0
+        if self.device.type != "cuda":
+            self._scratch_forward(rows)
+            return want + (1 << 30), 0
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        base = torch.cuda.memory_allocated(self.device)
+        self._scratch_forward(rows)
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device) - base
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info(self.device)
+        keep_free = int((1 - self.settings.gpu_memory_utilization) * total)
+        return max(0, free - keep_free), peak
 
     def allocate_kv(self, pages: int) -> None:
         """Allocate the paged KV cache: `pages` pages plus the reserved padding page. Only the
@@ -145,6 +178,9 @@ class RankExecutor(Backend):
             ValueError: fewer pages than one full-length sequence per slot.
         """
         need = self.pages_needed()
+        if self.graphs is not None and self.graphs.keys:
+            raise GraphError(f"allocate_kv({pages}) with graphs {self.graphs.keys} alive: they "
+                             "captured the old cache's addresses (free_graphs first)")
         if pages < need:
             raise ValueError(f"allocate_kv({pages}): the per-slot reservation needs {need} "
                              f"pages ({self.settings.max_batch} slots x "
@@ -156,47 +192,87 @@ class RankExecutor(Backend):
         pps = s.pages_per_seq
         rows = torch.arange(s.max_batch * pps, dtype=torch.int32).view(s.max_batch, pps)
         self.kv.page_table[: s.max_batch].copy_(rows)
+        self._pad_rows(max(s.buckets))
 
-    # -- Backend: graphs (next task) ----------------------------------------------------------
+    # -- Backend: graphs ----------------------------------------------------------------------
 
+    def _graphs(self, op: str, key=None) -> GraphTable:
+        if self.graphs is None:
+            raise GraphError(f"{op}({key if key is not None else ''}): this engine runs with "
+                             "cuda_graph=False; the protocol's plan must never ask for a graph")
+        return self.graphs
+
+    def _graph_forward(self, bucket: int) -> None:
+        """The captured body: decode over the static buffers, logits into `logits_buf`."""
+        self.logits_buf[:bucket].copy_(self.decode_forward(bucket))
+
+    @torch.no_grad()
     def record(self, key) -> None:
-        """Capture one decode step of key.bucket rows (graph task; refused here).
+        """Stream-capture one decode step of key.bucket rows into the shared pool.
 
+        Before the KV cache exists (MeasureGraphs), the graph is captured against a one-page
+        placeholder cache: its pool bytes do not depend on the KV size, and it is freed before
+        `allocate_kv`. The static buffers hold padding rows while capturing.
         Raises:
-            GraphsNotSupported: always; the eager plan never asks for it.
+            GraphError: cuda_graph is off, or the key is already held.
         """
-        raise GraphsNotSupported(f"record({key}): this executor runs eager steps only")
+        graphs = self._graphs("record", key)
+        if self.kv is None:
+            self.kv = self._scratch_kv(self.settings.max_batch)
+            self._placeholder_kv = True
+        if self.logits_buf is None:
+            self.logits_buf = torch.empty(max(self.settings.buckets), self.cfg.vocab_size,
+                                          dtype=torch.float32, device=self.device)
+        self._pad_rows(key.bucket)
+        graphs.record(key)
 
     def instantiate(self, key) -> None:
-        """Instantiate a recorded graph (graph task; refused here).
-
-        Raises:
-            GraphsNotSupported: always; the eager plan never asks for it.
-        """
-        raise GraphsNotSupported(f"instantiate({key}): this executor runs eager steps only")
+        """Instantiate the recorded graph of `key`. Raises GraphError out of order."""
+        self._graphs("instantiate", key).instantiate(key)
 
     def upload(self, key) -> None:
-        """Upload an instantiated graph (graph task; refused here).
-
-        Raises:
-            GraphsNotSupported: always; the eager plan never asks for it.
-        """
-        raise GraphsNotSupported(f"upload({key}): this executor runs eager steps only")
+        """Upload the executable graph of `key` (cudaGraphUpload). Raises GraphError out of
+        order or when the driver call fails."""
+        self._graphs("upload", key).upload(key)
 
     def launch(self, key) -> None:
-        """Replay a captured graph (graph task; refused here).
+        """Replay `key`'s graph on the current stream. In serving, `prepare_replay(step)` ran
+        just before and the step's rows take their logits from `logits_buf` (rank 0); in the
+        startup sweep (no step) the static buffers are set to padding rows first.
 
         Raises:
-            GraphsNotSupported: always; the eager plan never asks for it.
+            GraphError: cuda_graph is off, or no graph was captured for `key` (uncaptured or
+                ineligible key).
         """
-        raise GraphsNotSupported(f"launch({key}): this executor runs eager steps only")
+        graphs = self._graphs("launch", key)
+        step, self._step = self._step, None
+        if step is None:
+            self._pad_rows(key.bucket)
+        elif step.bucket != key.bucket:
+            raise GraphError(f"launch({key}) for step {step.seq} of bucket {step.bucket}: the "
+                             "command's key and bucket disagree")
+        graphs.launch(key)
+        if step is not None and self.tp.rank == 0:
+            for i, row in enumerate(step.rows):
+                self._logits[row.request_id] = self.logits_buf[i]
 
     def graph_memory(self) -> int:
-        """Bytes held by graphs: none in the eager executor."""
-        return 0
+        """Bytes held by this rank's graphs now: the shared pool's segments, every executable
+        graph's driver memory, and the static logits buffer [max bucket, vocab] float32 the
+        graphs write. 0 without graphs."""
+        if self.graphs is None or not self.graphs.keys:
+            return 0
+        extra = self.logits_buf.numel() * 4 if self.device.type == "cuda" else 0
+        return self.graphs.memory() + extra
 
     def free_graphs(self) -> None:
-        """No graphs to free in the eager executor."""
+        """Free every graph, the pool and the logits buffer; drop the MeasureGraphs
+        placeholder cache. Safe to call with no graphs (and with cuda_graph off)."""
+        if self.graphs is not None:
+            self.graphs.free()
+        self.logits_buf = None
+        if self._placeholder_kv:
+            self.kv, self._placeholder_kv = None, False
 
     def destroy_communicator(self) -> None:
         """Destroy the TP communicator (after free_graphs, I10): the model's group, or the
@@ -259,16 +335,28 @@ class RankExecutor(Backend):
                 params, seed, _ = self.requests[admit.request_id]
                 self.requests[admit.request_id] = (params, seed, n)
 
+    def _pad_rows(self, bucket: int) -> None:
+        """Static buffers [:bucket] = padding rows (padding slot, position 0, token 0)."""
+        pad = self.kv.padding_slot if self.kv is not None else 0
+        self.input_ids[:bucket].zero_()
+        self.positions[:bucket].zero_()
+        self.slot_ids[:bucket].fill_(pad)
+
     def prepare_replay(self, step) -> None:
         """Write the step's tokens, positions and slots into the static buffers (I12); rows
-        past len(step.rows) up to step.bucket are padding (padding slot, position 0, token 0)."""
+        past len(step.rows) up to step.bucket are padding (padding slot, position 0, token 0).
+        The next `launch` reads its rows from this step."""
         n, bucket = len(step.rows), step.bucket
         tokens = [r.token for r in step.rows] + [0] * (bucket - n)
         positions = [r.position for r in step.rows] + [0] * (bucket - n)
         slots = [r.slot for r in step.rows] + [self.kv.padding_slot] * (bucket - n)
-        self.input_ids[:bucket].copy_(torch.tensor(tokens, dtype=torch.long))
-        self.positions[:bucket].copy_(torch.tensor(positions, dtype=torch.long))
-        self.slot_ids[:bucket].copy_(torch.tensor(slots, dtype=torch.int32))
+        rows = torch.tensor([tokens, positions, slots], dtype=torch.long)
+        if self.device.type == "cuda":
+            rows = rows.pin_memory().to(self.device, non_blocking=True)
+        self.input_ids[:bucket].copy_(rows[0])
+        self.positions[:bucket].copy_(rows[1])
+        self.slot_ids[:bucket].copy_(rows[2])
+        self._step = step
 
     @torch.no_grad()
     def decode_forward(self, bucket: int) -> torch.Tensor:
@@ -282,6 +370,7 @@ class RankExecutor(Backend):
     def run_eager(self, step) -> None:
         """Eager decode of the step's rows padded to its bucket; keeps each row's logits."""
         self.prepare_replay(step)
+        self._step = None
         logits = self.decode_forward(step.bucket)
         if self.tp.rank != 0:
             return

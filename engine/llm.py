@@ -19,6 +19,7 @@ from engine.config import check_parallel, load_model_config
 from engine.errors import ParallelConfigError, RankError, RequestError
 from engine.sampling import SamplingParams
 from engine.settings import EngineSettings
+from engine.startup import StartupReport, StartupWatchdog
 from engine.weights import WeightIndex
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -61,7 +62,17 @@ class LLM:
         max_model_len: longest prompt + generated tokens; default min(config, 2048).
         page_size: tokens per KV page.
         step_timeout_s: seconds to wait for every rank's reply to one command.
-        progress: print loading progress to stderr.
+        progress: print loading progress, the capture progress bar and time, and the memory
+            report (weights, graph pool, KV pages, headroom) to stderr.
+        cuda_graph: capture one decode graph per eligible bucket at startup (two-phase
+            barrier per bucket) and replay them for decode-only steps. Default: on with
+            device "cuda", off on CPU; True on CPU is refused.
+        gpu_memory_utilization: fraction (0, 1] of each GPU's memory the engine may hold;
+            weights, activations, the graph set and the KV cache must fit in it.
+        startup_timeout_s: the startup sweep's watchdog (I6): past it the process aborts
+            (SIGABRT, after killing the rank processes). Default: step_timeout_s.
+        record_trace: keep every command, backend op and reply as `protocol.trace.TraceEvent`s
+            in `self.trace` (checked by `sim.invariants.check_trace`).
     Raises:
         ModelDirError, ParallelConfigError (ValueError): bad directory or parallel settings,
             before any rank starts or device memory is allocated.
@@ -76,14 +87,20 @@ class LLM:
                  device: str = "cpu", dtype: str | None = None, max_batch: int = 8,
                  max_model_len: int | None = None, page_size: int = 16,
                  step_timeout_s: float = 300.0, progress: bool = False,
-                 _fault: tuple[int, int, str] | None = None):
+                 cuda_graph: bool | None = None, gpu_memory_utilization: float = 0.9,
+                 startup_timeout_s: float | None = None, record_trace: bool = False,
+                 _fault: tuple[int, int, str] | None = None, _graph_standin: bool = False):
         self._closed = True
         self._say = (lambda msg: print(f"lockstep: {msg}", flush=True,
                                        file=__import__("sys").stderr)) if progress else (
             lambda msg: None)
         self.cfg, self.settings, pconfig = prepare(
             model_dir, tensor_parallel_size, device, dtype, max_batch, max_model_len,
-            page_size, step_timeout_s, _fault, progress)
+            page_size, step_timeout_s, _fault, progress, cuda_graph, gpu_memory_utilization,
+            startup_timeout_s, record_trace, _graph_standin)
+        self.trace: list = []
+        self._record_trace = record_trace
+        self._startup = StartupReport()
         self._say(f"config {self.cfg.config_path} ok; weights indexed")
         from protocol.controller import Controller
 
@@ -110,8 +127,33 @@ class LLM:
         self._next_id = 0
         self._extras: dict[int, tuple[SamplingParams, int]] = {}
         self._side: dict[int, dict[str, list]] = {}
-        self._drive()  # the startup sweep
-        self._say(f"model loaded and KV cache allocated in {time.monotonic() - t0:.1f} s")
+        self._say(f"model loaded in {time.monotonic() - t0:.1f} s")
+        watchdog = StartupWatchdog(pconfig.watchdog_timeout_s, self._watchdog_expired)
+        watchdog.arm()
+        try:
+            self._drive()  # the startup sweep, under the watchdog (I6)
+        finally:
+            watchdog.disarm()
+        for line in self._startup.summary(self.controller, self.settings, self.cfg).splitlines():
+            self._say(line)
+        self._say(f"ready in {time.monotonic() - t0:.1f} s")
+
+    def _watchdog_expired(self) -> None:
+        """The startup watchdog's expiry: name the command in flight, kill the rank
+        processes, abort this process (never exit: driver teardown can hang, H8)."""
+        import os
+        import sys
+
+        cur = self.controller.current
+        what = f"command {cur.seq} ({type(cur).__name__})" if cur is not None else "no command"
+        print(f"lockstep: startup watchdog expired after {self.protocol_config.watchdog_timeout_s:g}"
+              f" s during {what}; ranks not collected: "
+              f"{', '.join(map(str, self.controller.uncollected())) or 'none'}; aborting (I6)",
+              file=sys.stderr, flush=True)
+        try:
+            self.ranks.kill()
+        finally:
+            os.abort()
 
     @staticmethod
     def _load_tokenizer(d: Path):
@@ -131,8 +173,14 @@ class LLM:
         while True:
             action = self.controller.next_action()
             if isinstance(action, (Idle, Done)):
+                if isinstance(action, Done) and self._record_trace:
+                    self._event("controller", "done", "Done")
                 return
             if isinstance(action, Abort):
+                if self._record_trace:
+                    self._event("controller", "abort", action.how, detail=str(action.error),
+                                ok=False)
+                self._startup.close()
                 self._abort()
                 err = action.error
                 rank = min(getattr(err, "failed", ()) or getattr(err, "uncollected", ()) or (0,))
@@ -140,21 +188,33 @@ class LLM:
             if isinstance(action, Wait):  # cannot happen: collect() returns every reply
                 raise RuntimeError(f"controller waits for ranks {action.ranks} after collect")
             command = action.command
+            self._startup.sent(command, self.controller, self.settings.progress)
+            if self._record_trace:
+                self._event("controller", "send", type(command).__name__, command.seq)
             extras = None
             if isinstance(command, Step) and command.admits:
                 extras = {a.request_id: self._extras.pop(a.request_id) for a in command.admits}
             try:
                 self.ranks.send(command, extras)
                 results = self.ranks.collect()
-                for reply, outputs in results:
+                for reply, outputs, events in results:
+                    self.trace.extend(events)
+                    self._startup.replied(command, reply)
                     self.controller.on_reply(reply)
                     for rid, out in outputs.items():
                         side = self._side.setdefault(rid, {})
                         for k, v in out.items():
                             side.setdefault(k, []).append(v)
             except BaseException:
+                self._startup.close()
                 self._abort()
                 raise
+
+    def _event(self, actor: str, kind: str, what: str, seq=None, detail: str = "",
+               ok: bool = True) -> None:
+        from protocol.trace import TraceEvent
+
+        self.trace.append(TraceEvent(actor, kind, what, seq, None, detail, ok, time.monotonic()))
 
     def _abort(self) -> None:
         self._closed = True
@@ -278,14 +338,27 @@ class LLM:
 def prepare(model_dir, tensor_parallel_size: int = 1, device: str = "cpu",
             dtype: str | None = None, max_batch: int = 8, max_model_len: int | None = None,
             page_size: int = 16, step_timeout_s: float = 300.0, fault=None,
-            progress: bool = False):
+            progress: bool = False, cuda_graph: bool | None = None,
+            gpu_memory_utilization: float = 0.9, startup_timeout_s: float | None = None,
+            record_trace: bool = False, graph_standin: bool = False):
     """Check everything that can be checked before a rank starts; build the shared settings.
 
     Arguments as for `LLM`. Returns (ModelConfig, EngineSettings, protocol ProtocolConfig),
     the same on every rank for the same arguments.
     Raises:
-        ModelDirError, ParallelConfigError: see `LLM`.
+        ModelDirError, ParallelConfigError: see `LLM`; also cuda_graph=True on CPU, or on a
+            torch without separate instantiate/upload (engine.graphs.check_graph_support).
     """
+    if cuda_graph is None:
+        cuda_graph = device == "cuda"
+    if not isinstance(cuda_graph, bool):
+        raise ParallelConfigError(f"cuda_graph = {cuda_graph!r}, expected True, False or None")
+    if startup_timeout_s is None:
+        startup_timeout_s = step_timeout_s
+    if (isinstance(startup_timeout_s, bool) or not isinstance(startup_timeout_s, (int, float))
+            or startup_timeout_s <= 0):
+        raise ParallelConfigError(f"startup_timeout_s = {startup_timeout_s!r}, expected a "
+                                  "positive number of seconds")
     cfg = load_model_config(model_dir)
     check_parallel(cfg, tensor_parallel_size)
     WeightIndex(cfg)  # every tensor present with the right shape
@@ -315,13 +388,21 @@ def prepare(model_dir, tensor_parallel_size: int = 1, device: str = "cpu",
         model_dir=str(model_dir), world_size=tensor_parallel_size, device=device,
         dtype=dtype, max_batch=max_batch, max_model_len=max_model_len, page_size=page_size,
         buckets=buckets, step_timeout_s=step_timeout_s, fault=fault,
-        progress=progress)
+        progress=progress, cuda_graph=cuda_graph, gpu_memory_utilization=gpu_memory_utilization,
+        trace=record_trace, graph_standin=graph_standin)
     settings.validate()
+    if cuda_graph and device == "cuda":
+        from engine.graphs import GraphError, check_graph_support
+
+        try:
+            check_graph_support()
+        except GraphError as exc:
+            raise ParallelConfigError(str(exc)) from None
     kv_heads = cfg.num_kv_heads // tensor_parallel_size
     page_bytes = 2 * cfg.num_layers * page_size * kv_heads * cfg.head_dim * DTYPE_BYTES[dtype]
     pconfig = ProtocolConfig(
         world_size=tensor_parallel_size, buckets=buckets, max_batch=max_batch,
-        cuda_graphs=False, watchdog_timeout_s=step_timeout_s, kv_page_bytes=page_bytes,
+        cuda_graphs=cuda_graph, watchdog_timeout_s=startup_timeout_s, kv_page_bytes=page_bytes,
         min_kv_pages=max_batch * settings.pages_per_seq + 1,
         shape=ModelShape(cfg.hidden_size, cfg.num_layers, dtype_bytes=DTYPE_BYTES[dtype],
                          name=Path(model_dir).name))
@@ -342,5 +423,7 @@ def serve_rank(model_dir, tensor_parallel_size: int, **kwargs) -> int:
 
     kwargs.pop("progress", None)
     fault = kwargs.pop("_fault", None)
-    _, settings, pconfig = prepare(model_dir, tensor_parallel_size, fault=fault, **kwargs)
+    standin = kwargs.pop("_graph_standin", False)
+    _, settings, pconfig = prepare(model_dir, tensor_parallel_size, fault=fault,
+                                   graph_standin=standin, **kwargs)
     return serve_torchrun_rank(settings, pconfig)

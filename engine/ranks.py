@@ -34,23 +34,43 @@ from engine.settings import EngineSettings
 JOIN_TIMEOUT_S = 10.0
 
 
-def execute(worker, executor, command, extras: dict | None) -> tuple[Any, dict]:
-    """Run `command` on one rank. Returns (protocol Reply, side outputs of rank 0's sampler).
+def execute(worker, executor, command, extras: dict | None) -> tuple[Any, dict, list]:
+    """Run `command` on one rank.
 
-    `extras` carries engine data for this command (sampling parameters of admitted requests);
-    it never carries a protocol decision.
+    Returns (protocol Reply, side outputs of rank 0's sampler, trace events): the events are
+    one `protocol.trace.TraceEvent` per backend op run and one for the reply, when
+    `executor.settings.trace` is set, else []. `extras` carries engine data for this command
+    (sampling parameters of admitted requests); it never carries a protocol decision.
     """
+    from protocol.trace import TraceEvent, describe_args
+
+    tracing = getattr(executor.settings, "trace", False)
+    events: list = []
+    actor, rank = f"rank{worker.rank}", worker.rank
+    op = None
     try:
         if extras:
             executor.register(extras)
         ops = worker.ops_for(command)
-        results = [getattr(executor, op.name)(*op.args) for op in ops]
+        results = []
+        for op in ops:
+            results.append(getattr(executor, op.name)(*op.args))
+            if tracing:
+                events.append(TraceEvent(actor, "op", op.name, command.seq, rank,
+                                         describe_args(op.args), True, time.monotonic()))
         reply = worker.reply(command, results)
     except Exception as exc:  # any failure poisons the worker and is reported (I13)
         detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        if tracing and op is not None:
+            events.append(TraceEvent(actor, "op", op.name, command.seq, rank,
+                                     f"{describe_args(op.args)}: {detail}", False,
+                                     time.monotonic()))
         reply = worker.fail(command, RuntimeError(detail))
+    if tracing:
+        events.append(TraceEvent(actor, "reply", "Reply", command.seq, rank,
+                                 reply.error or "", reply.ok, time.monotonic()))
     outputs, executor.outputs = executor.outputs, {}
-    return reply, outputs
+    return reply, outputs, events
 
 
 def _make_worker(settings: EngineSettings, protocol_config, rank: int):
@@ -81,19 +101,24 @@ class InProcessRanks:
     def send(self, command, extras: dict | None) -> None:
         """Run `command` now; its reply is returned by the next `collect`."""
         if self.fault and self.fault[0] == 0 and self.fault[1] == command.seq:
-            # in-process, every fault kind is a failed reply: there is no process to kill
+            if self.fault[2] == "hang":  # a wedge: only the startup watchdog ends it
+                time.sleep(3600)
+            # in-process, the other fault kinds are a failed reply: no process to kill
             self._pending = (self.worker.fail(command, RuntimeError(
-                f"injected fault at command {command.seq}")), {})
+                f"injected fault at command {command.seq}")), {}, [])
             return
         self._pending = execute(self.worker, self.executor, command, extras)
 
-    def collect(self) -> list[tuple[Any, dict]]:
-        """[(reply, side outputs)] of the last command."""
+    def collect(self) -> list[tuple[Any, dict, list]]:
+        """[(reply, side outputs, trace events)] of the last command."""
         out, self._pending = [self._pending], None
         return out
 
     def close(self, abort: bool = False) -> None:
         """Nothing to stop in-process."""
+
+    def kill(self) -> None:
+        """Nothing to kill in-process (the watchdog aborts this process)."""
 
 
 def _free_port() -> int:
@@ -145,7 +170,7 @@ def rank_main(rank: int, settings: EngineSettings, protocol_config, conn) -> Non
             if fault[2] == "hang":
                 time.sleep(3600)  # a wedge: alive, silent
             conn.send((worker.fail(command, RuntimeError(
-                f"injected fault at command {command.seq}")), {}))
+                f"injected fault at command {command.seq}")), {}, []))
             continue
         conn.send(execute(worker, executor, command, extras))
         if isinstance(command, Teardown):
@@ -237,9 +262,17 @@ class SpawnedRanks:
             except (BrokenPipeError, OSError) as exc:
                 raise RankError(rank, f"command channel closed ({exc})") from exc
 
-    def collect(self) -> list[tuple[Any, dict]]:
-        """Every rank's (reply, side outputs) for the last command, in rank order."""
+    def collect(self) -> list[tuple[Any, dict, list]]:
+        """Every rank's (reply, side outputs, trace events) for the last command, in rank
+        order."""
         return [msg for _, msg in self._gather(self.settings.step_timeout_s)]
+
+    def kill(self) -> None:
+        """SIGKILL every rank process now, without joining (the startup watchdog's path:
+        it must not block on a wedged rank)."""
+        for p in self.procs:
+            if p.is_alive():
+                p.kill()
 
     def close(self, abort: bool = False) -> None:
         """Stop every rank process: join after Teardown, or kill (abort) and reap."""
@@ -312,8 +345,8 @@ class TorchrunRanks:
         dist.broadcast_object_list([(command, None)], src=0, group=self.control)
         self._mine = execute(self.worker, self.executor, command, extras)
 
-    def collect(self) -> list[tuple[Any, dict]]:
-        """Gather every rank's (reply, outputs)."""
+    def collect(self) -> list[tuple[Any, dict, list]]:
+        """Gather every rank's (reply, outputs, trace events)."""
         import torch.distributed as dist
 
         out: list = [None] * self.world_size
@@ -322,6 +355,9 @@ class TorchrunRanks:
         except Exception as exc:  # gloo timeout or a peer gone
             raise RankError(1, f"command channel failed ({exc})") from exc
         return out
+
+    def kill(self) -> None:
+        """Nothing to kill from rank 0: its abort makes torchrun stop the group."""
 
     def close(self, abort: bool = False) -> None:
         """After Teardown the peers return; on abort, exit hard so torchrun stops the group."""

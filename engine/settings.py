@@ -31,6 +31,14 @@ class EngineSettings:
         fault: test hook, None in normal use: (rank, command seq, "raise" | "exit" | "hang")
             makes that rank fail, die or go silent when it receives that command.
         progress: rank 0 prints weight-loading progress to stderr.
+        cuda_graph: capture one decode graph per eligible bucket at startup and replay them
+            for decode-only steps (CUDA only; the protocol's plan decides eligibility).
+        gpu_memory_utilization: fraction (0, 1] of the GPU's total memory this rank may hold
+            (weights, activations, graphs, KV cache); the rest is left free. Default 0.9.
+        trace: ranks return a `protocol.trace.TraceEvent` per backend op with each reply.
+        graph_standin: test hook, False in normal use: with cuda_graph on CPU, the graph ops
+            run through `engine.graphs.StandInGraphs` (eager replays), so the CPU tests drive
+            the whole graph path of the protocol.
     """
 
     model_dir: str
@@ -45,6 +53,10 @@ class EngineSettings:
     dist_init_method: str = ""
     fault: tuple[int, int, str] | None = None
     progress: bool = False
+    cuda_graph: bool = False
+    gpu_memory_utilization: float = 0.9
+    trace: bool = False
+    graph_standin: bool = False
 
     @property
     def pages_per_seq(self) -> int:
@@ -61,6 +73,13 @@ class EngineSettings:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ParallelConfigError(f"{name} = {v!r}, expected a positive integer")
+        u = self.gpu_memory_utilization
+        if isinstance(u, bool) or not isinstance(u, (int, float)) or not 0 < u <= 1:
+            raise ParallelConfigError(f"gpu_memory_utilization = {u!r}, expected a fraction "
+                                      "in (0, 1]")
+        if self.cuda_graph and self.device != "cuda" and not self.graph_standin:
+            raise ParallelConfigError("cuda_graph = True needs device = 'cuda' (the CPU path "
+                                      "runs eager only); pass cuda_graph=False")
         if self.page_size & (self.page_size - 1) or self.page_size < 16:
             raise ParallelConfigError(f"page_size = {self.page_size}, expected a power of two "
                                       ">= 16 (Triton decode attention tile)")
