@@ -5,8 +5,8 @@ states where hashed, depth, seconds, failing share), so `lockstep check` and the
 them alike. Exhaustive search is stateless re-execution from choice prefixes (as CHESS and
 shuttle do) with a visited set of world fingerprints: BFS would find the shortest path but needs
 a copy of every frontier world; DFS with re-execution keeps one world and pays O(depth) per
-backtrack. Symmetry over ranks is not applied: rank 0 samples and carries the payload, so ranks
-are not interchangeable.
+backtrack. Symmetry: ranks 1..n-1 are interchangeable unless a fault or a memory overhead names
+one of them; rank 0 never is (it samples and carries the payload).
 """
 
 from __future__ import annotations
@@ -142,12 +142,15 @@ def sample_search(scenario_for: Callable[[int], Scenario], variant, acceptable: 
 
 def exhaustive_search(scenario: Scenario, variant, acceptable: Acceptable,
                       time_budget: float = 60.0, max_states: int = 5_000_000,
-                      stop_on_failure: bool = True, progress=None) -> SearchResult:
+                      stop_on_failure: bool = True, progress=None,
+                      symmetry: bool = True) -> SearchResult:
     """Depth-first search over every interleaving, pruning states already visited.
 
     A state is the world's fingerprint (controller, workers, hosts, streams, locks, memory,
     clock); two schedules reaching one fingerprint have the same futures, so only the first is
-    expanded. ``stats.complete`` is True when the frontier emptied within the budget.
+    expanded. ``stats.complete`` is True when the frontier emptied within the budget. With
+    ``symmetry`` (and only where `World.symmetry_is_sound`), states that differ by a
+    permutation of ranks 1..n-1 count as one.
     """
     stats = SearchStats()
     start = time.perf_counter()
@@ -164,13 +167,14 @@ def exhaustive_search(scenario: Scenario, variant, acceptable: Acceptable,
                 world.settle()
             world.step(actor)
         path = list(prefix)
+        symmetric = symmetry and world.symmetry_is_sound()
         while world.outcome is None:
             enabled = world.enabled()
             if not enabled:
                 world.settle()
                 continue
             if len(enabled) > 1:
-                fp = world.fingerprint()
+                fp = world.fingerprint(symmetric)
                 if fp in visited:
                     break
                 visited.add(fp)

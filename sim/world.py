@@ -684,17 +684,36 @@ class World:
         from sim.waits import wait_cycle
         return wait_cycle(self)
 
-    def fingerprint(self) -> tuple:
-        """Hashable state of the whole world, for state hashing in exhaustive search."""
-        hosts = tuple((h.cmd.seq if h.cmd else None, tuple(c.seq for c in h.inbox), h.pc,
-                       h.holding, h.ready_at, tuple(sorted(h.op_counts.items())))
-                      for h in self.hosts)
-        devices = tuple((tuple(_kernel_fp(k) for k in d.main), tuple(_kernel_fp(k) for k in d.side),
-                         tuple(sorted(d.out.items())), d.meta[0]) for d in self.devices)
-        graphs = tuple(tuple(sorted((k, g["uploaded"]) for k, g in gs.items())) for gs in self.graphs)
-        return (self.ctrl.fingerprint(), tuple(w.fingerprint() for w in self.workers), hosts,
-                devices, tuple(self.locks), graphs, tuple(self.used), self.clock,
-                len(self.arrivals))
+    def fingerprint(self, symmetric: bool = False) -> tuple:
+        """Hashable state of the whole world, for state hashing in exhaustive search.
+
+        With ``symmetric``, ranks 1..n-1 are interchangeable: their parts are sorted, so states
+        that differ only by a permutation of those ranks hash alike. Sound only when nothing in
+        the scenario singles one of them out (see `symmetry_is_sound`); rank 0 stays apart
+        because it samples and carries the payload.
+        """
+        parts = [self._rank_part(r) for r in range(self.ws)]
+        ctrl = self.ctrl.fingerprint()
+        if symmetric:
+            ctrl = ctrl[:3] + (0 in self.ctrl.replies,) + ctrl[4:]
+            ranks = (parts[0], tuple(sorted(parts[1:], key=repr)))
+        else:
+            ranks = (tuple(parts), tuple(self.locks))
+        return (ctrl, ranks, self.clock, len(self.arrivals))
+
+    def _rank_part(self, r: int) -> tuple:
+        h, d = self.hosts[r], self.devices[r]
+        return (self.workers[r].fingerprint()[1:],
+                (h.cmd.seq if h.cmd else None, tuple(c.seq for c in h.inbox), h.pc, h.holding,
+                 h.ready_at, tuple(sorted(h.op_counts.items()))),
+                (tuple(_kernel_fp(k) for k in d.main), tuple(_kernel_fp(k) for k in d.side),
+                 tuple(sorted(d.out.items())), d.meta[0]),
+                tuple(sorted((k, g["uploaded"]) for k, g in self.graphs[r].items())),
+                self.used[r], r in self.ctrl.replies, r in self.locks)
+
+    def symmetry_is_sound(self) -> bool:
+        """True if ranks 1..n-1 are interchangeable: no fault or memory overhead names one."""
+        return not self.scenario.faults and not self.scenario.memory.rank_overhead
 
 
 LOCKING_OPS = frozenset({"record", "instantiate", "upload", "launch", "allocate_kv"})

@@ -92,3 +92,24 @@ def test_three_ranks_correct_is_clean_and_fused_sweep_deadlocks():
     assert run_schedule(sc, REGISTRY["correct"], RandomWalk(3)).outcome.verdict == "clean"
     verdicts = {run_schedule(sc, REGISTRY["fused-sweep"], RandomWalk(s)).outcome.verdict for s in range(20)}
     assert "deadlock" in verdicts
+
+
+@pytest.mark.timeout(300)
+def test_rank_symmetry_reduction_agrees_with_unreduced_search_on_tp3():
+    sc = default_scenario(world_size=3, buckets=(1,), max_batch=1)
+    plain = exhaustive_search(sc, REGISTRY["correct"], clean, time_budget=250, symmetry=False)
+    sym = exhaustive_search(sc, REGISTRY["correct"], clean, time_budget=250, symmetry=True)
+    assert plain.stats.complete and sym.stats.complete
+    assert plain.failure is None and sym.failure is None
+    assert set(plain.stats.verdicts) == set(sym.stats.verdicts) == {"clean"}
+    assert sym.stats.unique_states < plain.stats.unique_states
+    bad_plain = exhaustive_search(sc, REGISTRY["fused-sweep"], clean, time_budget=100, symmetry=False)
+    bad_sym = exhaustive_search(sc, REGISTRY["fused-sweep"], clean, time_budget=100, symmetry=True)
+    assert bad_plain.failure.outcome.verdict == bad_sym.failure.outcome.verdict == "deadlock"
+
+
+def test_symmetry_is_not_applied_when_a_fault_names_a_rank():
+    from sim.world import World
+    sc = default_scenario(world_size=3).with_(faults=(Fault("raise", 2, "record"),))
+    assert not World(sc, REGISTRY["correct"]).symmetry_is_sound()
+    assert World(default_scenario(world_size=3), REGISTRY["correct"]).symmetry_is_sound()
