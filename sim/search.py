@@ -269,7 +269,7 @@ def _run_chunk(bounds: tuple[int, int]):
         result.world = None
         stats.add(result, ok)
         if not ok:
-            first = i
+            first = i if first is None else first
             if job["stop"]:
                 break
     return stats, first

@@ -89,7 +89,7 @@ def test_json_output_and_exit_1_on_mismatch(tmp_path, capsys):
 @pytest.mark.timeout(300)
 def test_default_check_exits_0_from_the_console_script():
     proc = subprocess.run([sys.executable, "-m", "lockstep", "check", "--schedules", "40",
-                           "--fault-schedules", "40", "--no-progress"],
+                           "--fault-schedules", "40", "--no-progress", "--jobs", "1"],
                           capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert "OK: 32/32 verdicts as expected" in proc.stdout

@@ -113,3 +113,15 @@ def test_symmetry_is_not_applied_when_a_fault_names_a_rank():
     sc = default_scenario(world_size=3).with_(faults=(Fault("raise", 2, "record"),))
     assert not World(sc, REGISTRY["correct"]).symmetry_is_sound()
     assert World(default_scenario(world_size=3), REGISTRY["correct"]).symmetry_is_sound()
+
+
+@pytest.mark.timeout(120)
+def test_parallel_search_matches_serial():
+    sc = default_scenario(**TINY)
+    serial = sample_search(lambda i: sc, REGISTRY["fused-sweep"], clean, "random", 40, jobs=1,
+                           stop_on_failure=False)
+    parallel = sample_search(lambda i: sc, REGISTRY["fused-sweep"], clean, "random", 40, jobs=2,
+                             stop_on_failure=False)
+    assert serial.stats.schedules == parallel.stats.schedules == 40
+    assert serial.stats.verdicts == parallel.stats.verdicts
+    assert serial.failure.choices == parallel.failure.choices
