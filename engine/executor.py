@@ -405,7 +405,7 @@ class RankExecutor(Backend):
             if params.logprobs:
                 out["logprob"] = logprob
             if params.return_logits:
-                out["logits"] = logits.cpu()
+                out["logits"] = logits.to("cpu", copy=True)  # may view logits_buf
             if out:
                 self.outputs[rid] = out
         self._logits.clear()

@@ -99,6 +99,7 @@ class LLM:
             page_size, step_timeout_s, _fault, progress, cuda_graph, gpu_memory_utilization,
             startup_timeout_s, record_trace, _graph_standin)
         self.trace: list = []
+        self.steps = {"replay": 0, "eager": 0}  # serving steps with decode rows, by path
         self._record_trace = record_trace
         self._startup = StartupReport()
         self._say(f"config {self.cfg.config_path} ok; weights indexed")
@@ -192,6 +193,8 @@ class LLM:
             if self._record_trace:
                 self._event("controller", "send", type(command).__name__, command.seq)
             extras = None
+            if isinstance(command, Step) and command.rows:
+                self.steps["replay" if command.key is not None else "eager"] += 1
             if isinstance(command, Step) and command.admits:
                 extras = {a.request_id: self._extras.pop(a.request_id) for a in command.admits}
             try:
@@ -315,6 +318,8 @@ class LLM:
         if self._closed:
             return
         self.controller.shutdown()
+        self._say(f"decode steps: {self.steps['replay']} replayed from graphs, "
+                  f"{self.steps['eager']} eager")
         try:
             self._drive()
         finally:
