@@ -16,7 +16,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from protocol.buckets import select_bucket
 from protocol.commands import (
     Admit,
     AllocateKV,

@@ -20,9 +20,9 @@ from protocol.commands import Command, Step
 from protocol.controller import Controller
 from protocol.errors import ConfigError
 from protocol.keys import GraphKey
-from protocol.memory import MemoryPlan, pages_needed
+from protocol.memory import MemoryPlan
 from protocol.worker import SYNC, Worker
-from sim.scenario import TOPOLOGIES, Fault, MemoryModel, Scenario
+from sim.scenario import TOPOLOGIES, Fault, Scenario
 
 VERDICTS = ("clean", "abort", "deadlock", "hang", "hang-at-exit", "divergence", "oom",
             "startup-refused", "livelock") + tuple(f"invariant:I{n}" for n in range(1, 14))

@@ -20,19 +20,14 @@ from protocol.eligibility import GraphPlan
 from protocol.errors import ProtocolError
 from protocol.keys import GraphKey
 from protocol.trace import TraceEvent, describe_args
+from sim.common import BLOCKED, DONE, FOREVER, PROGRESS, Outcome, SimFault, sig_text, token_fn
+from sim.devices import DeviceModel
+from sim.ops import ModelledBackend
 from sim.scenario import Scenario
 
-BLOCKED, PROGRESS, DONE = 0, 1, 2
-FOREVER = float("inf")
+_sig_text = sig_text
+__all__ = ["World", "Outcome", "SimFault", "token_fn", "BLOCKED", "PROGRESS", "DONE", "FOREVER"]
 
-
-class SimFault(ProtocolError):
-    """An error a modelled backend op raised (injected fault, OOM, lazy connect in capture)."""
-
-
-def token_fn(request_id: int, position: int, token: int, vocab: int) -> int:
-    """The modelled model: next token of ``request_id`` after ``token`` at ``position``."""
-    return (request_id * 7919 + position * 104729 + token * 31 + 17) % vocab
 
 
 @dataclass
@@ -75,25 +70,7 @@ class Device:
         return None
 
 
-@dataclass
-class Outcome:
-    """How a run ended.
-
-    Attributes:
-        verdict: ``clean``, ``abort``, ``deadlock``, ``hang``, ``hang-at-exit``, ``divergence``,
-            ``oom``, ``startup-refused``, ``invariant``, ``livelock``.
-        detail: one-paragraph explanation (the wait-for cycle for a deadlock).
-        invariant: the invariant named by the verdict (``"I6"``), if any.
-        cycle: wait-for cycle as (node, sentence) pairs, for deadlocks.
-    """
-
-    verdict: str
-    detail: str = ""
-    invariant: str | None = None
-    cycle: tuple = ()
-
-
-class World:
+class World(ModelledBackend, DeviceModel):
     """One simulated run. Call `enabled()` and `step(actor)` until `outcome` is set.
 
     Args:
@@ -440,221 +417,6 @@ class World:
             dev.enqueued_collectives += 1
         (dev.side if side else dev.main).append(kernel)
 
-    # -- modelled backend ops -------------------------------------------------------------------
-
-    def _op_synchronize(self, r, host, probe):
-        if self.devices[r].busy():
-            return BLOCKED
-        return DONE if probe else self.done(r, host, "synchronize", ())
-
-    def _op_warmup_collective(self, r, host, nbytes, probe):
-        if probe:
-            return DONE
-        self.connected[r].add(nbytes)
-        self.enqueue(r, ("c", ("all-reduce", 1, nbytes, "warm-up")))
-        return self.done(r, host, "warmup_collective", (nbytes,))
-
-    def _op_profile_memory(self, r, host, rows, probe):
-        if probe:
-            return DONE
-        peak = rows * self.scenario.memory.activation_per_row
-        free = self.scenario.memory.capacity - self.used[r]
-        self.alloc(r, peak, "eager profile activations (kept as the activation workspace)")
-        self.enqueue(r, ("c", self._eager_sig(rows, "profile")))
-        return self.done(r, host, "profile_memory", (rows,), (free, peak))
-
-    def _op_graph_memory(self, r, host, probe):
-        if probe:
-            return DONE
-        return self.done(r, host, "graph_memory", (), sum(g["bytes"] for g in self.graphs[r].values()))
-
-    def _op_record(self, r, host, key, probe):
-        size = self.config.shape.allreduce_bytes(key.bucket)
-        if self.hz.h4_lazy_connect and size not in self.connected[r]:
-            if self.hz.h4_mode == "hang":
-                return BLOCKED
-            if not probe:
-                raise SimFault(f"I5: all-reduce of {size} bytes connects lazily inside the capture of "
-                               f"{key} on rank {r} (no warm-up at that size)")
-            return PROGRESS
-        status = self.locked(r, host, quiesce=False, probe=probe)
-        if status != DONE or probe:
-            return status
-        nbytes = self.scenario.memory.graph_bytes(key.bucket)
-        self.alloc(r, nbytes, f"graph pool for {key}")
-        self.graphs[r][key] = {"bytes": nbytes, "instantiated": False, "uploaded": False}
-        return self.done(r, host, "record", (key,))
-
-    def _graph(self, r: int, key: GraphKey) -> dict:
-        graph = self.graphs[r].get(key)
-        if graph is None:
-            raise SimFault(f"rank {r} has no recorded graph {key}")
-        return graph
-
-    def _op_instantiate(self, r, host, key, probe):
-        status = self.locked(r, host, quiesce=True, probe=probe)
-        if status != DONE or probe:
-            return status
-        self._graph(r, key)["instantiated"] = True
-        return self.done(r, host, "instantiate", (key,))
-
-    def _op_upload(self, r, host, key, probe):
-        status = self.locked(r, host, quiesce=True, probe=probe)
-        if status != DONE or probe:
-            return status
-        self._graph(r, key)["uploaded"] = True
-        return self.done(r, host, "upload", (key,))
-
-    def _op_launch(self, r, host, key, probe):
-        graph = self.graphs[r].get(key)
-        if graph is not None and not graph["uploaded"]:
-            status = self.locked(r, host, quiesce=True, probe=probe)
-            if status != DONE or probe:
-                return status
-            graph["uploaded"] = True
-        if probe:
-            return DONE
-        graph = self._graph(r, key)
-        shape = self.config.shape
-        self.enqueue(r, ("c", ("all-reduce", shape.allreduces_per_step,
-                               shape.allreduce_bytes(key.bucket), f"graph {key}")))
-        self.enqueue(r, ("k", "replay", key, host.cmd.seq))
-        if self.ctrl.phase == "serving":
-            self.events["replay"] += 1
-        return self.done(r, host, "launch", (key,))
-
-    def _op_free_graphs(self, r, host, probe):
-        if probe:
-            return DONE
-        self.used[r] -= sum(g["bytes"] for g in self.graphs[r].values())
-        self.graphs[r].clear()
-        return self.done(r, host, "free_graphs", ())
-
-    def _op_allocate_kv(self, r, host, pages, probe):
-        status = self.locked(r, host, quiesce=True, probe=probe)
-        if status != DONE or probe:
-            return status
-        self.alloc(r, (pages + 1) * self.config.kv_page_bytes, f"KV cache of {pages} pages")
-        return self.done(r, host, "allocate_kv", (pages,))
-
-    def _op_release_slot(self, r, host, slot, probe):
-        return DONE if probe else self.done(r, host, "release_slot", (slot,))
-
-    def _op_move_slot(self, r, host, src, dst, probe):
-        if probe:
-            return DONE
-        self.enqueue(r, ("k", "copy", src, dst))
-        return self.done(r, host, "move_slot", (src, dst))
-
-    def _op_prefill(self, r, host, admits, probe):
-        if probe:
-            return DONE
-        tokens = sum(len(a.prompt) for a in admits)
-        self.enqueue(r, ("c", self._eager_sig(tokens, "prefill")))
-        self.enqueue(r, ("k", "prefill", admits, host.cmd.seq))
-        return self.done(r, host, "prefill", (admits,))
-
-    def _op_prepare_replay(self, r, host, step, probe):
-        if probe:
-            return DONE
-        self.enqueue(r, ("k", "meta", step.seq, step.rows))
-        return self.done(r, host, "prepare_replay", (step,))
-
-    def _op_run_eager(self, r, host, step, probe):
-        if probe:
-            return DONE
-        self.enqueue(r, ("c", self._eager_sig(len(step.rows), "eager decode")))
-        self.enqueue(r, ("k", "decode", step.seq, step.rows))
-        return self.done(r, host, "run_eager", (step,))
-
-    def _op_sample(self, r, host, step, probe):
-        if probe:
-            return DONE
-        out = self.devices[r].out
-        tokens = {}
-        for req in [a.request_id for a in step.admits] + [row.request_id for row in step.rows]:
-            seq, token = out.get(req, (None, -1))
-            tokens[req] = token if seq == step.seq else -1
-        return self.done(r, host, "sample", (step,), tokens)
-
-    def _op_destroy_communicator(self, r, host, probe):
-        if self.hz.h5_comm_refcount and self.graphs[r]:
-            return BLOCKED
-        return DONE if probe else self.done(r, host, "destroy_communicator", ())
-
-    def _eager_sig(self, rows: int, label: str) -> tuple:
-        shape = self.config.shape
-        return ("all-reduce", shape.allreduces_per_step, shape.allreduce_bytes(rows), label)
-
-    # -- devices ----------------------------------------------------------------------------------
-
-    def _device_ready(self, r: int) -> bool:
-        dev = self.devices[r]
-        if (dev.main and dev.main[0][0] == "k") or (dev.side and dev.side[0][0] == "k"):
-            return True
-        if not self.hz.h3_spinning_collectives and dev.collective_head() is not None:
-            return True
-        return False
-
-    def _step_device(self, r: int) -> None:
-        dev = self.devices[r]
-        stream = dev.main if dev.main and dev.main[0][0] == "k" else (
-            dev.side if dev.side and dev.side[0][0] == "k" else None)
-        if stream is None:
-            stream = dev.collective_head()
-            kernel = stream.pop(0)
-            dev.completed_collectives += 1
-            self._ev(f"device{r}", "collective", kernel[2][3], rank=r, detail=_sig_text(kernel))
-            return
-        kernel = stream.pop(0)
-        self._execute_kernel(r, dev, kernel)
-
-    def _execute_kernel(self, r: int, dev: Device, kernel: tuple) -> None:
-        label = kernel[1]
-        vocab = self.scenario.vocab
-        if label == "meta":
-            dev.meta = (kernel[2], kernel[3])
-        elif label == "decode":
-            for row in kernel[3]:
-                dev.out[row.request_id] = (kernel[2], token_fn(row.request_id, row.position, row.token, vocab))
-        elif label == "replay":
-            seq = kernel[3]
-            _, rows = dev.meta
-            for row in rows:
-                dev.out[row.request_id] = (seq, token_fn(row.request_id, row.position, row.token, vocab))
-        elif label == "prefill":
-            for admit in kernel[2]:
-                dev.out[admit.request_id] = (
-                    kernel[3], token_fn(admit.request_id, len(admit.prompt) - 1, admit.prompt[-1], vocab))
-        else:
-            handler = self.variant.sim_kernels.get(label)
-            if handler is not None:
-                handler(self, r, dev, kernel)
-
-    def _collective_ready(self):
-        if not self.hz.h3_spinning_collectives:
-            return None
-        heads = [d.collective_head() for d in self.devices]
-        if any(h is None for h in heads):
-            return None
-        return heads
-
-    def _step_collective(self) -> None:
-        heads = self._collective_ready()
-        kernels = [h[0] for h in heads]
-        sigs = {k[2][:3] for k in kernels}
-        seqs = {k[1] for k in kernels}
-        if len(sigs) > 1 or len(seqs) > 1:
-            lines = "; ".join(f"rank {r} is in {_sig_text(k)}" for r, k in enumerate(kernels))
-            self.outcome = Outcome("divergence",
-                                   f"collective sequences differ across ranks: {lines}", "I2")
-            return
-        for h in heads:
-            h.pop(0)
-        for d in self.devices:
-            d.completed_collectives += 1
-        self._ev("collectives", "collective", kernels[0][2][3], detail=_sig_text(kernels[0]))
-
     # -- stuck states ---------------------------------------------------------------------------------
 
     def _orphan_collective(self) -> Outcome | None:
@@ -738,11 +500,6 @@ def _kernel_fp(kernel: tuple) -> tuple:
     if kernel[0] == "c":
         return kernel
     return (kernel[0], kernel[1], str(kernel[2:])[:60])
-
-
-def _sig_text(kernel: tuple) -> str:
-    _, seq, (kind, count, nbytes, label) = kernel
-    return f"{kind} #{seq} ({label}: {count} x {nbytes} bytes)"
 
 
 def _cmd_detail(cmd: Command) -> str:

@@ -1,6 +1,5 @@
 """A minimal synchronous driver for protocol unit tests: ops are recorded, results are canned."""
 
-from protocol.commands import MemoryReport  # noqa: F401  (re-exported for tests)
 from protocol.controller import Abort, Broadcast, Controller, Done, Idle
 from protocol.eligibility import GraphPlan
 from protocol.errors import ProtocolError
