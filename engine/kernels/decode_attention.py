@@ -3,7 +3,7 @@
 Three implementations with one signature:
     `paged_decode_attention_triton`: the Triton kernel used on CUDA. One program per (batch
         row, kv head) computes that kv head's group of query heads with an online softmax over
-        the sequence's pages. Lengths, the slot of each row and the page table are read from
+        the sequence's pages, TILE_TOKENS tokens (several pages) per iteration. Lengths, the slot of each row and the page table are read from
         device memory inside the kernel (no host value changes between steps: I12).
     `paged_decode_attention_torch`: gathers the pages with torch indexing; the CPU path.
     `paged_decode_attention_reference`: float64, one row at a time; the oracle for both.
@@ -71,6 +71,11 @@ def paged_decode_attention_torch(q, k_cache, v_cache, page_table, seq_lens, slot
     return out.reshape(B, Hq, D).to(q.dtype)
 
 
+# Tokens per loop iteration of the Triton kernel (whole pages, gathered through the page
+# table in one load): one page per iteration left the kernel latency-bound at short contexts
+# (11 us per layer for Qwen3-4B at batch 1, context 128, on H200; 8 dependent iterations).
+TILE_TOKENS = 64
+
 if triton is not None:
 
     @triton.jit
@@ -78,25 +83,29 @@ if triton is not None:
                              stride_qb, stride_qh, stride_kp, stride_kt, stride_kh,
                              stride_pt, stride_ob, stride_oh, scale,
                              GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
-                             HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, IEEE: tl.constexpr):
+                             HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
+                             IEEE: tl.constexpr):
         b = tl.program_id(0)
         h = tl.program_id(1)
         slot = tl.load(slots_ptr + b).to(tl.int64)
         length = tl.load(lens_ptr + slot)
         g = tl.arange(0, BLOCK_G)
         d = tl.arange(0, HEAD_DIM)
-        t = tl.arange(0, PAGE)
+        t = tl.arange(0, BLOCK_N)  # BLOCK_N tokens (BLOCK_N / PAGE pages) per iteration
         gmask = g < GROUP
         q = tl.load(q_ptr + b * stride_qb + (h * GROUP + g)[:, None] * stride_qh + d[None, :],
                     mask=gmask[:, None], other=0.0)
         m = tl.full([BLOCK_G], float("-inf"), tl.float32)
         l = tl.zeros([BLOCK_G], tl.float32)
         acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
-        num_pages = tl.cdiv(length, PAGE)
-        for i in range(0, num_pages):
-            page = tl.load(pt_ptr + slot * stride_pt + i).to(tl.int64)
-            kmask = (i * PAGE + t) < length
-            base = page * stride_kp + t[:, None] * stride_kt + h * stride_kh + d[None, :]
+        num_tiles = tl.cdiv(length, BLOCK_N)
+        for i in range(0, num_tiles):
+            tok = i * BLOCK_N + t
+            kmask = tok < length
+            page = tl.load(pt_ptr + slot * stride_pt + tok // PAGE, mask=kmask,
+                           other=0).to(tl.int64)
+            base = (page[:, None] * stride_kp + (tok % PAGE)[:, None] * stride_kt
+                    + h * stride_kh + d[None, :])
             k = tl.load(k_ptr + base, mask=kmask[:, None], other=0.0)
             if IEEE:
                 s = tl.dot(q, tl.trans(k), input_precision="ieee")
@@ -142,5 +151,6 @@ def paged_decode_attention_triton(q, k_cache, v_cache, page_table, seq_lens, slo
         q, k_cache, v_cache, page_table, seq_lens, slot_ids, out,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         page_table.stride(0), out.stride(0), out.stride(1), scale,
-        GROUP=group, BLOCK_G=block_g, HEAD_DIM=D, PAGE=P, IEEE=q.dtype == torch.float32)
+        GROUP=group, BLOCK_G=block_g, HEAD_DIM=D, PAGE=P, BLOCK_N=max(P, TILE_TOKENS),
+        IEEE=q.dtype == torch.float32)
     return out

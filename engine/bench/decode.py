@@ -1,0 +1,280 @@
+"""The engine's decode step, timed per batch size on one or more ranks: eager and graph replay.
+
+Each rank builds a `RankExecutor` exactly as serving does (same model, paged KV cache, static
+input buffers), fills the whole KV cache with random values and times `decode_forward` at
+each (batch, context) point with CUDA events around each step: eager (the Python forward) and
+graph replay (one captured graph per bucket, all buckets in one shared memory pool, captured
+largest first, as startup does). Every step gets fresh random token ids. Before timing, the
+graph's logits are compared with the eager logits at the same inputs.
+
+With tensor_parallel_size > 1, one process per GPU runs the same sequence of steps (NCCL
+all-reduces inside the step, and inside the graphs); rank 0's times are reported, with every
+rank's capture time and graph memory, and the all-reduce latency at each batch.
+
+Graphs are the engine's own (`RankExecutor` with `cuda_graph=True`, `engine.graphs`): the
+capture sweep runs record, instantiate and upload for every bucket as startup does (after one
+eager warm-up step per bucket on the capture stream, timed apart), and each timed graph step is
+`prepare_replay(step)` then `launch(key)`, the serving path; eager steps are
+`prepare_replay(step)` then `decode_forward(bucket)`. Events enclose only the launch / the
+forward.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+
+# Decode buckets of the engine (pegainfer's 36); mirrors protocol.buckets.DEFAULT_DECODE_BUCKETS.
+PAGE_SIZE = 16
+
+
+def _pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
+
+
+def summarize(times_s: list[float]) -> dict:
+    """{'median_ms', 'p90_ms', 'min_ms', 'n'} of step times in seconds."""
+    return {"median_ms": 1e3 * _pct(times_s, 0.5), "p90_ms": 1e3 * _pct(times_s, 0.9),
+            "min_ms": 1e3 * min(times_s), "n": len(times_s)}
+
+
+def engine_settings(model_dir: str, opts, world_size: int):
+    """EngineSettings for the benchmark: slots for the largest bucket measured (256 with the
+    capture sweep), room for the longest context plus the measured token."""
+    from engine.settings import EngineSettings
+    from protocol.buckets import DEFAULT_DECODE_BUCKETS, select_bucket
+
+    top = 256 if opts.capture_sweep else select_bucket(max(opts.batch_sizes),
+                                                       DEFAULT_DECODE_BUCKETS)
+    buckets = tuple(b for b in DEFAULT_DECODE_BUCKETS if b <= top)
+    s = EngineSettings(model_dir=str(model_dir), world_size=world_size, device="cuda",
+                       dtype=opts.dtype, max_batch=top, max_model_len=max(opts.context_lens) + 1,
+                       page_size=PAGE_SIZE, buckets=buckets, cuda_graph=opts.graphs)
+    s.validate()
+    return s
+
+
+def measure_rank(rank: int, world_size: int, opts, model_dir: str) -> dict:
+    """Build this rank's executor and run every measurement; returns a JSON-able dict.
+
+    Must run with torch.distributed initialised (NCCL) when world_size > 1, and
+    torch.cuda.set_device(rank) done.
+    """
+    import torch
+
+    from engine.bench.floor import kv_bytes_read, measure_read_bandwidth, weight_bytes
+    from engine.executor import RankExecutor
+    from engine.parallel import TPGroup
+    from protocol.buckets import DEFAULT_DECODE_BUCKETS, select_bucket
+    from protocol.commands import DecodeRow, Step
+    from protocol.keys import GraphKey
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    out: dict = {"rank": rank, "device_name": torch.cuda.get_device_name(dev)}
+    out["read_bandwidth_Bps"] = measure_read_bandwidth(dev)
+    settings = engine_settings(model_dir, opts, world_size)
+    t0 = time.perf_counter()
+    ex = RankExecutor(settings, TPGroup(rank, world_size))
+    ex.load_model()
+    ex.allocate_kv(ex.pages_needed())
+    out["load_s"] = time.perf_counter() - t0
+    cfg = ex.cfg
+    kvh = cfg.num_kv_heads // world_size
+    out["weight_bytes"] = weight_bytes(ex.model)
+    gen = torch.Generator(device=dev).manual_seed(opts.seed + 1)
+    for layer in range(cfg.num_layers):  # random K/V everywhere: no zeros anywhere
+        ex.kv.k[layer].normal_(generator=gen)
+        ex.kv.v[layer].normal_(generator=gen)
+    n_steps = opts.warmup + opts.steps
+    rng = torch.Generator().manual_seed(opts.seed + 3)  # host ints: the same on every rank
+
+    def steps_for(batch: int, bucket: int, context: int) -> list:
+        ids = torch.randint(0, cfg.vocab_size, (n_steps, batch), generator=rng).tolist()
+        return [Step(seq=0, rows=tuple(DecodeRow(slot=r, request_id=r, token=t,
+                                                 position=context - 1)
+                                       for r, t in enumerate(row)), bucket=bucket)
+                for row in ids]
+
+    graphs = ex.graphs if opts.graphs else None
+    keys = {b: GraphKey(b) for b in settings.buckets}
+    if graphs is not None:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for b in sorted(settings.buckets, reverse=True):  # as the startup warm-up does
+            graphs.on_stream(lambda b=b: ex.decode_forward(b))
+        torch.cuda.synchronize()
+        warm_s = time.perf_counter() - t0
+        wanted = (settings.buckets if opts.capture_sweep else
+                  sorted({select_bucket(b, DEFAULT_DECODE_BUCKETS) for b in opts.batch_sizes}))
+        free0 = torch.cuda.mem_get_info(dev)[0]
+        t0 = time.perf_counter()
+        for b in sorted(wanted, reverse=True):
+            ex.record(keys[b])
+        t1 = time.perf_counter()
+        for b in sorted(wanted, reverse=True):
+            ex.instantiate(keys[b])
+        t2 = time.perf_counter()
+        for b in sorted(wanted, reverse=True):
+            ex.upload(keys[b])
+        torch.cuda.synchronize()
+        t3 = time.perf_counter()
+        out["capture"] = {
+            "buckets": len(wanted), "seconds": t3 - t0, "record_s": t1 - t0,
+            "instantiate_s": t2 - t1, "upload_s": t3 - t2, "warmup_s": warm_s,
+            "graph_memory_bytes": ex.graph_memory(),
+            "device_free_drop_bytes": free0 - torch.cuda.mem_get_info(dev)[0]}
+        out["graph_source"] = "engine.graphs (record/instantiate/upload per bucket, one pool)"
+    else:
+        for b in (settings.max_batch, 1):
+            ex._pad_rows(b)
+            ex.decode_forward(b)
+        torch.cuda.synchronize()
+
+    points = []
+    for context in opts.context_lens:
+        for batch in opts.batch_sizes:
+            bucket = select_bucket(batch, DEFAULT_DECODE_BUCKETS)
+            steps = steps_for(batch, bucket, context)
+            point = {"batch": batch, "bucket": bucket, "context": context,
+                     "kv_bytes": kv_bytes_read(cfg.num_layers, kvh, cfg.head_dim, batch,
+                                               context, ex.dtype.itemsize)}
+            if graphs is not None:
+                ex.prepare_replay(steps[0])
+                ex._step = None
+                eager_logits = ex.decode_forward(bucket)[:batch].clone()
+                ex.prepare_replay(steps[0])
+                ex.launch(keys[bucket])
+                torch.cuda.synchronize()
+                g_logits = ex.logits_buf[:batch]
+                point["graph_vs_eager_max_abs"] = float((g_logits - eager_logits).abs().max())
+                point["logits_finite"] = bool(torch.isfinite(g_logits).all())
+                ex._logits.clear()
+            modes = (["graphs"] if graphs is not None else []) + (["eager"] if opts.eager else [])
+            for mode in modes:
+                starts = [torch.cuda.Event(enable_timing=True) for _ in range(n_steps)]
+                ends = [torch.cuda.Event(enable_timing=True) for _ in range(n_steps)]
+                for i in range(n_steps):
+                    ex.prepare_replay(steps[i])
+                    if mode == "graphs":
+                        starts[i].record()
+                        ex.launch(keys[bucket])
+                        ends[i].record()
+                        ex._logits.clear()
+                    else:
+                        ex._step = None
+                        starts[i].record()
+                        ex.decode_forward(bucket)
+                        ends[i].record()
+                torch.cuda.synchronize()
+                times = [s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends)][opts.warmup:]
+                point[mode] = summarize(times)
+            if world_size > 1:
+                point["allreduce"] = allreduce_latency(bucket, cfg.hidden_size, ex.dtype, dev)
+            points.append(point)
+    out["points"] = points
+    out["config"] = {"num_layers": cfg.num_layers, "hidden": cfg.hidden_size,
+                     "kv_heads_per_rank": kvh, "head_dim": cfg.head_dim,
+                     "vocab": cfg.vocab_size, "dtype": opts.dtype}
+    out["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(dev)
+    graphs = None
+    ex.free_graphs()
+    del ex
+    torch.cuda.empty_cache()
+    return out
+
+
+def allreduce_latency(rows: int, hidden: int, dtype, dev, repeats: int = 20) -> dict:
+    """Latency of one all-reduce of [rows, hidden] as the decode step issues it: `repeats`
+    all-reduces captured in one graph, replayed 10 times; median per all-reduce, in us."""
+    import torch
+    import torch.distributed as dist
+
+    x = torch.randn(rows, hidden, dtype=dtype, device=dev)
+    dist.all_reduce(x)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        g.capture_begin()
+        for _ in range(repeats):
+            dist.all_reduce(x)
+        g.capture_end()
+    torch.cuda.current_stream().wait_stream(s)
+    times = []
+    for _ in range(10):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / repeats)
+    return {"bytes": x.numel() * x.element_size(), "median_us": _pct(times, 0.5)}
+
+
+def _rank_entry(rank: int, world_size: int, opts, model_dir: str, init_method: str,
+                queue) -> None:
+    try:
+        import datetime
+
+        import torch
+        import torch.distributed as dist
+
+        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # never NVLink multicast here
+        torch.cuda.set_device(rank)
+        dist.init_process_group("nccl", init_method=init_method, rank=rank,
+                                world_size=world_size, device_id=torch.device("cuda", rank),
+                                timeout=datetime.timedelta(seconds=600))
+        res = measure_rank(rank, world_size, opts, model_dir)
+        dist.barrier()
+        dist.destroy_process_group()
+        queue.put((rank, "ok", res))
+    except BaseException:
+        queue.put((rank, "error", traceback.format_exc(limit=6)))
+
+
+def measure_engine(opts, model_dir: str) -> list[dict]:
+    """Run `measure_rank` on every rank (in-process for TP 1, spawned processes otherwise).
+
+    Returns each rank's result dict, in rank order.
+    Raises:
+        RuntimeError: a rank failed (its traceback) or did not report within 30 minutes.
+    """
+    world = opts.tensor_parallel_size
+    if world == 1:
+        import torch
+
+        torch.cuda.set_device(0)
+        return [measure_rank(0, 1, opts, model_dir)]
+    import queue as queue_mod
+
+    import torch.multiprocessing as mp
+
+    from engine.ranks import _free_port
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    init = f"tcp://127.0.0.1:{_free_port()}"
+    procs = [ctx.Process(target=_rank_entry, args=(r, world, opts, str(model_dir), init, q),
+                         daemon=True) for r in range(world)]
+    for p in procs:
+        p.start()
+    results: dict[int, dict] = {}
+    try:
+        while len(results) < world:
+            try:
+                rank, status, payload = q.get(timeout=1800)
+            except queue_mod.Empty:
+                raise RuntimeError("bench ranks silent for 30 minutes") from None
+            if status != "ok":
+                raise RuntimeError(f"bench rank {rank} failed:\n{payload}")
+            results[rank] = payload
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return [results[r] for r in range(world)]

@@ -1,0 +1,142 @@
+"""Benchmark options and their checks, before torch is imported or any GPU memory is touched.
+
+Every check raises `BenchArgError` with one line naming the bad value; the CLI prints it and
+exits with status 2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine.presets import PRESETS
+
+# The engine's largest decode bucket (protocol.buckets.DEFAULT_DECODE_BUCKETS[-1]).
+MAX_BATCH = 256
+
+
+class BenchArgError(ValueError):
+    """A bad `lockstep bench` argument; the message is one line naming the value."""
+
+
+@dataclass
+class BenchOptions:
+    """What one `lockstep bench` run measures.
+
+    Attributes:
+        preset / model: exactly one: a preset name (random weights written to a temp dir)
+            or an HF-layout model directory.
+        batch_sizes: decode batch sizes (rows per step), each 1..256.
+        context_lens: tokens already cached per row before the measured step, each >= 1.
+        tensor_parallel_size: ranks (one GPU each).
+        steps: timed decode steps per point (median and p90 over them); warmup: untimed first.
+        graphs / eager: measure the graph-replay path / the eager path.
+        capture_sweep: time capturing every default bucket (36) once, with graph memory.
+        compare: "hf" to add HF StaticCache + torch.compile at hf_batch_sizes.
+        json_path / plot_path: outputs (plot needs matplotlib; skipped without it).
+        dtype: model dtype. seed: weight seed (presets) and input seed.
+    """
+
+    preset: str | None = None
+    model: str | None = None
+    batch_sizes: list[int] = field(default_factory=lambda: [1, 8, 64, 256])
+    context_lens: list[int] = field(default_factory=lambda: [128])
+    tensor_parallel_size: int = 1
+    steps: int = 200
+    warmup: int = 20
+    graphs: bool = True
+    eager: bool = True
+    capture_sweep: bool = True
+    compare: str | None = None
+    hf_batch_sizes: list[int] | None = None
+    json_path: str | None = None
+    plot_path: str | None = None
+    dtype: str = "bfloat16"
+    seed: int = 0
+
+
+def parse_int_list(text: str, name: str) -> list[int]:
+    """"1,8,64" -> [1, 8, 64]. Raises BenchArgError naming `name` and the bad item."""
+    items = [t.strip() for t in str(text).split(",")]
+    out = []
+    for t in items:
+        try:
+            out.append(int(t))
+        except ValueError:
+            raise BenchArgError(f"{name} {text!r}: {t!r} is not an integer "
+                                "(expected comma-separated integers, e.g. 1,8,64)") from None
+    return out
+
+
+def model_shape(opts: BenchOptions) -> dict:
+    """The config dict of the preset or of `model`/config.json (read as JSON, no torch).
+
+    Raises:
+        BenchArgError: no such preset, directory or config.json, or it is unreadable.
+    """
+    if opts.preset is not None:
+        if opts.preset not in PRESETS:
+            raise BenchArgError(f"--preset {opts.preset!r}: unknown; choose one of "
+                                f"{', '.join(PRESETS)}")
+        return dict(PRESETS[opts.preset])
+    path = Path(opts.model) / "config.json"
+    if not Path(opts.model).is_dir():
+        raise BenchArgError(f"--model {opts.model!r}: not a directory")
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise BenchArgError(f"--model {opts.model!r}: cannot read config.json "
+                            f"({type(exc).__name__})") from None
+
+
+def validate(opts: BenchOptions) -> dict:
+    """Check every option; returns the model's config dict.
+
+    Raises:
+        BenchArgError: the first bad option, named with its value.
+    """
+    if (opts.preset is None) == (opts.model is None):
+        raise BenchArgError("give exactly one of --preset NAME or --model DIR")
+    cfg = model_shape(opts)
+    for b in opts.batch_sizes + (opts.hf_batch_sizes or []):
+        if not 1 <= b <= MAX_BATCH:
+            raise BenchArgError(f"batch size {b}: expected 1..{MAX_BATCH}")
+    if not opts.batch_sizes:
+        raise BenchArgError("--batch-sizes is empty")
+    max_pos = int(cfg.get("max_position_embeddings", 0) or 0)
+    for c in opts.context_lens:
+        if c < 1:
+            raise BenchArgError(f"context length {c}: expected >= 1")
+        if max_pos and c + 1 > max_pos:
+            raise BenchArgError(f"context length {c}: the model holds at most "
+                                f"{max_pos - 1} cached tokens (max_position_embeddings "
+                                f"{max_pos})")
+    if not opts.context_lens:
+        raise BenchArgError("--context-lens is empty")
+    tp = opts.tensor_parallel_size
+    if tp < 1:
+        raise BenchArgError(f"--tensor-parallel-size {tp}: expected >= 1")
+    for key in ("num_attention_heads", "num_key_value_heads", "intermediate_size",
+                "vocab_size"):
+        if key in cfg and cfg[key] % tp:
+            raise BenchArgError(f"--tensor-parallel-size {tp}: {key} {cfg[key]} is not "
+                                f"divisible by it")
+    if opts.steps < 1:
+        raise BenchArgError(f"--steps {opts.steps}: expected >= 1")
+    if opts.warmup < 0:
+        raise BenchArgError(f"--warmup {opts.warmup}: expected >= 0")
+    if not (opts.graphs or opts.eager):
+        raise BenchArgError("nothing to measure: both --no-graphs and --no-eager given")
+    if opts.compare not in (None, "hf"):
+        raise BenchArgError(f"--compare {opts.compare!r}: expected 'hf'")
+    if opts.dtype not in ("bfloat16", "float16", "float32"):
+        raise BenchArgError(f"--dtype {opts.dtype!r}: expected bfloat16, float16 or float32")
+    for flag, p in (("--json", opts.json_path), ("--plot", opts.plot_path)):
+        if p is not None:
+            parent = Path(p).resolve().parent
+            if not parent.is_dir() or not os.access(parent, os.W_OK):
+                raise BenchArgError(f"{flag} {p!r}: directory {str(parent)!r} does not exist "
+                                    "or is not writable")
+    return cfg

@@ -1,0 +1,83 @@
+"""Kernel-level profile of one decode step (torch profiler over graph replays).
+
+    PYTHONPATH=. python3 -m engine.bench.profile --preset qwen3-4b --batch 1
+
+prints the kernels of the captured decode step with their share of device time, and the
+number of launches per step, so the gap to the HBM floor can be attributed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+
+
+def main(argv=None) -> int:
+    """Profile `--steps` graph replays of one bucket; print the top kernels by device time."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--preset", required=True)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--context", type=int, default=128)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--rows", type=int, default=25, help="kernels to list")
+    args = p.parse_args(argv)
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from engine.bench.decode import engine_settings
+    from engine.bench.modeldir import write_random_model_fast
+    from engine.bench.options import BenchOptions
+    from engine.executor import RankExecutor
+    from engine.parallel import SINGLE
+    from protocol.commands import DecodeRow, Step
+    from protocol.keys import GraphKey
+
+    torch.cuda.set_device(0)
+    d = write_random_model_fast(args.preset)
+    try:
+        opts = BenchOptions(preset=args.preset, batch_sizes=[args.batch],
+                            context_lens=[args.context], capture_sweep=False)
+        ex = RankExecutor(engine_settings(d, opts, 1), SINGLE)
+        ex.load_model()
+        ex.allocate_kv(ex.pages_needed())
+        for layer in range(ex.cfg.num_layers):
+            ex.kv.k[layer].normal_()
+            ex.kv.v[layer].normal_()
+        key = GraphKey(args.batch)
+        ex.graphs.on_stream(lambda: ex.decode_forward(args.batch))
+        ex.record(key)
+        ex.instantiate(key)
+        ex.upload(key)
+        step = Step(seq=0, rows=tuple(DecodeRow(r, r, 7 + r, args.context - 1)
+                                      for r in range(args.batch)), bucket=args.batch)
+        for _ in range(5):
+            ex.prepare_replay(step)
+            ex.launch(key)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(args.steps):
+                ex.prepare_replay(step)
+                ex.launch(key)
+            torch.cuda.synchronize()
+        rows = {}
+        for e in prof.events():
+            if e.device_type.name != "CUDA":
+                continue
+            t = rows.setdefault(e.name, [0, 0.0])
+            t[0] += 1
+            t[1] += e.device_time
+        total = sum(t[1] for t in rows.values())
+        launches = sum(t[0] for t in rows.values()) / args.steps
+        print(f"{args.preset} batch {args.batch} ctx {args.context}: {launches:.0f} kernels per "
+              f"step, {total / args.steps / 1e3:.3f} ms device time per step (sum of kernels)")
+        for name, (n, us) in sorted(rows.items(), key=lambda kv: -kv[1][1])[:args.rows]:
+            print(f"{us / args.steps:9.1f} us/step {n / args.steps:6.1f}x  "
+                  f"{100 * us / total:5.1f}%  {name[:110]}")
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

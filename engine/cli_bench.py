@@ -1,0 +1,123 @@
+"""`lockstep bench`: time the engine's decode step (graphs and eager) against the HBM floor
+and, with `--compare hf`, HF transformers StaticCache + torch.compile, in one run on one GPU
+(or `-tp N` GPUs).
+
+Only argparse and the pure-Python option checks run at import time and before any GPU work:
+a bad argument prints one line naming it and exits with status 2. torch is imported in `run`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import shutil
+import sys
+
+from engine.bench.options import BenchArgError, BenchOptions, parse_int_list, validate
+from engine.presets import PRESETS
+
+
+def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
+    """Register the subcommand `name` on `subparsers`; sets `run` as its handler."""
+    p = subparsers.add_parser(name, help="benchmark decode steps (graphs, eager, HBM floor, HF)",
+                              description=__doc__.splitlines()[0])
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--preset", choices=list(PRESETS),
+                     help="random weights of a named Qwen3 shape, written to a temp dir")
+    src.add_argument("--model", help="HF-layout Qwen3 directory")
+    p.add_argument("--batch-sizes", default="1,8,64,256",
+                   help="decode batch sizes, comma-separated (default 1,8,64,256)")
+    p.add_argument("--context-lens", default="128",
+                   help="cached tokens per row, comma-separated (default 128)")
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, help="GPUs (default 1)")
+    p.add_argument("--steps", type=int, default=200, help="timed steps per point (default 200)")
+    p.add_argument("--warmup", type=int, default=20, help="untimed steps first (default 20)")
+    p.add_argument("--no-graphs", action="store_true", help="skip the graph-replay path")
+    p.add_argument("--no-eager", action="store_true", help="skip the eager path")
+    p.add_argument("--no-capture-sweep", action="store_true",
+                   help="skip timing the capture of all 36 buckets")
+    p.add_argument("--compare", choices=["hf"], default=None,
+                   help="hf: also time HF StaticCache + torch.compile(mode='reduce-overhead')")
+    p.add_argument("--hf-batch-sizes", default=None,
+                   help="batch sizes for --compare hf (default: --batch-sizes); compiling "
+                        "takes ~40-90 s per shape")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    p.add_argument("--seed", type=int, default=0, help="weight and input seed (default 0)")
+    p.add_argument("--json", dest="json_path", default=None, help="write results as JSON here")
+    p.add_argument("--plot", dest="plot_path", default=None,
+                   help="PNG plot path (default: the --json path with .png; needs matplotlib)")
+    p.set_defaults(run=run)
+    return p
+
+
+def options_from_args(args: argparse.Namespace) -> BenchOptions:
+    """Build BenchOptions from parsed arguments. Raises BenchArgError (bad lists)."""
+    plot = args.plot_path
+    if plot is None and args.json_path:
+        plot = args.json_path.rsplit(".", 1)[0] + ".png"
+    return BenchOptions(
+        preset=args.preset, model=args.model,
+        batch_sizes=parse_int_list(args.batch_sizes, "--batch-sizes"),
+        context_lens=parse_int_list(args.context_lens, "--context-lens"),
+        tensor_parallel_size=args.tensor_parallel_size, steps=args.steps, warmup=args.warmup,
+        graphs=not args.no_graphs, eager=not args.no_eager,
+        capture_sweep=not args.no_capture_sweep and not args.no_graphs, compare=args.compare,
+        hf_batch_sizes=(parse_int_list(args.hf_batch_sizes, "--hf-batch-sizes")
+                        if args.hf_batch_sizes else None),
+        json_path=args.json_path, plot_path=plot, dtype=args.dtype, seed=args.seed)
+
+
+def _error(msg: str) -> int:
+    print(f"lockstep: error: {msg}", file=sys.stderr)
+    return 2
+
+
+def run(args: argparse.Namespace) -> int:
+    """Check the arguments, measure, print the table; returns the exit status."""
+    try:
+        opts = options_from_args(args)
+        validate(opts)
+    except BenchArgError as exc:
+        return _error(str(exc))
+    import torch
+
+    if not torch.cuda.is_available():
+        return _error("lockstep bench needs a CUDA GPU; torch.cuda.is_available() is False")
+    if torch.cuda.device_count() < opts.tensor_parallel_size:
+        return _error(f"--tensor-parallel-size {opts.tensor_parallel_size}: only "
+                      f"{torch.cuda.device_count()} GPU(s) visible")
+    from engine.bench.decode import measure_engine
+    from engine.bench.report import build_document, format_table, write_json, write_plot
+
+    tmp = None
+    model_dir = opts.model
+    if opts.preset is not None:
+        import time
+
+        from engine.bench.modeldir import write_random_model_fast
+
+        t0 = time.perf_counter()
+        model_dir = tmp = str(write_random_model_fast(opts.preset, opts.dtype, opts.seed))
+        print(f"bench: wrote random {opts.preset} weights to {tmp} in "
+              f"{time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    try:
+        ranks = measure_engine(opts, model_dir)
+        hf = []
+        if opts.compare == "hf":
+            from engine.bench.hf import measure_hf
+
+            for ctx in opts.context_lens:
+                hf += measure_hf(model_dir, opts.hf_batch_sizes or opts.batch_sizes, ctx,
+                                 opts.dtype, opts.steps, opts.warmup, opts.seed)
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    command = "lockstep bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) \
+        if len(sys.argv) > 2 else "lockstep bench"
+    doc = build_document(opts, ranks, hf, command)
+    print(format_table(doc), flush=True)
+    if opts.json_path:
+        write_json(doc, opts.json_path)
+    if opts.plot_path and not write_plot(doc, opts.plot_path):
+        print("bench: matplotlib not installed; no plot written", file=sys.stderr)
+    return 0
