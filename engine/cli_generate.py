@@ -56,6 +56,32 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
     return p
 
 
+def check_before_load(args: argparse.Namespace, params) -> None:
+    """Reject a bad request before any weight is read or any rank starts.
+
+    Raises:
+        ValueError (ModelDirError, RequestError): naming the bad value.
+    """
+    from pathlib import Path
+
+    from engine.config import load_model_config
+    from engine.errors import RequestError
+
+    cfg = load_model_config(args.model)
+    params.validate(cfg.vocab_size)
+    if args.max_model_len is not None and args.max_model_len < 1:
+        raise RequestError(f"--max-model-len {args.max_model_len} must be at least 1")
+    if args.prompt is not None:
+        if not any((Path(args.model) / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+            raise RequestError(f"text prompt given but {args.model} has no tokenizer; use --prompt-ids")
+        if not args.prompt:
+            raise RequestError("--prompt is empty")
+    else:
+        for t in args.prompt_ids:
+            if not 0 <= t < cfg.vocab_size:
+                raise RequestError(f"prompt token id {t} outside the vocabulary [0, {cfg.vocab_size})")
+
+
 def run(args: argparse.Namespace) -> int:
     """Load, generate, print the token ids (and text); returns the exit status.
 
@@ -74,6 +100,14 @@ def run(args: argparse.Namespace) -> int:
     if launched is not None and launched[0] > 0:  # torchrun rank > 0: serve rank 0's commands
         return serve_rank(args.model, **llm_args)
     try:
+        params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
+                                top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                                ignore_eos=args.ignore_eos, logprobs=args.logprobs)
+        check_before_load(args, params)
+    except ValueError as exc:
+        print(f"lockstep: error: {exc}", file=sys.stderr)
+        return 2
+    try:
         llm = LLM(args.model, progress=True, **llm_args)
     except ValueError as exc:
         print(f"lockstep: error: {exc}", file=sys.stderr)
@@ -82,9 +116,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"lockstep: error: {exc}", file=sys.stderr)
         return 1
     try:
-        params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
-                                top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                                ignore_eos=args.ignore_eos, logprobs=args.logprobs)
         prompt = args.prompt if args.prompt is not None else args.prompt_ids
         out, = llm.generate([prompt], params)
     except RankError as exc:

@@ -380,7 +380,8 @@ def prepare(model_dir, tensor_parallel_size: int = 1, device: str = "cpu",
     from protocol.config import ModelShape, ProtocolConfig
 
     dtype = dtype or (cfg.torch_dtype if cfg.torch_dtype in DTYPE_BYTES else "bfloat16")
-    max_model_len = max_model_len or min(cfg.max_position, 2048)
+    if max_model_len is None:
+        max_model_len = min(cfg.max_position, 2048)
     if max_model_len > cfg.max_position:
         raise ParallelConfigError(f"max_model_len = {max_model_len} exceeds the model's "
                                   f"max_position_embeddings {cfg.max_position}")

@@ -44,6 +44,28 @@ def test_generate_errors_exit_2_with_one_line(tiny_dir, capsys, argv, status, fr
     assert fragment in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, fragment", [
+    (["--max-tokens", "0"], "max_tokens = 0"),
+    (["--temperature", "-1"], "temperature"),
+    (["--top-p", "2"], "top_p"),
+    (["--prompt", "hi"], "has no tokenizer"),
+    (["--prompt-ids", "1,99999"], "prompt token id 99999 outside the vocabulary"),
+    (["--max-model-len", "0"], "--max-model-len 0 must be at least 1"),
+])
+def test_bad_requests_are_refused_before_the_model_loads(tiny_dir, capsys, monkeypatch, argv, fragment):
+    import engine.llm
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded before the request was checked")
+    monkeypatch.setattr(engine.llm, "LLM", no_load)
+    base = ["generate", "--model", str(tiny_dir), "--max-tokens", "3"]
+    if "--prompt" not in argv and "--prompt-ids" not in argv:
+        base += ["--prompt-ids", "1,2"]
+    assert main(base + argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert fragment in err and len(err.splitlines()) == 1
+
+
 def test_bad_prompt_ids_are_an_argparse_error(tiny_dir, capsys):
     with pytest.raises(SystemExit) as info:
         main(["generate", "--model", str(tiny_dir), "--prompt-ids", "1,x"])
