@@ -17,6 +17,17 @@ from engine.bench.options import BenchArgError, BenchOptions, parse_int_list, va
 from engine.presets import PRESETS
 
 
+def _seed(text: str) -> int:
+    """A seed torch accepts: an integer in [0, 2**63)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 0 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"{value} is outside [0, 2**63)")
+    return value
+
+
 def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
     """Register the subcommand `name` on `subparsers`; sets `run` as its handler."""
     p = subparsers.add_parser(name, help="benchmark decode steps (graphs, eager, HBM floor, HF)",
@@ -42,7 +53,7 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
                    help="batch sizes for --compare hf (default: --batch-sizes); compiling "
                         "takes ~40-90 s per shape")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    p.add_argument("--seed", type=int, default=0, help="weight and input seed (default 0)")
+    p.add_argument("--seed", type=_seed, default=0, help="weight and input seed (default 0)")
     p.add_argument("--json", dest="json_path", default=None, help="write results as JSON here")
     p.add_argument("--plot", dest="plot_path", default=None,
                    help="PNG plot path (default: the --json path with .png; needs matplotlib)")

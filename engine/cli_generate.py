@@ -35,7 +35,7 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
     src.add_argument("--prompt-ids", type=_ids, help="prompt token ids, e.g. 1,2,3")
     p.add_argument("--max-tokens", type=int, default=16, help="new tokens (default 16)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-k", type=int, default=0, help="0 = off (default)")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens; 0 or -1 = off (default 0)")
     p.add_argument("--top-p", type=float, default=1.0, help="1 = off (default)")
     p.add_argument("--seed", type=int, default=None, help="sampling seed")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at end-of-sequence")
@@ -77,9 +77,15 @@ def check_before_load(args: argparse.Namespace, params) -> None:
         if not args.prompt:
             raise RequestError("--prompt is empty")
     else:
+        if not args.prompt_ids:
+            raise RequestError("--prompt-ids is empty")
         for t in args.prompt_ids:
             if not 0 <= t < cfg.vocab_size:
                 raise RequestError(f"prompt token id {t} outside the vocabulary [0, {cfg.vocab_size})")
+        limit = args.max_model_len if args.max_model_len is not None else min(cfg.max_position, 2048)
+        if len(args.prompt_ids) + args.max_tokens > limit:
+            raise RequestError(f"prompt of {len(args.prompt_ids)} tokens + --max-tokens "
+                               f"{args.max_tokens} exceeds the max model length {limit}")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -11,6 +11,17 @@ import sys
 from engine.presets import PRESETS
 
 
+def _seed(text: str) -> int:
+    """A seed torch accepts: an integer in [0, 2**63)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 0 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"{value} is outside [0, 2**63)")
+    return value
+
+
 def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
     """Register the subcommand `name` on `subparsers`; sets `run` as its handler."""
     p = subparsers.add_parser(name, help="write a random-weight Qwen3 model directory",
@@ -18,14 +29,16 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
     p.add_argument("--preset", required=True, choices=list(PRESETS),
                    help="named configuration (real Qwen3 shapes, or tiny for tests)")
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
+    p.add_argument("--seed", type=_seed, default=0, help="weight seed (default 0)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="write into a non-empty --out (model files there are replaced)")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"],
                    help="storage dtype (default bfloat16)")
     p.set_defaults(run=run)
     return p
 
 
-def _check_out(text: str) -> str | None:
+def _check_out(text: str, overwrite: bool = False) -> str | None:
     """The reason ``text`` cannot be the output directory, or None; creates it if missing."""
     from pathlib import Path
 
@@ -34,6 +47,8 @@ def _check_out(text: str) -> str | None:
     path = Path(text)
     if path.exists() and not path.is_dir():
         return f"--out {text!r} exists and is not a directory"
+    if path.is_dir() and any(path.iterdir()) and not overwrite:
+        return f"--out {text!r} is not empty; pass --overwrite to write the model into it anyway"
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -43,7 +58,7 @@ def _check_out(text: str) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     """Write the directory; returns the exit status (0 on success, 2 on a bad --out)."""
-    problem = _check_out(args.out)
+    problem = _check_out(args.out, args.overwrite)
     if problem:
         print(f"lockstep make-model: error: {problem}", file=sys.stderr)
         return 2

@@ -361,9 +361,9 @@ def prepare(model_dir, tensor_parallel_size: int = 1, device: str = "cpu",
     if startup_timeout_s is None:
         startup_timeout_s = step_timeout_s
     if (isinstance(startup_timeout_s, bool) or not isinstance(startup_timeout_s, (int, float))
-            or startup_timeout_s <= 0):
+            or not 0 < startup_timeout_s < 1e9):
         raise ParallelConfigError(f"startup_timeout_s = {startup_timeout_s!r}, expected a "
-                                  "positive number of seconds")
+                                  "positive, finite number of seconds below 1e9")
     cfg = load_model_config(model_dir)
     check_parallel(cfg, tensor_parallel_size)
     WeightIndex(cfg)  # every tensor present with the right shape

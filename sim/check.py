@@ -10,6 +10,7 @@ schedule is reduced to a minimal one.
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass, field
 
 from protocol.errors import ConfigError
@@ -20,6 +21,8 @@ from sim.scenario import Fault, Scenario, default_scenario
 from sim.search import SearchStats, exhaustive_search, hypothesis_search, sample_search
 from sim.strategies import NondeterminismError, Replay
 from sim.variants import Variant, get_variant
+
+_ACTOR = re.compile(r"controller|collectives|rank\d+|device\d+")
 
 FAULT_OPS = ("warmup_collective", "record", "instantiate", "upload", "launch", "allocate_kv",
              "synchronize", "sample", "profile_memory")
@@ -200,8 +203,9 @@ def replay_trace(data: dict) -> tuple[RunResult | None, str | None]:
     if data.get("format") != TRACE_FORMAT:
         raise ConfigError(f"trace format {data.get('format')!r} is not {TRACE_FORMAT}")
     choices = data["choices"]
-    if not isinstance(choices, list) or not all(isinstance(c, str) for c in choices):
-        raise ConfigError("'choices' must be a list of actor names")
+    if not isinstance(choices, list) or not all(isinstance(c, str) and _ACTOR.fullmatch(c) for c in choices):
+        raise ConfigError("'choices' must be a list of actor names (controller, collectives, "
+                          "rank<r>, device<r>)")
     variant = get_variant(data["variant"])
     spec_data = data.get("scenario", {})
     if not isinstance(spec_data, dict):

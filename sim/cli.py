@@ -131,11 +131,15 @@ def _fail(message: str) -> int:
 def run(args) -> int:
     """Run `lockstep check`; returns the exit status (0 all as expected, 1 not, 2 bad input)."""
     if args.replay is not None:
-        clashing = [opt for opt, value in (("--variant", args.variant), ("--variant-file", args.variant_file),
-                                            ("--buckets", args.buckets), ("--max-batch", args.max_batch))
-                    if value]
+        clashing = [opt for opt, value in (("--variant", args.variant), ("--buckets", args.buckets),
+                                            ("--max-batch", args.max_batch)) if value]
         if clashing:
             return _fail(f"--replay takes its scenario from the trace; drop {', '.join(clashing)}")
+        try:
+            for path in args.variant_file:  # a trace of a user's variant needs its file
+                load_variant_file(path)
+        except ConfigError as exc:
+            return _fail(str(exc))
         return _replay(args.replay, args.json)
     try:
         for path in args.variant_file:
@@ -163,6 +167,8 @@ def run(args) -> int:
                 rows += check_variant(variant, spec, topology, bar.update)
     elapsed = time.perf_counter() - start
     if args.trace_out is not None:
+        if not any(row.minimal is not None for row in rows):
+            sys.stderr.write(f"lockstep check: no counterexample found, nothing written to {args.trace_out}\n")
         for row in rows:
             if row.minimal is not None:
                 write_trace(args.trace_out, f"{row.variant}.{row.topology}", row.minimal,
@@ -171,6 +177,8 @@ def run(args) -> int:
     if args.json:
         print(json.dumps({"ok": ok, "seconds": elapsed, "rows": [_row_json(r) for r in rows]}, indent=1))
     else:
+        if args.hazard_off:
+            print(f"hazards switched off: {', '.join(args.hazard_off)}")
         print(render_table(rows))
         for row in rows:
             if row.stats.budget_reached:

@@ -109,6 +109,8 @@ def load_variant_file(path: str | Path) -> list[Variant]:
         raise ConfigError(f"variant file {str(path)!r} does not exist")
     if not path.is_file():
         raise ConfigError(f"variant file {str(path)!r} is not a file")
+    if path.suffix != ".py":
+        raise ConfigError(f"variant file {str(path)!r} is not a Python file (.py)")
     key = str(path.resolve())
     if key in _LOADED_FILES:
         return _LOADED_FILES[key]

@@ -18,7 +18,7 @@ class NoSyncLaunchWorker(Worker):
 NO_SYNC_LAUNCH = Variant(
     name="no-sync-launch",
     summary="Launch acks before the graph's collectives drained",
-    source="ARCHITECTURE.md I4 (launch acks after the collectives drained)",
+    source="docs/design.md, I4 and I11: a Launch acks only after its collectives drained",
     expected={"shared": "invariant:I11", "per-rank": "invariant:I11"},
     worker_cls=NoSyncLaunchWorker,
 )

@@ -127,14 +127,16 @@ def validate(opts: BenchOptions) -> dict:
         raise BenchArgError(f"--steps {opts.steps}: expected >= 1")
     if opts.warmup < 0:
         raise BenchArgError(f"--warmup {opts.warmup}: expected >= 0")
-    if not (opts.graphs or opts.eager):
-        raise BenchArgError("nothing to measure: both --no-graphs and --no-eager given")
+    if not (opts.graphs or opts.eager or opts.compare):
+        raise BenchArgError("nothing to measure: --no-graphs and --no-eager given without --compare")
     if opts.compare not in (None, "hf"):
         raise BenchArgError(f"--compare {opts.compare!r}: expected 'hf'")
     if opts.dtype not in ("bfloat16", "float16", "float32"):
         raise BenchArgError(f"--dtype {opts.dtype!r}: expected bfloat16, float16 or float32")
     for flag, p in (("--json", opts.json_path), ("--plot", opts.plot_path)):
         if p is not None:
+            if Path(p).is_dir():
+                raise BenchArgError(f"{flag} {p!r} is a directory; give a file path")
             parent = Path(p).resolve().parent
             if not parent.is_dir() or not os.access(parent, os.W_OK):
                 raise BenchArgError(f"{flag} {p!r}: directory {str(parent)!r} does not exist "

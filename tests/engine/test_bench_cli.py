@@ -24,6 +24,8 @@ from lockstep.cli import main
     (["--preset", "tiny", "--no-graphs", "--no-eager"], "nothing to measure"),
     (["--preset", "tiny", "--compare", "hf", "--hf-batch-sizes", "9999"], "batch size 9999"),
     (["--preset", "tiny", "--json", "/nonexistent-dir/x.json"], "--json"),
+    (["--preset", "tiny", "--json", "/tmp"], "is a directory"),
+    (["--preset", "tiny", "--seed", "-1"], "outside [0, 2**63)"),
     (["--model", "/nonexistent-model-dir"], "/nonexistent-model-dir"),
     (["--preset", "nope"], "nope"),
     (["--preset", "tiny", "--model", "x"], "not allowed with"),
@@ -35,7 +37,7 @@ def test_bad_argument_is_one_line_naming_it_and_exit_2(argv, needle, capsys, mon
         raise AssertionError("touched CUDA before the argument checks")
 
     monkeypatch.setattr(torch.cuda, "is_available", boom)
-    with pytest.raises(SystemExit) if needle in ("nope", "not allowed with") else _nullctx():
+    with pytest.raises(SystemExit) if needle in ("nope", "not allowed with", "outside [0, 2**63)") else _nullctx():
         rc = main(["bench", *argv])
         assert rc == 2
     err = capsys.readouterr().err.strip()

@@ -101,3 +101,16 @@ def test_tp2_spawned_and_torchrun_give_the_tp1_tokens(tiny_dir, capsys):
             proc.wait()
     assert proc.returncode == 0, stderr[-3000:]
     assert stdout.splitlines()[0] == want
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--startup-timeout", "nan"], "startup_timeout_s = nan"),
+    (["--startup-timeout", "inf"], "startup_timeout_s = inf"),
+    (["--prompt-ids", "1,2,3", "--max-model-len", "3"], "exceeds the max model length 3"),
+])
+def test_more_bad_generate_inputs_exit_2(tiny_dir, capsys, argv, fragment):
+    base = ["generate", "--model", str(tiny_dir), "--max-tokens", "3"]
+    if "--prompt-ids" not in argv:
+        base += ["--prompt-ids", "1,2"]
+    assert main(base + argv) == 2
+    assert fragment in capsys.readouterr().err

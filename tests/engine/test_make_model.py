@@ -107,3 +107,16 @@ def test_shards_are_world_readable_like_other_files(tmp_path):
     os.umask(umask)
     for shard in (tmp_path / "m").glob("*.safetensors"):
         assert stat.S_IMODE(shard.stat().st_mode) == 0o666 & ~umask
+
+
+def test_non_empty_out_needs_overwrite_and_seed_is_range_checked(tmp_path, capsys):
+    from lockstep.cli import main
+    out = tmp_path / "m"
+    assert main(["make-model", "--preset", "tiny", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["make-model", "--preset", "tiny", "--out", str(out)]) == 2
+    assert "is not empty; pass --overwrite" in capsys.readouterr().err
+    assert main(["make-model", "--preset", "tiny", "--out", str(out), "--overwrite"]) == 0
+    with pytest.raises(SystemExit) as info:
+        main(["make-model", "--preset", "tiny", "--out", str(tmp_path / "n"), "--seed", str(10**20)])
+    assert info.value.code == 2 and "outside [0, 2**63)" in capsys.readouterr().err

@@ -180,3 +180,44 @@ def test_exhaustive_budget_is_reported(capsys):
                  "--time-budget", "1", "--fault-schedules", "0", "--no-progress", "--json"]) in (0, 1)
     row = json.loads(capsys.readouterr().out)["rows"][0]
     assert row["complete"] is False and row["budget_reached"] is True
+
+
+def test_variant_file_must_be_python(tmp_path, capsys):
+    path = tmp_path / "config.json"
+    path.write_text("{}")
+    assert main(["check", "--variant-file", str(path)]) == 2
+    assert "is not a Python file (.py)" in capsys.readouterr().err
+
+
+def test_user_variant_trace_replays_with_its_file(tmp_path, capsys):
+    out = tmp_path / "t"
+    assert main(["check", "--variant-file", "docs/examples/my_variant.py", "--topology", "shared",
+                 "--schedules", "10", "--no-progress", "--jobs", "1", "--trace-out", str(out)]) == 0
+    capsys.readouterr()
+    trace = out / "no-sync-launch.shared.json"
+    assert main(["check", "--replay", str(trace), "--variant-file", "docs/examples/my_variant.py"]) == 0
+    assert "replayed" in capsys.readouterr().out
+
+
+def test_trace_with_unknown_actor_names_is_bad_input(tmp_path, capsys):
+    out = tmp_path / "t"
+    main(["check", "--variant", "fused-sweep", "--topology", "shared", "--schedules", "10",
+          "--no-progress", "--jobs", "1", "--trace-out", str(out)])
+    capsys.readouterr()
+    trace = out / "fused-sweep.shared.json"
+    data = json.loads(trace.read_text())
+    data["choices"] = ["x"] * 3
+    trace.write_text(json.dumps(data))
+    assert main(["check", "--replay", str(trace)]) == 2
+    assert "list of actor names" in capsys.readouterr().err
+
+
+def test_hazards_off_are_named_and_h2_removes_the_fused_sweep_deadlock(capsys):
+    code = main(["check", "--variant", "fused-sweep", "--topology", "shared", "--hazard-off", "h2",
+                 "--schedules", "30", "--no-progress", "--jobs", "1"])
+    out = capsys.readouterr().out
+    assert "hazards switched off: h2" in out
+    main(["check", "--variant", "fused-sweep", "--topology", "shared", "--hazard-off", "h2",
+          "--schedules", "30", "--no-progress", "--jobs", "1", "--json"])
+    row = json.loads(capsys.readouterr().out)["rows"][0]
+    assert code == 1 and row["got"] == "invariant:I4" and row["expected"] == "deadlock"
