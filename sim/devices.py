@@ -65,9 +65,12 @@ class DeviceModel:
     def _collective_ready(self):
         if not self.hz.h3_spinning_collectives:
             return None
-        heads = [d.collective_head() for d in self.devices]
-        if any(h is None for h in heads):
-            return None
+        heads = []
+        for device in self.devices:
+            head = device.collective_head()
+            if head is None:
+                return None
+            heads.append(head)
         return heads
 
     def _step_collective(self) -> None:

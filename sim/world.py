@@ -107,8 +107,12 @@ class World(ModelledBackend, DeviceModel):
         self.exiting = False
         self.events = {"replay": 0, "compaction_moves_live": 0, "fault_fired": 0}
         self._watchdog_armed = False
-        self._actors = ["controller"] + [f"rank{r}" for r in range(self.ws)] + [
-            f"device{r}" for r in range(self.ws)] + ["collectives"]
+        self._rank_names = [f"rank{r}" for r in range(self.ws)]
+        self._device_names = [f"device{r}" for r in range(self.ws)]
+        self._dispatch_table = {"controller": (self._step_controller, None),
+                                "collectives": (self._step_collective, None)}
+        self._dispatch_table.update({n: (self._step_host, r) for r, n in enumerate(self._rank_names)})
+        self._dispatch_table.update({n: (self._step_device, r) for r, n in enumerate(self._device_names)})
 
     def _now(self) -> float:
         return self.clock
@@ -122,15 +126,13 @@ class World(ModelledBackend, DeviceModel):
         """Actors that can make progress now, in a fixed order."""
         if self.outcome is not None:
             return []
-        out = []
-        if self._controller_ready():
-            out.append("controller")
-        for r in range(self.ws):
+        out = ["controller"] if self._controller_ready() else []
+        for r, name in enumerate(self._rank_names):
             if self._host_ready(r):
-                out.append(f"rank{r}")
-        for r in range(self.ws):
+                out.append(name)
+        for r, name in enumerate(self._device_names):
             if self._device_ready(r):
-                out.append(f"device{r}")
+                out.append(name)
         if self._collective_ready() is not None:
             out.append("collectives")
         return out
@@ -141,14 +143,11 @@ class World(ModelledBackend, DeviceModel):
         if self.actions > self.scenario.max_actions:
             self.outcome = Outcome("livelock", f"no end after {self.scenario.max_actions} actions")
             return
-        if actor == "controller":
-            self._step_controller()
-        elif actor == "collectives":
-            self._step_collective()
-        elif actor.startswith("rank"):
-            self._step_host(int(actor[4:]))
+        method, arg = self._dispatch_table[actor]
+        if arg is None:
+            method()
         else:
-            self._step_device(int(actor[6:]))
+            method(arg)
 
     def settle(self) -> None:
         """Called when nothing is enabled: advance time to the next timer, or end the run."""
