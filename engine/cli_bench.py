@@ -14,18 +14,8 @@ import shutil
 import sys
 
 from engine.bench.options import BenchArgError, BenchOptions, parse_int_list, validate
+from engine.cli_args import seed as seed_arg
 from engine.presets import PRESETS
-
-
-def _seed(text: str) -> int:
-    """A seed torch accepts: an integer in [0, 2**63)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if not 0 <= value < 2**63:
-        raise argparse.ArgumentTypeError(f"{value} is outside [0, 2**63)")
-    return value
 
 
 def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
@@ -53,7 +43,7 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
                    help="batch sizes for --compare hf (default: --batch-sizes); compiling "
                         "takes ~40-90 s per shape")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    p.add_argument("--seed", type=_seed, default=0, help="weight and input seed (default 0)")
+    p.add_argument("--seed", type=seed_arg, default=0, help="weight and input seed (default 0)")
     p.add_argument("--json", dest="json_path", default=None, help="write results as JSON here")
     p.add_argument("--plot", dest="plot_path", default=None,
                    help="PNG plot path (default: the --json path with .png; needs matplotlib)")

@@ -9,17 +9,7 @@ import argparse
 import sys
 
 from engine.presets import PRESETS
-
-
-def _seed(text: str) -> int:
-    """A seed torch accepts: an integer in [0, 2**63)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if not 0 <= value < 2**63:
-        raise argparse.ArgumentTypeError(f"{value} is outside [0, 2**63)")
-    return value
+from engine.cli_args import seed as seed_arg
 
 
 def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
@@ -29,7 +19,7 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
     p.add_argument("--preset", required=True, choices=list(PRESETS),
                    help="named configuration (real Qwen3 shapes, or tiny for tests)")
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--seed", type=_seed, default=0, help="weight seed (default 0)")
+    p.add_argument("--seed", type=seed_arg, default=0, help="weight seed (default 0)")
     p.add_argument("--overwrite", action="store_true",
                    help="write into a non-empty --out (model files there are replaced)")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"],

@@ -9,6 +9,22 @@ import pytest
 from lockstep.cli import main
 
 
+@pytest.fixture
+def fused_trace(tmp_path, capsys):
+    """Path of a fused-sweep counterexample written by `lockstep check --trace-out`."""
+    out = tmp_path / "t"
+    assert main(["check", "--variant", "fused-sweep", "--topology", "shared", "--schedules", "20",
+                 "--no-progress", "--jobs", "1", "--trace-out", str(out)]) == 0
+    capsys.readouterr()
+    return out / "fused-sweep.shared.json"
+
+
+def _rewrite(trace, edit):
+    data = json.loads(trace.read_text())
+    edit(data)
+    trace.write_text(json.dumps(data))
+
+
 @pytest.mark.parametrize("argv,needle", [
     (["check", "--ranks", "0"], "--ranks: 0 must be at least 2"),
     (["check", "--ranks", "1"], "--ranks: 1 must be at least 2"),
@@ -141,29 +157,15 @@ def test_variant_file_may_derive_from_a_shipped_variant(tmp_path, capsys):
     (lambda d: d["scenario"].update(faults=["boom"]), "bad scenario in trace"),
     (lambda d: d.update(format=2), "trace format 2 is not 1"),
 ])
-def test_bad_trace_contents_exit_2(tmp_path, capsys, edit, needle):
-    out = tmp_path / "t"
-    assert main(["check", "--variant", "fused-sweep", "--topology", "shared", "--schedules", "20",
-                 "--no-progress", "--jobs", "1", "--trace-out", str(out)]) == 0
-    capsys.readouterr()
-    trace = out / "fused-sweep.shared.json"
-    data = json.loads(trace.read_text())
-    edit(data)
-    trace.write_text(json.dumps(data))
-    assert main(["check", "--replay", str(trace)]) == 2
+def test_bad_trace_contents_exit_2(fused_trace, capsys, edit, needle):
+    _rewrite(fused_trace, edit)
+    assert main(["check", "--replay", str(fused_trace)]) == 2
     assert needle in capsys.readouterr().err
 
 
-def test_edited_trace_is_nondeterminism_not_silence(tmp_path, capsys):
-    out = tmp_path / "t"
-    main(["check", "--variant", "fused-sweep", "--topology", "shared", "--schedules", "20",
-          "--no-progress", "--jobs", "1", "--trace-out", str(out)])
-    capsys.readouterr()
-    trace = out / "fused-sweep.shared.json"
-    data = json.loads(trace.read_text())
-    data["trace"][3]["detail"] = "edited"
-    trace.write_text(json.dumps(data))
-    assert main(["check", "--replay", str(trace), "--json"]) == 1
+def test_edited_trace_is_nondeterminism_not_silence(fused_trace, capsys):
+    _rewrite(fused_trace, lambda d: d["trace"][3].update(detail="edited"))
+    assert main(["check", "--replay", str(fused_trace), "--json"]) == 1
     assert "differs from the recording at event 3" in json.loads(capsys.readouterr().out)["nondeterminism"]
 
 
@@ -199,16 +201,9 @@ def test_user_variant_trace_replays_with_its_file(tmp_path, capsys):
     assert "replayed" in capsys.readouterr().out
 
 
-def test_trace_with_unknown_actor_names_is_bad_input(tmp_path, capsys):
-    out = tmp_path / "t"
-    main(["check", "--variant", "fused-sweep", "--topology", "shared", "--schedules", "10",
-          "--no-progress", "--jobs", "1", "--trace-out", str(out)])
-    capsys.readouterr()
-    trace = out / "fused-sweep.shared.json"
-    data = json.loads(trace.read_text())
-    data["choices"] = ["x"] * 3
-    trace.write_text(json.dumps(data))
-    assert main(["check", "--replay", str(trace)]) == 2
+def test_trace_with_unknown_actor_names_is_bad_input(fused_trace, capsys):
+    _rewrite(fused_trace, lambda d: d.update(choices=["x"] * 3))
+    assert main(["check", "--replay", str(fused_trace)]) == 2
     assert "list of actor names" in capsys.readouterr().err
 
 
