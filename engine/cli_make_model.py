@@ -8,8 +8,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from engine.presets import PRESETS
 from engine.cli_args import seed as seed_arg
+from engine.presets import PRESETS
 
 
 def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
