@@ -38,7 +38,11 @@ def _check_out(text: str, overwrite: bool = False) -> str | None:
     if path.exists() and not path.is_dir():
         return f"--out {text!r} exists and is not a directory"
     if path.is_dir() and any(path.iterdir()) and not overwrite:
-        return f"--out {text!r} is not empty; pass --overwrite to write the model into it anyway"
+        if (path / "config.json").is_file() and (path / "model.safetensors.index.json").is_file():
+            print(f"lockstep make-model: replacing the model directory {text!r}", file=sys.stderr)
+        else:
+            return (f"--out {text!r} is not empty and holds no model; pass --overwrite to write "
+                    "into it anyway")
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -114,9 +114,15 @@ def test_non_empty_out_needs_overwrite_and_seed_is_range_checked(tmp_path, capsy
     out = tmp_path / "m"
     assert main(["make-model", "--preset", "tiny", "--out", str(out)]) == 0
     capsys.readouterr()
-    assert main(["make-model", "--preset", "tiny", "--out", str(out)]) == 2
-    assert "is not empty; pass --overwrite" in capsys.readouterr().err
-    assert main(["make-model", "--preset", "tiny", "--out", str(out), "--overwrite"]) == 0
+    assert main(["make-model", "--preset", "tiny", "--out", str(out)]) == 0  # a model dir: replaced
+    assert "replacing the model directory" in capsys.readouterr().err
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "todo.txt").write_text("keep me")
+    assert main(["make-model", "--preset", "tiny", "--out", str(other)]) == 2
+    assert "holds no model; pass --overwrite" in capsys.readouterr().err
+    assert (other / "todo.txt").read_text() == "keep me"
+    assert main(["make-model", "--preset", "tiny", "--out", str(other), "--overwrite"]) == 0
     with pytest.raises(SystemExit) as info:
         main(["make-model", "--preset", "tiny", "--out", str(tmp_path / "n"), "--seed", str(10**20)])
     assert info.value.code == 2 and "outside [0, 2**63)" in capsys.readouterr().err
