@@ -47,3 +47,20 @@ def hf_logits(model, tokens):
 
     with torch.no_grad():
         return model(torch.tensor([tokens])).logits[0]
+
+
+def run_in_triton_interpreter(script: str, timeout_s: float = 230):
+    """Run ``script`` (Python source) in a fresh interpreter with TRITON_INTERPRET=1 from the
+    repository root; the variable must be set before triton is imported, hence the subprocess.
+
+    Returns the `subprocess.CompletedProcess` (text stdout/stderr).
+    """
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    return subprocess.run([sys.executable, "-c", script], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=timeout_s)

@@ -64,19 +64,19 @@ class ModelledBackend:
             raise SimFault(f"rank {r} has no recorded graph {key}")
         return graph
 
-    def _op_instantiate(self, r, host, key, probe):
+    def _graph_driver_call(self, r, host, key, probe, name: str, flag: str):
+        """instantiate / upload: a lock-holding call that waits for quiescence (H1, H2)."""
         status = self.locked(r, host, quiesce=True, probe=probe)
         if status != DONE or probe:
             return status
-        self._graph(r, key)["instantiated"] = True
-        return self.done(r, host, "instantiate", (key,))
+        self._graph(r, key)[flag] = True
+        return self.done(r, host, name, (key,))
+
+    def _op_instantiate(self, r, host, key, probe):
+        return self._graph_driver_call(r, host, key, probe, "instantiate", "instantiated")
 
     def _op_upload(self, r, host, key, probe):
-        status = self.locked(r, host, quiesce=True, probe=probe)
-        if status != DONE or probe:
-            return status
-        self._graph(r, key)["uploaded"] = True
-        return self.done(r, host, "upload", (key,))
+        return self._graph_driver_call(r, host, key, probe, "upload", "uploaded")
 
     def _op_launch(self, r, host, key, probe):
         graph = self.graphs[r].get(key)

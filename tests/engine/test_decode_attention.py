@@ -3,11 +3,6 @@ reference: ragged lengths, page boundaries, GQA, a padding row."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 from hypothesis import given, settings
@@ -17,7 +12,7 @@ from engine.kernels.decode_attention import (
     paged_decode_attention_reference,
     paged_decode_attention_torch,
 )
-from engine.testing import make_case
+from engine.testing import make_case, run_in_triton_interpreter
 
 LENGTHS = [1, 15, 16, 17, 40, 64]
 
@@ -75,8 +70,5 @@ assert worst < 1e-5, worst
 @pytest.mark.timeout(240)
 def test_triton_kernel_in_interpreter_matches_float64_reference():
     pytest.importorskip("triton")
-    root = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    res = subprocess.run([sys.executable, "-c", _TRITON_CHECK], cwd=root, env=env,
-                         capture_output=True, text=True, timeout=230)
+    res = run_in_triton_interpreter(_TRITON_CHECK)
     assert res.returncode == 0, res.stdout + res.stderr

@@ -4,16 +4,12 @@ subprocess because the variable must be set before triton is imported)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from engine.kernels import fused
 from engine.kernels.fused_reference import check_fused
+from engine.testing import run_in_triton_interpreter
 
 # ||out - ref|| / ||ref|| bounds: float32 arithmetic lands far under 1e-5; bf16 outputs
 # carry one rounding of 2^-9 relative per element (~3e-3 rms), the interpreter's bf16
@@ -69,8 +65,5 @@ print("ok")
 @pytest.mark.timeout(240)
 def test_triton_kernels_in_interpreter_match_float64():
     pytest.importorskip("triton")
-    root = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    res = subprocess.run([sys.executable, "-c", _TRITON_CHECK], cwd=root, env=env,
-                         capture_output=True, text=True, timeout=230)
+    res = run_in_triton_interpreter(_TRITON_CHECK)
     assert res.returncode == 0 and "ok" in res.stdout, res.stdout + res.stderr
