@@ -118,11 +118,45 @@ def random_fault(scenario: Scenario, index: int, seed: int) -> Fault:
     return Fault(kind, rng.randrange(scenario.config.world_size), op, occurrence, delay)
 
 
+@dataclass(frozen=True)
+class Fixed:
+    """Run index -> the same scenario (picklable, for worker processes)."""
+
+    scenario: Scenario
+
+    def __call__(self, index: int) -> Scenario:
+        return self.scenario
+
+
+@dataclass(frozen=True)
+class WithRandomFault:
+    """Run index -> the base scenario with `random_fault` for that index (picklable)."""
+
+    base: Scenario
+    seed: int
+
+    def __call__(self, index: int) -> Scenario:
+        return self.base.with_(faults=(random_fault(self.base, index, self.seed),))
+
+
+@dataclass(frozen=True)
+class VerdictIn:
+    """Acceptable when the run's verdict is one of ``verdicts`` (picklable)."""
+
+    verdicts: frozenset[str]
+
+    def __call__(self, result: RunResult) -> bool:
+        return result.outcome.verdict in self.verdicts
+
+
+CLEAN = VerdictIn(frozenset({"clean"}))
+CLEAN_OR_ABORT = VerdictIn(frozenset({"clean", "abort"}))
+
+
 def check_correct(variant: Variant, spec: CheckSpec, topology: str, progress=None) -> list[Row]:
     """Rows for a protocol that must be clean, and fail loudly under faults."""
     base = variant.scenario(spec.scenario(topology))
-    result = _search(spec, lambda i: base, variant, lambda r: r.outcome.verdict == "clean",
-                     spec.schedules, progress)
+    result = _search(spec, Fixed(base), variant, CLEAN, spec.schedules, progress)
     rows = []
     stats = result.stats
     if result.failure is not None:
@@ -140,9 +174,7 @@ def check_correct(variant: Variant, spec: CheckSpec, topology: str, progress=Non
     rows.append(Row(variant.name, topology, expected, got, stats, detail, minimal, base,
                     got == expected))
     if spec.fault_schedules and expected == "clean":
-        faulted = lambda i: base.with_(faults=(random_fault(base, i, spec.seed),))  # noqa: E731
-        acceptable = lambda r: r.outcome.verdict in ("clean", "abort")  # noqa: E731
-        fres = sample_search(faulted, variant, acceptable, "random", spec.fault_schedules,
+        fres = sample_search(WithRandomFault(base, spec.seed), variant, CLEAN_OR_ABORT, "random", spec.fault_schedules,
                              spec.time_budget, spec.seed, progress=progress, jobs=spec.jobs)
         fstats = fres.stats
         if fres.failure is not None:
@@ -164,8 +196,7 @@ def check_bad(variant: Variant, spec: CheckSpec, topology: str, progress=None) -
     """Row for a known-bad variant: the first schedule with a non-clean verdict, reduced."""
     scenario = variant.scenario(spec.scenario(topology))
     expected = variant.expected.get(topology, "?")
-    result = _search(spec, lambda i: scenario, variant, lambda r: r.outcome.verdict == "clean",
-                     spec.schedules, progress)
+    result = _search(spec, Fixed(scenario), variant, CLEAN, spec.schedules, progress)
     if result.failure is None:
         return Row(variant.name, topology, expected, "clean", result.stats,
                    f"no failure in {result.stats.schedules} schedules", None, scenario, expected == "clean")

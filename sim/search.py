@@ -113,17 +113,44 @@ def sample_search(scenario_for: Callable[[int], Scenario], variant, acceptable: 
         scenario_for: run index -> scenario (lets fault searches vary the fault per run).
         acceptable: which results pass; the first that does not is the failure.
         progress: optional callable(n) called after each run (a tqdm ``update``).
-        jobs: worker processes (fork); run i has the same seed whatever ``jobs`` is, and the
-            reported failure is the lowest-indexed one among the runs made.
+        jobs: worker processes (`sim.workers.WorkerPool`); run i has the same seed whatever
+            ``jobs`` is, and with ``stop_on_failure`` the reported failure is the lowest-indexed
+            failing run whatever ``jobs`` is. A job that cannot be pickled (a variant or
+            scenario function defined in a closure) runs serially.
     """
-    if jobs > 1 and schedules >= 4 * jobs and _fork_available():
-        return _parallel_sample_search(scenario_for, variant, acceptable, strategy, schedules,
-                                       time_budget, seed, stop_on_failure, progress, jobs)
-    stats = SearchStats()
     start = time.perf_counter()
-    failure = None
     deadline = start + time_budget
-    for i in range(schedules):
+    stats = SearchStats()
+    parallel = jobs > 1 and schedules >= 4 * jobs
+    # Probe serially first: a variant that fails at once needs no worker processes.
+    failure = _serial_runs(scenario_for, variant, acceptable, strategy, seed, 0,
+                           PROBE if parallel else schedules, deadline, stop_on_failure, progress,
+                           stats)
+    done = min(PROBE, schedules) if parallel else schedules
+    more = not stats.budget_reached and not (failure is not None and stop_on_failure)
+    if more and done < schedules:
+        pooled = _parallel_sample_search(scenario_for, variant, acceptable, strategy, seed, done,
+                                         schedules, deadline, stop_on_failure, progress, jobs)
+        if pooled is None:  # not picklable: carry on serially
+            pooled_failure = _serial_runs(scenario_for, variant, acceptable, strategy, seed, done,
+                                          schedules, deadline, stop_on_failure, progress, stats)
+        else:
+            pooled_failure = pooled.failure
+            _merge(stats, pooled.stats)
+        failure = failure or pooled_failure
+    stats.seconds = time.perf_counter() - start
+    return SearchResult(stats, failure)
+
+
+PROBE = 4
+"""Runs a parallel sample search makes in-process before it starts worker processes."""
+
+
+def _serial_runs(scenario_for, variant, acceptable, strategy, seed, lo, hi, deadline,
+                 stop_on_failure, progress, stats: SearchStats) -> RunResult | None:
+    """Runs [lo, hi) in this process, tallied into ``stats``; returns the first failing one."""
+    failure = None
+    for i in range(lo, hi):
         result = run_schedule(scenario_for(i), variant, _chooser(strategy, seed, i), deadline=deadline)
         if result.outcome.verdict == "budget":
             stats.add(result, True)
@@ -134,10 +161,9 @@ def sample_search(scenario_for: Callable[[int], Scenario], variant, acceptable: 
             if stop_on_failure:
                 break
         if time.perf_counter() > deadline:
-            stats.budget_reached = i + 1 < schedules
+            stats.budget_reached = i + 1 < hi
             break
-    stats.seconds = time.perf_counter() - start
-    return SearchResult(stats, failure)
+    return failure
 
 
 def exhaustive_search(scenario: Scenario, variant, acceptable: Acceptable,
@@ -243,68 +269,83 @@ def hypothesis_search(scenario: Scenario, variant, acceptable: Acceptable, max_e
     return SearchResult(stats, best)
 
 
-_JOB: dict = {}
 CHUNK = 25
+"""Schedules per task handed to a worker process."""
 
 
-def _fork_available() -> bool:
-    import multiprocessing
-    return "fork" in multiprocessing.get_all_start_methods()
+@dataclass(frozen=True)
+class _SampleJob:
+    """What every chunk of a parallel sample search shares (pickled once per worker)."""
+
+    scenario_for: Callable[[int], Scenario]
+    variant: object
+    acceptable: Acceptable
+    strategy: str
+    seed: int
+    stop: bool
 
 
-def _run_chunk(bounds: tuple[int, int]):
+def _run_chunk(job: _SampleJob, bounds: tuple[int, int], deadline: float):
     """Worker side: run schedules [lo, hi); return their stats and the first failing index."""
     lo, hi = bounds
-    job = _JOB
     stats = SearchStats()
     first = None
     for i in range(lo, hi):
-        result = run_schedule(job["scenario_for"](i), job["variant"],
-                              _chooser(job["strategy"], job["seed"], i), deadline=job["deadline"])
+        result = run_schedule(job.scenario_for(i), job.variant, _chooser(job.strategy, job.seed, i),
+                              deadline=deadline)
         if result.outcome.verdict == "budget":
-            result.world = None
             stats.add(result, True)
             break
-        ok = job["acceptable"](result)
-        result.world = None
+        ok = job.acceptable(result)
         stats.add(result, ok)
         if not ok:
             first = i if first is None else first
-            if job["stop"]:
+            if job.stop:
                 break
     return stats, first
 
 
-def _parallel_sample_search(scenario_for, variant, acceptable, strategy, schedules, time_budget,
-                            seed, stop_on_failure, progress, jobs) -> SearchResult:
-    import multiprocessing
+def _merge(total: SearchStats, stats: SearchStats) -> None:
+    total.schedules += stats.schedules
+    total.actions += stats.actions
+    total.max_depth = max(total.max_depth, stats.max_depth)
+    total.failing += stats.failing
+    total.verdicts.update(stats.verdicts)
+    total.reached.update(stats.reached)
+    total.budget_reached |= stats.budget_reached
+
+
+def _parallel_sample_search(scenario_for, variant, acceptable, strategy, seed, lo, hi, deadline,
+                            stop_on_failure, progress, jobs) -> SearchResult | None:
+    """Runs [lo, hi) in chunks on a `WorkerPool`; None if the job cannot be sent to workers.
+
+    On a failure in chunk k, no chunk after k is handed out and the workers running one are
+    killed, while chunks before k finish: the reported failure is then the lowest-indexed
+    failing run whatever ``jobs`` is.
+    """
+    from sim.workers import JobNotPicklable, WorkerPool
 
     start = time.perf_counter()
-    _JOB.update(scenario_for=scenario_for, variant=variant, acceptable=acceptable,
-                strategy=strategy, seed=seed, stop=stop_on_failure, deadline=start + time_budget)
+    job = _SampleJob(scenario_for, variant, acceptable, strategy, seed, stop_on_failure)
     total = SearchStats()
     failures: list[int] = []
-    chunks = [(lo, min(lo + CHUNK, schedules)) for lo in range(0, schedules, CHUNK)]
-    with multiprocessing.get_context("fork").Pool(jobs) as pool:
-        for stats, first in pool.imap(_run_chunk, chunks):
-            total.schedules += stats.schedules
-            total.actions += stats.actions
-            total.max_depth = max(total.max_depth, stats.max_depth)
-            total.failing += stats.failing
-            total.verdicts.update(stats.verdicts)
-            total.reached.update(stats.reached)
-            total.budget_reached |= stats.budget_reached
+    chunks = [(a, min(a + CHUNK, hi)) for a in range(lo, hi, CHUNK)]
+    try:
+        pool = WorkerPool(_run_chunk, job, jobs, deadline)
+    except JobNotPicklable:
+        return None
+    with pool:
+        for position, _, (stats, first) in pool.results(chunks):
+            _merge(total, stats)
             if progress:
                 progress(stats.schedules)
             if first is not None:
                 failures.append(first)
                 if stop_on_failure:
-                    break
-            if time.perf_counter() - start > time_budget:
-                total.budget_reached = total.schedules < schedules
-                break
-        pool.terminate()
-    _JOB.clear()
+                    pool.cancel_after(position)
+            if time.perf_counter() > deadline or stats.budget_reached:
+                pool.drain()
+    total.budget_reached |= total.schedules < hi - lo and not (failures and stop_on_failure)
     total.seconds = time.perf_counter() - start
     failure = None
     if failures:

@@ -74,8 +74,26 @@ class Variant:
         """The scenario this variant runs under, from the base one."""
         return self.adjust(base) if self.adjust else base
 
+    def __reduce__(self):
+        """Pickle a registered variant by name (and the file it came from), else by fields.
+
+        Worker processes of a parallel search rebuild it with `_registered`, so a variant whose
+        ``adjust`` is a lambda, or that comes from a user's file, still reaches them.
+        """
+        if REGISTRY.get(self.name) is self:
+            return _registered, (self.name, _ORIGIN.get(self.name))
+        return super().__reduce__()
+
 
 REGISTRY: dict[str, Variant] = {}
+_ORIGIN: dict[str, str] = {}  # variant name -> the user file that defined it
+
+
+def _registered(name: str, origin: str | None) -> Variant:
+    """The registered variant ``name``, loading ``origin`` first if this process lacks it."""
+    if name not in REGISTRY and origin is not None:
+        load_variant_file(origin)
+    return get_variant(name)
 
 
 def register(variant: Variant) -> Variant:
@@ -140,6 +158,7 @@ def load_variant_file(path: str | Path) -> list[Variant]:
                               "registered (pick another name)")
     for variant in found:
         register(variant)
+        _ORIGIN[variant.name] = key
     _LOADED_FILES[key] = found
     return found
 

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.check import random_fault
+from sim.check import CLEAN, Fixed, random_fault
 from sim.reduce import reduce_schedule, switch_points
 from sim.run import run_schedule
 from sim.scenario import Fault, default_scenario
@@ -118,10 +118,20 @@ def test_symmetry_is_not_applied_when_a_fault_names_a_rank():
 @pytest.mark.timeout(120)
 def test_parallel_search_matches_serial():
     sc = default_scenario(**TINY)
-    serial = sample_search(lambda i: sc, REGISTRY["fused-sweep"], clean, "random", 40, jobs=1,
+    serial = sample_search(Fixed(sc), REGISTRY["fused-sweep"], CLEAN, "random", 40, jobs=1,
                            stop_on_failure=False)
-    parallel = sample_search(lambda i: sc, REGISTRY["fused-sweep"], clean, "random", 40, jobs=2,
+    parallel = sample_search(Fixed(sc), REGISTRY["fused-sweep"], CLEAN, "random", 40, jobs=2,
                              stop_on_failure=False)
     assert serial.stats.schedules == parallel.stats.schedules == 40
     assert serial.stats.verdicts == parallel.stats.verdicts
+    assert serial.failure.choices == parallel.failure.choices
+
+
+@pytest.mark.timeout(120)
+def test_parallel_early_stop_reports_the_lowest_failing_run():
+    """With stop on failure, the reported failure is the serial one whatever the job count."""
+    sc = default_scenario(**TINY)
+    serial = sample_search(Fixed(sc), REGISTRY["fused-sweep"], CLEAN, "random", 100, jobs=1)
+    parallel = sample_search(Fixed(sc), REGISTRY["fused-sweep"], CLEAN, "random", 100, jobs=2)
+    assert serial.failure is not None
     assert serial.failure.choices == parallel.failure.choices

@@ -1,0 +1,247 @@
+"""Worker processes for parallel schedule search, built so that stopping early cannot hang.
+
+`multiprocessing.Pool` hung in teardown under load (issue 13 item 18): `Pool.terminate` joined
+its task-handler thread, which sat on the shared task queue's lock after the workers had died;
+the pool had also been forked from a process that already ran threads (tqdm's monitor). This
+module avoids each ingredient of that hang:
+
+- every worker owns one duplex `Pipe`; there is no shared queue, no lock, and no feeder,
+  handler or result thread in the parent;
+- tasks are handed out lazily, one to each idle worker, so nothing is ever queued that would
+  have to be cancelled; `cancel_after` drops the rest and kills the workers running them;
+- the parent waits on every pipe and every process sentinel at once
+  (`multiprocessing.connection.wait`) with a timeout, so a worker that dies or stops answering
+  is noticed instead of waited for;
+- teardown sends SIGKILL to every live worker and joins each with a timeout; it needs nothing
+  from a worker;
+- workers come from the forkserver (a single-threaded server process), never from forking the
+  caller; they ignore SIGINT (the parent owns Ctrl-C) and, on Linux, ask the kernel to kill them
+  when their parent dies (``PR_SET_PDEATHSIG``), so no worker outlives a killed parent.
+
+The job is pickled once per worker; a job that cannot be pickled makes `WorkerPool` raise
+`JobNotPicklable` at construction so the caller can run serially instead.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterable, Iterator
+from multiprocessing.connection import wait
+
+GRACE_S = 5.0
+"""Seconds past the deadline a worker may take to answer before it counts as stuck."""
+
+_PRELOAD = ["sim.search", "sim.check", "sim.variants", "sim.waits", "sim.checks", "networkx"]
+"""Imported once by the forkserver, so that workers start with them (a missing one is skipped)."""
+
+
+class JobNotPicklable(Exception):
+    """The job (or target) cannot be sent to a worker process."""
+
+
+class WorkerError(Exception):
+    """A worker process failed: its task raised, it died, or it stopped answering.
+
+    Attributes:
+        task: the task it was running.
+        message: one line saying what happened.
+    """
+
+    def __init__(self, task, message: str):
+        super().__init__(message)
+        self.task = task
+        self.message = message
+
+
+def _context():
+    """The forkserver context where the platform has one, else spawn (never plain fork)."""
+    methods = multiprocessing.get_all_start_methods()
+    if "forkserver" in methods:
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(_PRELOAD)
+        return ctx
+    return multiprocessing.get_context("spawn")
+
+
+def _die_with_parent() -> None:
+    """Ask the kernel to SIGKILL this process when its parent exits (Linux); else nothing."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+
+
+def _one_line(exc: BaseException) -> str:
+    """``Type: message (at file:line)`` for the innermost frame of ``exc``."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno})" if frames else ""
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}{': ' + text if text else ''}{where}"
+
+
+def _worker_main(conn, target, job) -> None:
+    """Worker loop: receive a task, answer ``("ok", result)`` or ``("error", line)``; stop on None/EOF."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parent = os.getppid()
+    _die_with_parent()
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os._exit(0)
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return
+        if message is None:
+            return
+        task, seconds_left = message
+        try:
+            answer = ("ok", target(job, task, time.perf_counter() + seconds_left))
+        except Exception as exc:  # noqa: BLE001 - reported to the parent as one line
+            answer = ("error", _one_line(exc))
+        try:
+            conn.send(answer)
+        except (BrokenPipeError, OSError):
+            return
+
+
+class WorkerPool:
+    """``workers`` processes running ``target(job, task, deadline)`` for tasks handed out lazily.
+
+    Args:
+        target: a module-level function ``(job, task, deadline) -> result``; ``deadline`` is a
+            `time.perf_counter` value in the worker's clock.
+        job: what every task shares (pickled once per worker).
+        workers: number of worker processes (>= 1).
+        deadline: `time.perf_counter` value; a worker silent for `GRACE_S` past it is stuck.
+
+    Raises:
+        JobNotPicklable: ``target`` or ``job`` cannot be pickled.
+
+    Use as a context manager; leaving it kills every worker (see `close`).
+    """
+
+    def __init__(self, target: Callable, job, workers: int, deadline: float):
+        try:
+            pickle.dumps((target, job))
+        except Exception as exc:  # noqa: BLE001 - any pickling failure means: run serially
+            raise JobNotPicklable(_one_line(exc)) from None
+        self.deadline = deadline
+        self._cutoff: int | None = None
+        self._draining = False
+        self._procs: list = []
+        self._conns: list = []
+        ctx = _context()
+        for _ in range(workers):
+            parent_conn, child_conn = ctx.Pipe(duplex=True)
+            proc = ctx.Process(target=_worker_main, args=(child_conn, target, job),
+                               daemon=True)
+            proc.start()
+            child_conn.close()
+            self._procs.append(proc)
+            self._conns.append(parent_conn)
+
+    def cancel_after(self, index: int) -> None:
+        """Hand out no task past position ``index`` and kill the workers running one."""
+        self._cutoff = index if self._cutoff is None else min(self._cutoff, index)
+
+    def drain(self) -> None:
+        """Hand out no further task; tasks already running finish and are still yielded."""
+        self._draining = True
+
+    def results(self, tasks: Iterable) -> Iterator[tuple[int, object, object]]:
+        """Yield ``(position, task, result)`` as workers finish, in completion order.
+
+        Raises:
+            WorkerError: a task raised (the worker's one-line account), a worker died, or no
+                worker answered within `GRACE_S` after the deadline.
+        """
+        pending = list(enumerate(tasks))
+        pending.reverse()
+        busy: dict[int, tuple[int, object]] = {}  # worker -> (position, task)
+        idle = list(range(len(self._procs)))
+        while True:
+            if self._cutoff is not None:
+                pending = [p for p in pending if p[0] <= self._cutoff]
+                for w, (pos, _) in list(busy.items()):
+                    if pos > self._cutoff:
+                        self._kill(w)
+                        del busy[w]
+            if self._draining:
+                pending = []
+            while idle and pending:
+                w = idle.pop()
+                pos, task = pending.pop()
+                self._conns[w].send((task, max(0.0, self.deadline - time.perf_counter())))
+                busy[w] = (pos, task)
+            if not busy:
+                return
+            timeout = self.deadline + GRACE_S - time.perf_counter()
+            ready = wait([self._conns[w] for w in busy] + [self._procs[w].sentinel for w in busy],
+                         timeout=max(0.0, timeout))
+            if not ready:
+                pos, task = min(busy.values(), key=lambda b: b[0])
+                raise WorkerError(task, f"no answer {GRACE_S:g} s past the time budget "
+                                        "(a hook that never returns?)")
+            for w in list(busy):
+                conn = self._conns[w]
+                if conn not in ready:
+                    continue
+                pos, task = busy.pop(w)
+                try:
+                    status, value = conn.recv()
+                except (EOFError, OSError):
+                    raise WorkerError(task, self._death(w)) from None
+                if status == "error":
+                    raise WorkerError(task, value)
+                idle.append(w)
+                yield pos, task, value
+            for w in list(busy):
+                if self._procs[w].sentinel in ready and self._conns[w] not in ready:
+                    pos, task = busy.pop(w)
+                    raise WorkerError(task, self._death(w))
+
+    def _death(self, w: int) -> str:
+        proc = self._procs[w]
+        proc.join(1.0)
+        code = proc.exitcode
+        if code is not None and code < 0:
+            return f"worker process killed by signal {-code}"
+        return f"worker process exited with code {code}"
+
+    def _kill(self, w: int) -> None:
+        proc = self._procs[w]
+        if proc.is_alive():
+            try:
+                proc.kill()
+            except (OSError, ValueError):
+                pass
+
+    def close(self) -> None:
+        """Kill every worker and reap it (each join bounded); never waits on a worker's help."""
+        for w in range(len(self._procs)):
+            self._kill(w)
+        for proc, conn in zip(self._procs, self._conns):
+            proc.join(2.0)
+            conn.close()
+        self._procs = []
+        self._conns = []
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+__all__ = ["WorkerPool", "WorkerError", "JobNotPicklable", "GRACE_S"]

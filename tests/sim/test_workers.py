@@ -1,0 +1,127 @@
+"""Parallel search workers: early stop and teardown never hang, dead or stuck workers are
+reported, and no worker process outlives its pool (issue 13 item 18)."""
+
+import multiprocessing
+import os
+import threading
+import time
+
+import pytest
+
+from sim.check import CLEAN, Fixed
+from sim.scenario import default_scenario
+from sim.search import _parallel_sample_search
+from sim.variants import REGISTRY
+from sim.workers import WorkerError, WorkerPool
+
+
+def _echo(job, task, deadline):
+    return job + task
+
+
+def _sleep_forever(job, task, deadline):
+    while True:
+        time.sleep(1)
+
+
+def _exit(job, task, deadline):
+    os._exit(3)
+
+
+def _raise(job, task, deadline):
+    raise ValueError(f"bad task {task}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie is not alive
+        return f.read().split(")")[-1].split()[0] != "Z"
+
+
+def _burn(stop: float) -> None:
+    while time.perf_counter() < stop:
+        pass
+
+
+@pytest.mark.timeout(20)
+def test_pool_runs_every_task():
+    with WorkerPool(_echo, 10, 2, time.perf_counter() + 10) as pool:
+        got = sorted(value for _, _, value in pool.results(range(7)))
+    assert got == [10 + i for i in range(7)]
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("target, words", [(_exit, "exited with code 3"),
+                                           (_raise, "ValueError: bad task 0")])
+def test_pool_reports_a_dead_or_raising_worker_in_one_line(target, words):
+    with WorkerPool(target, None, 1, time.perf_counter() + 10) as pool:
+        with pytest.raises(WorkerError, match=words) as info:
+            list(pool.results([0]))
+    assert "\n" not in info.value.message
+
+
+@pytest.mark.timeout(30)
+def test_pool_gives_up_on_a_worker_that_never_answers(monkeypatch):
+    import sim.workers
+    monkeypatch.setattr(sim.workers, "GRACE_S", 0.5)
+    start = time.perf_counter()
+    pool = WorkerPool(_sleep_forever, None, 2, start + 0.5)
+    pids = [p.pid for p in pool._procs]
+    with pool, pytest.raises(WorkerError, match="no answer"):
+        list(pool.results([0, 1, 2]))
+    assert time.perf_counter() - start < 10
+    assert not any(_alive(pid) for pid in pids)
+
+
+@pytest.mark.timeout(30)
+def test_cancel_kills_workers_running_later_tasks():
+    pool = WorkerPool(_sleep_forever, None, 2, time.perf_counter() + 60)
+    pids = [p.pid for p in pool._procs]
+    with pool:
+        results = pool.results([0, 1])
+        pool.cancel_after(-1)
+        assert list(results) == []
+    assert not any(_alive(pid) for pid in pids)
+
+
+def _stop_early_under_load(rounds: int) -> None:
+    """Stop early ROUNDS times, with the CPUs busy and a monitor thread running in this process.
+
+    Each search finds the fused-sweep failure in its first chunk and stops; the others'
+    workers are killed mid-chunk. Under the old fork pool this could hang in teardown.
+    """
+    sc = default_scenario(buckets=(1, 2), max_batch=2)
+    variant = REGISTRY["fused-sweep"]
+    stop = time.perf_counter() + 600
+    burners = [multiprocessing.get_context("spawn").Process(target=_burn, args=(stop,), daemon=True)
+               for _ in range(os.cpu_count() or 2)]
+    for b in burners:
+        b.start()
+    halt = threading.Event()
+    monitor = threading.Thread(target=lambda: halt.wait(), daemon=True)  # a thread, as tqdm's
+    monitor.start()
+    try:
+        for i in range(rounds):
+            res = _parallel_sample_search(Fixed(sc), variant, CLEAN, "random", i, 0, 400,
+                                          time.perf_counter() + 30, True, None, 2)
+            assert res.failure is not None and res.failure.outcome.verdict == "deadlock"
+    finally:
+        halt.set()
+        for b in burners:
+            b.kill()
+            b.join(5)
+    assert multiprocessing.active_children() == []
+
+
+@pytest.mark.timeout(180)
+def test_early_stop_never_hangs_under_load():
+    _stop_early_under_load(100)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_early_stop_never_hangs_under_load_thorough():
+    _stop_early_under_load(1000)
