@@ -14,9 +14,12 @@ decode forward itself takes no host value that changes between steps. Every grap
 logits into one static buffer `logits_buf` [max bucket, vocab] (float32), so the shared pool
 keeps intermediates only, and sampling runs outside the graph on rank 0.
 
-KV pages are reserved per slot: slot s owns pages [s * pages_per_seq, (s + 1) * pages_per_seq)
-at allocation, which is the sizing `protocol.memory.pages_needed` assumes. A slot move swaps
-the two page-table rows, so pages stay owned and no page id needs to travel in a command.
+KV pages are handed out on demand by the controller (I14): the cache holds the pages the
+memory plan sized, every page-table row starts at the padding page, and a step's
+`assign_pages` writes the page ids its command carries into the slot's row of the
+device-resident page table (a fixed-address buffer the graphs read, I12). A slot move copies
+the row and clears the old one; a retired or preempted request's row is cleared. No page id is
+ever chosen here.
 """
 
 from __future__ import annotations
@@ -108,7 +111,8 @@ class RankExecutor(Backend):
                 * self.dtype.itemsize)
 
     def pages_needed(self) -> int:
-        """Pages for every slot at full length (the padding page comes on top)."""
+        """Pages for every slot at full length (the padding page comes on top): past this,
+        a larger KV cache is never used."""
         return self.settings.max_batch * self.settings.pages_per_seq
 
     # -- Backend: startup ---------------------------------------------------------------------
@@ -171,28 +175,37 @@ class RankExecutor(Backend):
         return max(0, free - keep_free), peak
 
     def allocate_kv(self, pages: int) -> None:
-        """Allocate the paged KV cache: `pages` pages plus the reserved padding page. Only the
-        per-slot reservation (`pages_needed()`) is allocated when more is offered.
+        """Allocate the paged KV cache: `pages` pages plus the reserved padding page; every
+        page-table row points at the padding page until a step assigns pages (I14).
 
         Raises:
-            ValueError: fewer pages than one full-length sequence per slot.
+            ValueError: fewer pages than one full-length sequence (the protocol's memory plan
+                never asks for that).
+            GraphError: graphs are alive (they captured the old cache's addresses).
         """
-        need = self.pages_needed()
         if self.graphs is not None and self.graphs.keys:
             raise GraphError(f"allocate_kv({pages}) with graphs {self.graphs.keys} alive: they "
                              "captured the old cache's addresses (free_graphs first)")
-        if pages < need:
-            raise ValueError(f"allocate_kv({pages}): the per-slot reservation needs {need} "
-                             f"pages ({self.settings.max_batch} slots x "
-                             f"{self.settings.pages_per_seq} pages)")
         s = self.settings
+        if pages < s.pages_per_seq:
+            raise ValueError(f"allocate_kv({pages}): one full-length sequence needs "
+                             f"{s.pages_per_seq} pages")
         self.kv = KVCache(self.cfg.num_layers, self.cfg.num_kv_heads // self.tp.world_size,
-                          self.cfg.head_dim, need, s.page_size, s.max_batch,
+                          self.cfg.head_dim, pages, s.page_size, s.max_batch,
                           s.pages_per_seq, self.dtype, self.device)
-        pps = s.pages_per_seq
-        rows = torch.arange(s.max_batch * pps, dtype=torch.int32).view(s.max_batch, pps)
-        self.kv.page_table[: s.max_batch].copy_(rows)
         self._pad_rows(max(s.buckets))
+
+    def assign_pages_per_slot(self) -> None:
+        """Benchmark and test helper, outside the protocol: give slot s the pages
+        [s * pages_per_seq, (s + 1) * pages_per_seq), so rows decoded without a controller
+        read distinct pages. Needs a cache of at least `pages_needed()` pages.
+
+        Raises:
+            ValueError: the cache holds fewer pages.
+        """
+        pps = self.settings.pages_per_seq
+        for slot in range(self.settings.max_batch):
+            self.kv.assign_pages(slot, 0, list(range(slot * pps, (slot + 1) * pps)))
 
     # -- Backend: graphs ----------------------------------------------------------------------
 
@@ -292,19 +305,26 @@ class RankExecutor(Backend):
             self.requests[rid] = (params, seed, 0)
 
     def release_slot(self, slot: int) -> None:
-        """The request in `slot` retired: its length drops to 0, its pages stay with the slot."""
-        self.kv.seq_lens[slot] = 0
+        """The request in `slot` retired or was preempted: its page-table row points at the
+        padding page again and its length drops to 0; the pages went back to the controller's
+        pool (I14). A preempted request is registered again when it is re-admitted."""
+        self.kv.clear_slot(slot)
         rid = self.slot_request.pop(slot, None)
         self.requests.pop(rid, None)
 
+    def assign_pages(self, slot: int, first_index: int, pages: tuple[int, ...]) -> None:
+        """Write the command's page ids into `slot`'s page-table row from `first_index` on
+        (I14); the row lives at a fixed device address, so graphs read it at replay (I12).
+
+        Raises:
+            ValueError: a slot, index or page id out of range.
+        """
+        self.kv.assign_pages(slot, first_index, list(pages))
+
     def move_slot(self, src: int, dst: int) -> None:
-        """Move slot `src`'s sequence into the empty slot `dst` by swapping page-table rows."""
-        kv = self.kv
-        row = kv.page_table[dst].clone()
-        kv.page_table[dst].copy_(kv.page_table[src])
-        kv.page_table[src].copy_(row)
-        kv.seq_lens[dst] = kv.seq_lens[src]
-        kv.seq_lens[src] = 0
+        """Move slot `src`'s sequence into the empty slot `dst`: copy its page-table row and
+        length, and clear `src`."""
+        self.kv.move_slot(src, dst)
         if src in self.slot_request:
             self.slot_request[dst] = self.slot_request.pop(src)
 
@@ -332,8 +352,9 @@ class RankExecutor(Backend):
                 self._logits[admit.request_id] = logits
             self.slot_request[admit.slot] = admit.request_id
             if admit.request_id in self.requests:
+                # a recomputed request's prompt ends with its first output_index outputs
                 params, seed, _ = self.requests[admit.request_id]
-                self.requests[admit.request_id] = (params, seed, n)
+                self.requests[admit.request_id] = (params, seed, n - admit.output_index)
 
     def _pad_rows(self, bucket: int) -> None:
         """Static buffers [:bucket] = padding rows (padding slot, position 0, token 0)."""
@@ -391,7 +412,7 @@ class RankExecutor(Backend):
         """
         tokens: dict[int, int] = {}
         self.outputs = {}
-        wanted = [(a.request_id, 0) for a in step.admits] + [
+        wanted = [(a.request_id, a.output_index) for a in step.admits] + [
             (r.request_id, None) for r in step.rows]
         positions = {r.request_id: r.position for r in step.rows}
         for rid, index in wanted:

@@ -9,8 +9,8 @@ Layout (per rank, for this rank's kv heads only):
 
 Token at position p of the sequence in slot s is stored at page page_table[s, p // page_size],
 row p % page_size. A decode slot is only a row of the page table: moving a slot copies its row
-and length, the pages themselves stay where they are. Page ids are chosen by the controller
-and arrive in commands (I2); this class only applies them.
+and length, the pages themselves stay where they are. Page ids are chosen by the controller as
+sequences grow and arrive in commands (I2, I14); this class only applies them.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ class KVCache:
         self.clear_slot(src)
 
     def clear_slot(self, slot: int) -> None:
-        """Forget slot `slot`'s pages (they return to the controller's free list)."""
+        """Forget slot `slot`'s pages (they went back to the controller's pool)."""
         self.page_table[slot].fill_(self.padding_page)
         self.seq_lens[slot] = 0
 

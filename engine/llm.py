@@ -61,6 +61,10 @@ class LLM:
         max_batch: decode slots (most requests decoded together).
         max_model_len: longest prompt + generated tokens; default min(config, 2048).
         page_size: tokens per KV page.
+        kv_cache_pages: most KV pages per rank (None: as many as memory allows, up to
+            max_batch x ceil(max_model_len / page_size)). Pages are handed out as sequences
+            grow and a short cache preempts requests for recompute (I14), so any value that
+            holds one full-length sequence serves every request.
         step_timeout_s: seconds to wait for every rank's reply to one command.
         progress: print loading progress, the capture progress bar and time, and the memory
             report (weights, graph pool, KV pages, headroom) to stderr.
@@ -87,6 +91,7 @@ class LLM:
                  device: str = "cpu", dtype: str | None = None, max_batch: int = 8,
                  max_model_len: int | None = None, page_size: int = 16,
                  step_timeout_s: float = 300.0, progress: bool = False,
+                 kv_cache_pages: int | None = None,
                  cuda_graph: bool | None = None, gpu_memory_utilization: float = 0.9,
                  startup_timeout_s: float | None = None, record_trace: bool = False,
                  _fault: tuple[int, int, str] | None = None, _graph_standin: bool = False):
@@ -97,7 +102,7 @@ class LLM:
         self.cfg, self.settings, pconfig = prepare(
             model_dir, tensor_parallel_size, device, dtype, max_batch, max_model_len,
             page_size, step_timeout_s, _fault, progress, cuda_graph, gpu_memory_utilization,
-            startup_timeout_s, record_trace, _graph_standin)
+            startup_timeout_s, record_trace, _graph_standin, kv_cache_pages)
         self.trace: list = []
         self.steps = {"replay": 0, "eager": 0}  # serving steps with decode rows, by path
         self._record_trace = record_trace
@@ -196,7 +201,8 @@ class LLM:
             if isinstance(command, Step) and command.rows:
                 self.steps["replay" if command.key is not None else "eager"] += 1
             if isinstance(command, Step) and command.admits:
-                extras = {a.request_id: self._extras.pop(a.request_id) for a in command.admits}
+                # a preempted request is admitted again: its extras stay until it finishes
+                extras = {a.request_id: self._extras[a.request_id] for a in command.admits}
             try:
                 self.ranks.send(command, extras)
                 results = self.ranks.collect()
@@ -274,6 +280,7 @@ class LLM:
         for out, rid, p in zip(outs, ids, params):
             if rid is None:
                 continue
+            self._extras.pop(rid, None)
             out.token_ids = list(self.controller.outputs.pop(rid))
             self.controller.requests.pop(rid, None)
             side = self._side.pop(rid, {})
@@ -345,7 +352,8 @@ def prepare(model_dir, tensor_parallel_size: int = 1, device: str = "cpu",
             page_size: int = 16, step_timeout_s: float = 300.0, fault=None,
             progress: bool = False, cuda_graph: bool | None = None,
             gpu_memory_utilization: float = 0.9, startup_timeout_s: float | None = None,
-            record_trace: bool = False, graph_standin: bool = False):
+            record_trace: bool = False, graph_standin: bool = False,
+            kv_cache_pages: int | None = None):
     """Check everything that can be checked before a rank starts; build the shared settings.
 
     Arguments as for `LLM`. Returns (ModelConfig, EngineSettings, protocol ProtocolConfig),
@@ -404,12 +412,21 @@ def prepare(model_dir, tensor_parallel_size: int = 1, device: str = "cpu",
             check_graph_support()
         except GraphError as exc:
             raise ParallelConfigError(str(exc)) from None
+    full = max_batch * settings.pages_per_seq
+    if kv_cache_pages is not None and (isinstance(kv_cache_pages, bool)
+                                       or not isinstance(kv_cache_pages, int)
+                                       or kv_cache_pages < settings.pages_per_seq):
+        raise ParallelConfigError(
+            f"kv_cache_pages = {kv_cache_pages!r}, expected an integer >= "
+            f"{settings.pages_per_seq} (one sequence of max_model_len {max_model_len} tokens "
+            f"in pages of {page_size})")
     kv_heads = cfg.num_kv_heads // tensor_parallel_size
     page_bytes = 2 * cfg.num_layers * page_size * kv_heads * cfg.head_dim * DTYPE_BYTES[dtype]
     pconfig = ProtocolConfig(
         world_size=tensor_parallel_size, buckets=buckets, max_batch=max_batch,
         cuda_graphs=cuda_graph, watchdog_timeout_s=startup_timeout_s, kv_page_bytes=page_bytes,
-        min_kv_pages=max_batch * settings.pages_per_seq + 1,
+        min_kv_pages=settings.pages_per_seq + 1, page_size=page_size,
+        max_kv_pages=min(full, kv_cache_pages or full),
         shape=ModelShape(cfg.hidden_size, cfg.num_layers, dtype_bytes=DTYPE_BYTES[dtype],
                          name=Path(model_dir).name))
     return cfg, settings, pconfig

@@ -141,7 +141,7 @@ class StartupReport:
         plan = controller.memory
         graphs = max(self.graph_bytes.values(), default=0)
         page = controller.config.kv_page_bytes
-        kv_pages = settings.max_batch * settings.pages_per_seq + 1
+        kv_pages = (plan.kv_pages if plan is not None else 0) + 1  # + the padding page
         kv = kv_pages * page
         if self.profile and plan is not None and settings.device == "cuda":
             tight = min(self.profile.values(), key=lambda r: r.free_bytes - r.peak_activation_bytes)

@@ -14,6 +14,8 @@ from protocol.commands import (
     Finalize,
     Launch,
     MeasureGraphs,
+    PageAssign,
+    Preempt,
     ProfileMemory,
     Reply,
     Step,
@@ -26,6 +28,7 @@ from protocol.eligibility import GraphPlan
 from protocol.errors import (
     ConfigError,
     EligibilityError,
+    PageError,
     ProtocolError,
     RankFailure,
     ReplyError,
@@ -34,12 +37,13 @@ from protocol.errors import (
     WatchdogExpired,
 )
 from protocol.keys import GraphKey
+from protocol.pages import PageMap, PagePool
 from protocol.worker import Worker
 
 __all__ = [
     "AllocateKV", "Capture", "Command", "ConfigError", "Controller", "DEFAULT_DECODE_BUCKETS",
     "EligibilityError", "Finalize", "GraphKey", "GraphPlan", "Launch", "MeasureGraphs",
-    "ModelShape", "ProfileMemory", "ProtocolConfig", "ProtocolError", "RankFailure", "Reply",
+    "ModelShape", "PageAssign", "PageError", "PageMap", "PagePool", "Preempt", "ProfileMemory", "ProtocolConfig", "ProtocolError", "RankFailure", "Reply",
     "ReplyError", "SlotError", "Step", "StepLockViolation", "Teardown", "Warmup",
     "WatchdogExpired", "Worker", "select_bucket",
 ]

@@ -76,7 +76,14 @@ class Backend(ABC):
 
     @abstractmethod
     def release_slot(self, slot: int) -> None:
-        """Free the KV pages of the request leaving ``slot``."""
+        """Forget the KV pages of the request leaving ``slot`` (retired or preempted): its
+        page-table row points at the padding page again; the pages return to the controller's
+        pool (I14)."""
+
+    @abstractmethod
+    def assign_pages(self, slot: int, first_index: int, pages: tuple[int, ...]) -> None:
+        """Write ``pages`` into ``slot``'s page-table row from ``first_index`` on (I14). The page
+        ids come from the command; the backend never chooses one."""
 
     @abstractmethod
     def prefill(self, admits: tuple[Admit, ...]) -> None:

@@ -47,14 +47,16 @@ class MeasureGraphs(Command):
 
 @dataclass(frozen=True)
 class AllocateKV(Command):
-    """Allocate ``pages`` KV pages on every rank: one figure for all ranks (I9).
+    """Allocate ``pages`` KV pages of ``page_size`` tokens on every rank: one figure for all (I9).
 
     ``batch_cap`` is the memory-fitted cap of the graph plan; every worker refits its copy of the
-    plan to it, so workers and controller keep one eligibility answer (I7).
+    plan to it, so workers and controller keep one eligibility answer (I7). The pages start free;
+    the controller hands them out in steps (I14).
     """
 
     pages: int = 0
     batch_cap: int | None = None
+    page_size: int = 16
 
 
 @dataclass(frozen=True)
@@ -95,10 +97,45 @@ class SlotMove:
 
 @dataclass(frozen=True)
 class Retire:
-    """Request ``request_id`` leaves slot ``slot`` (I8)."""
+    """Request ``request_id`` finished: it leaves slot ``slot`` (I8) and frees ``pages`` (I14).
+
+    ``pages`` are the KV page ids the request held, in page-table order; a worker checks them
+    against its own page map before freeing them.
+    """
 
     request_id: int
     slot: int
+    pages: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Preempt:
+    """Request ``request_id`` is preempted: it leaves slot ``slot`` and frees ``pages`` (I14).
+
+    The controller queues it again; it is re-admitted later with its prompt plus the tokens it
+    already generated as the prompt (recompute), so nothing of its KV survives on any rank.
+    """
+
+    request_id: int
+    slot: int
+    pages: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class PageAssign:
+    """Request ``request_id`` (in ``slot`` after this step's moves and admissions) gets KV pages.
+
+    Attributes:
+        request_id: the request that grows.
+        slot: its slot, after this step's slot changes.
+        first_index: where ``pages`` go in its page table (the number of pages it held before).
+        pages: page ids chosen by the controller, each free on every rank (I14).
+    """
+
+    request_id: int
+    slot: int
+    first_index: int
+    pages: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -106,13 +143,17 @@ class Admit:
     """Request ``request_id`` takes slot ``slot`` and is prefilled with ``prompt`` token ids.
 
     ``params`` is the request's opaque engine payload (sampling parameters, seed), carried to
-    every rank unchanged; the protocol never reads it.
+    every rank unchanged; the protocol never reads it. ``output_index`` is the index among the
+    request's generated tokens of the token this prefill samples: 0 for a new request, k for a
+    request preempted after k tokens and recomputed (its ``prompt`` then ends with those k
+    tokens), so a seeded sampler draws the same stream as without preemption.
     """
 
     request_id: int
     slot: int
     prompt: tuple[int, ...]
     params: Any = field(default=None, compare=False)
+    output_index: int = 0
 
 
 @dataclass(frozen=True)
@@ -127,12 +168,16 @@ class DecodeRow:
 
 @dataclass(frozen=True)
 class Step(Command):
-    """One serving step, applied in this order: retirements, slot moves, admissions, forward.
+    """One serving step, applied in this order: retirements and preemptions (slots and pages
+    freed), slot moves, admissions, page assignments, forward.
 
     Attributes:
-        retires: requests leaving their slots.
+        retires: finished requests leaving their slots and freeing their pages.
+        preempts: running requests preempted to free pages (I14); they leave their slots too.
         moves: compaction moves that fill the holes retirements left (swap-remove).
-        admits: new requests, prefilled eagerly in this step.
+        admits: new (or recomputed) requests, prefilled eagerly in this step.
+        pages: KV pages handed out in this step (I14): the admitted prompts' pages and each
+            decode row's next page when its position crosses into a new page.
         rows: decode rows, in slot order 0..n-1 (dense).
         key: graph to replay for the decode rows, or None to run the step eagerly. A pure
             function of the command, decided by the controller's plan (I2, I7).
@@ -146,6 +191,8 @@ class Step(Command):
     rows: tuple[DecodeRow, ...] = ()
     key: GraphKey | None = None
     bucket: int = 0
+    pages: tuple[PageAssign, ...] = ()
+    preempts: tuple[Preempt, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -68,6 +68,13 @@ class ProtocolConfig:
         kv_page_bytes: bytes of one KV page on one rank, all layers.
         min_kv_pages: fewest KV pages that make serving possible (one per slot plus padding).
         memory_headroom_bytes: bytes left free on each rank after KV sizing.
+        page_size: tokens per KV page (default 16, the engine's page).
+        kv_watermark: fraction of the KV pages that admission leaves free for the running
+            requests' growth (default 0.01, as vLLM's block-manager watermark); raise it to
+            preempt less often at the price of admitting fewer requests (I14).
+        max_kv_pages: most KV pages the memory plan hands out (None: every page memory
+            allows). An engine sets it to ``max_batch x pages_per_seq``, past which pages are
+            never used, or lower to serve from a smaller KV cache (I14).
         shape: the model's collective shape.
     """
 
@@ -82,6 +89,9 @@ class ProtocolConfig:
     kv_page_bytes: int = 16 * 36 * 2 * 8 * 128 * 2
     min_kv_pages: int = 257
     memory_headroom_bytes: int = 0
+    page_size: int = 16
+    kv_watermark: float = 0.01
+    max_kv_pages: int | None = None
     shape: ModelShape = field(default_factory=lambda: QWEN3_4B)
 
     def __post_init__(self) -> None:
@@ -90,6 +100,12 @@ class ProtocolConfig:
         _positive_int("max_batch", self.max_batch)
         _positive_int("kv_page_bytes", self.kv_page_bytes)
         _positive_int("min_kv_pages", self.min_kv_pages)
+        _positive_int("page_size", self.page_size)
+        if self.max_kv_pages is not None:
+            _positive_int("max_kv_pages", self.max_kv_pages)
+        if (not isinstance(self.kv_watermark, (int, float)) or isinstance(self.kv_watermark, bool)
+                or not 0 <= self.kv_watermark < 1):
+            raise ConfigError(f"kv_watermark={self.kv_watermark!r} must be a fraction in [0, 1)")
         if self.max_batch > self.buckets[-1]:
             raise ConfigError(
                 f"max_batch={self.max_batch} exceeds the largest bucket {self.buckets[-1]}; "

@@ -6,8 +6,10 @@ for N. Startup runs a fixed sweep under a watchdog (I5, I9, I4, I6): warm-up col
 message size, eager memory profile, graph measurement without launch, KV sizing from the
 tightest rank, then per graph key -- largest first -- a Capture barrier and a Launch barrier,
 and a Finalize that checks every rank captured the same keys (I3) within the reserve (I9).
-Serving then sends steps whose graph key, bucket and slot moves the controller decides (I2,
-I7, I8). Any failed reply, or an expired watchdog, turns into one `Abort` for every rank (I13).
+Serving then sends steps whose graph key, bucket, slot moves and KV pages the controller decides
+(I2, I7, I8, I14): pages are handed out as sequences grow, admission is by free pages, and a
+short pool preempts the most recently admitted request for recompute. Any failed reply, or an
+expired watchdog, turns into one `Abort` for every rank (I13).
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ from typing import Any
 
 from protocol.commands import (
     Admit,
+    PageAssign,
+    Preempt,
+    Retire,
     AllocateKV,
     Capture,
     Command,
@@ -36,6 +41,7 @@ from protocol.config import ProtocolConfig
 from protocol.eligibility import GraphPlan
 from protocol.errors import (
     ConfigError,
+    PageError,
     ProtocolError,
     RankFailure,
     ReplyError,
@@ -43,6 +49,7 @@ from protocol.errors import (
 )
 from protocol.keys import GraphKey
 from protocol.memory import MemoryPlan, plan_memory
+from protocol.pages import PagePool
 from protocol.requests import Request
 from protocol.slots import SlotTable
 from protocol.watchdog import Watchdog
@@ -89,7 +96,7 @@ class Controller:
     Args:
         config: the validated protocol configuration.
         clock: returns seconds (monotonic); drives the startup watchdog.
-        pages_per_seq: KV pages one full-length sequence needs (for memory fitting).
+        pages_per_seq: KV pages one full-length sequence needs (memory fitting, page tables).
     """
 
     abort_how = "abort"
@@ -123,6 +130,10 @@ class Controller:
         self._positions: dict[int, int] = {}
         self._sweep_index = 0
         self._closing = False
+        self.pool: PagePool | None = None
+        self._admitted_at: dict[int, int] = {}
+        self._admissions = 0
+        self.preemptions = 0
 
     # -- what the driver asks --------------------------------------------------------------
 
@@ -198,6 +209,7 @@ class Controller:
             raise ConfigError(f"request {request.request_id} submitted after shutdown")
         if request.request_id in self.requests:
             raise ConfigError(f"request id {request.request_id} is already in use")
+        self._check_fits(request)
         self.requests[request.request_id] = request
         self.outputs[request.request_id] = []
         self.pending.append(request)
@@ -244,7 +256,7 @@ class Controller:
         return (self.phase, self.seq, self._stage, tuple(sorted(self.replies)),
                 self.slots.requests(), len(self.pending), tuple(self.finished),
                 tuple((r, tuple(t)) for r, t in sorted(self.outputs.items())), self._closing,
-                self.watchdog.armed)
+                self.watchdog.armed, self.pool.fingerprint() if self.pool else ())
 
     # -- hooks that variants override -----------------------------------------------------
 
@@ -265,7 +277,7 @@ class Controller:
         """One KV size and batch cap for every rank, from the tightest rank (I9)."""
         return plan_memory(reports, graph_bytes, self.plan.buckets, self.config.max_batch,
                            self.config.kv_page_bytes, self.pages_per_seq,
-                           self.config.memory_headroom_bytes)
+                           self.config.memory_headroom_bytes, self.config.max_kv_pages)
 
     def sweep_commands(self, seq: int, index: int) -> Command | None:
         """The index-th command of the capture sweep: Capture then Launch per key, largest first."""
@@ -334,7 +346,8 @@ class Controller:
                 command = MeasureGraphs(seq, self.measure_keys())
             elif name == "allocate":
                 command = AllocateKV(seq, self.memory.kv_pages if self.memory else 0,
-                                     self.memory.batch_cap if self.memory else None)
+                                     self.memory.batch_cap if self.memory else None,
+                                     self.config.page_size)
             elif name.startswith("sweep"):
                 command = self.sweep_commands(seq, self._sweep_index)
                 if command is None:
@@ -367,6 +380,14 @@ class Controller:
             except ConfigError as exc:
                 return exc
             self.plan = self.plan.fitted(self.memory.batch_cap)
+        elif isinstance(command, AllocateKV):
+            if command.pages > 0:
+                self.pool = PagePool(command.pages, command.page_size, self.pages_per_seq,
+                                     min(command.pages - 1,
+                                         int(self.config.kv_watermark * command.pages)))
+                for request in self.pending:
+                    if (error := self._check_fits(request, raise_=False)) is not None:
+                        return error
         elif isinstance(command, Finalize):
             return self._check_finalize(replies)
         elif isinstance(command, Step):
@@ -392,23 +413,85 @@ class Controller:
                     f"reserve of {reserve}", (rank,), (), {rank: "graph memory"})
         return None
 
+    def _check_fits(self, request: Request, raise_: bool = True) -> ConfigError | None:
+        """A request must fit the page pool alone, or it could never finish (I14)."""
+        if self.pool is None:
+            return None
+        tokens = len(request.prompt) + request.max_tokens - 1  # the last token is never fed
+        if self.pool.fits_alone(tokens):
+            return None
+        error = ConfigError(
+            f"request {request.request_id}: {len(request.prompt)} prompt tokens + "
+            f"{request.max_tokens} new tokens need {-(-tokens // self.pool.page_size)} KV pages, "
+            f"above the {min(self.pool.num_pages, self.pool.max_pages_per_seq)} one sequence "
+            "may hold; shorten it or give the KV cache more memory")
+        if raise_:
+            raise error
+        return error
+
     def _next_step(self) -> Step | None:
-        retires, moves = self.slots.retire(self._to_retire) if self._to_retire else ((), ())
+        """The next serving step: free finished requests, grow or preempt, admit by free pages.
+
+        Pages (I14): every running request needs the page its next position writes; while the
+        pool cannot cover them, the most recently admitted running request is preempted (its
+        pages freed, the request queued first for recompute). Admission then takes queued
+        requests in order while their prompt pages leave the watermark free -- none in a step
+        that preempted, so a preempted request does not displace the growth it made room for.
+        """
+        pool = self.pool
+        if pool is None:
+            raise PageError("serving step before the KV cache was allocated")
+        leaving = list(dict.fromkeys(self._to_retire))
         self._to_retire = []
+        freed = {r: pool.release(r) for r in leaving}
+        need = {r: pool.growth(r, self._positions[r] + 1)
+                for r in self.slots.requests() if r not in freed}
+        victims: list[int] = []
+        while sum(need.values()) > pool.free_count:
+            victim = max(need, key=self._admitted_at.__getitem__)
+            del need[victim]
+            victims.append(victim)
+            freed[victim] = pool.release(victim)
+            del self._positions[victim]
+        gone, moves = self.slots.retire(leaving + victims)
+        retires = tuple(Retire(g.request_id, g.slot, freed[g.request_id])
+                        for g in gone if g.request_id not in victims)
+        preempts = tuple(Preempt(g.request_id, g.slot, freed[g.request_id])
+                         for g in gone if g.request_id in victims)
+        if victims:
+            self.preemptions += len(victims)
+            self.pending[:0] = sorted((self.requests[v] for v in victims),
+                                      key=lambda q: self._admitted_at[q.request_id])
         rows = self.slots.rows(self._next_tokens, self._positions) if self.slots.requests() else ()
+        pages = [self._grow(row.request_id, row.slot, row.position + 1) for row in rows]
         admits = []
         room = (self.memory.batch_cap if self.memory else self.config.max_batch) - len(self.slots)
-        while self.pending and room > 0:
-            request = self.pending.pop(0)
+        while self.pending and room > 0 and not victims:
+            request = self.pending[0]
+            generated = tuple(self.outputs[request.request_id])
+            prompt = request.prompt + generated
+            if not pool.can_admit(len(prompt), running=len(self.slots)):
+                break
+            self.pending.pop(0)
             admit = self.slots.admit(request.request_id)
-            admits.append(Admit(request.request_id, admit.slot, request.prompt, request.params))
+            admits.append(Admit(request.request_id, admit.slot, prompt, request.params,
+                                output_index=len(generated)))
+            pages.append(self._grow(request.request_id, admit.slot, len(prompt)))
+            self._admitted_at[request.request_id] = self._admissions
+            self._admissions += 1
             room -= 1
-        if not rows and not admits and not retires:
+        if not rows and not admits and not retires and not preempts:
             return None
         key, bucket = self.plan.key_for(len(rows), prefill=bool(admits))
         self.seq += 1
         return Step(self.seq, retires=retires, moves=moves, admits=tuple(admits), rows=rows,
-                    key=key, bucket=bucket)
+                    key=key, bucket=bucket, pages=tuple(p for p in pages if p is not None),
+                    preempts=preempts)
+
+    def _grow(self, request_id: int, slot: int, tokens: int) -> PageAssign | None:
+        assign = self.pool.allocate(request_id, tokens)
+        return None if assign is None else PageAssign(request_id, slot, assign.first_index,
+                                                      assign.pages)
 
     def _absorb_step(self, step: Step, tokens: dict[int, int]) -> None:
         for admit in step.admits:

@@ -27,6 +27,10 @@ class SlotError(ProtocolError):
     """A slot move or retirement does not match the worker's slot occupancy (I8)."""
 
 
+class PageError(ProtocolError):
+    """A page assignment or release does not match the rank's page map, or the pool is short (I14)."""
+
+
 class EligibilityError(ProtocolError):
     """A capture or replay was asked for a graph key the plan does not allow or hold (I3, I7)."""
 

@@ -6,6 +6,10 @@ picks one effective batch cap and one KV page count for all ranks, from the tigh
 largest graph figures, reserving *every* graph it keeps -- not only the largest (pegainfer #780,
 PR #848 review; vLLM PR #30515) -- and sizing that reserve from the effective batch it fits, not
 the requested one (pegainfer qwen35 TP graph PR: the oversized reserve starved capacity to zero).
+
+KV pages are handed out on demand (I14, `protocol.pages`), so the KV cache need not hold every
+slot at full length: the plan only needs room for one full-length sequence, which a lone request
+can always use once the scheduler has preempted the others.
 """
 
 from __future__ import annotations
@@ -34,13 +38,18 @@ class MemoryPlan:
 
 
 def pages_needed(batch: int, pages_per_seq: int) -> int:
-    """KV pages to serve ``batch`` sequences of full length (the padding page comes on top)."""
+    """KV pages to hold ``batch`` sequences of full length (the padding page comes on top)."""
     return batch * pages_per_seq
+
+
+MIN_SEQUENCES = 1
+"""Full-length sequences the KV cache must hold at least: one, so that every request that fits
+``max_model_len`` can finish (I14 preempts the others); more concurrency only helps throughput."""
 
 
 def plan_memory(reports: Mapping[int, MemoryReport], graph_bytes: Mapping[GraphKey, int],
                 buckets: tuple[int, ...], max_batch: int, page_bytes: int, pages_per_seq: int,
-                headroom_bytes: int = 0) -> MemoryPlan:
+                headroom_bytes: int = 0, max_pages: int | None = None) -> MemoryPlan:
     """Fit the largest batch cap whose graphs plus KV cache fit on the tightest rank.
 
     Args:
@@ -51,23 +60,31 @@ def plan_memory(reports: Mapping[int, MemoryReport], graph_bytes: Mapping[GraphK
         page_bytes: bytes of one KV page on one rank.
         pages_per_seq: KV pages one full-length sequence needs.
         headroom_bytes: bytes to leave free.
+        max_pages: most KV pages to hand out (None: all that fit).
 
     Returns:
-        the plan for the largest cap that fits; its KV gets all remaining memory, less the
-        reserved padding page that `allocate_kv` adds.
+        the plan for the largest cap whose graph reserve leaves room for one full-length
+        sequence; its KV gets all remaining memory, less the reserved padding page that
+        `allocate_kv` adds. ``cap x pages_per_seq`` may exceed the pages: KV pages are handed
+        out on demand and a short pool preempts (I14).
 
     Raises:
         ConfigError: no cap, not even one row, fits; names the tightest rank and the numbers.
     """
     if not reports:
         raise ConfigError("no memory reports: every rank must report before KV sizing")
+    if max_pages is not None and max_pages < pages_needed(MIN_SEQUENCES, pages_per_seq):
+        raise ConfigError(f"startup refused: max_kv_pages={max_pages} is below one full-length "
+                          f"sequence ({pages_per_seq} pages)")
     tight_rank = min(reports, key=lambda r: reports[r].free_bytes - reports[r].peak_activation_bytes)
     tight = reports[tight_rank]
     budget = tight.free_bytes - tight.peak_activation_bytes - headroom_bytes
     for cap in sorted({b for b in buckets if b <= max_batch} | {max_batch}, reverse=True):
         reserve = sum(v for k, v in graph_bytes.items() if k.bucket <= cap)
         pages = (budget - reserve) // page_bytes - 1  # one page is the reserved padding page
-        if pages >= pages_needed(cap, pages_per_seq):
+        if max_pages is not None:
+            pages = min(pages, max_pages)
+        if pages >= pages_needed(MIN_SEQUENCES, pages_per_seq):
             return MemoryPlan(batch_cap=cap, kv_pages=int(pages), graph_reserve_bytes=reserve)
     raise ConfigError(
         f"startup refused: rank {tight_rank} has {budget} bytes after activations and headroom, "

@@ -1,7 +1,7 @@
 """The worker: one rank's side of the step protocol, sans-IO.
 
-`ops_for(command)` checks the command against the rank's state (slot occupancy, captured keys,
-the graph plan) and returns the ordered backend operations; the driver runs them and passes the
+`ops_for(command)` checks the command against the rank's state (slot occupancy, KV page
+ownership, captured keys, the graph plan) and returns the ordered backend operations; the driver runs them and passes the
 results to `reply`, or the exception to `fail`. A failed worker is poisoned: it refuses every
 later command but `Teardown`, so no rank goes on to the next collective alone (I13).
 """
@@ -28,7 +28,8 @@ from protocol.commands import (
     Warmup,
 )
 from protocol.eligibility import GraphPlan
-from protocol.errors import EligibilityError, ProtocolError
+from protocol.errors import EligibilityError, PageError, ProtocolError
+from protocol.pages import PageMap
 from protocol.slots import SlotMap
 
 SYNC = Op("synchronize")
@@ -49,6 +50,7 @@ class Worker:
         self.world_size = world_size
         self.plan = plan
         self.slots = SlotMap(capacity)
+        self.pages: PageMap | None = None
         self.uploaded: set = set()
         self.captured: set = set()
         self.serving = False
@@ -57,7 +59,8 @@ class Worker:
 
     def fingerprint(self) -> tuple:
         """Hashable summary of the state, for the simulator's state hashing."""
-        return (self.rank, self.slots.fingerprint(), tuple(sorted(self.captured)),
+        return (self.rank, self.slots.fingerprint(),
+                self.pages.fingerprint() if self.pages else (), tuple(sorted(self.captured)),
                 tuple(sorted(self.uploaded)), self.serving, self.poisoned is not None,
                 self.torn_down, self.plan.batch_cap)
 
@@ -113,6 +116,7 @@ class Worker:
 
     def _ops_step(self, step: Step) -> list[Op]:
         ops = self.apply_slot_changes(step)
+        ops += self.apply_page_changes(step)
         if step.admits:
             ops.append(Op("prefill", (step.admits,)))
         if step.rows:
@@ -129,7 +133,7 @@ class Worker:
             SlotError: the command's view of a slot differs from this rank's (I8).
         """
         ops: list[Op] = []
-        for retire in step.retires:
+        for retire in step.retires + step.preempts:
             self.slots.retire(retire)
             ops.append(Op("release_slot", (retire.slot,)))
         for move in step.moves:
@@ -139,6 +143,36 @@ class Worker:
             self.slots.admit(admit)
         self.slots.check_dense()
         self.slots.check_rows(step.rows, admitted=len(step.admits))
+        return ops
+
+    def apply_page_changes(self, step: Step) -> list[Op]:
+        """Free the pages of finished and preempted requests, hand out the step's pages, and
+        check that every admitted prompt and decode row holds the pages it writes (I14).
+
+        Each page change is checked against this rank's page map; the worker never picks a page.
+        Raises:
+            PageError: a page change or a row does not match this rank's page map, or a step
+                arrives before `AllocateKV`.
+        """
+        if self.pages is None:
+            if step.retires or step.preempts or step.admits or step.rows or step.pages:
+                raise PageError(f"rank {self.rank}: step {step.seq} before the KV cache was "
+                                "allocated")
+            return []
+        for leaving in step.retires + step.preempts:
+            self.pages.release(leaving.request_id, leaving.pages)
+        ops: list[Op] = []
+        for assign in step.pages:
+            slot = next((s for s, r in self.slots.slots.items() if r == assign.request_id), None)
+            if slot != assign.slot:
+                raise PageError(f"rank {self.rank}: pages for request {assign.request_id} in "
+                                f"slot {assign.slot}, but it holds slot {slot}")
+            self.pages.assign(assign)
+            ops.append(Op("assign_pages", (assign.slot, assign.first_index, assign.pages)))
+        for admit in step.admits:
+            self.pages.check_admit(admit)
+        for row in step.rows:
+            self.pages.check_row(row)
         return ops
 
     def forward_ops(self, step: Step) -> list[Op]:
@@ -167,6 +201,7 @@ class Worker:
             sizes = [results[0]] + [results[3 * i + 3] for i in range(len(command.keys))]
             payload = {key: sizes[i + 1] - sizes[i] for i, key in enumerate(command.keys)}
         elif isinstance(command, AllocateKV):
+            self.pages = PageMap(command.pages, command.page_size)
             if command.batch_cap is not None:
                 self.plan = self.plan.fitted(command.batch_cap)
         elif isinstance(command, Finalize):

@@ -113,6 +113,9 @@ class ModelledBackend:
     def _op_release_slot(self, r, host, slot, probe):
         return DONE if probe else self.done(r, host, "release_slot", (slot,))
 
+    def _op_assign_pages(self, r, host, slot, first_index, pages, probe):
+        return DONE if probe else self.done(r, host, "assign_pages", (slot, first_index, pages))
+
     def _op_move_slot(self, r, host, src, dst, probe):
         if probe:
             return DONE

@@ -479,7 +479,7 @@ class World(ModelledBackend, DeviceModel):
 
 LOCKING_OPS = frozenset({"record", "instantiate", "upload", "launch", "allocate_kv"})
 ALWAYS_READY = frozenset({"warmup_collective", "profile_memory", "graph_memory", "free_graphs",
-                          "release_slot", "move_slot", "prefill", "prepare_replay", "run_eager",
+                          "release_slot", "assign_pages", "move_slot", "prefill", "prepare_replay", "run_eager",
                           "sample"})
 """Ops that never block in the model (host-side work or a plain enqueue), probed for free."""
 

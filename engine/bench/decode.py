@@ -79,6 +79,7 @@ def measure_rank(rank: int, world_size: int, opts, model_dir: str) -> dict:
     ex = RankExecutor(settings, TPGroup(rank, world_size))
     ex.load_model()
     ex.allocate_kv(ex.pages_needed())
+    ex.assign_pages_per_slot()
     out["load_s"] = time.perf_counter() - t0
     cfg = ex.cfg
     kvh = cfg.num_kv_heads // world_size

@@ -41,6 +41,7 @@ def main(argv=None) -> int:
         ex = RankExecutor(engine_settings(d, opts, 1), SINGLE)
         ex.load_model()
         ex.allocate_kv(ex.pages_needed())
+        ex.assign_pages_per_slot()
         for layer in range(ex.cfg.num_layers):
             ex.kv.k[layer].normal_()
             ex.kv.v[layer].normal_()

@@ -89,7 +89,7 @@ def test_tp2_gloo_sweep_and_replay(tiny_dir):
 
 
 def test_uncaptured_key_is_refused_by_worker_and_executor(tiny_dir):
-    from protocol.commands import Admit, DecodeRow, Step
+    from protocol.commands import Admit, DecodeRow, PageAssign, Step
 
     llm = _graph_llm(tiny_dir, max_batch=2)
     try:
@@ -98,7 +98,8 @@ def test_uncaptured_key_is_refused_by_worker_and_executor(tiny_dir):
                                               r"captured for this key"):
             ex.launch(GraphKey(4))
         seq = llm.controller.seq + 1
-        llm.ranks.send(Step(seq, admits=(Admit(99, 0, (1, 2, 3)),)),
+        llm.ranks.send(Step(seq, admits=(Admit(99, 0, (1, 2, 3)),),
+                            pages=(PageAssign(99, 0, 0, (0,)),)),
                        {99: (SamplingParams(), 0)})
         (reply, _, _), = llm.ranks.collect()
         assert reply.ok

@@ -23,6 +23,7 @@ def test_decode_step_capture_and_replay_with_new_metadata(tmp_path):
                                      max_model_len=128, buckets=(1, 2, 4)), SINGLE)
     ex.load_model()
     ex.allocate_kv(ex.pages_needed())
+    ex.assign_pages_per_slot()
     ex.prefill((Admit(0, 0, tuple(range(3, 40))), Admit(1, 1, (7, 8, 9)),
                 Admit(2, 2, tuple(range(100, 117)))))
 

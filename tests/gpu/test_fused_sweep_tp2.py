@@ -43,6 +43,7 @@ def _rank(rank: int, model_dir: str, port: int, skew_s: float, q) -> None:
         for b in buckets:  # keep I5: only the barrier is removed
             ex.warmup_collective(b * ex.cfg.hidden_size * ex.dtype.itemsize)
         ex.allocate_kv(ex.pages_needed())
+        ex.assign_pages_per_slot()
         ex.synchronize()
         dist.barrier()
         t0 = time.monotonic()

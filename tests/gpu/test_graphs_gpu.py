@@ -136,6 +136,7 @@ def test_uncaptured_and_ineligible_keys_raise(model_dir):
                       SINGLE)
     ex.load_model()
     ex.allocate_kv(ex.pages_needed())
+    ex.assign_pages_per_slot()
     ex.record(GraphKey(2))
     with pytest.raises(GraphError, match="upload.*expected instantiated"):
         ex.upload(GraphKey(2))

@@ -1,5 +1,6 @@
 """A minimal synchronous driver for protocol unit tests: ops are recorded, results are canned."""
 
+from protocol.commands import AllocateKV
 from protocol.controller import Abort, Broadcast, Controller, Done, Idle
 from protocol.eligibility import GraphPlan
 from protocol.errors import ProtocolError
@@ -33,13 +34,84 @@ class FakeBackend:
         return None
 
 
-def drive(config, requests=(), fail=None, max_iter=10_000):
-    """Run controller + workers to Done or Abort. ``fail`` = (rank, op name)."""
-    ctrl = Controller(config)
+class PagedBackend(FakeBackend):
+    """A fake rank with a modelled paged KV cache: tokens are stored per page, and the sampled
+    token is a hash of the sequence read back through the slot's page table -- so a wrong page
+    id, a stale page or a lost page-table row changes the tokens, as it would on a device.
+
+    Args:
+        rank: the rank.
+        pages: KV pages the memory report makes the controller allocate.
+        vocab: modelled vocabulary size.
+    """
+
+    GRAPHS = 100
+
+    def __init__(self, rank, pages, vocab=97):
+        super().__init__(rank)
+        self.pages, self.vocab = pages, vocab
+        self.page_size = None
+        self.kv: dict[int, dict[int, int]] = {}      # page -> {offset: token}
+        self.table: dict[int, dict[int, int]] = {}   # slot -> {page index: page}
+
+    def _write(self, slot, position, token):
+        page = self.table[slot][position // self.page_size]
+        self.kv.setdefault(page, {})[position % self.page_size] = token
+
+    def _next(self, slot, length):
+        seq = tuple(self.kv[self.table[slot][p // self.page_size]][p % self.page_size]
+                    for p in range(length))
+        return hash(seq) % self.vocab
+
+    def run(self, op):
+        if op.name == "profile_memory":
+            return ((self.pages + 1) * PAGE_BYTES + 10**6 + 4 * self.GRAPHS, 10**6)
+        if op.name == "record":
+            self.graph_bytes += self.GRAPHS
+            return None
+        if op.name == "allocate_kv":
+            assert op.args[0] == self.pages
+            return None
+        if op.name == "release_slot":
+            self.table.pop(op.args[0], None)
+        elif op.name == "move_slot":
+            src, dst = op.args
+            self.table[dst] = self.table.pop(src)
+        elif op.name == "assign_pages":
+            slot, first, pages = op.args
+            row = self.table.setdefault(slot, {})
+            assert sorted(row) == list(range(first))
+            row.update({first + i: p for i, p in enumerate(pages)})
+        elif op.name == "prefill":
+            self.out = {}
+            for admit in op.args[0]:
+                for position, token in enumerate(admit.prompt):
+                    self._write(admit.slot, position, token)
+                self.out[admit.request_id] = self._next(admit.slot, len(admit.prompt))
+        elif op.name in ("run_eager", "prepare_replay"):
+            step = op.args[0]
+            self.out = getattr(self, "out", {}) if step.admits else {}
+            for row in step.rows:
+                self._write(row.slot, row.position, row.token)
+                self.out[row.request_id] = self._next(row.slot, row.position + 1)
+        elif op.name == "sample":
+            out, self.out = self.out, {}
+            return out
+        return super().run(op)
+
+
+PAGE_BYTES = 1000
+"""kv_page_bytes of the configurations `PagedBackend` serves."""
+
+
+def drive(config, requests=(), fail=None, max_iter=10_000, backends=None, pages_per_seq=1):
+    """Run controller + workers to Done or Abort. ``fail`` = (rank, op name); ``backends``
+    replaces the default `FakeBackend` per rank."""
+    ctrl = Controller(config, pages_per_seq=pages_per_seq)
     workers = [Worker(r, config.world_size, GraphPlan.from_config(config), config.max_batch)
                for r in range(config.world_size)]
-    backends = [FakeBackend(r, fail[1] if fail and fail[0] == r else None)
-                for r in range(config.world_size)]
+    backends = backends or [FakeBackend(r, fail[1] if fail and fail[0] == r else None)
+                            for r in range(config.world_size)]
     sent = []
     pending = list(requests)
     for _ in range(max_iter):
@@ -56,6 +128,8 @@ def drive(config, requests=(), fail=None, max_iter=10_000):
         assert isinstance(action, Broadcast)
         sent.append(action.command)
         for w, b in zip(workers, backends):
+            if isinstance(action.command, AllocateKV) and isinstance(b, PagedBackend):
+                b.page_size = action.command.page_size
             try:
                 results = [b.run(op) for op in w.ops_for(action.command)]
                 reply = w.reply(action.command, results)

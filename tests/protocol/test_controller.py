@@ -8,6 +8,7 @@ from protocol.controller import Abort, Broadcast, Controller, Done, Wait
 from protocol.eligibility import GraphPlan
 from protocol.errors import EligibilityError, ProtocolError, RankFailure, ReplyError
 from protocol.keys import GraphKey
+from protocol.pages import PagePool
 from protocol.requests import Request
 from protocol.worker import Worker
 from tests.protocol.driver import drive
@@ -87,6 +88,7 @@ def test_rank0_step_reply_must_carry_tokens():
     ctrl2 = Controller(config)
     # drive ctrl2 to serving by hand using the first run's replies is long; instead build a step
     ctrl2.phase = "serving"
+    ctrl2.pool = PagePool(num_pages=8, page_size=16, max_pages_per_seq=4)
     ctrl2.submit(Request(1, (1, 2)))
     action = ctrl2.next_action()
     assert isinstance(action.command, Step)
@@ -130,6 +132,7 @@ def test_step_timeout_aborts_during_serving():
     now = [0.0]
     ctrl = Controller(ProtocolConfig(step_timeout_s=5, **SMALL), clock=lambda: now[0])
     ctrl.phase = "serving"
+    ctrl.pool = PagePool(num_pages=8, page_size=16, max_pages_per_seq=4)
     ctrl.submit(Request(1, (1,)))
     ctrl.next_action()
     now[0] = 6
@@ -166,9 +169,10 @@ def test_worker_never_captures_after_startup():
 
 
 def test_decode_step_for_uncaptured_key_fails_loudly():
-    from protocol.commands import Admit, DecodeRow
+    from protocol.commands import Admit, AllocateKV, DecodeRow, PageAssign
     w = _worker()
-    w.ops_for(Step(0, admits=(Admit(1, 0, (1,)),)))
+    w.reply(AllocateKV(0, pages=4, page_size=16), [None, None])
+    w.ops_for(Step(0, admits=(Admit(1, 0, (1,)),), pages=(PageAssign(1, 0, 0, (0,)),)))
     with pytest.raises(EligibilityError, match="not captured at startup"):
         w.ops_for(Step(1, rows=(DecodeRow(0, 1, 5, 1),), key=GraphKey(1), bucket=1))
 
