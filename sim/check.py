@@ -58,7 +58,7 @@ class CheckSpec:
         largest = max(b for b in cfg.buckets if b <= max(cfg.buckets))
         need = (mem.weights + largest * mem.activation_per_row
                 + sum(mem.graph_bytes(b) for b in cfg.buckets if b <= cfg.max_batch)
-                + (largest * sc.pages_per_seq + 1) * cfg.kv_page_bytes)
+                + (sc.pages_per_seq + 1) * cfg.kv_page_bytes)  # pages on demand: one sequence (I14)
         if need > mem.capacity:
             raise ConfigError(f"buckets up to {largest} need {need / 2**30:.0f} GiB per rank in the "
                               f"modelled memory, more than its {mem.capacity / 2**30:.0f} GiB; "
@@ -165,10 +165,12 @@ def check_correct(variant: Variant, spec: CheckSpec, topology: str, progress=Non
     elif stats.schedules == 0:
         got, detail, minimal = "incomplete", "the time budget ended the search before one schedule finished", None
     else:
-        missing = [e for e in ("replay", "compaction_moves_live") if not stats.reached.get(e)]
+        wanted = ("replay", "compaction_moves_live") + tuple(variant.reaches)
+        missing = [e for e in wanted if not stats.reached.get(e)]
         got = "vacuous" if missing else "clean"
+        reached = ", ".join(("replays", "live compactions") + tuple(variant.reaches))
         detail = (f"never reached: {', '.join(missing)}" if missing else
-                  f"{stats.schedules} schedules clean; replays, live compactions reached")
+                  f"{stats.schedules} schedules clean; {reached} reached")
         minimal = None
     expected = variant.expected.get(topology, "clean")
     rows.append(Row(variant.name, topology, expected, got, stats, detail, minimal, base,

@@ -92,3 +92,19 @@ def slot_divergence(world, rank: int, step) -> Outcome | None:
                                      f"step {step.seq}: slot {s} holds request {got.get(s)} on the "
                                      f"rank but {want.get(s)} in the scheduler", "I8")
     return None
+
+
+def page_divergence(world, rank: int, step) -> Outcome | None:
+    """After rank ``rank`` ran ``step``: its KV page tables must equal the controller's (I14)."""
+    pool, pages = world.ctrl.pool, world.workers[rank].pages
+    if pool is None or pages is None:
+        return None
+    want = {r: list(p) for r, p in pool.tables.items()}
+    got = {r: list(p) for r, p in pages.tables.items()}
+    if got == want:
+        return None
+    request = min(r for r in set(want) | set(got) if want.get(r) != got.get(r))
+    return Outcome("divergence", f"rank {rank}'s KV page table differs from the controller's after "
+                                 f"step {step.seq}: request {request} holds pages "
+                                 f"{got.get(request, [])} on the rank but {want.get(request, [])} "
+                                 "in the controller", "I14")

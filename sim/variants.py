@@ -25,7 +25,7 @@ from protocol.worker import SYNC, Worker
 from sim.scenario import TOPOLOGIES, Fault, Scenario
 
 VERDICTS = ("clean", "abort", "deadlock", "hang", "hang-at-exit", "divergence", "oom",
-            "startup-refused", "livelock") + tuple(f"invariant:I{n}" for n in range(1, 14))
+            "startup-refused", "livelock") + tuple(f"invariant:I{n}" for n in range(1, 15))
 """Verdicts a variant may expect."""
 
 
@@ -45,6 +45,8 @@ class Variant:
         adjust: scenario -> scenario, for the fault or memory budget the variant needs.
         sim_ops: extra modelled backend ops, name -> handler(world, rank, host, args, probe).
         sim_kernels: extra modelled kernels, label -> handler(world, rank, device, kernel).
+        reaches: events (`sim.world.World.events` keys) a clean run of this variant must reach
+            besides graph replays and live compactions, e.g. ``"preemption"``.
     """
 
     name: str
@@ -57,6 +59,7 @@ class Variant:
     adjust: Callable[[Scenario], Scenario] | None = None
     sim_ops: Mapping[str, Callable] = field(default_factory=dict)
     sim_kernels: Mapping[str, Callable] = field(default_factory=dict)
+    reaches: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -598,6 +601,8 @@ register(Variant(
     remedy='The scheduler decides every slot move and carries it in the step; workers apply it with occupancy assertions (I8).',
     worker_cls=InferredSlotsWorker))
 
+
+import sim.variants_paging  # noqa: E402,F401  (registers the KV-paging variants, I14)
 
 SHIPPED = tuple(REGISTRY)
 """Names of the shipped variants, the correct protocol first."""

@@ -17,7 +17,7 @@ from protocol.backend import Op
 from protocol.commands import Command, Step
 from protocol.controller import Abort, Broadcast, Done, Idle, Wait
 from protocol.eligibility import GraphPlan
-from protocol.errors import ProtocolError
+from protocol.errors import PageError, ProtocolError
 from protocol.keys import GraphKey
 from protocol.trace import TraceEvent, describe_args
 from sim.common import BLOCKED, DONE, FOREVER, PROGRESS, Outcome, SimFault, sig_text, token_fn
@@ -105,7 +105,7 @@ class World(ModelledBackend, DeviceModel):
         self.outcome: Outcome | None = None
         self.actions = 0
         self.exiting = False
-        self.events = {"replay": 0, "compaction_moves_live": 0, "fault_fired": 0}
+        self.events = {"replay": 0, "compaction_moves_live": 0, "fault_fired": 0, "preemption": 0}
         self._watchdog_armed = False
         self._rank_names = [f"rank{r}" for r in range(self.ws)]
         self._device_names = [f"device{r}" for r in range(self.ws)]
@@ -213,6 +213,7 @@ class World(ModelledBackend, DeviceModel):
                 self.served_steps += 1
                 if any(m.request_id is not None for m in cmd.moves):
                     self.events["compaction_moves_live"] += len(cmd.moves)
+                self.events["preemption"] += len(cmd.preempts)
             self._ev("controller", "send", type(cmd).__name__, cmd.seq, None, _cmd_detail(cmd))
             for host in self.hosts:
                 host.inbox.append(cmd)
@@ -274,6 +275,13 @@ class World(ModelledBackend, DeviceModel):
             host.cmd = cmd
             try:
                 ops = worker.ops_for(cmd)
+            except PageError as exc:
+                # a rank whose pages disagree with the command, or that runs out of pages the
+                # controller handed out, breaks the page rule: the verdict names it (I14)
+                self._reply(r, worker.fail(cmd, exc))
+                self.outcome = Outcome("invariant", f"I14 violated: rank {r} refused command "
+                                                    f"{cmd.seq}: {exc}", "I14")
+                return
             except ProtocolError as exc:
                 self._reply(r, worker.fail(cmd, exc))
                 return
@@ -306,8 +314,9 @@ class World(ModelledBackend, DeviceModel):
         host.started, host.fault_armed, host.ready_at = False, None, None
         self._ev(f"rank{r}", "reply", "Reply", reply.seq, r, reply.error or "", reply.ok)
         if reply.ok and isinstance(self.ctrl.current, Step) and self.ctrl.current.seq == reply.seq:
-            from sim.checks import slot_divergence
-            outcome = slot_divergence(self, r, self.ctrl.current)
+            from sim.checks import page_divergence, slot_divergence
+            outcome = (slot_divergence(self, r, self.ctrl.current)
+                       or page_divergence(self, r, self.ctrl.current))
             if outcome is not None:
                 self.outcome = outcome
                 return
@@ -519,6 +528,10 @@ def _cmd_detail(cmd: Command) -> str:
             parts.append(f"admit {[a.request_id for a in cmd.admits]}")
         if cmd.retires:
             parts.append(f"retire {[r.request_id for r in cmd.retires]}")
+        if cmd.preempts:
+            parts.append(f"preempt {[p.request_id for p in cmd.preempts]}")
+        if cmd.pages:
+            parts.append("pages " + ", ".join(f"r{a.request_id}+{list(a.pages)}" for a in cmd.pages))
         if cmd.moves:
             parts.append("move " + ", ".join(f"r{m.request_id}:{m.src}->{m.dst}" for m in cmd.moves))
         return ", ".join(parts)

@@ -1,0 +1,94 @@
+"""Variants of KV pages on demand (I14): the scenario that makes pages run out, and the
+known-bad design of a worker that keeps its own page allocator beside the scheduler's.
+
+`page_pressure` turns any scenario into one whose KV pool holds a single full-length sequence
+of its own workload -- the smallest pool the protocol accepts -- with pages small enough that
+every request grows across pages, so that running requests outgrow the pool and the controller
+must preempt. The correct protocol must serve every request there with unchanged tokens; the
+``local-pages`` variant, whose workers allocate pages from their own free list and free them
+only when a request finishes (vllm-metal PR #128: the model runner's own block allocator beside
+the scheduler's KV cache manager never heard of preemption and raised "Not enough free blocks"),
+fails the engine in the very step whose preemption hands the freed pages to a growing request.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import replace
+
+from protocol.backend import Op
+from protocol.commands import PageAssign, Step
+from protocol.errors import PageError
+from protocol.pages import pages_for
+from protocol.worker import Worker
+from sim.scenario import Scenario
+from sim.variants import Variant, register
+
+PRESSURE_PAGE_SIZE = 1
+"""Tokens per page under `page_pressure`: one, so every decode step of every request needs a
+new page and the pool runs short as soon as two requests grow together (any page size at which
+the workload spans several pages does the same; tests vary it)."""
+
+
+def page_pressure(sc: Scenario, page_size: int = PRESSURE_PAGE_SIZE) -> Scenario:
+    """``sc`` with ``page_size``-token pages and a KV pool of one full-length sequence of its
+    own workload (prompt + max_tokens - 1 tokens of its longest request): the smallest pool
+    the controller accepts, so running requests outgrow it and are preempted (I14)."""
+    longest = max((len(a.request.prompt) + a.request.max_tokens - 1 for a in sc.workload),
+                  default=1)
+    per_seq = pages_for(longest, page_size)
+    config = replace(sc.config, page_size=page_size, max_kv_pages=per_seq)
+    return sc.with_(config=config, pages_per_seq=per_seq)
+
+
+register(Variant(
+    name="paged-kv-pressure",
+    summary="the correct protocol with a KV pool of one full-length sequence: pages run out "
+            "and running requests are preempted and recomputed",
+    source="vLLM recompute preemption (Kwon et al., SOSP 2023, section 4.5)",
+    expected={"shared": "clean", "per-rank": "clean"},
+    remedy="Nothing to fix: exhaustion preempts the most recently admitted request, its pages "
+           "are freed in the step's command, and it is recomputed later (I14).",
+    adjust=page_pressure,
+    reaches=("preemption",)))
+
+
+class LocalPagesWorker(Worker):
+    """Allocates KV pages from its own free list (lowest id first, as the controller does)
+    and frees a request's pages only when it finishes: a preemption, a scheduler decision,
+    never reaches its allocator. It writes its own page choices into the page table."""
+
+    def apply_page_changes(self, step: Step) -> list[Op]:
+        if self.pages is None:
+            return super().apply_page_changes(step)
+        if not hasattr(self, "_free"):
+            self._free = list(range(self.pages.num_pages))
+        for retire in step.retires:
+            for page in self.pages.tables.pop(retire.request_id, ()):
+                del self.pages.owner[page]
+                heapq.heappush(self._free, page)
+        ops: list[Op] = []
+        for assign in step.pages:
+            if len(assign.pages) > len(self._free):
+                raise PageError(f"rank {self.rank}: not enough free KV pages for request "
+                                f"{assign.request_id} ({len(self._free)} free)")
+            mine = tuple(heapq.heappop(self._free) for _ in assign.pages)
+            table = self.pages.tables.get(assign.request_id, [])
+            own = PageAssign(assign.request_id, assign.slot, len(table), mine)
+            self.pages.assign(own)
+            ops.append(Op("assign_pages", (own.slot, own.first_index, own.pages)))
+        return ops
+
+
+register(Variant(
+    name="local-pages",
+    summary="each worker allocates KV pages from its own free list and frees them only when a "
+            "request finishes; the scheduler's preemptions never reach it",
+    source="vllm-project/vllm-metal PR #128 (a model-runner block allocator beside the "
+           "scheduler's KV cache manager raised 'Not enough free blocks' instead of preempting)",
+    expected={"shared": "invariant:I14", "per-rank": "invariant:I14"},
+    remedy="The controller owns the page pool: every page a rank writes through is chosen by "
+           "the controller and carried in the step, retirements and preemptions carry the "
+           "pages they free, and workers only check them (I14).",
+    worker_cls=LocalPagesWorker,
+    adjust=page_pressure))
