@@ -80,3 +80,9 @@ def test_kv_cache_pages_below_one_sequence_is_refused_before_start(tiny_dir, pag
     with pytest.raises(ParallelConfigError, match=f"kv_cache_pages = {pages!r}, expected an "
                                                   "integer >= 5"):
         LLM(tiny_dir, max_batch=4, max_model_len=80, kv_cache_pages=pages)
+
+
+def test_tensor_parallel_ranks_apply_the_same_pages_and_preemptions(tiny_dir, roomy):
+    greedy, preempted, _ = _generate(tiny_dir, GREEDY, kv_cache_pages=5, tensor_parallel_size=2)
+    assert preempted > 0
+    assert greedy == roomy[0]
