@@ -167,7 +167,8 @@ def under_spin(drv: Driver, spinner: Spinner, call: Call, hold_s: float) -> Call
     return CallTiming(call=call.name, call_s=t.t1 - t.t0, hold_s=hold_s,
                       spinning_at_return=t.spinning_at_return,
                       released_after_s=None if released_at is None else released_at - t.t0,
-                      spin_end=reason, spun_s=spun, error=t.error)
+                      spin_end=reason, spun_s=spun, error=t.error,
+                      notes=state.get("notes") if isinstance(state, dict) else None)
 
 
 def pair_under_spin(drv: Driver, spinner: Spinner, holder: Call, other: Call,

@@ -34,6 +34,8 @@ class CallTiming:
         error: the exception the call raised, if any.
         holder_in_call: for the second call of a pair, whether the first (lock-holding) call
             was still inside the driver when the second started.
+        notes: what the call's preparation recorded about it (e.g. whether a module was
+            already loaded).
     """
 
     call: str
@@ -45,6 +47,7 @@ class CallTiming:
     spun_s: float
     error: str | None = None
     holder_in_call: bool | None = None
+    notes: dict | None = None
 
     @property
     def outcome(self) -> str:
