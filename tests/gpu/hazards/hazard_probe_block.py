@@ -27,7 +27,8 @@ MiB = 1 << 20
 # The calls each rule of sim/hazards.py names (docs/hazards.md).
 H2_MODELLED = ("instantiate", "upload", "first_launch", "instantiate_512", "upload_512",
                "first_launch_512", "torch_new_segment",
-               "torch_instantiate", "torch_upload", "torch_first_replay")
+               "torch_instantiate", "torch_upload", "torch_first_replay",
+               "torch_instantiate_big", "torch_upload_big", "torch_first_replay_big")
 H1_OTHERS = ("kernel_launch", "launch_uploaded", "stream_query", "record", "instantiate",
              "upload", "first_launch", "mem_alloc", "torch_first_replay")
 # driver-level (ctypes) calls only: they release the GIL. At most three of these that block,
@@ -74,13 +75,31 @@ def build_calls(drv, torch, ctx, call_dev: int):
             drv.exec_destroy(st["exec"])
         drv.graph_destroy(st["graph"])
 
-    def torch_graph(instantiate: bool) -> dict:
+    # a larger graph like a decode step's: 64 layers of bf16 matmul (cuBLAS) and SiLU on
+    # 256 x 2560 rows, about 130 nodes, warmed up eagerly first as the engine does
+    w_big = torch.randn(2560, 2560, device=dev, dtype=torch.bfloat16) * 0.02
+    h_big = torch.randn(256, 2560, device=dev, dtype=torch.bfloat16)
+
+    def big_forward() -> None:
+        h = h_big
+        for _ in range(64):
+            h = torch.nn.functional.silu(h @ w_big)
+        h_big.copy_(h)
+
+    with torch.cuda.stream(side):
+        big_forward()
+    torch.cuda.synchronize(dev)
+
+    def torch_graph(instantiate: bool, big: bool = False) -> dict:
         torch.cuda.set_device(dev)
         g = torch.cuda.CUDAGraph(keep_graph=True)
         side.wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.stream(side):
             g.capture_begin(capture_error_mode="thread_local")
-            y.copy_(x * 2)
+            if big:
+                big_forward()
+            else:
+                y.copy_(x * 2)
             g.capture_end()
         if instantiate:
             g.instantiate()
@@ -184,6 +203,12 @@ def build_calls(drv, torch, ctx, call_dev: int):
         Call("torch_upload", lambda: torch_graph(instantiate=True),
              lambda st: drv.upload(raw_exec(st["g"]), s2), torch_cleanup, ctx),
         Call("torch_first_replay", lambda: torch_graph(instantiate=True),
+             in_torch(lambda st: st["g"].replay()), torch_cleanup),
+        Call("torch_instantiate_big", lambda: torch_graph(instantiate=False, big=True),
+             lambda st: st["g"].instantiate(), torch_cleanup),
+        Call("torch_upload_big", lambda: torch_graph(instantiate=True, big=True),
+             lambda st: drv.upload(raw_exec(st["g"]), s2), torch_cleanup, ctx),
+        Call("torch_first_replay_big", lambda: torch_graph(instantiate=True, big=True),
              in_torch(lambda st: st["g"].replay()), torch_cleanup),
         Call("torch_graph_reset", lambda: torch_graph(instantiate=True),
              lambda st: st["g"].reset(), lambda st: torch.cuda.synchronize(dev)),
