@@ -1,6 +1,8 @@
 """`lockstep bench`: time the engine's decode step (graphs and eager) against the HBM floor
 and, with `--compare hf`, HF transformers StaticCache + torch.compile, in one run on one GPU
-(or `-tp N` GPUs).
+(or `-tp N` GPUs). `--workload throughput` instead serves workload W end to end through
+`LLM.generate` (greedy and sampled) and, with `--compare hf`, through HF continuous batching
+(`engine.bench.serving`).
 
 Only argparse and the pure-Python option checks run at import time and before any GPU work:
 a bad argument prints one line naming it and exits with status 2. torch is imported in `run`.
@@ -44,6 +46,22 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
                         "takes ~40-90 s per shape")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--seed", type=seed_arg, default=0, help="weight and input seed (default 0)")
+    p.add_argument("--workload", choices=["decode", "throughput"], default="decode",
+                   help="decode: time decode steps (default); throughput: serve workload W "
+                        "(N requests, prompt and output lengths uniform in [100, 1024]) end to "
+                        "end")
+    p.add_argument("--num-requests", "-n", type=int, default=256,
+                   help="throughput: requests in workload W (default 256)")
+    p.add_argument("--max-batch", type=int, default=256,
+                   help="throughput: decode slots (default 256)")
+    p.add_argument("--max-model-len", type=int, default=2048,
+                   help="throughput: longest prompt + output (default 2048)")
+    p.add_argument("--max-prefill-tokens", type=int, default=8192,
+                   help="throughput: prompt tokens prefilled per step (default 8192)")
+    p.add_argument("--temperature", type=float, default=0.6,
+                   help="throughput: temperature of the sampled run (default 0.6)")
+    p.add_argument("--top-p", type=float, default=0.95,
+                   help="throughput: top-p of the sampled run (default 0.95)")
     p.add_argument("--json", dest="json_path", default=None, help="write results as JSON here")
     p.add_argument("--plot", dest="plot_path", default=None,
                    help="PNG plot path (default: the --json path with .png; needs matplotlib)")
@@ -73,8 +91,30 @@ def _error(msg: str) -> int:
     return 2
 
 
+def check_throughput_args(args: argparse.Namespace) -> None:
+    """The throughput workload's own checks (before torch). Raises BenchArgError."""
+    if args.num_requests < 1:
+        raise BenchArgError(f"--num-requests {args.num_requests}: expected >= 1")
+    if not 1 <= args.max_batch <= 256:
+        raise BenchArgError(f"--max-batch {args.max_batch}: expected 1..256")
+    if args.max_model_len < 2048:
+        raise BenchArgError(f"--max-model-len {args.max_model_len}: workload W needs 2048 "
+                            "(prompts and outputs up to 1024 tokens each)")
+    if args.max_prefill_tokens < 1:
+        raise BenchArgError(f"--max-prefill-tokens {args.max_prefill_tokens}: expected >= 1")
+    if not (args.temperature > 0 and args.temperature < float("inf")):
+        raise BenchArgError(f"--temperature {args.temperature}: expected a finite number > 0")
+    if not 0 < args.top_p <= 1:
+        raise BenchArgError(f"--top-p {args.top_p}: expected a number in (0, 1]")
+    if args.tensor_parallel_size != 1:
+        raise BenchArgError(f"--tensor-parallel-size {args.tensor_parallel_size}: the "
+                            "throughput workload runs on one GPU")
+
+
 def run(args: argparse.Namespace) -> int:
     """Check the arguments, measure, print the table; returns the exit status."""
+    if args.workload == "throughput":
+        return run_throughput(args)
     try:
         opts = options_from_args(args)
         validate(opts)
@@ -119,6 +159,46 @@ def run(args: argparse.Namespace) -> int:
     print(format_table(doc), flush=True)
     if opts.json_path:
         write_json(doc, opts.json_path)
+    if opts.plot_path and not write_plot(doc, opts.plot_path):
+        print("bench: matplotlib not installed; no plot written", file=sys.stderr)
+    return 0
+
+
+def run_throughput(args: argparse.Namespace) -> int:
+    """`--workload throughput`: check, serve workload W, print the table; exit status."""
+    try:
+        opts = options_from_args(args)
+        validate(opts)
+        check_throughput_args(args)
+    except BenchArgError as exc:
+        return _error(str(exc))
+    import torch
+
+    if not torch.cuda.is_available():
+        return _error("lockstep bench needs a CUDA GPU; torch.cuda.is_available() is False")
+    import json
+
+    from engine.bench.serving import format_table, measure_throughput, write_plot
+
+    tmp = None
+    model_dir = opts.model
+    if opts.preset is not None:
+        from engine.bench.modeldir import write_random_model_fast
+
+        model_dir = tmp = str(write_random_model_fast(opts.preset, opts.dtype, opts.seed))
+    try:
+        doc = measure_throughput(
+            model_dir, opts.preset or opts.model, args.num_requests, opts.seed, opts.dtype,
+            args.max_batch, args.max_model_len, args.temperature, args.top_p,
+            opts.compare == "hf", args.max_prefill_tokens)
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    doc["command"] = "lockstep bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+    print(format_table(doc), flush=True)
+    if opts.json_path:
+        with open(opts.json_path, "w") as f:
+            json.dump(doc, f, indent=1, default=str)
     if opts.plot_path and not write_plot(doc, opts.plot_path):
         print("bench: matplotlib not installed; no plot written", file=sys.stderr)
     return 0

@@ -14,6 +14,13 @@ decode forward itself takes no host value that changes between steps. Every grap
 logits into one static buffer `logits_buf` [max bucket, vocab] (float32), so the shared pool
 keeps intermediates only, and sampling runs outside the graph on rank 0.
 
+A step's admissions are prefilled together: their prompts are packed into one ragged batch
+(`engine.kernels.prefill_attention.PrefillBatch`), one forward, logits of each prompt's last
+token only. Sampling (rank 0) is one batched pass over the step's rows in slot order (decode
+rows are slots 0..n-1, the step's admissions the slots after them): the per-slot sampling
+parameters live in device tensors written at admission and moved with the slot, so a step
+reads no per-row host value, and only the int32 token ids come back to the host.
+
 KV pages are handed out on demand by the controller (I14): the cache holds the pages the
 memory plan sized, every page-table row starts at the padding page, and a step's
 `assign_pages` writes the page ids its command carries into the slot's row of the
@@ -31,12 +38,17 @@ from engine.kernels.decode_attention import (
     paged_decode_attention_torch,
     paged_decode_attention_triton,
 )
+from engine.kernels.prefill_attention import (
+    PrefillBatch,
+    prefill_attention_torch,
+    prefill_attention_triton,
+)
 from engine.graphs import CudaGraphs, GraphError, GraphTable, StandInGraphs
 from engine.kv_cache import KVCache
 from engine.layers.attention import StepContext
 from engine.model import Qwen3ForCausalLM
 from engine.parallel import TPGroup
-from engine.sampling import SamplingParams, sample
+from engine.sampling import BatchParams, SamplingParams, inverse_temperature, sample_batch, split_seed
 from engine.settings import EngineSettings
 from engine.weights import WeightIndex
 from protocol.backend import Backend
@@ -66,15 +78,20 @@ class RankExecutor(Backend):
         self.kv: KVCache | None = None
         self.decode_attention = (paged_decode_attention_triton if self.device.type == "cuda"
                                  else paged_decode_attention_torch)
+        self.prefill_attention = (prefill_attention_triton if self.device.type == "cuda"
+                                  else prefill_attention_torch)
         nb = max(settings.buckets)
         self.input_ids = torch.zeros(nb, dtype=torch.long, device=self.device)
         self.positions = torch.zeros(nb, dtype=torch.long, device=self.device)
         self.slot_ids = torch.zeros(nb, dtype=torch.int32, device=self.device)
-        # request id -> (params, seed, prompt length); registered by the driver at admission
-        self.requests: dict[int, tuple[SamplingParams, int, int]] = {}
+        # request id -> (params, seed); registered by the driver before admission
+        self.requests: dict[int, tuple[SamplingParams, int]] = {}
         self.slot_request: dict[int, int] = {}
-        self._logits: dict[int, torch.Tensor] = {}   # request id -> float32 [vocab], this step
+        self.slots = SlotSampling(settings.max_batch, self.device)
+        self._decode_logits: torch.Tensor | None = None   # float32 [>= rows, vocab], this step
+        self._prefill_logits: torch.Tensor | None = None  # float32 [admits, vocab], this step
         self.outputs: dict[int, dict] = {}            # request id -> side outputs of this step
+        self.phases: PhaseTimer | None = None  # benchmarks set one to time device phases
         self.graphs: GraphTable | None = None
         if settings.cuda_graph:
             self.graphs = (CudaGraphs(self.device, self._graph_forward)
@@ -264,10 +281,12 @@ class RankExecutor(Backend):
         elif step.bucket != key.bucket:
             raise GraphError(f"launch({key}) for step {step.seq} of bucket {step.bucket}: the "
                              "command's key and bucket disagree")
+        ev = self.phases.start() if self.phases is not None and step is not None else None
         graphs.launch(key)
+        if ev is not None:
+            self.phases.stop("decode", ev)
         if step is not None and self.tp.rank == 0:
-            for i, row in enumerate(step.rows):
-                self._logits[row.request_id] = self.logits_buf[i]
+            self._decode_logits = self.logits_buf
 
     def graph_memory(self) -> int:
         """Bytes held by this rank's graphs now: the shared pool's segments, every executable
@@ -301,8 +320,7 @@ class RankExecutor(Backend):
     def register(self, info: dict[int, tuple[SamplingParams, int]]) -> None:
         """Record the sampling parameters and seed of requests about to be admitted (rank 0
         uses them; other ranks ignore them). Engine data, not a protocol decision."""
-        for rid, (params, seed) in info.items():
-            self.requests[rid] = (params, seed, 0)
+        self.requests.update(info)
 
     def release_slot(self, slot: int) -> None:
         """The request in `slot` retired or was preempted: its page-table row points at the
@@ -311,6 +329,7 @@ class RankExecutor(Backend):
         self.kv.clear_slot(slot)
         rid = self.slot_request.pop(slot, None)
         self.requests.pop(rid, None)
+        self.slots.release(slot)
 
     def assign_pages(self, slot: int, first_index: int, pages: tuple[int, ...]) -> None:
         """Write the command's page ids into `slot`'s page-table row from `first_index` on
@@ -327,34 +346,50 @@ class RankExecutor(Backend):
         self.kv.move_slot(src, dst)
         if src in self.slot_request:
             self.slot_request[dst] = self.slot_request.pop(src)
+        self.slots.move(src, dst)
 
     @torch.no_grad()
     def prefill(self, admits) -> None:
-        """Eager prefill of each admitted prompt into its slot (SDPA, one sequence at a time);
-        keeps the last position's logits for `sample`.
+        """Prefill every admitted prompt in one packed forward (ragged batch, causal attention
+        over the paged cache); keeps the logits of each prompt's last token for `sample` and
+        writes each admission's sampling parameters into its slot.
 
         Raises:
             ValueError: a prompt longer than max_model_len (the controller-side check failed).
         """
-        for admit in admits:
-            n = len(admit.prompt)
+        ev = self.phases.start() if self.phases is not None else None
+        lens = [len(a.prompt) for a in admits]
+        for admit, n in zip(admits, lens):
             if n > self.settings.max_model_len:
                 raise ValueError(f"request {admit.request_id}: prompt of {n} tokens exceeds "
                                  f"max_model_len {self.settings.max_model_len}")
-            ids = torch.tensor(admit.prompt, dtype=torch.long).to(self.device)
-            pos = torch.arange(n, device=self.device)
-            slots = torch.full((n,), admit.slot, dtype=torch.int32, device=self.device)
-            self.kv.seq_lens[admit.slot] = n
-            hidden = self.model(ids, pos, StepContext(True, slots, self.kv,
-                                                      self.decode_attention))
-            logits = self.model.compute_logits(hidden[-1:])[0]  # collective: every rank
-            if self.tp.rank == 0:
-                self._logits[admit.request_id] = logits
+        slots = [a.slot for a in admits]
+        T = sum(lens)
+        batch = PrefillBatch.build(slots, lens, [0] * len(admits), self.device)
+        ids = torch.tensor([t for a in admits for t in a.prompt], dtype=torch.long)
+        if self.device.type == "cuda":
+            ids = ids.pin_memory().to(self.device, non_blocking=True)
+        seq = torch.repeat_interleave(torch.arange(len(admits), device=self.device),
+                                      batch.q_len.long(), output_size=T)
+        pos = (torch.arange(T, device=self.device) - batch.q_start.long()[seq]
+               + batch.ctx.long()[seq])
+        slot_ids = batch.slot[seq]
+        self.kv.seq_lens.index_copy_(0, batch.slot.long(), batch.ctx + batch.q_len)
+        ctx = StepContext(True, slot_ids, self.kv, self.decode_attention, batch,
+                          self.prefill_attention)
+        hidden = self.model(ids, pos, ctx)
+        last = (batch.q_start + batch.q_len - 1).long()
+        logits = self.model.compute_logits(hidden[last])  # collective: every rank
+        for admit in admits:
             self.slot_request[admit.slot] = admit.request_id
-            if admit.request_id in self.requests:
-                # a recomputed request's prompt ends with its first output_index outputs
-                params, seed, _ = self.requests[admit.request_id]
-                self.requests[admit.request_id] = (params, seed, n - admit.output_index)
+        if self.tp.rank == 0:
+            self._prefill_logits = logits
+            # a recomputed request's prompt ends with its first output_index outputs
+            self.slots.admit(slots, [a.request_id for a in admits],
+                             [self.requests[a.request_id] for a in admits],
+                             [n - a.output_index for n, a in zip(lens, admits)])
+        if ev is not None:
+            self.phases.stop("prefill", ev)
 
     def _pad_rows(self, bucket: int) -> None:
         """Static buffers [:bucket] = padding rows (padding slot, position 0, token 0)."""
@@ -389,45 +424,183 @@ class RankExecutor(Backend):
         return self.model.compute_logits(hidden)
 
     def run_eager(self, step) -> None:
-        """Eager decode of the step's rows padded to its bucket; keeps each row's logits."""
+        """Eager decode of the step's rows padded to its bucket; keeps the logits (rank 0)."""
         self.prepare_replay(step)
         self._step = None
+        ev = self.phases.start() if self.phases is not None else None
         logits = self.decode_forward(step.bucket)
-        if self.tp.rank != 0:
-            return
-        for i, row in enumerate(step.rows):
-            self._logits[row.request_id] = logits[i]
+        if ev is not None:
+            self.phases.stop("decode", ev)
+        if self.tp.rank == 0:
+            self._decode_logits = logits
 
     def synchronize(self) -> None:
         """Wait for this rank's device work (collectives included) to complete."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
+    @torch.no_grad()
     def sample(self, step) -> dict[int, int]:
-        """Rank 0: the next token of every admitted and decoded request of `step`.
+        """Rank 0: the next token of every decoded and admitted request of `step`, one batched
+        pass over slots 0..rows+admits-1 (`engine.sampling.sample_batch`).
 
         Side outputs (logprob, logits when asked for) are left in `self.outputs`.
         Raises:
-            KeyError: a request was not registered with `register`.
+            ValueError: the step's admissions do not take the slots right after its rows.
         """
-        tokens: dict[int, int] = {}
+        n, a = len(step.rows), len(step.admits)
+        for i, admit in enumerate(step.admits):
+            if admit.slot != n + i:
+                raise ValueError(f"step {step.seq}: admission {admit.request_id} in slot "
+                                 f"{admit.slot}, expected {n + i} (after the decode rows)")
+        parts = []
+        if n:
+            parts.append(self._decode_logits[:n])
+        if a:
+            parts.append(self._prefill_logits)
+        logits = parts[0] if len(parts) == 1 else torch.cat(parts)
+        index = None  # output index of each row's token: decode rows from their position
+        if n:
+            index = self.positions[:n] - self.slots.prompt_len[:n] + 1
+        if a:  # an admission's first token is output output_index (0 unless recomputed)
+            first = torch.tensor([x.output_index for x in step.admits], dtype=torch.int64)
+            first = first.to(self.device)
+            index = first if index is None else torch.cat([index, first])
+        ev = self.phases.start() if self.phases is not None else None
+        bp = self.slots.batch(n + a, index)
+        tokens, logprobs = sample_batch(logits, bp, want_logprobs=self.slots.n_logprobs > 0)
+        if ev is not None:
+            self.phases.stop("sample", ev)
+        ids = tokens.tolist()
+        if self.phases is not None:
+            self.phases.close_step(n, a)
+        rids = self.slots.request_ids[:n + a]
         self.outputs = {}
-        wanted = [(a.request_id, a.output_index) for a in step.admits] + [
-            (r.request_id, None) for r in step.rows]
-        positions = {r.request_id: r.position for r in step.rows}
-        for rid, index in wanted:
-            params, seed, prompt_len = self.requests[rid]
-            if index is None:
-                index = positions[rid] - prompt_len + 1
-            logits = self._logits.pop(rid)
-            token, logprob = sample(logits, params, seed, index)
-            tokens[rid] = token
-            out = {}
-            if params.logprobs:
-                out["logprob"] = logprob
-            if params.return_logits:
-                out["logits"] = logits.to("cpu", copy=True)  # may view logits_buf
-            if out:
-                self.outputs[rid] = out
-        self._logits.clear()
-        return tokens
+        if self.slots.side:
+            lp = logprobs.tolist() if logprobs is not None else None
+            for slot, (want_lp, want_logits) in self.slots.side.items():
+                if slot >= n + a:
+                    continue
+                out = self.outputs.setdefault(rids[slot], {})
+                if want_lp:
+                    out["logprob"] = lp[slot]
+                if want_logits:
+                    out["logits"] = logits[slot].to("cpu", copy=True)  # may view logits_buf
+        self._decode_logits = self._prefill_logits = None
+        return dict(zip(rids, ids))
+
+
+class SlotSampling:
+    """Per-slot sampling parameters in device tensors, moved with their slots.
+
+    Float parameters live in `f` [4, slots + 1] (inverse temperature, noise flag, top_p,
+    min_p) and integer ones in `i` [4, slots + 1] (top_k, seed low and high 32 bits, prompt
+    length), so the first n slots of each are contiguous slices. Host side: the request id of
+    each slot and the slots that want side outputs.
+    """
+
+    def __init__(self, max_slots: int, device):
+        self.f = torch.zeros(4, max_slots + 1, dtype=torch.float32, device=device)
+        self.i = torch.zeros(4, max_slots + 1, dtype=torch.int64, device=device)
+        self.request_ids: list[int | None] = [None] * (max_slots + 1)
+        self.params: list[SamplingParams | None] = [None] * (max_slots + 1)
+        self.side: dict[int, tuple[bool, bool]] = {}  # slot -> (logprobs, return_logits)
+        self.counts = {"top_k": 0, "top_p": 0, "min_p": 0}
+        self.n_logprobs = 0
+        self.device = device
+
+    @property
+    def prompt_len(self) -> torch.Tensor:
+        """int64 [slots + 1]: prompt length of each slot's request."""
+        return self.i[3]
+
+    def _count(self, p: SamplingParams, sign: int) -> None:
+        sampled = p.temperature > 0
+        self.counts["top_k"] += sign * (sampled and p.top_k > 0)
+        self.counts["top_p"] += sign * (sampled and p.top_p < 1)
+        self.counts["min_p"] += sign * (sampled and p.min_p > 0)
+        self.n_logprobs += sign * bool(p.logprobs)
+
+    def admit(self, slots: list[int], request_ids: list[int],
+              entries: list[tuple[SamplingParams, int]], prompt_lens: list[int]) -> None:
+        """Write the parameters (SamplingParams, seed) of requests entering `slots` (one
+        host-to-device copy each for the float and the integer table)."""
+        fcols, icols = [], []
+        for slot, rid, (p, seed), n in zip(slots, request_ids, entries, prompt_lens):
+            self.request_ids[slot] = rid
+            sampled = p.temperature > 0
+            fcols.append([inverse_temperature(p.temperature), 1.0 if sampled else 0.0,
+                          p.top_p if sampled else 1.0, p.min_p if sampled else 0.0])
+            icols.append([max(p.top_k, 0) if sampled else 0, *split_seed(seed), n])
+            self.params[slot] = p
+            self._count(p, +1)
+            if p.logprobs or p.return_logits:
+                self.side[slot] = (p.logprobs, p.return_logits)
+        idx = torch.tensor(slots, dtype=torch.long)
+        f = torch.tensor(fcols, dtype=torch.float32).T
+        i = torch.tensor(icols, dtype=torch.int64).T
+        if self.f.is_cuda:
+            idx, f, i = (t.to(self.device, non_blocking=False) for t in (idx, f, i))
+        self.f.index_copy_(1, idx, f)
+        self.i.index_copy_(1, idx, i)
+
+    def release(self, slot: int) -> None:
+        """Forget the request in `slot`."""
+        p = self.params[slot]
+        if p is not None:
+            self._count(p, -1)
+        self.params[slot] = None
+        self.request_ids[slot] = None
+        self.side.pop(slot, None)
+
+    def move(self, src: int, dst: int) -> None:
+        """The request in `src` moves to the empty slot `dst`."""
+        self.f[:, dst] = self.f[:, src]
+        self.i[:, dst] = self.i[:, src]
+        self.params[dst], self.params[src] = self.params[src], None
+        self.request_ids[dst], self.request_ids[src] = self.request_ids[src], None
+        if src in self.side:
+            self.side[dst] = self.side.pop(src)
+
+    def batch(self, rows: int, index: torch.Tensor | None) -> BatchParams:
+        """The BatchParams of slots 0..rows-1 (views), with output indices `index` (int64
+        [rows]; zeros when None)."""
+        if index is None:
+            index = torch.zeros(rows, dtype=torch.int64, device=self.f.device)
+        return BatchParams(
+            inv_temp=self.f[0, :rows], noise=self.f[1, :rows], top_p=self.f[2, :rows],
+            min_p=self.f[3, :rows], top_k=self.i[0, :rows], seed_lo=self.i[1, :rows],
+            seed_hi=self.i[2, :rows], index=index, any_top_k=self.counts["top_k"] > 0,
+            any_top_p=self.counts["top_p"] > 0, any_min_p=self.counts["min_p"] > 0)
+
+
+class PhaseTimer:
+    """Device time of each phase of a serving step (prefill, decode, sample), from CUDA events
+    recorded around them; read once the step synchronised. For benchmarks (CUDA only).
+
+    `steps` holds one dict per step: rows, admits and milliseconds per phase.
+    """
+
+    def __init__(self):
+        self._open: list = []
+        self.steps: list[dict] = []
+
+    def start(self):
+        """Record and return a start event on the current stream."""
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    def stop(self, phase: str, start) -> None:
+        """Close `phase`, started at event `start`."""
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        self._open.append((phase, start, end))
+
+    def close_step(self, rows: int, admits: int) -> None:
+        """Fold the step's phases into `steps` (the events must have completed)."""
+        step = {"rows": rows, "admits": admits, "prefill": 0.0, "decode": 0.0, "sample": 0.0}
+        for phase, a, b in self._open:
+            step[phase] += a.elapsed_time(b)
+        self.steps.append(step)
+        self._open = []

@@ -38,6 +38,10 @@ class RequestOutput:
         finish_reason: "stop", "length", or None when rejected.
         error: the RequestError that rejected this request, else None.
         seed: the sampling seed used.
+        arrival_time, first_token_time, finish_time: `time.perf_counter()` seconds when the
+            request was submitted, when its first token was sampled (end of its prefill step)
+            and when its last one was; None when rejected. TTFT is first - arrival, TPOT is
+            (finish - first) / (len(token_ids) - 1).
     """
 
     prompt_token_ids: list[int]
@@ -48,6 +52,9 @@ class RequestOutput:
     finish_reason: str | None = None
     error: RequestError | None = None
     seed: int | None = None
+    arrival_time: float | None = None
+    first_token_time: float | None = None
+    finish_time: float | None = None
 
 
 class LLM:
@@ -77,6 +84,8 @@ class LLM:
             (SIGABRT, after killing the rank processes). Default: step_timeout_s.
         record_trace: keep every command, backend op and reply as `protocol.trace.TraceEvent`s
             in `self.trace` (checked by `sim.invariants.check_trace`).
+        max_prefill_tokens: prompt tokens one step prefills as one packed batch (admission
+            stops at this budget; a longer prompt goes alone). Default 8192.
     Raises:
         ModelDirError, ParallelConfigError (ValueError): bad directory or parallel settings,
             before any rank starts or device memory is allocated.
@@ -94,7 +103,7 @@ class LLM:
                  kv_cache_pages: int | None = None,
                  cuda_graph: bool | None = None, gpu_memory_utilization: float = 0.9,
                  startup_timeout_s: float | None = None, record_trace: bool = False,
-                 _fault: tuple[int, int, str] | None = None, _graph_standin: bool = False):
+                 max_prefill_tokens: int = 8192, _fault: tuple[int, int, str] | None = None, _graph_standin: bool = False):
         self._closed = True
         self._say = (lambda msg: print(f"lockstep: {msg}", flush=True,
                                        file=__import__("sys").stderr)) if progress else (
@@ -102,7 +111,8 @@ class LLM:
         self.cfg, self.settings, pconfig = prepare(
             model_dir, tensor_parallel_size, device, dtype, max_batch, max_model_len,
             page_size, step_timeout_s, _fault, progress, cuda_graph, gpu_memory_utilization,
-            startup_timeout_s, record_trace, _graph_standin, kv_cache_pages)
+            startup_timeout_s, record_trace, _graph_standin, kv_cache_pages,
+            max_prefill_tokens)
         self.trace: list = []
         self.steps = {"replay": 0, "eager": 0}  # serving steps with decode rows, by path
         self._record_trace = record_trace
@@ -133,6 +143,10 @@ class LLM:
         self._next_id = 0
         self._extras: dict[int, tuple[SamplingParams, int]] = {}
         self._side: dict[int, dict[str, list]] = {}
+        self._first_token: dict[int, float] = {}   # request id -> perf_counter at first token
+        self._finish: dict[int, float] = {}        # request id -> perf_counter at last token
+        self._last_step_end = 0.0
+        self.step_log: list | None = None  # set to [] to record (kind, rows, admits, seconds)
         self._say(f"model loaded in {time.monotonic() - t0:.1f} s")
         watchdog = StartupWatchdog(pconfig.watchdog_timeout_s, self._watchdog_expired)
         watchdog.arm()
@@ -203,6 +217,10 @@ class LLM:
             if isinstance(command, Step) and command.admits:
                 # a preempted request is admitted again: its extras stay until it finishes
                 extras = {a.request_id: self._extras[a.request_id] for a in command.admits}
+            t0 = time.perf_counter()
+            if isinstance(command, Step):
+                for r in command.retires:  # their last token came with the previous step
+                    self._finish[r.request_id] = self._last_step_end
             try:
                 self.ranks.send(command, extras)
                 results = self.ranks.collect()
@@ -218,6 +236,15 @@ class LLM:
                 self._startup.close()
                 self._abort()
                 raise
+            if isinstance(command, Step):
+                now = self._last_step_end = time.perf_counter()
+                for a in command.admits:
+                    self._first_token[a.request_id] = now
+                if self.step_log is not None:
+                    self.step_log.append(("mixed" if command.admits and command.rows else
+                                          "prefill" if command.admits else
+                                          "decode" if command.rows else "retire",
+                                          len(command.rows), len(command.admits), now - t0))
 
     def _event(self, actor: str, kind: str, what: str, seq=None, detail: str = "",
                ok: bool = True) -> None:
@@ -275,6 +302,7 @@ class LLM:
             self._extras[rid] = (p, seed)
             self.controller.submit(Request(rid, tuple(out.prompt_token_ids), p.max_tokens,
                                            frozenset(stop)))
+            out.arrival_time = time.perf_counter()
             ids[-1] = rid
         self._drive()
         for out, rid, p in zip(outs, ids, params):
@@ -282,6 +310,8 @@ class LLM:
                 continue
             self._extras.pop(rid, None)
             out.token_ids = list(self.controller.outputs.pop(rid))
+            out.first_token_time = self._first_token.pop(rid, None)
+            out.finish_time = self._finish.pop(rid, None)
             self.controller.requests.pop(rid, None)
             side = self._side.pop(rid, {})
             stop = set(p.stop_token_ids) | (set() if p.ignore_eos else set(self.cfg.eos_token_ids))
@@ -353,7 +383,7 @@ def prepare(model_dir, tensor_parallel_size: int = 1, device: str = "cpu",
             progress: bool = False, cuda_graph: bool | None = None,
             gpu_memory_utilization: float = 0.9, startup_timeout_s: float | None = None,
             record_trace: bool = False, graph_standin: bool = False,
-            kv_cache_pages: int | None = None):
+            kv_cache_pages: int | None = None, max_prefill_tokens: int = 8192):
     """Check everything that can be checked before a rank starts; build the shared settings.
 
     Arguments as for `LLM`. Returns (ModelConfig, EngineSettings, protocol ProtocolConfig),
@@ -427,6 +457,7 @@ def prepare(model_dir, tensor_parallel_size: int = 1, device: str = "cpu",
         cuda_graphs=cuda_graph, watchdog_timeout_s=startup_timeout_s, kv_page_bytes=page_bytes,
         min_kv_pages=settings.pages_per_seq + 1, page_size=page_size,
         max_kv_pages=min(full, kv_cache_pages or full),
+        step_timeout_s=step_timeout_s, max_prefill_tokens=max_prefill_tokens,
         shape=ModelShape(cfg.hidden_size, cfg.num_layers, dtype_bytes=DTYPE_BYTES[dtype],
                          name=Path(model_dir).name))
     return cfg, settings, pconfig

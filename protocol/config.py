@@ -75,6 +75,11 @@ class ProtocolConfig:
         max_kv_pages: most KV pages the memory plan hands out (None: every page memory
             allows). An engine sets it to ``max_batch x pages_per_seq``, past which pages are
             never used, or lower to serve from a smaller KV cache (I14).
+        max_prefill_tokens: prompt tokens one step may prefill (the admissions of a step are
+            prefilled as one packed batch). A step admits requests in order while their
+            prompts fit; a longer prompt is admitted alone. Default 8192: enough tokens to
+            keep the GPU's GEMMs efficient, few enough that decode rows sharing the step are
+            not held back long.
         shape: the model's collective shape.
     """
 
@@ -92,6 +97,7 @@ class ProtocolConfig:
     page_size: int = 16
     kv_watermark: float = 0.01
     max_kv_pages: int | None = None
+    max_prefill_tokens: int = 8192
     shape: ModelShape = field(default_factory=lambda: QWEN3_4B)
 
     def __post_init__(self) -> None:
@@ -106,6 +112,7 @@ class ProtocolConfig:
         if (not isinstance(self.kv_watermark, (int, float)) or isinstance(self.kv_watermark, bool)
                 or not 0 <= self.kv_watermark < 1):
             raise ConfigError(f"kv_watermark={self.kv_watermark!r} must be a fraction in [0, 1)")
+        _positive_int("max_prefill_tokens", self.max_prefill_tokens)
         if self.max_batch > self.buckets[-1]:
             raise ConfigError(
                 f"max_batch={self.max_batch} exceeds the largest bucket {self.buckets[-1]}; "

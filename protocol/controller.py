@@ -466,13 +466,17 @@ class Controller:
         pages = [self._grow(row.request_id, row.slot, row.position + 1) for row in rows]
         admits = []
         room = (self.memory.batch_cap if self.memory else self.config.max_batch) - len(self.slots)
+        budget = self.config.max_prefill_tokens
         while self.pending and room > 0 and not victims:
             request = self.pending[0]
             generated = tuple(self.outputs[request.request_id])
             prompt = request.prompt + generated
+            if admits and len(prompt) > budget:
+                break  # the step's prefill token budget is spent; the rest wait
             if not pool.can_admit(len(prompt), running=len(self.slots)):
                 break
             self.pending.pop(0)
+            budget -= len(prompt)
             admit = self.slots.admit(request.request_id)
             admits.append(Admit(request.request_id, admit.slot, prompt, request.params,
                                 output_index=len(generated)))

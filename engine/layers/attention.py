@@ -1,9 +1,11 @@
 """Qwen3 self-attention on one rank: fused QKV, per-head q/k RMSNorm, RoPE, KV-cache write,
-attention (SDPA for prefill, paged decode attention for decode), row-parallel output.
+attention (varlen paged prefill attention for prefill, paged decode attention for decode),
+row-parallel output.
 
-A decode step runs q/k norm, RoPE and the KV write as one fused kernel
-(`engine.kernels.fused.qk_norm_rope_kv`; its torch twin on CPU); a prefill runs them as
-separate torch ops, since SDPA needs the step's k and v anyway.
+Both kinds of step run q/k norm, RoPE and the KV write as one fused kernel per layer
+(`engine.kernels.fused.qk_norm_rope_kv`; its torch twin on CPU), then attend over the paged
+cache: a prefill packs many sequences (`engine.kernels.prefill_attention.PrefillBatch`) and
+attends causally with one launch per layer.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine.config import ModelConfig
@@ -30,17 +31,21 @@ class StepContext:
     """What attention needs to know about the current step, all device tensors.
 
     Attributes:
-        prefill: True for a prefill of one sequence (tokens are that sequence's positions
-            0..T-1), False for a decode step (one token per batch row).
+        prefill: True for a packed prefill of several sequences (layout in `prefill_batch`),
+            False for a decode step (one token per batch row).
         slot_ids: int32 [T]: the slot each token belongs to.
         kv: the rank's KV cache.
         decode_attention: one of the `engine.kernels.decode_attention` implementations.
+        prefill_batch: the packed prefill's layout (prefill steps only).
+        prefill_attention: one of the `engine.kernels.prefill_attention` implementations.
     """
 
     prefill: bool
     slot_ids: torch.Tensor
     kv: KVCache
     decode_attention: Callable
+    prefill_batch: object = None
+    prefill_attention: Callable | None = None
 
 
 class Qwen3Attention(nn.Module):
@@ -73,27 +78,18 @@ class Qwen3Attention(nn.Module):
         """x: [T, hidden], positions: int [T] -> [T, hidden] (all-reduced over ranks)."""
         T = x.shape[0]
         qkv = self.qkv_proj(x)
-        if not ctx.prefill:  # fused q/k norm + RoPE + KV write, then paged attention
-            args = (qkv, self.q_norm.weight, self.k_norm.weight, self.rotary.cos,
-                    self.rotary.sin, positions, ctx.slot_ids, ctx.kv.page_table,
-                    ctx.kv.k[self.layer], ctx.kv.v[self.layer], self.nq, self.nkv,
-                    self.q_norm.eps)
-            q = (fused.qk_norm_rope_kv(*args) if x.is_cuda and fused.triton is not None
-                 else fused.qk_norm_rope_kv_torch(*args))
+        # fused q/k norm + RoPE + KV write, then attention over the paged cache
+        args = (qkv, self.q_norm.weight, self.k_norm.weight, self.rotary.cos,
+                self.rotary.sin, positions, ctx.slot_ids, ctx.kv.page_table,
+                ctx.kv.k[self.layer], ctx.kv.v[self.layer], self.nq, self.nkv,
+                self.q_norm.eps)
+        q = (fused.qk_norm_rope_kv(*args) if x.is_cuda and fused.triton is not None
+             else fused.qk_norm_rope_kv_torch(*args))
+        if ctx.prefill:
+            o = ctx.prefill_attention(q, ctx.kv.k[self.layer], ctx.kv.v[self.layer],
+                                      ctx.kv.page_table, ctx.prefill_batch, self.scale)
+        else:
             o = ctx.decode_attention(q, ctx.kv.k[self.layer], ctx.kv.v[self.layer],
                                      ctx.kv.page_table, ctx.kv.seq_lens, ctx.slot_ids,
                                      self.scale)
-            return self.o_proj(o.reshape(T, self.nq * self.d))
-        q, k, v = qkv.split([self.nq * self.d, self.nkv * self.d,
-                                          self.nkv * self.d], dim=-1)
-        q = self.q_norm(q.reshape(T, self.nq, self.d))
-        k = self.k_norm(k.reshape(T, self.nkv, self.d))
-        v = v.reshape(T, self.nkv, self.d)
-        q, k = self.rotary(positions, q, k)
-        ctx.kv.write(self.layer, ctx.slot_ids, positions, k, v)
-        o = F.scaled_dot_product_attention(
-            q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
-            v.transpose(0, 1).unsqueeze(0), is_causal=True, scale=self.scale,
-            enable_gqa=True)
-        o = o.squeeze(0).transpose(0, 1)
         return self.o_proj(o.reshape(T, self.nq * self.d))

@@ -106,3 +106,52 @@ def test_report_warns_when_graph_logits_differ():
     rank["points"][0]["graph_vs_eager_max_abs"] = 3.0
     doc = build_document(BenchOptions(preset="qwen3-4b"), [rank], [], "lockstep bench")
     assert "WARNING: batch 1" in format_table(doc)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--num-requests", "0"], "--num-requests 0"),
+    (["--max-batch", "300"], "--max-batch 300"),
+    (["--max-model-len", "1000"], "--max-model-len 1000"),
+    (["--max-prefill-tokens", "0"], "--max-prefill-tokens 0"),
+    (["--temperature", "0"], "--temperature 0"),
+    (["--top-p", "1.5"], "--top-p 1.5"),
+    (["-tp", "2"], "--tensor-parallel-size 2"),
+])
+def test_bad_throughput_argument_exits_2_before_cuda(argv, needle, capsys, monkeypatch):
+    import torch
+
+    def boom(*a, **k):
+        raise AssertionError("touched CUDA before the argument checks")
+
+    monkeypatch.setattr(torch.cuda, "is_available", boom)
+    rc = main(["bench", "--preset", "tiny", "--workload", "throughput", *argv])
+    err = capsys.readouterr().err
+    assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_workload_w_and_its_summary():
+    from engine.bench.serving import Workload, format_table, percentile, phase_breakdown, summarize
+
+    w = Workload.make(50, seed=0)
+    assert w == Workload.make(50, seed=0) and w != Workload.make(50, seed=1)
+    assert all(100 <= len(p) <= 1024 and max(p) < 10000 for p in w.prompts)
+    assert all(100 <= m <= 1024 for m in w.max_tokens)
+    assert percentile([1, 2, 3, 4], 50) == 2.5 and percentile([5], 99) == 5
+    row = summarize("x", 2.0, 100, 300, [0.1, 0.3], [0.01, 0.03])
+    assert row["output_tok_s"] == 150 and row["total_tok_s"] == 200
+    assert row["ttft_p50_ms"] == pytest.approx(200) and row["tpot_p99_ms"] == pytest.approx(29.8)
+    log = [("prefill", 0, 2, 0.010), ("decode", 2, 0, 0.004), ("retire", 0, 0, 0.001),
+           ("decode", 2, 0, 0.006)]
+    dev = [{"rows": 0, "admits": 2, "prefill": 8.0, "decode": 0.0, "sample": 0.5},
+           {"rows": 2, "admits": 0, "prefill": 0.0, "decode": 3.0, "sample": 0.5},
+           {"rows": 2, "admits": 0, "prefill": 0.0, "decode": 3.0, "sample": 0.5}]
+    ph = phase_breakdown(log, dev, 0.021)
+    assert ph["decode_steps"] == 2 and ph["retire_steps"] == 1
+    assert ph["prefill_s"] == pytest.approx(0.008) and ph["decode_s"] == pytest.approx(0.006)
+    assert ph["host_s"] == pytest.approx(0.021 - 0.008 - 0.006 - 0.0015)
+    assert ph["host_ms_per_decode_step"][2] == pytest.approx(1.5)
+    row["phases"] = ph
+    doc = {"n": 50, "seed": 0, "model": "m", "dtype": "bfloat16", "versions": {"gpu": "G"},
+           "rows": [row], "ratios": {"a / b": 2.0}}
+    table = format_table(doc)
+    assert "150" in table and "prefill 0.01 s" in table and "a / b: 2.00x" in table

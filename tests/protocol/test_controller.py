@@ -46,6 +46,19 @@ def test_serving_steps_replay_decode_only_and_run_mixed_eager():
     assert decode and all(s.key == GraphKey(4) and s.bucket == 4 for s in decode)
 
 
+def test_admissions_per_step_respect_the_prefill_token_budget():
+    config = ProtocolConfig(**SMALL, max_prefill_tokens=10)
+    lengths = [4, 5, 2, 12, 3, 9, 1]
+    reqs = [Request(i, tuple(range(1, n + 1)), max_tokens=2) for i, n in enumerate(lengths)]
+    _, _, _, sent, action = drive(config, reqs)
+    assert isinstance(action, Done)
+    admitted = [[len(a.prompt) for a in c.admits] for c in sent
+                if isinstance(c, Step) and c.admits]
+    # in order; a step stays within 10 tokens unless one prompt alone is longer
+    assert admitted == [[4, 5], [2], [12], [3], [9, 1]]
+    assert all(sum(a) <= 10 or len(a) == 1 for a in admitted)
+
+
 def test_step_lock_waits_for_every_rank():
     ctrl = Controller(ProtocolConfig(**SMALL))
     action = ctrl.next_action()

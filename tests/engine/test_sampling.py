@@ -1,0 +1,164 @@
+"""The batched sampler against the one-request reference sampler (same tokens for the same
+(seed, index)), its random stream (torch Philox vs the Triton kernel in interpreter mode), its
+distribution, and batch invariance through `LLM.generate` (alone vs in a batch of 40)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.sampling import (
+    BatchParams,
+    SamplingParams,
+    philox_uniform,
+    sample_batch,
+    sample_reference,
+)
+from engine.testing import run_in_triton_interpreter
+
+PARAMS = [SamplingParams(temperature=0), SamplingParams(temperature=0.7),
+          SamplingParams(temperature=1.0, top_k=5), SamplingParams(temperature=0.6, top_p=0.9),
+          SamplingParams(temperature=1.3, top_k=50, top_p=0.5),
+          SamplingParams(temperature=0.8, min_p=0.1),
+          SamplingParams(temperature=2.0, top_p=0.95, min_p=0.05, top_k=300),
+          SamplingParams(temperature=0.5, top_k=1)]
+
+
+def _logits(rows, vocab, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(rows, vocab, generator=g) * 3
+
+
+@pytest.mark.parametrize("trial", range(6))
+def test_batched_sampler_matches_reference_row_by_row(trial):
+    logits = _logits(len(PARAMS), 1000, trial)
+    seeds = [trial * 1_000_003 + 17 * i for i in range(len(PARAMS))]
+    index = [trial * 5 + i for i in range(len(PARAMS))]
+    tokens, logprobs = sample_batch(logits, BatchParams.from_params(PARAMS, seeds, index), True)
+    assert tokens.dtype == torch.int32
+    for i, p in enumerate(PARAMS):
+        ref, ref_lp = sample_reference(logits[i], SamplingParams(
+            temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, min_p=p.min_p,
+            logprobs=True), seeds[i], index[i])
+        assert int(tokens[i]) == ref, (i, p)
+        assert abs(float(logprobs[i]) - ref_lp) < 1e-5
+
+
+@settings(max_examples=40, deadline=None)
+@given(temperature=st.floats(0.05, 3), top_k=st.integers(0, 40), top_p=st.floats(0.01, 1),
+       min_p=st.floats(0, 0.5), seed=st.integers(0, 2**64 + 5), index=st.integers(0, 4000))
+def test_any_parameters_same_token_as_reference_and_kept(temperature, top_k, top_p, min_p,
+                                                           seed, index):
+    p = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    logits = _logits(1, 300, seed % 1000)
+    token, = sample_batch(logits, BatchParams.from_params([p], [seed], [index]))[0].tolist()
+    assert token == sample_reference(logits[0], p, seed, index)[0]
+    x = logits[0] / temperature
+    if top_k:
+        assert x[token] >= torch.topk(x, top_k).values[-1]
+    if min_p:
+        assert x[token] >= x.max() + math.log(min_p) - 1e-5
+
+
+def test_row_does_not_depend_on_its_batch_or_row():
+    logits = _logits(40, 500, 3)
+    params = [SamplingParams(temperature=0.9, top_p=0.8)] * 40
+    seeds, index = list(range(40)), [7] * 40
+    together = sample_batch(logits, BatchParams.from_params(params, seeds, index))[0].tolist()
+    alone = [sample_batch(logits[i:i + 1], BatchParams.from_params(params[:1], [i], [7]))[0]
+             .item() for i in range(40)]
+    assert together == alone
+    assert len(set(together)) > 10  # the seeds matter (not one token for every row)
+
+
+def test_frequencies_follow_softmax_of_scaled_logits():
+    logits = torch.tensor([[0.0, 1.0, 2.0, -1.0, 0.5]])
+    n = 20_000
+    counts = torch.zeros(5)
+    bp = BatchParams.from_params([SamplingParams(temperature=0.8)] * n, [11] * n, list(range(n)))
+    tokens = sample_batch(logits.expand(n, -1).contiguous(), bp)[0]
+    counts += torch.bincount(tokens.long(), minlength=5)
+    expected = torch.softmax(logits[0] / 0.8, 0) * n
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2 < 20.5, chi2  # 4 degrees of freedom: p = 0.0004
+
+
+def test_top_p_keeps_exactly_the_nucleus():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    n = 2000
+    bp = BatchParams.from_params([SamplingParams(temperature=1.0, top_p=0.8)] * n, [1] * n,
+                                 list(range(n)))
+    seen = set(sample_batch(logits.expand(n, -1).contiguous(), bp)[0].tolist())
+    assert seen == {0, 1}  # 0.5 + 0.3 reaches 0.8: token 2 is never drawn
+
+
+def test_philox_stream_is_a_function_of_seed_index_and_token():
+    lo, hi = torch.tensor([1, 1, 2]), torch.tensor([0, 0, 0])
+    u = philox_uniform(lo, hi, torch.tensor([0, 1, 0]), 64)
+    assert u.min() > 0 and u.max() < 1
+    assert not torch.equal(u[0], u[1]) and not torch.equal(u[0], u[2])
+    again = philox_uniform(lo[:1], hi[:1], torch.tensor([0]), 64)
+    assert torch.equal(u[0], again[0])
+
+
+_TRITON_CHECK = r"""
+import torch
+from engine.sampling import BatchParams, SamplingParams, sample_batch, _noisy_argmax_torch
+from engine.sampling import _noisy_argmax_triton
+g = torch.Generator().manual_seed(0)
+params = [SamplingParams(temperature=0), SamplingParams(temperature=0.7),
+          SamplingParams(temperature=1.5, top_k=20), SamplingParams(temperature=0.9, top_p=0.6)]
+for trial in range(3):
+    logits = torch.randn(len(params), 5000, generator=g) * 2
+    bp = BatchParams.from_params(params, [trial, 2**40 + trial, 7, 2**63 + 1], [0, 3, 99, 4])
+    cut = torch.full((len(params),), float("-inf"))
+    cut[2] = torch.topk(logits[2] / 1.5, 20).values[-1]
+    a = _noisy_argmax_triton(logits, bp, cut)
+    b = _noisy_argmax_torch(logits, bp, cut)
+    assert a.tolist() == b.tolist(), (a, b)
+print("ok")
+"""
+
+
+@pytest.mark.timeout(240)
+def test_triton_kernel_in_interpreter_draws_the_torch_stream():
+    pytest.importorskip("triton")
+    res = run_in_triton_interpreter(_TRITON_CHECK)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_bad_min_p_is_a_request_error():
+    from engine.errors import RequestError
+
+    with pytest.raises(RequestError, match="min_p = 1.5"):
+        SamplingParams(min_p=1.5).validate(100)
+    with pytest.raises(RequestError, match="temperature = inf"):
+        SamplingParams(temperature=float("inf")).validate(100)
+
+
+@pytest.fixture(scope="module")
+def llm40(tiny_dir):
+    from engine.llm import LLM
+
+    llm = LLM(tiny_dir, max_batch=40, max_model_len=64)
+    yield llm
+    llm.shutdown()
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_request_alone_and_in_a_batch_of_40_gets_the_same_tokens(llm40, temperature):
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 500, (int(n),), generator=g).tolist()
+               for n in torch.randint(1, 20, (40,), generator=g)]
+    params = [SamplingParams(max_tokens=6 + i % 5, temperature=temperature, top_p=0.9,
+                             seed=100 + i, ignore_eos=True) for i in range(40)]
+    together = llm40.generate(prompts, params)
+    for i in (0, 17, 39):
+        alone, = llm40.generate([prompts[i]], params[i])
+        assert together[i].token_ids == alone.token_ids
+    if temperature:
+        assert len({tuple(o.token_ids) for o in together}) > 30
