@@ -49,7 +49,7 @@ from engine.layers.attention import StepContext
 from engine.model import Qwen3ForCausalLM
 from engine.parallel import TPGroup
 from engine.sampling import BatchParams, SamplingParams, inverse_temperature, sample_batch, split_seed
-from engine.settings import EngineSettings
+from engine.engine_config import EngineConfig
 from engine.weights import WeightIndex
 from protocol.backend import Backend
 
@@ -66,7 +66,7 @@ class RankExecutor(Backend):
         cfg: the model config, read again from settings.model_dir when None.
     """
 
-    def __init__(self, settings: EngineSettings, tp: TPGroup, cfg: ModelConfig | None = None):
+    def __init__(self, settings: EngineConfig, tp: TPGroup, cfg: ModelConfig | None = None):
         self.settings = settings
         self.tp = tp
         self.cfg = cfg or load_model_config(settings.model_dir)
@@ -123,9 +123,7 @@ class RankExecutor(Backend):
 
     def kv_page_bytes(self) -> int:
         """Bytes of one KV page on this rank, all layers, K and V."""
-        kv_heads = self.cfg.num_kv_heads // self.tp.world_size
-        return (2 * self.cfg.num_layers * self.settings.page_size * kv_heads * self.cfg.head_dim
-                * self.dtype.itemsize)
+        return self.settings.kv_page_bytes
 
     def pages_needed(self) -> int:
         """Pages for every slot at full length (the padding page comes on top): past this,
@@ -136,7 +134,7 @@ class RankExecutor(Backend):
 
     def _scratch_kv(self, slots: int) -> KVCache:
         """A one-page cache with `slots` slots whose rows all point at its padding page."""
-        return KVCache(self.cfg.num_layers, self.cfg.num_kv_heads // self.tp.world_size,
+        return KVCache(self.cfg.num_layers, self.settings.kv_heads_per_rank,
                        self.cfg.head_dim, 1, self.settings.page_size, slots,
                        self.settings.pages_per_seq, self.dtype, self.device)
 
@@ -207,7 +205,7 @@ class RankExecutor(Backend):
         if pages < s.pages_per_seq:
             raise ValueError(f"allocate_kv({pages}): one full-length sequence needs "
                              f"{s.pages_per_seq} pages")
-        self.kv = KVCache(self.cfg.num_layers, self.cfg.num_kv_heads // self.tp.world_size,
+        self.kv = KVCache(self.cfg.num_layers, self.settings.kv_heads_per_rank,
                           self.cfg.head_dim, pages, s.page_size, s.max_batch,
                           s.pages_per_seq, self.dtype, self.device)
         self._pad_rows(max(s.buckets))

@@ -15,14 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from engine.config import check_parallel, load_model_config
-from engine.errors import ParallelConfigError, RankError, RequestError
+from engine.errors import RankError, RequestError
 from engine.sampling import SamplingParams
-from engine.settings import EngineSettings
+from engine.engine_config import EngineConfig
 from engine.startup import StartupReport, StartupWatchdog
-from engine.weights import WeightIndex
-
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 @dataclass
@@ -61,34 +57,19 @@ class LLM:
     """A Qwen3 model served by `tensor_parallel_size` ranks.
 
     Args:
-        model_dir: HF-layout Qwen3 directory (see `lockstep make-model`).
-        tensor_parallel_size: ranks; 1 runs in this process, more spawn one process per rank.
-        device: "cpu" (gloo between ranks) or "cuda" (rank r on cuda:r, NCCL).
-        dtype: "float32", "bfloat16" or "float16"; default: the checkpoint's dtype.
-        max_batch: decode slots (most requests decoded together).
-        max_model_len: longest prompt + generated tokens; default min(config, 2048).
-        page_size: tokens per KV page.
-        kv_cache_pages: most KV pages per rank (None: as many as memory allows, up to
-            max_batch x ceil(max_model_len / page_size)). Pages are handed out as sequences
-            grow and a short cache preempts requests for recompute (I14), so any value that
-            holds one full-length sequence serves every request.
-        step_timeout_s: seconds to wait for every rank's reply to one command.
-        progress: print loading progress, the capture progress bar and time, and the memory
-            report (weights, graph pool, KV pages, headroom) to stderr.
-        cuda_graph: capture one decode graph per eligible bucket at startup (two-phase
-            barrier per bucket) and replay them for decode-only steps. Default: on with
-            device "cuda", off on CPU; True on CPU is refused.
-        gpu_memory_utilization: fraction (0, 1] of each GPU's memory the engine may hold;
-            weights, activations, the graph set and the KV cache must fit in it.
-        startup_timeout_s: the startup sweep's watchdog (I6): past it the process aborts
-            (SIGABRT, after killing the rank processes). Default: step_timeout_s.
-        record_trace: keep every command, backend op and reply as `protocol.trace.TraceEvent`s
-            in `self.trace` (checked by `sim.invariants.check_trace`).
-        max_prefill_tokens: prompt tokens one step prefills as one packed batch (admission
-            stops at this budget; a longer prompt goes alone). Default 8192.
+        model: an `EngineConfig` (from `EngineConfig.create`), or an HF-layout Qwen3
+            directory (see `lockstep make-model`) with the arguments of
+            `EngineConfig.create` as keywords (each documented there): tensor_parallel_size
+            (1 runs in this process, more spawn one process per rank), device, dtype,
+            max_batch, max_model_len, page_size, kv_cache_pages (I14: pages are
+            handed out as sequences grow; a short cache preempts for recompute),
+            max_prefill_tokens, step_timeout_s,
+            startup_timeout_s (the startup watchdog, I6: past it the process aborts),
+            cuda_graph, gpu_memory_utilization, progress, record_trace (keep every command,
+            backend op and reply as `protocol.trace.TraceEvent`s in `self.trace`).
     Raises:
-        ModelDirError, ParallelConfigError (ValueError): bad directory or parallel settings,
-            before any rank starts or device memory is allocated.
+        ModelDirError, ParallelConfigError (ValueError): bad directory or settings, before
+            any rank starts or device memory is allocated.
         RankError: a rank failed while starting.
 
     Under torchrun (WORLD_SIZE > 1) only rank 0 builds an LLM; the other ranks call
@@ -96,23 +77,28 @@ class LLM:
     exit status 1 (an abort, so that torchrun stops the whole group).
     """
 
-    def __init__(self, model_dir: str | Path, tensor_parallel_size: int = 1,
-                 device: str = "cpu", dtype: str | None = None, max_batch: int = 8,
-                 max_model_len: int | None = None, page_size: int = 16,
-                 step_timeout_s: float = 300.0, progress: bool = False,
-                 kv_cache_pages: int | None = None,
-                 cuda_graph: bool | None = None, gpu_memory_utilization: float = 0.9,
-                 startup_timeout_s: float | None = None, record_trace: bool = False,
-                 max_prefill_tokens: int = 8192, _fault: tuple[int, int, str] | None = None, _graph_standin: bool = False):
+    def __init__(self, model: "str | Path | EngineConfig", **kwargs):
         self._closed = True
+        if "_fault" in kwargs:  # test hooks
+            kwargs["fault"] = kwargs.pop("_fault")
+        if "_graph_standin" in kwargs:
+            kwargs["graph_standin"] = kwargs.pop("_graph_standin")
+        if isinstance(model, EngineConfig):
+            if kwargs:
+                raise TypeError(f"LLM(EngineConfig, ...) takes no other arguments, got "
+                                f"{sorted(kwargs)}")
+            config = model
+        else:
+            config = EngineConfig.create(model, **kwargs)
+        progress = config.progress
         self._say = (lambda msg: print(f"lockstep: {msg}", flush=True,
                                        file=__import__("sys").stderr)) if progress else (
             lambda msg: None)
-        self.cfg, self.settings, pconfig = prepare(
-            model_dir, tensor_parallel_size, device, dtype, max_batch, max_model_len,
-            page_size, step_timeout_s, _fault, progress, cuda_graph, gpu_memory_utilization,
-            startup_timeout_s, record_trace, _graph_standin, kv_cache_pages,
-            max_prefill_tokens)
+        self.config = config
+        self.cfg = config.model_config
+        pconfig = config.protocol_config()
+        tensor_parallel_size, device, model_dir = config.world_size, config.device, config.model_dir
+        record_trace = config.trace
         self.trace: list = []
         self.steps = {"replay": 0, "eager": 0}  # serving steps with decode rows, by path
         self._record_trace = record_trace
@@ -121,9 +107,9 @@ class LLM:
         from protocol.controller import Controller
 
         self.controller = Controller(pconfig, clock=time.monotonic,
-                                     pages_per_seq=self.settings.pages_per_seq)
+                                     pages_per_seq=self.config.pages_per_seq)
         self.tokenizer = self._load_tokenizer(Path(model_dir))
-        dtype = self.settings.dtype
+        dtype = self.config.dtype
         self._say(f"starting {tensor_parallel_size} rank(s) on {device} ({dtype})")
         t0 = time.monotonic()
         from engine.ranks import InProcessRanks, SpawnedRanks, TorchrunRanks, torchrun_env
@@ -134,11 +120,11 @@ class LLM:
             if launched[0] != 0:
                 raise RuntimeError("under torchrun only rank 0 builds an LLM; other ranks call "
                                    "engine.llm.serve_rank(...) with the same arguments")
-            self.ranks = TorchrunRanks(self.settings, pconfig, self.cfg)
+            self.ranks = TorchrunRanks(self.config, pconfig, self.cfg)
         elif tensor_parallel_size == 1:
-            self.ranks = InProcessRanks(self.settings, pconfig, self.cfg)
+            self.ranks = InProcessRanks(self.config, pconfig, self.cfg)
         else:
-            self.ranks = SpawnedRanks(self.settings, pconfig)
+            self.ranks = SpawnedRanks(self.config, pconfig)
         self._closed = False
         self._next_id = 0
         self._extras: dict[int, tuple[SamplingParams, int]] = {}
@@ -154,7 +140,7 @@ class LLM:
             self._drive()  # the startup sweep, under the watchdog (I6)
         finally:
             watchdog.disarm()
-        for line in self._startup.summary(self.controller, self.settings, self.cfg).splitlines():
+        for line in self._startup.summary(self.controller, self.config, self.cfg).splitlines():
             self._say(line)
         self._say(f"ready in {time.monotonic() - t0:.1f} s")
 
@@ -208,7 +194,7 @@ class LLM:
             if isinstance(action, Wait):  # cannot happen: collect() returns every reply
                 raise RuntimeError(f"controller waits for ranks {action.ranks} after collect")
             command = action.command
-            self._startup.sent(command, self.controller, self.settings.progress)
+            self._startup.sent(command, self.controller, self.config.progress)
             if self._record_trace:
                 self._event("controller", "send", type(command).__name__, command.seq)
             extras = None
@@ -329,7 +315,7 @@ class LLM:
     def _tokenize(self, prompt) -> list[int]:
         if isinstance(prompt, str):
             if self.tokenizer is None:
-                raise RequestError(f"text prompt {prompt[:40]!r} but {self.settings.model_dir} "
+                raise RequestError(f"text prompt {prompt[:40]!r} but {self.config.model_dir} "
                                    "has no tokenizer; pass token ids")
             return list(self.tokenizer.encode(prompt))
         ids = list(prompt)
@@ -346,9 +332,9 @@ class LLM:
         if not prompt:
             raise RequestError("prompt is empty")
         total = len(prompt) + p.max_tokens
-        if total > self.settings.max_model_len:
+        if total > self.config.max_model_len:
             raise RequestError(f"prompt of {len(prompt)} tokens + max_tokens {p.max_tokens} = "
-                               f"{total} exceeds max_model_len {self.settings.max_model_len}")
+                               f"{total} exceeds max_model_len {self.config.max_model_len}")
 
     def shutdown(self) -> None:
         """Tear down every rank (graphs, then communicator) and join their processes."""
@@ -377,92 +363,6 @@ class LLM:
                 pass
 
 
-def prepare(model_dir, tensor_parallel_size: int = 1, device: str = "cpu",
-            dtype: str | None = None, max_batch: int = 8, max_model_len: int | None = None,
-            page_size: int = 16, step_timeout_s: float = 300.0, fault=None,
-            progress: bool = False, cuda_graph: bool | None = None,
-            gpu_memory_utilization: float = 0.9, startup_timeout_s: float | None = None,
-            record_trace: bool = False, graph_standin: bool = False,
-            kv_cache_pages: int | None = None, max_prefill_tokens: int = 8192):
-    """Check everything that can be checked before a rank starts; build the shared settings.
-
-    Arguments as for `LLM`. Returns (ModelConfig, EngineSettings, protocol ProtocolConfig),
-    the same on every rank for the same arguments.
-    Raises:
-        ModelDirError, ParallelConfigError: see `LLM`; also cuda_graph=True on CPU, or on a
-            torch without separate instantiate/upload (engine.graphs.check_graph_support).
-    """
-    if cuda_graph is None:
-        cuda_graph = device == "cuda"
-    if not isinstance(cuda_graph, bool):
-        raise ParallelConfigError(f"cuda_graph = {cuda_graph!r}, expected True, False or None")
-    if startup_timeout_s is None:
-        startup_timeout_s = step_timeout_s
-    if (isinstance(startup_timeout_s, bool) or not isinstance(startup_timeout_s, (int, float))
-            or not 0 < startup_timeout_s < 1e9):
-        raise ParallelConfigError(f"startup_timeout_s = {startup_timeout_s!r}, expected a "
-                                  "positive, finite number of seconds below 1e9")
-    cfg = load_model_config(model_dir)
-    check_parallel(cfg, tensor_parallel_size)
-    WeightIndex(cfg)  # every tensor present with the right shape
-    if device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ParallelConfigError("device = 'cuda' but torch.cuda.is_available() is False")
-        if torch.cuda.device_count() < tensor_parallel_size and torchrun_world() is None:
-            raise ParallelConfigError(
-                f"tensor_parallel_size = {tensor_parallel_size} needs that many GPUs; "
-                f"{torch.cuda.device_count()} visible")
-    from protocol.buckets import DEFAULT_DECODE_BUCKETS, select_bucket
-    from protocol.config import ModelShape, ProtocolConfig
-
-    dtype = dtype or (cfg.torch_dtype if cfg.torch_dtype in DTYPE_BYTES else "bfloat16")
-    if max_model_len is None:
-        max_model_len = min(cfg.max_position, 2048)
-    if max_model_len > cfg.max_position:
-        raise ParallelConfigError(f"max_model_len = {max_model_len} exceeds the model's "
-                                  f"max_position_embeddings {cfg.max_position}")
-    if not isinstance(max_batch, int) or not 1 <= max_batch <= DEFAULT_DECODE_BUCKETS[-1]:
-        raise ParallelConfigError(f"max_batch = {max_batch!r}, expected 1.."
-                                  f"{DEFAULT_DECODE_BUCKETS[-1]}")
-    buckets = tuple(b for b in DEFAULT_DECODE_BUCKETS
-                    if b <= select_bucket(max_batch, DEFAULT_DECODE_BUCKETS))
-    settings = EngineSettings(
-        model_dir=str(model_dir), world_size=tensor_parallel_size, device=device,
-        dtype=dtype, max_batch=max_batch, max_model_len=max_model_len, page_size=page_size,
-        buckets=buckets, step_timeout_s=step_timeout_s, fault=fault,
-        progress=progress, cuda_graph=cuda_graph, gpu_memory_utilization=gpu_memory_utilization,
-        trace=record_trace, graph_standin=graph_standin)
-    settings.validate()
-    if cuda_graph and device == "cuda":
-        from engine.graphs import GraphError, check_graph_support
-
-        try:
-            check_graph_support()
-        except GraphError as exc:
-            raise ParallelConfigError(str(exc)) from None
-    full = max_batch * settings.pages_per_seq
-    if kv_cache_pages is not None and (isinstance(kv_cache_pages, bool)
-                                       or not isinstance(kv_cache_pages, int)
-                                       or kv_cache_pages < settings.pages_per_seq):
-        raise ParallelConfigError(
-            f"kv_cache_pages = {kv_cache_pages!r}, expected an integer >= "
-            f"{settings.pages_per_seq} (one sequence of max_model_len {max_model_len} tokens "
-            f"in pages of {page_size})")
-    kv_heads = cfg.num_kv_heads // tensor_parallel_size
-    page_bytes = 2 * cfg.num_layers * page_size * kv_heads * cfg.head_dim * DTYPE_BYTES[dtype]
-    pconfig = ProtocolConfig(
-        world_size=tensor_parallel_size, buckets=buckets, max_batch=max_batch,
-        cuda_graphs=cuda_graph, watchdog_timeout_s=startup_timeout_s, kv_page_bytes=page_bytes,
-        min_kv_pages=settings.pages_per_seq + 1, page_size=page_size,
-        max_kv_pages=min(full, kv_cache_pages or full),
-        step_timeout_s=step_timeout_s, max_prefill_tokens=max_prefill_tokens,
-        shape=ModelShape(cfg.hidden_size, cfg.num_layers, dtype_bytes=DTYPE_BYTES[dtype],
-                         name=Path(model_dir).name))
-    return cfg, settings, pconfig
-
-
 def torchrun_world():
     """(rank, world size) under torchrun, else None."""
     from engine.ranks import torchrun_env
@@ -478,6 +378,6 @@ def serve_rank(model_dir, tensor_parallel_size: int, **kwargs) -> int:
     kwargs.pop("progress", None)
     fault = kwargs.pop("_fault", None)
     standin = kwargs.pop("_graph_standin", False)
-    _, settings, pconfig = prepare(model_dir, tensor_parallel_size, fault=fault,
-                                   graph_standin=standin, **kwargs)
-    return serve_torchrun_rank(settings, pconfig)
+    config = EngineConfig.create(model_dir, tensor_parallel_size, fault=fault,
+                                 graph_standin=standin, **kwargs)
+    return serve_torchrun_rank(config, config.protocol_config())

@@ -28,7 +28,7 @@ from multiprocessing.connection import wait as mp_wait
 from typing import Any
 
 from engine.errors import RankError
-from engine.settings import EngineSettings
+from engine.engine_config import EngineConfig
 
 # Seconds a killed rank process is given to be reaped before we stop waiting for it.
 JOIN_TIMEOUT_S = 10.0
@@ -73,7 +73,7 @@ def execute(worker, executor, command, extras: dict | None) -> tuple[Any, dict, 
     return reply, outputs, events
 
 
-def _make_worker(settings: EngineSettings, protocol_config, rank: int):
+def _make_worker(settings: EngineConfig, protocol_config, rank: int):
     from protocol.eligibility import GraphPlan
     from protocol.worker import Worker
 
@@ -84,7 +84,7 @@ def _make_worker(settings: EngineSettings, protocol_config, rank: int):
 class InProcessRanks:
     """World size 1: one executor in this process."""
 
-    def __init__(self, settings: EngineSettings, protocol_config, cfg=None):
+    def __init__(self, settings: EngineConfig, protocol_config, cfg=None):
         from engine.executor import RankExecutor
         from engine.parallel import SINGLE
 
@@ -127,7 +127,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def rank_main(rank: int, settings: EngineSettings, protocol_config, conn) -> None:
+def rank_main(rank: int, settings: EngineConfig, protocol_config, conn) -> None:
     """Body of one rank process: set up the group, load the model, serve commands.
 
     Sends ("ready", rank) once loaded, or ("error", text) if setup fails, then one
@@ -192,7 +192,7 @@ class SpawnedRanks:
         RankError: a rank failed to start (its error text), or died during start.
     """
 
-    def __init__(self, settings: EngineSettings, protocol_config):
+    def __init__(self, settings: EngineConfig, protocol_config):
         import dataclasses
 
         import torch.multiprocessing as mp
@@ -212,7 +212,7 @@ class SpawnedRanks:
                 child.close()
                 self.conns.append(parent)
                 self.procs.append(p)
-            for rank, msg in self._gather(settings.step_timeout_s):
+            for rank, msg in self._gather(settings.startup_timeout_s):  # model loading
                 if msg[0] != "ready":
                     raise RankError(rank, f"start-up failed:\n{msg[1]}")
         except BaseException:
@@ -296,7 +296,7 @@ def torchrun_env() -> tuple[int, int] | None:
     return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 
 
-def _init_torchrun(settings: EngineSettings):
+def _init_torchrun(settings: EngineConfig):
     """Initialise the default group (gloo or NCCL) and a gloo command group from env://."""
     import datetime
 
@@ -326,7 +326,7 @@ class TorchrunRanks:
     that dies makes torchrun's agent stop every process of the group.
     """
 
-    def __init__(self, settings: EngineSettings, protocol_config, cfg=None):
+    def __init__(self, settings: EngineConfig, protocol_config, cfg=None):
         from engine.executor import RankExecutor
         from engine.parallel import TPGroup
 
@@ -369,7 +369,7 @@ class TorchrunRanks:
             dist.destroy_process_group()
 
 
-def serve_torchrun_rank(settings: EngineSettings, protocol_config) -> int:
+def serve_torchrun_rank(settings: EngineConfig, protocol_config) -> int:
     """Body of a torchrun rank > 0: execute broadcast commands until Teardown; returns 0."""
     import torch.distributed as dist
 

@@ -128,8 +128,6 @@ class StartupReport:
     def summary(self, controller, settings, cfg) -> str:
         """One paragraph for stderr: capture count and time, and per-rank memory (the
         tightest rank's free bytes; graph bytes the largest over ranks)."""
-        from engine.llm import DTYPE_BYTES
-
         lines = []
         if not settings.cuda_graph:
             lines.append("CUDA graphs off: every step runs eager")
@@ -137,7 +135,7 @@ class StartupReport:
             lines.append(f"captured {self.captured} decode graph(s) in "
                          f"{self.capture_s or 0:.3f} s (capture + launch barriers, all ranks); "
                          f"measuring the graph set took {self.measure_s or 0:.3f} s")
-        wb = weight_bytes_per_rank(cfg, settings.world_size, DTYPE_BYTES[settings.dtype])
+        wb = weight_bytes_per_rank(cfg, settings.world_size, settings.dtype_bytes)
         plan = controller.memory
         graphs = max(self.graph_bytes.values(), default=0)
         page = controller.config.kv_page_bytes

@@ -41,15 +41,15 @@ def summarize(times_s: list[float]) -> dict:
 
 
 def engine_settings(model_dir: str, opts, world_size: int):
-    """EngineSettings for the benchmark: slots for the largest bucket measured (256 with the
+    """EngineConfig for the benchmark: slots for the largest bucket measured (256 with the
     capture sweep), room for the longest context plus the measured token."""
-    from engine.settings import EngineSettings
+    from engine.engine_config import EngineConfig
     from protocol.buckets import DEFAULT_DECODE_BUCKETS, select_bucket
 
     top = 256 if opts.capture_sweep else select_bucket(max(opts.batch_sizes),
                                                        DEFAULT_DECODE_BUCKETS)
     buckets = tuple(b for b in DEFAULT_DECODE_BUCKETS if b <= top)
-    s = EngineSettings(model_dir=str(model_dir), world_size=world_size, device="cuda",
+    s = EngineConfig(model_dir=str(model_dir), world_size=world_size, device="cuda",
                        dtype=opts.dtype, max_batch=top, max_model_len=max(opts.context_lens) + 1,
                        page_size=PAGE_SIZE, buckets=buckets, cuda_graph=opts.graphs)
     s.validate()

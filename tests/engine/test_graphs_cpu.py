@@ -16,7 +16,8 @@ import pytest
 
 from engine.errors import ParallelConfigError, RankError
 from engine.graphs import GraphError, GraphTable, StandInGraphs
-from engine.llm import LLM, prepare
+from engine.engine_config import EngineConfig
+from engine.llm import LLM
 from engine.sampling import SamplingParams
 from protocol.keys import GraphKey
 from sim.invariants import check_trace
@@ -141,9 +142,11 @@ def test_executor_without_graphs_refuses_graph_ops(tiny_dir):
 
 
 def test_graphs_default_off_on_cpu_and_plan_eligibility(tiny_dir):
-    _, settings, pconfig = prepare(tiny_dir, max_batch=8)
+    settings = EngineConfig.create(tiny_dir, max_batch=8)
+    pconfig = settings.protocol_config()
     assert settings.cuda_graph is False and pconfig.cuda_graphs is False
-    _, settings, pconfig = prepare(tiny_dir, max_batch=5, graph_standin=True, cuda_graph=True)
+    settings = EngineConfig.create(tiny_dir, max_batch=5, graph_standin=True, cuda_graph=True)
+    pconfig = settings.protocol_config()
     assert pconfig.cuda_graphs and settings.buckets == (1, 2, 4, 8)
     with LLM(tiny_dir, max_batch=3, max_model_len=32) as llm:
         assert [e for e in llm.trace] == [] and llm.controller.plan.keys() == ()

@@ -14,12 +14,12 @@ def test_decode_step_capture_and_replay_with_new_metadata(tmp_path):
     from engine.executor import RankExecutor
     from engine.model_dir import write_model_dir
     from engine.parallel import SINGLE
-    from engine.settings import EngineSettings
+    from engine.engine_config import EngineConfig
     from protocol.commands import Admit, DecodeRow, Step
 
     d = write_model_dir("tiny-tied", tmp_path / "m", seed=2, dtype="float32")
     torch.cuda.set_device(0)
-    ex = RankExecutor(EngineSettings(str(d), device="cuda", dtype="float32", max_batch=4,
+    ex = RankExecutor(EngineConfig(str(d), device="cuda", dtype="float32", max_batch=4,
                                      max_model_len=128, buckets=(1, 2, 4)), SINGLE)
     ex.load_model()
     ex.allocate_kv(ex.pages_needed())

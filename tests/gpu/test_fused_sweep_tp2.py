@@ -28,7 +28,7 @@ def _rank(rank: int, model_dir: str, port: int, skew_s: float, q) -> None:
 
     from engine.executor import RankExecutor
     from engine.parallel import TPGroup
-    from engine.settings import EngineSettings
+    from engine.engine_config import EngineConfig
     from protocol.keys import GraphKey
 
     try:
@@ -36,7 +36,7 @@ def _rank(rank: int, model_dir: str, port: int, skew_s: float, q) -> None:
         dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=2)
         buckets = (1, 2, 4, 8, 16, 20, 24, 32)
-        settings = EngineSettings(model_dir, world_size=2, device="cuda", max_batch=32,
+        settings = EngineConfig(model_dir, world_size=2, device="cuda", max_batch=32,
                                   max_model_len=64, buckets=buckets, cuda_graph=True)
         ex = RankExecutor(settings, TPGroup(rank, 2))
         ex.load_model()

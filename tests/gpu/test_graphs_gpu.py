@@ -127,11 +127,11 @@ def test_uncaptured_and_ineligible_keys_raise(model_dir):
     from engine.executor import RankExecutor
     from engine.graphs import GraphError
     from engine.parallel import SINGLE
-    from engine.settings import EngineSettings
+    from engine.engine_config import EngineConfig
     from protocol.keys import GraphKey
 
     torch.cuda.set_device(0)
-    ex = RankExecutor(EngineSettings(str(model_dir), device="cuda", max_batch=4,
+    ex = RankExecutor(EngineConfig(str(model_dir), device="cuda", max_batch=4,
                                      max_model_len=64, buckets=(1, 2, 4), cuda_graph=True),
                       SINGLE)
     ex.load_model()

@@ -1,0 +1,242 @@
+"""`EngineConfig`: the one configuration of an engine, shared by the controller and every rank.
+
+`EngineConfig.create(model_dir, ...)` takes the user's arguments (those of `LLM`), checks
+every one before any rank starts or any device memory is allocated, resolves the defaults
+(dtype from the checkpoint, max_model_len, graphs on CUDA, decode buckets, startup timeout)
+and holds the model's config; the derived values (dtype bytes, per-rank heads, KV page bytes,
+pages per sequence) are computed from it in one place, and `protocol_config()` produces the
+protocol's `ProtocolConfig` from it. Plain values only: rank processes receive it by pickling.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.config import ModelConfig, check_parallel, load_model_config
+from engine.errors import ParallelConfigError
+
+DTYPES = ("float32", "bfloat16", "float16")
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything the controller and a rank need. Build it with `create` (checks, defaults);
+    direct construction takes the values as given (tests and benchmarks).
+
+    Attributes:
+        model_dir: HF-layout Qwen3 directory.
+        world_size: tensor-parallel size (ranks); `LLM`'s tensor_parallel_size.
+        device: "cpu" (gloo between ranks) or "cuda" (rank r on cuda:r, NCCL).
+        dtype: parameter and KV-cache dtype, one of DTYPES; `create` defaults to the
+            checkpoint's dtype (bfloat16 when it names another).
+        max_batch: decode slots (most requests decoded together), 1..256.
+        max_model_len: longest sequence, prompt + generated tokens; `create` defaults to
+            min(max_position_embeddings, 2048).
+        page_size: tokens per KV page (power of two >= 16 for the Triton kernels).
+        kv_cache_pages: most KV pages per rank (None: as many as memory allows, up to
+            max_batch x pages_per_seq). Pages are handed out as sequences grow and a short
+            cache preempts requests for recompute (I14), so any value that holds one
+            full-length sequence serves every request.
+        max_prefill_tokens: prompt tokens one step prefills as one packed batch; admission
+            stops at this budget (a longer prompt goes alone). Default 8192.
+        buckets: decode buckets (ascending, last >= max_batch); `create` takes the default
+            buckets up to the one that holds max_batch.
+        step_timeout_s: seconds to wait for every rank's reply to one serving or teardown
+            command; past it the missing ranks are declared failed and every rank is
+            stopped (I13). The one value used by the controller and the transport. 300 s.
+        startup_timeout_s: seconds the ranks may take to start (load the model) and the
+            startup sweep may take, under the watchdog that aborts (I6); `create` defaults
+            to step_timeout_s.
+        cuda_graph: capture one decode graph per eligible bucket at startup and replay them
+            for decode-only steps (CUDA only); `create` defaults to on with CUDA.
+        gpu_memory_utilization: fraction (0, 1] of each GPU's memory the engine may hold
+            (weights, activations, graphs, KV cache). Default 0.9.
+        progress: print loading progress, capture progress and the memory report to stderr.
+        trace: ranks return a `protocol.trace.TraceEvent` per backend op with each reply.
+        dist_init_method: torch.distributed init method (tcp://host:port or env://); set by
+            the transport.
+        fault: test hook, None in normal use: (rank, command seq, "raise" | "exit" | "hang")
+            makes that rank fail, die or go silent when it receives that command.
+        graph_standin: test hook, False in normal use: with cuda_graph on CPU, the graph ops
+            run through `engine.graphs.StandInGraphs` (eager replays).
+        model: the model's config (read from model_dir when None).
+    """
+
+    model_dir: str
+    world_size: int = 1
+    device: str = "cpu"
+    dtype: str = "float32"
+    max_batch: int = 8
+    max_model_len: int = 512
+    page_size: int = 16
+    kv_cache_pages: int | None = None
+    max_prefill_tokens: int = 8192
+    buckets: tuple[int, ...] = (1, 2, 4, 8)
+    step_timeout_s: float = 300.0
+    startup_timeout_s: float = 300.0
+    cuda_graph: bool = False
+    gpu_memory_utilization: float = 0.9
+    progress: bool = False
+    trace: bool = False
+    dist_init_method: str = ""
+    fault: tuple[int, int, str] | None = None
+    graph_standin: bool = False
+    model: ModelConfig | None = None
+
+    @classmethod
+    def create(cls, model_dir, tensor_parallel_size: int = 1, device: str = "cpu",
+               dtype: str | None = None, max_batch: int = 8, max_model_len: int | None = None,
+               page_size: int = 16, kv_cache_pages: int | None = None,
+               max_prefill_tokens: int = 8192,
+               step_timeout_s: float = 300.0, startup_timeout_s: float | None = None,
+               cuda_graph: bool | None = None, gpu_memory_utilization: float = 0.9,
+               progress: bool = False, record_trace: bool = False, fault=None,
+               graph_standin: bool = False) -> "EngineConfig":
+        """Check the arguments (those of `LLM`) and the model directory; resolve defaults.
+
+        Raises:
+            ModelDirError, ParallelConfigError (ValueError): a bad directory or setting, named
+                with its value, before any rank starts or device memory is allocated; also
+                cuda_graph=True on CPU, or on a torch without separate instantiate/upload.
+        """
+        from engine.weights import WeightIndex
+        from protocol.buckets import DEFAULT_DECODE_BUCKETS, select_bucket
+
+        if cuda_graph is None:
+            cuda_graph = device == "cuda"
+        if not isinstance(cuda_graph, bool):
+            raise ParallelConfigError(f"cuda_graph = {cuda_graph!r}, expected True, False or None")
+        for name, value in (("step_timeout_s", step_timeout_s),
+                            ("startup_timeout_s", startup_timeout_s)):
+            if value is None and name == "startup_timeout_s":
+                continue
+            if (isinstance(value, bool) or not isinstance(value, (int, float))
+                    or not 0 < value < 1e9 or math.isnan(value)):
+                raise ParallelConfigError(f"{name} = {value!r}, expected a positive, finite "
+                                          "number of seconds below 1e9")
+        if startup_timeout_s is None:
+            startup_timeout_s = step_timeout_s
+        model = load_model_config(model_dir)
+        check_parallel(model, tensor_parallel_size)
+        WeightIndex(model)  # every tensor present with the right shape
+        if device == "cuda":
+            import torch
+
+            from engine.ranks import torchrun_env
+
+            if not torch.cuda.is_available():
+                raise ParallelConfigError("device = 'cuda' but torch.cuda.is_available() is False")
+            if torch.cuda.device_count() < tensor_parallel_size and torchrun_env() is None:
+                raise ParallelConfigError(
+                    f"tensor_parallel_size = {tensor_parallel_size} needs that many GPUs; "
+                    f"{torch.cuda.device_count()} visible")
+        dtype = dtype or (model.torch_dtype if model.torch_dtype in DTYPES else "bfloat16")
+        if max_model_len is None:
+            max_model_len = min(model.max_position, 2048)
+        if isinstance(max_model_len, int) and max_model_len > model.max_position:
+            raise ParallelConfigError(f"max_model_len = {max_model_len} exceeds the model's "
+                                      f"max_position_embeddings {model.max_position}")
+        if (not isinstance(max_batch, int) or isinstance(max_batch, bool)
+                or not 1 <= max_batch <= DEFAULT_DECODE_BUCKETS[-1]):
+            raise ParallelConfigError(f"max_batch = {max_batch!r}, expected 1.."
+                                      f"{DEFAULT_DECODE_BUCKETS[-1]}")
+        buckets = tuple(b for b in DEFAULT_DECODE_BUCKETS
+                        if b <= select_bucket(max_batch, DEFAULT_DECODE_BUCKETS))
+        config = cls(
+            model_dir=str(model_dir), world_size=tensor_parallel_size, device=device,
+            dtype=dtype, max_batch=max_batch, max_model_len=max_model_len, page_size=page_size,
+            kv_cache_pages=kv_cache_pages, max_prefill_tokens=max_prefill_tokens, buckets=buckets,
+            step_timeout_s=step_timeout_s, startup_timeout_s=startup_timeout_s,
+            cuda_graph=cuda_graph, gpu_memory_utilization=gpu_memory_utilization,
+            progress=progress, trace=record_trace, fault=fault, graph_standin=graph_standin,
+            model=model)
+        config.validate()
+        if cuda_graph and device == "cuda":
+            from engine.graphs import GraphError, check_graph_support
+
+            try:
+                check_graph_support()
+            except GraphError as exc:
+                raise ParallelConfigError(str(exc)) from None
+        return config
+
+    # -- derived values ------------------------------------------------------------------------
+
+    @property
+    def model_config(self) -> ModelConfig:
+        """The model's config (`model`, or read from model_dir)."""
+        return self.model if self.model is not None else load_model_config(self.model_dir)
+
+    @property
+    def dtype_bytes(self) -> int:
+        """Bytes per parameter and KV element."""
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def q_heads_per_rank(self) -> int:
+        """Query heads on one rank."""
+        return self.model_config.num_q_heads // self.world_size
+
+    @property
+    def kv_heads_per_rank(self) -> int:
+        """KV heads on one rank."""
+        return self.model_config.num_kv_heads // self.world_size
+
+    @property
+    def kv_page_bytes(self) -> int:
+        """Bytes of one KV page on one rank: K and V, every layer, page_size tokens."""
+        m = self.model_config
+        return (2 * m.num_layers * self.page_size * self.kv_heads_per_rank * m.head_dim
+                * self.dtype_bytes)
+
+    @property
+    def pages_per_seq(self) -> int:
+        """KV pages one full-length sequence needs."""
+        return -(-self.max_model_len // self.page_size)
+
+    def protocol_config(self):
+        """The protocol's `ProtocolConfig` for this engine (same on every rank)."""
+        from protocol.config import ModelShape, ProtocolConfig
+
+        m = self.model_config
+        full = self.max_batch * self.pages_per_seq  # pages past this are never used
+        return ProtocolConfig(
+            world_size=self.world_size, buckets=self.buckets, max_batch=self.max_batch,
+            cuda_graphs=self.cuda_graph, watchdog_timeout_s=self.startup_timeout_s,
+            step_timeout_s=self.step_timeout_s, kv_page_bytes=self.kv_page_bytes,
+            min_kv_pages=self.pages_per_seq + 1, page_size=self.page_size,
+            max_kv_pages=min(full, self.kv_cache_pages or full),
+            max_prefill_tokens=self.max_prefill_tokens,
+            shape=ModelShape(m.hidden_size, m.num_layers, dtype_bytes=self.dtype_bytes,
+                             name=Path(self.model_dir).name))
+
+    def validate(self) -> None:
+        """Raises ParallelConfigError naming the bad setting."""
+        if self.device not in ("cpu", "cuda"):
+            raise ParallelConfigError(f"device = {self.device!r}, expected 'cpu' or 'cuda'")
+        if self.dtype not in DTYPES:
+            raise ParallelConfigError(f"dtype = {self.dtype!r}, expected one of {DTYPES}")
+        for name in ("max_batch", "max_model_len", "page_size", "max_prefill_tokens"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ParallelConfigError(f"{name} = {v!r}, expected a positive integer")
+        u = self.gpu_memory_utilization
+        if isinstance(u, bool) or not isinstance(u, (int, float)) or not 0 < u <= 1:
+            raise ParallelConfigError(f"gpu_memory_utilization = {u!r}, expected a fraction "
+                                      "in (0, 1]")
+        if self.cuda_graph and self.device != "cuda" and not self.graph_standin:
+            raise ParallelConfigError("cuda_graph = True needs device = 'cuda' (the CPU path "
+                                      "runs eager only); pass cuda_graph=False")
+        k = self.kv_cache_pages
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int)
+                              or k < self.pages_per_seq):
+            raise ParallelConfigError(
+                f"kv_cache_pages = {k!r}, expected an integer >= {self.pages_per_seq} (one "
+                f"sequence of max_model_len {self.max_model_len} tokens in pages of "
+                f"{self.page_size})")
+        if self.page_size & (self.page_size - 1) or self.page_size < 16:
+            raise ParallelConfigError(f"page_size = {self.page_size}, expected a power of two "
+                                      ">= 16 (Triton decode attention tile)")
