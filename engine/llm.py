@@ -132,7 +132,8 @@ class LLM:
         self._first_token: dict[int, float] = {}   # request id -> perf_counter at first token
         self._finish: dict[int, float] = {}        # request id -> perf_counter at last token
         self._last_step_end = 0.0
-        self.step_log: list | None = None  # set to [] to record (kind, rows, admits, seconds)
+        # set to [] to record one (kind, rows, admits, seconds, prompt tokens) per step
+        self.step_log: list | None = None
         self._say(f"model loaded in {time.monotonic() - t0:.1f} s")
         watchdog = StartupWatchdog(pconfig.watchdog_timeout_s, self._watchdog_expired)
         watchdog.arm()
@@ -230,7 +231,8 @@ class LLM:
                     self.step_log.append(("mixed" if command.admits and command.rows else
                                           "prefill" if command.admits else
                                           "decode" if command.rows else "retire",
-                                          len(command.rows), len(command.admits), now - t0))
+                                          len(command.rows), len(command.admits), now - t0,
+                                          sum(len(a.prompt) for a in command.admits)))
 
     def _event(self, actor: str, kind: str, what: str, seq=None, detail: str = "",
                ok: bool = True) -> None:

@@ -107,7 +107,7 @@ def phase_breakdown(step_log: list, device_steps: list[dict], wall_s: float) -> 
     out = {"wall_s": wall_s, "steps": len(step_log)}
     for kind in ("prefill", "mixed", "decode", "retire"):
         out[f"{kind}_steps"] = sum(1 for s in step_log if s[0] == kind)
-    out["first_steps"] = [(k, r, a, round(1e3 * sec, 2)) for k, r, a, sec in step_log[:24]]
+    out["first_steps"] = [(k, r, a, round(1e3 * sec, 2), n) for k, r, a, sec, n in step_log[:24]]
     step_log = [s for s in step_log if s[0] != "retire"]  # no device phase: host time only
     if device_steps and len(device_steps) == len(step_log):
         for phase in ("prefill", "decode", "sample"):
@@ -116,11 +116,11 @@ def phase_breakdown(step_log: list, device_steps: list[dict], wall_s: float) -> 
             out[f"{kind}_wall_s"] = sum(s[3] for s in step_log if s[0] == kind)
         out["host_s"] = wall_s - out["prefill_s"] - out["decode_s"] - out["sample_s"]
         host = {}
-        for (kind, rows, _, sec), d in zip(step_log, device_steps):
+        for (kind, rows, _, sec, _), d in zip(step_log, device_steps):
             if kind == "decode":
                 host.setdefault(rows, []).append(1e3 * sec - d["decode"] - d["sample"])
         out["host_ms_per_decode_step"] = {r: statistics.median(v) for r, v in sorted(host.items())}
-        dec = [(1e3 * sec, d["decode"], d["sample"]) for (kind, rows, _, sec), d
+        dec = [(1e3 * sec, d["decode"], d["sample"]) for (kind, rows, _, sec, _), d
                in zip(step_log, device_steps) if kind == "decode"]
         if dec:
             out["decode_step_ms_median"] = statistics.median(x[0] for x in dec)
@@ -141,13 +141,30 @@ def host_overhead(llm, rows: int, steps: int = 200) -> dict:
     llm.generate([[1 + i % 1000] * 16 for i in range(rows)],
                  SamplingParams(max_tokens=steps, temperature=0, ignore_eos=True))
     executor.phases = None
-    pts = [(1e3 * sec, d["decode"], d["sample"]) for (kind, r, _, sec), d
-           in zip(llm.step_log, timer.steps) if kind == "decode" and r == rows]
+    pts = [(1e3 * sec, d["decode"], d["sample"]) for (kind, r, _, sec, _), d
+           in zip([s for s in llm.step_log if s[0] != "retire"], timer.steps)
+           if kind == "decode" and r == rows]
     llm.step_log = None
     med = statistics.median
     return {"rows": rows, "steps": len(pts), "step_ms": med(p[0] for p in pts),
             "decode_gpu_ms": med(p[1] for p in pts), "sample_gpu_ms": med(p[2] for p in pts),
             "host_ms": med(p[0] - p[1] - p[2] for p in pts)}
+
+
+def prefill_throughput(llm, prompts: int = 64, length: int = 1024) -> dict:
+    """Prompt tokens per second of steps that hold only prefill: `prompts` random prompts of
+    `length` tokens, one output token each (so no step decodes)."""
+    from engine.sampling import SamplingParams
+
+    rng = random.Random(1)
+    llm.step_log = []
+    llm.generate([[rng.randrange(10000) for _ in range(length)] for _ in range(prompts)],
+                 SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
+    steps = [s for s in llm.step_log if s[0] == "prefill"]
+    llm.step_log = None
+    tokens, sec = sum(s[4] for s in steps), sum(s[3] for s in steps)
+    return {"steps": len(steps), "prompt_tokens": tokens, "seconds": sec,
+            "prompt_tok_s": tokens / sec, "tokens_per_step": tokens / len(steps)}
 
 
 def run_hf(model_dir: str, work: Workload, dtype: str, temperature: float,
@@ -218,6 +235,10 @@ def format_table(doc: dict) -> str:
         lines.append(f"  decode step at batch {h['rows']}: {h['step_ms']:.3f} ms wall = "
                      f"{h['decode_gpu_ms']:.3f} GPU + {h['sample_gpu_ms']:.3f} sampling + "
                      f"{h['host_ms']:.3f} host (median of {h['steps']})")
+    pf = doc.get("prefill_only")
+    if pf:
+        lines.append(f"  prefill-only steps: {pf['prompt_tok_s']:,.0f} prompt tok/s "
+                     f"({pf['steps']} steps of {pf['tokens_per_step']:,.0f} tokens)")
     for k, v in doc.get("ratios", {}).items():
         lines.append(f"  {k}: {v:.2f}x")
     return "\n".join(lines)
@@ -276,6 +297,8 @@ def measure_throughput(model_dir: str, model_name: str, n: int, seed: int, dtype
         _say(f"sampled: {sampled['output_tok_s']:,.0f} output tok/s")
         doc["rows"] += [cold, greedy, sampled]
         doc["host_overhead"] = [host_overhead(llm, 1), host_overhead(llm, max_batch)]
+        prefill_throughput(llm, 16)  # first pass over the 1024-token shapes
+        doc["prefill_only"] = prefill_throughput(llm)
     finally:
         llm.shutdown()
     import torch

@@ -75,6 +75,10 @@ def paged_decode_attention_torch(q, k_cache, v_cache, page_table, seq_lens, slot
 # table in one load): one page per iteration left the kernel latency-bound at short contexts
 # (11 us per layer for Qwen3-4B at batch 1, context 128, on H200; 8 dependent iterations).
 TILE_TOKENS = 64
+# Launch settings of the Triton kernel (Triton's defaults); `scripts/decode_attention_sweep.py`
+# times the alternatives at long contexts.
+NUM_WARPS = 4
+NUM_STAGES = 3
 
 if triton is not None:
 
@@ -152,5 +156,5 @@ def paged_decode_attention_triton(q, k_cache, v_cache, page_table, seq_lens, slo
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         page_table.stride(0), out.stride(0), out.stride(1), scale,
         GROUP=group, BLOCK_G=block_g, HEAD_DIM=D, PAGE=P, BLOCK_N=max(P, TILE_TOKENS),
-        IEEE=q.dtype == torch.float32)
+        IEEE=q.dtype == torch.float32, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     return out
