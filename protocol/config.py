@@ -66,7 +66,8 @@ class ProtocolConfig:
         step_timeout_s: seconds a serving or teardown command may wait for every reply before
             the controller aborts every rank (I13: a wedged rank is a global failure).
         kv_page_bytes: bytes of one KV page on one rank, all layers.
-        min_kv_pages: fewest KV pages that make serving possible (one per slot plus padding).
+        min_kv_pages: fewest KV pages that make serving possible (one full-length sequence plus
+            the padding page: pages are handed out on demand, I14).
         memory_headroom_bytes: bytes left free on each rank after KV sizing.
         page_size: tokens per KV page (default 16, the engine's page).
         kv_watermark: fraction of the KV pages that admission leaves free for the running
