@@ -42,33 +42,17 @@ def execute(worker, executor, command, extras: dict | None) -> tuple[Any, dict, 
     `executor.settings.trace` is set, else []. `extras` carries engine data for this command
     (sampling parameters of admitted requests); it never carries a protocol decision.
     """
-    from protocol.trace import TraceEvent, describe_args
+    from protocol.execution import run_command
 
     tracing = getattr(executor.settings, "trace", False)
     events: list = []
-    actor, rank = f"rank{worker.rank}", worker.rank
-    op = None
-    try:
-        if extras:
+    if extras:
+        try:
             executor.register(extras)
-        ops = worker.ops_for(command)
-        results = []
-        for op in ops:
-            results.append(getattr(executor, op.name)(*op.args))
-            if tracing:
-                events.append(TraceEvent(actor, "op", op.name, command.seq, rank,
-                                         describe_args(op.args), True, time.monotonic()))
-        reply = worker.reply(command, results)
-    except Exception as exc:  # any failure poisons the worker and is reported (I13)
-        detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        if tracing and op is not None:
-            events.append(TraceEvent(actor, "op", op.name, command.seq, rank,
-                                     f"{describe_args(op.args)}: {detail}", False,
-                                     time.monotonic()))
-        reply = worker.fail(command, RuntimeError(detail))
-    if tracing:
-        events.append(TraceEvent(actor, "reply", "Reply", command.seq, rank,
-                                 reply.error or "", reply.ok, time.monotonic()))
+        except Exception as exc:  # engine data that cannot be registered fails the command
+            return worker.fail(command, exc), {}, events
+    reply = run_command(worker, executor, command, events.append if tracing else None,
+                        time.monotonic)
     outputs, executor.outputs = executor.outputs, {}
     return reply, outputs, events
 

@@ -1,30 +1,193 @@
 """The per-rank backend interface: the only way a worker touches its device.
 
-A worker never calls these itself. It returns a list of `Op` for a command; the driver runs each
-op against its backend (the simulator's modelled device, or the engine's CUDA/CPU executor) and
-hands the results back. That keeps the worker sans-IO: the simulator can interleave ranks between
-any two ops, and the engine runs them for real.
+A worker never calls these itself. It returns a list of typed operations (`Op` records) for a
+command; a driver runs each op against its backend (the simulator's modelled device, or the
+engine's CUDA/CPU executor) and hands the results back. That keeps the worker sans-IO: the
+simulator can interleave ranks between any two ops, and the engine runs them for real.
+
+`perform(backend, op)` is the one place an op reaches a backend method: a `match` on the op's
+type, so a reader can follow a command from the controller through the worker to the device.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from protocol.commands import Admit, Step
+from protocol.errors import ProtocolError
 from protocol.keys import GraphKey
 
 
 @dataclass(frozen=True)
 class Op:
-    """One backend operation: the method ``name`` called with ``args``."""
+    """Base of every backend operation: a frozen record of the call's arguments.
 
-    name: str
-    args: tuple[Any, ...] = ()
+    ``name`` is the op's name in traces (``"record"``); ``args`` its argument values in field
+    order. A variant that needs an op the protocol does not define subclasses `Op` and models
+    it in the simulator (`sim.variants.Variant.sim_ops`, keyed by the class).
+    """
+
+    name: ClassVar[str] = "op"
+
+    @property
+    def args(self) -> tuple[Any, ...]:
+        """The op's argument values, in field order."""
+        return tuple([getattr(self, name) for name in self.__match_args__])
 
     def __str__(self) -> str:
         return f"{self.name}({', '.join(map(str, self.args))})"
+
+
+@dataclass(frozen=True)
+class WarmupCollective(Op):
+    """One eager all-reduce of ``nbytes`` bytes (I5)."""
+
+    name: ClassVar[str] = "warmup_collective"
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class ProfileForward(Op):
+    """Eager forward at ``rows`` rows for the memory profile (I9)."""
+
+    name: ClassVar[str] = "profile_memory"
+    rows: int
+
+
+@dataclass(frozen=True)
+class GraphMemory(Op):
+    """Read the bytes this rank's graphs hold."""
+
+    name: ClassVar[str] = "graph_memory"
+
+
+@dataclass(frozen=True)
+class Record(Op):
+    """Stream-capture the decode step of ``key``."""
+
+    name: ClassVar[str] = "record"
+    key: GraphKey
+
+
+@dataclass(frozen=True)
+class Instantiate(Op):
+    """Instantiate the recorded graph of ``key``."""
+
+    name: ClassVar[str] = "instantiate"
+    key: GraphKey
+
+
+@dataclass(frozen=True)
+class Upload(Op):
+    """Upload the executable graph of ``key``."""
+
+    name: ClassVar[str] = "upload"
+    key: GraphKey
+
+
+@dataclass(frozen=True)
+class LaunchGraph(Op):
+    """Enqueue a replay of ``key`` (in serving, of the step `PrepareReplay` just set up)."""
+
+    name: ClassVar[str] = "launch"
+    key: GraphKey
+
+
+@dataclass(frozen=True)
+class FreeGraphs(Op):
+    """Free every graph this rank holds."""
+
+    name: ClassVar[str] = "free_graphs"
+
+
+@dataclass(frozen=True)
+class AllocateKVCache(Op):
+    """Allocate ``pages`` KV pages plus the reserved padding page."""
+
+    name: ClassVar[str] = "allocate_kv"
+    pages: int
+
+
+@dataclass(frozen=True)
+class MoveSlot(Op):
+    """Move per-slot state from slot ``src`` to slot ``dst`` (compaction, I8)."""
+
+    name: ClassVar[str] = "move_slot"
+    src: int
+    dst: int
+
+
+@dataclass(frozen=True)
+class ReleaseSlot(Op):
+    """The request in ``slot`` retired."""
+
+    name: ClassVar[str] = "release_slot"
+    slot: int
+
+
+@dataclass(frozen=True)
+class AssignPages(Op):
+    """Write ``pages`` into ``slot``'s page-table row from ``first_index`` on (I14)."""
+
+    name: ClassVar[str] = "assign_pages"
+    slot: int
+    first_index: int
+    pages: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Prefill(Op):
+    """Eager prefill of newly admitted requests into their slots."""
+
+    name: ClassVar[str] = "prefill"
+    admits: tuple[Admit, ...]
+
+
+@dataclass(frozen=True)
+class PrepareReplay(Op):
+    """Write ``step``'s rows into the fixed-address replay buffers (I12)."""
+
+    name: ClassVar[str] = "prepare_replay"
+    step: Step
+
+
+@dataclass(frozen=True)
+class RunEager(Op):
+    """Enqueue ``step``'s decode rows eagerly, padded to its bucket."""
+
+    name: ClassVar[str] = "run_eager"
+    step: Step
+
+
+@dataclass(frozen=True)
+class Synchronize(Op):
+    """Block until this rank's device work is complete (I1, I11)."""
+
+    name: ClassVar[str] = "synchronize"
+
+
+@dataclass(frozen=True)
+class Sample(Op):
+    """Rank 0: sample the next token of every admitted and decoded request of ``step``."""
+
+    name: ClassVar[str] = "sample"
+    step: Step
+
+
+@dataclass(frozen=True)
+class DestroyCommunicator(Op):
+    """Destroy the TP communicator; only after `FreeGraphs` (I10)."""
+
+    name: ClassVar[str] = "destroy_communicator"
+
+
+SYNC = Synchronize()
+
+ENQUEUING = (WarmupCollective, ProfileForward, LaunchGraph, Prefill, RunEager, MoveSlot,
+             PrepareReplay)
+"""Ops whose device work may still run when the host call returns (H6)."""
 
 
 class Backend(ABC):
@@ -108,3 +271,51 @@ class Backend(ABC):
     @abstractmethod
     def destroy_communicator(self) -> None:
         """Destroy the TP communicator; only after `free_graphs` (I10)."""
+
+
+def perform(backend: Backend, op: Op) -> Any:
+    """Run ``op`` on ``backend`` and return its result.
+
+    Raises:
+        ProtocolError: ``op`` is a variant's own op, which a real backend does not run.
+        Exception: whatever the backend method raises.
+    """
+    match op:
+        case WarmupCollective(nbytes):
+            return backend.warmup_collective(nbytes)
+        case ProfileForward(rows):
+            return backend.profile_memory(rows)
+        case GraphMemory():
+            return backend.graph_memory()
+        case Record(key):
+            return backend.record(key)
+        case Instantiate(key):
+            return backend.instantiate(key)
+        case Upload(key):
+            return backend.upload(key)
+        case LaunchGraph(key):
+            return backend.launch(key)
+        case FreeGraphs():
+            return backend.free_graphs()
+        case AllocateKVCache(pages):
+            return backend.allocate_kv(pages)
+        case MoveSlot(src, dst):
+            return backend.move_slot(src, dst)
+        case ReleaseSlot(slot):
+            return backend.release_slot(slot)
+        case AssignPages(slot, first_index, pages):
+            return backend.assign_pages(slot, first_index, pages)
+        case Prefill(admits):
+            return backend.prefill(admits)
+        case PrepareReplay(step):
+            return backend.prepare_replay(step)
+        case RunEager(step):
+            return backend.run_eager(step)
+        case Synchronize():
+            return backend.synchronize()
+        case Sample(step):
+            return backend.sample(step)
+        case DestroyCommunicator():
+            return backend.destroy_communicator()
+    raise ProtocolError(f"backend {type(backend).__name__} has no op {op.name!r} "
+                        f"({type(op).__name__})")

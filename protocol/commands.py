@@ -211,6 +211,9 @@ class Reply:
         payload: command-specific result: sampled tokens {request_id: token} from rank 0 for a
             step, a memory report for profiling, the captured keys and graph bytes for Finalize.
         error: the failure text when ``ok`` is False.
+        error_kind: the failure's kind (`protocol.errors.ProtocolError.kind`; ``"error"`` for
+            any other exception) when ``ok`` is False.
+        invariant: the invariant the failure names, if any.
     """
 
     rank: int
@@ -218,6 +221,8 @@ class Reply:
     ok: bool = True
     payload: Any = None
     error: str | None = None
+    error_kind: str | None = None
+    invariant: str | None = None
 
 
 @dataclass(frozen=True)

@@ -153,7 +153,8 @@ class Controller:
             return self._fail(RankFailure(
                 f"command {self.current.seq} ({type(self.current).__name__}) timed out after "
                 f"{self.config.step_timeout_s:g} s; ranks not collected: "
-                f"{', '.join(map(str, uncollected))}", (), uncollected, {}))
+                f"{', '.join(map(str, uncollected))}", (), uncollected, {},
+                step=self.current.seq, kind="timeout"))
         if uncollected:
             return Wait(uncollected)
         if self.current is not None:
@@ -192,12 +193,29 @@ class Controller:
         self.replies[reply.rank] = reply
         if not reply.ok:
             failed = tuple(sorted(r for r, rep in self.replies.items() if not rep.ok))
-            errors = {r: rep.error or "" for r, rep in self.replies.items() if not rep.ok}
+            bad = {r: rep for r, rep in self.replies.items() if not rep.ok}
+            errors = {r: rep.error or "" for r, rep in bad.items()}
             uncollected = self.uncollected()
             self._fail(RankFailure(
                 f"command {reply.seq} ({type(self.current).__name__}) failed on rank(s) "
                 f"{', '.join(map(str, failed))}: {errors[failed[0]]}; ranks not collected: "
-                f"{', '.join(map(str, uncollected)) or 'none'}", failed, uncollected, errors))
+                f"{', '.join(map(str, uncollected)) or 'none'}", failed, uncollected, errors,
+                kinds={r: rep.error_kind or "error" for r, rep in bad.items()},
+                invariants={r: rep.invariant for r, rep in bad.items()}, step=reply.seq))
+
+    def on_rank_dead(self, rank: int) -> None:
+        """Liveness signal: ``rank``'s process is gone (its connection broke), so no reply will
+        come from it. The failure is global and names the dead rank, not the survivors stuck
+        behind it in a collective (I13; ai2cm/ace #348: every survivor reports a collective
+        timeout and nothing names the rank that died). Ignored once failed or done."""
+        if self.phase in ("failed", "done"):
+            return
+        seq = self.current.seq if self.current is not None else self.seq
+        others = tuple(r for r in self.uncollected() if r != rank)
+        self._fail(RankFailure(
+            f"rank {rank} died (its connection broke) during command {seq}; no reply will come "
+            f"from it", (rank,), others, {rank: "process died"}, kinds={rank: "dead"},
+            step=seq, kind="dead"))
 
     def submit(self, request: Request) -> None:
         """Queue a request for admission.
@@ -245,6 +263,19 @@ class Controller:
         if self.current is None or self.phase == "startup":
             return float("inf")
         return self._sent_at + self.config.step_timeout_s
+
+    @property
+    def closing(self) -> bool:
+        """True once `shutdown` was called."""
+        return self._closing
+
+    def has_work(self) -> bool:
+        """True while a request is queued, live in a slot, or finished but not yet retired."""
+        return bool(self.pending or self.slots.requests() or self._to_retire)
+
+    def holds_reply(self, rank: int) -> bool:
+        """True if the current command's reply from ``rank`` has arrived."""
+        return rank in self.replies
 
     @property
     def serving(self) -> bool:
@@ -405,12 +436,14 @@ class Controller:
                 extra = sorted(map(str, report.captured - expected))
                 return RankFailure(
                     f"I3 violated: rank {rank} captured a different graph set "
-                    f"(missing {missing}, extra {extra})", (rank,), (), {rank: "captured set"})
+                    f"(missing {missing}, extra {extra})", (rank,), (), {rank: "captured set"},
+                    step=self.seq, kind="divergence", invariant="I3")
             reserve = self.memory.graph_reserve_bytes if self.memory else 0
             if report.graph_bytes > reserve:
                 return RankFailure(
                     f"I9 violated: rank {rank} holds {report.graph_bytes} graph bytes, above the "
-                    f"reserve of {reserve}", (rank,), (), {rank: "graph memory"})
+                    f"reserve of {reserve}", (rank,), (), {rank: "graph memory"},
+                    step=self.seq, kind="oom", invariant="I9")
         return None
 
     def _check_fits(self, request: Request, raise_: bool = True) -> ConfigError | None:

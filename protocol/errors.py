@@ -1,42 +1,84 @@
 """Errors of the TP step protocol.
 
 Every error names the offending value (a rank, a key, a slot, a setting) so that a log line
-alone says what went wrong and where.
+alone says what went wrong and where. Errors are also data (as h11 carries a status hint on its
+errors): ``kind`` says what class of failure it is and ``invariant`` which rule it breaks, if
+any, so a driver chooses a verdict from fields, never from the message text.
 """
 
 from __future__ import annotations
 
 
 class ProtocolError(Exception):
-    """Base class of every error the protocol raises."""
+    """Base class of every error the protocol raises.
+
+    Attributes:
+        kind: the failure class (``"error"``, ``"config"``, ``"slot"``, ``"oom"`` ...); a
+            subclass sets its own, an instance may override it.
+        invariant: the invariant the failure breaks (``"I5"``), or None.
+    """
+
+    kind: str = "error"
+    invariant: str | None = None
+
+    def __init__(self, message: str = "", *, kind: str | None = None,
+                 invariant: str | None = None):
+        super().__init__(message)
+        if kind is not None:
+            self.kind = kind
+        if invariant is not None:
+            self.invariant = invariant
 
 
 class ConfigError(ProtocolError, ValueError):
     """A configuration value is invalid; raised before any rank starts or memory is allocated."""
 
+    kind = "config"
+
+
+class StartupRefused(ConfigError):
+    """The memory fit leaves no room for even one sequence on the tightest rank (I9)."""
+
+    kind = "startup-refused"
+
 
 class StepLockViolation(ProtocolError):
     """The controller was asked for command N+1 before it held every rank's reply for N (I1)."""
+
+    kind = "step-lock"
+    invariant = "I1"
 
 
 class ReplyError(ProtocolError):
     """A reply is malformed: unknown rank, duplicate, wrong sequence number, missing payload."""
 
+    kind = "reply"
+
 
 class SlotError(ProtocolError):
     """A slot move or retirement does not match the worker's slot occupancy (I8)."""
+
+    kind = "slot"
+    invariant = "I8"
 
 
 class PageError(ProtocolError):
     """A page assignment or release does not match the rank's page map, or the pool is short (I14)."""
 
+    kind = "page"
+    invariant = "I14"
+
 
 class EligibilityError(ProtocolError):
     """A capture or replay was asked for a graph key the plan does not allow or hold (I3, I7)."""
 
+    kind = "eligibility"
+
 
 class WatchdogExpired(ProtocolError):
     """The startup watchdog's deadline passed (I6); the driver must abort, not exit."""
+
+    kind = "watchdog"
 
     def __init__(self, message: str, uncollected: tuple[int, ...]):
         super().__init__(message)
@@ -50,11 +92,32 @@ class RankFailure(ProtocolError):
         failed: ranks whose reply carried an error, ascending.
         uncollected: ranks whose reply for the failing command never arrived, ascending.
         errors: rank -> error text as the rank reported it.
+        kinds: rank -> the failure kind the rank reported (`ProtocolError.kind`).
+        invariants: rank -> the invariant the rank's failure names, where it names one.
+        step: the sequence number of the failing command, when known.
+    The failure's own ``kind`` and ``invariant`` are those of its first failed rank, unless
+    given explicitly.
     """
 
+    kind = "rank-failure"
+
     def __init__(self, message: str, failed: tuple[int, ...], uncollected: tuple[int, ...],
-                 errors: dict[int, str]):
-        super().__init__(message)
+                 errors: dict[int, str], kinds: dict[int, str] | None = None,
+                 invariants: dict[int, str | None] | None = None, step: int | None = None,
+                 *, kind: str | None = None, invariant: str | None = None):
+        kinds = dict(kinds or {})
+        invariants = dict(invariants or {})
+        first = failed[0] if failed else None
+        super().__init__(message, kind=kind or kinds.get(first),
+                         invariant=invariant or invariants.get(first))
         self.failed = failed
         self.uncollected = uncollected
         self.errors = errors
+        self.kinds = kinds
+        self.invariants = invariants
+        self.step = step
+
+    @property
+    def rank(self) -> int | None:
+        """The first failed rank, or None when the failure is a timeout of uncollected ranks."""
+        return self.failed[0] if self.failed else None

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from protocol.commands import MemoryReport
-from protocol.errors import ConfigError
+from protocol.errors import ConfigError, StartupRefused
 from protocol.keys import GraphKey
 
 
@@ -86,7 +86,7 @@ def plan_memory(reports: Mapping[int, MemoryReport], graph_bytes: Mapping[GraphK
             pages = min(pages, max_pages)
         if pages >= pages_needed(MIN_SEQUENCES, pages_per_seq):
             return MemoryPlan(batch_cap=cap, kv_pages=int(pages), graph_reserve_bytes=reserve)
-    raise ConfigError(
+    raise StartupRefused(
         f"startup refused: rank {tight_rank} has {budget} bytes after activations and headroom, "
         f"too few for even one sequence ({pages_needed(1, pages_per_seq)} KV pages of "
         f"{page_bytes} bytes) beside its graphs")

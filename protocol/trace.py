@@ -1,7 +1,7 @@
 """The protocol trace: what both drivers record, so one set of checkers validates both.
 
 The simulator and the engine append the same events -- commands sent, backend ops run per
-rank, replies, aborts, watchdog transitions -- and `sim.invariants` checks I1..I14 on either.
+rank, replies, aborts, watchdog transitions -- and `protocol.invariants` checks I1..I15 on either.
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
 """The worker: one rank's side of the step protocol, sans-IO.
 
 `ops_for(command)` checks the command against the rank's state (slot occupancy, KV page
-ownership, captured keys, the graph plan) and returns the ordered backend operations; the driver runs them and passes the
-results to `reply`, or the exception to `fail`. A failed worker is poisoned: it refuses every
+ownership, captured keys, the graph plan) and returns the ordered backend operations (typed
+`protocol.backend.Op` records); the driver runs them (`protocol.execution`) and passes the
+results to `reply`, or the exception to `fail`. Commands reach their handler by a `match` on
+the command type. A failed worker is poisoned: it refuses every
 later command but `Teardown`, so no rank goes on to the next collective alone (I13).
 """
 
@@ -11,7 +13,27 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from protocol.backend import Op
+from protocol.backend import (
+    SYNC,
+    AllocateKVCache,
+    AssignPages,
+    DestroyCommunicator,
+    FreeGraphs,
+    GraphMemory,
+    Instantiate,
+    LaunchGraph,
+    MoveSlot,
+    Op,
+    Prefill,
+    PrepareReplay,
+    ProfileForward,
+    Record,
+    ReleaseSlot,
+    RunEager,
+    Sample,
+    Upload,
+    WarmupCollective,
+)
 from protocol.commands import (
     AllocateKV,
     Capture,
@@ -32,7 +54,7 @@ from protocol.errors import EligibilityError, PageError, ProtocolError
 from protocol.pages import PageMap
 from protocol.slots import SlotMap
 
-SYNC = Op("synchronize")
+__all__ = ["SYNC", "Worker"]
 
 
 class Worker:
@@ -76,54 +98,78 @@ class Worker:
         if self.poisoned is not None and not isinstance(command, Teardown):
             raise ProtocolError(f"rank {self.rank} is poisoned by an earlier failure "
                                 f"({self.poisoned}); refusing command {command.seq}")
-        handler = getattr(self, "_ops_" + type(command).__name__.lower(), None)
-        if handler is None:
-            raise ProtocolError(f"rank {self.rank} has no handler for {type(command).__name__}")
-        return handler(command)
+        match command:
+            case Warmup():
+                return self._ops_warmup(command)
+            case ProfileMemory():
+                return self._ops_profilememory(command)
+            case MeasureGraphs():
+                return self._ops_measuregraphs(command)
+            case AllocateKV():
+                return self._ops_allocatekv(command)
+            case Capture():
+                return self._ops_capture(command)
+            case Launch():
+                return self._ops_launch(command)
+            case Finalize():
+                return self._ops_finalize(command)
+            case Step():
+                return self._ops_step(command)
+            case Teardown():
+                return self._ops_teardown(command)
+        return self.ops_for_other(command)
+
+    def ops_for_other(self, command: Command) -> list[Op]:
+        """Hook for a variant's own command types; the protocol has none, so this raises.
+
+        Raises:
+            ProtocolError: always, naming the command type.
+        """
+        raise ProtocolError(f"rank {self.rank} has no handler for {type(command).__name__}")
 
     def _ops_warmup(self, command: Warmup) -> list[Op]:
-        return [Op("warmup_collective", (n,)) for n in command.sizes] + [SYNC]
+        return [WarmupCollective(n) for n in command.sizes] + [SYNC]
 
     def _ops_profilememory(self, command: ProfileMemory) -> list[Op]:
-        return [Op("profile_memory", (command.rows,)), SYNC]
+        return [ProfileForward(command.rows), SYNC]
 
     def _ops_measuregraphs(self, command: MeasureGraphs) -> list[Op]:
-        ops: list[Op] = [Op("graph_memory")]
+        ops: list[Op] = [GraphMemory()]
         for key in command.keys:
             self.plan.require_eligible(key, "memory measurement")
-            ops += [Op("record", (key,)), Op("instantiate", (key,)), Op("graph_memory")]
-        return ops + [Op("free_graphs"), SYNC]
+            ops += [Record(key), Instantiate(key), GraphMemory()]
+        return ops + [FreeGraphs(), SYNC]
 
     def _ops_allocatekv(self, command: AllocateKV) -> list[Op]:
-        return [Op("allocate_kv", (command.pages,)), SYNC]
+        return [AllocateKVCache(command.pages), SYNC]
 
     def _ops_capture(self, command: Capture) -> list[Op]:
         if self.serving:
             raise EligibilityError(f"rank {self.rank}: capture of {command.key} after startup; "
                                    "serving under TP never captures (I3)")
         self.plan.require_eligible(command.key, "capture")
-        return [Op("record", (command.key,)), Op("instantiate", (command.key,)),
-                Op("upload", (command.key,)), SYNC]
+        return [Record(command.key), Instantiate(command.key),
+                Upload(command.key), SYNC]
 
     def _ops_launch(self, command: Launch) -> list[Op]:
         if command.key not in self.uploaded:
             raise EligibilityError(f"rank {self.rank}: launch of {command.key}, which was not "
                                    "recorded, instantiated and uploaded (I4)")
-        return [Op("launch", (command.key,)), SYNC]
+        return [LaunchGraph(command.key), SYNC]
 
     def _ops_finalize(self, command: Finalize) -> list[Op]:
-        return [Op("graph_memory"), SYNC]
+        return [GraphMemory(), SYNC]
 
     def _ops_step(self, step: Step) -> list[Op]:
         ops = self.apply_slot_changes(step)
         ops += self.apply_page_changes(step)
         if step.admits:
-            ops.append(Op("prefill", (step.admits,)))
+            ops.append(Prefill(step.admits))
         if step.rows:
             ops += self.forward_ops(step)
         ops.append(SYNC)
         if self.rank == 0 and (step.rows or step.admits):
-            ops.append(Op("sample", (step,)))
+            ops.append(Sample(step))
         return ops
 
     def apply_slot_changes(self, step: Step) -> list[Op]:
@@ -135,10 +181,10 @@ class Worker:
         ops: list[Op] = []
         for retire in step.retires + step.preempts:
             self.slots.retire(retire)
-            ops.append(Op("release_slot", (retire.slot,)))
+            ops.append(ReleaseSlot(retire.slot))
         for move in step.moves:
             self.slots.move(move)
-            ops.append(Op("move_slot", (move.src, move.dst)))
+            ops.append(MoveSlot(move.src, move.dst))
         for admit in step.admits:
             self.slots.admit(admit)
         self.slots.check_dense()
@@ -168,7 +214,7 @@ class Worker:
                 raise PageError(f"rank {self.rank}: pages for request {assign.request_id} in "
                                 f"slot {assign.slot}, but it holds slot {slot}")
             self.pages.assign(assign)
-            ops.append(Op("assign_pages", (assign.slot, assign.first_index, assign.pages)))
+            ops.append(AssignPages(assign.slot, assign.first_index, assign.pages))
         for admit in step.admits:
             self.pages.check_admit(admit)
         for row in step.rows:
@@ -178,45 +224,48 @@ class Worker:
     def forward_ops(self, step: Step) -> list[Op]:
         """Replay the step's graph if the command names one, else run it eagerly."""
         if step.key is None:
-            return [Op("run_eager", (step,))]
+            return [RunEager(step)]
         if step.key not in self.captured:
             raise EligibilityError(f"rank {self.rank}: decode step {step.seq} asks to replay "
                                    f"{step.key}, which was not captured at startup (I3)")
-        return [Op("prepare_replay", (step,)), Op("launch", (step.key,))]
+        return [PrepareReplay(step), LaunchGraph(step.key)]
 
     # -- results to replies -------------------------------------------------------------------
 
     def reply(self, command: Command, results: Sequence[Any]) -> Reply:
         """The reply once every op of ``command`` ran; ``results`` are their return values in order."""
         payload: Any = None
-        if isinstance(command, Capture):
-            self.uploaded.add(command.key)
-        elif isinstance(command, Launch):
-            self.captured.add(command.key)
-        elif isinstance(command, ProfileMemory):
-            free, peak = results[0]
-            payload = MemoryReport(free_bytes=free, peak_activation_bytes=peak)
-        elif isinstance(command, MeasureGraphs):
-            # results: graph_memory, then (record, instantiate, graph_memory) per key
-            sizes = [results[0]] + [results[3 * i + 3] for i in range(len(command.keys))]
-            payload = {key: sizes[i + 1] - sizes[i] for i, key in enumerate(command.keys)}
-        elif isinstance(command, AllocateKV):
-            self.pages = PageMap(command.pages, command.page_size)
-            if command.batch_cap is not None:
-                self.plan = self.plan.fitted(command.batch_cap)
-        elif isinstance(command, Finalize):
-            self.serving = True
-            payload = FinalizeReport(captured=frozenset(self.captured), graph_bytes=results[0])
-        elif isinstance(command, Step) and self.rank == 0 and (command.rows or command.admits):
-            payload = results[-1]
-        elif isinstance(command, Teardown):
-            self.torn_down = True
+        match command:
+            case Capture(key=key):
+                self.uploaded.add(key)
+            case Launch(key=key):
+                self.captured.add(key)
+            case ProfileMemory():
+                free, peak = results[0]
+                payload = MemoryReport(free_bytes=free, peak_activation_bytes=peak)
+            case MeasureGraphs(keys=keys):
+                # results: graph_memory, then (record, instantiate, graph_memory) per key
+                sizes = [results[0]] + [results[3 * i + 3] for i in range(len(keys))]
+                payload = {key: sizes[i + 1] - sizes[i] for i, key in enumerate(keys)}
+            case AllocateKV(pages=pages, batch_cap=cap, page_size=page_size):
+                self.pages = PageMap(pages, page_size)
+                if cap is not None:
+                    self.plan = self.plan.fitted(cap)
+            case Finalize():
+                self.serving = True
+                payload = FinalizeReport(captured=frozenset(self.captured), graph_bytes=results[0])
+            case Step() if self.rank == 0 and (command.rows or command.admits):
+                payload = results[-1]
+            case Teardown():
+                self.torn_down = True
         return Reply(rank=self.rank, seq=command.seq, ok=True, payload=payload)
 
     def fail(self, command: Command, error: BaseException) -> Reply:
         """Poison this worker and report ``error`` for ``command``."""
         self.poisoned = f"{type(error).__name__}: {error}"
-        return Reply(rank=self.rank, seq=command.seq, ok=False, error=self.poisoned)
+        return Reply(rank=self.rank, seq=command.seq, ok=False, error=self.poisoned,
+                     error_kind=getattr(error, "kind", "error"),
+                     invariant=getattr(error, "invariant", None))
 
     def _ops_teardown(self, command: Teardown) -> list[Op]:
-        return [SYNC, Op("free_graphs"), Op("destroy_communicator")]
+        return [SYNC, FreeGraphs(), DestroyCommunicator()]

@@ -9,7 +9,6 @@ schedule is reduced to a minimal one.
 
 from __future__ import annotations
 
-import random
 import re
 from dataclasses import dataclass, field
 
@@ -22,10 +21,7 @@ from sim.search import SearchStats, exhaustive_search, hypothesis_search, sample
 from sim.strategies import NondeterminismError, Replay
 from sim.variants import Variant, get_variant
 
-_ACTOR = re.compile(r"controller|collectives|rank\d+|device\d+")
-
-FAULT_OPS = ("warmup_collective", "record", "instantiate", "upload", "launch", "allocate_kv",
-             "synchronize", "sample", "profile_memory")
+from sim.world import ACTOR as _ACTOR
 
 
 @dataclass(frozen=True)
@@ -109,13 +105,9 @@ def _search(spec: CheckSpec, scenario_for, variant, acceptable, schedules, progr
 
 
 def random_fault(scenario: Scenario, index: int, seed: int) -> Fault:
-    """A fault for run ``index``: a kind, rank, op and occurrence drawn from a seeded generator."""
-    rng = random.Random(seed * 7919 + index)
-    kind = rng.choice(("raise", "oom", "slow", "hang"))
-    op = rng.choice(FAULT_OPS)
-    occurrence = 1 + rng.randrange(3 if op in ("warmup_collective", "sample", "synchronize") else 2)
-    delay = scenario.config.watchdog_timeout_s * rng.choice((0.1, 2.0))
-    return Fault(kind, rng.randrange(scenario.config.world_size), op, occurrence, delay)
+    """A fault for run ``index`` on any op site of the whole run (`sim.faults.random_fault`)."""
+    from sim.faults import random_fault as draw
+    return draw(scenario, index, seed)
 
 
 @dataclass(frozen=True)
@@ -182,12 +174,16 @@ def check_correct(variant: Variant, spec: CheckSpec, topology: str, progress=Non
         if fres.failure is not None:
             got, detail = verdict_label(fres.failure), fres.failure.outcome.detail
             minimal = reduce_schedule(fres.failure.world.scenario, variant, fres.failure)
-        elif not fstats.reached.get("fault_fired"):
-            got, detail, minimal = "vacuous", "no injected fault ever fired", None
+        elif not (fstats.reached.get("fault_fired_sweep") and fstats.reached.get("fault_fired_serving")):
+            from sim.faults import fault_coverage
+            got, minimal = "vacuous", None
+            detail = "injected faults did not fire in both the sweep and serving: " + fault_coverage(fstats.reached)
         else:
+            from sim.faults import fault_coverage
             got = "abort"
             detail = (f"{fstats.verdicts.get('abort', 0)} of {fstats.schedules} faulted runs "
-                      "aborted loudly on every rank; the rest finished clean")
+                      "aborted loudly on every rank; the rest finished clean; "
+                      + fault_coverage(fstats.reached))
             minimal = None
         rows.append(Row(f"{variant.name}+faults", topology, "abort", got, fstats, detail, minimal,
                         base, got == "abort"))

@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
-from protocol.errors import ConfigError, ProtocolError, WatchdogExpired
-from sim.invariants import check_trace
-from sim.world import Outcome, token_fn
+from protocol.errors import ProtocolError, RankFailure, StartupRefused, WatchdogExpired
+from protocol.invariants import check_trace
+from sim.common import Outcome
+from sim.kv import next_token
 
 
 def reference_tokens(request, vocab: int) -> list[int]:
-    """The tokens ``request`` gets when it runs alone: the divergence oracle for sampled tokens."""
+    """The tokens ``request`` gets when it runs alone: the divergence oracle for sampled tokens.
+
+    Each step reads the whole history (prompt, then every token generated so far), as the
+    modelled model does from the request's KV slot.
+    """
+    history = list(request.prompt)
     out = []
-    position = len(request.prompt) - 1
-    token = request.prompt[-1]
     while len(out) < request.max_tokens:
-        token = token_fn(request.request_id, position, token, vocab)
+        token = next_token(history, vocab)
         out.append(token)
-        position += 1
+        history.append(token)
         if token in request.stop_token_ids:
             break
     return out
@@ -39,8 +43,9 @@ def trace_violation(world) -> Outcome | None:
     """The first invariant the trace breaks, if any."""
     violations = check_trace(world.trace, world.config.shape.allreduce_bytes)
     if violations:
-        name, text = violations[0]
-        return Outcome("invariant", f"{name} violated: {text}", name)
+        v = violations[0]
+        return Outcome("invariant", f"{v.invariant} violated: {v.text}", v.invariant,
+                       rank=v.rank, step=v.step)
     return None
 
 
@@ -57,27 +62,38 @@ def final_checks(world) -> Outcome:
 
 
 def abort_checks(world, error: ProtocolError) -> Outcome:
-    """Verdict of a run the controller aborted."""
+    """Verdict of a run the controller aborted, chosen from the error's fields (kind,
+    invariant, failed rank), never from its text."""
     text = str(error)
+    step = getattr(error, "step", None)
     if world.ctrl.watchdog.armed:
         return Outcome("invariant", f"I6 violated: the sweep failed ({text}) but the watchdog stays "
                                     f"armed; it aborts the healthy process at "
-                                    f"t={world.ctrl.watchdog.deadline:g}s", "I6")
-    if isinstance(error, ConfigError) and "startup refused" in text:
-        return Outcome("startup-refused", text)
-    if "I5" in text:
-        return Outcome("invariant", text, "I5")
-    if "I3 violated" in text:
-        return Outcome("divergence", text, "I3")
-    if "I9 violated" in text:
-        return Outcome("oom", text, "I9")
-    if "out of memory" in text and "injected" not in text:
-        return Outcome("oom", text, "I9")
+                                    f"t={world.ctrl.watchdog.deadline:g}s", "I6", step=step)
+    if world.dead:
+        named = set(error.failed) if isinstance(error, RankFailure) else set()
+        if not named or not named <= world.dead:
+            blamed = (f"rank(s) {sorted(named)} as failed" if named else
+                      "no failed rank, only the ranks not collected "
+                      f"{sorted(getattr(error, 'uncollected', ()))}")
+            return Outcome("invariant", f"I13 violated: rank(s) {sorted(world.dead)} died, but the "
+                                        f"failure names {blamed}: {text}", "I13",
+                           rank=min(world.dead), step=step)
+        return Outcome("abort", f"rank failure: {text}", rank=error.rank, step=step)
+    match error:
+        case StartupRefused():
+            return Outcome("startup-refused", text, step=step)
+        case RankFailure(kind="oom"):
+            return Outcome("oom", text, "I9", rank=error.rank, step=step)
+        case RankFailure(kind="divergence"):
+            return Outcome("divergence", text, error.invariant, rank=error.rank, step=step)
+        case RankFailure(invariant=str() as invariant):
+            return Outcome("invariant", text, invariant, rank=error.rank, step=step)
     violation = trace_violation(world)
     if violation is not None:
         return violation
     kind = "watchdog" if isinstance(error, WatchdogExpired) else "rank failure"
-    return Outcome("abort", f"{kind}: {text}")
+    return Outcome("abort", f"{kind}: {text}", rank=getattr(error, "rank", None), step=step)
 
 
 def slot_divergence(world, rank: int, step) -> Outcome | None:
@@ -90,7 +106,8 @@ def slot_divergence(world, rank: int, step) -> Outcome | None:
         s = diff[0]
         return Outcome("divergence", f"rank {rank}'s slot map differs from the scheduler's after "
                                      f"step {step.seq}: slot {s} holds request {got.get(s)} on the "
-                                     f"rank but {want.get(s)} in the scheduler", "I8")
+                                     f"rank but {want.get(s)} in the scheduler", "I8",
+                       rank=rank, step=step.seq)
     return None
 
 

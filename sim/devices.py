@@ -1,91 +1,282 @@
-"""Devices and collectives: kernels leave the streams here.
+"""Devices and collectives: what each rank's device holds and how kernels leave its streams.
 
-A compute kernel at the head of a stream runs on its own; a collective completes only when every
-rank's device has the matching collective at the head of a stream (H3), and a mismatch of
-signature is a divergence.
+A device has two FIFO streams (main and side) of kernels. A compute kernel (a `Kernel` record)
+at the head of a stream runs on its own; a collective (`sim.common.Collective`) completes only
+when every rank's device has the matching collective at the head of a stream (H3), and a
+mismatch of signature is a divergence. Graphs a rank holds are `Graph` records.
+
+A device's memory is a set of `sim.kv.Buffer`s: the KV cache (per slot and position), the
+fixed-address replay inputs (one row per bucket row: slot, token, position) and the logits rows
+sampling reads. Decode kernels execute exactly their rows: live rows read and write their slot,
+padding rows the scratch slot. A graph replay reads and writes the buffers the graph captured.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from sim.common import Outcome, sig_text as _sig_text, token_fn
+from protocol.commands import Admit, DecodeRow
+from protocol.keys import GraphKey
+from sim.common import Collective, Outcome, sig_text
+from sim.kv import PAD_REQUEST, Buffer, ModelledKV, next_token
 
 if TYPE_CHECKING:
-    from sim.world import Device
+    from sim.world import World
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """Base of compute kernels; ``label`` names the kind in traces."""
+
+    label: ClassVar[str] = "kernel"
+
+
+@dataclass(frozen=True)
+class WriteReplayMeta(Kernel):
+    """Copy step ``seq``'s rows, padding rows included, into the fixed-address replay inputs (I12)."""
+
+    label: ClassVar[str] = "meta"
+    seq: int
+    rows: tuple[DecodeRow, ...]
+
+
+@dataclass(frozen=True)
+class EagerDecode(Kernel):
+    """Eager decode of step ``seq``'s rows (padding rows included) on the live buffers."""
+
+    label: ClassVar[str] = "decode"
+    seq: int
+    rows: tuple[DecodeRow, ...]
+
+
+@dataclass(frozen=True)
+class GraphReplay(Kernel):
+    """Replay of graph ``key`` in command ``seq``: computes the first ``key.bucket`` rows of
+    the replay inputs it captured, on the KV and logits buffers it captured (``buffers``:
+    (name, generation) pairs)."""
+
+    label: ClassVar[str] = "replay"
+    key: GraphKey
+    seq: int
+    buffers: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class PrefillKernel(Kernel):
+    """Eager prefill of the admitted requests of command ``seq`` into their slots."""
+
+    label: ClassVar[str] = "prefill"
+    seq: int
+    admits: tuple[Admit, ...]
+
+
+@dataclass(frozen=True)
+class CopySlot(Kernel):
+    """Copy slot ``src``'s KV into slot ``dst`` (compaction)."""
+
+    label: ClassVar[str] = "copy"
+    src: int
+    dst: int
+
+
+@dataclass
+class Graph:
+    """A graph one rank holds: its key, the bytes it holds, how far it got, and the buffers it
+    captured as (name, generation) pairs."""
+
+    key: GraphKey
+    nbytes: int
+    instantiated: bool = False
+    uploaded: bool = False
+    buffers: tuple[tuple[str, int], ...] = ()
+
+
+CAPTURED = ("kv", "replay-inputs", "logits")
+"""Buffers a decode graph captures: the KV cache, its static inputs and its static output."""
+
+
+def padded_rows(rows: tuple[DecodeRow, ...], bucket: int, scratch: int) -> tuple[DecodeRow, ...]:
+    """``rows`` padded to ``bucket`` with padding rows on the scratch slot (position 0, token 0)."""
+    pad = DecodeRow(slot=scratch, request_id=PAD_REQUEST, token=0, position=0)
+    return tuple(rows) + (pad,) * max(0, bucket - len(rows))
+
+
+@dataclass
+class Device:
+    """One rank's device: FIFO streams of kernels and its memory.
+
+    Attributes:
+        main, side: the streams; each entry a `Kernel` or a `Collective`.
+        buffers: name -> the live `Buffer` of that name.
+        allocations: (name, generation) -> every buffer ever allocated, freed ones included (a
+            graph that captured a freed buffer still reads and writes it).
+        prefill_out: request id -> (command seq, token) of its prefill.
+        enqueued_collectives, completed_collectives: counters over the run.
+    """
+
+    rank: int
+    main: list = field(default_factory=list)
+    side: list = field(default_factory=list)
+    buffers: dict = field(default_factory=dict)
+    allocations: dict = field(default_factory=dict)
+    prefill_out: dict = field(default_factory=dict)
+    enqueued_collectives: int = 0
+    completed_collectives: int = 0
+
+    def allocate(self, name: str, data) -> Buffer:
+        """A new live buffer ``name`` holding ``data``, one generation past the previous one."""
+        old = self.buffers.get(name)
+        buffer = Buffer(name, old.generation + 1 if old else 0, data)
+        self.buffers[name] = buffer
+        self.allocations[buffer.ref] = buffer
+        return buffer
+
+    def live(self, name: str):
+        """The data of the live buffer ``name``."""
+        return self.buffers[name].data
+
+    def busy(self) -> bool:
+        """True while any kernel is queued or running."""
+        return bool(self.main or self.side)
+
+    def collective_head(self) -> list | None:
+        """The stream whose head is a collective, or None."""
+        for stream in (self.main, self.side):
+            if stream and isinstance(stream[0], Collective):
+                return stream
+        return None
+
+    def compute_head(self) -> list | None:
+        """The stream whose head is a compute kernel, or None."""
+        for stream in (self.main, self.side):
+            if stream and not isinstance(stream[0], Collective):
+                return stream
+        return None
+
+    def fingerprint(self) -> tuple:
+        """Hashable contents of the live buffers and the prefill outputs."""
+        kv = self.buffers["kv"]
+        return (kv.generation, kv.data.fingerprint(), tuple(self.live("replay-inputs")),
+                tuple(sorted(self.live("logits").items())), tuple(sorted(self.prefill_out.items())))
 
 
 class DeviceModel:
-    """Mixin of `sim.world.World`: device and collective actors."""
+    """The device and collective actors of one world."""
 
+    def __init__(self, world: World):
+        self.world = world
 
-    def _device_ready(self, r: int) -> bool:
-        dev = self.devices[r]
-        if (dev.main and dev.main[0][0] == "k") or (dev.side and dev.side[0][0] == "k"):
+    def device_ready(self, r: int) -> bool:
+        """True if device ``r`` can run a kernel now."""
+        dev = self.world.devices[r]
+        if dev.compute_head() is not None:
             return True
-        if not self.hz.h3_spinning_collectives and dev.collective_head() is not None:
-            return True
-        return False
+        return not self.world.hz.h3_spinning_collectives and dev.collective_head() is not None
 
-    def _step_device(self, r: int) -> None:
-        dev = self.devices[r]
-        stream = dev.main if dev.main and dev.main[0][0] == "k" else (
-            dev.side if dev.side and dev.side[0][0] == "k" else None)
+    def step_device(self, r: int) -> None:
+        """Run the compute kernel at a stream head (or, H3 off, a lone collective)."""
+        w = self.world
+        dev = w.devices[r]
+        stream = dev.compute_head()
         if stream is None:
-            stream = dev.collective_head()
-            kernel = stream.pop(0)
+            kernel = dev.collective_head().pop(0)
             dev.completed_collectives += 1
-            self._ev(f"device{r}", "collective", kernel[2][3], rank=r, detail=_sig_text(kernel))
+            w.event(f"device{r}", "collective", kernel.sig.label, rank=r, detail=sig_text(kernel))
             return
-        kernel = stream.pop(0)
-        self._execute_kernel(r, dev, kernel)
+        self.execute(r, dev, stream.pop(0))
 
-    def _execute_kernel(self, r: int, dev: Device, kernel: tuple) -> None:
-        label = kernel[1]
-        vocab = self.scenario.vocab
-        if label == "meta":
-            dev.meta = (kernel[2], kernel[3])
-        elif label == "decode":
-            for row in kernel[3]:
-                dev.out[row.request_id] = (kernel[2], token_fn(row.request_id, row.position, row.token, vocab))
-        elif label == "replay":
-            seq = kernel[3]
-            _, rows = dev.meta
-            for row in rows:
-                dev.out[row.request_id] = (seq, token_fn(row.request_id, row.position, row.token, vocab))
-        elif label == "prefill":
-            for admit in kernel[2]:
-                dev.out[admit.request_id] = (
-                    kernel[3], token_fn(admit.request_id, len(admit.prompt) - 1, admit.prompt[-1], vocab))
-        else:
-            handler = self.variant.sim_kernels.get(label)
-            if handler is not None:
-                handler(self, r, dev, kernel)
+    def execute(self, r: int, dev: Device, kernel: Any) -> None:
+        """What a compute kernel does to the device's buffers."""
+        match kernel:
+            case WriteReplayMeta(seq=seq, rows=rows):
+                if self.check_rows(r, seq, rows):
+                    inputs = dev.live("replay-inputs")
+                    inputs[:len(rows)] = rows
+            case EagerDecode(seq=seq, rows=rows):
+                if self.check_rows(r, seq, rows):
+                    self.decode(dev.live("kv"), dev.live("logits"), seq, rows)
+            case GraphReplay(key=key, seq=seq, buffers=refs):
+                captured = {ref[0]: dev.allocations[ref].data for ref in refs}
+                rows = captured["replay-inputs"][:key.bucket]
+                self.decode(captured["kv"], captured["logits"], seq, rows)
+            case PrefillKernel(seq=seq, admits=admits):
+                kv = dev.live("kv")
+                for admit in admits:
+                    for position, token in enumerate(admit.prompt):
+                        kv.write(admit.slot, position, token)
+                    history = kv.read(admit.slot, len(admit.prompt) - 1)
+                    dev.prefill_out[admit.request_id] = (seq, next_token(history, self.vocab))
+            case CopySlot(src=src, dst=dst):
+                dev.live("kv").copy(src, dst)
+            case _:
+                handler = self.world.variant.sim_kernels.get(type(kernel))
+                if handler is not None:
+                    handler(self.world, r, dev, kernel)
 
-    def _collective_ready(self):
-        if not self.hz.h3_spinning_collectives:
+    @property
+    def vocab(self) -> int:
+        """The modelled vocabulary size."""
+        return self.world.scenario.vocab
+
+    def decode(self, kv: ModelledKV, logits: dict, seq: int, rows, corrupt: bool = False) -> None:
+        """Run decode rows: row i writes its token at its position of its slot, reads the
+        slot's positions 0..p, and leaves (seq, next token) in logits row i. With ``corrupt``
+        the logits are off by one (a partial all-reduce sum)."""
+        vocab = self.vocab
+        last_padding = None  # padding rows repeat one row object: write it once
+        for i, row in enumerate(rows):
+            if row.request_id == PAD_REQUEST:
+                # nothing reads a padding row's logits; its KV write goes where its slot says
+                if row is not last_padding:
+                    last_padding = row
+                    kv.write(row.slot, row.position, row.token)
+                continue
+            kv.write(row.slot, row.position, row.token)
+            token = next_token(kv.read(row.slot, row.position), vocab)
+            logits[i] = (seq, (token + 1) % vocab if corrupt else token)
+
+    def check_rows(self, r: int, seq: int, rows) -> bool:
+        """Direct I8 check: a decode's live rows name the dense slots 0..n-1 in order and its
+        padding rows the scratch slot. On a violation the run ends with the step and rank."""
+        scratch = self.world.config.max_batch
+        for i, row in enumerate(rows):
+            padding = row.request_id == PAD_REQUEST
+            if (padding and row.slot != scratch) or (not padding and row.slot != i):
+                what = "padding" if padding else f"request {row.request_id}'s"
+                want = f"the scratch slot {scratch}" if padding else f"slot {i}"
+                self.world.outcome = Outcome(
+                    "invariant", f"I8 violated: rank {r}'s decode metadata for step {seq} sends "
+                    f"{what} row {i} to slot {row.slot}, not {want}; it writes KV that a live "
+                    "request reads", "I8", rank=r, step=seq)
+                return False
+        return True
+
+    def collective_heads(self) -> list | None:
+        """Every device's collective-headed stream, if all have one (H3), else None."""
+        if not self.world.hz.h3_spinning_collectives:
             return None
         heads = []
-        for device in self.devices:
+        for device in self.world.devices:
             head = device.collective_head()
             if head is None:
                 return None
             heads.append(head)
         return heads
 
-    def _step_collective(self) -> None:
-        heads = self._collective_ready()
+    def step_collective(self) -> None:
+        """Complete the collective every device has at a stream head, or report divergence."""
+        w = self.world
+        heads = self.collective_heads()
         kernels = [h[0] for h in heads]
-        sigs = {k[2][:3] for k in kernels}
-        seqs = {k[1] for k in kernels}
-        if len(sigs) > 1 or len(seqs) > 1:
-            lines = "; ".join(f"rank {r} is in {_sig_text(k)}" for r, k in enumerate(kernels))
-            self.outcome = Outcome("divergence",
-                                   f"collective sequences differ across ranks: {lines}", "I2")
+        first = kernels[0]
+        if any(k.index != first.index or not k.sig.matches(first.sig) for k in kernels[1:]):
+            lines = "; ".join(f"rank {r} is in {sig_text(k)}" for r, k in enumerate(kernels))
+            w.outcome = Outcome("divergence", f"collective sequences differ across ranks: {lines}",
+                                "I2", step=w.current_seq())
             return
         for h in heads:
             h.pop(0)
-        for d in self.devices:
+        for d in w.devices:
             d.completed_collectives += 1
-        self._ev("collectives", "collective", kernels[0][2][3], detail=_sig_text(kernels[0]))
-
+        w.event("collectives", "collective", first.sig.label, detail=sig_text(first))

@@ -1,164 +1,341 @@
 """The modelled backend: what each per-rank backend op does to the simulated world.
 
-Each ``_op_<name>(rank, host, *args, probe)`` either tests (``probe=True``) or performs the op,
-returning BLOCKED, PROGRESS or DONE. Lock-holding calls go through `World.locked` (H1, H2),
-allocations through `World.alloc` (H7), device work through `World.enqueue` (H3, H6).
+`ModelledBackend.attempt(rank, host, op, probe)` matches on the op's type and either tests
+(``probe=True``) or performs the op, returning BLOCKED, PROGRESS or DONE; a performed op that
+finishes leaves its result in ``host.result``. Lock-holding calls go through `locked` (H1, H2),
+allocations through `alloc` (H7), device work through `enqueue` (H3, H6). A variant's own op
+types are modelled by the handlers in its ``sim_ops``, keyed by the op class.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
+from protocol.backend import (
+    AllocateKVCache,
+    AssignPages,
+    DestroyCommunicator,
+    FreeGraphs,
+    GraphMemory,
+    Instantiate,
+    LaunchGraph,
+    MoveSlot,
+    Op,
+    Prefill,
+    PrepareReplay,
+    ProfileForward,
+    Record,
+    ReleaseSlot,
+    RunEager,
+    Sample,
+    Synchronize,
+    Upload,
+    WarmupCollective,
+)
+from protocol.commands import Step
 from protocol.keys import GraphKey
-from sim.common import BLOCKED, DONE, PROGRESS, SimFault
+from sim.common import BLOCKED, DONE, PROGRESS, Collective, Outcome, SimFault, Signature
+from sim.devices import (
+    CAPTURED,
+    CopySlot,
+    EagerDecode,
+    Graph,
+    GraphReplay,
+    PrefillKernel,
+    WriteReplayMeta,
+    padded_rows,
+)
+from sim.kv import ModelledKV
+
+if TYPE_CHECKING:
+    from sim.world import Host, World
+
+LOCKING_OPS = (Record, Instantiate, Upload, LaunchGraph, AllocateKVCache)
+"""Ops that may take the process's driver lock (H1)."""
+
+ALWAYS_READY = (WarmupCollective, ProfileForward, GraphMemory, FreeGraphs, ReleaseSlot,
+                AssignPages, MoveSlot, Prefill, PrepareReplay, RunEager, Sample)
+"""Ops that never block in the model (host-side work or a plain enqueue), probed for free."""
 
 
 class ModelledBackend:
-    """Mixin of `sim.world.World`: the backend ops of every rank."""
+    """The backend of every rank of one world.
 
+    Args:
+        world: the world whose devices, locks, memory and graphs the ops change.
+    """
 
-    def _op_synchronize(self, r, host, probe):
-        if self.devices[r].busy():
+    def __init__(self, world: World):
+        self.world = world
+
+    # -- dispatch ---------------------------------------------------------------------------------
+
+    def attempt(self, r: int, host: Host, op: Op, probe: bool) -> int:
+        """Test (``probe``) or perform ``op`` on rank ``r``; BLOCKED, PROGRESS or DONE."""
+        match op:
+            case Synchronize():
+                return self.synchronize(r, host, probe)
+            case Record(key):
+                return self.record(r, host, key, probe)
+            case Instantiate(key):
+                return self.graph_driver_call(r, host, key, probe, "instantiated")
+            case Upload(key):
+                return self.graph_driver_call(r, host, key, probe, "uploaded")
+            case LaunchGraph(key):
+                return self.launch(r, host, key, probe)
+            case GraphMemory():
+                return DONE if probe else self.done(host, self.graph_bytes(r))
+            case WarmupCollective(nbytes):
+                return self.warmup_collective(r, host, nbytes, probe)
+            case ProfileForward(rows):
+                return self.profile_memory(r, host, rows, probe)
+            case FreeGraphs():
+                return DONE if probe else self.free_graphs(r, host)
+            case AllocateKVCache(pages):
+                return self.allocate_kv(r, host, pages, probe)
+            case ReleaseSlot() | AssignPages():
+                return DONE if probe else self.done(host)
+            case MoveSlot(src, dst):
+                return DONE if probe else self.enqueue_done(r, host, CopySlot(src, dst))
+            case Prefill(admits):
+                return DONE if probe else self.prefill(r, host, admits)
+            case PrepareReplay(step):
+                return DONE if probe else self.enqueue_done(
+                    r, host, WriteReplayMeta(step.seq, self.padded(step)))
+            case RunEager(step):
+                return DONE if probe else self.run_eager(r, host, step)
+            case Sample(step):
+                return DONE if probe else self.sample(r, host, step)
+            case DestroyCommunicator():
+                return self.destroy_communicator(r, host, probe)
+        handler = self.world.variant.sim_ops.get(type(op))
+        if handler is None:
+            raise SimFault(f"the simulator models no backend op {op.name!r} "
+                           f"({type(op).__name__})", kind="unmodelled")
+        return handler(self, r, host, op, probe)
+
+    # -- helpers for ops (and for variants' own ops) -----------------------------------------------
+
+    def done(self, host: Host, value: Any = None) -> int:
+        """Finish the current op with ``value`` as its result."""
+        host.result = value
+        return DONE
+
+    def enqueue(self, r: int, kernel, side: bool = False) -> None:
+        """Append a compute kernel, or a collective given by its `Signature`, to a stream of
+        rank ``r`` (main, or side with ``side``)."""
+        dev = self.world.devices[r]
+        if isinstance(kernel, Signature):
+            kernel = Collective(dev.enqueued_collectives, kernel)
+            dev.enqueued_collectives += 1
+        (dev.side if side else dev.main).append(kernel)
+
+    def enqueue_done(self, r: int, host: Host, kernel) -> int:
+        """Enqueue ``kernel`` and finish the op."""
+        self.enqueue(r, kernel)
+        return self.done(host)
+
+    def locked(self, r: int, host: Host, quiesce: bool, probe: bool) -> int:
+        """Driver-lock discipline (H1) and device quiescence (H2) for a lock-holding call.
+
+        Returns DONE when the call may complete now (the lock is released again), PROGRESS when
+        it took the lock but must wait, BLOCKED when it can do nothing.
+        """
+        w = self.world
+        p = host.proc
+        holder = w.locks[p]
+        acquired = False
+        if w.hz.h1_driver_lock:
+            if holder is not None and holder != r:
+                return BLOCKED
+            if holder is None:
+                acquired = True
+                if not probe:
+                    w.locks[p] = r
+                    host.holding = True
+        if quiesce and w.hz.h2_quiesce:
+            if any(w.devices[d].busy() for d in w.procs[p]):
+                return PROGRESS if acquired else BLOCKED
+        if not probe:
+            w.release_lock(host)
+        return DONE
+
+    def alloc(self, r: int, nbytes: int, what: str) -> None:
+        """Take ``nbytes`` on rank ``r`` (H7); raises SimFault (OOM) past capacity."""
+        w = self.world
+        capacity = w.scenario.memory.capacity
+        if w.hz.h7_memory and w.used[r] + nbytes > capacity:
+            raise SimFault(f"out of memory on rank {r}: {what} needs {nbytes} bytes, "
+                           f"{capacity - w.used[r]} free", kind="oom", invariant="I9")
+        w.used[r] += nbytes
+
+    def eager_sig(self, rows: int, label: str) -> Signature:
+        """The all-reduces of one eager forward over ``rows`` rows."""
+        shape = self.world.config.shape
+        return Signature("all-reduce", shape.allreduces_per_step, shape.allreduce_bytes(rows), label)
+
+    def graph(self, r: int, key: GraphKey) -> Graph:
+        """Rank ``r``'s graph of ``key``; raises SimFault if it holds none."""
+        graph = self.world.graphs[r].get(key)
+        if graph is None:
+            raise SimFault(f"rank {r} has no recorded graph {key}", kind="unmodelled")
+        return graph
+
+    def padded(self, step: Step):
+        """The step's rows padded to its bucket on the scratch slot, as `prepare_replay` writes them."""
+        return padded_rows(step.rows, step.bucket, self.world.config.max_batch)
+
+    def commanded_path(self, r: int, host: Host, key: GraphKey | None) -> bool:
+        """Direct I2 check in a serving step: the rank replays exactly the step's key, with the
+        step's bucket, or runs eagerly exactly when the step names no key. Ends the run and
+        returns False on a departure."""
+        step = host.cmd
+        if not isinstance(step, Step):
+            return True
+        if key == step.key and (key is None or key.bucket == step.bucket):
+            return True
+        did = f"replayed {key}" if key is not None else "ran eagerly"
+        want = f"replay {step.key}" if step.key is not None else "run eagerly"
+        self.world.outcome = Outcome(
+            "divergence", f"rank {r} {did} in step {step.seq}, whose command says {want} "
+            f"(bucket {step.bucket}, {len(step.rows)} rows): ranks no longer run one program",
+            "I2", rank=r, step=step.seq)
+        return False
+
+    def graph_bytes(self, r: int) -> int:
+        """Bytes rank ``r``'s graphs hold."""
+        return sum(g.nbytes for g in self.world.graphs[r].values())
+
+    # -- the ops ----------------------------------------------------------------------------------
+
+    def synchronize(self, r: int, host: Host, probe: bool) -> int:
+        if self.world.devices[r].busy():
             return BLOCKED
-        return DONE if probe else self.done(r, host, "synchronize", ())
+        return DONE if probe else self.done(host)
 
-    def _op_warmup_collective(self, r, host, nbytes, probe):
+    def warmup_collective(self, r: int, host: Host, nbytes: int, probe: bool) -> int:
         if probe:
             return DONE
-        self.connected[r].add(nbytes)
-        self.enqueue(r, ("c", ("all-reduce", 1, nbytes, "warm-up")))
-        return self.done(r, host, "warmup_collective", (nbytes,))
+        self.world.connected[r].add(nbytes)
+        self.enqueue(r, Signature("all-reduce", 1, nbytes, "warm-up"))
+        return self.done(host)
 
-    def _op_profile_memory(self, r, host, rows, probe):
+    def profile_memory(self, r: int, host: Host, rows: int, probe: bool) -> int:
         if probe:
             return DONE
-        peak = rows * self.scenario.memory.activation_per_row
-        free = self.scenario.memory.capacity - self.used[r]
+        w = self.world
+        peak = rows * w.scenario.memory.activation_per_row
+        free = w.scenario.memory.capacity - w.used[r]
         self.alloc(r, peak, "eager profile activations (kept as the activation workspace)")
-        self.enqueue(r, ("c", self._eager_sig(rows, "profile")))
-        return self.done(r, host, "profile_memory", (rows,), (free, peak))
+        self.enqueue(r, self.eager_sig(rows, "profile"))
+        return self.done(host, (free, peak))
 
-    def _op_graph_memory(self, r, host, probe):
-        if probe:
-            return DONE
-        return self.done(r, host, "graph_memory", (), sum(g["bytes"] for g in self.graphs[r].values()))
-
-    def _op_record(self, r, host, key, probe):
-        size = self.config.shape.allreduce_bytes(key.bucket)
-        if self.hz.h4_lazy_connect and size not in self.connected[r]:
-            if self.hz.h4_mode == "hang":
+    def record(self, r: int, host: Host, key: GraphKey, probe: bool) -> int:
+        w = self.world
+        size = w.config.shape.allreduce_bytes(key.bucket)
+        if w.hz.h4_lazy_connect and size not in w.connected[r]:
+            if w.hz.h4_mode == "hang":
                 return BLOCKED
             if not probe:
-                raise SimFault(f"I5: all-reduce of {size} bytes connects lazily inside the capture of "
-                               f"{key} on rank {r} (no warm-up at that size)")
+                raise SimFault(f"I5: all-reduce of {size} bytes connects lazily inside the "
+                               f"capture of {key} on rank {r} (no warm-up at that size)",
+                               kind="lazy-connect", invariant="I5")
             return PROGRESS
         status = self.locked(r, host, quiesce=False, probe=probe)
         if status != DONE or probe:
             return status
-        nbytes = self.scenario.memory.graph_bytes(key.bucket)
+        nbytes = w.scenario.memory.graph_bytes(key.bucket)
         self.alloc(r, nbytes, f"graph pool for {key}")
-        self.graphs[r][key] = {"bytes": nbytes, "instantiated": False, "uploaded": False}
-        return self.done(r, host, "record", (key,))
+        buffers = w.devices[r].buffers
+        w.graphs[r][key] = Graph(key, nbytes, buffers=tuple(buffers[n].ref for n in CAPTURED))
+        return self.done(host)
 
-    def _graph(self, r: int, key: GraphKey) -> dict:
-        graph = self.graphs[r].get(key)
-        if graph is None:
-            raise SimFault(f"rank {r} has no recorded graph {key}")
-        return graph
-
-    def _graph_driver_call(self, r, host, key, probe, name: str, flag: str):
+    def graph_driver_call(self, r: int, host: Host, key: GraphKey, probe: bool, flag: str) -> int:
         """instantiate / upload: a lock-holding call that waits for quiescence (H1, H2)."""
         status = self.locked(r, host, quiesce=True, probe=probe)
         if status != DONE or probe:
             return status
-        self._graph(r, key)[flag] = True
-        return self.done(r, host, name, (key,))
+        setattr(self.graph(r, key), flag, True)
+        return self.done(host)
 
-    def _op_instantiate(self, r, host, key, probe):
-        return self._graph_driver_call(r, host, key, probe, "instantiate", "instantiated")
-
-    def _op_upload(self, r, host, key, probe):
-        return self._graph_driver_call(r, host, key, probe, "upload", "uploaded")
-
-    def _op_launch(self, r, host, key, probe):
-        graph = self.graphs[r].get(key)
-        if graph is not None and not graph["uploaded"]:
+    def launch(self, r: int, host: Host, key: GraphKey, probe: bool) -> int:
+        w = self.world
+        graph = w.graphs[r].get(key)
+        if graph is not None and not graph.uploaded:
             status = self.locked(r, host, quiesce=True, probe=probe)
             if status != DONE or probe:
                 return status
-            graph["uploaded"] = True
+            graph.uploaded = True
         if probe:
             return DONE
-        graph = self._graph(r, key)
-        shape = self.config.shape
-        self.enqueue(r, ("c", ("all-reduce", shape.allreduces_per_step,
-                               shape.allreduce_bytes(key.bucket), f"graph {key}")))
-        self.enqueue(r, ("k", "replay", key, host.cmd.seq))
-        if self.ctrl.phase == "serving":
-            self.events["replay"] += 1
-        return self.done(r, host, "launch", (key,))
-
-    def _op_free_graphs(self, r, host, probe):
-        if probe:
+        graph = self.graph(r, key)
+        if not self.commanded_path(r, host, key) or not self.live_buffers(r, host, graph):
             return DONE
-        self.used[r] -= sum(g["bytes"] for g in self.graphs[r].values())
-        self.graphs[r].clear()
-        return self.done(r, host, "free_graphs", ())
+        shape = w.config.shape
+        self.enqueue(r, Signature("all-reduce", shape.allreduces_per_step,
+                                  shape.allreduce_bytes(key.bucket), f"graph {key}"))
+        self.enqueue(r, GraphReplay(key, host.cmd.seq, graph.buffers))
+        if w.ctrl.serving:
+            w.events["replay"] += 1
+            step = host.cmd
+            if isinstance(step, Step) and len(step.rows) < key.bucket:
+                w.events["padded_replay"] += 1
+        return self.done(host)
 
-    def _op_allocate_kv(self, r, host, pages, probe):
+    def live_buffers(self, r: int, host: Host, graph: Graph) -> bool:
+        """Direct I15 check: every buffer the graph captured is still the live one (same
+        generation). Ends the run and returns False otherwise."""
+        live = self.world.devices[r].buffers
+        for name, generation in graph.buffers:
+            if live[name].generation != generation:
+                self.world.outcome = Outcome(
+                    "invariant", f"I15 violated: rank {r} replays {graph.key} in command "
+                    f"{host.cmd.seq}, which captured {name} generation {generation}, but "
+                    f"{name} was re-allocated since (live generation {live[name].generation}): "
+                    "the replay reads and writes freed memory", "I15", rank=r, step=host.cmd.seq)
+                return False
+        return True
+
+    def free_graphs(self, r: int, host: Host) -> int:
+        w = self.world
+        w.used[r] -= self.graph_bytes(r)
+        w.graphs[r].clear()
+        return self.done(host)
+
+    def allocate_kv(self, r: int, host: Host, pages: int, probe: bool) -> int:
         status = self.locked(r, host, quiesce=True, probe=probe)
         if status != DONE or probe:
             return status
-        self.alloc(r, (pages + 1) * self.config.kv_page_bytes, f"KV cache of {pages} pages")
-        return self.done(r, host, "allocate_kv", (pages,))
+        self.alloc(r, (pages + 1) * self.world.config.kv_page_bytes, f"KV cache of {pages} pages")
+        self.world.devices[r].allocate("kv", ModelledKV(self.world.config.max_batch + 1))
+        return self.done(host)
 
-    def _op_release_slot(self, r, host, slot, probe):
-        return DONE if probe else self.done(r, host, "release_slot", (slot,))
-
-    def _op_assign_pages(self, r, host, slot, first_index, pages, probe):
-        return DONE if probe else self.done(r, host, "assign_pages", (slot, first_index, pages))
-
-    def _op_move_slot(self, r, host, src, dst, probe):
-        if probe:
-            return DONE
-        self.enqueue(r, ("k", "copy", src, dst))
-        return self.done(r, host, "move_slot", (src, dst))
-
-    def _op_prefill(self, r, host, admits, probe):
-        if probe:
-            return DONE
+    def prefill(self, r: int, host: Host, admits) -> int:
         tokens = sum(len(a.prompt) for a in admits)
-        self.enqueue(r, ("c", self._eager_sig(tokens, "prefill")))
-        self.enqueue(r, ("k", "prefill", admits, host.cmd.seq))
-        return self.done(r, host, "prefill", (admits,))
+        self.enqueue(r, self.eager_sig(tokens, "prefill"))
+        return self.enqueue_done(r, host, PrefillKernel(host.cmd.seq, admits))
 
-    def _op_prepare_replay(self, r, host, step, probe):
-        if probe:
+    def run_eager(self, r: int, host: Host, step) -> int:
+        if not self.commanded_path(r, host, None):
             return DONE
-        self.enqueue(r, ("k", "meta", step.seq, step.rows))
-        return self.done(r, host, "prepare_replay", (step,))
+        self.enqueue(r, self.eager_sig(len(step.rows), "eager decode"))
+        return self.enqueue_done(r, host, EagerDecode(step.seq, self.padded(step)))
 
-    def _op_run_eager(self, r, host, step, probe):
-        if probe:
-            return DONE
-        self.enqueue(r, ("c", self._eager_sig(len(step.rows), "eager decode")))
-        self.enqueue(r, ("k", "decode", step.seq, step.rows))
-        return self.done(r, host, "run_eager", (step,))
-
-    def _op_sample(self, r, host, step, probe):
-        if probe:
-            return DONE
-        out = self.devices[r].out
+    def sample(self, r: int, host: Host, step) -> int:
+        """Rank 0: admitted requests from their prefill, row i from logits row i; a value
+        not computed in this step reads as token -1."""
+        dev = self.world.devices[r]
         tokens = {}
-        for req in [a.request_id for a in step.admits] + [row.request_id for row in step.rows]:
-            seq, token = out.get(req, (None, -1))
-            tokens[req] = token if seq == step.seq else -1
-        return self.done(r, host, "sample", (step,), tokens)
+        for admit in step.admits:
+            seq, token = dev.prefill_out.get(admit.request_id, (None, -1))
+            tokens[admit.request_id] = token if seq == step.seq else -1
+        logits = dev.live("logits")
+        for i, row in enumerate(step.rows):
+            seq, token = logits.get(i, (None, -1))
+            tokens[row.request_id] = token if seq == step.seq else -1
+        return self.done(host, tokens)
 
-    def _op_destroy_communicator(self, r, host, probe):
-        if self.hz.h5_comm_refcount and self.graphs[r]:
+    def destroy_communicator(self, r: int, host: Host, probe: bool) -> int:
+        if self.world.hz.h5_comm_refcount and self.world.graphs[r]:
             return BLOCKED
-        return DONE if probe else self.done(r, host, "destroy_communicator", ())
-
-    def _eager_sig(self, rows: int, label: str) -> tuple:
-        shape = self.config.shape
-        return ("all-reduce", shape.allreduces_per_step, shape.allreduce_bytes(rows), label)
-
+        return DONE if probe else self.done(host)

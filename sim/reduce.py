@@ -52,7 +52,7 @@ def reduce_schedule(scenario: Scenario, variant, failing: RunResult,
         return result if same_failure(result, failing) else None
 
     empty = attempt({})
-    if empty is not None:
+    if empty is not None and empty.actions <= best.actions:
         return empty
     keys = sorted(points)
     chunk = max(1, len(keys) // 2)

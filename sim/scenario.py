@@ -14,7 +14,7 @@ TOPOLOGIES = ("shared", "per-rank")
 """``shared``: every rank is a thread of one process (one driver lock), as in thread-per-rank
 engines; ``per-rank``: one process per rank, as with torchrun or spawned workers."""
 
-FAULT_KINDS = ("raise", "oom", "slow", "hang")
+FAULT_KINDS = ("raise", "oom", "slow", "hang", "die")
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -26,7 +26,10 @@ class Fault:
 
     Attributes:
         kind: ``raise`` (the op raises), ``oom`` (the op fails for memory), ``slow`` (the op
-            takes ``delay_s`` more seconds), ``hang`` (the op never returns, holding whatever
+            takes ``delay_s`` more seconds), ``die`` (the rank's process dies: its host threads
+            and devices stop, its replies never come, a collective with it never completes;
+            peers see the broken connection after ``Scenario.death_detect_s``), ``hang`` (the op
+            never returns, holding whatever
             lock it holds).
         rank: the rank it hits.
         op: backend op name it hits (e.g. ``"instantiate"``).
@@ -86,7 +89,11 @@ class Arrival:
 
 @dataclass(frozen=True)
 class Scenario:
-    """Configuration, topology, hazards, memory, workload and faults of one simulated run."""
+    """Configuration, topology, hazards, memory, workload and faults of one simulated run.
+
+    ``death_detect_s`` is how long after a process dies its peers see the broken connection
+    (the liveness signal the controller gets), in seconds; shorter than the step timeout.
+    """
 
     config: ProtocolConfig = field(default_factory=ProtocolConfig)
     topology: str = "shared"
@@ -96,6 +103,7 @@ class Scenario:
     faults: tuple[Fault, ...] = ()
     pages_per_seq: int = 2
     vocab: int = 1000
+    death_detect_s: float = 5.0
     max_actions: int = 200_000
 
     def __post_init__(self) -> None:

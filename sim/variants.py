@@ -12,20 +12,34 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import ClassVar
 from pathlib import Path
 
-from protocol.backend import Op
+from protocol.backend import (
+    FreeGraphs,
+    GraphMemory,
+    Instantiate,
+    LaunchGraph,
+    Op,
+    PrepareReplay,
+    Record,
+    ReleaseSlot,
+    MoveSlot,
+    RunEager,
+    DestroyCommunicator,
+)
 from protocol.buckets import select_bucket
 from protocol.commands import Command, Step
 from protocol.controller import Controller
-from protocol.errors import ConfigError
+from protocol.errors import ConfigError, StartupRefused
 from protocol.keys import GraphKey
 from protocol.memory import MemoryPlan
 from protocol.worker import SYNC, Worker
+from sim.devices import Kernel
 from sim.scenario import TOPOLOGIES, Fault, Scenario
 
 VERDICTS = ("clean", "abort", "deadlock", "hang", "hang-at-exit", "divergence", "oom",
-            "startup-refused", "livelock") + tuple(f"invariant:I{n}" for n in range(1, 15))
+            "startup-refused", "livelock") + tuple(f"invariant:I{n}" for n in range(1, 16))
 """Verdicts a variant may expect."""
 
 
@@ -43,8 +57,13 @@ class Variant:
         controller_cls: the controller class (a `protocol.Controller` subclass).
         worker_cls: the worker class (a `protocol.Worker` subclass).
         adjust: scenario -> scenario, for the fault or memory budget the variant needs.
-        sim_ops: extra modelled backend ops, name -> handler(world, rank, host, args, probe).
-        sim_kernels: extra modelled kernels, label -> handler(world, rank, device, kernel).
+        sim_ops: the variant's own op types (`protocol.backend.Op` subclasses) ->
+            handler(backend, rank, host, op, probe) returning BLOCKED, PROGRESS or DONE (see
+            `sim.ops.ModelledBackend`).
+        sim_kernels: the variant's own kernel types (`sim.devices.Kernel` subclasses) ->
+            handler(world, rank, device, kernel).
+        symmetric: False if the variant's code treats ranks 1..n-1 differently (exhaustive
+            search then keeps every rank apart instead of reducing by rank symmetry).
         reaches: events (`sim.world.World.events` keys) a clean run of this variant must reach
             besides graph replays and live compactions, e.g. ``"preemption"``.
     """
@@ -57,8 +76,9 @@ class Variant:
     controller_cls: type = Controller
     worker_cls: type = Worker
     adjust: Callable[[Scenario], Scenario] | None = None
-    sim_ops: Mapping[str, Callable] = field(default_factory=dict)
-    sim_kernels: Mapping[str, Callable] = field(default_factory=dict)
+    sim_ops: Mapping[type, Callable] = field(default_factory=dict)
+    sim_kernels: Mapping[type, Callable] = field(default_factory=dict)
+    symmetric: bool = True
     reaches: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -176,7 +196,8 @@ CORRECT = register(Variant(
     summary="the protocol as specified: step lock, two-phase capture barrier, warm-up per size, "
             "one eligibility plan, measured reserve, watchdog with abort, graphs freed first",
     source="docs/design.md",
-    expected=BOTH_CLEAN))
+    expected=BOTH_CLEAN,
+    reaches=("padded_replay",)))
 
 
 # -- fused-sweep -------------------------------------------------------------------------------
@@ -199,10 +220,12 @@ class FusedSweepController(Controller):
 class FusedSweepWorker(Worker):
     """Runs record, instantiate and launch back to back; the launch does the implicit upload."""
 
-    def _ops_captureandlaunch(self, command: CaptureAndLaunch) -> list[Op]:
-        self.plan.require_eligible(command.key, "capture")
-        return [Op("record", (command.key,)), Op("instantiate", (command.key,)),
-                Op("launch", (command.key,)), SYNC]
+    def ops_for_other(self, command: Command) -> list[Op]:
+        match command:
+            case CaptureAndLaunch(key=key):
+                self.plan.require_eligible(key, "capture")
+                return [Record(key), Instantiate(key), LaunchGraph(key), SYNC]
+        return super().ops_for_other(command)
 
     def reply(self, command, results):
         if isinstance(command, CaptureAndLaunch):
@@ -237,8 +260,8 @@ class LazyCaptureWorker(Worker):
     def forward_ops(self, step: Step) -> list[Op]:
         if step.key is not None and step.key not in self.captured:
             self.captured.add(step.key)
-            return [Op("record", (step.key,)), Op("instantiate", (step.key,)),
-                    Op("prepare_replay", (step,)), Op("launch", (step.key,))]
+            return [Record(step.key), Instantiate(step.key), PrepareReplay(step),
+                    LaunchGraph(step.key)]
         return super().forward_ops(step)
 
 
@@ -267,8 +290,8 @@ class LocalBucketWorker(Worker):
         local_rows = len(step.rows) + (0 if self.rank == 0 else len(step.retires))
         key = GraphKey(select_bucket(local_rows, self.plan.buckets))
         if key not in self.captured:
-            return [Op("run_eager", (step,))]
-        return [Op("prepare_replay", (step,)), Op("launch", (key,))]
+            return [RunEager(step)]
+        return [PrepareReplay(step), LaunchGraph(key)]
 
 
 register(Variant(
@@ -360,11 +383,10 @@ class UncoordinatedProfileWorker(Worker):
     """The memory profile captures each graph and replays it once to measure, with no barrier."""
 
     def _ops_measuregraphs(self, command):
-        ops: list[Op] = [Op("graph_memory")]
+        ops: list[Op] = [GraphMemory()]
         for key in command.keys:
-            ops += [Op("record", (key,)), Op("instantiate", (key,)), Op("launch", (key,)),
-                    Op("graph_memory")]
-        return ops + [Op("free_graphs"), SYNC]
+            ops += [Record(key), Instantiate(key), LaunchGraph(key), GraphMemory()]
+        return ops + [FreeGraphs(), SYNC]
 
     def reply(self, command, results):
         from protocol.commands import MeasureGraphs, Reply
@@ -416,7 +438,7 @@ class RequestedBatchReserveController(Controller):
         pages = (budget - reserve) // cfg.kv_page_bytes - 1
         capacity = min(cfg.max_batch, max(0, pages // self.pages_per_seq))
         if capacity < 1:
-            raise ConfigError(f"startup refused: rank {tight} has effective capacity 0 after "
+            raise StartupRefused(f"startup refused: rank {tight} has effective capacity 0 after "
                               f"reserving {reserve} graph bytes for max batch {cfg.max_batch}")
         return MemoryPlan(batch_cap=capacity, kv_pages=int(pages), graph_reserve_bytes=reserve)
 
@@ -495,7 +517,7 @@ class CommBeforeGraphsWorker(Worker):
     """Destroys the communicator before freeing the graphs that captured it."""
 
     def _ops_teardown(self, command):
-        return [SYNC, Op("destroy_communicator"), Op("free_graphs")]
+        return [SYNC, DestroyCommunicator(), FreeGraphs()]
 
 
 register(Variant(
@@ -514,30 +536,47 @@ class AsyncRowParallelWorker(Worker):
 
     def forward_ops(self, step: Step) -> list[Op]:
         if step.key is None:
-            return [Op("run_eager_async", (step,))]
+            return [RunEagerAsync(step)]
         return super().forward_ops(step)
 
 
-def _sim_run_eager_async(world, r, host, args, probe):
+@dataclass(frozen=True)
+class RunEagerAsync(Op):
+    """async-row-parallel: eager decode whose row-parallel all-reduce is not waited on."""
+
+    name: ClassVar[str] = "run_eager_async"
+    step: Step
+
+
+@dataclass(frozen=True)
+class ConsumeAsync(Kernel):
+    """The consumer of an async all-reduce: needs ``needed`` collectives completed first."""
+
+    label: ClassVar[str] = "consume-async"
+    seq: int
+    rows: tuple
+    needed: int
+
+
+def _sim_run_eager_async(backend, r, host, op, probe):
     """Enqueue the all-reduce on the side stream and its consumer on the main stream, unjoined."""
-    from sim.world import DONE
+    from sim.common import DONE
     if probe:
         return DONE
-    (step,) = args
-    dev = world.devices[r]
-    world.enqueue(r, ("c", world._eager_sig(len(step.rows), "async all-reduce")), side=True)
-    world.enqueue(r, ("k", "consume-async", step.seq, step.rows, dev.enqueued_collectives))
-    return world.done(r, host, "run_eager_async", (step,))
+    step = op.step
+    dev = backend.world.devices[r]
+    backend.enqueue(r, backend.eager_sig(len(step.rows), "async all-reduce"), side=True)
+    backend.enqueue(r, ConsumeAsync(step.seq, step.rows, dev.enqueued_collectives))
+    return backend.done(host)
 
 
 def _sim_consume_async(world, r, dev, kernel):
     """The consumer reads the all-reduce output; before the collective completed it is a partial sum."""
-    from sim.world import token_fn
-    _, _, seq, rows, needed = kernel
-    complete = dev.completed_collectives >= needed
-    for row in rows:
-        token = token_fn(row.request_id, row.position, row.token, world.scenario.vocab)
-        dev.out[row.request_id] = (seq, token if complete else (token + 1) % world.scenario.vocab)
+    from sim.devices import padded_rows
+    complete = dev.completed_collectives >= kernel.needed
+    rows = padded_rows(kernel.rows, len(kernel.rows), world.config.max_batch)
+    world.device_model.decode(dev.live("kv"), dev.live("logits"), kernel.seq, rows,
+                              corrupt=not complete)
 
 
 register(Variant(
@@ -548,8 +587,8 @@ register(Variant(
     expected={"shared": "divergence", "per-rank": "divergence"},
     remedy='Every rank synchronizes before it samples or replies, and a row-parallel output is consumed only after its all-reduce completed (I1, I11).',
     worker_cls=AsyncRowParallelWorker,
-    sim_ops={"run_eager_async": _sim_run_eager_async},
-    sim_kernels={"consume-async": _sim_consume_async}))
+    sim_ops={RunEagerAsync: _sim_run_eager_async},
+    sim_kernels={ConsumeAsync: _sim_consume_async}))
 
 
 # -- host-frozen-metadata -------------------------------------------------------------------------------
@@ -559,7 +598,7 @@ class FrozenMetadataWorker(Worker):
 
     def forward_ops(self, step: Step) -> list[Op]:
         ops = super().forward_ops(step)
-        return [op for op in ops if op.name != "prepare_replay"]
+        return [op for op in ops if not isinstance(op, PrepareReplay)]
 
 
 register(Variant(
@@ -581,12 +620,12 @@ class InferredSlotsWorker(Worker):
         order = [self.slots.slots[s] for s in sorted(self.slots.slots)]
         gone = {r.request_id for r in step.retires}
         for retire in step.retires:
-            ops.append(Op("release_slot", (retire.slot,)))
+            ops.append(ReleaseSlot(retire.slot))
         kept = [req for req in order if req not in gone]
         for i, req in enumerate(kept):
             old = order.index(req)
             if old != i:
-                ops.append(Op("move_slot", (old, i)))
+                ops.append(MoveSlot(old, i))
         kept += [a.request_id for a in step.admits]
         self.slots.slots = dict(enumerate(kept))
         return ops
@@ -603,6 +642,7 @@ register(Variant(
 
 
 import sim.variants_paging  # noqa: E402,F401  (registers the KV-paging variants, I14)
+import sim.variants_state  # noqa: E402,F401  (data/memory-class variants, registered on import)
 
 SHIPPED = tuple(REGISTRY)
 """Names of the shipped variants, the correct protocol first."""

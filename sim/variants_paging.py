@@ -16,7 +16,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import replace
 
-from protocol.backend import Op
+from protocol.backend import AssignPages, Op
 from protocol.commands import PageAssign, Step
 from protocol.errors import PageError
 from protocol.pages import pages_for
@@ -76,7 +76,7 @@ class LocalPagesWorker(Worker):
             table = self.pages.tables.get(assign.request_id, [])
             own = PageAssign(assign.request_id, assign.slot, len(table), mine)
             self.pages.assign(own)
-            ops.append(Op("assign_pages", (own.slot, own.first_index, own.pages)))
+            ops.append(AssignPages(own.slot, own.first_index, own.pages))
         return ops
 
 

@@ -11,25 +11,35 @@ from __future__ import annotations
 
 import networkx as nx
 
-from sim.world import FOREVER, LOCKING_OPS
+from protocol.backend import (
+    AllocateKVCache,
+    DestroyCommunicator,
+    Instantiate,
+    LaunchGraph,
+    Synchronize,
+    Upload,
+    WarmupCollective,
+)
+from sim.common import FOREVER, sig_text
+from sim.ops import LOCKING_OPS
 
 
 def _op_text(world, r: int) -> str:
-    host = world.hosts[r]
-    if host.cmd is None:
+    op = world.hosts[r].op
+    if op is None:
         return "idle"
-    op = host.ops[host.pc]
-    arg = f" {op.args[0]}" if op.args and op.name in LOCKING_OPS | {"warmup_collective"} else ""
+    arg = f" {op.args[0]}" if op.args and isinstance(op, LOCKING_OPS + (WarmupCollective,)) else ""
     return f"{op.name}{arg}"
 
 
 def needs_quiesce(world, r: int, op) -> bool:
     """True if ``op`` on rank ``r`` waits for its process's devices to go idle (H2)."""
-    if op.name in ("instantiate", "upload", "allocate_kv"):
-        return True
-    if op.name == "launch":
-        graph = world.graphs[r].get(op.args[0])
-        return graph is not None and not graph["uploaded"]
+    match op:
+        case Instantiate() | Upload() | AllocateKVCache():
+            return True
+        case LaunchGraph(key):
+            graph = world.graphs[r].get(key)
+            return graph is not None and not graph.uploaded
     return False
 
 
@@ -40,22 +50,23 @@ def wait_edges(world) -> list[tuple[str, str, str]]:
     hz = world.hz
     for r, host in enumerate(world.hosts):
         me = f"rank{r}"
-        if me in enabled or host.cmd is None:
+        if me in enabled or host.run is None:
             continue
-        op = host.ops[host.pc]
+        op = host.op
         what = _op_text(world, r)
         p = host.proc
         if host.fault_armed is not None and host.ready_at is not None:
             continue  # wedged (injected hang) or slow (waits on the clock): no actor to wait on
         holder = world.locks[p]
-        if hz.h1_driver_lock and op.name in LOCKING_OPS and holder not in (None, r):
+        if hz.h1_driver_lock and isinstance(op, LOCKING_OPS) and holder not in (None, r):
             edges.append((me, f"rank{holder}",
                           f"rank {r}'s {what} waits for process {p}'s driver lock, held by "
                           f"rank {holder}'s {_op_text(world, holder)}"))
             continue
-        if op.name == "synchronize" or (hz.h2_quiesce and needs_quiesce(world, r, op)):
+        if isinstance(op, Synchronize) or (hz.h2_quiesce and (needs_quiesce(world, r, op)
+                                                               or host.holding)):
             busy = [d for d in world.procs[p] if world.devices[d].busy()]
-            if op.name == "synchronize":
+            if isinstance(op, Synchronize):
                 busy = [r] if world.devices[r].busy() else []
                 for d in busy:
                     edges.append((me, f"device{d}", f"rank {r}'s synchronize waits for device {d} "
@@ -67,7 +78,7 @@ def wait_edges(world) -> list[tuple[str, str, str]]:
                                                 "to go idle"))
             if busy:
                 continue
-        if op.name == "destroy_communicator":
+        if isinstance(op, DestroyCommunicator):
             edges.append((me, me, f"rank {r}'s destroy_communicator waits until every graph that "
                                   f"captured the communicator is freed, but rank {r} frees its "
                                   "graphs only after this call returns"))
@@ -79,18 +90,17 @@ def wait_edges(world) -> list[tuple[str, str, str]]:
         if stream is None:
             continue
         kernel = stream[0]
-        from sim.world import _sig_text
         for q, peer in enumerate(world.devices):
             if q == r:
                 continue
             head = peer.collective_head()
-            if head is not None and head[0][1] == kernel[1]:
+            if head is not None and head[0].index == kernel.index:
                 continue
             if peer.busy() and head is None:
                 target, why = f"device{q}", f"device {q} to reach it"
             else:
                 target, why = f"rank{q}", f"rank {q} to enqueue its matching collective"
-            edges.append((me, target, f"device {r} spins in {_sig_text(kernel)} waiting for {why}"))
+            edges.append((me, target, f"device {r} spins in {sig_text(kernel)} waiting for {why}"))
     ctrl = world.ctrl
     if ctrl.current is not None:
         for r in ctrl.uncollected():

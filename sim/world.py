@@ -1,82 +1,105 @@
-"""The simulated world: controller, one host thread and one device per rank, driver locks, memory.
+"""The simulated world: controller, transport, one host thread and one device per rank.
 
 A run is a pure function of (scenario, variant, scheduler choices): the world exposes the actors
 that can make progress (`enabled`) and advances one of them (`step`). Nothing here is threaded
 and nothing reads a real clock; time advances only when every actor is blocked on a timer.
 
-Actors: ``controller``; ``rank<r>`` (host thread of rank r, running its worker's backend ops);
-``device<r>`` (executes the compute kernels at the head of rank r's streams); ``collectives``
-(completes a collective once every rank's device has it at the head of a stream: H3).
+Actors: ``controller``; ``rank<r>`` (host thread of rank r, running its worker's backend ops
+through a `protocol.execution.CommandRun`); ``link<r>`` (the transport: hands rank r's oldest
+reply in flight to the controller, one reply per action); ``device<r>`` (executes the compute
+kernels at the head of rank r's streams); ``collectives`` (completes a collective once every
+rank's device has it at the head of a stream: H3).
+
+The world does not enforce the step lock: the controller runs whenever something it could act
+on arrived (a reply, a request, a deadline), so a controller that sends command N+1 early is
+free to, and the I1 check on the trace catches it. The world reads the controller only through
+its public queries.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
-from protocol.backend import Op
-from protocol.commands import Command, Step
+from protocol.backend import ENQUEUING, Op, Synchronize
+from protocol.commands import AllocateKV, Command, Reply, Step, Teardown
 from protocol.controller import Abort, Broadcast, Done, Idle, Wait
 from protocol.eligibility import GraphPlan
-from protocol.errors import PageError, ProtocolError
+from protocol.errors import ProtocolError, WatchdogExpired
+from protocol.execution import CommandRun
 from protocol.keys import GraphKey
-from protocol.trace import TraceEvent, describe_args
-from sim.common import BLOCKED, DONE, FOREVER, PROGRESS, Outcome, SimFault, sig_text, token_fn
-from sim.devices import DeviceModel
-from sim.ops import ModelledBackend
+from protocol.trace import TraceEvent
+from sim.common import (
+    BLOCKED,
+    DONE,
+    FOREVER,
+    PROGRESS,
+    Collective,
+    Outcome,
+    SimFault,
+    sig_text,
+)
+from sim.devices import Device, DeviceModel, Graph, padded_rows
+from sim.kv import ModelledKV, next_token
+from sim.ops import ALWAYS_READY, LOCKING_OPS, ModelledBackend
 from sim.scenario import Scenario
 
-_sig_text = sig_text
-__all__ = ["World", "Outcome", "SimFault", "token_fn", "BLOCKED", "PROGRESS", "DONE", "FOREVER"]
+__all__ = ["World", "Outcome", "SimFault", "next_token", "BLOCKED", "PROGRESS", "DONE", "FOREVER",
+           "ACTOR", "LOCKING_OPS"]
 
+ACTOR = re.compile(r"controller|collectives|rank\d+|device\d+|link\d+")
+"""Names of the actors a schedule chooses among."""
 
 
 @dataclass
 class Host:
-    """One rank's host thread."""
+    """One rank's host thread.
+
+    Attributes:
+        inbox: commands received and not yet started.
+        run: the command executing now (ops, results, reply), or None when idle.
+        holding: True while this thread holds its process's driver lock.
+        ready_at: when an op slowed or wedged by a fault may go on (FOREVER: never).
+        op_counts: op name -> calls started, for placing faults by occurrence.
+        fault_armed: the fault acting on the current op, if any.
+        started: the current op has begun (its fault, if any, has been drawn).
+        result: the value of the op that just finished.
+    """
 
     rank: int
     proc: int
     inbox: list = field(default_factory=list)
-    cmd: Command | None = None
-    ops: list = field(default_factory=list)
-    pc: int = 0
-    results: list = field(default_factory=list)
+    run: CommandRun | None = None
     holding: bool = False
     ready_at: float | None = None
     op_counts: dict = field(default_factory=dict)
     fault_armed: object = None
     started: bool = False
+    result: object = None
+
+    @property
+    def cmd(self) -> Command | None:
+        """The command executing now, or None."""
+        return self.run.command if self.run is not None else None
+
+    @property
+    def op(self) -> Op | None:
+        """The op executing now, or None."""
+        return self.run.op if self.run is not None else None
 
 
-@dataclass
-class Device:
-    """One rank's device: FIFO streams of kernels and the buffers kernels write."""
-
-    rank: int
-    main: list = field(default_factory=list)
-    side: list = field(default_factory=list)
-    out: dict = field(default_factory=dict)
-    meta: tuple = (None, ())
-    enqueued_collectives: int = 0
-    completed_collectives: int = 0
-
-    def busy(self) -> bool:
-        return bool(self.main or self.side)
-
-    def collective_head(self):
-        for stream in (self.main, self.side):
-            if stream and stream[0][0] == "c":
-                return stream
-        return None
-
-
-class World(ModelledBackend, DeviceModel):
+class World:
     """One simulated run. Call `enabled()` and `step(actor)` until `outcome` is set.
 
     Args:
         scenario: configuration, topology, hazards, memory, workload, faults.
         variant: the protocol variant (controller and worker classes) under test.
-        trace: record `TraceEvent`s in ``self.trace`` (always on for invariant checks).
+
+    Attributes:
+        backend: the modelled backend of every rank (`sim.ops.ModelledBackend`).
+        device_model: the device and collective actors (`sim.devices.DeviceModel`).
+        transit: per rank, replies sent and not yet handed to the controller.
+        trace: the `TraceEvent`s of the run.
     """
 
     def __init__(self, scenario: Scenario, variant):
@@ -95,9 +118,10 @@ class World(ModelledBackend, DeviceModel):
         self.locks: list[int | None] = [None] * len(self.procs)
         self.hosts = [Host(r, self.proc_of[r]) for r in range(self.ws)]
         self.devices = [Device(r) for r in range(self.ws)]
+        self.transit: list[list[Reply]] = [[] for _ in range(self.ws)]
         self.connected = [set() for _ in range(self.ws)]
         self.used = [sc.memory.weights + sc.memory.overhead(r) for r in range(self.ws)]
-        self.graphs: list[dict[GraphKey, dict]] = [{} for _ in range(self.ws)]
+        self.graphs: list[dict[GraphKey, Graph]] = [{} for _ in range(self.ws)]
         self.faults = {(f.rank, f.op, f.occurrence): f for f in scenario.faults}
         self.fired_faults: list = []
         self.arrivals = sorted(scenario.workload, key=lambda a: a.after_step)
@@ -105,35 +129,78 @@ class World(ModelledBackend, DeviceModel):
         self.outcome: Outcome | None = None
         self.actions = 0
         self.exiting = False
-        self.events = {"replay": 0, "compaction_moves_live": 0, "fault_fired": 0, "preemption": 0}
-        self._watchdog_armed = False
+        self.events = {"replay": 0, "padded_replay": 0, "compaction_moves_live": 0,
+                       "fault_fired": 0, "preemption": 0}
+        for dev in self.devices:
+            dev.allocate("kv", ModelledKV(cfg.max_batch + 1))  # placeholder until allocate_kv
+            dev.allocate("replay-inputs",
+                         list(padded_rows((), max(cfg.buckets), cfg.max_batch)))
+            dev.allocate("logits", {})
+        self.backend = ModelledBackend(self)
+        self.device_model = DeviceModel(self)
+        self._news = True  # something arrived that the controller has not looked at
+        self._sent: list[int] = []  # sequence numbers of the commands broadcast so far
+        self._received: set[int] = set()  # ranks whose reply to the last command was delivered
+        self._fitted_cap: int | None = None  # the batch cap AllocateKV gave every rank (I9)
+        self.dead: set[int] = set()  # ranks whose process died
+        self._deaths: list[tuple[float, int]] = []  # (when peers see it, rank), not yet signalled
+        self._sync_after = () if self.hz.h6_async_host else ENQUEUING
         self._rank_names = [f"rank{r}" for r in range(self.ws)]
+        self._link_names = [f"link{r}" for r in range(self.ws)]
         self._device_names = [f"device{r}" for r in range(self.ws)]
         self._dispatch_table = {"controller": (self._step_controller, None),
-                                "collectives": (self._step_collective, None)}
+                                "collectives": (self.device_model.step_collective, None)}
         self._dispatch_table.update({n: (self._step_host, r) for r, n in enumerate(self._rank_names)})
-        self._dispatch_table.update({n: (self._step_device, r) for r, n in enumerate(self._device_names)})
+        self._dispatch_table.update({n: (self._deliver, r) for r, n in enumerate(self._link_names)})
+        self._dispatch_table.update({n: (self.device_model.step_device, r)
+                                     for r, n in enumerate(self._device_names)})
 
     def _now(self) -> float:
         return self.clock
 
-    def _ev(self, actor: str, kind: str, what: str, seq=None, rank=None, detail="", ok=True):
+    def event(self, actor: str, kind: str, what: str, seq=None, rank=None, detail="", ok=True):
+        """Append a `TraceEvent` at the current time."""
         self.trace.append(TraceEvent(actor, kind, what, seq, rank, detail, ok, self.clock))
+
+    def current_seq(self) -> int | None:
+        """The sequence number of the controller's outstanding command, if any."""
+        current = self.ctrl.current
+        return current.seq if current is not None else None
 
     # -- scheduling interface ---------------------------------------------------------------------
 
     def enabled(self) -> list[str]:
-        """Actors that can make progress now, in a fixed order."""
+        """Actors that can make progress now, in a fixed order: the controller, the ranks'
+        host threads, the links, the devices, the collectives."""
         if self.outcome is not None:
             return []
-        out = ["controller"] if self._controller_ready() else []
+        ctrl = self.ctrl
+        out = ["controller"] if (self._news or ctrl.current is None
+                                 or self._controller_ready()) else []
+        hosts = self.hosts
         for r, name in enumerate(self._rank_names):
-            if self._host_ready(r):
+            host = hosts[r]
+            if host.inbox if host.run is None else self._host_ready(r):
                 out.append(name)
-        for r, name in enumerate(self._device_names):
-            if self._device_ready(r):
+        transit = self.transit
+        for r, name in enumerate(self._link_names):
+            if transit[r]:
                 out.append(name)
-        if self._collective_ready() is not None:
+        h3 = self.hz.h3_spinning_collectives
+        every_collective = h3
+        names = self._device_names
+        for r, dev in enumerate(self.devices):
+            main, side = dev.main, dev.side
+            if not main and not side:
+                every_collective = False
+                continue
+            main_c = main and main[0].__class__ is Collective
+            side_c = side and side[0].__class__ is Collective
+            if (main and not main_c) or (side and not side_c) or (not h3):
+                out.append(names[r])
+            if not (main_c or side_c):
+                every_collective = False
+        if every_collective:
             out.append("collectives")
         return out
 
@@ -156,92 +223,145 @@ class World(ModelledBackend, DeviceModel):
             timers.append(self.ctrl.watchdog.deadline)
         if self.ctrl.step_deadline != FOREVER:
             timers.append(self.ctrl.step_deadline)
+        timers += [t for t, _ in self._deaths]
         later = [t for t in timers if t > self.clock]
         orphan = self._orphan_collective()
         if orphan is not None:
             self.outcome = orphan
             return
-        cycle = self._wait_cycle()
+        from sim.waits import explain_blocked, wait_cycle
+        cycle = wait_cycle(self)
         if cycle and self._in_teardown():
-            self.outcome = Outcome("hang-at-exit", _story(cycle), "I10", cycle=tuple(cycle))
+            self.outcome = Outcome("hang-at-exit", _story(cycle), "I10", cycle=tuple(cycle),
+                                   step=self.current_seq())
             return
         if cycle and not self.exiting:
-            self.outcome = Outcome("deadlock", _story(cycle), cycle=tuple(cycle))
+            self.outcome = Outcome("deadlock", _story(cycle), cycle=tuple(cycle),
+                                   step=self.current_seq())
             return
         if later:
             self.clock = min(later)
+            self._news = True
             return
-        from sim.waits import explain_blocked
         verdict = "hang-at-exit" if self.exiting or self._in_teardown() else "hang"
-        self.outcome = Outcome(verdict, explain_blocked(self), cycle=tuple(cycle or ()))
+        self.outcome = Outcome(verdict, explain_blocked(self), cycle=tuple(cycle or ()),
+                               step=self.current_seq())
 
     # -- controller -------------------------------------------------------------------------------
 
     def _feed_workload(self) -> None:
         ctrl = self.ctrl
-        if ctrl.phase != "serving":
+        if not ctrl.serving:
             return
-        idle = not ctrl.pending and not ctrl.slots.requests() and not ctrl._to_retire
+        idle = not ctrl.has_work()
         while self.arrivals and (self.arrivals[0].after_step <= self.served_steps or idle):
             ctrl.submit(self.arrivals.pop(0).request)
             idle = False
-        if not self.arrivals and idle and not ctrl._closing:
+        if not self.arrivals and idle and not ctrl.closing:
             ctrl.shutdown()
 
     def _controller_ready(self) -> bool:
         ctrl = self.ctrl
-        if ctrl.phase in ("failed", "done"):
+        if self._news or ctrl.current is None or ctrl.phase in ("failed", "done"):
             return True
-        if ctrl.current is not None and len(ctrl.replies) < self.ws:
-            if ctrl.phase != "startup":
-                return self.clock >= ctrl.step_deadline
+        if ctrl.phase == "startup":
             deadline = ctrl.watchdog.deadline
             return deadline is not None and self.clock >= deadline
-        return True
+        return self.clock >= ctrl.step_deadline
 
     def _step_controller(self) -> None:
         ctrl = self.ctrl
-        if ctrl.phase == "serving" and ctrl.current is None or (
-                ctrl.phase == "serving" and not ctrl.uncollected()):
+        self._news = False
+        while self._deaths and self._deaths[0][0] <= self.clock:
+            _, rank = self._deaths.pop(0)
+            self.event("controller", "liveness", "dead", rank=rank, detail=f"rank {rank} died")
+            ctrl.on_rank_dead(rank)
+        if ctrl.serving and not ctrl.uncollected():
             self._feed_workload()
         before = ctrl.watchdog.armed
         action = ctrl.next_action()
         self._note_watchdog(before)
-        if isinstance(action, Broadcast):
-            cmd = action.command
-            if isinstance(cmd, Step):
-                self.served_steps += 1
-                if any(m.request_id is not None for m in cmd.moves):
-                    self.events["compaction_moves_live"] += len(cmd.moves)
-                self.events["preemption"] += len(cmd.preempts)
-            self._ev("controller", "send", type(cmd).__name__, cmd.seq, None, _cmd_detail(cmd))
-            for host in self.hosts:
-                host.inbox.append(cmd)
-        elif isinstance(action, Idle):
-            self._feed_workload()
-        elif isinstance(action, Abort):
-            self._abort(action)
-        elif isinstance(action, Done):
-            self._ev("controller", "done", "Done")
-            from sim.checks import final_checks
-            self.outcome = final_checks(self)
-        elif isinstance(action, Wait):
-            pass
+        match action:
+            case Broadcast(command=cmd):
+                early = [r for r in range(self.ws) if r not in self._received]
+                if self._sent and early:
+                    self.event("controller", "send", type(cmd).__name__, cmd.seq, None,
+                               _cmd_detail(cmd))
+                    self.outcome = Outcome(
+                        "invariant", f"I1 violated: the controller sent command {cmd.seq} "
+                        f"({type(cmd).__name__}) holding no reply from rank(s) {early} to "
+                        f"command {self._sent[-1]}", "I1", rank=early[0], step=cmd.seq)
+                    return
+                self._sent.append(cmd.seq)
+                self._received = set()
+                if isinstance(cmd, AllocateKV):
+                    self._fitted_cap = cmd.batch_cap
+                if isinstance(cmd, Step) and not self._check_step_command(cmd):
+                    self.event("controller", "send", type(cmd).__name__, cmd.seq, None,
+                               _cmd_detail(cmd))
+                    return
+                if isinstance(cmd, Step):
+                    self.served_steps += 1
+                    if cmd.moves:
+                        self.events["compaction_moves_live"] += len(cmd.moves)
+                    self.events["preemption"] += len(cmd.preempts)
+                self.event("controller", "send", type(cmd).__name__, cmd.seq, None, _cmd_detail(cmd))
+                for host in self.hosts:
+                    if host.rank not in self.dead:
+                        host.inbox.append(cmd)
+            case Idle():
+                self._feed_workload()
+                self._news = True
+            case Abort():
+                self._abort(action)
+            case Done():
+                self.event("controller", "done", "Done")
+                from sim.checks import final_checks
+                self.outcome = final_checks(self)
+            case Wait():
+                pass
+
+    def _check_step_command(self, step: Step) -> bool:
+        """Direct checks on a serving step as the controller sends it; False (and an outcome
+        naming the step) when one breaks.
+
+        I6: the startup watchdog was disarmed when the sweep succeeded. I9: the step keeps no
+        more live requests than the memory-fitted batch cap the ranks were given in AllocateKV. I7: a replayed step's graph bucket
+        holds its rows.
+        """
+        ctrl = self.ctrl
+        live = len(step.rows) + len(step.admits)
+        cap = self._fitted_cap
+        broken = None
+        if ctrl.watchdog.armed:
+            broken = ("I6", "the startup sweep succeeded but the watchdog is still armed: it "
+                            f"aborts the serving process at t={ctrl.watchdog.deadline:g}s")
+        elif cap is not None and live > cap:
+            broken = ("I9", f"step {step.seq} holds {live} live requests, above the memory-"
+                            f"fitted batch cap {cap}: their KV and graphs were never budgeted")
+        elif step.key is not None and step.key.bucket < len(step.rows):
+            broken = ("I7", f"step {step.seq} replays {step.key} for {len(step.rows)} rows: "
+                            f"rows past {step.key.bucket} are never computed")
+        if broken is None:
+            return True
+        self.outcome = Outcome("invariant", f"{broken[0]} violated: {broken[1]}", broken[0],
+                               step=step.seq)
+        return False
 
     def _note_watchdog(self, before: bool) -> None:
         after = self.ctrl.watchdog.armed
         if after and not before:
-            self._ev("controller", "watchdog-arm", "watchdog", detail=f"deadline {self.ctrl.watchdog.deadline:g}s")
+            self.event("controller", "watchdog-arm", "watchdog",
+                       detail=f"deadline {self.ctrl.watchdog.deadline:g}s")
         elif before and not after:
-            self._ev("controller", "watchdog-disarm", "watchdog")
+            self.event("controller", "watchdog-disarm", "watchdog")
 
     def _abort(self, action: Abort) -> None:
         error = action.error
-        from protocol.errors import WatchdogExpired
         if isinstance(error, WatchdogExpired):
-            self._ev("controller", "watchdog-fire", "watchdog", detail=str(error))
+            self.event("controller", "watchdog-fire", "watchdog", detail=str(error))
         if action.how == "exit" and self.hz.h8_exit_teardown:
-            self._ev("controller", "exit", "exit", detail=str(error))
+            self.event("controller", "exit", "exit", detail=str(error))
             held = [(p, holder) for p, holder in enumerate(self.locks) if holder is not None]
             if held:
                 self.exiting = True
@@ -250,90 +370,104 @@ class World(ModelledBackend, DeviceModel):
                     "hang-at-exit",
                     f"the controller ends the process with exit() after: {error}. Exit runs driver "
                     f"teardown, which needs process {p}'s driver lock; rank {holder} holds it and "
-                    "never returns, so the process hangs instead of dying loudly (H8).")
+                    "never returns, so the process hangs instead of dying loudly (H8).",
+                    rank=holder, step=getattr(error, "step", None))
                 return
-        self._ev("controller", "abort", action.how, detail=str(error), ok=False)
+        self.event("controller", "abort", action.how, detail=str(error), ok=False)
         from sim.checks import abort_checks
         self.outcome = abort_checks(self, error)
 
-    # -- hosts --------------------------------------------------------------------------------------
+    # -- transport --------------------------------------------------------------------------------
 
-    def _host_ready(self, r: int) -> bool:
-        host = self.hosts[r]
-        if host.cmd is None:
-            return bool(host.inbox)
-        op = host.ops[host.pc]
-        if op.name in ALWAYS_READY and not self.faults and host.fault_armed is None:
-            return True
-        return self._run_op(r, host, op, probe=True) != BLOCKED
-
-    def _step_host(self, r: int) -> None:
-        host = self.hosts[r]
-        worker = self.workers[r]
-        if host.cmd is None:
-            cmd = host.inbox.pop(0)
-            host.cmd = cmd
-            try:
-                ops = worker.ops_for(cmd)
-            except PageError as exc:
-                # a rank whose pages disagree with the command, or that runs out of pages the
-                # controller handed out, breaks the page rule: the verdict names it (I14)
-                self._reply(r, worker.fail(cmd, exc))
-                self.outcome = Outcome("invariant", f"I14 violated: rank {r} refused command "
-                                                    f"{cmd.seq}: {exc}", "I14")
-                return
-            except ProtocolError as exc:
-                self._reply(r, worker.fail(cmd, exc))
-                return
-            if not self.hz.h6_async_host:
-                ops = _synchronous(ops)
-            host.ops, host.pc, host.results = ops, 0, []
-            if not ops:
-                self._reply(r, worker.reply(cmd, []))
-            return
-        op = host.ops[host.pc]
-        try:
-            status = self._run_op(r, host, op, probe=False)
-        except SimFault as exc:
-            self._ev(f"rank{r}", "op", op.name, host.cmd.seq, r, f"{describe_args(op.args)}: {exc}", ok=False)
-            self._release_lock(r, host)
-            self._reply(r, worker.fail(host.cmd, exc))
-            return
-        if status == DONE:
-            host.pc += 1
-            if host.pc == len(host.ops):
-                try:
-                    reply = worker.reply(host.cmd, host.results)
-                except ProtocolError as exc:
-                    reply = worker.fail(host.cmd, exc)
-                self._reply(r, reply)
-
-    def _reply(self, r: int, reply) -> None:
-        host = self.hosts[r]
-        host.cmd, host.ops, host.pc, host.results = None, [], 0, []
-        host.started, host.fault_armed, host.ready_at = False, None, None
-        self._ev(f"rank{r}", "reply", "Reply", reply.seq, r, reply.error or "", reply.ok)
-        if reply.ok and isinstance(self.ctrl.current, Step) and self.ctrl.current.seq == reply.seq:
-            from sim.checks import page_divergence, slot_divergence
-            outcome = (slot_divergence(self, r, self.ctrl.current)
-                       or page_divergence(self, r, self.ctrl.current))
-            if outcome is not None:
-                self.outcome = outcome
-                return
+    def _deliver(self, r: int) -> None:
+        """Hand rank ``r``'s oldest reply in flight to the controller."""
+        reply = self.transit[r].pop(0)
+        self.event("controller", "receive", "Reply", reply.seq, r, "", reply.ok)
+        if self._sent and reply.seq == self._sent[-1]:
+            self._received.add(r)
         if self.ctrl.phase in ("failed", "done"):
             return
         try:
             self.ctrl.on_reply(reply)
         except ProtocolError as exc:
-            self.outcome = Outcome("invariant", f"I1/I2: controller rejected a reply: {exc}", "I1")
+            self.outcome = Outcome("invariant", f"I1/I2: controller rejected a reply: {exc}", "I1",
+                                   rank=r, step=reply.seq)
+            return
+        # The controller reacts to each reply at once: it observes nothing but replies and the
+        # clock, so acting now or after other actors' steps reaches the same states, and it
+        # still sees every prefix of the delivery order (so an early send is visible).
+        self._step_controller()
 
-    def _release_lock(self, r: int, host: Host) -> None:
+    # -- hosts --------------------------------------------------------------------------------------
+
+    def _host_ready(self, r: int) -> bool:
+        host = self.hosts[r]
+        if host.run is None:
+            return bool(host.inbox)
+        if r in self.dead:
+            return False
+        op = host.run.op
+        if not self.faults:  # the common case: no fault bookkeeping at all
+            cls = op.__class__
+            if cls is Synchronize:  # the most frequent probe: a rank waiting for its device
+                return not (self.devices[r].main or self.devices[r].side)
+            return cls in _ALWAYS_READY or self.backend.attempt(r, host, op, True) != BLOCKED
+        return self._run_op(r, host, op, probe=True) != BLOCKED
+
+    def _step_host(self, r: int) -> None:
+        host = self.hosts[r]
+        if host.run is None:
+            cmd = host.inbox.pop(0)
+            host.run = CommandRun(self.workers[r], cmd, self.trace.append, self._now,
+                                  self._sync_after)
+            if host.run.reply is not None:
+                self._send_reply(r)
+            return
+        op = host.run.op
+        try:
+            status = self._run_op(r, host, op, probe=False)
+        except SimFault as exc:
+            self.release_lock(host)
+            host.run.fail(exc)
+            self._send_reply(r)
+            return
+        if status == DONE:
+            host.run.done(host.result)
+            host.result = None
+            if host.run.reply is not None:
+                self._send_reply(r)
+
+    def _send_reply(self, r: int) -> None:
+        host = self.hosts[r]
+        reply = host.run.reply
+        host.run = None
+        host.started, host.fault_armed, host.ready_at = False, None, None
+        current = self.ctrl.current
+        if reply.ok and isinstance(current, Step) and current.seq == reply.seq:
+            from sim.checks import page_divergence, slot_divergence
+            outcome = slot_divergence(self, r, current) or page_divergence(self, r, current)
+            if outcome is not None:
+                self.outcome = outcome
+                return
+        if not reply.ok and reply.error_kind == "page":
+            # a rank whose pages disagree with the command, or that runs out of pages the
+            # controller handed out, breaks the page rule: the verdict names it (I14)
+            self.outcome = Outcome("invariant", f"I14 violated: rank {r} refused command "
+                                                f"{reply.seq}: {reply.error}", "I14",
+                                   rank=r, step=reply.seq)
+            return
+        self.transit[r].append(reply)
+
+    def release_lock(self, host: Host) -> None:
+        """Drop the driver lock if ``host`` holds it."""
         if host.holding:
             self.locks[host.proc] = None
             host.holding = False
 
     def _run_op(self, r: int, host: Host, op: Op, probe: bool) -> int:
         """Run (or, with ``probe``, only test) one backend op, applying injected faults."""
+        if not self.faults:
+            return self.backend.attempt(r, host, op, probe)
         fault = host.fault_armed
         if not host.started:
             count = host.op_counts.get(op.name, 0) + 1
@@ -349,81 +483,47 @@ class World(ModelledBackend, DeviceModel):
         if fault is not None:
             if fault.kind == "hang" or self.clock < host.ready_at:
                 return BLOCKED
-        status = self._dispatch(r, host, op, probe)
+        status = self.backend.attempt(r, host, op, probe)
         if status == DONE and not probe:
             host.started, host.fault_armed, host.ready_at = False, None, None
         return status
 
     def _fire(self, r: int, host: Host, op: Op, fault) -> int:
         self.events["fault_fired"] += 1
+        phase = "serving" if self.ctrl.serving or self.served_steps else "sweep"
+        self.events[f"fault_fired_{phase}"] = self.events.get(f"fault_fired_{phase}", 0) + 1
+        self.events[f"fault_op_{op.name}"] = self.events.get(f"fault_op_{op.name}", 0) + 1
         self.fired_faults.append(fault)
-        self._ev(f"rank{r}", "fault", op.name, host.cmd.seq, r, f"injected {fault.kind}")
+        self.event(f"rank{r}", "fault", op.name, host.cmd.seq, r, f"injected {fault.kind}")
+        if fault.kind == "die":
+            return self._die(r)
         if fault.kind in ("raise", "oom"):
             raise SimFault(f"injected {fault.kind} on rank {r} in {op.name} call {fault.occurrence}"
-                           + (": out of memory" if fault.kind == "oom" else ""))
+                           + (": out of memory" if fault.kind == "oom" else ""), kind="injected")
         host.fault_armed = fault
         if fault.kind == "slow":
             host.ready_at = self.clock + fault.delay_s
         else:
             host.ready_at = FOREVER
-            if self.hz.h1_driver_lock and op.name in LOCKING_OPS and self.locks[host.proc] is None:
+            if self.hz.h1_driver_lock and isinstance(op, LOCKING_OPS) and self.locks[host.proc] is None:
                 self.locks[host.proc] = r
                 host.holding = True
         return PROGRESS
 
-    def _dispatch(self, r: int, host: Host, op: Op, probe: bool) -> int:
-        handler = getattr(self, "_op_" + op.name, None)
-        if handler is None:
-            variant_handler = self.variant.sim_ops.get(op.name)
-            if variant_handler is None:
-                raise SimFault(f"the simulator models no backend op {op.name!r}")
-            return variant_handler(self, r, host, op.args, probe)
-        return handler(r, host, *op.args, probe=probe)
-
-    def done(self, r: int, host: Host, op_name: str, args: tuple, value=None) -> int:
-        """Finish the current op with ``value`` as its result."""
-        host.results.append(value)
-        self._ev(f"rank{r}", "op", op_name, host.cmd.seq if host.cmd else None, r, describe_args(args))
-        return DONE
-
-    def locked(self, r: int, host: Host, quiesce: bool, probe: bool) -> int:
-        """Driver-lock discipline (H1) and device quiescence (H2) for a lock-holding call.
-
-        Returns DONE when the call may complete now (the lock is released again), PROGRESS when
-        it took the lock but must wait, BLOCKED when it can do nothing.
-        """
-        p = host.proc
-        holder = self.locks[p]
-        acquired = False
-        if self.hz.h1_driver_lock:
-            if holder is not None and holder != r:
-                return BLOCKED
-            if holder is None:
-                acquired = True
-                if not probe:
-                    self.locks[p] = r
-                    host.holding = True
-        if quiesce and self.hz.h2_quiesce:
-            if any(self.devices[d].busy() for d in self.procs[p]):
-                return PROGRESS if acquired else BLOCKED
-        if not probe:
-            self._release_lock(r, host)
-        return DONE
-
-    def alloc(self, r: int, nbytes: int, what: str) -> None:
-        """Take ``nbytes`` on rank ``r`` (H7); raises SimFault (OOM) past capacity."""
-        if self.hz.h7_memory and self.used[r] + nbytes > self.scenario.memory.capacity:
-            raise SimFault(f"out of memory on rank {r}: {what} needs {nbytes} bytes, "
-                           f"{self.scenario.memory.capacity - self.used[r]} free")
-        self.used[r] += nbytes
-
-    def enqueue(self, r: int, kernel: tuple, side: bool = False) -> None:
-        """Append a kernel to rank ``r``'s main (or side) stream."""
-        dev = self.devices[r]
-        if kernel[0] == "c":
-            kernel = ("c", dev.enqueued_collectives, kernel[1])
-            dev.enqueued_collectives += 1
-        (dev.side if side else dev.main).append(kernel)
+    def _die(self, r: int) -> int:
+        """Rank ``r``'s process dies: every rank of it stops (host, device, replies in flight);
+        peers see it after ``death_detect_s``."""
+        for q in self.procs[self.proc_of[r]]:
+            host, dev = self.hosts[q], self.devices[q]
+            self.release_lock(host)
+            host.run, host.inbox, host.fault_armed, host.ready_at = None, [], None, None
+            dev.main.clear()
+            dev.side.clear()
+            self.transit[q].clear()
+            self.dead.add(q)
+            self._deaths.append((self.clock + self.scenario.death_detect_s, q))
+            self.event(f"rank{q}", "death", "die", rank=q, detail=f"rank {q}'s process died")
+        return PROGRESS
 
     # -- stuck states ---------------------------------------------------------------------------------
 
@@ -436,106 +536,88 @@ class World(ModelledBackend, DeviceModel):
                 continue
             for q, host in enumerate(self.hosts):
                 peer = self.devices[q]
-                if q == r or peer.busy() or host.cmd is not None or host.inbox:
+                if q == r or peer.busy() or host.run is not None or host.inbox:
                     continue
-                if current is not None and q in self.ctrl.replies:
+                if current is not None and (self.ctrl.holds_reply(q) or self.transit[q]):
                     return Outcome(
                         "divergence",
                         f"collective sequences differ across ranks: device {r} spins in "
-                        f"{_sig_text(stream[0])}, but rank {q} finished command {current.seq} "
+                        f"{sig_text(stream[0])}, but rank {q} finished command {current.seq} "
                         f"({type(current).__name__}) after {peer.enqueued_collectives} collectives "
-                        "and will issue no matching one", "I3")
+                        "and will issue no matching one", "I3", rank=q, step=current.seq)
         return None
 
     def _in_teardown(self) -> bool:
-        return any(h.cmd is not None and type(h.cmd).__name__ == "Teardown" for h in self.hosts)
-
-    def _wait_cycle(self):
-        from sim.waits import wait_cycle
-        return wait_cycle(self)
+        return any(isinstance(h.cmd, Teardown) for h in self.hosts)
 
     def fingerprint(self, symmetric: bool = False) -> tuple:
         """Hashable state of the whole world, for state hashing in exhaustive search.
 
-        With ``symmetric``, ranks 1..n-1 are interchangeable: their parts are sorted, so states
-        that differ only by a permutation of those ranks hash alike. Sound only when nothing in
-        the scenario singles one of them out (see `symmetry_is_sound`); rank 0 stays apart
-        because it samples and carries the payload.
+        Each rank's part holds its worker, its host thread (command, pending ops, op counts),
+        its replies in flight, its streams and buffers, its graphs and its memory. With
+        ``symmetric``, ranks 1..n-1 are interchangeable: their parts are sorted, so states that
+        differ only by a permutation of those ranks hash alike. Sound only when nothing in the
+        scenario or the variant singles one of them out (see `symmetry_is_sound`); rank 0 stays
+        apart because it samples and carries the payload.
         """
         parts = [self._rank_part(r) for r in range(self.ws)]
         ctrl = self.ctrl.fingerprint()
         if symmetric:
-            ctrl = ctrl[:3] + (0 in self.ctrl.replies,) + ctrl[4:]
+            ctrl = ctrl[:3] + (self.ctrl.holds_reply(0),) + ctrl[4:]
             ranks = (parts[0], tuple(sorted(parts[1:], key=repr)))
         else:
             ranks = (tuple(parts), tuple(self.locks))
-        return (ctrl, ranks, self.clock, len(self.arrivals))
+        return (ctrl, self._news, ranks, self.clock, len(self.arrivals))
 
     def _rank_part(self, r: int) -> tuple:
         h, d = self.hosts[r], self.devices[r]
+        run = h.run
+        pending = (run.command.seq, tuple(run.ops[run.pc:]), run.op) if run is not None else None
         return (self.workers[r].fingerprint()[1:],
-                (h.cmd.seq if h.cmd else None, tuple(c.seq for c in h.inbox), h.pc, h.holding,
-                 h.ready_at, tuple(sorted(h.op_counts.items()))),
-                (tuple(_kernel_fp(k) for k in d.main), tuple(_kernel_fp(k) for k in d.side),
-                 tuple(sorted(d.out.items())), d.meta[0]),
-                tuple(sorted((k, g["uploaded"]) for k, g in self.graphs[r].items())),
-                self.used[r], r in self.ctrl.replies, r in self.locks)
+                (pending, tuple(c.seq for c in h.inbox), h.holding, h.ready_at,
+                 tuple(sorted(h.op_counts.items()))),
+                tuple((rep.seq, rep.ok) for rep in self.transit[r]),
+                (tuple(d.main), tuple(d.side), d.fingerprint()),
+                tuple(sorted((k, g.uploaded) for k, g in self.graphs[r].items())),
+                self.used[r], self.ctrl.holds_reply(r), r in self.locks)
 
     def symmetry_is_sound(self) -> bool:
-        """True if ranks 1..n-1 are interchangeable: no fault or memory overhead names one."""
-        return not self.scenario.faults and not self.scenario.memory.rank_overhead
-
-
-LOCKING_OPS = frozenset({"record", "instantiate", "upload", "launch", "allocate_kv"})
-ALWAYS_READY = frozenset({"warmup_collective", "profile_memory", "graph_memory", "free_graphs",
-                          "release_slot", "assign_pages", "move_slot", "prefill", "prepare_replay", "run_eager",
-                          "sample"})
-"""Ops that never block in the model (host-side work or a plain enqueue), probed for free."""
-
-
-def _synchronous(ops: list[Op]) -> list[Op]:
-    """H6 off: every enqueuing op is followed by a synchronize (host calls block)."""
-    out = []
-    for op in ops:
-        out.append(op)
-        if op.name in ("warmup_collective", "profile_memory", "launch", "prefill", "run_eager",
-                       "move_slot", "prepare_replay"):
-            out.append(Op("synchronize"))
-    return out
-
-
-def _kernel_fp(kernel: tuple) -> tuple:
-    if kernel[0] == "c":
-        return kernel
-    return (kernel[0], kernel[1], str(kernel[2:])[:60])
+        """True if ranks 1..n-1 are interchangeable: no fault or memory overhead names one, and
+        the variant does not declare itself asymmetric (``Variant.symmetric``)."""
+        return (not self.scenario.faults and not self.scenario.memory.rank_overhead
+                and getattr(self.variant, "symmetric", True))
 
 
 def _cmd_detail(cmd: Command) -> str:
-    name = type(cmd).__name__
-    if hasattr(cmd, "key") and not isinstance(cmd, Step):
+    match cmd:
+        case Step():
+            parts = [f"{len(cmd.rows)} rows"]
+            if cmd.key:
+                parts.append(f"replay {cmd.key}")
+            elif cmd.rows:
+                parts.append(f"eager (bucket {cmd.bucket})")
+            if cmd.admits:
+                parts.append(f"admit {[a.request_id for a in cmd.admits]}")
+            if cmd.retires:
+                parts.append(f"retire {[r.request_id for r in cmd.retires]}")
+            if cmd.preempts:
+                parts.append(f"preempt {[p.request_id for p in cmd.preempts]}")
+            if cmd.pages:
+                parts.append("pages " + ", ".join(f"r{a.request_id}+{list(a.pages)}"
+                                                  for a in cmd.pages))
+            if cmd.moves:
+                parts.append("move " + ", ".join(f"r{m.request_id}:{m.src}->{m.dst}" for m in cmd.moves))
+            return ", ".join(parts)
+    if hasattr(cmd, "key"):
         return str(cmd.key)
-    if name == "Warmup":
+    if hasattr(cmd, "sizes"):
         return f"{len(cmd.sizes)} sizes"
-    if name == "AllocateKV":
+    if hasattr(cmd, "pages"):
         return f"{cmd.pages} pages"
-    if name == "Step":
-        parts = [f"{len(cmd.rows)} rows"]
-        if cmd.key:
-            parts.append(f"replay {cmd.key}")
-        elif cmd.rows:
-            parts.append(f"eager (bucket {cmd.bucket})")
-        if cmd.admits:
-            parts.append(f"admit {[a.request_id for a in cmd.admits]}")
-        if cmd.retires:
-            parts.append(f"retire {[r.request_id for r in cmd.retires]}")
-        if cmd.preempts:
-            parts.append(f"preempt {[p.request_id for p in cmd.preempts]}")
-        if cmd.pages:
-            parts.append("pages " + ", ".join(f"r{a.request_id}+{list(a.pages)}" for a in cmd.pages))
-        if cmd.moves:
-            parts.append("move " + ", ".join(f"r{m.request_id}:{m.src}->{m.dst}" for m in cmd.moves))
-        return ", ".join(parts)
     return ""
+
+
+_ALWAYS_READY = frozenset(ALWAYS_READY)
 
 
 def _story(cycle) -> str:

@@ -3,7 +3,7 @@
 Check it with: lockstep check --variant-file docs/examples/my_variant.py --variant no-sync-launch
 """
 
-from protocol.backend import Op
+from protocol.backend import LaunchGraph
 from protocol.worker import Worker
 from sim.variants import Variant
 
@@ -12,7 +12,7 @@ class NoSyncLaunchWorker(Worker):
     """Acks a Launch as soon as the host call returns (the device may still spin)."""
 
     def _ops_launch(self, command):
-        return [Op("launch", (command.key,))]
+        return [LaunchGraph(command.key)]
 
 
 NO_SYNC_LAUNCH = Variant(

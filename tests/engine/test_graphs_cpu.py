@@ -20,7 +20,7 @@ from engine.engine_config import EngineConfig
 from engine.llm import LLM
 from engine.sampling import SamplingParams
 from protocol.keys import GraphKey
-from sim.invariants import check_trace
+from protocol.invariants import check_trace
 
 ROOT = Path(__file__).resolve().parents[2]
 GREEDY = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, return_logits=True)

@@ -74,7 +74,7 @@ def test_replay_same_tokens_and_bit_identical_logits(runs):
 
 @pytest.mark.timeout(300)
 def test_straddles_compaction_and_trace(runs):
-    from sim.invariants import check_trace
+    from protocol.invariants import check_trace
 
     llm = runs[True][1]
     steps = [e for e in llm.trace if e.kind == "op" and e.what == "launch"

@@ -49,7 +49,7 @@ def runs(model_dir):
 
 @pytest.mark.timeout(400)
 def test_tp2_startup_sweep_warmup_and_barrier(runs):
-    from sim.invariants import check_trace
+    from protocol.invariants import check_trace
 
     llm = runs[True][1]
     keys = llm.controller.plan.keys()

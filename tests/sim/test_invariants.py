@@ -1,7 +1,7 @@
 """The trace checkers flag each invariant on a hand-written trace, and pass a clean one."""
 
 from protocol.trace import TraceEvent as E
-from sim.invariants import check_trace
+from protocol.invariants import check_trace
 
 
 def send(seq, what="Step", detail=""):
@@ -17,7 +17,7 @@ def reply(rank, seq, ok=True):
 
 
 def names(events, **kw):
-    return [v[0] for v in check_trace(events, **kw)]
+    return [v.invariant for v in check_trace(events, **kw)]
 
 
 def test_clean_trace_passes():

@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from protocol.backend import Op
+from protocol.backend import AssignPages, Op
 from protocol.commands import PageAssign
 from protocol.worker import Worker
 from sim.check import CheckSpec, check_bad, check_correct
@@ -73,7 +73,7 @@ class LifoPagesWorker(Worker):
             mine = tuple(free.pop() for _ in assign.pages)
             own = PageAssign(assign.request_id, assign.slot, assign.first_index, mine)
             self.pages.assign(own)
-            ops.append(Op("assign_pages", (own.slot, own.first_index, own.pages)))
+            ops.append(AssignPages(own.slot, own.first_index, own.pages))
         return ops
 
 

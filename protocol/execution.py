@@ -1,0 +1,123 @@
+"""The reference driver of one rank: a command in, backend ops run in order, a reply out.
+
+`CommandRun` is the sans-IO state of one command on one rank: the worker's op list, the results
+so far, and the trace events (one per op, one for the reply). `run_command` drives it to the end
+against a `Backend` (the engine and the bench); the simulator drives the same `CommandRun` one
+op at a time, interleaving ranks between ops. So the order "ops, then reply from their results,
+or a failed reply that poisons the worker" is one code path for every driver.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from protocol.backend import SYNC, Backend, Op, perform
+from protocol.commands import Command, Reply
+from protocol.errors import ProtocolError
+from protocol.trace import TraceEvent, describe_args
+
+
+class CommandRun:
+    """One command executing on one rank.
+
+    Args:
+        worker: the rank's `protocol.worker.Worker`.
+        command: the command to run.
+        record: called with each `TraceEvent` (op finished, op failed, reply); None records none.
+        clock: the driver's clock in seconds, for the events' ``time``.
+        sync_after: ops after which the driver inserts a synchronize whose result is not a
+            worker result (the simulator's H6-off mode: host calls block).
+
+    After construction either ``reply`` is set (the worker refused the command, or it has no
+    ops) or ``op`` is the first op to run.
+    """
+
+    def __init__(self, worker, command: Command,
+                 record: Callable[[TraceEvent], Any] | None = None,
+                 clock: Callable[[], float] = lambda: 0.0,
+                 sync_after: tuple[type, ...] = ()):
+        self.worker = worker
+        self.command = command
+        self._record = record
+        self._clock = clock
+        self._sync_after = sync_after
+        self.results: list[Any] = []
+        self.reply: Reply | None = None
+        self._extra_sync = False
+        try:
+            self.ops: list[Op] = list(worker.ops_for(command))
+        except ProtocolError as exc:
+            self.ops = []
+            self._finish(worker.fail(command, exc))
+            return
+        self.pc = 0
+        if not self.ops:
+            self._complete()
+
+    @property
+    def op(self) -> Op | None:
+        """The op to run next, or None once the reply is out."""
+        if self.reply is not None:
+            return None
+        return SYNC if self._extra_sync else self.ops[self.pc]
+
+    def done(self, result: Any = None) -> Reply | None:
+        """The current op finished with ``result``; returns the reply once the last op is done."""
+        op = SYNC if self._extra_sync else self.ops[self.pc]
+        if self._record is not None:
+            self._event("op", op.name, describe_args(op.args), True)
+        if self._extra_sync:
+            self._extra_sync = False
+        else:
+            self.results.append(result)
+            self.pc += 1
+            if isinstance(op, self._sync_after):
+                self._extra_sync = True
+                return None
+        if self.pc == len(self.ops) and not self._extra_sync:
+            self._complete()
+        return self.reply
+
+    def fail(self, error: BaseException) -> Reply:
+        """The current op raised ``error``: the worker is poisoned and replies with the error."""
+        op = self.op
+        if op is not None:
+            self._event("op", op.name, f"{describe_args(op.args)}: {error}", False)
+        return self._finish(self.worker.fail(self.command, error))
+
+    def _complete(self) -> None:
+        try:
+            reply = self.worker.reply(self.command, self.results)
+        except ProtocolError as exc:
+            reply = self.worker.fail(self.command, exc)
+        self._finish(reply)
+
+    def _finish(self, reply: Reply) -> Reply:
+        self.reply = reply
+        self._event("reply", "Reply", reply.error or "", reply.ok)
+        return reply
+
+    def _event(self, kind: str, what: str, detail: str, ok: bool) -> None:
+        if self._record is not None:
+            rank = self.worker.rank
+            self._record(TraceEvent(f"rank{rank}", kind, what, self.command.seq, rank, detail,
+                                    ok, self._clock()))
+
+
+def run_command(worker, backend: Backend, command: Command,
+                record: Callable[[TraceEvent], Any] | None = None,
+                clock: Callable[[], float] = lambda: 0.0) -> Reply:
+    """Run ``command`` on one rank to its reply: every op through `perform`, in order.
+
+    Any exception an op raises becomes a failed reply that poisons the worker (I13); nothing
+    propagates. ``record`` receives the trace events (see `CommandRun`).
+    """
+    run = CommandRun(worker, command, record, clock)
+    while run.op is not None:
+        try:
+            result = perform(backend, run.op)
+        except Exception as exc:  # any backend failure is the rank's failure (I13)
+            return run.fail(exc)
+        run.done(result)
+    return run.reply

@@ -1,0 +1,216 @@
+"""Invariant checks on a protocol trace: the protocol ships its own checks.
+
+The simulator and the engine record the same `TraceEvent`s (`protocol.execution` writes the
+rank side of both), so one set of checkers validates both drivers. Each check reads the events
+in order and returns the first violation of its invariant as a `Violation` record, or None;
+`check_trace` runs them all. Invariants about state rather than order -- slot maps (I8),
+captured sets (I3 at Finalize) -- are checked by the protocol itself and by `sim.checks` on the
+simulated world.
+
+When does the controller hold a reply (I1)? A trace with ``receive`` events (the simulator's:
+its transport delivers replies one at a time) counts a reply from its delivery; a trace without
+them (the engine's transports hand every reply over at collection) from the rank's ``reply``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from protocol.trace import TraceEvent
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One broken invariant.
+
+    Attributes:
+        invariant: ``"I1"`` .. ``"I13"``.
+        text: one sentence naming the rank, command and value involved.
+        rank: the rank that broke it, when one did.
+        step: the command sequence number at which it broke, when known.
+    """
+
+    invariant: str
+    text: str
+    rank: int | None = None
+    step: int | None = None
+
+
+def _ranks(events: Sequence[TraceEvent]) -> list[int]:
+    return sorted({e.rank for e in events if e.rank is not None and e.actor.startswith("rank")})
+
+
+def check_i1_step_lock(events: Sequence[TraceEvent]) -> Violation | None:
+    """I1: command N+1 is sent only after every rank replied to N."""
+    ranks = _ranks(events)
+    held = "receive" if any(e.kind == "receive" for e in events) else "reply"
+    outstanding: dict[int, set[int]] = {}
+    for e in events:
+        if e.kind == "send":
+            for seq, waiting in outstanding.items():
+                if waiting:
+                    return Violation("I1", f"command {e.seq} ({e.what}) was sent while the "
+                                           f"controller held no reply from rank(s) "
+                                           f"{sorted(waiting)} to command {seq}",
+                                     min(waiting), e.seq)
+            outstanding = {e.seq: set(ranks)}
+        elif e.kind == held and e.seq in outstanding:
+            outstanding[e.seq].discard(e.rank)
+    return None
+
+
+def check_i3_no_serving_capture(events: Sequence[TraceEvent]) -> Violation | None:
+    """I3: once serving began (first Step sent), no rank records a graph."""
+    serving = False
+    for e in events:
+        if e.kind == "send" and e.what == "Step":
+            serving = True
+        elif serving and e.kind == "op" and e.ok and e.what == "record":
+            return Violation("I3", f"rank {e.rank} recorded graph {e.detail} while serving (command {e.seq}); "
+                          "serving under TP never captures", e.rank, e.seq)
+    return None
+
+
+def check_i4_capture_barrier(events: Sequence[TraceEvent]) -> Violation | None:
+    """I4: no rank launches a graph for the first time before every rank uploaded it."""
+    ranks = _ranks(events)
+    uploaded: dict[str, set[int]] = {}
+    launched: set[tuple[int, str]] = set()
+    for e in events:
+        if e.kind != "op" or not e.ok:
+            continue
+        if e.what == "upload":
+            uploaded.setdefault(e.detail, set()).add(e.rank)
+        elif e.what == "launch" and (e.rank, e.detail) not in launched:
+            launched.add((e.rank, e.detail))
+            missing = set(ranks) - uploaded.get(e.detail, set())
+            if missing:
+                return Violation("I4", f"rank {e.rank} launched graph {e.detail} (command {e.seq}) before "
+                              f"rank(s) {sorted(missing)} had uploaded it", e.rank, e.seq)
+    return None
+
+
+def check_i5_warmup(events: Sequence[TraceEvent],
+                    allreduce_bytes: Callable[[int], int] | None = None) -> Violation | None:
+    """I5: a rank records a graph only after warming up the collective size that graph uses."""
+    if allreduce_bytes is None:
+        return None
+    warmed: dict[int, set[int]] = {}
+    for e in events:
+        if e.kind != "op" or not e.ok:
+            continue
+        if e.what == "warmup_collective":
+            warmed.setdefault(e.rank, set()).add(int(e.detail))
+        elif e.what == "record":
+            bucket = int(e.detail.rsplit("@", 1)[1])
+            size = allreduce_bytes(bucket)
+            if size not in warmed.get(e.rank, set()):
+                return Violation("I5", f"rank {e.rank} recorded graph {e.detail} before any warm-up "
+                              f"all-reduce of its message size ({size} bytes)", e.rank, e.seq)
+    return None
+
+
+def check_i6_watchdog(events: Sequence[TraceEvent]) -> Violation | None:
+    """I6: the watchdog never fires once serving began, and is disarmed when the sweep fails."""
+    serving = False
+    for e in events:
+        if e.kind == "send" and e.what == "Step":
+            serving = True
+        elif e.kind == "watchdog-fire" and serving:
+            return Violation("I6", "the startup watchdog fired while serving: it was not disarmed",
+                             None, e.seq)
+    return None
+
+
+def check_i9_reserve_before_kv(events: Sequence[TraceEvent]) -> Violation | None:
+    """I9: every graph captured after KV sizing was measured (reserved) before it."""
+    measured: dict[int, set[str]] = {}
+    kv_done: set[int] = set()
+    for e in events:
+        if e.kind != "op" or not e.ok:
+            continue
+        if e.what == "allocate_kv":
+            kv_done.add(e.rank)
+        elif e.what == "record" and e.rank not in kv_done:
+            measured.setdefault(e.rank, set()).add(e.detail)
+        elif e.what == "upload" and e.rank in kv_done and e.detail not in measured.get(e.rank, set()):
+            return Violation("I9", f"rank {e.rank} captured graph {e.detail} whose memory was not reserved "
+                          "before the KV cache was sized", e.rank, e.seq)
+    return None
+
+
+def check_i10_teardown_order(events: Sequence[TraceEvent]) -> Violation | None:
+    """I10: a rank destroys its communicator only after freeing every graph it holds."""
+    live: dict[int, bool] = {}
+    for e in events:
+        if e.kind != "op" or not e.ok:
+            continue
+        if e.what == "record":
+            live[e.rank] = True
+        elif e.what == "free_graphs":
+            live[e.rank] = False
+        elif e.what == "destroy_communicator" and live.get(e.rank):
+            return Violation("I10", f"rank {e.rank} destroyed its communicator while graphs that captured "
+                           "it were alive", e.rank, e.seq)
+    return None
+
+
+def check_i11_reply_after_sync(events: Sequence[TraceEvent]) -> Violation | None:
+    """I11 (and I1's device half): a rank replies, and samples, only after synchronizing."""
+    enqueuing = {"warmup_collective", "profile_memory", "launch", "prefill", "run_eager",
+                 "move_slot", "prepare_replay"}
+    dirty: dict[int, str | None] = {}
+    for e in events:
+        if e.kind == "op" and e.ok:
+            if e.what in enqueuing or e.what.startswith("run_eager"):
+                dirty[e.rank] = e.what
+            elif e.what == "synchronize":
+                dirty[e.rank] = None
+            elif e.what == "sample" and dirty.get(e.rank):
+                return Violation("I11", f"rank {e.rank} sampled step {e.seq} before its device work "
+                               f"({dirty[e.rank]}) completed", e.rank, e.seq)
+        elif e.kind == "reply" and e.ok and dirty.get(e.rank):
+            return Violation("I11", f"rank {e.rank} replied to command {e.seq} while its device work "
+                           f"({dirty[e.rank]}) was still in flight", e.rank, e.seq)
+    return None
+
+
+def check_i12_replay_metadata(events: Sequence[TraceEvent]) -> Violation | None:
+    """I12: every serving replay is preceded, in its step, by refreshing the replay buffers."""
+    serving = False
+    prepared: set[tuple[int, int]] = set()
+    for e in events:
+        if e.kind == "send" and e.what == "Step":
+            serving = True
+        elif e.kind == "op" and e.what == "prepare_replay":
+            prepared.add((e.rank, e.seq))
+        elif serving and e.kind == "op" and e.what == "launch" and (e.rank, e.seq) not in prepared:
+            return Violation("I12", f"rank {e.rank} replayed {e.detail} in step {e.seq} without refreshing "
+                           "its replay buffers (lengths, positions, tables)", e.rank, e.seq)
+    return None
+
+
+def check_i13_failure_is_global(events: Sequence[TraceEvent]) -> Violation | None:
+    """I13: after a failed reply, the controller sends nothing but Teardown."""
+    failed = None
+    for e in events:
+        if e.kind == "reply" and not e.ok:
+            failed = failed or e
+        elif failed is not None and e.kind == "send" and e.what != "Teardown":
+            return Violation("I13", f"command {e.seq} ({e.what}) was sent after rank {failed.rank} failed "
+                           f"command {failed.seq}", failed.rank, e.seq)
+    return None
+
+
+CHECKS = (check_i1_step_lock, check_i3_no_serving_capture, check_i4_capture_barrier,
+          check_i6_watchdog, check_i9_reserve_before_kv, check_i10_teardown_order,
+          check_i11_reply_after_sync, check_i12_replay_metadata, check_i13_failure_is_global)
+
+
+def check_trace(events: Sequence[TraceEvent],
+                allreduce_bytes: Callable[[int], int] | None = None) -> list[Violation]:
+    """Every violation found, one per invariant, in invariant order."""
+    found = [check(events) for check in CHECKS]
+    found.insert(3, check_i5_warmup(events, allreduce_bytes))
+    return [v for v in found if v is not None]

@@ -1,0 +1,162 @@
+"""Known-bad variants of the data and memory class: what goes wrong in device state, not in
+control flow. Each needs the simulator's per-slot KV contents or its buffer generations to be
+caught (docs/hazards.md, "device state"); each cites the public bug it comes from.
+
+Registered next to `sim.variants` (which imports this module), so `lockstep check` runs them by
+default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from protocol.backend import Op, PrepareReplay, RunEager
+from protocol.commands import DecodeRow, Step
+from protocol.controller import Controller
+from protocol.worker import Worker
+from sim.common import DONE
+from sim.devices import EagerDecode, WriteReplayMeta
+from sim.kv import PAD_REQUEST, ModelledKV
+from sim.scenario import Fault, Scenario
+from sim.variants import Variant, register
+
+# -- padding-into-live-slot ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PrepareReplayPadSlot0(Op):
+    """prepare_replay whose padding rows reuse slot 0's metadata instead of the scratch slot."""
+
+    name: ClassVar[str] = "prepare_replay"
+    step: Step
+
+
+@dataclass(frozen=True)
+class RunEagerPadSlot0(Op):
+    """run_eager whose padding rows reuse slot 0's metadata instead of the scratch slot."""
+
+    name: ClassVar[str] = "run_eager"
+    step: Step
+
+
+def _rows_padded_into_slot_0(step: Step) -> tuple[DecodeRow, ...]:
+    pad = DecodeRow(slot=0, request_id=PAD_REQUEST, token=0, position=0)
+    return tuple(step.rows) + (pad,) * max(0, step.bucket - len(step.rows))
+
+
+def _sim_prepare_pad_slot_0(backend, r, host, op, probe):
+    """Writes the replay inputs with padding rows on slot 0: the replay's padding rows then
+    write KV position 0 of the request living in slot 0."""
+    if probe:
+        return DONE
+    return backend.enqueue_done(r, host, WriteReplayMeta(op.step.seq, _rows_padded_into_slot_0(op.step)))
+
+
+def _sim_eager_pad_slot_0(backend, r, host, op, probe):
+    """Eager decode with the same padding rows on slot 0."""
+    if probe:
+        return DONE
+    step = op.step
+    backend.enqueue(r, backend.eager_sig(len(step.rows), "eager decode"))
+    return backend.enqueue_done(r, host, EagerDecode(step.seq, _rows_padded_into_slot_0(step)))
+
+
+class PadIntoLiveSlotWorker(Worker):
+    """Forward ops whose padding rows point at slot 0, a live slot, not the scratch slot."""
+
+    def forward_ops(self, step: Step) -> list[Op]:
+        swap = {PrepareReplay: PrepareReplayPadSlot0, RunEager: RunEagerPadSlot0}
+        return [swap[type(op)](op.step) if type(op) in swap else op
+                for op in super().forward_ops(step)]
+
+
+register(Variant(
+    name="padding-into-live-slot",
+    summary="padding rows of a bucket reuse a live slot's metadata (slot 0) instead of a "
+            "reserved scratch slot, so a padded step writes KV a live request reads",
+    source="m0at/rvllm PR #32 (padded graph metadata reused live KV slot 0); "
+           "vllm-project/vllm #43810 / PR #43869 (padding slot id -1 wrapped onto the last "
+           "real KV slot)",
+    expected={"shared": "invariant:I8", "per-rank": "invariant:I8"},
+    remedy="Padding rows read and write a reserved scratch slot (one past the last real slot) "
+           "that no request ever holds; replay metadata names only the step's live slots or "
+           "the scratch slot (I8).",
+    worker_cls=PadIntoLiveSlotWorker,
+    sim_ops={PrepareReplayPadSlot0: _sim_prepare_pad_slot_0,
+             RunEagerPadSlot0: _sim_eager_pad_slot_0}))
+
+
+# -- kv-realloc-under-graphs --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ResetKV(Op):
+    """Clear the KV cache by freeing it and allocating a fresh one."""
+
+    name: ClassVar[str] = "reset_kv"
+
+
+def _sim_reset_kv(backend, r, host, op, probe):
+    """Free and re-allocate the KV cache: same size, new buffer generation (new address). A
+    lock-holding, quiescing driver call like any allocation (H1, H2)."""
+    status = backend.locked(r, host, quiesce=True, probe=probe)
+    if status != DONE or probe:
+        return status
+    backend.world.devices[r].allocate("kv", ModelledKV(backend.world.config.max_batch + 1))
+    return backend.done(host)
+
+
+class ClearKVAfterCaptureWorker(Worker):
+    """Clears the KV cache, which the capture sweep's replays wrote padding garbage into, by
+    freeing and re-allocating it at the end of startup -- after the graphs captured it."""
+
+    def _ops_finalize(self, command) -> list[Op]:
+        ops = super()._ops_finalize(command)
+        return ops[:-1] + [ResetKV()] + ops[-1:]
+
+
+register(Variant(
+    name="kv-realloc-under-graphs",
+    summary="the KV cache is cleared at the end of startup by freeing and re-allocating it, "
+            "while the captured decode graphs keep the old cache's addresses",
+    source="infinigence/ApxInf PR #89 (a captured decode graph reads freed K/V allocations "
+           "after the cache's clear replaced them)",
+    expected={"shared": "invariant:I15", "per-rank": "invariant:I15"},
+    remedy="The KV cache is allocated once, before capture, and cleared in place; a graph is "
+           "replayed only while every buffer it captured is the live one (I15).",
+    worker_cls=ClearKVAfterCaptureWorker,
+    sim_ops={ResetKV: _sim_reset_kv}))
+
+
+# -- no-liveness ----------------------------------------------------------------------------------
+
+
+class NoLivenessController(Controller):
+    """Ignores the liveness signal; a dead rank shows only as a step timeout."""
+
+    def on_rank_dead(self, rank: int) -> None:
+        return None
+
+
+def _death_in_serving(sc: Scenario) -> Scenario:
+    """The last rank's process dies at the first op it runs in serving (a site taken from a
+    fault-free run of the scenario, not a fixed op count)."""
+    from sim.faults import fault_sites
+
+    last = sc.config.world_size - 1
+    rank, op, occurrence = next(s for s in fault_sites(sc)["serving"] if s[0] == last)
+    return sc.with_(faults=(Fault("die", rank, op, occurrence),))
+
+
+register(Variant(
+    name="no-liveness",
+    summary="a rank's process dies mid-serving and the controller learns of it only from the "
+            "step timeout, whose error names every rank not collected -- the survivors stuck "
+            "in the dead rank's collective as much as the dead rank",
+    source="ai2cm/ace #348 (every surviving rank reports a collective timeout; nothing names the "
+           "rank that died); pytorch/pytorch #97191",
+    expected={"shared": "invariant:I13", "per-rank": "invariant:I13"},
+    remedy="The transport reports a broken connection as a liveness signal "
+           "(`Controller.on_rank_dead`), and the failure names the dead rank (I13).",
+    controller_cls=NoLivenessController, adjust=_death_in_serving, symmetric=False))

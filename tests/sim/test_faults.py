@@ -1,0 +1,59 @@
+"""Faults everywhere (issue 10 item 8): fault sites come from every op a run executes, in the
+sweep and in serving, at any occurrence; coverage is counted per phase and per op."""
+
+import pytest
+
+from sim.check import WithRandomFault
+from sim.faults import fault_coverage, fault_sites, random_fault
+from sim.scenario import default_scenario
+from sim.search import sample_search
+from sim.variants import REGISTRY
+
+SMALL = dict(buckets=(1, 2, 4, 8), max_batch=8)
+
+
+@pytest.mark.timeout(60)
+def test_sites_cover_every_op_of_both_phases():
+    sites = fault_sites(default_scenario(**SMALL))
+    serving_ops = {op for _, op, _ in sites["serving"]}
+    assert {"prefill", "prepare_replay", "launch", "move_slot", "sample", "run_eager"} <= serving_ops
+    assert {"record", "instantiate", "upload", "launch", "allocate_kv"} <= {op for _, op, _ in sites["sweep"]}
+    assert max(n for _, _, n in sites["serving"]) > 10  # late occurrences, not only the first calls
+
+
+@pytest.mark.timeout(60)
+def test_random_faults_land_anywhere():
+    sc = default_scenario(**SMALL)
+    faults = [random_fault(sc, i, 0) for i in range(300)]
+    assert len({f.op for f in faults}) >= 10 and max(f.occurrence for f in faults) > 10
+    assert {f.rank for f in faults} == {0, 1} and {f.kind for f in faults} == {"raise", "oom", "slow", "hang", "die"}
+
+
+@pytest.mark.timeout(120)
+def test_correct_protocol_fails_loudly_under_faults_in_both_phases():
+    sc = default_scenario(**SMALL)
+    ok = lambda r: r.outcome.verdict in ("clean", "abort")  # noqa: E731
+    res = sample_search(WithRandomFault(sc, 0), REGISTRY["correct"], ok, "random", 60, 100, 0)
+    assert res.failure is None, res.failure and res.failure.outcome.detail
+    reached = res.stats.reached
+    assert reached["fault_fired_sweep"] > 0 and reached["fault_fired_serving"] > 0
+    text = fault_coverage(reached)
+    assert text.startswith("faults fired: sweep ") and "serving" in text and "by op: " in text
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("phase", ["sweep", "serving"])
+def test_a_dead_rank_is_named_by_the_liveness_signal(phase):
+    from sim.run import run_schedule
+    from sim.scenario import Fault
+    from sim.strategies import RandomWalk
+
+    sc = default_scenario(topology="per-rank", **SMALL)
+    rank, op, occurrence = next(s for s in fault_sites(sc)[phase] if s[0] == 1)
+    faulted = sc.with_(faults=(Fault("die", rank, op, occurrence),))
+    result = run_schedule(faulted, REGISTRY["correct"], RandomWalk(0))
+    assert result.outcome.verdict == "abort" and result.outcome.rank == 1, result.outcome.detail
+    assert "rank 1 died" in result.outcome.detail
+    assert any(e.kind == "liveness" for e in result.world.trace)
+    bad = run_schedule(faulted, REGISTRY["no-liveness"], RandomWalk(0)).outcome
+    assert (bad.verdict, bad.invariant, bad.rank) == ("invariant", "I13", 1)

@@ -1,0 +1,121 @@
+"""Device state in the simulator (issue 10 items 1, 2, 7): per-slot KV contents that the modelled
+next token reads, padding rows on the scratch slot, buffers with generations that graphs
+capture, and direct invariants checked at the step where they break."""
+
+from dataclasses import replace
+
+import pytest
+
+from protocol.commands import Step
+from protocol.controller import Broadcast, Controller
+from protocol.keys import GraphKey
+from sim.check import check_bad
+from sim.devices import DeviceModel
+from sim.kv import ModelledKV, next_token
+from sim.ops import ModelledBackend
+from sim.run import run_schedule
+from sim.scenario import default_scenario
+from sim.strategies import RandomWalk
+from sim.variants import REGISTRY, Variant
+from tests.sim.test_variants import SPEC
+
+SMALL = dict(buckets=(1, 2, 4, 8), max_batch=8)
+
+
+def test_next_token_reads_the_whole_history_and_kv_slots_hold_positions():
+    assert next_token((1, 2, 3), 1000) != next_token((9, 2, 3), 1000)
+    kv = ModelledKV(4)
+    for position, token in enumerate((5, 6, 7)):
+        kv.write(1, position, token)
+    assert kv.read(1, 2) == (5, 6, 7) and kv.read(1, 3) == (5, 6, 7, -1)
+    kv.copy(1, 0)
+    kv.write(1, 0, 9)
+    assert kv.read(0, 2) == (5, 6, 7) and kv.read(1, 0) == (9,)
+
+
+@pytest.mark.timeout(60)
+def test_correct_protocol_reaches_padded_replays_and_matches_the_reference():
+    result = run_schedule(default_scenario(**SMALL), REGISTRY["correct"], RandomWalk(0))
+    assert result.outcome.verdict == "clean", result.outcome.detail
+    assert result.reached["padded_replay"] > 0 and result.reached["replay"] > 0
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("topology", ["shared", "per-rank"])
+def test_padding_into_a_live_slot_is_caught_at_its_step(topology):
+    row = check_bad(REGISTRY["padding-into-live-slot"], SPEC, topology)
+    outcome = row.minimal.outcome
+    assert row.got == "invariant:I8" and outcome.step is not None and outcome.rank is not None
+    assert f"step {outcome.step}" in outcome.detail
+
+
+@pytest.mark.timeout(120)
+def test_padding_into_a_live_slot_corrupts_tokens_through_the_kv(monkeypatch):
+    """Without the direct I8 check the bug still shows: padding rows overwrite the live
+    request's KV, and its next tokens differ from running it alone."""
+    monkeypatch.setattr(DeviceModel, "check_rows", lambda self, r, seq, rows: True)
+    sc = default_scenario(**SMALL)
+    outcome = run_schedule(sc, REGISTRY["padding-into-live-slot"], RandomWalk(0)).outcome
+    assert outcome.verdict == "divergence" and "diverged at output token" in outcome.detail
+
+
+@pytest.mark.timeout(120)
+def test_replay_over_a_reallocated_kv_cache_is_i14_and_computes_from_stale_memory(monkeypatch):
+    sc = default_scenario(topology="per-rank", **SMALL)
+    variant = REGISTRY["kv-realloc-under-graphs"]
+    outcome = run_schedule(sc, variant, RandomWalk(0)).outcome
+    assert outcome.invariant == "I15" and "generation 1" in outcome.detail
+    assert outcome.rank is not None and outcome.step is not None
+    monkeypatch.setattr(ModelledBackend, "live_buffers", lambda self, r, host, graph: True)
+    outcome = run_schedule(sc, variant, RandomWalk(0)).outcome
+    assert outcome.verdict == "divergence" and "diverged at output token" in outcome.detail
+
+
+def _mutant(name, controller_cls):
+    return Variant(name=name, summary="test mutant", source="test",
+                   expected={"shared": "clean", "per-rank": "clean"}, controller_cls=controller_cls)
+
+
+class KeepsWatchdogArmed(Controller):
+    """Issue 11: the watchdog is not disarmed at the end of a successful sweep."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.watchdog.disarm = lambda: None
+
+
+class AdmitsPastTheFittedCap(Controller):
+    """Admission uses the requested max batch, not the memory-fitted cap."""
+
+    def sweep_commands(self, seq, index):
+        if self.memory is not None and self.memory.batch_cap < self.config.max_batch:
+            self.memory = replace(self.memory, batch_cap=self.config.max_batch)
+        return super().sweep_commands(seq, index)
+
+    def fit_memory(self, reports, graph_bytes):
+        return replace(super().fit_memory(reports, graph_bytes), batch_cap=2)
+
+
+class ReplaysASmallerGraph(Controller):
+    """Picks the bucket below the row count (floor instead of ceiling)."""
+
+    def next_action(self):
+        action = super().next_action()
+        step = getattr(action, "command", None)
+        if isinstance(step, Step) and step.key is not None and len(step.rows) > 1:
+            smaller = max(b for b in self.plan.buckets if b < len(step.rows))
+            step = replace(step, key=GraphKey(smaller), bucket=smaller)
+            self.current = step
+            return Broadcast(step)
+        return action
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("controller_cls, invariant", [
+    (KeepsWatchdogArmed, "I6"), (AdmitsPastTheFittedCap, "I9"), (ReplaysASmallerGraph, "I7")])
+def test_direct_invariants_fire_at_the_step_that_breaks_them(controller_cls, invariant):
+    sc = default_scenario(**SMALL)
+    assert run_schedule(sc, REGISTRY["correct"], RandomWalk(1)).outcome.verdict == "clean"
+    outcome = run_schedule(sc, _mutant("m", controller_cls), RandomWalk(1)).outcome
+    assert (outcome.verdict, outcome.invariant) == ("invariant", invariant), outcome.detail
+    assert outcome.step is not None
