@@ -14,6 +14,19 @@ Three implementations with one meaning:
     `sample_batch`: the whole batch in one pass (per-row parameters as tensors). The kept set
         is cut by one threshold per row (top-k, top-p, min-p, each a value on the scaled
         logits); the noisy argmax runs as one Triton kernel on CUDA and as torch ops on CPU.
+        Top-p needs no sort: the race is run under the top-k / min-p cut, and the winner is
+        kept when the mass above it is below top_p (`nucleus_holds`); only the rows whose
+        winner falls outside the nucleus (about 1 - top_p of them) get the sorted cut
+        (`thresholds`) and run the race again.
+
+Top-p mass is exact integer arithmetic, so the kept set does not depend on summation order
+(sort or no sort, CPU or GPU, batch size): each token weighs
+q = trunc(exp(x - max x) * 2**34) (int64; x the scaled logit, exp elementwise float32), Z is
+the sum of q over the tokens top-k keeps, and a token of value v is in the nucleus when the
+weight of the tokens strictly above v is < top_p * Z (float64 product of the float32 top_p and
+Z, both exact). This is "keep the most likely tokens until their probability reaches top_p,
+ties with the last kept token kept", with the float32 cumsum's order-dependent rounding
+removed.
     `philox_uniform`: the random stream in torch (int64 arithmetic); the Triton kernel
         computes the same bits.
 Only the sampled token ids (int32, one per row) need to cross to the host.
@@ -148,6 +161,27 @@ def split_seed(seed: int) -> tuple[int, int]:
     return seed & MASK32, seed >> 32
 
 
+# Fixed-point bits of the top-p token weights: exp(x - max) * 2**34 summed over 151,936 tokens
+# stays below 2**52, so the sums (int64) and their float64 images are exact.
+MASS_BITS = 34
+
+
+def mass_weights(x, row_max):
+    """Top-p weight of every token: trunc(exp(x - row_max) * 2**MASS_BITS).
+
+    Args:
+        x: float32 [B, V] scaled logits (-inf allowed: weight 0).
+        row_max: float32 [B], the maximum of each row.
+    Returns:
+        int64 [B, V], each in [0, 2**MASS_BITS]; sums of up to 2**18 of them are exact in
+        float64.
+    """
+    import torch
+
+    e = torch.exp(x - row_max[:, None])
+    return e.mul_(float(1 << MASS_BITS)).to(torch.int64)
+
+
 # -- reference: one request at a time -------------------------------------------------------------
 
 
@@ -173,10 +207,11 @@ def sample_reference(logits, params: SamplingParams, seed: int, index: int):
         if 0 < params.top_k < x.numel():
             keep &= x >= ordered[params.top_k - 1]
         if params.top_p < 1.0:
-            kept = ordered.masked_fill(ordered < x[keep].min(), float("-inf"))
-            probs = torch.softmax(kept, dim=-1)
-            before = torch.cumsum(probs, dim=-1) - probs
-            m = int((before < params.top_p).sum().clamp(min=1))
+            order = torch.argsort(x, descending=True, stable=True)
+            q = mass_weights(x[None], x.max()[None])[0].masked_fill(~keep, 0)[order]
+            before = torch.cumsum(q, dim=-1) - q  # exact: int64
+            top_p = torch.tensor(params.top_p, dtype=torch.float32, device=x.device).double()
+            m = int((before.double() < top_p * q.sum().double()).sum().clamp(min=1))
             keep &= x >= ordered[m - 1]
         if params.min_p > 0:
             log_min_p = torch.log(torch.tensor(params.min_p, dtype=torch.float32))
@@ -245,37 +280,81 @@ class BatchParams:
             any_top_p=any(s and p.top_p < 1 for p, s in zip(params, sampled)),
             any_min_p=any(s and p.min_p > 0 for p, s in zip(params, sampled)))
 
+    def select(self, rows) -> "BatchParams":
+        """The parameters of `rows` (int64 [R], on this device), in that order."""
+        pick = {name: getattr(self, name).index_select(0, rows)
+                for name in ("inv_temp", "noise", "top_k", "top_p", "min_p", "seed_lo",
+                             "seed_hi", "index")}
+        return BatchParams(**pick, any_top_k=self.any_top_k, any_top_p=self.any_top_p,
+                           any_min_p=self.any_min_p)
+
+
+def base_cut(x, bp: BatchParams):
+    """The top-k and min-p cuts of the scaled logits x (float32 [B, V]), without a sort.
+
+    Returns:
+        (cut_k, cut) float32 [B] each: cut_k keeps x >= the k-th largest value (top-k alone,
+        -inf where no top-k); cut is max(cut_k, max + log(min_p)) (-inf where nothing is cut).
+    """
+    import torch
+
+    B, V = x.shape
+    cut_k = torch.full((B,), float("-inf"), dtype=torch.float32, device=x.device)
+    k = bp.top_k.clamp(max=V)
+    if bp.any_top_k:
+        kmax = max(int(k.max()), 1)  # flags may outlive the rows that asked (a subset)
+        kth = torch.topk(x, kmax, dim=-1).values.gather(1, (k - 1).clamp(min=0)[:, None])[:, 0]
+        cut_k = torch.where((k > 0) & (k < V), kth, cut_k)
+    cut = cut_k
+    if bp.any_min_p:
+        mth = x.max(dim=-1).values + torch.log(bp.min_p)
+        cut = torch.where(bp.min_p > 0, torch.maximum(cut, mth), cut)
+    return cut_k, cut
+
+
+def nucleus_weights(x, cut_k):
+    """Top-p weights of x (float32 [B, V]) restricted to the top-k set x >= cut_k (float32
+    [B]): (q int64 [B, V], zero outside; Z int64 [B], their sum)."""
+    q = mass_weights(x, x.max(dim=-1).values).masked_fill_(x < cut_k[:, None], 0)
+    return q, q.sum(dim=-1)
+
+
+def nucleus_holds(x, q, z, top_p, value):
+    """Whether a token of value `value` (float32 [B]) is in each row's top-p nucleus: the
+    weight of the tokens strictly above it is < top_p * Z, or top_p >= 1 (no top-p). One
+    masked sum per row, no sort.
+
+    Args:
+        x: float32 [B, V] scaled logits. q, z: `nucleus_weights(x, cut_k)`.
+        top_p: float32 [B]. value: float32 [B], a value of its row (e.g. a drawn token's).
+    Returns:
+        bool [B].
+    """
+    above = q.masked_fill(x <= value[:, None], 0).sum(dim=-1)
+    return (above.double() < top_p.double() * z.double()) | (top_p >= 1)
+
 
 def thresholds(x, bp: BatchParams):
     """Per-row cut on the scaled logits x (float32 [B, V]): a token is kept when x >= the cut.
 
     top-k keeps x >= the k-th largest value; top-p (after top-k) keeps x >= the value of the
-    last token needed to reach top_p; min-p keeps x >= max + log(min_p). Returns float32 [B]
-    (-inf where nothing is cut). One sort over the rows that ask for top-p, else one topk.
+    last token, in descending order, whose preceding weight is < top_p * Z (module
+    docstring: exact integer weights); min-p keeps x >= max + log(min_p). Returns float32 [B]
+    (-inf where nothing is cut). Sorts the rows when any asks for top-p: `sample_batch` calls
+    it only for the rows whose drawn token left the nucleus; tests use it as the oracle of
+    `nucleus_holds`.
     """
     import torch
 
-    B, V = x.shape
-    cut = torch.full((B,), float("-inf"), dtype=torch.float32, device=x.device)
-    k = bp.top_k.clamp(max=V)
+    cut_k, cut = base_cut(x, bp)
     if bp.any_top_p:
-        ordered = torch.sort(x, dim=-1, descending=True).values
-        if bp.any_top_k:
-            kth = ordered.gather(1, (k - 1).clamp(min=0)[:, None])[:, 0]
-            cut = torch.where((k > 0) & (k < V), kth, cut)
-            ordered = ordered.masked_fill(ordered < cut[:, None], float("-inf"))
-        probs = torch.softmax(ordered, dim=-1)
-        before = torch.cumsum(probs, dim=-1) - probs
-        m = (before < bp.top_p[:, None]).sum(dim=-1).clamp(min=1)
-        pth = ordered.gather(1, (m - 1)[:, None])[:, 0]
+        ordered, order = torch.sort(x, dim=-1, descending=True, stable=True)
+        q, z = nucleus_weights(x, cut_k)
+        q = q.gather(1, order)
+        before = torch.cumsum(q, dim=-1) - q  # exact: int64
+        m = (before.double() < (bp.top_p.double() * z.double())[:, None]).sum(dim=-1)
+        pth = ordered.gather(1, (m.clamp(min=1) - 1)[:, None])[:, 0]
         cut = torch.where(bp.top_p < 1, torch.maximum(cut, pth), cut)
-    elif bp.any_top_k:
-        kmax = int(k.max())
-        kth = torch.topk(x, kmax, dim=-1).values.gather(1, (k - 1).clamp(min=0)[:, None])[:, 0]
-        cut = torch.where((k > 0) & (k < V), kth, cut)
-    if bp.any_min_p:
-        mth = x.max(dim=-1).values + torch.log(bp.min_p)
-        cut = torch.where(bp.min_p > 0, torch.maximum(cut, mth), cut)
     return cut
 
 
@@ -290,20 +369,35 @@ def sample_batch(logits, bp: BatchParams, want_logprobs: bool = False):
 
     B, V = logits.shape
     logits = logits.float()
+    x = None
     if bp.any_top_k or bp.any_top_p or bp.any_min_p:
-        cut = thresholds(logits * bp.inv_temp[:, None], bp)
+        x = logits * bp.inv_temp[:, None]
+        cut_k, cut = base_cut(x, bp)
         cut = torch.where(bp.noise > 0, cut, float("-inf"))
     else:
         cut = torch.full((B,), float("-inf"), dtype=torch.float32, device=logits.device)
-    if logits.is_cuda and triton is not None:
-        tokens = _noisy_argmax_triton(logits, bp, cut)
-    else:
-        tokens = _noisy_argmax_torch(logits, bp, cut)
+    tokens = _noisy_argmax(logits, bp, cut)
+    if bp.any_top_p:  # the winner stands when it is in the nucleus; else the sorted cut
+        q, z = nucleus_weights(x, cut_k)
+        value = x.gather(1, tokens.long()[:, None])[:, 0]
+        held = nucleus_holds(x, q, z, bp.top_p, value) | (bp.noise == 0)
+        redo = torch.nonzero(~held)[:, 0]  # one device-to-host sync
+        if len(redo):
+            sub = bp.select(redo)
+            sub_cut = thresholds(x.index_select(0, redo), sub)
+            tokens[redo] = _noisy_argmax(logits.index_select(0, redo), sub, sub_cut)
     logprobs = None
     if want_logprobs:
         chosen = logits.gather(1, tokens.long()[:, None])[:, 0]
         logprobs = chosen - torch.logsumexp(logits, dim=-1)
     return tokens, logprobs
+
+
+def _noisy_argmax(logits, bp: BatchParams, cut):
+    """int32 [B]: per row, the first argmax of scaled logits + Gumbel noise over x >= cut."""
+    if logits.is_cuda and triton is not None:
+        return _noisy_argmax_triton(logits, bp, cut)
+    return _noisy_argmax_torch(logits, bp, cut)
 
 
 def _noisy_argmax_torch(logits, bp: BatchParams, cut):

@@ -87,13 +87,15 @@ def test_frequencies_follow_softmax_of_scaled_logits():
     assert chi2 < 20.5, chi2  # 4 degrees of freedom: p = 0.0004
 
 
-def test_top_p_keeps_exactly_the_nucleus():
+@pytest.mark.parametrize("top_p, nucleus", [(0.79, {0, 1}), (0.81, {0, 1, 2}), (0.5, {0}),
+                                             (0.51, {0, 1})])
+def test_top_p_keeps_exactly_the_nucleus(top_p, nucleus):
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
     n = 2000
-    bp = BatchParams.from_params([SamplingParams(temperature=1.0, top_p=0.8)] * n, [1] * n,
+    bp = BatchParams.from_params([SamplingParams(temperature=1.0, top_p=top_p)] * n, [1] * n,
                                  list(range(n)))
     seen = set(sample_batch(logits.expand(n, -1).contiguous(), bp)[0].tolist())
-    assert seen == {0, 1}  # 0.5 + 0.3 reaches 0.8: token 2 is never drawn
+    assert seen == nucleus  # 0.5 + 0.3 reaches 0.8 < 0.81: token 3 is never drawn
 
 
 def test_philox_stream_is_a_function_of_seed_index_and_token():
@@ -162,3 +164,74 @@ def test_request_alone_and_in_a_batch_of_40_gets_the_same_tokens(llm40, temperat
         assert together[i].token_ids == alone.token_ids
     if temperature:
         assert len({tuple(o.token_ids) for o in together}) > 30
+
+
+def _rows(kind, rows, vocab, seed):
+    g = torch.Generator().manual_seed(seed)
+    match kind:
+        case "normal":
+            return torch.randn(rows, vocab, generator=g) * 3
+        case "ties":  # few distinct values: whole tie groups straddle the cut
+            return torch.randint(-3, 3, (rows, vocab), generator=g).float()
+        case "peaked":  # one token holds almost all the mass
+            x = torch.randn(rows, vocab, generator=g)
+            x[:, 0] = 40.0
+            return x
+        case "flat":  # equal up to a few ulps
+            return 1.0 + torch.randint(0, 4, (rows, vocab), generator=g).float() * 1e-7
+        case "wide":  # far below the maximum: zero weight
+            return torch.randn(rows, vocab, generator=g) * 60
+
+
+@settings(max_examples=60, deadline=None)
+@given(kind=st.sampled_from(["normal", "ties", "peaked", "flat", "wide"]),
+       top_p=st.one_of(st.floats(0.001, 1), st.sampled_from([1 - 2**-24, 0.999999, 2**-20])),
+       top_k=st.integers(0, 70), min_p=st.sampled_from([0.0, 0.0, 1e-4, 0.3]),
+       temperature=st.floats(0.05, 3), seed=st.integers(0, 10**6))
+def test_nucleus_test_without_sort_agrees_with_the_sorted_cut_for_every_token(
+        kind, top_p, top_k, min_p, temperature, seed):
+    from engine.sampling import base_cut, nucleus_holds, nucleus_weights, thresholds
+
+    p = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    logits = _rows(kind, 3, 64, seed)
+    bp = BatchParams.from_params([p] * 3, [seed] * 3, [0] * 3)
+    x = logits * bp.inv_temp[:, None]
+    cut = thresholds(x, bp)  # sorts
+    cut_k, base = base_cut(x, bp)
+    q, z = nucleus_weights(x, cut_k)
+    V = x.shape[1]  # every token of every row: row r's token v is row r * V + v below
+    value = x.reshape(-1)
+    rep = lambda t: t.repeat_interleave(V, 0)  # noqa: E731
+    fast = nucleus_holds(rep(x), rep(q), rep(z), rep(bp.top_p), value) & (value >= rep(base))
+    assert torch.equal(fast, value >= rep(cut)), (x, cut)
+    assert bool((x >= cut[:, None]).any(dim=-1).all())  # the maximum is always kept
+
+
+@pytest.mark.parametrize("kind", ["normal", "ties", "peaked", "flat", "wide"])
+def test_batched_sampler_matches_reference_on_adversarial_rows(kind):
+    params = [SamplingParams(temperature=t, top_p=tp, top_k=k, min_p=mp)
+              for t, tp, k, mp in [(0.6, 0.95, 0, 0.0), (1.0, 0.3, 0, 0.0), (0.6, 0.05, 0, 0.0),
+                                   (2.0, 0.5, 30, 0.0), (0.8, 0.9, 0, 0.2), (0, 0.5, 0, 0.0),
+                                   (1.0, 1 - 2**-24, 0, 0.0), (1.0, 0.7, 10, 0.01)]] * 4
+    logits = _rows(kind, len(params), 700, 11)
+    seeds, index = [3 * i + 1 for i in range(len(params))], list(range(len(params)))
+    tokens = sample_batch(logits, BatchParams.from_params(params, seeds, index))[0].tolist()
+    ref = [sample_reference(logits[i], p, seeds[i], index[i])[0] for i, p in enumerate(params)]
+    assert tokens == ref
+
+
+def test_rows_whose_winner_leaves_the_nucleus_are_redrawn_under_the_sorted_cut():
+    from engine.sampling import thresholds
+
+    n = 64  # flat rows, top_p 0.3: the unconstrained winner is outside the nucleus ~70% of rows
+    params = [SamplingParams(temperature=1.0, top_p=0.3)] * n
+    logits = torch.randn(n, 500, generator=torch.Generator().manual_seed(2)) * 0.1
+    bp = BatchParams.from_params(params, list(range(n)), [5] * n)
+    tokens = sample_batch(logits, bp)[0].long()
+    cut = thresholds(logits, bp)
+    assert bool((logits.gather(1, tokens[:, None])[:, 0] >= cut).all())
+    free = sample_batch(logits, BatchParams.from_params([SamplingParams(temperature=1.0)] * n,
+                                                        list(range(n)), [5] * n))[0].long()
+    outside = logits.gather(1, free[:, None])[:, 0] < cut
+    assert int(outside.sum()) > n // 3  # the redraw path ran for many rows
+    assert torch.equal(tokens[~outside], free[~outside])  # winners inside stand as drawn
