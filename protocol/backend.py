@@ -121,7 +121,7 @@ class MoveSlot(Op):
 
 @dataclass(frozen=True)
 class ReleaseSlot(Op):
-    """The request in ``slot`` retired."""
+    """The request in ``slot`` retired or was preempted: its page-table row is emptied (I14)."""
 
     name: ClassVar[str] = "release_slot"
     slot: int
@@ -186,7 +186,7 @@ class DestroyCommunicator(Op):
 SYNC = Synchronize()
 
 ENQUEUING = (WarmupCollective, ProfileForward, LaunchGraph, Prefill, RunEager, MoveSlot,
-             PrepareReplay)
+             PrepareReplay, ReleaseSlot, AssignPages)
 """Ops whose device work may still run when the host call returns (H6)."""
 
 

@@ -190,8 +190,11 @@ def check_correct(variant: Variant, spec: CheckSpec, topology: str, progress=Non
     return rows
 
 
-def check_bad(variant: Variant, spec: CheckSpec, topology: str, progress=None) -> Row:
-    """Row for a known-bad variant: the first schedule with a non-clean verdict, reduced."""
+def check_bad(variant: Variant, spec: CheckSpec, topology: str, progress=None,
+              reduce_attempts: int | None = None) -> Row:
+    """Row for a known-bad variant: the first schedule with a non-clean verdict, reduced (in
+    ``reduce_attempts`` re-runs when given, so the result does not depend on machine speed;
+    else within the reducer's time budget)."""
     scenario = variant.scenario(spec.scenario(topology))
     expected = variant.expected.get(topology, "?")
     result = _search(spec, Fixed(scenario), variant, CLEAN, spec.schedules, progress)
@@ -199,7 +202,7 @@ def check_bad(variant: Variant, spec: CheckSpec, topology: str, progress=None) -
         return Row(variant.name, topology, expected, "clean", result.stats,
                    f"no failure in {result.stats.schedules} schedules", None, scenario, expected == "clean")
     got = verdict_label(result.failure)
-    minimal = reduce_schedule(scenario, variant, result.failure)
+    minimal = reduce_schedule(scenario, variant, result.failure, max_attempts=reduce_attempts)
     detail = minimal.outcome.detail
     if got.startswith("invariant:") and expected.startswith("invariant:"):
         detail = ("no deadlock or divergence manifested in this topology; the rule check flags: "

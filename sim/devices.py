@@ -73,11 +73,30 @@ class PrefillKernel(Kernel):
 
 @dataclass(frozen=True)
 class CopySlot(Kernel):
-    """Copy slot ``src``'s KV into slot ``dst`` (compaction)."""
+    """Copy slot ``src``'s KV into slot ``dst`` (compaction); with paged KV, move its page-table
+    row."""
 
     label: ClassVar[str] = "copy"
     src: int
     dst: int
+
+
+@dataclass(frozen=True)
+class SetPages(Kernel):
+    """Write the command's ``pages`` into ``slot``'s page-table row from ``first_index`` on (I14)."""
+
+    label: ClassVar[str] = "pages"
+    slot: int
+    first_index: int
+    pages: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ClearSlot(Kernel):
+    """Empty ``slot``'s page-table row: its request retired or was preempted (I14)."""
+
+    label: ClassVar[str] = "clear"
+    slot: int
 
 
 @dataclass
@@ -209,6 +228,10 @@ class DeviceModel:
                     dev.prefill_out[admit.request_id] = (seq, next_token(history, self.vocab))
             case CopySlot(src=src, dst=dst):
                 dev.live("kv").copy(src, dst)
+            case SetPages(slot=slot, first_index=first, pages=pages):
+                dev.live("kv").assign(slot, first, pages)
+            case ClearSlot(slot=slot):
+                dev.live("kv").clear(slot)
             case _:
                 handler = self.world.variant.sim_kernels.get(type(kernel))
                 if handler is not None:

@@ -33,7 +33,7 @@ def walkthrough(name: str) -> tuple[str, str, str]:
     """(markdown page, mermaid diagram, verdict lines of the narrative) for one bad variant."""
     variant = REGISTRY[name]
     topology = _topology_for(variant)
-    row = check_bad(variant, SPEC, topology)
+    row = check_bad(variant, SPEC, topology, reduce_attempts=REDUCER_ATTEMPTS)
     minimal = reduce_schedule(row.scenario, variant, row.minimal, max_attempts=REDUCER_ATTEMPTS)
     diagram = mermaid(minimal)
     story = narrative(minimal)

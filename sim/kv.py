@@ -70,6 +70,10 @@ class ModelledKV:
         """Hashable contents."""
         return tuple(sorted((s, tuple(row)) for s, row in self.rows.items()))
 
+    def empty_like(self) -> "ModelledKV":
+        """A fresh, never-written cache of the same shape."""
+        return ModelledKV(self.slots)
+
 
 @dataclass
 class Buffer:

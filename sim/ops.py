@@ -37,15 +37,17 @@ from protocol.keys import GraphKey
 from sim.common import BLOCKED, DONE, PROGRESS, Collective, Outcome, SimFault, Signature
 from sim.devices import (
     CAPTURED,
+    ClearSlot,
     CopySlot,
     EagerDecode,
     Graph,
     GraphReplay,
     PrefillKernel,
+    SetPages,
     WriteReplayMeta,
     padded_rows,
 )
-from sim.kv import ModelledKV
+from sim.paged_kv import PagedKV
 
 if TYPE_CHECKING:
     from sim.world import Host, World
@@ -93,8 +95,11 @@ class ModelledBackend:
                 return DONE if probe else self.free_graphs(r, host)
             case AllocateKVCache(pages):
                 return self.allocate_kv(r, host, pages, probe)
-            case ReleaseSlot() | AssignPages():
-                return DONE if probe else self.done(host)
+            case ReleaseSlot(slot):
+                return DONE if probe else self.page_table_done(r, host, ClearSlot(slot))
+            case AssignPages(slot, first_index, pages):
+                return DONE if probe else self.page_table_done(
+                    r, host, SetPages(slot, first_index, pages))
             case MoveSlot(src, dst):
                 return DONE if probe else self.enqueue_done(r, host, CopySlot(src, dst))
             case Prefill(admits):
@@ -129,6 +134,17 @@ class ModelledBackend:
             kernel = Collective(dev.enqueued_collectives, kernel)
             dev.enqueued_collectives += 1
         (dev.side if side else dev.main).append(kernel)
+
+    def page_table_done(self, r: int, host: Host, kernel) -> int:
+        """A page-table update (I14): stream-ordered behind the main stream's queued kernels, and
+        applied at once when that stream is idle -- nothing but this rank's later kernels reads
+        the table, so running it before other actors move is the same run (a partial-order
+        reduction that keeps the state space of steps without slot moves unchanged)."""
+        dev = self.world.devices[r]
+        if dev.main:
+            return self.enqueue_done(r, host, kernel)
+        self.world.device_model.execute(r, dev, kernel)
+        return self.done(host)
 
     def enqueue_done(self, r: int, host: Host, kernel) -> int:
         """Enqueue ``kernel`` and finish the op."""
@@ -307,7 +323,8 @@ class ModelledBackend:
         if status != DONE or probe:
             return status
         self.alloc(r, (pages + 1) * self.world.config.kv_page_bytes, f"KV cache of {pages} pages")
-        self.world.devices[r].allocate("kv", ModelledKV(self.world.config.max_batch + 1))
+        cfg = self.world.config
+        self.world.devices[r].allocate("kv", PagedKV(cfg.max_batch + 1, pages, cfg.page_size))
         return self.done(host)
 
     def prefill(self, r: int, host: Host, admits) -> int:

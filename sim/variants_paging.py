@@ -1,5 +1,6 @@
-"""Variants of KV pages on demand (I14): the scenario that makes pages run out, and the
-known-bad design of a worker that keeps its own page allocator beside the scheduler's.
+"""Variants of KV pages on demand (I14): the scenario that makes pages run out, and two
+known-bad designs -- a worker that keeps its own page allocator beside the scheduler's, and an
+asynchronous store of a preempted request's pages that the same step's forward overwrites.
 
 `page_pressure` turns any scenario into one whose KV pool holds a single full-length sequence
 of its own workload -- the smallest pool the protocol accepts -- with pages small enough that
@@ -9,18 +10,26 @@ must preempt. The correct protocol must serve every request there with unchanged
 only when a request finishes (vllm-metal PR #128: the model runner's own block allocator beside
 the scheduler's KV cache manager never heard of preemption and raised "Not enough free blocks"),
 fails the engine in the very step whose preemption hands the freed pages to a growing request.
+The ``unfenced-preempt-store`` variant copies a preempted request's pages to a host-side KV store
+on the side (copy) stream and orders nothing between that copy and the step's forward, which
+writes the same pages for the requests they were handed to (vLLM #52360 and PR #52470, the
+Mooncake store connector; DingoCache PR #76): only schedules in which the forward's kernel runs
+before the copy store another request's KV -- search finds them, and only with H6.
 """
 
 from __future__ import annotations
 
 import heapq
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import ClassVar
 
 from protocol.backend import AssignPages, Op
 from protocol.commands import PageAssign, Step
 from protocol.errors import PageError
 from protocol.pages import pages_for
 from protocol.worker import Worker
+from sim.common import DONE, Outcome
+from sim.devices import Kernel
 from sim.scenario import Scenario
 from sim.variants import Variant, register
 
@@ -92,3 +101,83 @@ register(Variant(
            "pages they free, and workers only check them (I14).",
     worker_cls=LocalPagesWorker,
     adjust=page_pressure))
+
+
+# -- unfenced-preempt-store ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StorePages(Op):
+    """Copy a preempted request's KV ``pages`` to a host-side store (KV offload for a prefix
+    cache), asynchronously on the copy stream."""
+
+    name: ClassVar[str] = "store_pages"
+    request_id: int
+    pages: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class StoreKernel(Kernel):
+    """The store's device copy of ``pages`` in command ``seq``; ``versions`` are the pages' write
+    versions when it was enqueued, the KV it means to save."""
+
+    label: ClassVar[str] = "store"
+    seq: int
+    request_id: int
+    pages: tuple[int, ...]
+    versions: tuple[int, ...]
+
+
+class UnfencedStoreWorker(Worker):
+    """On preemption, stores the victim's pages on the side stream before releasing them, and
+    orders nothing between that copy and the step's forward."""
+
+    def apply_slot_changes(self, step: Step) -> list[Op]:
+        stores: list[Op] = [StorePages(p.request_id, p.pages) for p in step.preempts]
+        return stores + super().apply_slot_changes(step)
+
+
+def _sim_store_pages(backend, r, host, op, probe):
+    """Enqueue the copy on the side stream, remembering the pages' versions: under the step
+    lock the victim's last writes are complete, so these are the KV the store means to save."""
+    if probe:
+        return DONE
+    kv = backend.world.devices[r].live("kv")
+    versions = tuple(kv.version(p) for p in op.pages)
+    backend.enqueue(r, StoreKernel(host.cmd.seq, op.request_id, op.pages, versions), side=True)
+    return backend.done(host)
+
+
+def _sim_store_kernel(world, r, dev, kernel):
+    """The copy reads its pages now: a page written since it was enqueued holds another
+    request's KV, which the store saves under the preempted request's tokens."""
+    kv = dev.live("kv")
+    for page, seen in zip(kernel.pages, kernel.versions):
+        if kv.version(page) == seen:
+            continue
+        slots = world.workers[r].slots.slots
+        holder = next((slots.get(s) for s, row in kv.tables.items() if page in row), None)
+        world.outcome = Outcome(
+            "invariant", f"I14 violated: on rank {r}, step {kernel.seq} preempted request "
+            f"{kernel.request_id} and handed its page {page} to request {holder}, whose decode "
+            f"wrote it before the step's asynchronous store of request {kernel.request_id}'s KV "
+            f"read it: the store saved request {holder}'s KV under request "
+            f"{kernel.request_id}'s tokens", "I14", rank=r, step=kernel.seq)
+        return
+
+
+register(Variant(
+    name="unfenced-preempt-store",
+    summary="on preemption each rank copies the victim's KV pages to a host-side store on a "
+            "side stream, unordered with the step's forward that reuses those pages",
+    source="vllm-project/vllm #52360 and PR #52470 (Mooncake store connector: preemption frees "
+           "blocks while async store jobs still read them); dingodb/DingoCache PR #76",
+    expected={"shared": "invariant:I14", "per-rank": "invariant:I14"},
+    remedy="Preemption recomputes: nothing reads a preempted request's pages after the step "
+           "frees them, and the step lock (I1) drains every stream before the next command. An "
+           "engine that stores a victim's KV must order the copy before any kernel of the step "
+           "that reuses its pages (I14).",
+    worker_cls=UnfencedStoreWorker,
+    adjust=page_pressure,
+    sim_ops={StorePages: _sim_store_pages},
+    sim_kernels={StoreKernel: _sim_store_kernel}))

@@ -17,7 +17,7 @@ from protocol.controller import Controller
 from protocol.worker import Worker
 from sim.common import DONE
 from sim.devices import EagerDecode, WriteReplayMeta
-from sim.kv import PAD_REQUEST, ModelledKV
+from sim.kv import PAD_REQUEST
 from sim.scenario import Fault, Scenario
 from sim.variants import Variant, register
 
@@ -103,7 +103,8 @@ def _sim_reset_kv(backend, r, host, op, probe):
     status = backend.locked(r, host, quiesce=True, probe=probe)
     if status != DONE or probe:
         return status
-    backend.world.devices[r].allocate("kv", ModelledKV(backend.world.config.max_batch + 1))
+    dev = backend.world.devices[r]
+    dev.allocate("kv", dev.live("kv").empty_like())
     return backend.done(host)
 
 

@@ -84,3 +84,59 @@ def test_page_tables_that_differ_from_the_controllers_are_a_divergence():
     result = run_schedule(sc, variant, RandomWalk(0))
     assert (result.outcome.verdict, result.outcome.invariant) == ("divergence", "I14")
     assert "KV page table differs from the controller's" in result.outcome.detail
+
+
+def test_paged_kv_reads_through_page_tables_and_versions_pages():
+    from sim.paged_kv import NEVER_WRITTEN, PagedKV
+
+    kv = PagedKV(slots=3, pages=4, page_size=2)
+    kv.assign(0, 0, (3, 1))
+    for position, token in enumerate((10, 11, 12)):
+        kv.write(0, position, token)
+    assert kv.read(0, 2) == (10, 11, 12) and kv.cells[3] == [10, 11]
+    assert kv.read(0, 4) == (10, 11, 12, NEVER_WRITTEN, NEVER_WRITTEN)
+    assert kv.version(1) == 1 and kv.version(0) == 0
+    kv.copy(0, 2)                        # a slot move moves the row, not the pages
+    assert kv.read(2, 2) == (10, 11, 12) and kv.tables.get(0) is None
+    kv.write(1, 0, 99)                   # no row: the padding page takes the write
+    assert kv.page_of(1, 0) == kv.padding_page == 4
+    kv.clear(2)
+    assert kv.read(2, 0) == (99,)
+
+
+class DropPagesWorker(Worker):
+    """Checks the command's pages but never writes them into the device page table."""
+
+    def apply_page_changes(self, step):
+        return [op for op in super().apply_page_changes(step) if not isinstance(op, AssignPages)]
+
+
+def test_paged_kv_model_turns_a_missing_page_table_write_into_wrong_tokens():
+    variant = replace(REGISTRY["correct"], name="drop-pages", worker_cls=DropPagesWorker,
+                      expected={"shared": "divergence", "per-rank": "divergence"})
+    result = run_schedule(page_pressure(default_scenario(**SMALL)), variant, RandomWalk(0))
+    assert result.outcome.verdict == "divergence", result.outcome.detail
+
+
+def test_unfenced_preempt_store_is_found_by_search_and_needs_h6():
+    from sim.hazards import HazardModel
+
+    variant = REGISTRY["unfenced-preempt-store"]
+    sc = page_pressure(default_scenario(**SMALL))
+    verdicts = [run_schedule(sc, variant, RandomWalk(seed)).outcome for seed in range(30)]
+    caught = [o for o in verdicts if o.invariant == "I14"]
+    assert caught and len(caught) < len(verdicts), "some schedules run the copy first"
+    assert {o.verdict for o in verdicts} == {"invariant", "clean"}
+    story = caught[0].detail
+    assert f"step {caught[0].step} preempted request" in story and "I14 violated" in story
+    assert "before the step's asynchronous store" in story
+    no_h6 = sc.with_(hazards=HazardModel().without("h6"))
+    assert all(run_schedule(no_h6, variant, RandomWalk(seed)).outcome.verdict == "clean"
+               for seed in range(10))
+
+
+def test_unfenced_preempt_store_report_is_reduced_and_names_rule():
+    row = check_bad(REGISTRY["unfenced-preempt-store"],
+                    CheckSpec(schedules=20, fault_schedules=0), "per-rank")
+    assert row.got == "invariant:I14"
+    assert row.minimal.outcome.step is not None and row.minimal.outcome.rank is not None
