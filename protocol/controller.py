@@ -4,7 +4,7 @@ The driver asks `next_action()` what to do and feeds every rank's reply to `on_r
 controller holds the step lock (I1): it issues command N+1 only once it holds every rank's reply
 for N. Startup runs a fixed sweep under a watchdog (I5, I9, I4, I6): warm-up collectives per
 message size, eager memory profile, graph measurement without launch, KV sizing from the
-tightest rank, then per graph key -- largest first -- a Capture barrier and a Launch barrier,
+tightest rank (measuring again if the fit keeps fewer graphs), then per graph key -- largest first -- a Capture barrier and a Launch barrier,
 and a Finalize that checks every rank captured the same keys (I3) within the reserve (I9).
 Serving then sends steps whose graph key, bucket, slot moves and KV pages the controller decides
 (I2, I7, I8, I14): pages are handed out as sequences grow, admission is by free pages, and a
@@ -305,10 +305,19 @@ class Controller:
 
     def fit_memory(self, reports: dict[int, MemoryReport],
                    graph_bytes: dict[GraphKey, int]) -> MemoryPlan:
-        """One KV size and batch cap for every rank, from the tightest rank (I9)."""
-        return plan_memory(reports, graph_bytes, self.plan.buckets, self.config.max_batch,
+        """One KV size and batch cap for every rank, from the tightest rank (I9); a refit after a
+        second measurement never raises the cap the first fit chose."""
+        cap = self.memory.batch_cap if self.memory else self.config.max_batch
+        return plan_memory(reports, graph_bytes, self.plan.buckets, cap,
                            self.config.kv_page_bytes, self.pages_per_seq,
                            self.config.memory_headroom_bytes, self.config.max_kv_pages)
+
+    def measure_again(self, measured: tuple[GraphKey, ...]) -> bool:
+        """True if the fit kept a different graph set than ``measured``: graphs share one pool,
+        so a graph's bytes depend on the graphs recorded before it, and the reserve must be
+        measured on the set that is kept (I9). The refit is capped at the previous fit and the
+        plan only shrinks, so this ends."""
+        return self.measure_keys() != measured
 
     def sweep_commands(self, seq: int, index: int) -> Command | None:
         """The index-th command of the capture sweep: Capture then Launch per key, largest first."""
@@ -411,6 +420,8 @@ class Controller:
             except ConfigError as exc:
                 return exc
             self.plan = self.plan.fitted(self.memory.batch_cap)
+            if self.measure_again(command.keys):
+                self._stage -= 1
         elif isinstance(command, AllocateKV):
             if command.pages > 0:
                 self.pool = PagePool(command.pages, command.page_size, self.pages_per_seq,

@@ -5,6 +5,10 @@ report, answers graph-or-eager for every (bucket, path). The startup sweep, the 
 serving and the workers all ask it; none keeps a filter of its own. When one path enforced a cap
 that the capture and replay paths did not, a disallowed request became a silent no-op and ranks'
 captured sets diverged (pegainfer PR #848 review).
+
+A batch cap counts rows, not buckets: a cap of 3 rows keeps the bucket of 4 that a full batch of
+3 pads to. Comparing the cap with bucket sizes instead dropped that bucket, so every full batch
+ran eagerly and the retained graph set differed from the one measured (issue 13, item 1).
 """
 
 from __future__ import annotations
@@ -25,8 +29,9 @@ class GraphPlan:
     Attributes:
         buckets: all decode buckets (ascending); batches map to these even when eager.
         cuda_graphs: False makes every key ineligible.
-        batch_cap: largest eligible bucket, the smaller of the numeric policy's cap and the
-            memory fit (None: no cap).
+        batch_cap: most decode rows a step may have and still replay (None: no cap), the
+            smaller of the numeric policy's cap and the memory fit. The captured buckets are
+            those up to the bucket that holds ``batch_cap`` rows.
         paths: attention paths with graphs (only ``"decode"``).
     """
 
@@ -47,10 +52,17 @@ class GraphPlan:
         cap = memory_batch_cap if self.batch_cap is None else min(self.batch_cap, memory_batch_cap)
         return replace(self, batch_cap=cap)
 
+    @property
+    def largest_bucket(self) -> int:
+        """The largest captured bucket: the one that holds ``batch_cap`` rows (rows)."""
+        if self.batch_cap is None or self.batch_cap >= self.buckets[-1]:
+            return self.buckets[-1]
+        return select_bucket(self.batch_cap, self.buckets)
+
     def is_eligible(self, key: GraphKey) -> bool:
-        """True if ``key`` is captured at startup and replayed in serving."""
+        """True if ``key`` is captured at startup (and replayed by steps within the cap)."""
         return (self.cuda_graphs and key.path in self.paths and key.bucket in self.buckets
-                and (self.batch_cap is None or key.bucket <= self.batch_cap))
+                and key.bucket <= self.largest_bucket)
 
     def keys(self) -> tuple[GraphKey, ...]:
         """Eligible keys in capture order: largest bucket first, so later graphs reuse its pool."""
@@ -65,14 +77,15 @@ class GraphPlan:
     def key_for(self, decode_rows: int, prefill: bool) -> tuple[GraphKey | None, int]:
         """(graph key or None for eager, padded bucket) of a step; a pure function of the step.
 
-        A step with any prefill runs eagerly; a decode-only step replays its bucket's graph when
-        that key is eligible.
+        A step with any prefill runs eagerly; a decode-only step of at most ``batch_cap`` rows
+        replays its bucket's graph when that key is eligible.
         """
         if decode_rows == 0:
             return None, 0
         bucket = select_bucket(decode_rows, self.buckets)
         key = GraphKey(bucket, DECODE)
-        if prefill or not self.is_eligible(key):
+        over_cap = self.batch_cap is not None and decode_rows > self.batch_cap
+        if prefill or over_cap or not self.is_eligible(key):
             return None, bucket
         return key, bucket
 

@@ -10,6 +10,8 @@ the requested one (pegainfer qwen35 TP graph PR: the oversized reserve starved c
 KV pages are handed out on demand (I14, `protocol.pages`), so the KV cache need not hold every
 slot at full length: the plan only needs room for one full-length sequence, which a lone request
 can always use once the scheduler has preempted the others.
+A cap of ``c`` rows keeps every bucket up to the one that holds ``c`` rows, and reserves exactly
+those graphs (issue 13, item 1: a cap compared with bucket sizes left the full batch's bucket out).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from protocol.buckets import select_bucket
 from protocol.commands import MemoryReport
 from protocol.errors import ConfigError, StartupRefused
 from protocol.keys import GraphKey
@@ -27,7 +30,8 @@ class MemoryPlan:
     """The controller's memory decision, the same for every rank.
 
     Attributes:
-        batch_cap: largest bucket with a graph and the largest admitted batch (rows).
+        batch_cap: the largest admitted batch (rows); graphs are kept for every bucket up to
+            the one that holds it.
         kv_pages: KV pages each rank allocates.
         graph_reserve_bytes: bytes reserved for the retained graph set on each rank.
     """
@@ -47,6 +51,16 @@ MIN_SEQUENCES = 1
 ``max_model_len`` can finish (I14 preempts the others); more concurrency only helps throughput."""
 
 
+def candidate_caps(buckets: tuple[int, ...], max_batch: int) -> list[int]:
+    """Batch caps (rows) the memory fit tries, largest first: ``max_batch``, then each smaller bucket."""
+    return sorted({b for b in buckets if b <= max_batch} | {max_batch}, reverse=True)
+
+
+def kept_buckets(buckets: tuple[int, ...], cap: int) -> tuple[int, ...]:
+    """The buckets whose graphs a batch cap of ``cap`` rows keeps: up to the one holding ``cap``."""
+    return tuple(b for b in buckets if b <= select_bucket(cap, buckets))
+
+
 def plan_memory(reports: Mapping[int, MemoryReport], graph_bytes: Mapping[GraphKey, int],
                 buckets: tuple[int, ...], max_batch: int, page_bytes: int, pages_per_seq: int,
                 headroom_bytes: int = 0, max_pages: int | None = None) -> MemoryPlan:
@@ -55,7 +69,8 @@ def plan_memory(reports: Mapping[int, MemoryReport], graph_bytes: Mapping[GraphK
     Args:
         reports: rank -> its memory report (bytes).
         graph_bytes: key -> largest bytes any rank measured for that graph.
-        buckets: ascending decode buckets; candidate caps are the buckets up to ``max_batch``.
+        buckets: ascending decode buckets; candidate caps are the buckets up to ``max_batch``
+            and ``max_batch`` itself.
         max_batch: requested maximum batch (rows).
         page_bytes: bytes of one KV page on one rank.
         pages_per_seq: KV pages one full-length sequence needs.
@@ -79,8 +94,9 @@ def plan_memory(reports: Mapping[int, MemoryReport], graph_bytes: Mapping[GraphK
     tight_rank = min(reports, key=lambda r: reports[r].free_bytes - reports[r].peak_activation_bytes)
     tight = reports[tight_rank]
     budget = tight.free_bytes - tight.peak_activation_bytes - headroom_bytes
-    for cap in sorted({b for b in buckets if b <= max_batch} | {max_batch}, reverse=True):
-        reserve = sum(v for k, v in graph_bytes.items() if k.bucket <= cap)
+    for cap in candidate_caps(buckets, max_batch):
+        kept = kept_buckets(buckets, cap)
+        reserve = sum(v for k, v in graph_bytes.items() if k.bucket in kept)
         pages = (budget - reserve) // page_bytes - 1  # one page is the reserved padding page
         if max_pages is not None:
             pages = min(pages, max_pages)

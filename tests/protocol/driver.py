@@ -10,8 +10,9 @@ from protocol.worker import Worker
 class FakeBackend:
     """Records ops; returns plausible values (bytes, tokens)."""
 
-    def __init__(self, rank, fail_on=None):
+    def __init__(self, rank, fail_on=None, free_bytes=10**12):
         self.rank = rank
+        self.free_bytes = free_bytes
         self.log = []
         self.graph_bytes = 0
         self.fail_on = fail_on
@@ -21,7 +22,7 @@ class FakeBackend:
         if self.fail_on and op.name == self.fail_on:
             raise ProtocolError(f"boom in {op.name}")
         if op.name == "profile_memory":
-            return (10**12, 10**6)
+            return (self.free_bytes, 0 if self.free_bytes < 10**6 else 10**6)
         if op.name == "record":
             self.graph_bytes += 100
         if op.name == "free_graphs":
@@ -104,13 +105,15 @@ PAGE_BYTES = 1000
 """kv_page_bytes of the configurations `PagedBackend` serves."""
 
 
-def drive(config, requests=(), fail=None, max_iter=10_000, backends=None, pages_per_seq=1):
+def drive(config, requests=(), fail=None, max_iter=10_000, backends=None, pages_per_seq=1,
+          free_bytes=10**12):
     """Run controller + workers to Done or Abort. ``fail`` = (rank, op name); ``backends``
-    replaces the default `FakeBackend` per rank."""
+    replaces the default `FakeBackend` per rank; ``free_bytes``: what each default rank
+    reports free."""
     ctrl = Controller(config, pages_per_seq=pages_per_seq)
     workers = [Worker(r, config.world_size, GraphPlan.from_config(config), config.max_batch)
                for r in range(config.world_size)]
-    backends = backends or [FakeBackend(r, fail[1] if fail and fail[0] == r else None)
+    backends = backends or [FakeBackend(r, fail[1] if fail and fail[0] == r else None, free_bytes)
                             for r in range(config.world_size)]
     sent = []
     pending = list(requests)
