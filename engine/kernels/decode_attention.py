@@ -53,7 +53,9 @@ def paged_decode_attention_reference(q, k_cache, v_cache, page_table, seq_lens, 
 
 def paged_decode_attention_torch(q, k_cache, v_cache, page_table, seq_lens, slot_ids,
                                  scale: float) -> torch.Tensor:
-    """Vectorised torch implementation (float32 math); reads every page-table column, masked."""
+    """Vectorised torch implementation (float32 math); reads every page-table column and masks
+    positions at or past the sequence length by selection, so stale non-finite K/V there never
+    reach the output."""
     B, Hq, D = q.shape
     P, Hkv = k_cache.shape[1], k_cache.shape[2]
     group = Hq // Hkv
@@ -67,6 +69,9 @@ def paged_decode_attention_torch(q, k_cache, v_cache, page_table, seq_lens, slot
     lens = seq_lens[slots].long()                         # [B]
     valid = torch.arange(n, device=q.device)[None, :] < lens[:, None]
     s = s.masked_fill(~valid[:, None, None, :], float("-inf"))
+    # Mask V by selection, not by its zero weight: 0 x NaN is NaN, and positions past a
+    # sequence's length may hold stale NaN from an earlier occupant of the page.
+    v = torch.where(valid[:, :, None, None], v, torch.zeros((), dtype=v.dtype, device=v.device))
     out = torch.einsum("bkgn,bnkd->bkgd", torch.softmax(s, dim=-1), v)
     return out.reshape(B, Hq, D).to(q.dtype)
 

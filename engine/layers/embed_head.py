@@ -33,12 +33,13 @@ class VocabParallelEmbedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """ids: int64 [T] -> [T, hidden]; ids outside this rank's range contribute zeros
-        before the all-reduce."""
+        before the all-reduce (selected, not multiplied by 0: 0 x NaN is NaN)."""
         if self.tp.world_size == 1:
             return F.embedding(ids, self.weight)
         mine = (ids >= self.start) & (ids < self.stop)
         local = torch.where(mine, ids - self.start, torch.zeros_like(ids))
-        out = F.embedding(local, self.weight) * mine.unsqueeze(-1).to(self.weight.dtype)
+        out = F.embedding(local, self.weight)
+        out = torch.where(mine.unsqueeze(-1), out, torch.zeros((), dtype=out.dtype, device=out.device))
         return self.tp.all_reduce(out)
 
 

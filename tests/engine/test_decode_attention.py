@@ -72,3 +72,24 @@ def test_triton_kernel_in_interpreter_matches_float64_reference():
     pytest.importorskip("triton")
     res = run_in_triton_interpreter(_TRITON_CHECK)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_torch_path_ignores_non_finite_values_past_the_length():
+    """Positions past a sequence's length may hold stale NaN/inf from an earlier occupant of the
+    page; masking by zero weight would give 0 x NaN = NaN (issue 13, item 2)."""
+    q, k, v, table, lens, slots = make_case([1], 4, 2)
+    k[table[0, 0], 1:] = float("nan")
+    v[table[0, 0], 1:] = float("nan")
+    out = paged_decode_attention_torch(q, k, v, table, lens, slots, 0.25)
+    assert torch.isfinite(out).all()
+    ref = paged_decode_attention_reference(q, k, v, table, lens, slots, 0.25)
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+    q, k, v, table, lens, slots = make_case(LENGTHS, 4, 2, seed=3)
+    clean = paged_decode_attention_torch(q, k, v, table, lens, slots, 0.25)
+    positions = torch.arange(k.shape[1])
+    for s, n in enumerate(lens.tolist()[:-1]):  # each real slot's own pages (not padding)
+        for i, page in enumerate(table[s].tolist()[: -(-n // k.shape[1])]):
+            stale = positions + i * k.shape[1] >= n
+            k[page, stale] = float("inf")
+            v[page, stale] = float("nan")
+    torch.testing.assert_close(paged_decode_attention_torch(q, k, v, table, lens, slots, 0.25), clean)
