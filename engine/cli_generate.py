@@ -51,9 +51,52 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                    help="fraction of each GPU's memory the engine may hold (default 0.9)")
     p.add_argument("--startup-timeout", type=float, default=None,
-                   help="startup sweep watchdog in seconds; on expiry the process aborts")
+                   help="startup sweep watchdog in seconds; on expiry the process aborts "
+                        "(default: --step-timeout)")
+    p.add_argument("--step-timeout", type=float, default=300.0,
+                   help="seconds to wait for every rank's reply to one command; a rank that "
+                        "does not answer by then is named as failed (default 300)")
     p.set_defaults(run=run)
     return p
+
+
+def _number_checks(args: argparse.Namespace):
+    """(flag, value, ok, expected) for every numeric flag, in the order of --help."""
+    finite = lambda v: v == v and abs(v) != float("inf")  # noqa: E731
+    return (
+        ("--tensor-parallel-size", args.tensor_parallel_size, args.tensor_parallel_size >= 1,
+         "an integer >= 1"),
+        ("--max-tokens", args.max_tokens, args.max_tokens >= 1, "an integer >= 1"),
+        ("--temperature", args.temperature, finite(args.temperature) and args.temperature >= 0,
+         "a number >= 0 (0 = greedy)"),
+        ("--top-k", args.top_k, args.top_k >= -1, "-1, 0 (off) or a positive integer"),
+        ("--top-p", args.top_p, 0 < args.top_p <= 1, "a number in (0, 1]"),
+        ("--seed", args.seed, args.seed is None or args.seed >= 0, "an integer >= 0"),
+        ("--max-model-len", args.max_model_len,
+         args.max_model_len is None or args.max_model_len >= 1, "at least 1"),
+        ("--max-batch", args.max_batch, 1 <= args.max_batch <= 256, "an integer from 1 to 256"),
+        ("--gpu-memory-utilization", args.gpu_memory_utilization,
+         0 < args.gpu_memory_utilization <= 1, "a fraction in (0, 1]"),
+        ("--startup-timeout", args.startup_timeout,
+         args.startup_timeout is None or 0 < args.startup_timeout < 1e9,
+         "positive, finite seconds below 1e9"),
+        ("--step-timeout", args.step_timeout, 0 < args.step_timeout < 1e9,
+         "positive, finite seconds below 1e9"),
+    )
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """Reject a numeric flag out of range, naming the flag (not the engine's field).
+
+    Raises:
+        RequestError: ``--FLAG VALUE must be EXPECTED``.
+    """
+    from engine.errors import RequestError
+
+    for flag, value, ok, expected in _number_checks(args):
+        if not ok:
+            raise RequestError(f"{flag} {value:g} must be {expected}" if isinstance(value, float)
+                               else f"{flag} {value} must be {expected}")
 
 
 def check_before_load(args: argparse.Namespace, params) -> None:
@@ -67,10 +110,9 @@ def check_before_load(args: argparse.Namespace, params) -> None:
     from engine.config import load_model_config
     from engine.errors import RequestError
 
+    check_flags(args)
     cfg = load_model_config(args.model)
     params.validate(cfg.vocab_size)
-    if args.max_model_len is not None and args.max_model_len < 1:
-        raise RequestError(f"--max-model-len {args.max_model_len} must be at least 1")
     if args.prompt is not None:
         if not any((Path(args.model) / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
             raise RequestError(f"text prompt given but {args.model} has no tokenizer; use --prompt-ids")
@@ -101,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
                     dtype=args.dtype, max_batch=args.max_batch, max_model_len=args.max_model_len,
                     cuda_graph=args.cuda_graph,
                     gpu_memory_utilization=args.gpu_memory_utilization,
-                    startup_timeout_s=args.startup_timeout)
+                    startup_timeout_s=args.startup_timeout, step_timeout_s=args.step_timeout)
     launched = torchrun_world()
     if launched is not None and launched[0] > 0:  # torchrun rank > 0: serve rank 0's commands
         return serve_rank(args.model, **llm_args)
@@ -131,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
         llm.shutdown()
     if out.error is not None:
         print(f"lockstep: error: {out.error}", file=sys.stderr)
-        return 2
+        return 1 if out.finish_reason == "error" else 2  # the model failed, or the input
     print("token_ids:", ",".join(map(str, out.token_ids)))
     if out.text is not None:
         print("text:", out.text)

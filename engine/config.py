@@ -66,12 +66,15 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
     cfg_path = d / "config.json"
     if not cfg_path.is_file():
         raise ModelDirError(f"{cfg_path}: missing (is {str(d)!r} a Hugging Face model dir?)")
+    _require_shape_fields(cfg_path)
     from transformers import AutoConfig
 
     try:
         hf = AutoConfig.from_pretrained(str(d))
     except Exception as exc:  # transformers raises several unrelated types here
-        raise ModelDirError(f"{cfg_path}: cannot be read by transformers.AutoConfig: {exc}") from exc
+        one_line = " ".join(str(exc).split())
+        raise ModelDirError(f"{cfg_path}: cannot be read by transformers.AutoConfig: "
+                            f"{one_line}") from exc
     archs = tuple(getattr(hf, "architectures", None) or ())
     if not any(a in SUPPORTED_ARCHITECTURES for a in archs) or hf.model_type != "qwen3":
         raise ModelDirError(
@@ -98,6 +101,25 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
         raise ModelDirError(f"{cfg_path}: num_attention_heads {cfg.num_q_heads} is not a "
                             f"multiple of num_key_value_heads {cfg.num_kv_heads}")
     return cfg
+
+
+SHAPE_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "vocab_size")
+"""config.json fields that set tensor shapes: transformers fills in Qwen3 defaults for missing
+ones, which then surface as a confusing tensor-shape mismatch, so each must be present."""
+
+
+def _require_shape_fields(cfg_path: Path) -> None:
+    import json
+
+    try:
+        raw = json.loads(cfg_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelDirError(f"{cfg_path}: not valid JSON: {exc}") from None
+    missing = [f for f in SHAPE_FIELDS if not isinstance(raw, dict) or f not in raw]
+    if missing:
+        raise ModelDirError(f"{cfg_path}: {', '.join(missing)} missing; the weights' shapes "
+                            "depend on it (transformers would silently use Qwen3 defaults)")
 
 
 def _eos_ids(d: Path, hf) -> tuple[int, ...]:

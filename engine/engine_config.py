@@ -11,11 +11,12 @@ protocol's `ProtocolConfig` from it. Plain values only: rank processes receive i
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from engine.config import ModelConfig, check_parallel, load_model_config
-from engine.errors import ParallelConfigError
+from engine.errors import ModelDirError, ParallelConfigError
 
 DTYPES = ("float32", "bfloat16", "float16")
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -58,8 +59,9 @@ class EngineConfig:
         trace: ranks return a `protocol.trace.TraceEvent` per backend op with each reply.
         dist_init_method: torch.distributed init method (tcp://host:port or env://); set by
             the transport.
-        fault: test hook, None in normal use: (rank, command seq, "raise" | "exit" | "hang")
-            makes that rank fail, die or go silent when it receives that command.
+        fault: test hook, None in normal use: (rank, command seq, "raise" | "exit" | "kill" |
+            "stop" | "hang") makes that rank fail, exit, get SIGKILL, get SIGSTOP or go silent
+            when it receives that command.
         graph_standin: test hook, False in normal use: with cuda_graph on CPU, the graph ops
             run through `engine.graphs.StandInGraphs` (eager replays).
         model: the model's config (read from model_dir when None).
@@ -119,6 +121,9 @@ class EngineConfig:
                                           "number of seconds below 1e9")
         if startup_timeout_s is None:
             startup_timeout_s = step_timeout_s
+        if not isinstance(model_dir, (str, os.PathLike)):
+            raise ModelDirError(f"model_dir = {model_dir!r}, expected a path to a model "
+                                "directory")
         model = load_model_config(model_dir)
         check_parallel(model, tensor_parallel_size)
         WeightIndex(model)  # every tensor present with the right shape

@@ -442,7 +442,9 @@ class RankExecutor(Backend):
         """Rank 0: the next token of every decoded and admitted request of `step`, one batched
         pass over slots 0..rows+admits-1 (`engine.sampling.sample_batch`).
 
-        Side outputs (logprob, logits when asked for) are left in `self.outputs`.
+        A request whose logit row is not finite gets None (the controller ends it) and an
+        ``"error"`` side output. Side outputs (logprob, logits when asked for) are left in
+        `self.outputs`.
         Raises:
             ValueError: the step's admissions do not take the slots right after its rows.
         """
@@ -474,10 +476,21 @@ class RankExecutor(Backend):
             self.phases.close_step(n, a)
         rids = self.slots.request_ids[:n + a]
         self.outputs = {}
+        result = dict(zip(rids, ids))
+        # a non-finite logit row: greedy would pick a NaN's index and sampling garbage; that
+        # request ends with an error (None for the controller), the others are served
+        finite = torch.isfinite(logits).all(dim=-1).tolist()
+        for slot, ok in enumerate(finite):
+            if not ok:
+                bad = int((~torch.isfinite(logits[slot])).sum())
+                result[rids[slot]] = None
+                self.outputs[rids[slot]] = {"error": f"{bad} of the {logits.shape[-1]} logits "
+                                                     "of its next token are not finite (NaN or "
+                                                     "inf)"}
         if self.slots.side:
             lp = logprobs.tolist() if logprobs is not None else None
             for slot, (want_lp, want_logits) in self.slots.side.items():
-                if slot >= n + a:
+                if slot >= n + a or result[rids[slot]] is None:
                     continue
                 out = self.outputs.setdefault(rids[slot], {})
                 if want_lp:
@@ -485,7 +498,7 @@ class RankExecutor(Backend):
                 if want_logits:
                     out["logits"] = logits[slot].to("cpu", copy=True)  # may view logits_buf
         self._decode_logits = self._prefill_logits = None
-        return dict(zip(rids, ids))
+        return result
 
 
 class SlotSampling:

@@ -9,6 +9,7 @@ own, before submission, while the others run.
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Sequence
 
 from engine.errors import RankError, RequestError
-from engine.sampling import SamplingParams
+from engine.sampling import SamplingParams, as_token_id
 from engine.engine_config import EngineConfig
 from engine.startup import StartupReport, StartupWatchdog
 
@@ -31,8 +32,9 @@ class RequestOutput:
         text: decoded `token_ids`, or None without a tokenizer.
         logprobs: natural-log probability of each generated token (SamplingParams.logprobs).
         logits: float32 tensor [len(token_ids), vocab] (SamplingParams.return_logits).
-        finish_reason: "stop", "length", or None when rejected.
-        error: the RequestError that rejected this request, else None.
+        finish_reason: "stop", "length", "error" (non-finite logits ended it), or None when
+            rejected.
+        error: the RequestError that rejected or ended this request, else None.
         seed: the sampling seed used.
         arrival_time, first_token_time, finish_time: `time.perf_counter()` seconds when the
             request was submitted, when its first token was sampled (end of its prefill step)
@@ -257,6 +259,8 @@ class LLM:
         Returns:
             One RequestOutput per prompt, in order; a rejected request has `.error` set.
         Raises:
+            RequestError: ``prompts`` is neither a prompt nor a list of prompts (a bad single
+                prompt or SamplingParams is reported in its RequestOutput's ``error``).
             RankError: a rank failed; the engine is then closed.
             RuntimeError: the engine is closed.
         """
@@ -264,8 +268,12 @@ class LLM:
             raise RuntimeError("this LLM is closed (after shutdown or a rank failure)")
         from protocol.requests import Request
 
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+        if isinstance(prompts, str) or _is_id_list(prompts):
             prompts = [prompts]
+        if not isinstance(prompts, Sequence) and not hasattr(prompts, "__len__"):
+            raise RequestError(f"prompts = {prompts!r}, expected a text, a list of token ids, "
+                               "or a list of those")
+        prompts = list(prompts)
         if params is None or isinstance(params, SamplingParams):
             params = [params or SamplingParams()] * len(prompts)
         if len(params) != len(prompts):
@@ -304,6 +312,12 @@ class LLM:
             side = self._side.pop(rid, {})
             stop = set(p.stop_token_ids) | (set() if p.ignore_eos else set(self.cfg.eos_token_ids))
             out.finish_reason = "stop" if out.token_ids and out.token_ids[-1] in stop else "length"
+            if rid in self.controller.failed_requests:
+                self.controller.failed_requests.discard(rid)
+                out.finish_reason = "error"
+                out.error = RequestError(f"request {ids.index(rid)}: "
+                                         f"{side.get('error', ['no token'])[-1]}; the model "
+                                         "weights or activations hold NaN or inf")
             if p.logprobs:
                 out.logprobs = side.get("logprob", [])
             if p.return_logits:
@@ -320,11 +334,19 @@ class LLM:
                 raise RequestError(f"text prompt {prompt[:40]!r} but {self.config.model_dir} "
                                    "has no tokenizer; pass token ids")
             return list(self.tokenizer.encode(prompt))
-        ids = list(prompt)
-        for t in ids:
-            if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.cfg.vocab_size:
+        if not hasattr(prompt, "__iter__") or isinstance(prompt, bytes) \
+                or getattr(prompt, "ndim", 1) != 1:
+            raise RequestError(f"prompt {prompt!r} is neither a text nor a list of token ids")
+        ids = []
+        for t in prompt:
+            i = as_token_id(t)
+            if i is None:
+                raise RequestError(f"prompt token id {t!r} is a {type(t).__name__}, expected "
+                                   "an integer")
+            if not 0 <= i < self.cfg.vocab_size:
                 raise RequestError(f"prompt token id {t!r} outside the vocabulary "
                                    f"[0, {self.cfg.vocab_size})")
+            ids.append(i)
         return ids
 
     def _check_request(self, prompt: list[int], p: SamplingParams) -> None:
@@ -363,6 +385,14 @@ class LLM:
                 self.ranks.close(abort=True)
             except Exception:
                 pass
+
+
+def _is_id_list(prompts) -> bool:
+    """True if ``prompts`` is one prompt of token ids (its first item is integer-like)."""
+    try:
+        return len(prompts) > 0 and as_token_id(prompts[0]) is not None
+    except (TypeError, KeyError, IndexError):
+        return False
 
 
 def torchrun_world():

@@ -32,6 +32,10 @@ from engine.engine_config import EngineConfig
 
 # Seconds a killed rank process is given to be reaped before we stop waiting for it.
 JOIN_TIMEOUT_S = 10.0
+# Seconds a spawned rank's collectives wait beyond the step timeout: the controller's step
+# timeout must fire first, so that it names the silent (stopped, wedged) rank rather than the
+# healthy rank whose collective timed out waiting for it.
+COLLECTIVE_GRACE_S = 30.0
 
 
 def execute(worker, executor, command, extras: dict | None) -> tuple[Any, dict, list]:
@@ -111,6 +115,49 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def rank_title(rank: int, settings: EngineConfig) -> str:
+    """The process title of a rank process, as `ps` shows it."""
+    return (f"lockstep rank {rank}/{settings.world_size} ({settings.device}, "
+            f"{os.path.basename(os.path.normpath(settings.model_dir))})")
+
+
+MAIN_GUARD_EXIT = 86
+"""Exit status of a spawned process that found itself re-running the caller's script (no
+``if __name__ == "__main__":`` guard) instead of starting as a rank."""
+
+
+def _exit_if_importing_main() -> None:
+    """In a spawned child that is still importing the parent's main module (multiprocessing's
+    bootstrap phase), the script builds an LLM at module level: stop quietly with
+    MAIN_GUARD_EXIT, which the parent turns into one line saying what to do."""
+    import multiprocessing
+
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        os._exit(MAIN_GUARD_EXIT)
+
+
+def _death(p) -> str:
+    """How a rank process ended, in words."""
+    import signal
+
+    code = p.exitcode
+    if code is not None and code < 0:
+        try:
+            return f"process killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"process killed by signal {-code}"
+    return f"process exited with code {code}"
+
+
+def _stopped(p) -> bool:
+    """True if the process is stopped (SIGSTOP, SIGTSTP or a debugger): Linux /proc only."""
+    try:
+        with open(f"/proc/{p.pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
+
+
 def rank_main(rank: int, settings: EngineConfig, protocol_config, conn) -> None:
     """Body of one rank process: set up the group, load the model, serve commands.
 
@@ -118,6 +165,12 @@ def rank_main(rank: int, settings: EngineConfig, protocol_config, conn) -> None:
     (reply, outputs) per command until Teardown.
     """
     try:
+        try:  # a dependency in pyproject; a bare GPU machine may lack it: titles are cosmetic
+            import setproctitle
+        except ImportError:
+            setproctitle = None
+        if setproctitle is not None:
+            setproctitle.setproctitle(rank_title(rank, settings))
         import torch
         import torch.distributed as dist
 
@@ -132,7 +185,8 @@ def rank_main(rank: int, settings: EngineConfig, protocol_config, conn) -> None:
 
         dist.init_process_group(backend, init_method=settings.dist_init_method, rank=rank,
                                 world_size=settings.world_size,
-                                timeout=datetime.timedelta(seconds=settings.step_timeout_s))
+                                timeout=datetime.timedelta(
+                                    seconds=settings.step_timeout_s + COLLECTIVE_GRACE_S))
         executor = RankExecutor(settings, TPGroup(rank, settings.world_size))
         executor.load_model()
         worker = _make_worker(settings, protocol_config, rank)
@@ -151,6 +205,10 @@ def rank_main(rank: int, settings: EngineConfig, protocol_config, conn) -> None:
         if fault and fault[0] == rank and fault[1] == command.seq:
             if fault[2] == "exit":
                 os._exit(17)  # a crash: no reply, no cleanup
+            if fault[2] in ("kill", "stop"):  # as `kill -9` / `kill -STOP` from a shell
+                import signal
+
+                os.kill(os.getpid(), signal.SIGKILL if fault[2] == "kill" else signal.SIGSTOP)
             if fault[2] == "hang":
                 time.sleep(3600)  # a wedge: alive, silent
             conn.send((worker.fail(command, RuntimeError(
@@ -159,6 +217,20 @@ def rank_main(rank: int, settings: EngineConfig, protocol_config, conn) -> None:
         conn.send(execute(worker, executor, command, extras))
         if isinstance(command, Teardown):
             return
+
+
+def _last_line(text: str) -> str:
+    """The last non-empty line of a traceback: the exception itself."""
+    lines = [ln for ln in str(text).splitlines() if ln.strip()]
+    return lines[-1].strip() if lines else ""
+
+
+def _message_text(message) -> str:
+    """One line for a failed start-up message or failed reply."""
+    if isinstance(message, tuple) and message and message[0] == "error":
+        return _last_line(message[1])
+    reply = message[0] if isinstance(message, tuple) else message
+    return _last_line(getattr(reply, "error", "") or "")
 
 
 def _is_failure(message) -> bool:
@@ -181,6 +253,7 @@ class SpawnedRanks:
 
         import torch.multiprocessing as mp
 
+        _exit_if_importing_main()
         if not settings.dist_init_method:
             settings = dataclasses.replace(
                 settings, dist_init_method=f"tcp://127.0.0.1:{_free_port()}")
@@ -198,7 +271,7 @@ class SpawnedRanks:
                 self.procs.append(p)
             for rank, msg in self._gather(settings.startup_timeout_s):  # model loading
                 if msg[0] != "ready":
-                    raise RankError(rank, f"start-up failed:\n{msg[1]}")
+                    raise RankError(rank, f"start-up failed: {_last_line(msg[1])}")
         except BaseException:
             self.close(abort=True)
             raise
@@ -218,6 +291,11 @@ class SpawnedRanks:
             left = deadline - time.monotonic()
             if left <= 0:
                 missing = sorted(waiting)
+                stopped = [r for r in missing if _stopped(self.procs[r])]
+                if stopped:
+                    raise RankError(stopped[0], f"process {self.procs[stopped[0]].pid} is "
+                                                "stopped (SIGSTOP or a debugger): no reply "
+                                                f"within {timeout_s:g} s")
                 raise RankError(missing[0], f"no reply within {timeout_s:g} s (ranks not "
                                             f"collected: {missing})")
             ready = mp_wait(list(waiting.values()) + list(sentinels), timeout=left)
@@ -235,8 +313,46 @@ class SpawnedRanks:
             if dead is not None and dead not in got:
                 p = self.procs[dead]
                 p.join(1)
-                raise RankError(dead, f"process exited with code {p.exitcode} before replying")
+                self._raise_if_main_unguarded(p)
+                raise RankError(dead, f"{_death(p)} before replying")
+        failed = [r for r, m in sorted(got.items()) if _is_failure(m)]
+        if failed:
+            self._blame_dead_or_stopped(set(range(len(self.conns))) - set(got), failed[0],
+                                        got[failed[0]])
         return sorted(got.items())
+
+    def _blame_dead_or_stopped(self, silent: set[int], failed: int, message) -> None:
+        """A rank's failure is often a peer's death seen through a collective (a gloo
+        "connection closed" or timeout): if a silent peer died or is stopped, name it, not the
+        rank whose collective failed. Dead peers are given up to a second to be reaped."""
+        deadline = time.monotonic() + 1.0
+        while silent:
+            for r in sorted(silent):
+                p = self.procs[r]
+                if not p.is_alive():
+                    p.join(1)
+                    raise RankError(r, f"{_death(p)} before replying; rank {failed} then "
+                                       f"failed: {_message_text(message)}")
+                if _stopped(p):
+                    raise RankError(r, f"process {p.pid} is stopped (SIGSTOP or a debugger) "
+                                       f"and did not reply; rank {failed} then failed: "
+                                       f"{_message_text(message)}")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            mp_wait([self.procs[r].sentinel for r in silent], timeout=left)
+
+    def _raise_if_main_unguarded(self, p) -> None:
+        from engine.errors import ParallelConfigError
+
+        if p.exitcode == MAIN_GUARD_EXIT:
+            import sys
+
+            script = getattr(sys.modules.get("__main__"), "__file__", None) or "your script"
+            raise ParallelConfigError(
+                f"tensor_parallel_size = {self.settings.world_size} starts one process per "
+                f"rank, and each re-ran {script} from the top: put the code that builds the "
+                "LLM under `if __name__ == \"__main__\":`")
 
     def send(self, command, extras: dict | None) -> None:
         """Send `command` to every rank (extras go to rank 0 only)."""

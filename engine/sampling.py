@@ -35,6 +35,7 @@ Only the sampled token ids (int32, one per row) need to cross to the host.
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, field
 
 from engine.errors import RequestError
@@ -88,7 +89,17 @@ class SamplingParams:
     return_logits: bool = False
 
     def validate(self, vocab_size: int) -> None:
-        """Raises RequestError naming the first bad field."""
+        """Raises RequestError naming the first bad field (a wrong type included)."""
+        for name in ("max_tokens", "top_k") + (("seed",) if self.seed is not None else ()):
+            if as_token_id(getattr(self, name)) is None:
+                raise RequestError(f"{name} = {getattr(self, name)!r}, expected an integer")
+        for name in ("temperature", "top_p", "min_p"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) and not hasattr(v, "__float__"):
+                raise RequestError(f"{name} = {v!r}, expected a number")
+        if isinstance(self.stop_token_ids, (str, bytes)) or not hasattr(self.stop_token_ids, "__iter__"):
+            raise RequestError(f"stop_token_ids = {self.stop_token_ids!r}, expected a list of "
+                               "token ids")
         if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) \
                 or self.max_tokens < 1:
             raise RequestError(f"max_tokens = {self.max_tokens!r}, expected an integer >= 1")
@@ -106,8 +117,24 @@ class SamplingParams:
                                       or isinstance(self.seed, bool) or self.seed < 0):
             raise RequestError(f"seed = {self.seed!r}, expected None or an integer >= 0")
         for t in self.stop_token_ids:
-            if not isinstance(t, int) or not 0 <= t < vocab_size:
+            i = as_token_id(t)
+            if i is None:
+                raise RequestError(f"stop token id {t!r} is a {type(t).__name__}, expected an integer")
+            if not 0 <= i < vocab_size:
                 raise RequestError(f"stop token id {t!r} outside the vocabulary [0, {vocab_size})")
+
+
+def as_token_id(value) -> int | None:
+    """``value`` as a Python int if it is integer-like (int, numpy or torch integer, a 0-d
+    integer tensor), else None (bool, float, str, None and other types)."""
+    if isinstance(value, bool) or getattr(value, "dtype", None) is not None and (
+            getattr(value, "is_floating_point", lambda: False)() or getattr(value, "ndim", 0) != 0
+            or str(value.dtype) in ("bool", "torch.bool")):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
 
 
 def inverse_temperature(temperature: float) -> float:

@@ -125,6 +125,7 @@ class Controller:
         self.requests: dict[int, Request] = {}
         self.outputs: dict[int, list[int]] = {}
         self.finished: list[int] = []
+        self.failed_requests: set[int] = set()  # finished without a token: rank 0 said None
         self._to_retire: list[int] = []
         self._next_tokens: dict[int, int] = {}
         self._positions: dict[int, int] = {}
@@ -247,6 +248,7 @@ class Controller:
         if request_id not in self.finished:
             raise ConfigError(f"request {request_id} has not finished")
         self.finished.remove(request_id)
+        self.failed_requests.discard(request_id)
         del self.requests[request_id]
         return self.outputs.pop(request_id)
 
@@ -547,6 +549,11 @@ class Controller:
         for row in step.rows:
             self._positions[row.request_id] = row.position + 1
         for request_id, token in sorted(tokens.items()):
+            if token is None:  # rank 0 could not sample it (non-finite logits): it ends here
+                self.failed_requests.add(request_id)
+                self._to_retire.append(request_id)
+                self.finished.append(request_id)
+                continue
             request = self.requests[request_id]
             out = self.outputs[request_id]
             out.append(token)

@@ -33,7 +33,7 @@ def test_generate_prints_tokens_and_progress(tiny_dir, capsys):
 
 @pytest.mark.parametrize("argv, status, fragment", [
     (["-tp", "3"], 2, "num_attention_heads = 4 is not divisible by tensor_parallel_size = 3"),
-    (["--max-tokens", "0"], 2, "max_tokens = 0"),
+    (["--max-tokens", "0"], 2, "--max-tokens 0 must be an integer >= 1"),
     (["--prompt", "hi"], 2, "has no tokenizer"),
 ])
 def test_generate_errors_exit_2_with_one_line(tiny_dir, capsys, argv, status, fragment):
@@ -45,9 +45,18 @@ def test_generate_errors_exit_2_with_one_line(tiny_dir, capsys, argv, status, fr
 
 
 @pytest.mark.parametrize("argv, fragment", [
-    (["--max-tokens", "0"], "max_tokens = 0"),
-    (["--temperature", "-1"], "temperature"),
-    (["--top-p", "2"], "top_p"),
+    (["--max-tokens", "0"], "--max-tokens 0 must be"),
+    (["--temperature", "-1"], "--temperature -1 must be"),
+    (["--temperature", "nan"], "--temperature nan must be"),
+    (["--top-p", "2"], "--top-p 2 must be"),
+    (["--top-k", "-2"], "--top-k -2 must be"),
+    (["--seed", "-1"], "--seed -1 must be"),
+    (["--max-batch", "0"], "--max-batch 0 must be an integer from 1 to 256"),
+    (["--max-batch", "300"], "--max-batch 300 must be"),
+    (["-tp", "0"], "--tensor-parallel-size 0 must be"),
+    (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization 1.5 must be"),
+    (["--step-timeout", "0"], "--step-timeout 0 must be"),
+    (["--step-timeout", "nan"], "--step-timeout nan must be"),
     (["--prompt", "hi"], "has no tokenizer"),
     (["--prompt-ids", "1,99999"], "prompt token id 99999 outside the vocabulary"),
     (["--max-model-len", "0"], "--max-model-len 0 must be at least 1"),
@@ -104,8 +113,8 @@ def test_tp2_spawned_and_torchrun_give_the_tp1_tokens(tiny_dir, capsys):
 
 
 @pytest.mark.parametrize("argv, fragment", [
-    (["--startup-timeout", "nan"], "startup_timeout_s = nan"),
-    (["--startup-timeout", "inf"], "startup_timeout_s = inf"),
+    (["--startup-timeout", "nan"], "--startup-timeout nan must be"),
+    (["--startup-timeout", "inf"], "--startup-timeout inf must be"),
     (["--prompt-ids", "1,2,3", "--max-model-len", "3"], "exceeds the max model length 3"),
 ])
 def test_more_bad_generate_inputs_exit_2(tiny_dir, capsys, argv, fragment):

@@ -126,3 +126,15 @@ def test_weight_index_accepts_the_good_dir(tiny_dir):
     index = WeightIndex(load_model_config(tiny_dir))
     sl = index.read("model.embed_tokens.weight", 0, 256, 512)
     assert tuple(sl.shape) == (256, 64)
+
+
+@pytest.mark.parametrize("field", ["hidden_size", "vocab_size", "intermediate_size",
+                                   "num_hidden_layers", "num_attention_heads",
+                                   "num_key_value_heads"])
+def test_missing_shape_field_is_named_not_a_tensor_mismatch(model_copy, field):
+    """transformers fills in Qwen3 defaults for a missing field (issue 13, item 7)."""
+    cfg = json.loads((model_copy / "config.json").read_text())
+    del cfg[field]
+    (model_copy / "config.json").write_text(json.dumps(cfg))
+    msg = _rejects(model_copy, ModelDirError, "config.json", f"{field} missing")
+    assert "shape" not in msg.split("missing")[0]

@@ -57,7 +57,7 @@ def test_a_failing_rank_is_named_and_no_process_survives(tiny_dir, kind, seq):
 
 def test_silent_ranks_are_declared_failed_after_the_step_timeout(tiny_dir):
     llm = LLM(tiny_dir, tensor_parallel_size=2, max_batch=2, max_model_len=32,
-              step_timeout_s=5.0, startup_timeout_s=120.0, _fault=(1, 6, "hang"))
+              step_timeout_s=5.0, startup_timeout_s=300, _fault=(1, 6, "hang"))
     with pytest.raises(RankError) as info:
         llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4, ignore_eos=True))
     # Rank 0 is blocked in the step's first all-reduce, waiting for rank 1: from outside both

@@ -1,0 +1,87 @@
+"""Integer-like token ids are accepted and other types are rejected by type, with one line naming
+the value; the Python API never lets a raw TypeError through (issue 13, item 6)."""
+
+from __future__ import annotations
+
+import multiprocessing
+
+import numpy as np
+import pytest
+import torch
+
+from engine.errors import ModelDirError, ParallelConfigError, RequestError
+from engine.llm import LLM
+from engine.sampling import SamplingParams
+
+GREEDY = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_dir):
+    with LLM(tiny_dir, max_batch=4, max_model_len=64) as engine:
+        yield engine
+
+
+def test_numpy_and_torch_integer_ids_are_token_ids(llm):
+    want = llm.generate([1, 2, 3], GREEDY)[0].token_ids
+    for prompt in ([np.int64(1), np.int32(2), 3], np.array([1, 2, 3]), torch.tensor([1, 2, 3]),
+                   [torch.tensor(1), 2, np.int16(3)]):
+        out, = llm.generate(prompt, GREEDY)
+        assert out.error is None and out.prompt_token_ids == [1, 2, 3]
+        assert out.token_ids == want
+    outs = llm.generate(np.array([[1, 2, 3], [1, 2, 3]]), GREEDY)
+    assert [o.token_ids for o in outs] == [want, want]
+    out, = llm.generate([1, 2, 3], SamplingParams(max_tokens=3, temperature=0,
+                                                  stop_token_ids=(np.int64(want[0]),)))
+    assert out.token_ids == want[:1] and out.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("prompt, fragment", [
+    ([1.0, 2], "prompt token id 1.0 is a float"),
+    ([np.float32(1)], "is a float32"),
+    ([torch.tensor(1.0)], "is a Tensor"),
+    ([True, 2], "prompt token id True is a bool"),
+    ([1, "2"], "prompt token id '2' is a str"),
+    ([1, None], "prompt token id None is a NoneType"),
+    ([np.int64(10**6)], "outside the vocabulary"),
+])
+def test_non_integer_ids_are_rejected_by_type(llm, prompt, fragment):
+    out, = llm.generate([prompt], GREEDY)
+    assert isinstance(out.error, RequestError) and fragment in str(out.error)
+
+
+def test_bad_prompts_and_params_are_request_errors(llm):
+    out, = llm.generate([None], GREEDY)
+    assert "prompt None is neither a text nor a list of token ids" in str(out.error)
+    with pytest.raises(RequestError, match="prompts = None"):
+        llm.generate(None, GREEDY)
+    with pytest.raises(RequestError, match="prompts = 5"):
+        llm.generate(5, GREEDY)
+    for params, fragment in ((SamplingParams(stop_token_ids=5), "stop_token_ids = 5"),
+                             (SamplingParams(stop_token_ids=[1.5]), "stop token id 1.5 is a float"),
+                             (SamplingParams(max_tokens="3"), "max_tokens = '3'"),
+                             (SamplingParams(top_k=2.0), "top_k = 2.0"),
+                             (SamplingParams(temperature="hot"), "temperature = 'hot'"),
+                             (SamplingParams(seed=1.5), "seed = 1.5")):
+        out, = llm.generate([[1, 2]], params)
+        assert isinstance(out.error, RequestError) and fragment in str(out.error), out.error
+
+
+@pytest.mark.parametrize("kwargs, error, fragment", [
+    (dict(step_timeout_s=0), ParallelConfigError, "step_timeout_s = 0"),
+    (dict(step_timeout_s=-1, startup_timeout_s=10), ParallelConfigError, "step_timeout_s = -1"),
+    (dict(step_timeout_s=float("nan"), startup_timeout_s=10), ParallelConfigError,
+     "step_timeout_s = nan"),
+    (dict(step_timeout_s=0, startup_timeout_s=10), ParallelConfigError, "step_timeout_s = 0"),
+    (dict(startup_timeout_s=0), ParallelConfigError, "startup_timeout_s = 0"),
+])
+def test_timeouts_are_checked_each_under_its_own_name(tiny_dir, kwargs, error, fragment):
+    with pytest.raises(error, match=fragment):
+        LLM(tiny_dir, **kwargs)
+    assert multiprocessing.active_children() == []
+
+
+@pytest.mark.parametrize("model_dir", [None, 5, ["dir"]])
+def test_model_dir_of_the_wrong_type(model_dir):
+    with pytest.raises(ModelDirError, match="model_dir = "):
+        LLM(model_dir)
