@@ -97,6 +97,9 @@ def check_flags(args: argparse.Namespace) -> None:
         if not ok:
             raise RequestError(f"{flag} {value:g} must be {expected}" if isinstance(value, float)
                                else f"{flag} {value} must be {expected}")
+    if args.cuda_graph and args.device != "cuda":
+        raise RequestError(f"--cuda-graph needs --device cuda (--device {args.device} runs "
+                           "eager only); drop --cuda-graph")
 
 
 def check_before_load(args: argparse.Namespace, params) -> None:

@@ -175,12 +175,12 @@ def test_cli_cuda_graph_flags(tiny_dir, capsys):
 
     base = ["generate", "--model", str(tiny_dir), "--prompt-ids", "1,2,3", "--max-tokens", "3"]
     assert main(base + ["--cuda-graph"]) == 2
-    assert "cuda_graph = True needs device = 'cuda'" in capsys.readouterr().err
+    assert "--cuda-graph needs --device cuda" in capsys.readouterr().err
     assert main(base + ["--no-cuda-graph", "--max-batch", "2"]) == 0
     out = capsys.readouterr()
     assert out.out.startswith("token_ids: ") and "CUDA graphs off" in out.err
     assert main(base + ["--gpu-memory-utilization", "2"]) == 2
-    assert "gpu_memory_utilization = 2.0" in capsys.readouterr().err
+    assert "--gpu-memory-utilization 2 must be a fraction in (0, 1]" in capsys.readouterr().err
 
 
 def test_startup_watchdog_aborts_a_wedged_sweep(tiny_dir):
