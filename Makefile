@@ -1,11 +1,14 @@
 # Two entry points: `make check` (the main job) and `make test` (the CPU test suite).
-# Both create .venv on first use; torch is pinned so that a CPU machine takes the local CPU wheel.
+# Both create .venv in this directory on first use and install into it only. torch is pinned;
+# which wheel pip takes depends on the index: set TORCH_INDEX (for example
+# https://download.pytorch.org/whl/cpu) to install torch from that index alone.
 PY := .venv/bin/python
+TORCH_INDEX ?=
 
 .venv/installed: pyproject.toml
 	python3 -m venv .venv
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PY) -m pip install -q -e .
 	touch .venv/installed
 

@@ -40,11 +40,13 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
     p.add_argument("--no-capture-sweep", action="store_true",
                    help="skip timing the capture of all 36 buckets")
     p.add_argument("--compare", choices=["hf"], default=None,
-                   help="hf: also time HF StaticCache + torch.compile(mode='reduce-overhead')")
+                   help="hf: also time HF StaticCache + torch.compile(mode='reduce-overhead') "
+                        "(default: no comparison)")
     p.add_argument("--hf-batch-sizes", default=None,
                    help="batch sizes for --compare hf (default: --batch-sizes); compiling "
                         "takes ~40-90 s per shape")
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
+                   help="weights, activations and KV cache dtype (default bfloat16)")
     p.add_argument("--seed", type=seed_arg, default=0, help="weight and input seed (default 0)")
     p.add_argument("--workload", choices=["decode", "throughput"], default="decode",
                    help="decode: time decode steps (default); throughput: serve workload W "
@@ -62,7 +64,8 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
                    help="throughput: temperature of the sampled run (default 0.6)")
     p.add_argument("--top-p", type=float, default=0.95,
                    help="throughput: top-p of the sampled run (default 0.95)")
-    p.add_argument("--json", dest="json_path", default=None, help="write results as JSON here")
+    p.add_argument("--json", dest="json_path", default=None,
+                   help="write results as JSON to this file (default: table only)")
     p.add_argument("--plot", dest="plot_path", default=None,
                    help="PNG plot path (default: the --json path with .png; needs matplotlib)")
     p.set_defaults(run=run)

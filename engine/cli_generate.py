@@ -24,20 +24,26 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
     """Register the subcommand `name` on `subparsers`; sets `run` as its handler."""
     p = subparsers.add_parser(name, help="generate tokens with a Qwen3 model directory",
                               description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True, help="HF-layout Qwen3 directory")
+    p.add_argument("--model", required=True,
+                   help="HF-layout Qwen3 directory (e.g. from `lockstep make-model`)")
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
                    help="ranks (default 1)")
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cpu (gloo between ranks) or cuda (rank r on GPU r, NCCL) (default cpu)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
-                   help="default: the checkpoint's dtype")
+                   help="parameter and KV-cache dtype (default: the checkpoint's dtype)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text (needs a tokenizer in the model dir)")
     src.add_argument("--prompt-ids", type=_ids, help="prompt token ids, e.g. 1,2,3")
     p.add_argument("--max-tokens", type=int, default=16, help="new tokens (default 16)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="divide the logits by this; 0 = greedy (default 0)")
     p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens; 0 or -1 = off (default 0)")
-    p.add_argument("--top-p", type=float, default=1.0, help="1 = off (default)")
-    p.add_argument("--seed", type=int, default=None, help="sampling seed")
+    p.add_argument("--top-p", type=float, default=1.0,
+                   help="keep the most likely tokens up to this probability mass; 1 = off "
+                        "(default 1)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="sampling seed (default: a random one)")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at end-of-sequence")
     p.add_argument("--logprobs", action="store_true", help="print each token's logprob")
     p.add_argument("--max-model-len", type=int, default=None,

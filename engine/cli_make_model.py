@@ -47,11 +47,19 @@ def _check_out(text: str, overwrite: bool = False) -> str | None:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         return f"--out {text!r} cannot be created: {exc.strerror}"
+    import tempfile
+
+    try:  # the one test that holds for root, read-only mounts and /proc alike
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        return f"--out {text!r} is not writable: {exc.strerror}"
     return None
 
 
 def run(args: argparse.Namespace) -> int:
-    """Write the directory; returns the exit status (0 on success, 2 on a bad --out)."""
+    """Write the directory; returns the exit status (0 on success, 2 on a bad --out, 1 if
+    writing fails part-way, e.g. a full disk)."""
     problem = _check_out(args.out, args.overwrite)
     if problem:
         print(f"lockstep make-model: error: {problem}", file=sys.stderr)
@@ -61,7 +69,12 @@ def run(args: argparse.Namespace) -> int:
     def progress(done: int, total: int) -> None:
         print(f"make-model: wrote shard {done}/{total}", file=sys.stderr, flush=True)
 
-    out = write_model_dir(args.preset, args.out, seed=args.seed, dtype=args.dtype,
-                          progress=progress)
+    try:
+        out = write_model_dir(args.preset, args.out, seed=args.seed, dtype=args.dtype,
+                              progress=progress)
+    except OSError as exc:
+        print(f"lockstep make-model: error: writing {args.out!r} failed: "
+              f"{exc.strerror or exc}", file=sys.stderr)
+        return 1
     print(f"make-model: {args.preset} ({args.dtype}, seed {args.seed}) -> {out}")
     return 0

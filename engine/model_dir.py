@@ -105,7 +105,8 @@ def write_model_dir(preset: str, out: str | os.PathLike, seed: int = 0,
 
     Args:
         preset: a key of `engine.presets.PRESETS`.
-        out: directory to create (may exist; files in it are overwritten).
+        out: directory to create (may exist; a model already there -- its index, shards,
+            config and tokenizer -- is removed first, so no stale shard stays beside new ones).
         seed: tensor `k` is drawn from `torch.Generator().manual_seed(seed * 1_000_003 + k)`, so
             a tensor's value does not depend on the shard layout.
         dtype: "float32", "bfloat16" or "float16": storage dtype of every tensor.
@@ -115,6 +116,7 @@ def write_model_dir(preset: str, out: str | os.PathLike, seed: int = 0,
         The directory path.
     Raises:
         ValueError: unknown preset or dtype.
+        OSError: the directory cannot be written.
     """
     import torch
     from safetensors.torch import save_file
@@ -127,7 +129,9 @@ def write_model_dir(preset: str, out: str | os.PathLike, seed: int = 0,
     cfg = PRESETS[preset]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    remove_model_files(out)
     config.save_pretrained(out)
+    write_tokenizer(out, cfg)
     gen = {"bos_token_id": cfg["bos_token_id"], "eos_token_id": cfg["eos_token_id"],
            "do_sample": False}
     (out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
@@ -153,6 +157,63 @@ def write_model_dir(preset: str, out: str | os.PathLike, seed: int = 0,
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
     return out
+
+
+MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors.index.json",
+               "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+               "special_tokens_map.json")
+"""Files of a model directory that `write_model_dir` writes or that a previous model left."""
+
+
+def remove_model_files(out: Path) -> list[str]:
+    """Delete a model already in ``out``: MODEL_FILES, the shards its index names and any
+    ``model-NNNNN-of-NNNNN.safetensors``. Returns the names removed; other files stay."""
+    import re
+
+    names = set()
+    index = out / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            names |= set(json.loads(index.read_text()).get("weight_map", {}).values())
+        except (OSError, ValueError, AttributeError):
+            pass
+    names |= {p.name for p in out.iterdir()
+              if re.fullmatch(r"model-\d{5}-of-\d{5}\.safetensors", p.name)}
+    names |= {n for n in MODEL_FILES if (out / n).exists()}
+    removed = []
+    for name in sorted(names):
+        path = out / name
+        if path.is_file() and path.parent == out:
+            path.unlink()
+            removed.append(name)
+    return removed
+
+
+TOKENIZER_SPECIALS = {"bos_token_id": "<|bos|>", "eos_token_id": "<|endoftext|>"}
+
+
+def write_tokenizer(out: Path, cfg: dict) -> None:
+    """Write a byte-level tokenizer (tokenizer.json, tokenizer_config.json) built offline.
+
+    Each of the 256 bytes is one token (ids 0.. upward, skipping the special ids), with no
+    merges, so any text encodes; the preset's bos and eos ids are its special tokens. Ids
+    above the 258 used ones decode to nothing. It lets text prompts be tried on a random model;
+    it is not Qwen3's tokenizer.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = {cfg[k]: t for k, t in TOKENIZER_SPECIALS.items() if k in cfg}
+    free = (i for i in range(cfg["vocab_size"]) if i not in specials)
+    vocab = {ch: next(free) for ch in sorted(pre_tokenizers.ByteLevel.alphabet())}
+    vocab.update({t: i for i, t in specials.items()})
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok,
+                                   bos_token=specials.get(cfg.get("bos_token_id")),
+                                   eos_token=specials.get(cfg.get("eos_token_id")))
+    fast.save_pretrained(str(out))
 
 
 def _random_tensor(name: str, shape, seed: int, idx: int, dtype):

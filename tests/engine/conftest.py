@@ -14,6 +14,16 @@ def tiny_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def no_tokenizer_dir(tiny_dir, tmp_path_factory):
+    """`tiny_dir` without its tokenizer files (a directory that takes token ids only)."""
+    import shutil
+
+    d = tmp_path_factory.mktemp("no_tok") / "m"
+    shutil.copytree(tiny_dir, d, ignore=shutil.ignore_patterns("tokenizer*", "special_tokens*"))
+    return d
+
+
+@pytest.fixture(scope="session")
 def tiny_tied_dir(tmp_path_factory):
     """`tiny-tied` preset (tied embeddings, q width != hidden), float32, seed 1."""
     from engine.model_dir import write_model_dir

@@ -34,7 +34,6 @@ def test_generate_prints_tokens_and_progress(tiny_dir, capsys):
 @pytest.mark.parametrize("argv, status, fragment", [
     (["-tp", "3"], 2, "num_attention_heads = 4 is not divisible by tensor_parallel_size = 3"),
     (["--max-tokens", "0"], 2, "--max-tokens 0 must be an integer >= 1"),
-    (["--prompt", "hi"], 2, "has no tokenizer"),
 ])
 def test_generate_errors_exit_2_with_one_line(tiny_dir, capsys, argv, status, fragment):
     base = ["generate", "--model", str(tiny_dir), "--max-tokens", "3"]
@@ -57,7 +56,6 @@ def test_generate_errors_exit_2_with_one_line(tiny_dir, capsys, argv, status, fr
     (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization 1.5 must be"),
     (["--step-timeout", "0"], "--step-timeout 0 must be"),
     (["--step-timeout", "nan"], "--step-timeout nan must be"),
-    (["--prompt", "hi"], "has no tokenizer"),
     (["--prompt-ids", "1,99999"], "prompt token id 99999 outside the vocabulary"),
     (["--max-model-len", "0"], "--max-model-len 0 must be at least 1"),
 ])
@@ -73,6 +71,23 @@ def test_bad_requests_are_refused_before_the_model_loads(tiny_dir, capsys, monke
     assert main(base + argv) == 2
     err = capsys.readouterr().err.strip()
     assert fragment in err and len(err.splitlines()) == 1
+
+
+def test_text_prompt_needs_a_tokenizer(no_tokenizer_dir, capsys, monkeypatch):
+    import engine.llm
+
+    monkeypatch.setattr(engine.llm, "LLM", None)  # refused before any load
+    assert main(["generate", "--model", str(no_tokenizer_dir), "--prompt", "hi"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "has no tokenizer; use --prompt-ids" in err and len(err.splitlines()) == 1
+
+
+def test_text_prompt_with_the_make_model_tokenizer(tiny_dir, capsys):
+    assert main(["generate", "--model", str(tiny_dir), "--prompt", "hello", "--max-tokens",
+                 "3", "--ignore-eos"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("token_ids: ") and len(lines[0][11:].split(",")) == 3
+    assert lines[1].startswith("text: ")
 
 
 def test_bad_prompt_ids_are_an_argparse_error(tiny_dir, capsys):

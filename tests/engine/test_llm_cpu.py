@@ -106,7 +106,6 @@ def test_stop_tokens_end_a_request(model):
     ([1, 2], SamplingParams(stop_token_ids=(512,)), "stop token id 512"),
     ([1, 512], SamplingParams(), "prompt token id 512"),
     ([], SamplingParams(), "prompt is empty"),
-    ("hello", SamplingParams(), "has no tokenizer"),
 ])
 def test_a_bad_request_gets_its_own_error_while_others_finish(model, prompt, params, fragment):
     _, llm = model
@@ -117,6 +116,13 @@ def test_a_bad_request_gets_its_own_error_while_others_finish(model, prompt, par
     assert [o.error for o in (outs[0], outs[2])] == [None, None]
     assert outs[0].token_ids == llm.generate([[3, 4, 5]], good)[0].token_ids
     assert len(outs[2].token_ids) == 5
+
+
+def test_text_prompt_without_a_tokenizer_is_a_request_error(no_tokenizer_dir):
+    with LLM(no_tokenizer_dir, max_batch=2, max_model_len=32) as llm:
+        outs = llm.generate(["hello", [1, 2]], SamplingParams(max_tokens=2))
+    assert isinstance(outs[0].error, RequestError) and "has no tokenizer" in str(outs[0].error)
+    assert outs[1].error is None and len(outs[1].token_ids) == 2
 
 
 def test_eos_from_generation_config_stops_unless_ignored(tiny_dir, tmp_path):

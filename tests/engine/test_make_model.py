@@ -126,3 +126,66 @@ def test_non_empty_out_needs_overwrite_and_seed_is_range_checked(tmp_path, capsy
     with pytest.raises(SystemExit) as info:
         main(["make-model", "--preset", "tiny", "--out", str(tmp_path / "n"), "--seed", str(10**20)])
     assert info.value.code == 2 and "outside [0, 2**63)" in capsys.readouterr().err
+
+
+def test_replacing_a_model_leaves_no_stale_shard(tmp_path, capsys):
+    """float32 writes more shards than bfloat16; the second run must remove the extra ones
+    (issue 13, item 9)."""
+    from lockstep.cli import main
+
+    out = tmp_path / "m"
+    assert main(["make-model", "--preset", "tiny", "--out", str(out), "--dtype", "float32"]) == 0
+    (out / "notes.txt").write_text("keep me")
+    assert main(["make-model", "--preset", "tiny", "--out", str(out), "--overwrite"]) == 0
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert {p.name for p in out.glob("*.safetensors")} == set(index["weight_map"].values())
+    assert (out / "notes.txt").read_text() == "keep me"
+    from engine.llm import LLM
+
+    with LLM(out, max_model_len=32) as llm:
+        assert llm.cfg.torch_dtype == "bfloat16"
+
+
+def test_unwritable_out_is_one_line(tmp_path, capsys):
+    from lockstep.cli import main
+
+    assert main(["make-model", "--preset", "tiny", "--out", "/proc/self", "--overwrite"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--out '/proc/self' is not writable" in err and len(err.splitlines()) == 1
+
+
+def test_write_failure_part_way_is_one_line(tmp_path, capsys, monkeypatch):
+    import errno
+
+    import safetensors.torch
+
+    from lockstep.cli import main
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full)
+    assert main(["make-model", "--preset", "tiny", "--out", str(tmp_path / "m")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (f"lockstep make-model: error: writing {str(tmp_path / 'm')!r} failed: "
+                       "No space left on device")
+    assert not any("Traceback" in line for line in err)
+
+
+def test_make_model_writes_a_byte_level_tokenizer(tmp_path):
+    """Text prompts work offline (issue 13, item 15): every byte is a token, eos is special."""
+    from transformers import AutoTokenizer
+
+    from engine.llm import LLM
+    from engine.sampling import SamplingParams
+
+    out = write_model_dir("tiny", tmp_path / "m", dtype="float32")
+    tok = AutoTokenizer.from_pretrained(str(out))
+    text = "héllo, wörld"
+    ids = tok.encode(text)
+    assert len(ids) == len(text.encode()) and max(ids) < PRESETS["tiny"]["vocab_size"]
+    assert tok.decode(ids) == text
+    assert tok.eos_token_id == PRESETS["tiny"]["eos_token_id"]
+    with LLM(out, max_model_len=64) as llm:
+        res, = llm.generate(text, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+    assert res.error is None and res.prompt_token_ids == ids and isinstance(res.text, str)

@@ -27,3 +27,33 @@ def test_readme_python_example_runs(tiny_dir, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     tokens = eval(proc.stdout.strip().splitlines()[-1])  # a list of ints
     assert isinstance(tokens, list) and len(tokens) == 8 and all(isinstance(t, int) for t in tokens)
+
+
+@pytest.mark.timeout(300)
+def test_readme_cpu_engine_commands_run(tmp_path):
+    """The README's CPU engine commands (make-model, generate with ids and with text) succeed
+    and print token ids (issue 13, items 13 and 15)."""
+    import shlex
+
+    block = (ROOT / "README.md").read_text().split("## Engine", 1)[1].split("```bash\n", 1)[1]
+    lines = [ln.split("#", 1)[0].strip() for ln in block.split("```", 1)[0].splitlines()]
+    cpu = [ln for ln in lines if ln and "/tmp/m" in ln]
+    assert [ln.split()[1] for ln in cpu] == ["make-model", "generate", "generate"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    for line in cpu:
+        argv = [a.replace("/tmp/m", str(tmp_path / "m")) for a in shlex.split(line)[1:]]
+        proc = subprocess.run([sys.executable, "-m", "lockstep", *argv], capture_output=True,
+                              text=True, env=env, timeout=240, cwd=tmp_path)
+        assert proc.returncode == 0, (line, proc.stderr[-2000:])
+        if argv[0] == "generate":
+            assert proc.stdout.startswith("token_ids: ")
+
+
+def test_readme_states_the_torch_version_the_makefile_installs():
+    import re
+
+    makefile = (ROOT / "Makefile").read_text()
+    pinned = re.search(r"torch==([\d.]+)", makefile).group(1)
+    readme = (ROOT / "README.md").read_text()
+    assert f"torch {pinned}" in readme
+    assert "source .venv/bin/activate" in readme and ".venv/bin/lockstep" in readme

@@ -1,0 +1,39 @@
+"""`--help` of the engine subcommands: every option says what it does and, unless it is a switch
+or required, its default (issue 13, item 14)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from lockstep.cli import build_parser
+
+
+def _subparser(name):
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices[name]
+
+
+@pytest.mark.parametrize("name", ["generate", "bench", "make-model"])
+def test_every_option_has_help_and_shows_its_default(name):
+    p = _subparser(name)
+    required_groups = {id(a) for g in p._mutually_exclusive_groups if g.required
+                       for a in g._group_actions}
+    for action in p._actions:
+        if isinstance(action, argparse._HelpAction):
+            continue
+        flag = action.option_strings[-1] if action.option_strings else action.dest
+        assert action.help, f"{name} {flag} has no help"
+        switch = isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction))
+        if switch or action.required or id(action) in required_groups:
+            continue
+        assert "default" in action.help, f"{name} {flag}: help does not show the default"
+
+
+def test_help_renders(capsys):
+    for name in ("generate", "bench", "make-model"):
+        with pytest.raises(SystemExit):
+            _subparser(name).parse_args(["--help"])
+        assert "default" in capsys.readouterr().out
