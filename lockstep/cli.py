@@ -1,4 +1,8 @@
-"""`lockstep` command dispatcher.
+"""lockstep: CUDA-graph decode under tensor parallelism, safe by construction, and checked.
+
+`lockstep check` checks the TP step protocol and the known-bad variants in the simulator;
+`lockstep docs` renders the walkthroughs; `lockstep make-model`, `generate` and `bench` drive
+the engine. `lockstep COMMAND --help` shows each command's options and their defaults.
 
 Each subcommand lives with the package that implements it (`sim.cli` for `check` and
 `docs`, `engine.cli` for `make-model`, `generate` and `bench`); this module only wires them
@@ -9,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # subcommand -> module exposing add_parser(subparsers) and run(args) -> int
@@ -31,7 +36,8 @@ class _ArgumentParser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """Build the top-level parser; subcommands whose module is missing are skipped."""
-    parser = _ArgumentParser(prog="lockstep", description=__doc__.splitlines()[0])
+    parser = _ArgumentParser(prog="lockstep", description="\n\n".join(__doc__.split("\n\n")[:2]),
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", parser_class=_ArgumentParser)
     for name, module_name in SUBCOMMANDS.items():
         try:
@@ -51,7 +57,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    return int(args.run(args) or 0)
+    try:
+        status = int(args.run(args) or 0)
+        sys.stdout.flush()
+        return status
+    except KeyboardInterrupt:
+        sys.stderr.write(f"lockstep {args.command}: interrupted\n")
+        return 130
+    except BrokenPipeError:
+        # The reader went away (`lockstep check | head -1`): say nothing more, exit as a
+        # process killed by SIGPIPE would, and keep Python's exit-time flush quiet.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field
 
 from protocol.errors import ConfigError
+from sim.guard import Stalled, describe, locate, watchdog
 from sim.hazards import HazardModel
 from sim.reduce import reduce_schedule
 from sim.run import RunResult, run_schedule
@@ -80,6 +81,7 @@ class Row:
     scenario: Scenario | None = None
     passed: bool = False
     notes: list[str] = field(default_factory=list)
+    compared: bool = True
 
     @property
     def minimal_length(self) -> int | None:
@@ -154,8 +156,8 @@ def check_correct(variant: Variant, spec: CheckSpec, topology: str, progress=Non
     if result.failure is not None:
         got, detail = verdict_label(result.failure), result.failure.outcome.detail
         minimal = reduce_schedule(base, variant, result.failure)
-    elif stats.schedules == 0:
-        got, detail, minimal = "incomplete", "the time budget ended the search before one schedule finished", None
+    elif stats.schedules == 0 or stats.budget_reached:
+        got, detail, minimal = "incomplete", _incomplete(stats, spec.schedules), None
     else:
         wanted = ("replay", "compaction_moves_live") + tuple(variant.reaches)
         missing = [e for e in wanted if not stats.reached.get(e)]
@@ -174,6 +176,8 @@ def check_correct(variant: Variant, spec: CheckSpec, topology: str, progress=Non
         if fres.failure is not None:
             got, detail = verdict_label(fres.failure), fres.failure.outcome.detail
             minimal = reduce_schedule(fres.failure.world.scenario, variant, fres.failure)
+        elif fstats.schedules == 0 or fstats.budget_reached:
+            got, detail, minimal = "incomplete", _incomplete(fstats, spec.fault_schedules), None
         elif not (fstats.reached.get("fault_fired_sweep") and fstats.reached.get("fault_fired_serving")):
             from sim.faults import fault_coverage
             got, minimal = "vacuous", None
@@ -199,8 +203,12 @@ def check_bad(variant: Variant, spec: CheckSpec, topology: str, progress=None,
     expected = variant.expected.get(topology, "?")
     result = _search(spec, Fixed(scenario), variant, CLEAN, spec.schedules, progress)
     if result.failure is None:
-        return Row(variant.name, topology, expected, "clean", result.stats,
-                   f"no failure in {result.stats.schedules} schedules", None, scenario, expected == "clean")
+        stats = result.stats
+        if stats.schedules == 0 or stats.budget_reached:
+            return Row(variant.name, topology, expected, "incomplete", stats,
+                       _incomplete(stats, spec.schedules), None, scenario, False)
+        return Row(variant.name, topology, expected, "clean", stats,
+                   f"no failure in {stats.schedules} schedules", None, scenario, expected == "clean")
     got = verdict_label(result.failure)
     minimal = reduce_schedule(scenario, variant, result.failure, max_attempts=reduce_attempts)
     detail = minimal.outcome.detail
@@ -211,11 +219,31 @@ def check_bad(variant: Variant, spec: CheckSpec, topology: str, progress=None,
                got == expected)
 
 
+def _incomplete(stats: SearchStats, planned: int) -> str:
+    explored = (f"{stats.unique_states} unique states" if stats.hashed
+                else f"{stats.schedules} of {planned} schedules")
+    return f"the time budget ended the search after {explored}, with no failure in them"
+
+
 def check_variant(variant: Variant, spec: CheckSpec, topology: str, progress=None) -> list[Row]:
-    """Rows for one variant in one topology."""
-    if all(v == "clean" for v in variant.expected.values()):
-        return check_correct(variant, spec, topology, progress)
-    return [check_bad(variant, spec, topology, progress)]
+    """Rows for one variant in one topology.
+
+    A variant whose own code raises, or never returns (see `sim.guard.watchdog`), gets one
+    row with verdict ``error`` and a one-line detail naming the variant and the place.
+    """
+    from sim.workers import WorkerError
+
+    try:
+        with watchdog():
+            if all(v == "clean" for v in variant.expected.values()):
+                return check_correct(variant, spec, topology, progress)
+            return [check_bad(variant, spec, topology, progress)]
+    except WorkerError as exc:
+        problem = exc.message
+    except (Exception, Stalled) as exc:  # noqa: BLE001 - a variant's code can raise anything
+        problem = locate(exc)
+    return [Row(variant.name, topology, variant.expected.get(topology, "?"), "error", SearchStats(),
+                describe(variant.name, problem))]
 
 
 def replay_trace(data: dict) -> tuple[RunResult | None, str | None]:

@@ -8,16 +8,22 @@ and exits 0 only if all verdicts are as expected. Bad arguments exit 2 with a on
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import signal
 import sys
+import tempfile
+import threading
 import time
+from dataclasses import fields
 from pathlib import Path
 
 from protocol.buckets import validate_buckets
 from protocol.errors import ConfigError
 from sim.check import CheckSpec, Row, check_variant, replay_trace, scenario_spec
-from sim.hazards import RULES
+from sim.hazards import RULES, HazardModel
+from sim.progress import CheckProgress
 from sim.report import narrative, write_trace
 from sim.scenario import TOPOLOGIES
 from sim.strategies import STRATEGIES
@@ -72,37 +78,53 @@ def _typed(fn, what):
     return parse
 
 
+DEFAULTS = {"ranks": 2, "topology": "both", "strategy": "random", "schedules": 300,
+            "fault_schedules": 100, "time_budget": 60.0, "seed": 0, "jobs": None}
+"""Defaults of the options that `--replay` refuses; they are None in the parser so that an
+option given on the command line can be told from one left at its default."""
+
+HAZARD_HELP = ", ".join(f"{f.name.split('_')[0]} {' '.join(f.name.split('_')[1:])}"
+                        for f in fields(HazardModel) if f.type in (bool, "bool"))
+
+
 def add_parser(subparsers, name: str) -> None:
     """Register `lockstep check`."""
     p = subparsers.add_parser(name, help="check the protocol and every known-bad variant",
-                              description=__doc__)
+                              description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--variant", action="append", default=[], metavar="NAME",
                    help="check only this variant (repeatable); default: all shipped")
     p.add_argument("--variant-file", action="append", default=[], metavar="PATH",
                    help="load variants from a Python file and check them (instead of the shipped "
                         "ones; add --variant NAME to check shipped ones as well)")
-    p.add_argument("--ranks", type=_typed(lambda t: _int(t, 2), "--ranks"), default=2,
+    p.add_argument("--ranks", type=_typed(lambda t: _int(t, 2), "--ranks"), default=None,
                    help="world size, at least 2: every hazard is between ranks (default 2)")
     p.add_argument("--buckets", type=_typed(_buckets, "--buckets"), default=None,
                    help="comma-separated decode buckets (default: the 36 pegainfer buckets)")
     p.add_argument("--max-batch", type=_typed(_positive_int, "--max-batch"), default=None,
                    help="max batch (default: the largest bucket)")
-    p.add_argument("--topology", choices=("both",) + TOPOLOGIES, default="both",
-                   help="shared (one process, one driver lock) or per-rank processes")
-    p.add_argument("--strategy", choices=STRATEGIES, default="random",
+    p.add_argument("--topology", choices=("both",) + TOPOLOGIES, default=None,
+                   help="shared (all ranks in one process, one driver lock), per-rank (one "
+                        "process per rank), or both (default both)")
+    p.add_argument("--strategy", choices=STRATEGIES, default=None,
                    help="schedule search strategy (default random)")
-    p.add_argument("--schedules", type=_typed(_positive_int, "--schedules"), default=300,
+    p.add_argument("--schedules", type=_typed(_positive_int, "--schedules"), default=None,
                    help="schedules per variant and topology (default 300)")
-    p.add_argument("--fault-schedules", type=_typed(lambda t: _int(t, 0), "--fault-schedules"), default=100,
+    p.add_argument("--fault-schedules", type=_typed(lambda t: _int(t, 0), "--fault-schedules"),
+                   default=None,
                    help="faulted schedules for the correct protocol (default 100; 0 skips)")
-    p.add_argument("--time-budget", type=_typed(_positive_float, "--time-budget"), default=60.0,
-                   help="seconds per variant and topology (default 60)")
-    p.add_argument("--seed", type=_typed(_int, "--seed"), default=0, help="search seed (default 0)")
-    p.add_argument("--jobs", type=_typed(_positive_int, "--jobs"), default=os.cpu_count() or 1,
-                   help="worker processes for random and PCT search (default: CPU count)")
-    p.add_argument("--hazard-off", action="append", default=[], choices=RULES,
-                   help="switch a hazard rule off (repeatable)")
-    p.add_argument("--replay", metavar="TRACE.json", help="replay a recorded trace exactly")
+    p.add_argument("--time-budget", type=_typed(_positive_float, "--time-budget"), default=None,
+                   help="seconds per search, for each variant and topology (default 60)")
+    p.add_argument("--seed", type=_typed(_int, "--seed"), default=None, help="search seed (default 0)")
+    p.add_argument("--jobs", type=_typed(_positive_int, "--jobs"), default=None,
+                   help=f"worker processes for random and PCT search (default: the CPU count, "
+                        f"{os.cpu_count() or 1} here)")
+    p.add_argument("--hazard-off", action="append", default=[], choices=RULES, metavar="HAZARD",
+                   help=f"switch a hazard rule off (repeatable): {HAZARD_HELP} (docs/hazards.md); "
+                        "bad variants' verdicts are then reported, not compared")
+    p.add_argument("--replay", metavar="TRACE.json",
+                   help="replay a recorded trace exactly (takes its scenario from the trace; "
+                        "combines only with --json, --trace-out and --variant-file)")
     p.add_argument("--trace-out", metavar="DIR", type=_typed(_trace_dir, "--trace-out"),
                    help="write each counterexample as .txt, .mmd, .json (created if missing)")
     p.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
@@ -111,6 +133,7 @@ def add_parser(subparsers, name: str) -> None:
 
 
 def _trace_dir(text: str) -> Path:
+    """The --trace-out directory, created if missing and checked writable before any search."""
     if not text:
         raise ValueError("the directory name is empty")
     path = Path(text)
@@ -118,8 +141,11 @@ def _trace_dir(text: str) -> Path:
         raise ValueError(f"{text!r} exists and is not a directory")
     try:
         path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
     except OSError as exc:
-        raise ValueError(f"cannot create {text!r}: {exc.strerror}") from None
+        what = "create" if not path.is_dir() else "write to"
+        raise ValueError(f"cannot {what} {text!r}: {exc.strerror or exc}") from None
     return path
 
 
@@ -128,19 +154,49 @@ def _fail(message: str) -> int:
     return 2
 
 
+class _Terminated(BaseException):
+    """SIGTERM, turned into an exception so that worker processes are reaped on the way out."""
+
+
 def run(args) -> int:
-    """Run `lockstep check`; returns the exit status (0 all as expected, 1 not, 2 bad input)."""
+    """Run `lockstep check`; returns the exit status (0 all as expected, 1 not, 2 bad input,
+    130 interrupted by Ctrl-C, 143 by SIGTERM)."""
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        def terminated(signum, frame):
+            raise _Terminated()
+        previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        return _run(args)
+    except KeyboardInterrupt:
+        sys.stderr.write("lockstep check: interrupted\n")
+        return 130
+    except _Terminated:
+        sys.stderr.write("lockstep check: terminated\n")
+        return 143
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _run(args) -> int:
     if args.replay is not None:
-        clashing = [opt for opt, value in (("--variant", args.variant), ("--buckets", args.buckets),
-                                            ("--max-batch", args.max_batch)) if value]
-        if clashing:
-            return _fail(f"--replay takes its scenario from the trace; drop {', '.join(clashing)}")
+        given = [f"--{k.replace('_', '-')}" for k in DEFAULTS if getattr(args, k) is not None]
+        given += [opt for opt, value in (("--variant", args.variant), ("--buckets", args.buckets),
+                                         ("--max-batch", args.max_batch),
+                                         ("--hazard-off", args.hazard_off)) if value]
+        if given:
+            return _fail(f"--replay takes its scenario and search from the trace; drop "
+                         f"{', '.join(given)}")
         try:
             for path in args.variant_file:  # a trace of a user's variant needs its file
                 load_variant_file(path)
         except ConfigError as exc:
             return _fail(str(exc))
-        return _replay(args.replay, args.json)
+        return _replay(args.replay, args.json, args.trace_out)
+    for key, value in DEFAULTS.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value if key != "jobs" else os.cpu_count() or 1)
     try:
         for path in args.variant_file:
             loaded = load_variant_file(path)
@@ -154,45 +210,89 @@ def run(args) -> int:
         spec.scenario("shared")  # validates ranks / buckets / max batch before any search
     except ConfigError as exc:
         return _fail(str(exc))
+    cpus = os.cpu_count() or 1
+    if args.jobs > cpus and args.strategy in ("random", "pct"):
+        sys.stderr.write(f"lockstep check: warning: --jobs {args.jobs} is more than the {cpus} "
+                         f"CPUs here; the search will not run faster than with --jobs {cpus}\n")
     topologies = TOPOLOGIES if args.topology == "both" else (args.topology,)
+    compare_bad = not args.hazard_off
     rows: list[Row] = []
     start = time.perf_counter()
-    from tqdm import tqdm
-    total = len(variants) * len(topologies) * spec.schedules
-    with tqdm(total=total, desc="lockstep check", unit="sched", file=sys.stderr,
-              disable=args.no_progress or None, leave=False) as bar:
+    plan = [(f"{v.name} / {t}", spec.schedules + (spec.fault_schedules if _correct(v) else 0),
+             2 if _correct(v) and spec.fault_schedules else 1)
+            for v in variants for t in topologies]
+    with CheckProgress(plan, spec.time_budget, disable=args.no_progress or None) as bar:
         for variant in variants:
             for topology in topologies:
-                bar.set_postfix_str(f"{variant.name} / {topology}")
-                rows += check_variant(variant, spec, topology, bar.update)
+                new = check_variant(variant, spec, topology, bar.step)
+                if not compare_bad and not _correct(variant):
+                    for row in new:
+                        row.passed = row.got != "error"
+                        row.compared = False
+                rows += new
+                bar.next_row()
     elapsed = time.perf_counter() - start
     if args.trace_out is not None:
-        if not any(row.minimal is not None for row in rows):
-            sys.stderr.write(f"lockstep check: no counterexample found, nothing written to {args.trace_out}\n")
-        for row in rows:
-            if row.minimal is not None:
-                write_trace(args.trace_out, f"{row.variant}.{row.topology}", row.minimal,
-                            row.variant.split("+")[0], scenario_spec(spec, row.topology, row.minimal.world.scenario))
+        try:
+            _write_traces(args.trace_out, rows, spec)
+        except OSError as exc:
+            return _fail(f"cannot write traces to {str(args.trace_out)!r}: {exc.strerror or exc}")
     ok = all(row.passed for row in rows)
     if args.json:
-        print(json.dumps({"ok": ok, "seconds": elapsed, "rows": [_row_json(r) for r in rows]}, indent=1))
+        print(json.dumps({"ok": ok, "seconds": elapsed, "hazards_off": list(args.hazard_off),
+                          "rows": [_row_json(r) for r in rows]}, indent=1))
     else:
-        if args.hazard_off:
-            print(f"hazards switched off: {', '.join(args.hazard_off)}")
-        print(render_table(rows))
-        for row in rows:
-            if row.stats.budget_reached:
-                print(f"note: {row.variant} / {row.topology}: the time budget ended the search after "
-                      f"{row.stats.schedules} complete schedules"
-                      + ("" if not row.stats.hashed else f" and {row.stats.unique_states} unique states")
-                      + "; the verdict covers only what was explored")
-        print(f"\n{'OK' if ok else 'FAILED'}: {sum(r.passed for r in rows)}/{len(rows)} verdicts as "
-              f"expected in {elapsed:.1f} s")
-        for row in rows:
-            if row.minimal is not None and (not row.passed or len(variants) == 1):
-                print(f"\nMinimal counterexample, {row.variant} / {row.topology}:\n"
-                      + narrative(row.minimal))
+        _print_text(rows, ok, elapsed, args, len(variants))
     return 0 if ok else 1
+
+
+def _correct(variant) -> bool:
+    return all(v == "clean" for v in variant.expected.values())
+
+
+def _write_traces(directory: Path, rows: list[Row], spec: CheckSpec) -> None:
+    if not any(row.minimal is not None for row in rows):
+        sys.stderr.write(f"lockstep check: no counterexample found, nothing written to {directory}\n")
+    for row in rows:
+        if row.minimal is not None:
+            write_trace(directory, f"{row.variant}.{row.topology}", row.minimal,
+                        row.variant.split("+")[0],
+                        scenario_spec(spec, row.topology, row.minimal.world.scenario))
+
+
+def _print_text(rows: list[Row], ok: bool, elapsed: float, args, n_variants: int) -> None:
+    if args.hazard_off:
+        print(f"hazards switched off: {', '.join(args.hazard_off)} (bad variants' verdicts are "
+              "reported, not compared with the full model's)")
+    print(render_table(rows))
+    for row in rows:
+        if row.got == "error":
+            print(f"error: {row.variant} / {row.topology}: {row.detail}")
+        elif row.got == "incomplete" or row.stats.budget_reached:
+            print(f"note: {row.variant} / {row.topology}: {row.detail if row.got == 'incomplete' else _budget_note(row)}")
+    print(f"\n{'OK' if ok else 'FAILED'}: {_summary(rows)} in {elapsed:.1f} s")
+    for row in rows:
+        if row.minimal is not None and (not row.passed or n_variants == 1):
+            print(f"\nMinimal counterexample, {row.variant} / {row.topology}:\n"
+                  + narrative(row.minimal))
+
+
+def _budget_note(row: Row) -> str:
+    explored = (f"{row.stats.unique_states} unique states" if row.stats.hashed
+                else f"{row.stats.schedules} complete schedules")
+    return (f"the time budget ended the search after {explored}; the verdict covers only what "
+            "was explored")
+
+
+def _summary(rows: list[Row]) -> str:
+    compared = [r for r in rows if r.compared]
+    text = f"{sum(r.passed for r in compared)}/{len(compared)} verdicts as expected"
+    others = [r for r in rows if not r.compared]
+    if others:
+        changed = sum(r.got != r.expected for r in others)
+        text += (f"; {changed} of {len(others)} bad-variant verdicts differ from the full "
+                 "model's")
+    return text
 
 
 def _row_json(row: Row) -> dict:
@@ -202,14 +302,15 @@ def _row_json(row: Row) -> dict:
             "unique_states": s.unique_states if s.hashed else None, "complete": s.complete,
             "budget_reached": s.budget_reached, "seconds": round(s.seconds, 3),
             "failing_percent": round(s.failing_percent, 2), "minimal_trace_length": row.minimal_length,
-            "detail": row.detail, "choices": row.minimal.choices if row.minimal else None}
+            "compared": row.compared, "detail": row.detail,
+            "choices": row.minimal.choices if row.minimal else None}
 
 
 def render_table(rows: list[Row]) -> str:
     """The verdict table: variant, topology, expected, got, schedules, states, time, minimal trace."""
     header = ("variant", "topology", "expected", "got", "schedules", "states", "time", "min trace", "")
     body = [(r.variant, r.topology, r.expected, r.got, str(r.stats.schedules), str(r.stats.actions),
-             f"{r.stats.seconds:.2f}s", str(r.minimal_length or "-"), "ok" if r.passed else "MISMATCH")
+             f"{r.stats.seconds:.2f}s", str(r.minimal_length or "-"), _status(r))
             for r in rows]
     widths = [max(len(x[i]) for x in [header] + body) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in [header] + body]
@@ -217,7 +318,13 @@ def render_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def _replay(path: str, as_json: bool) -> int:
+def _status(row: Row) -> str:
+    if not row.compared:
+        return "error" if row.got == "error" else ("same" if row.got == row.expected else "differs")
+    return "ok" if row.passed else "MISMATCH"
+
+
+def _replay(path: str, as_json: bool, trace_out: Path | None = None) -> int:
     if not path:
         return _fail("--replay needs a trace file path")
     try:
@@ -240,6 +347,13 @@ def _replay(path: str, as_json: bool) -> int:
         else:
             print(f"NONDETERMINISM: {problem}")
         return 1
+    if trace_out is not None:
+        try:
+            written = write_trace(trace_out, Path(path).stem + ".replayed", result, data["variant"],
+                                  data.get("scenario", {}))
+        except OSError as exc:
+            return _fail(f"cannot write the replayed trace to {str(trace_out)!r}: {exc.strerror or exc}")
+        sys.stderr.write(f"lockstep check: replayed trace written to {written['json'].parent}\n")
     if as_json:
         print(json.dumps({"verdict": result.outcome.verdict, "invariant": result.outcome.invariant,
                           "detail": result.outcome.detail, "actions": result.actions}))

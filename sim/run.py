@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from sim.guard import tick
 from sim.scenario import Scenario
 from sim.world import Outcome, World
 
@@ -51,6 +52,7 @@ def run_schedule(scenario: Scenario, variant, chooser, on_state=None,
         actor = enabled[0] if len(enabled) == 1 else chooser.choose(enabled, len(choices))
         choices.append(actor)
         world.step(actor)
+        tick()
         if on_state is not None:
             on_state(world)
     return RunResult(world.outcome, choices, world.actions, dict(world.events), world)

@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from sim.guard import tick, watchdog
 from sim.run import RunResult, run_schedule
 from sim.scenario import Scenario
 from sim.strategies import PCT, Drawn, RandomWalk
@@ -192,6 +193,7 @@ def exhaustive_search(scenario: Scenario, variant, acceptable: Acceptable,
             while not world.enabled():
                 world.settle()
             world.step(actor)
+            tick()
         path = list(prefix)
         symmetric = symmetry and world.symmetry_is_sound()
         while world.outcome is None:
@@ -208,6 +210,7 @@ def exhaustive_search(scenario: Scenario, variant, acceptable: Acceptable,
                     stack.append(path + [actor])
             path.append(enabled[0])
             world.step(enabled[0])
+            tick()
         else:
             result = RunResult(world.outcome, path, world.actions, dict(world.events), world)
             ok = _tally(stats, result, acceptable, progress)
@@ -287,6 +290,11 @@ class _SampleJob:
 
 def _run_chunk(job: _SampleJob, bounds: tuple[int, int], deadline: float):
     """Worker side: run schedules [lo, hi); return their stats and the first failing index."""
+    with watchdog():
+        return _chunk(job, bounds, deadline)
+
+
+def _chunk(job: _SampleJob, bounds: tuple[int, int], deadline: float):
     lo, hi = bounds
     stats = SearchStats()
     first = None

@@ -30,9 +30,10 @@ import pickle
 import signal
 import sys
 import time
-import traceback
 from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.connection import wait
+
+from sim.guard import locate, paused
 
 GRACE_S = 5.0
 """Seconds past the deadline a worker may take to answer before it counts as stuck."""
@@ -82,14 +83,6 @@ def _die_with_parent() -> None:
         return
 
 
-def _one_line(exc: BaseException) -> str:
-    """``Type: message (at file:line)`` for the innermost frame of ``exc``."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    where = f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno})" if frames else ""
-    text = str(exc).splitlines()[0] if str(exc) else ""
-    return f"{type(exc).__name__}{': ' + text if text else ''}{where}"
-
-
 def _worker_main(conn, target, job) -> None:
     """Worker loop: receive a task, answer ``("ok", result)`` or ``("error", line)``; stop on None/EOF."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -107,8 +100,8 @@ def _worker_main(conn, target, job) -> None:
         task, seconds_left = message
         try:
             answer = ("ok", target(job, task, time.perf_counter() + seconds_left))
-        except Exception as exc:  # noqa: BLE001 - reported to the parent as one line
-            answer = ("error", _one_line(exc))
+        except BaseException as exc:  # noqa: BLE001 - a hook's SystemExit or a Stall included
+            answer = ("error", locate(exc))
         try:
             conn.send(answer)
         except (BrokenPipeError, OSError):
@@ -135,7 +128,7 @@ class WorkerPool:
         try:
             pickle.dumps((target, job))
         except Exception as exc:  # noqa: BLE001 - any pickling failure means: run serially
-            raise JobNotPicklable(_one_line(exc)) from None
+            raise JobNotPicklable(locate(exc)) from None
         self.deadline = deadline
         self._cutoff: int | None = None
         self._draining = False
@@ -187,8 +180,9 @@ class WorkerPool:
             if not busy:
                 return
             timeout = self.deadline + GRACE_S - time.perf_counter()
-            ready = wait([self._conns[w] for w in busy] + [self._procs[w].sentinel for w in busy],
-                         timeout=max(0.0, timeout))
+            with paused():  # the workers watch their own progress
+                ready = wait([self._conns[w] for w in busy] + [self._procs[w].sentinel for w in busy],
+                             timeout=max(0.0, timeout))
             if not ready:
                 pos, task = min(busy.values(), key=lambda b: b[0])
                 raise WorkerError(task, f"no answer {GRACE_S:g} s past the time budget "

@@ -1,0 +1,224 @@
+"""`lockstep check` under bad variants, budgets, signals and pipes (issue 11 item 7, issue 13
+items 8, 10, 11, 14, 17): honest verdicts, one-line errors, no orphan processes."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lockstep.cli import main
+from sim.check import CheckSpec, check_bad, check_variant
+from sim.variants import REGISTRY, load_variant_file
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+BAD_HOOKS = '''
+from protocol.worker import Worker
+from sim.variants import Variant
+
+
+class RaisingWorker(Worker):
+    def _ops_launch(self, command):
+        raise ValueError("boom")
+
+
+class JunkWorker(Worker):
+    def _ops_launch(self, command):
+        return 42
+
+
+class LoopingWorker(Worker):
+    def _ops_launch(self, command):
+        while True:
+            pass
+
+
+E = {"shared": "deadlock", "per-rank": "deadlock"}
+VARIANTS = [Variant("hook-raises", "raises", "test", E, worker_cls=RaisingWorker),
+            Variant("hook-junk", "returns junk", "test", E, worker_cls=JunkWorker),
+            Variant("hook-loops", "never returns", "test", E, worker_cls=LoopingWorker)]
+'''
+
+
+@pytest.fixture(scope="module")
+def bad_hooks(tmp_path_factory):
+    path = tmp_path_factory.mktemp("uv") / "bad_hooks.py"
+    path.write_text(BAD_HOOKS)
+    load_variant_file(path)
+    return path
+
+
+def test_a_search_that_explored_nothing_is_incomplete_not_clean():
+    """Old behaviour: `--variant fused-sweep --time-budget 0.001` showed `got clean`."""
+    row = check_bad(REGISTRY["fused-sweep"], CheckSpec(time_budget=0.001, jobs=1), "per-rank")
+    assert row.got == "incomplete" and not row.passed
+    assert "time budget" in row.detail
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("jobs", [1, 2])
+@pytest.mark.parametrize("name, words", [("hook-raises", "ValueError: boom (at bad_hooks.py:"),
+                                         ("hook-junk", "TypeError"),
+                                         ("hook-loops", "never returns")])
+def test_a_variant_whose_hook_fails_gets_one_error_line(bad_hooks, name, words, jobs):
+    spec = CheckSpec(schedules=40, time_budget=5, jobs=jobs)
+    start = time.perf_counter()
+    rows = check_variant(REGISTRY[name], spec, "shared")
+    assert time.perf_counter() - start < spec.time_budget + 3
+    assert [r.got for r in rows] == ["error"] and not rows[0].passed
+    assert rows[0].detail.startswith(f"variant {name!r}: ") and words in rows[0].detail
+    assert "\n" not in rows[0].detail
+
+
+@pytest.mark.timeout(120)
+def test_other_rows_are_kept_when_a_variant_errs(bad_hooks, capsys):
+    code = main(["check", "--variant-file", str(bad_hooks), "--variant", "fused-sweep",
+                 "--topology", "shared", "--time-budget", "5", "--no-progress", "--jobs", "2"])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "fused-sweep  shared    deadlock" in out
+    errors = [line for line in out.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 3 and all("variant 'hook-" in line for line in errors)
+    assert "Traceback" not in out
+
+
+def _descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            children.setdefault(int(stat[1]), []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how, code, line", [("ctrl-c", 130, "lockstep check: interrupted"),
+                                             ("sigterm", 143, "lockstep check: terminated")])
+def test_interrupt_prints_one_line_and_leaves_no_worker(how, code, line):
+    proc = subprocess.Popen([sys.executable, "-m", "lockstep", "check", "--schedules", "100000",
+                             "--variant", "correct", "--no-progress", "--jobs", "2"],
+                            cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    deadline = time.monotonic() + 60
+    while len(_descendants(proc.pid)) < 3 and time.monotonic() < deadline:  # server + 2 workers
+        time.sleep(0.2)
+    time.sleep(0.5)
+    workers = _descendants(proc.pid)
+    assert len(workers) >= 3
+    if how == "ctrl-c":
+        os.killpg(proc.pid, signal.SIGINT)  # the terminal sends it to the whole group
+    else:
+        proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == code
+    assert err.decode().strip() == line and out == b""
+    time.sleep(1.0)
+    assert [pid for pid in workers if _running(pid)] == []
+
+
+@pytest.mark.timeout(120)
+def test_a_closed_pipe_ends_quietly_with_status_141():
+    proc = subprocess.Popen([sys.executable, "-m", "lockstep", "check", "--variant", "fused-sweep",
+                             "--no-progress", "--jobs", "1"], cwd=ROOT, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = proc.stdout.readline()
+    proc.stdout.close()  # as `| head -1` does
+    err = proc.stderr.read()
+    proc.wait(timeout=60)
+    assert first.startswith(b"variant")
+    assert proc.returncode == 141 and err == b""
+
+
+@pytest.mark.parametrize("extra", [["--hazard-off", "h2"], ["--ranks", "3"], ["--ranks", "2"],
+                                   ["--topology", "shared"], ["--strategy", "pct"],
+                                   ["--schedules", "5"], ["--seed", "1"], ["--jobs", "1"],
+                                   ["--time-budget", "5"], ["--fault-schedules", "0"]])
+def test_replay_refuses_options_it_cannot_honour(extra, capsys):
+    assert main(["check", "--replay", "t.json"] + extra) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"drop {extra[0]}" in err
+
+
+@pytest.mark.timeout(60)
+def test_replay_honours_trace_out(tmp_path, capsys):
+    out = tmp_path / "t"
+    assert main(["check", "--variant", "fused-sweep", "--topology", "shared", "--schedules", "10",
+                 "--no-progress", "--jobs", "1", "--trace-out", str(out)]) == 0
+    again = tmp_path / "again"
+    assert main(["check", "--replay", str(out / "fused-sweep.shared.json"), "--trace-out",
+                 str(again)]) == 0
+    replayed = json.loads((again / "fused-sweep.shared.replayed.json").read_text())
+    original = json.loads((out / "fused-sweep.shared.json").read_text())
+    assert replayed["choices"] == original["choices"] and replayed["trace"] == original["trace"]
+
+
+@pytest.mark.parametrize("target", ["/proc/self", "/dev/null/traces"])
+def test_unwritable_trace_dir_is_refused_before_the_search(target, capsys):
+    start = time.perf_counter()
+    with pytest.raises(SystemExit) as info:
+        main(["check", "--trace-out", target])
+    assert info.value.code == 2 and time.perf_counter() - start < 5
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and target in err and "--trace-out" in err
+
+
+def test_more_jobs_than_cpus_is_warned(capsys):
+    jobs = str((os.cpu_count() or 1) * 32)
+    assert main(["check", "--variant", "single-warmup", "--topology", "shared", "--jobs", jobs,
+                 "--no-progress", "--schedules", "10"]) == 0
+    err = capsys.readouterr().err
+    assert f"--jobs {jobs} is more than the" in err
+
+
+def test_progress_estimate_never_exceeds_the_time_budget():
+    from sim.progress import CheckProgress
+
+    with CheckProgress([("a", 1_000_000, 1), ("b", 1_000_000, 2)], 3.0, disable=False) as bar:
+        time.sleep(0.05)
+        bar.step(1)  # one schedule in 50 ms: tqdm alone would estimate hours
+        left = bar.format_dict["left"]
+        bar.next_row()
+        assert bar.n == 1_000_000
+    minutes, seconds = map(int, left.split(":"))
+    assert minutes * 60 + seconds <= 9
+
+
+def test_help_shows_defaults_and_names_the_hazards(capsys):
+    with pytest.raises(SystemExit):
+        main(["check", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default both)" in text and "(default random)" in text
+    for words in ("h1 driver lock", "h2 quiesce", "h5 comm refcount", "h8 exit teardown"):
+        assert words in text
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    top = capsys.readouterr().out
+    assert "dispatcher" not in top and "lockstep check" in top
+
+
+def test_traces_directory_is_ignored_by_git():
+    lines = (ROOT / ".gitignore").read_text().splitlines()
+    assert "traces/" in lines or "/traces/" in lines
