@@ -2,29 +2,31 @@
 
 A variant's hooks are user code. When one raises, the check reports one line naming the
 variant, the exception and where it was raised (`describe`), and the other variants' rows are
-kept. When one never returns, the `watchdog` stops it: every `CHECK_S` seconds it looks whether
-the simulator still makes progress (`tick` is called once per simulated action; one action
+kept. When one never returns, the `watchdog` stops it: every `CHECK_S` seconds of CPU time it
+looks whether the simulator still makes progress (`tick` is called once per simulated action; one action
 takes microseconds) and raises `Stalled` in the main thread when it has not. Time budgets
 stay cooperative (searches check them between runs); the watchdog only ends a search that is
 stuck inside one call, which no budget check can reach.
 
-The watchdog uses SIGALRM and ``ITIMER_REAL``, so it works in the main thread of a POSIX
-process only (elsewhere it does nothing); it nests with an outer user of the same timer (as
-pytest-timeout's signal method), whose alarm it hands on when that falls first.
+The watchdog uses SIGPROF and ``ITIMER_PROF`` (CPU time), so it works in the main thread of a
+POSIX process only (elsewhere it does nothing) and leaves SIGALRM to others (pytest-timeout).
+A hook that blocks without using CPU (a sleep) is not caught here; in a worker process the
+pool's own deadline catches it (`sim.workers.GRACE_S`).
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import threading
-import time
 import traceback
 from contextlib import contextmanager
 
-CHECK_S = 1.0
-"""Seconds without one simulated action that count as stuck."""
+CHECK_S = 0.5
+"""Seconds of CPU time without one simulated action that count as stuck."""
 
+_LAZY = ("sim.waits", "sim.checks", "networkx")
 _TICKS = [0]
 _PAUSED = [0]
 
@@ -92,47 +94,40 @@ def paused():
 
 @contextmanager
 def watchdog():
-    """Raise `Stalled` in this thread if no `tick` happens for `CHECK_S` seconds (unless
-    `paused`). A no-op outside the main thread or without SIGALRM."""
+    """Raise `Stalled` in this thread if this process spends `CHECK_S` seconds of CPU time
+    without a `tick` (unless `paused`).
+
+    It counts CPU time (``ITIMER_PROF``), not wall time, so a loaded machine that leaves the
+    process waiting for a CPU never looks like a stall; a hook that loops burns CPU and is
+    caught. A no-op outside the main thread, without ``setitimer``, or while another user of
+    ``ITIMER_PROF`` (a sampling profiler) has it armed.
+    """
     if (threading.current_thread() is not threading.main_thread()
-            or not hasattr(signal, "setitimer")):
+            or not hasattr(signal, "setitimer") or signal.getitimer(signal.ITIMER_PROF)[0] > 0):
         yield
         return
-    old_handler = signal.getsignal(signal.SIGALRM)
-    old_delay, old_interval = signal.getitimer(signal.ITIMER_REAL)
-    now = time.perf_counter()
-    outer = now + old_delay if old_delay > 0 else None
+    for name in _LAZY:  # imported inside a step on first use; load them before the clock runs
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+    old_handler = signal.getsignal(signal.SIGPROF)
     seen = [_TICKS[0]]
 
-    def arm(at: float) -> None:
-        if outer is not None:
-            at = min(at, outer)
-        signal.setitimer(signal.ITIMER_REAL, max(at - time.perf_counter(), 1e-3))
-
     def fire(signum, frame):
-        now = time.perf_counter()
-        if outer is not None and now >= outer - 1e-3:
-            signal.signal(signal.SIGALRM, old_handler)
-            if old_interval:
-                signal.setitimer(signal.ITIMER_REAL, old_interval, old_interval)
-            if callable(old_handler):
-                old_handler(signum, frame)
-            return
         if seen[0] == _TICKS[0] and not _PAUSED[0]:
+            signal.setitimer(signal.ITIMER_PROF, 0)
             where = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}" if frame else "?"
             raise Stalled(where)
         seen[0] = _TICKS[0]
-        arm(now + CHECK_S)
 
-    signal.signal(signal.SIGALRM, fire)
-    arm(now + CHECK_S)
+    signal.signal(signal.SIGPROF, fire)
+    signal.setitimer(signal.ITIMER_PROF, CHECK_S, CHECK_S)
     try:
         yield
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old_handler)
-        if outer is not None:
-            signal.setitimer(signal.ITIMER_REAL, max(outer - time.perf_counter(), 1e-3), old_interval)
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, old_handler)
 
 
 __all__ = ["tick", "watchdog", "paused", "describe", "locate", "Stalled", "VariantCodeError", "CHECK_S"]

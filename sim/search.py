@@ -235,9 +235,12 @@ def hypothesis_search(scenario: Scenario, variant, acceptable: Acceptable, max_e
     Each scheduling choice is one ``data.draw`` of an index into the enabled actors, so
     shrinking towards zero prefers the first enabled actor -- fewer context switches.
     """
-    from hypothesis import HealthCheck, Phase, given, settings
-    from hypothesis import seed as hseed
-    from hypothesis import strategies as st
+    from sim.guard import paused
+
+    with paused():  # a slow import is not a stalled hook
+        from hypothesis import HealthCheck, Phase, given, settings
+        from hypothesis import seed as hseed
+        from hypothesis import strategies as st
 
     stats = SearchStats()
     start = time.perf_counter()
