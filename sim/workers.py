@@ -134,6 +134,14 @@ class WorkerPool:
         self._draining = False
         self._procs: list = []
         self._conns: list = []
+        with paused():  # the first start also starts the forkserver, which imports the preloads
+            try:
+                self._start(workers, target, job)
+            except BaseException:
+                self.close()
+                raise
+
+    def _start(self, workers: int, target: Callable, job) -> None:
         ctx = _context()
         for _ in range(workers):
             parent_conn, child_conn = ctx.Pipe(duplex=True)
@@ -225,9 +233,10 @@ class WorkerPool:
         """Kill every worker and reap it (each join bounded); never waits on a worker's help."""
         for w in range(len(self._procs)):
             self._kill(w)
-        for proc, conn in zip(self._procs, self._conns):
-            proc.join(2.0)
-            conn.close()
+        with paused():
+            for proc, conn in zip(self._procs, self._conns):
+                proc.join(2.0)
+                conn.close()
         self._procs = []
         self._conns = []
 
