@@ -15,6 +15,7 @@ def test_decode_step_capture_and_replay_with_new_metadata(tmp_path):
     from engine.model_dir import write_model_dir
     from engine.parallel import SINGLE
     from engine.engine_config import EngineConfig
+    from engine.sampling import SamplingParams
     from protocol.commands import Admit, DecodeRow, Step
 
     d = write_model_dir("tiny-tied", tmp_path / "m", seed=2, dtype="float32")
@@ -24,6 +25,7 @@ def test_decode_step_capture_and_replay_with_new_metadata(tmp_path):
     ex.load_model()
     ex.allocate_kv(ex.pages_needed())
     ex.assign_pages_per_slot()
+    ex.register({rid: (SamplingParams(), 0) for rid in range(3)})  # what the rank loop does
     ex.prefill((Admit(0, 0, tuple(range(3, 40))), Admit(1, 1, (7, 8, 9)),
                 Admit(2, 2, tuple(range(100, 117)))))
 
