@@ -239,3 +239,26 @@ class Driver:
         finally:
             g = self.end_capture(s)
         return g
+
+
+def open_device(index: int, watchdog_s: float):
+    """Check ``index`` names a CUDA device, arm the process watchdog (``watchdog_s`` seconds,
+    then the process dies with a traceback), make the device current with torch's context
+    created, and return (torch device, Driver, that device's primary context).
+
+    Raises:
+        SystemExit: the device index is out of range on this machine.
+    """
+    import faulthandler
+
+    import torch
+
+    if not 0 <= index < torch.cuda.device_count():
+        raise SystemExit(f"device {index} out of range: this machine has "
+                         f"{torch.cuda.device_count()} CUDA device(s)")
+    faulthandler.dump_traceback_later(watchdog_s, exit=True)
+    dev = torch.device("cuda", index)
+    torch.cuda.set_device(dev)
+    torch.zeros(1, device=dev)
+    drv = Driver()
+    return dev, drv, drv.primary_context(index)

@@ -10,7 +10,6 @@ Usage: python hazard_probe_async.py --out result.json
 from __future__ import annotations
 
 import argparse
-import faulthandler
 import json
 import sys
 import time
@@ -39,20 +38,11 @@ def main(argv=None) -> int:
 
     import torch
 
-    if not 0 <= args.device < torch.cuda.device_count():
-        raise SystemExit(f"device {args.device} out of range: this machine has "
-                         f"{torch.cuda.device_count()} CUDA device(s)")
-    faulthandler.dump_traceback_later(args.watchdog_s, exit=True)
-
-    from hazard_driver import Driver
+    from hazard_driver import open_device
     from hazard_spin import Spinner
     from hazard_verdicts import async_verdict
 
-    dev = torch.device("cuda", args.device)
-    torch.cuda.set_device(dev)
-    torch.zeros(1, device=dev)
-    drv = Driver()
-    ctx = drv.primary_context(args.device)
+    dev, drv, ctx = open_device(args.device, args.watchdog_s)
     sp = Spinner(drv, ctx, args.work_s)
     running = lambda: not sp.done  # noqa: E731
     sync = lambda: (drv.set_context(ctx), drv.sync(sp.stream))  # noqa: E731

@@ -17,7 +17,6 @@ Usage: PYTHONPATH=<repo root> python hazard_probe_memory.py --out result.json
 from __future__ import annotations
 
 import argparse
-import faulthandler
 import json
 import sys
 import time
@@ -189,19 +188,10 @@ def main(argv=None) -> int:
 
     import torch
 
-    if not 0 <= args.device < torch.cuda.device_count():
-        raise SystemExit(f"device {args.device} out of range: this machine has "
-                         f"{torch.cuda.device_count()} CUDA device(s)")
-    faulthandler.dump_traceback_later(args.watchdog_s, exit=True)
-
-    from hazard_driver import PTX, Driver
+    from hazard_driver import PTX, open_device
     from hazard_verdicts import DOES_NOT_HOLD, HOLDS, INCONCLUSIVE
 
-    dev = torch.device("cuda", args.device)
-    torch.cuda.set_device(dev)
-    torch.zeros(1, device=dev)
-    drv = Driver()
-    ctx = drv.primary_context(args.device)
+    dev, drv, ctx = open_device(args.device, args.watchdog_s)
     drv.set_context(ctx)
     noop = drv.function(drv.module_load(PTX.encode()), "noop")
     out = {"probe": "memory", "hazards": ["H7"],
