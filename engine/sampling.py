@@ -53,6 +53,10 @@ PHILOX_ROUNDS = 10
 MASK32 = 0xFFFFFFFF
 
 
+MIN_TEMPERATURE = 1e-5
+"""The smallest sampled temperature; below it, use 0 (greedy)."""
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to pick each new token of one request.
@@ -107,8 +111,15 @@ class SamplingParams:
                 or not math.isfinite(self.temperature):
             raise RequestError(f"temperature = {self.temperature!r}, expected a finite "
                                "number >= 0")
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            # logits / a subnormal temperature overflow to inf and the race returns junk
+            raise RequestError(f"temperature = {self.temperature!r}, expected 0 (greedy) or "
+                               f"at least {MIN_TEMPERATURE:g}")
         if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < -1:
             raise RequestError(f"top_k = {self.top_k!r}, expected -1, 0 (all) or a positive int")
+        if self.top_k > vocab_size:
+            raise RequestError(f"top_k = {self.top_k!r}, expected at most the vocabulary size "
+                               f"{vocab_size}")
         if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
             raise RequestError(f"top_p = {self.top_p!r}, expected a number in (0, 1]")
         if not isinstance(self.min_p, (int, float)) or not 0 <= self.min_p <= 1:

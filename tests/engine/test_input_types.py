@@ -62,7 +62,10 @@ def test_bad_prompts_and_params_are_request_errors(llm):
                              (SamplingParams(max_tokens="3"), "max_tokens = '3'"),
                              (SamplingParams(top_k=2.0), "top_k = 2.0"),
                              (SamplingParams(temperature="hot"), "temperature = 'hot'"),
-                             (SamplingParams(seed=1.5), "seed = 1.5")):
+                             (SamplingParams(seed=1.5), "seed = 1.5"),
+                             (SamplingParams(top_k=10**30), "top_k = 10000000000"),
+                             (SamplingParams(temperature=1e-320), "temperature = 1e-320"),
+                             (SamplingParams(temperature=True), "temperature = True")):
         out, = llm.generate([[1, 2]], params)
         assert isinstance(out.error, RequestError) and fragment in str(out.error), out.error
 
