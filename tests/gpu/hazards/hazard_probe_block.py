@@ -17,6 +17,7 @@ Writes one JSON object; exit status 0 once every call was measured (whatever it 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import faulthandler
 import json
 import sys
@@ -223,6 +224,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, help="JSON file to write")
     ap.add_argument("--spin-device", type=int, default=0)
     ap.add_argument("--call-device", type=int, default=0)
+    ap.add_argument("--peer-access", action="store_true",
+                    help="enable peer access between the two devices first (as NCCL does for "
+                         "two ranks in one process): H2's 'peers' scope")
     ap.add_argument("--hold-s", type=float, default=0.5,
                     help="seconds the host lets the kernel spin before releasing it")
     ap.add_argument("--bound-s", type=float, default=3.0, help="the in-kernel spin bound")
@@ -251,6 +255,11 @@ def main(argv=None) -> int:
     drv = Driver()
     ctx_call = drv.primary_context(args.call_device)
     ctx_spin = drv.primary_context(args.spin_device)
+    if args.peer_access and args.spin_device != args.call_device:
+        for a, b in ((ctx_call, ctx_spin), (ctx_spin, ctx_call)):
+            drv.set_context(a)
+            drv.check("cuCtxEnablePeerAccess", b, ctypes.c_uint(0))
+        drv.set_context(ctx_call)
     spinner = Spinner(drv, ctx_spin, args.bound_s)
     calls, info = build_calls(drv, torch, ctx_call, args.call_device)
     if args.only:
@@ -259,7 +268,8 @@ def main(argv=None) -> int:
     t_start = time.monotonic()
     result = {
         "probe": "block", "hazards": ["H1", "H2"],
-        "scope": "own device" if args.spin_device == args.call_device else "other device",
+        "scope": ("own device" if args.spin_device == args.call_device else
+                  "peer device" if args.peer_access else "other device"),
         "spin_device": args.spin_device, "call_device": args.call_device,
         "hold_s": args.hold_s, "bound_s": args.bound_s,
         "machine": {"gpu": torch.cuda.get_device_name(args.call_device),

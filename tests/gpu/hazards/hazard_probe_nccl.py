@@ -33,6 +33,9 @@ Cases (one per process run; `--case`):
                        (control) for a size already run eagerly.
   h5-destroy-idle      graphs that captured the communicators are kept; the communicators are
                        destroyed; the graphs are replayed again: error, hang, crash or success?
+  h5-destroy-no-graph  control: the communicators ran eagerly only, then are destroyed.
+  h5-destroy-graph-freed
+                       control: the graphs are reset before the communicators are destroyed.
   h5-destroy-in-flight rank 0 replays (its all-reduce spins: rank 1 has not replayed yet) and
                        destroys its communicator at once; rank 1 replays `--hold-s` later: does
                        the destroy wait for the graph in flight?
@@ -64,7 +67,8 @@ LAYERS = 4
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 FREE_BYTES = 256 << 20
 CASES = ("fused-sweep", "fused-sweep-free-lagging", "fused-sweep-free-both", "barrier-sweep", "barrier-sweep-free", "h3-spin",
-         "h4-lazy-connect", "h5-destroy-idle", "h5-destroy-in-flight")
+         "h4-lazy-connect", "h5-destroy-idle", "h5-destroy-in-flight", "h5-destroy-no-graph",
+         "h5-destroy-graph-freed")
 HUNG_EXIT = 3
 
 
@@ -283,17 +287,20 @@ def h3(args, nccl, comms, res: Result) -> str:
 
 
 def h4(args, nccl, res: Result) -> str:
-    """Three fresh communicator pairs, one per sub-case."""
+    """Fresh communicators per sub-case; rank 0 captures a collective, rank 1 captures its own
+    `late` seconds later. A capture that raised is recorded, and the ranks still meet."""
     small, large = 1 << 10, 16 << 20  # floats: 4 KiB and 64 MiB
-    cases = [("first collective", []), ("new size after a small warm-up", [small]),
-             ("size already run (control)", [large])]
+    cases = [("first collective, peer on time", [], 0.0),
+             ("first collective, peer late", [], args.hold_s),
+             ("new size after a small warm-up, peer late", [small], args.hold_s),
+             ("size already run, peer late (control)", [large], args.hold_s)]
     out = {}
-    for name, warm in cases:
+    for name, warm, late in cases:
         comms = nccl.NcclCommunicator.initAll([0, 1])
-        waits = {}
+        seen: dict = {}
         barrier = threading.Barrier(2)
 
-        def fn(r, comms=comms, warm=warm, waits=waits, barrier=barrier):
+        def fn(r, comms=comms, warm=warm, late=late, seen=seen, barrier=barrier):
             torch.cuda.set_device(r)
             dev = torch.device("cuda", r)
             s = torch.cuda.Stream(dev)
@@ -305,39 +312,54 @@ def h4(args, nccl, res: Result) -> str:
             x = torch.ones(large, device=dev)
             barrier.wait(timeout=args.hang_s)
             if r == 1:
-                time.sleep(args.hold_s)
+                time.sleep(late)
             g = torch.cuda.CUDAGraph(keep_graph=True)
             t0 = time.monotonic()
-            with torch.cuda.stream(s):
-                g.capture_begin(capture_error_mode="thread_local")
-                comms[r].allReduce(x.data_ptr(), x.data_ptr(), large, nccl.NCCL_FLOAT32,
-                                   nccl.NCCL_SUM, s.cuda_stream)
-                g.capture_end()
-            waits[r] = round(time.monotonic() - t0, 4)
-            g.instantiate()
+            try:
+                with torch.cuda.stream(s):
+                    g.capture_begin(capture_error_mode="thread_local")
+                    try:
+                        comms[r].allReduce(x.data_ptr(), x.data_ptr(), large,
+                                           nccl.NCCL_FLOAT32, nccl.NCCL_SUM, s.cuda_stream)
+                    finally:
+                        g.capture_end()
+            except Exception as exc:  # noqa: BLE001 - the finding
+                seen[f"error_{r}"] = f"{type(exc).__name__}: {exc}"
+            seen[f"capture_s_{r}"] = round(time.monotonic() - t0, 4)
             barrier.wait(timeout=args.hang_s)
+            if any(k.startswith("error") for k in seen):
+                return
+            g.instantiate()
             with torch.cuda.stream(s):
                 g.replay()
             s.synchronize()
-            waits[f"sum_ok_{r}"] = bool((x == 2.0).all().item())
+            seen[f"sum_ok_{r}"] = bool((x == 2.0).all().item())
 
         outcome = _threads(fn, res, args.hang_s)
-        out[name] = {"outcome": outcome, "rank0_capture_s": waits.get(0),
-                     "rank1_capture_s": waits.get(1), "replay_sum_ok": waits.get("sum_ok_0"),
-                     "peer_late_s": args.hold_s}
+        errors = {k: v for k, v in seen.items() if k.startswith("error")}
+        waited = late > 0 and seen.get("capture_s_0", 0) >= 0.9 * late
+        kind = ("hung" if outcome == "hung" else "capture error" if errors else
+                "waited for peer" if waited else "no wait")
+        out[name] = {"kind": kind, "peer_late_s": late, **seen}
         res.set(subcases=out)
-        if outcome != "completed":
-            break
-    blocked = [n for n, v in out.items() if (v["rank0_capture_s"] or 0) >= 0.9 * args.hold_s]
-    firsts = [n for n in out if not n.startswith("size already")]
-    verdict = ("holds" if set(firsts) <= set(blocked) else "does not hold" if not blocked
-               else "holds in part")
-    if "size already run (control)" in blocked:
-        verdict = "inconclusive"  # even a warmed size waited: not a connection effect
-    res.set(blocked_on_peer=blocked, verdicts={"H4": {"verdict": verdict}},
-            outcome="completed" if all(v["outcome"] == "completed" for v in out.values())
-            else "error")
-    return res.data["outcome"]
+        if outcome == "hung":
+            return outcome
+    first = out["first collective, peer late"]["kind"]
+    new_size = out["new size after a small warm-up, peer late"]["kind"]
+    control = out["size already run, peer late (control)"]["kind"]
+    hazardous = ("capture error", "waited for peer")
+    if control != "no wait":
+        verdict = "inconclusive"  # even a size already run misbehaved: not a connection effect
+    elif first in hazardous and new_size in hazardous:
+        verdict = "holds"
+    elif first in hazardous:
+        verdict = "holds in part"  # the first collective only, not a new size class
+    else:
+        verdict = "does not hold"
+    res.set(verdicts={"H4": {"verdict": verdict, "first_collective": first,
+                             "new_size": new_size, "control": control}},
+            outcome="completed")
+    return "completed"
 
 
 def h5(args, nccl, comms, res: Result) -> str:
@@ -350,6 +372,10 @@ def h5(args, nccl, comms, res: Result) -> str:
         rk = ranks[r] = Rank(r, comms[r], nccl)
         rk.eager(b)
         barrier.wait(timeout=args.hang_s)
+        if args.case == "h5-destroy-no-graph":  # control: no graph ever captured
+            _timed(res, r, "destroy", rk.comm.destroy)
+            res.note(rank=r, op="first replay done")  # nothing to replay: the marker only
+            return
         rk.record(b)
         rk.instantiate(b)
         rk.upload(b)
@@ -358,6 +384,12 @@ def h5(args, nccl, comms, res: Result) -> str:
         rk.stream.synchronize()
         res.note(rank=r, op="first replay done")
         barrier.wait(timeout=args.hang_s)
+        if args.case == "h5-destroy-graph-freed":  # control: the graphs go first
+            rk.graphs.pop(b).reset()
+            torch.cuda.synchronize(rk.dev)
+            barrier.wait(timeout=args.hang_s)
+            _timed(res, r, "destroy", rk.comm.destroy)
+            return
         if in_flight:
             if r == 1:
                 time.sleep(args.hold_s)
@@ -394,6 +426,7 @@ def main(argv=None) -> int:
     if torch.cuda.device_count() < 2:
         print("needs 2 CUDA GPUs", file=sys.stderr)
         return 2
+    os.environ.setdefault("NCCL_DEBUG", "WARN")  # NCCL's own reason for an error, in the log
     from cupy.cuda import nccl
 
     res = Result(args.out, args.case)

@@ -31,6 +31,8 @@ PROBES = [
     ("block-own-device", "hazard_probe_block.py", [], 1, ("H1", "H2")),
     ("block-other-device", "hazard_probe_block.py", ["--spin-device", "1", "--call-device", "0"],
      2, ("H1", "H2")),
+    ("block-peer-device", "hazard_probe_block.py",
+     ["--spin-device", "1", "--call-device", "0", "--peer-access"], 2, ("H1", "H2")),
     ("async", "hazard_probe_async.py", [], 1, ("H6",)),
     ("memory", "hazard_probe_memory.py", [], 1, ("H7",)),
     ("exit", "hazard_probe_exit.py", [], 1, ("H8",)),
