@@ -109,9 +109,6 @@ def check_throughput_args(args: argparse.Namespace) -> None:
         raise BenchArgError(f"--temperature {args.temperature}: expected a finite number > 0")
     if not 0 < args.top_p <= 1:
         raise BenchArgError(f"--top-p {args.top_p}: expected a number in (0, 1]")
-    if args.tensor_parallel_size != 1:
-        raise BenchArgError(f"--tensor-parallel-size {args.tensor_parallel_size}: the "
-                            "throughput workload runs on one GPU")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -179,6 +176,9 @@ def run_throughput(args: argparse.Namespace) -> int:
 
     if not torch.cuda.is_available():
         return _error("lockstep bench needs a CUDA GPU; torch.cuda.is_available() is False")
+    if torch.cuda.device_count() < opts.tensor_parallel_size:
+        return _error(f"--tensor-parallel-size {opts.tensor_parallel_size}: only "
+                      f"{torch.cuda.device_count()} GPU(s) visible")
     import json
 
     from engine.bench.serving import format_table, measure_throughput, write_plot
@@ -193,7 +193,7 @@ def run_throughput(args: argparse.Namespace) -> int:
         doc = measure_throughput(
             model_dir, opts.preset or opts.model, args.num_requests, opts.seed, opts.dtype,
             args.max_batch, args.max_model_len, args.temperature, args.top_p,
-            opts.compare == "hf", args.max_prefill_tokens)
+            opts.compare == "hf", args.max_prefill_tokens, opts.tensor_parallel_size)
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -219,7 +219,8 @@ def format_table(doc: dict) -> str:
     head = (f"{'system':<34} {'out tok/s':>10} {'total tok/s':>11} {'TTFT p50/p99 ms':>17} "
             f"{'TPOT p50/p99 ms':>16} {'wall s':>7}")
     lines = [f"workload W: N={doc['n']}, prompt and output lengths uniform in [100, 1024], "
-             f"seed {doc['seed']}, ignore_eos; {doc['model']} ({doc['dtype']}), "
+             f"seed {doc['seed']}, ignore_eos; {doc['model']} ({doc['dtype']}, "
+             f"TP {doc.get('tensor_parallel_size', 1)}), "
              f"{doc['versions'].get('gpu')}", head, "-" * len(head)]
     for r in doc["rows"]:
         lines.append(f"{r['system']:<34} {r['output_tok_s']:>10,.0f} {r['total_tok_s']:>11,.0f} "
@@ -270,20 +271,27 @@ def write_plot(doc: dict, path: str) -> bool:
 
 def measure_throughput(model_dir: str, model_name: str, n: int, seed: int, dtype: str,
                        max_batch: int, max_model_len: int, temperature: float, top_p: float,
-                       compare_hf: bool, max_prefill_tokens: int = 8192) -> dict:
+                       compare_hf: bool, max_prefill_tokens: int = 8192,
+                       tensor_parallel_size: int = 1) -> dict:
     """Runs of workload W through the engine (graphs on): greedy twice (the first pass meets
     every prefill shape for the first time), then sampled; host overhead at batch 1 and
-    max_batch; with compare_hf the HF run (greedy). One document."""
+    max_batch; with compare_hf the HF run (greedy, one GPU). One document.
+
+    With tensor_parallel_size > 1 the ranks run in their own processes, so the per-phase
+    device times and the host overhead per step (read from rank 0's executor in this
+    process) are not measured; wall-clock figures (tok/s, TTFT, TPOT) are."""
     from engine.bench.report import versions
     from engine.llm import LLM
 
     work = Workload.make(n, seed)
     doc = {"n": n, "seed": seed, "model": model_name, "dtype": dtype, "max_batch": max_batch,
+           "tensor_parallel_size": tensor_parallel_size,
            "max_model_len": max_model_len, "max_prefill_tokens": max_prefill_tokens,
            "versions": versions(), "rows": []}
     t0 = time.perf_counter()
     llm = LLM(model_dir, device="cuda", dtype=dtype, max_batch=max_batch,
-              max_model_len=max_model_len, max_prefill_tokens=max_prefill_tokens)
+              max_model_len=max_model_len, max_prefill_tokens=max_prefill_tokens,
+              tensor_parallel_size=tensor_parallel_size)
     _say(f"engine ready in {time.perf_counter() - t0:.1f} s")
     try:
         warm = Workload.make(8, seed + 1, 16, 64)
@@ -297,7 +305,8 @@ def measure_throughput(model_dir: str, model_name: str, n: int, seed: int, dtype
                              temperature, top_p, seed)
         _say(f"sampled: {sampled['output_tok_s']:,.0f} output tok/s")
         doc["rows"] += [cold, greedy, sampled]
-        doc["host_overhead"] = [host_overhead(llm, 1), host_overhead(llm, max_batch)]
+        if getattr(llm.ranks, "executor", None) is not None:  # rank 0 in this process
+            doc["host_overhead"] = [host_overhead(llm, 1), host_overhead(llm, max_batch)]
         prefill_throughput(llm, 16)  # first pass over the 1024-token shapes
         doc["prefill_only"] = prefill_throughput(llm)
     finally:

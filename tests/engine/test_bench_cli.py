@@ -115,7 +115,6 @@ def test_report_warns_when_graph_logits_differ():
     (["--max-prefill-tokens", "0"], "--max-prefill-tokens 0"),
     (["--temperature", "0"], "--temperature 0"),
     (["--top-p", "1.5"], "--top-p 1.5"),
-    (["-tp", "2"], "--tensor-parallel-size 2"),
 ])
 def test_bad_throughput_argument_exits_2_before_cuda(argv, needle, capsys, monkeypatch):
     import torch
@@ -127,6 +126,17 @@ def test_bad_throughput_argument_exits_2_before_cuda(argv, needle, capsys, monke
     rc = main(["bench", "--preset", "tiny", "--workload", "throughput", *argv])
     err = capsys.readouterr().err
     assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_throughput_tp_above_the_visible_gpus_is_one_line(capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    rc = main(["bench", "--preset", "tiny", "--workload", "throughput", "-tp", "2"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--tensor-parallel-size 2: only 1 GPU(s) visible" in err, err
+    assert len(err.strip().splitlines()) == 1, err
 
 
 def test_workload_w_and_its_summary():
