@@ -10,7 +10,7 @@ schedule is reduced to a minimal one.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from protocol.errors import ConfigError
 from sim.guard import Stalled, describe, locate, watchdog
@@ -233,6 +233,10 @@ def check_variant(variant: Variant, spec: CheckSpec, topology: str, progress=Non
     """
     from sim.workers import WorkerError
 
+    if variant.schedules is not None:
+        spec = replace(spec, schedules=min(spec.schedules, variant.schedules))
+    if variant.fault_schedules is not None:
+        spec = replace(spec, fault_schedules=min(spec.fault_schedules, variant.fault_schedules))
     try:
         with watchdog():
             if all(v == "clean" for v in variant.expected.values()):

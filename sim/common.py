@@ -52,37 +52,56 @@ class Outcome:
 
 @dataclass(frozen=True)
 class Signature:
-    """What a collective is, for matching across ranks (H3).
+    """What a device collective is, for matching across ranks (H3).
 
     Attributes:
-        op: ``"all-reduce"``.
+        op: ``"all-reduce"``, ``"all-gather"`` ... for a collective; ``"send"`` or ``"recv"``
+            for point-to-point.
         count: collectives this kernel stands for (a graph's all-reduces, one per layer half).
         nbytes: message size of each.
         label: where it comes from (``"graph decode@8"``, ``"warm-up"``), for reports only.
+        comm: the communicator it runs on (`sim.comms.Communicator` name).
+        mode: ``"eager"`` (launched on its own) or ``"graph"`` (inside a CUDA graph, on buffers
+            registered at capture).
+        peer: for ``send``/``recv``, the other rank; None for a collective.
     """
 
     op: str
     count: int
     nbytes: int
     label: str = ""
+    comm: str = "tp"
+    mode: str = "eager"
+    peer: int | None = None
 
     def matches(self, other: "Signature") -> bool:
-        """Same op, count and size: the label does not take part."""
-        return (self.op, self.count, self.nbytes) == (other.op, other.count, other.nbytes)
+        """Same communicator, op, count, size and mode: the label does not take part."""
+        return (self.comm, self.op, self.count, self.nbytes, self.mode) == (
+            other.comm, other.op, other.count, other.nbytes, other.mode)
 
 
 @dataclass(frozen=True)
 class Collective:
-    """A collective kernel on a stream: the ``index``-th this device enqueued, and its signature."""
+    """A communication kernel on a stream.
+
+    ``index`` numbers it in its pairing channel on this rank (the n-th collective of its
+    communicator, or the n-th send/receive between this pair of ranks): ranks match calls of
+    equal index. ``order`` numbers it among every call of its communicator on this rank (issue
+    order), which is the order the communicator runs them in (H9).
+    """
 
     index: int
     sig: Signature
+    order: int = 0
 
     def __str__(self) -> str:
         return sig_text(self)
 
 
 def sig_text(kernel: Collective) -> str:
-    """``all-reduce #7 (graph decode@8: 73 x 40960 bytes)``."""
+    """``all-reduce #7 on tp (graph decode@8: 73 x 40960 bytes)``."""
     sig = kernel.sig
-    return f"{sig.op} #{kernel.index} ({sig.label}: {sig.count} x {sig.nbytes} bytes)"
+    peer = f" rank {sig.peer}" if sig.peer is not None else ""
+    mode = ", in-graph" if sig.mode == "graph" else ""
+    return (f"{sig.op}{peer} #{kernel.index} on {sig.comm} ({sig.label}: {sig.count} x "
+            f"{sig.nbytes} bytes{mode})")

@@ -2,8 +2,10 @@
 
 A device has two FIFO streams (main and side) of kernels. A compute kernel (a `Kernel` record)
 at the head of a stream runs on its own; a collective (`sim.common.Collective`) completes only
-when every rank's device has the matching collective at the head of a stream (H3), and a
-mismatch of signature is a divergence. Graphs a rank holds are `Graph` records.
+when every member rank of its communicator has the matching call (same communicator, same
+index) at the head of a stream (H3), and a mismatch of signature is a divergence. A
+communicator runs its calls on one device in issue order; two of them in flight at once may
+wedge (H9, `sim.comms`). Graphs a rank holds are `Graph` records.
 
 A device's memory is a set of `sim.kv.Buffer`s: the KV cache (per slot and position), the
 fixed-address replay inputs (one row per bucket row: slot, token, position) and the logits rows
@@ -131,7 +133,13 @@ class Device:
         allocations: (name, generation) -> every buffer ever allocated, freed ones included (a
             graph that captured a freed buffer still reads and writes it).
         prefill_out: request id -> (command seq, token) of its prefill.
-        enqueued_collectives, completed_collectives: counters over the run.
+        enqueued_collectives, completed_collectives: counters over the run (every communicator).
+        issued: communicator name -> calls of it enqueued on this device (its issue order).
+        paired: pairing channel (`sim.comms.pairing_key`) -> calls enqueued in it.
+        done: communicator name -> calls of it completed on this device.
+        registered: this rank's registration table: one (graph key, communicator, buffer)
+            entry per buffer a captured collective registered (custom all-reduce's IPC graph
+            buffers); compared across ranks at the end of each capture (I17).
     """
 
     rank: int
@@ -142,6 +150,10 @@ class Device:
     prefill_out: dict = field(default_factory=dict)
     enqueued_collectives: int = 0
     completed_collectives: int = 0
+    issued: dict = field(default_factory=dict)
+    paired: dict = field(default_factory=dict)
+    done: dict = field(default_factory=dict)
+    registered: list = field(default_factory=list)
 
     def allocate(self, name: str, data) -> Buffer:
         """A new live buffer ``name`` holding ``data``, one generation past the previous one."""
@@ -166,6 +178,20 @@ class Device:
                 return stream
         return None
 
+    def collective_heads(self) -> list:
+        """The streams whose head is a collective (main first)."""
+        return [s for s in (self.main, self.side) if s and s[0].__class__ is Collective]
+
+    def next_of(self, kernel: Collective) -> bool:
+        """True if ``kernel`` is the next call its communicator runs on this device."""
+        return kernel.order == self.done.get(kernel.sig.comm, 0)
+
+    def finish(self, kernel: Collective) -> None:
+        """Count ``kernel`` (just popped from a stream head) as completed."""
+        comm = kernel.sig.comm
+        self.done[comm] = self.done.get(comm, 0) + 1
+        self.completed_collectives += 1
+
     def compute_head(self) -> list | None:
         """The stream whose head is a compute kernel, or None."""
         for stream in (self.main, self.side):
@@ -177,7 +203,8 @@ class Device:
         """Hashable contents of the live buffers and the prefill outputs."""
         kv = self.buffers["kv"]
         return (kv.generation, kv.data.fingerprint(), tuple(self.live("replay-inputs")),
-                tuple(sorted(self.live("logits").items())), tuple(sorted(self.prefill_out.items())))
+                tuple(sorted(self.live("logits").items())), tuple(sorted(self.prefill_out.items())),
+                tuple(sorted(self.done.items())), len(self.registered))
 
 
 class DeviceModel:
@@ -200,7 +227,7 @@ class DeviceModel:
         stream = dev.compute_head()
         if stream is None:
             kernel = dev.collective_head().pop(0)
-            dev.completed_collectives += 1
+            dev.finish(kernel)
             w.event(f"device{r}", "collective", kernel.sig.label, rank=r, detail=sig_text(kernel))
             return
         self.execute(r, dev, stream.pop(0))
@@ -275,31 +302,95 @@ class DeviceModel:
                 return False
         return True
 
-    def collective_heads(self) -> list | None:
-        """Every device's collective-headed stream, if all have one (H3), else None."""
-        if not self.world.hz.h3_spinning_collectives:
-            return None
-        heads = []
-        for device in self.world.devices:
-            head = device.collective_head()
-            if head is None:
-                return None
-            heads.append(head)
-        return heads
+    def members(self, comm: str) -> tuple[int, ...]:
+        """The member ranks of communicator ``comm``."""
+        return self.world.comm(comm).members(self.world.ws)
+
+    def wedges(self) -> list[tuple[int, Collective, Collective]]:
+        """(rank, main head, side head) for every device whose two streams hold collectives of
+        one communicator at their heads at once where H9 makes that a wedge: either is
+        in-graph, or the communicator runs one collective in flight even eagerly."""
+        w = self.world
+        if not w.hz.h9_one_in_flight:
+            return []
+        out = []
+        for r, dev in enumerate(w.devices):
+            main, side = dev.main, dev.side
+            if not (main and side):
+                continue
+            a, b = main[0], side[0]
+            if a.__class__ is not Collective or b.__class__ is not Collective:
+                continue
+            if a.sig.comm != b.sig.comm:
+                continue
+            if a.sig.mode == "graph" or b.sig.mode == "graph" or w.comm(a.sig.comm).one_in_flight:
+                out.append((r, a, b))
+        return out
+
+    def ready_collective(self):
+        """What the ``collectives`` actor would do now: ``("complete", comm, streams)`` for the
+        first communicator (or send/receive pair) whose every participant has its next call at
+        a stream head and whose calls match, ``("diverge", text)`` when they all do but differ,
+        or None. A call waits behind an earlier call of its communicator still queued on the
+        other stream; a wedged communicator (H9, `wedges`) completes nothing on that device."""
+        w = self.world
+        heads: dict[str, dict[int, list]] = {}
+        wedged = {(r, a.sig.comm) for r, a, _ in self.wedges()}
+        for r, dev in enumerate(w.devices):
+            for stream in (dev.main, dev.side):
+                if not stream:
+                    continue
+                kernel = stream[0]
+                if kernel.__class__ is not Collective or not dev.next_of(kernel):
+                    continue
+                comm = kernel.sig.comm
+                if (r, comm) in wedged:
+                    continue
+                heads.setdefault(comm, {})[r] = stream
+        for comm, at in heads.items():
+            for r, stream in at.items():
+                kernel = stream[0]
+                peer = kernel.sig.peer
+                if peer is None:
+                    members = self.members(comm)
+                    if not all(m in at for m in members):
+                        continue
+                    kernels = [at[m][0] for m in members]
+                    if any(k.sig.peer is not None or k.index != kernel.index
+                           or not k.sig.matches(kernel.sig) for k in kernels):
+                        lines = "; ".join(f"rank {m} is in {sig_text(k)}"
+                                          for m, k in zip(members, kernels))
+                        return ("diverge", f"collective sequences differ across ranks on "
+                                           f"communicator {comm}: {lines}")
+                    return ("complete", comm, [at[m] for m in members])
+                if peer not in at:
+                    continue
+                other = at[peer][0]
+                want = {"send": "recv", "recv": "send"}.get(kernel.sig.op)
+                if (other.sig.peer != r or other.sig.op != want or other.index != kernel.index
+                        or other.sig.nbytes != kernel.sig.nbytes):
+                    return ("diverge", f"point-to-point calls differ on communicator {comm}: "
+                                       f"rank {r} is in {sig_text(kernel)}, rank {peer} in "
+                                       f"{sig_text(other)}")
+                return ("complete", comm, [stream, at[peer]])
+        return None
 
     def step_collective(self) -> None:
-        """Complete the collective every device has at a stream head, or report divergence."""
+        """Complete the collective (or send/receive pair) `ready_collective` finds, or report
+        the divergence."""
         w = self.world
-        heads = self.collective_heads()
-        kernels = [h[0] for h in heads]
-        first = kernels[0]
-        if any(k.index != first.index or not k.sig.matches(first.sig) for k in kernels[1:]):
-            lines = "; ".join(f"rank {r} is in {sig_text(k)}" for r, k in enumerate(kernels))
-            w.outcome = Outcome("divergence", f"collective sequences differ across ranks: {lines}",
-                                "I2", step=w.current_seq())
+        found = self.ready_collective()
+        if found is None:
             return
-        for h in heads:
-            h.pop(0)
-        for d in w.devices:
-            d.completed_collectives += 1
+        if found[0] == "diverge":
+            w.outcome = Outcome("divergence", found[1], "I2", step=w.current_seq())
+            return
+        _, comm, streams = found
+        first = streams[0][0]
+        for stream in streams:
+            kernel = stream.pop(0)
+            for dev in w.devices:
+                if dev.main is stream or dev.side is stream:
+                    dev.finish(kernel)
+                    break
         w.event("collectives", "collective", first.sig.label, detail=sig_text(first))

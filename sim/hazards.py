@@ -1,4 +1,4 @@
-"""The hazard model H1..H8: what the CUDA driver and NCCL do that makes TP graph capture unsafe.
+"""The hazard model H1..H9: what the CUDA driver and NCCL do that makes TP graph capture unsafe.
 
 Each rule is a switch so that a check can show which hazard a bad design depends on. What is
 public and what is assumed is spelled out per rule; docs/hazards.md is the long form.
@@ -36,6 +36,14 @@ class HazardModel:
             going past it is an OOM on that rank. Source: pegainfer #780; vLLM PR #30515.
         h8_exit_teardown: process exit runs driver teardown that needs the driver lock (abort
             does not). Source: pegainfer TP pre-capture PR.
+        h9_one_in_flight: a communicator runs one collective at a time. Two of its collectives
+            at the heads of two streams of one device wedge when either is inside a CUDA graph
+            or the communicator is a one-in-flight kind (custom all-reduce) -- even in the same
+            order on every rank; an eager NCCL collective instead waits for the earlier one.
+            Sources: sgl-project/sglang #31117 (custom all-reduce, one communicator, two
+            streams: permanent hang); ROCm/rccl #2179 (CUDA graph, shared communicator across
+            streams: hang; one group per stream: done); NVIDIA/nccl #574 (eager NCCL serializes
+            a communicator's collectives). Off: every communicator serializes.
     """
 
     h1_driver_lock: bool = True
@@ -47,6 +55,7 @@ class HazardModel:
     h6_async_host: bool = True
     h7_memory: bool = True
     h8_exit_teardown: bool = True
+    h9_one_in_flight: bool = True
 
     def without(self, *names: str) -> "HazardModel":
         """A copy with the named rules (e.g. ``"h1"`` or ``"h1_driver_lock"``) switched off."""
@@ -60,4 +69,4 @@ class HazardModel:
         return replace(self, **changes)
 
 
-RULES = ("h1", "h2", "h3", "h4", "h5", "h6", "h7", "h8")
+RULES = ("h1", "h2", "h3", "h4", "h5", "h6", "h7", "h8", "h9")

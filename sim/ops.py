@@ -33,8 +33,10 @@ from protocol.backend import (
     WarmupCollective,
 )
 from protocol.commands import Step
+from protocol.errors import ConfigError
 from protocol.keys import GraphKey
 from sim.common import BLOCKED, DONE, PROGRESS, Collective, Outcome, SimFault, Signature
+from sim.comms import pairing_key
 from sim.devices import (
     CAPTURED,
     ClearSlot,
@@ -128,12 +130,89 @@ class ModelledBackend:
 
     def enqueue(self, r: int, kernel, side: bool = False) -> None:
         """Append a compute kernel, or a collective given by its `Signature`, to a stream of
-        rank ``r`` (main, or side with ``side``)."""
+        rank ``r`` (main, or side with ``side``).
+
+        A collective is numbered per communicator on this rank (`sim.common.Collective`).
+
+        Raises:
+            ConfigError: the signature names a communicator the scenario lacks, a host group,
+                a communicator rank ``r`` is not a member of, or a send/receive peer outside it.
+        """
         dev = self.world.devices[r]
         if isinstance(kernel, Signature):
-            kernel = Collective(dev.enqueued_collectives, kernel)
+            sig = kernel
+            comm = self.world.comm(sig.comm)
+            members = comm.members(self.world.ws)
+            if not comm.device or r not in members or (
+                    sig.peer is not None and (sig.peer not in members or sig.peer == r)):
+                what = ("a host group" if not comm.device else
+                        f"a communicator of ranks {list(members)}")
+                raise ConfigError(f"rank {r} enqueues {sig.op}"
+                                  + (f" with rank {sig.peer}" if sig.peer is not None else "")
+                                  + f" on communicator {sig.comm!r}, {what}")
+            key = pairing_key(sig.comm, sig.op, r, sig.peer)
+            index = dev.paired.get(key, 0)
+            order = dev.issued.get(sig.comm, 0)
+            dev.paired[key] = index + 1
+            dev.issued[sig.comm] = order + 1
+            kernel = Collective(index, sig, order)
             dev.enqueued_collectives += 1
         (dev.side if side else dev.main).append(kernel)
+
+    def send(self, r: int, peer: int, nbytes: int, comm: str = "tp", side: bool = False,
+             label: str = "send") -> None:
+        """Enqueue a point-to-point send of ``nbytes`` bytes from rank ``r`` to ``peer`` on
+        ``comm``; it completes together with ``peer``'s matching `recv` (same communicator,
+        same index in the pair's channel, same size)."""
+        self.enqueue(r, Signature("send", 1, nbytes, label, comm, peer=peer), side)
+
+    def recv(self, r: int, peer: int, nbytes: int, comm: str = "tp", side: bool = False,
+             label: str = "recv") -> None:
+        """Enqueue a point-to-point receive of ``nbytes`` bytes on rank ``r`` from ``peer``."""
+        self.enqueue(r, Signature("recv", 1, nbytes, label, comm, peer=peer), side)
+
+    def host_collective(self, r: int, host: Host, sig: Signature, probe: bool) -> int:
+        """A collective on a host group (``sig.comm`` names a `Communicator` with
+        ``device=False``): the host thread blocks until every member's host is in the call
+        with the same index, then all return. Calls of differing signature are a divergence.
+
+        Returns PROGRESS when rank ``r`` arrives, BLOCKED while peers are missing, DONE once all
+        arrived.
+
+        Raises:
+            ConfigError: ``sig.comm`` is unknown, a device communicator, or lacks rank ``r``.
+        """
+        w = self.world
+        comm = w.comm(sig.comm)
+        members = comm.members(w.ws)
+        if comm.device or r not in members:
+            raise ConfigError(f"rank {r} calls host collective {sig.op} on communicator "
+                              f"{sig.comm!r}, which is not a host group with rank {r} in it")
+        seq = w.host_seq.get((r, sig.comm), 0)
+        arrived = w.host_arrivals.setdefault((sig.comm, seq), {})
+        if r not in arrived:
+            if not probe:
+                arrived[r] = sig
+            return PROGRESS
+        if not all(m in arrived for m in members):
+            return BLOCKED
+        if probe:
+            return DONE
+        first = arrived[members[0]]
+        if any(not arrived[m].matches(first) for m in members):
+            lines = "; ".join(f"rank {m} is in {arrived[m].op} ({arrived[m].label}: "
+                              f"{arrived[m].nbytes} bytes)" for m in members)
+            w.outcome = Outcome("divergence", f"host collectives differ on communicator "
+                                              f"{sig.comm} call #{seq}: {lines}", "I2",
+                                rank=r, step=host.cmd.seq)
+            return DONE
+        w.host_seq[(r, sig.comm)] = seq + 1
+        left = w.host_left.setdefault((sig.comm, seq), set())
+        left.add(r)
+        if len(left) == len(members):
+            del w.host_arrivals[(sig.comm, seq)]
+            del w.host_left[(sig.comm, seq)]
+        return self.done(host)
 
     def page_table_done(self, r: int, host: Host, kernel) -> int:
         """A page-table update (I14): stream-ordered behind the main stream's queued kernels, and
@@ -275,6 +354,18 @@ class ModelledBackend:
         return self.done(host)
 
     def launch(self, r: int, host: Host, key: GraphKey, probe: bool) -> int:
+        shape = self.world.config.shape
+        sig = Signature("all-reduce", shape.allreduces_per_step, shape.allreduce_bytes(key.bucket),
+                        f"graph {key}", mode="graph")
+        return self.launch_with(r, host, key, probe, ((sig, False),))
+
+    def launch_with(self, r: int, host: Host, key: GraphKey, probe: bool,
+                    collectives: tuple[tuple[Signature, bool], ...]) -> int:
+        """Launch rank ``r``'s graph of ``key`` whose replay issues ``collectives`` -- (signature,
+        on the side stream) pairs, in issue order -- before its compute; the implicit upload
+        of a never-uploaded graph takes the driver lock and waits for quiescence (H1, H2), and
+        a serving replay is checked against the command (I2) and its buffers (I15). A variant
+        whose graphs hold collectives on several streams or communicators calls this."""
         w = self.world
         graph = w.graphs[r].get(key)
         if graph is not None and not graph.uploaded:
@@ -287,9 +378,8 @@ class ModelledBackend:
         graph = self.graph(r, key)
         if not self.commanded_path(r, host, key) or not self.live_buffers(r, host, graph):
             return DONE
-        shape = w.config.shape
-        self.enqueue(r, Signature("all-reduce", shape.allreduces_per_step,
-                                  shape.allreduce_bytes(key.bucket), f"graph {key}"))
+        for sig, side in collectives:
+            self.enqueue(r, sig, side)
         self.enqueue(r, GraphReplay(key, host.cmd.seq, graph.buffers))
         if w.ctrl.serving:
             w.events["replay"] += 1

@@ -8,6 +8,7 @@ from protocol.buckets import DEFAULT_DECODE_BUCKETS
 from protocol.config import QWEN3_4B, ProtocolConfig
 from protocol.errors import ConfigError
 from protocol.requests import Request
+from sim.comms import DEFAULT_COMMUNICATORS, Communicator, check_communicators
 from sim.hazards import HazardModel
 
 TOPOLOGIES = ("shared", "per-rank")
@@ -93,6 +94,8 @@ class Scenario:
 
     ``death_detect_s`` is how long after a process dies its peers see the broken connection
     (the liveness signal the controller gets), in seconds; shorter than the step timeout.
+    ``communicators`` are the groups collectives may name (`sim.comms`): by default the TP
+    device communicator ``"tp"`` and the host control group ``"cpu"``.
     """
 
     config: ProtocolConfig = field(default_factory=ProtocolConfig)
@@ -105,6 +108,7 @@ class Scenario:
     vocab: int = 1000
     death_detect_s: float = 5.0
     max_actions: int = 200_000
+    communicators: tuple[Communicator, ...] = DEFAULT_COMMUNICATORS
 
     def __post_init__(self) -> None:
         if self.topology not in TOPOLOGIES:
@@ -113,11 +117,16 @@ class Scenario:
             if not 0 <= fault.rank < self.config.world_size:
                 raise ConfigError(f"fault on rank {fault.rank}, outside world size "
                                   f"{self.config.world_size}")
+        check_communicators(self.communicators, self.config.world_size)
 
     def processes(self) -> tuple[tuple[int, ...], ...]:
         """Ranks grouped by process."""
         ranks = tuple(range(self.config.world_size))
         return (ranks,) if self.topology == "shared" else tuple((r,) for r in ranks)
+
+    def with_communicators(self, *comms: Communicator) -> "Scenario":
+        """A copy with ``comms`` added to its communicators (ConfigError for a taken name)."""
+        return replace(self, communicators=self.communicators + tuple(comms))
 
     def with_(self, **changes) -> "Scenario":
         """A copy with fields replaced."""

@@ -39,7 +39,7 @@ from sim.devices import Kernel
 from sim.scenario import TOPOLOGIES, Fault, Scenario
 
 VERDICTS = ("clean", "abort", "deadlock", "hang", "hang-at-exit", "divergence", "oom",
-            "startup-refused", "livelock") + tuple(f"invariant:I{n}" for n in range(1, 16))
+            "startup-refused", "livelock") + tuple(f"invariant:I{n}" for n in range(1, 19))
 """Verdicts a variant may expect."""
 
 
@@ -66,6 +66,10 @@ class Variant:
             search then keeps every rank apart instead of reducing by rank symmetry).
         reaches: events (`sim.world.World.events` keys) a clean run of this variant must reach
             besides graph replays and live compactions, e.g. ``"preemption"``.
+        schedules, fault_schedules: caps on the schedules (and faulted schedules; 0: no
+            faulted row) `lockstep check` explores for this variant, for a design whose verdict
+            does not depend on the schedule (a counterpart that shows a rule's fix is clean);
+            None: the check's own numbers.
     """
 
     name: str
@@ -80,6 +84,8 @@ class Variant:
     sim_kernels: Mapping[type, Callable] = field(default_factory=dict)
     symmetric: bool = True
     reaches: tuple[str, ...] = ()
+    schedules: int | None = None
+    fault_schedules: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -643,6 +649,7 @@ register(Variant(
 
 import sim.variants_paging  # noqa: E402,F401  (registers the KV-paging variants, I14)
 import sim.variants_state  # noqa: E402,F401  (data/memory-class variants, registered on import)
+import sim.variants_comms  # noqa: E402,F401  (communicators, registrations, per-rank batches, death)
 
 SHIPPED = tuple(REGISTRY)
 """Names of the shipped variants, the correct protocol first."""

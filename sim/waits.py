@@ -90,12 +90,15 @@ def wait_edges(world) -> list[tuple[str, str, str]]:
         if stream is None:
             continue
         kernel = stream[0]
+        sig = kernel.sig
+        members = (world.comm(sig.comm).members(world.ws) if sig.peer is None else (sig.peer,))
         for q, peer in enumerate(world.devices):
-            if q == r:
+            if q == r or q not in members:
+                continue
+            if any(h[0].sig.comm == sig.comm and h[0].index == kernel.index
+                   for h in peer.collective_heads()):
                 continue
             head = peer.collective_head()
-            if head is not None and head[0].index == kernel.index:
-                continue
             if peer.busy() and head is None:
                 target, why = f"device{q}", f"device {q} to reach it"
             else:

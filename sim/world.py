@@ -25,7 +25,7 @@ from protocol.backend import ENQUEUING, Op, Synchronize
 from protocol.commands import AllocateKV, Command, Reply, Step, Teardown
 from protocol.controller import Abort, Broadcast, Done, Idle, Wait
 from protocol.eligibility import GraphPlan
-from protocol.errors import ProtocolError, WatchdogExpired
+from protocol.errors import ConfigError, ProtocolError, WatchdogExpired
 from protocol.execution import CommandRun
 from protocol.keys import GraphKey
 from protocol.trace import TraceEvent
@@ -136,6 +136,10 @@ class World:
             dev.allocate("replay-inputs",
                          list(padded_rows((), max(cfg.buckets), cfg.max_batch)))
             dev.allocate("logits", {})
+        self.comms = {c.name: c for c in scenario.communicators}
+        self.host_seq: dict = {}  # (rank, host group) -> calls it completed
+        self.host_arrivals: dict = {}  # (host group, call index) -> {rank: Signature}
+        self.host_left: dict = {}  # (host group, call index) -> ranks that returned
         self.backend = ModelledBackend(self)
         self.device_model = DeviceModel(self)
         self._news = True  # something arrived that the controller has not looked at
@@ -157,6 +161,14 @@ class World:
 
     def _now(self) -> float:
         return self.clock
+
+    def comm(self, name: str):
+        """The `sim.comms.Communicator` called ``name``; ConfigError naming the known ones."""
+        try:
+            return self.comms[name]
+        except KeyError:
+            raise ConfigError(f"unknown communicator {name!r}; the scenario has "
+                              f"{', '.join(self.comms)}") from None
 
     def event(self, actor: str, kind: str, what: str, seq=None, rank=None, detail="", ok=True):
         """Append a `TraceEvent` at the current time."""
@@ -187,20 +199,19 @@ class World:
             if transit[r]:
                 out.append(name)
         h3 = self.hz.h3_spinning_collectives
-        every_collective = h3
+        any_collective = False
         names = self._device_names
         for r, dev in enumerate(self.devices):
             main, side = dev.main, dev.side
             if not main and not side:
-                every_collective = False
                 continue
             main_c = main and main[0].__class__ is Collective
             side_c = side and side[0].__class__ is Collective
             if (main and not main_c) or (side and not side_c) or (not h3):
                 out.append(names[r])
-            if not (main_c or side_c):
-                every_collective = False
-        if every_collective:
+            if main_c or side_c:
+                any_collective = True
+        if h3 and any_collective and self.device_model.ready_collective() is not None:
             out.append("collectives")
         return out
 
@@ -225,6 +236,10 @@ class World:
             timers.append(self.ctrl.step_deadline)
         timers += [t for t, _ in self._deaths]
         later = [t for t in timers if t > self.clock]
+        wedge = self._wedge()
+        if wedge is not None:
+            self.outcome = wedge
+            return
         orphan = self._orphan_collective()
         if orphan is not None:
             self.outcome = orphan
@@ -527,6 +542,22 @@ class World:
 
     # -- stuck states ---------------------------------------------------------------------------------
 
+    def _wedge(self) -> Outcome | None:
+        """A device holds two collectives of one communicator in flight at once (H9): the
+        communicator's protocol mixes them up and neither ever completes, even though every
+        rank issued them in the same order (I16)."""
+        wedges = self.device_model.wedges()
+        if not wedges:
+            return None
+        r, a, b = wedges[0]
+        return Outcome(
+            "deadlock", f"I16 violated: device {r} has two collectives of communicator "
+                        f"{a.sig.comm} in flight at once -- {sig_text(a)} on the main stream and "
+                        f"{sig_text(b)} on the side stream; the communicator runs one at a time "
+                        "(H9), so both spin forever on every rank that issued them, in whatever "
+                        "order. A second stream needs its own communicator.", "I16", rank=r,
+            step=self.current_seq())
+
     def _orphan_collective(self) -> Outcome | None:
         """A device spins in a collective that a peer, already done with the command, never issued."""
         current = self.ctrl.current
@@ -534,9 +565,12 @@ class World:
             stream = dev.collective_head()
             if stream is None:
                 continue
+            kernel = stream[0]
+            members = (self.comm(kernel.sig.comm).members(self.ws) if kernel.sig.peer is None
+                       else (kernel.sig.peer,))
             for q, host in enumerate(self.hosts):
                 peer = self.devices[q]
-                if q == r or peer.busy() or host.run is not None or host.inbox:
+                if q == r or q not in members or peer.busy() or host.run is not None or host.inbox:
                     continue
                 if current is not None and (self.ctrl.holds_reply(q) or self.transit[q]):
                     return Outcome(

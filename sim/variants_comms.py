@@ -1,0 +1,120 @@
+"""Variants of communicators and groups: what needs the simulator's named communicators,
+per-communicator sequence numbers and hazard H9 (docs/hazards.md) to be told apart.
+
+``overlap-one-communicator`` and ``overlap-two-communicators`` split each captured decode graph
+into two micro-batches whose all-reduces overlap on two streams (dual-batch overlap). Issued on
+one communicator, the two in-graph all-reduces are in flight at once and wedge on every rank,
+although every rank issues them in the same order; on two communicators, one per stream, they
+complete independently and the design is clean.
+
+Registered next to `sim.variants` (which imports this module), so `lockstep check` runs them by
+default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from protocol.backend import LaunchGraph, Op
+from protocol.commands import Launch, Step
+from protocol.keys import GraphKey
+from protocol.worker import Worker
+from sim.common import Signature
+from sim.comms import Communicator
+from sim.scenario import Scenario
+from sim.variants import Variant, register
+
+# -- overlap-one-communicator / overlap-two-communicators -------------------------------------------
+
+SECOND_STREAM_COMM = "tp-ub1"
+"""The second device communicator over the TP ranks that the two-communicator design adds."""
+
+
+@dataclass(frozen=True)
+class LaunchOverlapped(Op):
+    """Launch the graph of ``key`` whose decode runs as two micro-batches: micro-batch 0's
+    all-reduce on the main stream (TP communicator), micro-batch 1's on the second stream, on
+    the worker's ``second_comm`` (the op's trace reads as a plain launch of ``key``)."""
+
+    name: ClassVar[str] = "launch"
+    key: GraphKey
+
+
+def micro_batches(bucket: int) -> tuple[int, int]:
+    """Rows of the two micro-batches a bucket splits into (the second may be empty)."""
+    first = -(-bucket // 2)
+    return first, bucket - first
+
+
+def _sim_launch_overlapped(backend, r, host, op, probe):
+    """The replay issues micro-batch 0's in-graph all-reduce on the main stream and micro-batch
+    1's on the side stream, each sized by its rows, then the decode compute."""
+    shape = backend.world.config.shape
+    comm = backend.world.workers[r].second_comm
+    first, second = micro_batches(op.key.bucket)
+    sigs = [(Signature("all-reduce", shape.allreduces_per_step, shape.allreduce_bytes(first),
+                       f"graph {op.key} micro-batch 0", mode="graph"), False)]
+    if second:
+        sigs.append((Signature("all-reduce", shape.allreduces_per_step,
+                               shape.allreduce_bytes(second), f"graph {op.key} micro-batch 1",
+                               comm=comm, mode="graph"), True))
+    return backend.launch_with(r, host, op.key, probe, tuple(sigs))
+
+
+class OverlapWorker(Worker):
+    """Launches every graph -- in the capture sweep and in serving -- as two overlapped
+    micro-batches whose second all-reduce runs on communicator ``second_comm``."""
+
+    second_comm: ClassVar[str] = "tp"
+
+    def _overlapped(self, ops: list[Op]) -> list[Op]:
+        return [LaunchOverlapped(op.key) if isinstance(op, LaunchGraph) else op
+                for op in ops]
+
+    def _ops_launch(self, command: Launch) -> list[Op]:
+        return self._overlapped(super()._ops_launch(command))
+
+    def forward_ops(self, step: Step) -> list[Op]:
+        return self._overlapped(super().forward_ops(step))
+
+
+class TwoCommunicatorOverlapWorker(OverlapWorker):
+    """The second stream's all-reduces run on their own communicator."""
+
+    second_comm: ClassVar[str] = SECOND_STREAM_COMM
+
+
+def with_second_stream_communicator(sc: Scenario) -> Scenario:
+    """``sc`` with a second device communicator over every rank, for the second stream."""
+    return sc.with_communicators(Communicator(SECOND_STREAM_COMM))
+
+
+register(Variant(
+    name="overlap-one-communicator",
+    summary="dual-batch overlap inside the decode graphs: micro-batch 1's all-reduce runs on a "
+            "second stream but on the same TP communicator as micro-batch 0's, so two "
+            "collectives of one communicator are in flight at once",
+    source="sgl-project/sglang #31117 / PR #31135 (custom all-reduce issued on one "
+           "communicator from two CUDA streams: permanent hang); ROCm/rccl #2179 (CUDA graph, "
+           "one communicator shared by several streams: hang; one group per stream: done); "
+           "vllm-project/vllm PR #44677 (DBO all-reduce overlap on a second stream)",
+    expected={"shared": "deadlock", "per-rank": "deadlock"},
+    remedy="A communicator runs one collective at a time: every stream that issues collectives "
+           "concurrently with another has its own communicator (I16).",
+    worker_cls=OverlapWorker,
+    sim_ops={LaunchOverlapped: _sim_launch_overlapped}))
+
+
+register(Variant(
+    name="overlap-two-communicators",
+    summary="the same dual-batch overlap with the second stream's all-reduces on a second "
+            "communicator over the same ranks: the two collectives overlap safely",
+    source="ROCm/rccl #2179 (one process group per stream completes); sgl-project/sglang "
+           "PR #31135",
+    expected={"shared": "clean", "per-rank": "clean"},
+    remedy="Nothing to fix: this is the remedy of overlap-one-communicator (I16).",
+    worker_cls=TwoCommunicatorOverlapWorker,
+    adjust=with_second_stream_communicator,
+    sim_ops={LaunchOverlapped: _sim_launch_overlapped},
+    schedules=4, fault_schedules=0))

@@ -1,0 +1,158 @@
+"""Communicators and groups in the simulator (issue 10 item 3): named communicators with their
+own sequence numbers, sub-groups, point-to-point pairs, host groups, and hazard H9 (two
+collectives of one communicator in flight at once wedge)."""
+
+import pytest
+
+from protocol.errors import ConfigError
+from sim.common import Signature
+from sim.comms import Communicator
+from sim.run import run_schedule
+from sim.scenario import default_scenario
+from sim.strategies import RandomWalk
+from sim.variants import REGISTRY
+from sim.world import World
+
+SMALL = dict(buckets=(1, 2, 4, 8), max_batch=8)
+
+
+def _world(world_size=2, *comms):
+    sc = default_scenario(world_size=world_size, **SMALL).with_communicators(*comms)
+    return World(sc, REGISTRY["correct"])
+
+
+def _sig(comm="tp", nbytes=64, mode="eager", op="all-reduce", peer=None):
+    return Signature(op, 1, nbytes, "test", comm, mode, peer)
+
+
+def _drain_collectives(world):
+    done = 0
+    while "collectives" in world.enabled():
+        world.device_model.step_collective()
+        done += 1
+    return done
+
+
+def test_each_communicator_numbers_its_own_collectives():
+    w = _world(2, Communicator("tp2"))
+    w.backend.enqueue(0, _sig("tp"))
+    w.backend.enqueue(0, _sig("tp2"), side=True)
+    w.backend.enqueue(0, _sig("tp"))
+    kernels = w.devices[0].main + w.devices[0].side
+    assert [(k.sig.comm, k.index) for k in kernels] == [("tp", 0), ("tp", 1), ("tp2", 0)]
+
+
+def test_collectives_of_two_communicators_overlap_and_complete_in_any_order():
+    w = _world(2, Communicator("tp2"))
+    for r in (0, 1):
+        w.backend.enqueue(r, _sig("tp"))
+    # rank 0 issues the second communicator's call on its side stream, rank 1 on its main one
+    w.backend.enqueue(0, _sig("tp2"), side=True)
+    w.backend.enqueue(1, _sig("tp2"))
+    assert _drain_collectives(w) == 2
+    assert all(not d.busy() for d in w.devices) and w.outcome is None
+
+
+def test_a_sub_group_collective_needs_only_its_members():
+    w = _world(3, Communicator("pair", ranks=(0, 1)))
+    w.backend.enqueue(0, _sig("pair"))
+    w.backend.enqueue(1, _sig("pair"))
+    assert _drain_collectives(w) == 1 and not w.devices[0].busy()
+    with pytest.raises(ConfigError, match="rank 2 .*'pair'"):
+        w.backend.enqueue(2, _sig("pair"))
+
+
+def test_send_and_receive_pair_up_and_a_size_mismatch_diverges():
+    w = _world(2)
+    w.backend.send(0, 1, 128)
+    w.backend.recv(1, 0, 128)
+    assert _drain_collectives(w) == 1
+    w.backend.send(0, 1, 128)
+    w.backend.recv(1, 0, 256)
+    w.device_model.step_collective()
+    assert w.outcome.verdict == "divergence" and "point-to-point" in w.outcome.detail
+
+
+def test_an_in_graph_and_an_eager_call_at_one_sequence_number_diverge():
+    w = _world(2)
+    w.backend.enqueue(0, _sig(mode="graph"))
+    w.backend.enqueue(1, _sig(mode="eager"))
+    w.device_model.step_collective()
+    assert w.outcome.verdict == "divergence" and w.outcome.invariant == "I2"
+    assert "on communicator tp" in w.outcome.detail
+
+
+def test_two_in_graph_calls_of_one_communicator_in_flight_wedge_even_in_the_same_order():
+    w = _world(2)
+    for r in (0, 1):
+        w.backend.enqueue(r, _sig(mode="graph"))
+        w.backend.enqueue(r, _sig(mode="graph"), side=True)
+    assert "collectives" not in w.enabled()
+    w.settle()
+    assert w.outcome.verdict == "deadlock" and w.outcome.invariant == "I16"
+    assert w.outcome.rank == 0
+
+
+def test_eager_nccl_calls_of_one_communicator_serialize_instead():
+    w = _world(2)
+    for r in (0, 1):
+        w.backend.enqueue(r, _sig())
+        w.backend.enqueue(r, _sig(), side=True)
+    assert _drain_collectives(w) == 2 and w.outcome is None
+
+
+def test_a_one_in_flight_communicator_wedges_eagerly_too():
+    w = _world(2, Communicator("car", one_in_flight=True))
+    for r in (0, 1):
+        w.backend.enqueue(r, _sig("car"))
+        w.backend.enqueue(r, _sig("car"), side=True)
+    w.settle()
+    assert w.outcome.invariant == "I16"
+
+
+def test_host_group_collective_blocks_until_every_member_arrives():
+    w = _world(2)
+    host0, host1 = w.hosts
+    sig = _sig("cpu")
+    assert w.backend.host_collective(0, host0, sig, probe=False) == 1  # arrived
+    assert w.backend.host_collective(0, host0, sig, probe=True) == 0  # waits for rank 1
+    assert w.backend.host_collective(1, host1, sig, probe=False) == 1
+    assert w.backend.host_collective(0, host0, sig, probe=True) == 2
+
+
+def test_unknown_and_misused_communicators_are_one_line_errors():
+    w = _world(2)
+    with pytest.raises(ConfigError, match="unknown communicator 'nope'; the scenario has tp, cpu"):
+        w.backend.enqueue(0, _sig("nope"))
+    with pytest.raises(ConfigError, match="host group"):
+        w.backend.enqueue(0, _sig("cpu"))
+    with pytest.raises(ConfigError, match="defined twice"):
+        default_scenario(**SMALL).with_communicators(Communicator("tp"))
+    with pytest.raises(ConfigError, match="outside world size"):
+        default_scenario(**SMALL).with_communicators(Communicator("x", ranks=(0, 5)))
+    with pytest.raises(ConfigError, match="ascending"):
+        Communicator("x", ranks=(1, 0))
+
+
+@pytest.mark.timeout(60)
+def test_overlap_on_one_communicator_wedges_at_its_first_launch():
+    sc = default_scenario(**SMALL)
+    out = run_schedule(sc, REGISTRY["overlap-one-communicator"], RandomWalk(0)).outcome
+    assert out.verdict == "deadlock" and out.invariant == "I16" and out.step is not None
+
+
+@pytest.mark.timeout(60)
+def test_overlap_on_one_communicator_depends_on_h9():
+    sc = default_scenario(**SMALL)
+    sc = sc.with_(hazards=sc.hazards.without("h9"))
+    out = run_schedule(sc, REGISTRY["overlap-one-communicator"], RandomWalk(0)).outcome
+    assert out.verdict == "clean", out.detail
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_overlap_on_two_communicators_is_clean(seed):
+    variant = REGISTRY["overlap-two-communicators"]
+    result = run_schedule(variant.scenario(default_scenario(**SMALL)), variant, RandomWalk(seed))
+    assert result.outcome.verdict == "clean", result.outcome.detail
+    assert result.reached["replay"] > 0
