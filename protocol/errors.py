@@ -29,6 +29,19 @@ class ProtocolError(Exception):
         if invariant is not None:
             self.invariant = invariant
 
+    def __reduce__(self):
+        # Rebuilt from args and attributes, not by calling __init__ (whose signature differs
+        # by subclass), so that every protocol error survives pickling to and from a process.
+        return (_rebuild, (type(self), self.args, self.__dict__))
+
+
+def _rebuild(cls: type, args: tuple, state: dict) -> ProtocolError:
+    """Unpickle a `ProtocolError` subclass: its args and attributes, without ``__init__``."""
+    error = cls.__new__(cls, *args)
+    error.args = args
+    error.__dict__.update(state)
+    return error
+
 
 class ConfigError(ProtocolError, ValueError):
     """A configuration value is invalid; raised before any rank starts or memory is allocated."""

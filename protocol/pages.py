@@ -59,13 +59,16 @@ class PagePool:
         self.page_size = page_size
         self.max_pages_per_seq = max_pages_per_seq
         self.watermark_pages = watermark_pages
-        self._free = list(range(num_pages))
+        # free pages: every page from ``_fresh`` up, plus the heap of pages released below it
+        # (lowest id first either way; no list of every page is built for a large pool)
+        self._fresh = 0
+        self._released: list[int] = []
         self.tables: dict[int, list[int]] = {}
 
     @property
     def free_count(self) -> int:
         """Pages not held by any request."""
-        return len(self._free)
+        return self.num_pages - self._fresh + len(self._released)
 
     def held(self, request_id: int) -> int:
         """Pages ``request_id`` holds (0 if none)."""
@@ -102,10 +105,10 @@ class PagePool:
         if len(table) + count > self.max_pages_per_seq:
             raise PageError(f"request {request_id} needs {len(table) + count} pages for {tokens} "
                             f"tokens, above {self.max_pages_per_seq} per sequence")
-        if count > len(self._free):
+        if count > self.free_count:
             raise PageError(f"request {request_id} needs {count} more pages, "
-                            f"{len(self._free)} are free")
-        pages = tuple(heapq.heappop(self._free) for _ in range(count))
+                            f"{self.free_count} are free")
+        pages = tuple(self._take() for _ in range(count))
         first = len(table)
         table.extend(pages)
         return PageAssign(request_id=request_id, slot=-1, first_index=first, pages=pages)
@@ -114,8 +117,15 @@ class PagePool:
         """Free every page of ``request_id``; returns them in page-table order."""
         pages = tuple(self.tables.pop(request_id, ()))
         for page in pages:
-            heapq.heappush(self._free, page)
+            heapq.heappush(self._released, page)
         return pages
+
+    def _take(self) -> int:
+        """The lowest free page id, now held."""
+        if self._released:
+            return heapq.heappop(self._released)
+        self._fresh += 1
+        return self._fresh - 1
 
     def fingerprint(self) -> tuple:
         """Hashable view: sorted (request id, pages) pairs."""

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from protocol.keys import GraphKey
+
 
 class TraceEvent(NamedTuple):
     """One event.
@@ -48,7 +50,9 @@ def describe_args(args: tuple) -> str:
     """Short text of op arguments: graph keys and numbers as is, commands by their class."""
     parts = []
     for arg in args:
-        if hasattr(arg, "seq") and hasattr(arg, "rows"):
+        if arg.__class__ is int or arg.__class__ is GraphKey:  # the common cases, first
+            parts.append(str(arg))
+        elif hasattr(arg, "seq") and hasattr(arg, "rows"):
             parts.append(f"step {arg.seq}")
         elif isinstance(arg, tuple):
             parts.append(f"{len(arg)} items")

@@ -35,10 +35,17 @@ class CheckSpec:
     strategy: str = "random"
     schedules: int = 300
     fault_schedules: int = 100
+    clean_schedules: int | None = None
+    """Fault-free schedules of a protocol expected clean (None: ``schedules``). `lockstep check`
+    without ``--schedules`` runs fewer of these than a bad variant's search may take (which
+    stops at its first failure); see docs/simulator-figures.md."""
     time_budget: float = 60.0
     seed: int = 0
     hazards_off: tuple[str, ...] = ()
     jobs: int = 1
+    reduce_attempts: int = 8
+    """Re-runs the reducer may spend on each counterexample (`sim.reduce.reduce_schedule`): a
+    count, not seconds, so that a row's minimal trace does not depend on machine speed or load."""
 
     def scenario(self, topology: str) -> Scenario:
         """The base scenario; raises ConfigError for a configuration the model cannot hold."""
@@ -61,6 +68,11 @@ class CheckSpec:
                               f"modelled memory, more than its {mem.capacity / 2**30:.0f} GiB; "
                               "use smaller buckets")
         return sc
+
+    @property
+    def planned_clean(self) -> int:
+        """Fault-free schedules a protocol expected clean gets."""
+        return self.schedules if self.clean_schedules is None else self.clean_schedules
 
     def to_json(self) -> dict:
         return {"ranks": self.ranks, "buckets": list(self.buckets) if self.buckets else None,
@@ -150,14 +162,15 @@ CLEAN_OR_ABORT = VerdictIn(frozenset({"clean", "abort"}))
 def check_correct(variant: Variant, spec: CheckSpec, topology: str, progress=None) -> list[Row]:
     """Rows for a protocol that must be clean, and fail loudly under faults."""
     base = variant.scenario(spec.scenario(topology))
-    result = _search(spec, Fixed(base), variant, CLEAN, spec.schedules, progress)
+    planned = spec.planned_clean
+    result = _search(spec, Fixed(base), variant, CLEAN, planned, progress)
     rows = []
     stats = result.stats
     if result.failure is not None:
         got, detail = verdict_label(result.failure), result.failure.outcome.detail
-        minimal = reduce_schedule(base, variant, result.failure)
+        minimal = reduce_schedule(base, variant, result.failure, max_attempts=spec.reduce_attempts)
     elif stats.schedules == 0 or stats.budget_reached:
-        got, detail, minimal = "incomplete", _incomplete(stats, spec.schedules), None
+        got, detail, minimal = "incomplete", _incomplete(stats, planned), None
     else:
         wanted = ("replay", "compaction_moves_live") + tuple(variant.reaches)
         missing = [e for e in wanted if not stats.reached.get(e)]
@@ -175,7 +188,8 @@ def check_correct(variant: Variant, spec: CheckSpec, topology: str, progress=Non
         fstats = fres.stats
         if fres.failure is not None:
             got, detail = verdict_label(fres.failure), fres.failure.outcome.detail
-            minimal = reduce_schedule(fres.failure.world.scenario, variant, fres.failure)
+            minimal = reduce_schedule(fres.failure.world.scenario, variant, fres.failure,
+                                      max_attempts=spec.reduce_attempts)
         elif fstats.schedules == 0 or fstats.budget_reached:
             got, detail, minimal = "incomplete", _incomplete(fstats, spec.fault_schedules), None
         elif not (fstats.reached.get("fault_fired_sweep") and fstats.reached.get("fault_fired_serving")):
@@ -196,9 +210,8 @@ def check_correct(variant: Variant, spec: CheckSpec, topology: str, progress=Non
 
 def check_bad(variant: Variant, spec: CheckSpec, topology: str, progress=None,
               reduce_attempts: int | None = None) -> Row:
-    """Row for a known-bad variant: the first schedule with a non-clean verdict, reduced (in
-    ``reduce_attempts`` re-runs when given, so the result does not depend on machine speed;
-    else within the reducer's time budget)."""
+    """Row for a known-bad variant: the first schedule with a non-clean verdict, reduced in
+    ``reduce_attempts`` re-runs (default: ``spec.reduce_attempts``)."""
     scenario = variant.scenario(spec.scenario(topology))
     expected = variant.expected.get(topology, "?")
     result = _search(spec, Fixed(scenario), variant, CLEAN, spec.schedules, progress)
@@ -210,7 +223,8 @@ def check_bad(variant: Variant, spec: CheckSpec, topology: str, progress=None,
         return Row(variant.name, topology, expected, "clean", stats,
                    f"no failure in {stats.schedules} schedules", None, scenario, expected == "clean")
     got = verdict_label(result.failure)
-    minimal = reduce_schedule(scenario, variant, result.failure, max_attempts=reduce_attempts)
+    attempts = spec.reduce_attempts if reduce_attempts is None else reduce_attempts
+    minimal = reduce_schedule(scenario, variant, result.failure, max_attempts=attempts)
     detail = minimal.outcome.detail
     if got.startswith("invariant:") and expected.startswith("invariant:"):
         detail = ("no deadlock or divergence manifested in this topology; the rule check flags: "

@@ -21,10 +21,11 @@ from pathlib import Path
 
 from protocol.buckets import validate_buckets
 from protocol.errors import ConfigError
-from sim.check import CheckSpec, Row, check_variant, replay_trace, scenario_spec
+from sim.check import CheckSpec, Row, replay_trace, scenario_spec
 from sim.hazards import RULES, HazardModel
 from sim.progress import CheckProgress
 from sim.report import narrative, write_trace
+from sim.rows import check_rows
 from sim.scenario import TOPOLOGIES
 from sim.strategies import STRATEGIES
 from sim.variants import REGISTRY, SHIPPED, get_variant, load_variant_file
@@ -79,9 +80,15 @@ def _typed(fn, what):
 
 
 DEFAULTS = {"ranks": 2, "topology": "both", "strategy": "random", "schedules": 300,
-            "fault_schedules": 100, "time_budget": 60.0, "seed": 0, "jobs": None}
+            "fault_schedules": 25, "time_budget": 60.0, "seed": 0, "jobs": None}
 """Defaults of the options that `--replay` refuses; they are None in the parser so that an
 option given on the command line can be told from one left at its default."""
+
+CLEAN_SCHEDULES = 50
+"""Fault-free schedules of a protocol expected clean (the correct protocol, under each of its
+scenarios) when ``--schedules`` is not given; a bad variant's search, which stops at its first
+failure, may take up to ``DEFAULTS["schedules"]``. Chosen so the default check stays under 10 s on
+2 cores with every catch and non-vacuity check kept (docs/simulator-figures.md)."""
 
 HAZARD_HELP = ", ".join(f"{f.name.split('_')[0]} {' '.join(f.name.split('_')[1:])}"
                         for f in fields(HazardModel) if f.type in (bool, "bool"))
@@ -109,10 +116,13 @@ def add_parser(subparsers, name: str) -> None:
     p.add_argument("--strategy", choices=STRATEGIES, default=None,
                    help="schedule search strategy (default random)")
     p.add_argument("--schedules", type=_typed(_positive_int, "--schedules"), default=None,
-                   help="schedules per variant and topology (default 300)")
+                   help="schedules per variant and topology (default: up to 300 for a bad "
+                        f"variant, stopping at its first failure; {CLEAN_SCHEDULES} fault-free "
+                        "ones for the correct protocol)")
     p.add_argument("--fault-schedules", type=_typed(lambda t: _int(t, 0), "--fault-schedules"),
                    default=None,
-                   help="faulted schedules for the correct protocol (default 100; 0 skips)")
+                   help=f"faulted schedules for the correct protocol (default "
+                        f"{DEFAULTS['fault_schedules']}; 0 skips)")
     p.add_argument("--time-budget", type=_typed(_positive_float, "--time-budget"), default=None,
                    help="seconds per search, for each variant and topology (default 60)")
     p.add_argument("--seed", type=_typed(_int, "--seed"), default=None, help="search seed (default 0)")
@@ -194,6 +204,7 @@ def _run(args) -> int:
         except ConfigError as exc:
             return _fail(str(exc))
         return _replay(args.replay, args.json, args.trace_out)
+    clean_schedules = CLEAN_SCHEDULES if args.schedules is None else args.schedules
     for key, value in DEFAULTS.items():
         if getattr(args, key) is None:
             setattr(args, key, value if key != "jobs" else os.cpu_count() or 1)
@@ -205,7 +216,7 @@ def _run(args) -> int:
         variants = [get_variant(n) for n in names]
         spec = CheckSpec(ranks=args.ranks, buckets=args.buckets, max_batch=args.max_batch,
                          strategy=args.strategy, schedules=args.schedules,
-                         fault_schedules=args.fault_schedules, time_budget=args.time_budget,
+                         clean_schedules=clean_schedules, fault_schedules=args.fault_schedules, time_budget=args.time_budget,
                          seed=args.seed, hazards_off=tuple(args.hazard_off), jobs=args.jobs)
         spec.scenario("shared")  # validates ranks / buckets / max batch before any search
     except ConfigError as exc:
@@ -218,19 +229,20 @@ def _run(args) -> int:
     compare_bad = not args.hazard_off
     rows: list[Row] = []
     start = time.perf_counter()
-    plan = [(f"{v.name} / {t}", spec.schedules + (spec.fault_schedules if _correct(v) else 0),
+    plan = [(f"{v.name} / {t}", spec.planned_clean + spec.fault_schedules if _correct(v) else spec.schedules,
              2 if _correct(v) and spec.fault_schedules else 1)
             for v in variants for t in topologies]
     with CheckProgress(plan, spec.time_budget, disable=args.no_progress or None) as bar:
-        for variant in variants:
-            for topology in topologies:
-                new = check_variant(variant, spec, topology, bar.step)
-                if not compare_bad and not _correct(variant):
-                    for row in new:
-                        row.passed = row.got != "error"
-                        row.compared = False
-                rows += new
-                bar.next_row()
+        def finished(new: list[Row], planned: int) -> None:
+            bar.next_row()  # tops the row up to its planned schedules
+
+        for variant, new in zip((v for v in variants for _ in topologies),
+                                check_rows(variants, topologies, spec, finished, bar.step)):
+            if not compare_bad and not _correct(variant):
+                for row in new:
+                    row.passed = row.got != "error"
+                    row.compared = False
+            rows += new
     elapsed = time.perf_counter() - start
     if args.trace_out is not None:
         try:

@@ -190,10 +190,29 @@ class World:
         out = ["controller"] if (self._news or ctrl.current is None
                                  or self._controller_ready()) else []
         hosts = self.hosts
-        for r, name in enumerate(self._rank_names):
-            host = hosts[r]
-            if host.inbox if host.run is None else self._host_ready(r):
-                out.append(name)
+        if self.faults or self.dead:
+            for r, name in enumerate(self._rank_names):
+                host = hosts[r]
+                if host.inbox if host.run is None else self._host_ready(r):
+                    out.append(name)
+        else:  # the common case, `_host_ready` inlined: no fault bookkeeping, nobody dead
+            attempt = self.backend.attempt
+            devices = self.devices
+            for r, name in enumerate(self._rank_names):
+                host = hosts[r]
+                run = host.run
+                if run is None:
+                    if host.inbox:
+                        out.append(name)
+                    continue
+                op = run.op
+                cls = op.__class__
+                if cls is Synchronize:  # the most frequent probe: a rank waiting for its device
+                    dev = devices[r]
+                    if not (dev.main or dev.side):
+                        out.append(name)
+                elif cls in _ALWAYS_READY or attempt(r, host, op, True) != BLOCKED:
+                    out.append(name)
         transit = self.transit
         for r, name in enumerate(self._link_names):
             if transit[r]:
