@@ -48,7 +48,14 @@ class CheckSpec:
     count, not seconds, so that a row's minimal trace does not depend on machine speed or load."""
 
     def scenario(self, topology: str) -> Scenario:
-        """The base scenario; raises ConfigError for a configuration the model cannot hold."""
+        """The base scenario; raises ConfigError for a configuration the model cannot hold or
+        a value past `sim.limits` (checked before anything is built)."""
+        from sim.limits import check_limits
+
+        check_limits(ranks=self.ranks, buckets=self.buckets, max_batch=self.max_batch,
+                     schedules=max(self.schedules, self.planned_clean),
+                     fault_schedules=self.fault_schedules, jobs=self.jobs,
+                     time_budget=self.time_budget)
         kwargs = {}
         if self.buckets is not None:
             kwargs["buckets"] = self.buckets

@@ -23,6 +23,7 @@ from protocol.buckets import validate_buckets
 from protocol.errors import ConfigError
 from sim.check import CheckSpec, Row, replay_trace, scenario_spec
 from sim.hazards import RULES, HazardModel
+from sim.limits import check_limits
 from sim.progress import CheckProgress
 from sim.report import narrative, write_trace
 from sim.rows import check_rows
@@ -63,7 +64,18 @@ def _buckets(text: str) -> tuple[int, ...]:
         values = tuple(int(x) for x in items)
     except ValueError:
         raise ValueError(f"{text!r} is not a comma-separated list of integers") from None
-    return validate_buckets(values)
+    values = validate_buckets(values)
+    check_limits(buckets=values)
+    return values
+
+
+def _bounded(fn, option: str):
+    """``fn`` followed by the `sim.limits` bound of ``option`` (a keyword of `check_limits`)."""
+    def parse(text):
+        value = fn(text)
+        check_limits(**{option: value})
+        return value
+    return parse
 
 
 def _typed(fn, what):
@@ -104,29 +116,30 @@ def add_parser(subparsers, name: str) -> None:
     p.add_argument("--variant-file", action="append", default=[], metavar="PATH",
                    help="load variants from a Python file and check them (instead of the shipped "
                         "ones; add --variant NAME to check shipped ones as well)")
-    p.add_argument("--ranks", type=_typed(lambda t: _int(t, 2), "--ranks"), default=None,
+    p.add_argument("--ranks", type=_typed(_bounded(lambda t: _int(t, 2), "ranks"), "--ranks"), default=None,
                    help="world size, at least 2: every hazard is between ranks (default 2)")
     p.add_argument("--buckets", type=_typed(_buckets, "--buckets"), default=None,
                    help="comma-separated decode buckets (default: the 36 pegainfer buckets)")
-    p.add_argument("--max-batch", type=_typed(_positive_int, "--max-batch"), default=None,
+    p.add_argument("--max-batch", type=_typed(_bounded(_positive_int, "max_batch"), "--max-batch"), default=None,
                    help="max batch (default: the largest bucket)")
     p.add_argument("--topology", choices=("both",) + TOPOLOGIES, default=None,
                    help="shared (all ranks in one process, one driver lock), per-rank (one "
                         "process per rank), or both (default both)")
     p.add_argument("--strategy", choices=STRATEGIES, default=None,
                    help="schedule search strategy (default random)")
-    p.add_argument("--schedules", type=_typed(_positive_int, "--schedules"), default=None,
+    p.add_argument("--schedules", type=_typed(_bounded(_positive_int, "schedules"), "--schedules"), default=None,
                    help="schedules per variant and topology (default: up to 300 for a bad "
                         f"variant, stopping at its first failure; {CLEAN_SCHEDULES} fault-free "
                         "ones for the correct protocol)")
-    p.add_argument("--fault-schedules", type=_typed(lambda t: _int(t, 0), "--fault-schedules"),
+    p.add_argument("--fault-schedules", type=_typed(_bounded(lambda t: _int(t, 0), "fault_schedules"),
+                                                     "--fault-schedules"),
                    default=None,
                    help=f"faulted schedules for the correct protocol (default "
                         f"{DEFAULTS['fault_schedules']}; 0 skips)")
-    p.add_argument("--time-budget", type=_typed(_positive_float, "--time-budget"), default=None,
+    p.add_argument("--time-budget", type=_typed(_bounded(_positive_float, "time_budget"), "--time-budget"), default=None,
                    help="seconds per search, for each variant and topology (default 60)")
     p.add_argument("--seed", type=_typed(_int, "--seed"), default=None, help="search seed (default 0)")
-    p.add_argument("--jobs", type=_typed(_positive_int, "--jobs"), default=None,
+    p.add_argument("--jobs", type=_typed(_bounded(_positive_int, "jobs"), "--jobs"), default=None,
                    help=f"worker processes for random and PCT search (default: the CPU count, "
                         f"{os.cpu_count() or 1} here)")
     p.add_argument("--hazard-off", action="append", default=[], choices=RULES, metavar="HAZARD",

@@ -16,14 +16,34 @@ from sim.run import RunResult
 
 TRACE_FORMAT = 1
 NOISY_OPS = {"graph_memory", "release_slot", "move_slot", "prepare_replay"}
+_GAP = "     ... (events in between left out)"
 
 
-def _window(events: list[TraceEvent], limit: int) -> list[TraceEvent]:
-    """The events since the command before the last one, at most ``limit`` of them."""
+def _window(events: list[TraceEvent], limit: int, step: int | None = None) -> list:
+    """The events since the command before the last one, at most ``limit`` of them.
+
+    When the verdict names the command ``step`` at which a rule broke and none of that
+    command's events is in the tail (a trace check at the end of the run flags a step of the
+    sweep, say), the window starts with that command's events -- up to half of ``limit``, its
+    last ones, which end with the breaking event -- then a None marking the events left out,
+    then the tail, so the story always shows the step that broke the rule.
+    """
     keep = [e for e in events if e.kind != "kernel" and not (e.kind == "op" and e.what in NOISY_OPS)]
     sends = [i for i, e in enumerate(keep) if e.kind == "send"]
     start = sends[-2] if len(sends) >= 2 else 0
-    return keep[max(start, len(keep) - limit):]
+    tail_start = max(start, len(keep) - limit)
+    tail = keep[tail_start:]
+    if step is None or any(e.seq == step for e in tail):
+        return tail
+    head = [i for i, e in enumerate(keep[:tail_start]) if e.seq == step]
+    if not head:
+        return tail
+    first = next((i for i in head if keep[i].kind == "send"), head[0])
+    head = [i for i in head if i >= first][-(limit // 2):]
+    if keep[first] is not keep[head[0]]:
+        head = [first] + head[1:]  # the command's send stays first: what was asked
+    tail = tail[-(limit - len(head)):]
+    return [keep[i] for i in head] + [None] + tail
 
 
 def _sentence(e: TraceEvent) -> str:
@@ -43,9 +63,14 @@ def _sentence(e: TraceEvent) -> str:
 
 def narrative(result: RunResult, limit: int = 40) -> str:
     """Numbered story of the failure's last steps, then the verdict's explanation."""
-    events = _window(result.world.trace, limit)
-    lines = [f"{i + 1:>3}. t={e.time:g}s {_sentence(e)}" for i, e in enumerate(events)]
     outcome = result.outcome
+    events = _window(result.world.trace, limit, outcome.step)
+    lines = []
+    for e in events:
+        if e is None:
+            lines.append(_GAP)
+        else:
+            lines.append(f"{len(lines) + 1 - lines.count(_GAP):>3}. t={e.time:g}s {_sentence(e)}")
     lines.append(f"==> {outcome.verdict}" + (f" ({outcome.invariant})" if outcome.invariant else ""))
     if outcome.cycle:
         for node, why in outcome.cycle:
@@ -78,8 +103,10 @@ def mermaid(result: RunResult, limit: int = 40) -> str:
         lines.append(f"    participant R{r} as rank {r} host")
     for r in ranks:
         lines.append(f"    participant D{r} as device {r}")
-    for e in _window(world.trace, limit):
-        if e.kind == "send":
+    for e in _window(world.trace, limit, result.outcome.step):
+        if e is None:
+            lines.append("    Note over C: ... events in between left out")
+        elif e.kind == "send":
             for r in ranks:
                 lines.append(f"    C->>R{r}: {e.seq} {e.what} {_mermaid_text(e.detail)}".rstrip())
         elif e.kind == "op":

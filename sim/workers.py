@@ -189,8 +189,11 @@ class WorkerPool:
                 return
             timeout = self.deadline + GRACE_S - time.perf_counter()
             with paused():  # the workers watch their own progress
+                # in slices of at most an hour: a far deadline must not overflow poll's timeout
                 ready = wait([self._conns[w] for w in busy] + [self._procs[w].sentinel for w in busy],
-                             timeout=max(0.0, timeout))
+                             timeout=min(max(0.0, timeout), 3600.0))
+            if not ready and timeout > 3600.0:
+                continue
             if not ready:
                 pos, task = min(busy.values(), key=lambda b: b[0])
                 raise WorkerError(task, f"no answer {GRACE_S:g} s past the time budget "
