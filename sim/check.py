@@ -68,7 +68,7 @@ class CheckSpec:
         mem, cfg = sc.memory, sc.config
         largest = max(b for b in cfg.buckets if b <= max(cfg.buckets))
         need = (mem.weights + largest * mem.activation_per_row
-                + sum(mem.graph_bytes(b) for b in cfg.buckets if b <= cfg.max_batch)
+                + mem.graph_set_bytes(b for b in cfg.buckets if b <= cfg.max_batch)
                 + (sc.pages_per_seq + 1) * cfg.kv_page_bytes)  # pages on demand: one sequence (I14)
         if need > mem.capacity:
             raise ConfigError(f"buckets up to {largest} need {need / 2**30:.0f} GiB per rank in the "
@@ -255,7 +255,8 @@ def check_variant(variant: Variant, spec: CheckSpec, topology: str, progress=Non
     from sim.workers import WorkerError
 
     if variant.schedules is not None:
-        spec = replace(spec, schedules=min(spec.schedules, variant.schedules))
+        spec = replace(spec, schedules=min(spec.schedules, variant.schedules),
+                       clean_schedules=min(spec.planned_clean, variant.schedules))
     if variant.fault_schedules is not None:
         spec = replace(spec, fault_schedules=min(spec.fault_schedules, variant.fault_schedules))
     try:

@@ -11,11 +11,12 @@ import sys
 from pathlib import Path
 
 from sim.check import CheckSpec, check_bad
+from sim.limits import MAX_TIME_BUDGET
 from sim.reduce import reduce_schedule
 from sim.report import mermaid, narrative
 from sim.variants import REGISTRY, SHIPPED
 
-SPEC = CheckSpec(schedules=100, fault_schedules=0, time_budget=1e9, seed=0)
+SPEC = CheckSpec(schedules=100, fault_schedules=0, time_budget=MAX_TIME_BUDGET, seed=0)
 REDUCER_ATTEMPTS = 40
 README_BEGIN = "<!-- walkthrough:fused-sweep:begin -->"
 README_END = "<!-- walkthrough:fused-sweep:end -->"

@@ -342,8 +342,13 @@ class ModelledBackend:
         status = self.locked(r, host, quiesce=False, probe=probe)
         if status != DONE or probe:
             return status
-        nbytes = w.scenario.memory.graph_bytes(key.bucket)
-        self.alloc(r, nbytes, f"graph pool for {key}")
+        # graphs share one memory pool per rank (as captures given one pool handle do): a graph
+        # holds its own bytes and grows the pool to what its bucket needs, if it is larger
+        mem = w.scenario.memory
+        growth = max(0, mem.graph_pool_bytes(key.bucket) - w.graph_pool[r])
+        nbytes = mem.graph_base + growth
+        self.alloc(r, nbytes, f"graph {key} (and its growth of the shared pool)")
+        w.graph_pool[r] += growth
         buffers = w.devices[r].buffers
         w.graphs[r][key] = Graph(key, nbytes, buffers=tuple(buffers[n].ref for n in CAPTURED))
         return self.done(host)
@@ -409,6 +414,7 @@ class ModelledBackend:
         w = self.world
         w.used[r] -= self.graph_bytes(r)
         w.graphs[r].clear()
+        w.graph_pool[r] = 0  # the last graph's release frees the shared pool
         return self.done(host)
 
     def allocate_kv(self, r: int, host: Host, pages: int, probe: bool) -> int:

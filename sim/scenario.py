@@ -72,8 +72,21 @@ class MemoryModel:
     rank_overhead: tuple[tuple[int, int], ...] = ()
 
     def graph_bytes(self, bucket: int) -> int:
-        """Bytes one graph of ``bucket`` rows holds (about 500 MiB for the 36 Qwen3 buckets)."""
-        return self.graph_base + bucket * self.graph_per_row
+        """Bytes one graph of ``bucket`` rows holds when recorded alone: its own bytes and a
+        memory pool for its bucket."""
+        return self.graph_base + self.graph_pool_bytes(bucket)
+
+    def graph_pool_bytes(self, bucket: int) -> int:
+        """Pool bytes a graph of ``bucket`` rows needs (its intermediate activations). A rank's
+        graphs share one pool, as captures given one pool handle do (vLLM, SGLang), so the pool
+        is as large as its largest graph needs; recorded largest first, every later graph adds
+        only its own ``graph_base``."""
+        return bucket * self.graph_per_row
+
+    def graph_set_bytes(self, buckets) -> int:
+        """Bytes the graphs of ``buckets`` hold together in one shared pool."""
+        buckets = tuple(buckets)
+        return len(buckets) * self.graph_base + max(map(self.graph_pool_bytes, buckets), default=0)
 
     def overhead(self, rank: int) -> int:
         """Bytes used on ``rank`` besides weights."""

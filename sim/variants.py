@@ -458,7 +458,7 @@ def tight_memory(sc: Scenario) -> Scenario:
     mem = sc.memory
     cfg = sc.config
     buckets = [b for b in cfg.buckets if b <= cfg.max_batch]
-    all_graphs = sum(mem.graph_bytes(b) for b in buckets)
+    all_graphs = mem.graph_set_bytes(buckets)
     peak = buckets[-1] * mem.activation_per_row
     extra = 64 * 1024 * 1024
     capacity = mem.weights + peak + all_graphs + 3 * cfg.kv_page_bytes // 2 + extra
@@ -650,6 +650,7 @@ register(Variant(
 import sim.variants_paging  # noqa: E402,F401  (registers the KV-paging variants, I14)
 import sim.variants_state  # noqa: E402,F401  (data/memory-class variants, registered on import)
 import sim.variants_comms  # noqa: E402,F401  (communicators, registrations, per-rank batches, death)
+import sim.variants_admission  # noqa: E402,F401  (batch cap and graph reserve: I7, I9)
 
 SHIPPED = tuple(REGISTRY)
 """Names of the shipped variants, the correct protocol first."""

@@ -22,7 +22,8 @@ import re
 from dataclasses import dataclass, field
 
 from protocol.backend import ENQUEUING, Op, Synchronize
-from protocol.commands import AllocateKV, Command, Reply, Step, Teardown
+from protocol.buckets import select_bucket
+from protocol.commands import AllocateKV, Command, Finalize, Reply, Step, Teardown
 from protocol.controller import Abort, Broadcast, Done, Idle, Wait
 from protocol.eligibility import GraphPlan
 from protocol.errors import ConfigError, ProtocolError, WatchdogExpired
@@ -122,6 +123,7 @@ class World:
         self.connected = [set() for _ in range(self.ws)]
         self.used = [sc.memory.weights + sc.memory.overhead(r) for r in range(self.ws)]
         self.graphs: list[dict[GraphKey, Graph]] = [{} for _ in range(self.ws)]
+        self.graph_pool = [0] * self.ws  # bytes of each rank's shared graph memory pool
         self.faults = {(f.rank, f.op, f.occurrence): f for f in scenario.faults}
         self.fired_faults: list = []
         self.arrivals = sorted(scenario.workload, key=lambda a: a.after_step)
@@ -330,6 +332,10 @@ class World:
                 self._received = set()
                 if isinstance(cmd, AllocateKV):
                     self._fitted_cap = cmd.batch_cap
+                if isinstance(cmd, Finalize) and not self._check_retained_set(cmd):
+                    self.event("controller", "send", type(cmd).__name__, cmd.seq, None,
+                               _cmd_detail(cmd))
+                    return
                 if isinstance(cmd, Step) and not self._check_step_command(cmd):
                     self.event("controller", "send", type(cmd).__name__, cmd.seq, None,
                                _cmd_detail(cmd))
@@ -380,6 +386,28 @@ class World:
             return True
         self.outcome = Outcome("invariant", f"{broken[0]} violated: {broken[1]}", broken[0],
                                step=step.seq)
+        return False
+
+    def _check_retained_set(self, fin: Finalize) -> bool:
+        """Direct I7 check as the sweep ends: the retained graph set holds the bucket that a
+        full batch -- as many rows as the batch cap the ranks were given in AllocateKV (and the
+        numeric policy's cap) allow -- pads to, so a full batch replays instead of running
+        eager. False (and an outcome naming the command) when it does not."""
+        cfg = self.config
+        cap = self._fitted_cap
+        if not cfg.cuda_graphs or cap is None or cap < 1:
+            return True
+        if cfg.graph_batch_cap is not None:
+            cap = min(cap, cfg.graph_batch_cap)
+        full = select_bucket(min(cap, max(cfg.buckets)), cfg.buckets)
+        if any(key.bucket == full for key in fin.keys):
+            return True
+        largest = max((k.bucket for k in fin.keys), default=None)
+        kept = f"up to bucket {largest}" if largest is not None else "empty"
+        self.outcome = Outcome(
+            "invariant", f"I7 violated: the graph set retained at command {fin.seq} ({kept}) "
+            f"leaves out bucket {full}, which a full batch of {cap} rows pads to: every full "
+            "batch runs eager", "I7", step=fin.seq)
         return False
 
     def _note_watchdog(self, before: bool) -> None:
@@ -632,7 +660,7 @@ class World:
                 tuple((rep.seq, rep.ok) for rep in self.transit[r]),
                 (tuple(d.main), tuple(d.side), d.fingerprint()),
                 tuple(sorted((k, g.uploaded) for k, g in self.graphs[r].items())),
-                self.used[r], self.ctrl.holds_reply(r), r in self.locks)
+                self.used[r], self.graph_pool[r], self.ctrl.holds_reply(r), r in self.locks)
 
     def symmetry_is_sound(self) -> bool:
         """True if ranks 1..n-1 are interchangeable: no fault or memory overhead names one, and

@@ -125,7 +125,7 @@ def engine_graphs(torch, dev, buckets) -> dict:
     out = {"shape": "qwen3-4b decode stack without attention, bf16, TP 1",
            "buckets": rows, "pool_bytes": graphs.pool_bytes(),
            "exec_bytes": sum(graphs.exec_bytes.values()), "measured_total_bytes": total,
-           "model_total_bytes": sum(model.graph_bytes(b) for b in buckets)}
+           "model_total_bytes": model.graph_set_bytes(buckets)}
     graphs.free()
     layers.clear()  # the weights go back before part 3 fills the device (emb goes on return)
     return out

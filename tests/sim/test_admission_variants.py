@@ -1,0 +1,50 @@
+"""The batch-cap and graph-reserve variants (issue 13 item 1) on simulator v2: each is caught
+with its rule, the correct protocol is not, and neither scenario hard-codes a size."""
+
+from dataclasses import replace
+
+import pytest
+
+from protocol.buckets import DEFAULT_DECODE_BUCKETS
+from sim.check import CheckSpec, check_bad, check_correct
+from sim.scenario import default_scenario
+from sim.variants import REGISTRY
+from sim.variants_admission import off_stride_max_batch, reserve_short_by_the_pool
+
+SPEC = CheckSpec(schedules=10, fault_schedules=0, jobs=1)
+SMALL = {"buckets": (1, 2, 4, 8, 16), "max_batch": 16}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name,verdict,words", [
+    ("row-cap-as-bucket-cap", "invariant:I7", "leaves out bucket"),
+    ("measure-once", "oom", "out of memory"),
+])
+@pytest.mark.parametrize("topology", ["shared", "per-rank"])
+@pytest.mark.parametrize("config", [{}, SMALL], ids=["default", "small"])
+def test_variant_is_caught_with_its_rule(name, verdict, words, topology, config):
+    spec = replace(SPEC, **config)
+    row = check_bad(REGISTRY[name], spec, topology)
+    assert row.got == verdict, row.detail
+    assert words in row.minimal.outcome.detail
+    assert row.minimal.outcome.step is not None
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("adjust", [off_stride_max_batch, reserve_short_by_the_pool])
+def test_correct_protocol_has_no_failure_in_those_scenarios(adjust):
+    variant = replace(REGISTRY["correct"], name=f"correct-{adjust.__name__}", adjust=adjust)
+    rows = check_correct(variant, CheckSpec(schedules=5, fault_schedules=0, jobs=1), "shared")
+    assert rows[0].stats.schedules == 5 and rows[0].stats.failing == 0
+
+
+def test_scenarios_follow_the_configuration():
+    small = default_scenario(buckets=(1, 2, 4, 8, 16), max_batch=16)
+    assert off_stride_max_batch(small).config.max_batch == 15
+    default = default_scenario()
+    assert off_stride_max_batch(default).config.max_batch == DEFAULT_DECODE_BUCKETS[-1] - 1
+    adjacent = default_scenario(buckets=(1, 2), max_batch=2)
+    assert off_stride_max_batch(adjacent) == adjacent  # no value between 1 and 2
+    assert reserve_short_by_the_pool(small).memory.capacity < reserve_short_by_the_pool(default).memory.capacity
+    single = default_scenario(buckets=(4,), max_batch=4)
+    assert reserve_short_by_the_pool(single) == single  # one candidate cap: nothing to drop
