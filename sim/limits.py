@@ -17,8 +17,8 @@ MAX_RANKS = 64
 MAX_BUCKETS = 256
 """Most decode buckets in one list (the default has 36)."""
 
-MAX_BUCKET = 65536
-"""Largest decode bucket, in rows."""
+MAX_BUCKET = 1 << 20
+"""Largest decode bucket, in rows (a million; the modelled memory refuses far smaller ones)."""
 
 MAX_SCHEDULES = 1_000_000
 """Most schedules per search (`--schedules`, `--fault-schedules`): about a day of CPU."""

@@ -1,6 +1,6 @@
 """The rows of `lockstep check`, several at a time: one worker process per row in flight.
 
-A default check has ~40 rows (every shipped variant under both topologies). Most are short (a
+A default check has about 50 rows (every shipped variant under both topologies). Most are short (a
 bad variant fails at its first schedule and is reduced in a few re-runs), a few are long (the
 correct protocol's clean and faulted schedules). Parallelising inside each search leaves every
 core but one idle during the short rows, and starts worker processes for each long search; here

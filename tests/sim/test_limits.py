@@ -15,7 +15,7 @@ from sim.limits import MAX_BUCKET, MAX_BUCKETS, MAX_JOBS, MAX_RANKS, MAX_SCHEDUL
 @pytest.mark.parametrize("argv,needle", [
     (["--ranks", "1000000"], "--ranks: ranks 1000000 is above 64"),
     (["--ranks", str(MAX_RANKS + 1)], f"ranks {MAX_RANKS + 1} is above"),
-    (["--buckets", "1,2,100000000"], "--buckets: bucket 100000000 is above 65536"),
+    (["--buckets", "1,2,100000000"], "--buckets: bucket 100000000 is above 1048576"),
     (["--buckets", ",".join(map(str, range(1, MAX_BUCKETS + 2)))], f"{MAX_BUCKETS + 1} buckets is above"),
     (["--max-batch", str(10**30)], f"--max-batch: max batch {10**30} is above"),
     (["--schedules", str(10**12)], f"--schedules: schedules {10**12} is above 1000000"),
