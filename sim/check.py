@@ -10,6 +10,7 @@ schedule is reduced to a minimal one.
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass, field, replace
 
 from protocol.errors import ConfigError
@@ -18,7 +19,8 @@ from sim.hazards import HazardModel
 from sim.reduce import reduce_schedule
 from sim.run import RunResult, run_schedule
 from sim.scenario import Fault, Scenario, default_scenario
-from sim.search import SearchStats, exhaustive_search, hypothesis_search, sample_search
+from sim.faults import FaultSearch
+from sim.search import SearchResult, SearchStats, exhaustive_search, hypothesis_search, sample_search
 from sim.strategies import NondeterminismError, Replay
 from sim.variants import Variant, get_variant
 
@@ -113,16 +115,46 @@ def verdict_label(result: RunResult) -> str:
     return f"invariant:{outcome.invariant}" if outcome.verdict == "invariant" else outcome.verdict
 
 
+NOT_REACHABLE = "not reachable here"
+"""Verdict of a bad variant whose bug this configuration cannot reach (with the reason)."""
+
+
 def _search(spec: CheckSpec, scenario_for, variant, acceptable, schedules, progress, stop=True):
-    if spec.strategy == "exhaustive":
-        return exhaustive_search(scenario_for(0), variant, acceptable, spec.time_budget,
-                                 stop_on_failure=stop, progress=progress)
-    if spec.strategy == "hypothesis":
-        return hypothesis_search(scenario_for(0), variant, acceptable, max_examples=schedules,
-                                 seed=spec.seed, time_budget=spec.time_budget)
+    if spec.strategy in ("exhaustive", "hypothesis"):
+        # one search per scenario: every member of a fault search in turn, else the one scenario
+        count = len(scenario_for) if isinstance(scenario_for, FaultSearch) else 1
+        start, total, result, complete = time.perf_counter(), SearchStats(), None, True
+        for i in range(count):
+            left = spec.time_budget - (time.perf_counter() - start)
+            if left <= 0:
+                total.budget_reached = True
+                break
+            if spec.strategy == "exhaustive":
+                result = exhaustive_search(scenario_for(i), variant, acceptable, left,
+                                           stop_on_failure=stop, progress=progress)
+            else:
+                result = hypothesis_search(scenario_for(i), variant, acceptable,
+                                           max_examples=schedules, seed=spec.seed, time_budget=left)
+            _accumulate(total, result.stats)
+            complete &= result.stats.complete
+            if result.failure is not None and stop:
+                break
+        total.complete = complete and not total.budget_reached
+        total.seconds = time.perf_counter() - start
+        return SearchResult(total, result.failure if result else None)
     return sample_search(scenario_for, variant, acceptable, spec.strategy, schedules,
                          spec.time_budget, spec.seed, stop_on_failure=stop, progress=progress,
                          jobs=spec.jobs)
+
+
+def _accumulate(total: SearchStats, stats: SearchStats) -> None:
+    for name in ("schedules", "actions", "unique_states", "failing"):
+        setattr(total, name, getattr(total, name) + getattr(stats, name))
+    total.max_depth = max(total.max_depth, stats.max_depth)
+    total.verdicts.update(stats.verdicts)
+    total.reached.update(stats.reached)
+    total.hashed |= stats.hashed
+    total.budget_reached |= stats.budget_reached
 
 
 def random_fault(scenario: Scenario, index: int, seed: int) -> Fault:
@@ -221,7 +253,19 @@ def check_bad(variant: Variant, spec: CheckSpec, topology: str, progress=None,
     ``reduce_attempts`` re-runs (default: ``spec.reduce_attempts``)."""
     scenario = variant.scenario(spec.scenario(topology))
     expected = variant.expected.get(topology, "?")
-    result = _search(spec, Fixed(scenario), variant, CLEAN, spec.schedules, progress)
+    reason = variant.unreachable(scenario) if variant.unreachable else None
+    scenario_for, acceptable = Fixed(scenario), CLEAN
+    if reason is None and variant.fault_search is not None:
+        faults = variant.fault_search.members(scenario, variant, spec.seed)
+        if not faults:
+            reason = (f"no run here calls {variant.fault_search.describe()}, where the bug needs "
+                      "a fault")
+        # a loud abort is the right answer to a fault; the bug is anything else
+        scenario_for, acceptable = FaultSearch(scenario, faults, spec.seed), CLEAN_OR_ABORT
+    if reason is not None:
+        return Row(variant.name, topology, expected, NOT_REACHABLE, SearchStats(), reason, None,
+                   scenario, True)
+    result = _search(spec, scenario_for, variant, acceptable, spec.schedules, progress)
     if result.failure is None:
         stats = result.stats
         if stats.schedules == 0 or stats.budget_reached:
@@ -231,7 +275,8 @@ def check_bad(variant: Variant, spec: CheckSpec, topology: str, progress=None,
                    f"no failure in {stats.schedules} schedules", None, scenario, expected == "clean")
     got = verdict_label(result.failure)
     attempts = spec.reduce_attempts if reduce_attempts is None else reduce_attempts
-    minimal = reduce_schedule(scenario, variant, result.failure, max_attempts=attempts)
+    minimal = reduce_schedule(result.failure.world.scenario, variant, result.failure,
+                              max_attempts=attempts)
     detail = minimal.outcome.detail
     if got.startswith("invariant:") and expected.startswith("invariant:"):
         detail = ("no deadlock or divergence manifested in this topology; the rule check flags: "

@@ -145,6 +145,9 @@ def add_parser(subparsers, name: str) -> None:
     p.add_argument("--hazard-off", action="append", default=[], choices=RULES, metavar="HAZARD",
                    help=f"switch a hazard rule off (repeatable): {HAZARD_HELP} (docs/hazards.md); "
                         "bad variants' verdicts are then reported, not compared")
+    p.add_argument("--matrix", action="store_true",
+                   help="check every variant at ranks 2, 3, 4 x four bucket sets x both topologies "
+                        "(docs/matrix.md); chooses --ranks, --buckets, --max-batch, --topology")
     p.add_argument("--replay", metavar="TRACE.json",
                    help="replay a recorded trace exactly (takes its scenario from the trace; "
                         "combines only with --json, --trace-out and --variant-file)")
@@ -207,7 +210,8 @@ def _run(args) -> int:
         given = [f"--{k.replace('_', '-')}" for k in DEFAULTS if getattr(args, k) is not None]
         given += [opt for opt, value in (("--variant", args.variant), ("--buckets", args.buckets),
                                          ("--max-batch", args.max_batch),
-                                         ("--hazard-off", args.hazard_off)) if value]
+                                         ("--hazard-off", args.hazard_off),
+                                         ("--matrix", args.matrix)) if value]
         if given:
             return _fail(f"--replay takes its scenario and search from the trace; drop "
                          f"{', '.join(given)}")
@@ -217,6 +221,12 @@ def _run(args) -> int:
         except ConfigError as exc:
             return _fail(str(exc))
         return _replay(args.replay, args.json, args.trace_out)
+    if args.matrix:
+        given = [opt for opt, value in (("--ranks", args.ranks), ("--buckets", args.buckets),
+                                        ("--max-batch", args.max_batch),
+                                        ("--topology", args.topology)) if value is not None]
+        if given:
+            return _fail(f"--matrix chooses ranks, buckets and topologies; drop {', '.join(given)}")
     clean_schedules = CLEAN_SCHEDULES if args.schedules is None else args.schedules
     for key, value in DEFAULTS.items():
         if getattr(args, key) is None:
@@ -238,6 +248,8 @@ def _run(args) -> int:
     if args.jobs > cpus and args.strategy in ("random", "pct"):
         sys.stderr.write(f"lockstep check: warning: --jobs {args.jobs} is more than the {cpus} "
                          f"CPUs here; the search will not run faster than with --jobs {cpus}\n")
+    if args.matrix:
+        return _run_matrix(variants, spec, args)
     topologies = TOPOLOGIES if args.topology == "both" else (args.topology,)
     compare_bad = not args.hazard_off
     rows: list[Row] = []
@@ -271,6 +283,45 @@ def _run(args) -> int:
     return 0 if ok else 1
 
 
+def _run_matrix(variants, spec: CheckSpec, args) -> int:
+    from sim.matrix import BUCKET_SETS, RANKS, render_markdown, run_matrix, unreachable_notes
+
+    start = time.perf_counter()
+    plan = [(f"{v.name} / TP{r} {b} / {t}",
+             spec.schedules + (spec.fault_schedules if _correct(v) else 0),
+             2 if _correct(v) and spec.fault_schedules else 1)
+            for b in BUCKET_SETS for r in RANKS for v in variants for t in TOPOLOGIES]
+    with CheckProgress(plan, spec.time_budget, disable=args.no_progress or None) as bar:
+        def progress(n):
+            bar.step(n)
+        cells = []
+        for b in BUCKET_SETS:
+            for r in RANKS:
+                for v in variants:
+                    for t in TOPOLOGIES:
+                        cells += run_matrix([v], spec, (r,), (b,), (t,), progress)
+                        bar.next_row()
+    elapsed = time.perf_counter() - start
+    rows = [c.row for c in cells]
+    ok = all(r.passed for r in rows)
+    if args.json:
+        print(json.dumps({"ok": ok, "seconds": elapsed,
+                          "cells": [{"ranks": c.ranks, "bucket_set": c.bucket_set, **_row_json(c.row)}
+                                    for c in cells]}, indent=1))
+        return 0 if ok else 1
+    print(render_markdown(cells))
+    for line in unreachable_notes(cells):
+        print(f"note: {line}")
+    for c in cells:
+        if c.row.got == "error":
+            print(f"error: {c.row.variant} / {c.config}: {c.row.detail}")
+    reachable = [r for r in rows if r.got != "not reachable here"]
+    print(f"\n{'OK' if ok else 'FAILED'}: {sum(r.passed for r in reachable)}/{len(reachable)} "
+          f"verdicts as expected, {len(rows) - len(reachable)} not reachable here, in "
+          f"{elapsed:.1f} s")
+    return 0 if ok else 1
+
+
 def _correct(variant) -> bool:
     return all(v == "clean" for v in variant.expected.values())
 
@@ -293,6 +344,8 @@ def _print_text(rows: list[Row], ok: bool, elapsed: float, args, n_variants: int
     for row in rows:
         if row.got == "error":
             print(f"error: {row.variant} / {row.topology}: {row.detail}")
+        elif row.got == "not reachable here":
+            print(f"note: {row.variant} / {row.topology}: not reachable here: {row.detail}")
         elif row.got == "incomplete" or row.stats.budget_reached:
             print(f"note: {row.variant} / {row.topology}: {row.detail if row.got == 'incomplete' else _budget_note(row)}")
     print(f"\n{'OK' if ok else 'FAILED'}: {_summary(rows)} in {elapsed:.1f} s")
@@ -311,7 +364,11 @@ def _budget_note(row: Row) -> str:
 
 def _summary(rows: list[Row]) -> str:
     compared = [r for r in rows if r.compared]
+    unreachable = [r for r in compared if r.got == "not reachable here"]
+    compared = [r for r in compared if r.got != "not reachable here"]
     text = f"{sum(r.passed for r in compared)}/{len(compared)} verdicts as expected"
+    if unreachable:
+        text += f", {len(unreachable)} not reachable here"
     others = [r for r in rows if not r.compared]
     if others:
         changed = sum(r.got != r.expected for r in others)
@@ -344,6 +401,8 @@ def render_table(rows: list[Row]) -> str:
 
 
 def _status(row: Row) -> str:
+    if row.got == "not reachable here":
+        return "n/a"
     if not row.compared:
         return "error" if row.got == "error" else ("same" if row.got == row.expected else "differs")
     return "ok" if row.passed else "MISMATCH"

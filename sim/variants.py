@@ -35,8 +35,10 @@ from protocol.errors import ConfigError, StartupRefused
 from protocol.keys import GraphKey
 from protocol.memory import MemoryPlan
 from protocol.worker import SYNC, Worker
+from protocol.eligibility import GraphPlan
 from sim.devices import Kernel
-from sim.scenario import TOPOLOGIES, Fault, Scenario
+from sim.faults import FaultFamily
+from sim.scenario import TOPOLOGIES, Scenario
 
 VERDICTS = ("clean", "abort", "deadlock", "hang", "hang-at-exit", "divergence", "oom",
             "startup-refused", "livelock") + tuple(f"invariant:I{n}" for n in range(1, 19))
@@ -70,6 +72,11 @@ class Variant:
             faulted row) `lockstep check` explores for this variant, for a design whose verdict
             does not depend on the schedule (a counterpart that shows a rule's fix is clean);
             None: the check's own numbers.
+        fault_search: the kind of fault and the op the bug needs, when it needs one; the
+            checker searches every rank and every call of that op (`sim.faults.FaultFamily`),
+            so no occurrence is placed by hand.
+        unreachable: scenario -> None, or the reason this configuration cannot reach the bug
+            (a row then reads "not reachable here", never clean or FAILED).
     """
 
     name: str
@@ -86,6 +93,8 @@ class Variant:
     reaches: tuple[str, ...] = ()
     schedules: int | None = None
     fault_schedules: int | None = None
+    fault_search: FaultFamily | None = None
+    unreachable: Callable[[Scenario], str | None] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -354,6 +363,34 @@ class SplitEligibilityWorker(Worker):
         return super().reply(command, results)
 
 
+def _graph_buckets(sc: Scenario) -> tuple[int, ...]:
+    """Buckets the plan captures before memory is known, ascending."""
+    return tuple(sorted(k.bucket for k in GraphPlan.from_config(sc.config).keys()))
+
+
+def _sweep_buckets(sc: Scenario) -> tuple[int, ...]:
+    """Captured buckets that a full batch can use (at most max batch), ascending."""
+    return tuple(b for b in _graph_buckets(sc) if b <= sc.config.max_batch)
+
+
+def _policy_cap_below_largest(sc: Scenario) -> Scenario:
+    """A numeric policy cap one bucket below the largest bucket the sweep captures (unless one
+    is set), so that the largest such bucket is what the policy forbids."""
+    buckets = _sweep_buckets(sc)
+    if sc.config.graph_batch_cap is not None or len(buckets) < 2:
+        return sc
+    return sc.with_(config=replace(sc.config, graph_batch_cap=buckets[-2]))
+
+
+def _fewer_than_two_graph_buckets(sc: Scenario) -> str | None:
+    buckets = _sweep_buckets(sc)
+    if len(buckets) < 2:
+        return (f"the sweep captures {len(buckets)} bucket(s) up to max batch "
+                f"{sc.config.max_batch}; a cap that forbids some bucket while allowing another "
+                "needs at least two")
+    return None
+
+
 register(Variant(
     name="split-eligibility",
     summary="the numeric policy's bucket cap is enforced when serving, while the capture and "
@@ -362,7 +399,7 @@ register(Variant(
     expected={"shared": "divergence", "per-rank": "divergence"},
     remedy='One GraphPlan answers graph-or-eager for the sweep, the memory profile, serving and the workers; an explicit request for an ineligible key is an error, never a silent no-op (I7), and Finalize checks every rank captured the same set (I3).',
     controller_cls=SplitEligibilityController, worker_cls=SplitEligibilityWorker,
-    adjust=lambda sc: sc.with_(config=replace(sc.config, graph_batch_cap=16))))
+    adjust=_policy_cap_below_largest, unreachable=_fewer_than_two_graph_buckets))
 
 
 # -- single-warmup -------------------------------------------------------------------------------------
@@ -457,7 +494,7 @@ def tight_memory(sc: Scenario) -> Scenario:
     """
     mem = sc.memory
     cfg = sc.config
-    buckets = [b for b in cfg.buckets if b <= cfg.max_batch]
+    buckets = list(_graph_buckets(sc))
     all_graphs = mem.graph_set_bytes(buckets)
     peak = buckets[-1] * mem.activation_per_row
     extra = 64 * 1024 * 1024
@@ -490,9 +527,7 @@ register(Variant(
     source="pegainfer PR #848 review",
     expected={"shared": "invariant:I6", "per-rank": "invariant:I6"},
     remedy='The controller disarms the watchdog on every path out of the sweep, errors included (I6).',
-    controller_cls=ArmedOnErrorController,
-    adjust=lambda sc: sc.with_(faults=(Fault("raise", rank=sc.config.world_size - 1, op="instantiate",
-                                             occurrence=len(sc.config.buckets) + 2),))))
+    controller_cls=ArmedOnErrorController, fault_search=FaultFamily("raise", "instantiate")))
 
 
 # -- exit-on-timeout --------------------------------------------------------------------------------
@@ -503,18 +538,13 @@ class ExitOnTimeoutController(Controller):
     abort_how = "exit"
 
 
-def _wedged_instantiate(sc: Scenario) -> Scenario:
-    return sc.with_(faults=(Fault("hang", rank=sc.config.world_size - 1, op="instantiate",
-                                  occurrence=len(sc.config.buckets) + 2),))
-
-
 register(Variant(
     name="exit-on-timeout",
     summary="the watchdog ends a wedged sweep with exit()",
     source="pegainfer TP pre-capture PR",
     expected={"shared": "hang-at-exit", "per-rank": "hang-at-exit"},
     remedy='On expiry the controller asks the driver to abort, which needs no driver lock; exit() would run driver teardown (I6, H8).',
-    controller_cls=ExitOnTimeoutController, adjust=_wedged_instantiate))
+    controller_cls=ExitOnTimeoutController, fault_search=FaultFamily("hang", "instantiate")))
 
 
 # -- comm-before-graphs -------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from protocol.worker import Worker
 from sim.common import DONE
 from sim.devices import EagerDecode, WriteReplayMeta
 from sim.kv import PAD_REQUEST
-from sim.scenario import Fault, Scenario
+from sim.faults import FaultFamily
 from sim.variants import Variant, register
 
 # -- padding-into-live-slot ---------------------------------------------------------------------
@@ -140,16 +140,6 @@ class NoLivenessController(Controller):
         return None
 
 
-def _death_in_serving(sc: Scenario) -> Scenario:
-    """The last rank's process dies at the first op it runs in serving (a site taken from a
-    fault-free run of the scenario, not a fixed op count)."""
-    from sim.faults import fault_sites
-
-    last = sc.config.world_size - 1
-    rank, op, occurrence = next(s for s in fault_sites(sc)["serving"] if s[0] == last)
-    return sc.with_(faults=(Fault("die", rank, op, occurrence),))
-
-
 register(Variant(
     name="no-liveness",
     summary="a rank's process dies mid-serving and the controller learns of it only from the "
@@ -160,4 +150,5 @@ register(Variant(
     expected={"shared": "invariant:I13", "per-rank": "invariant:I13"},
     remedy="The transport reports a broken connection as a liveness signal "
            "(`Controller.on_rank_dead`), and the failure names the dead rank (I13).",
-    controller_cls=NoLivenessController, adjust=_death_in_serving, symmetric=False))
+    controller_cls=NoLivenessController, symmetric=False,
+    fault_search=FaultFamily("die", phase="serving")))

@@ -1,0 +1,81 @@
+"""The configuration matrix (issue 11 item 3): no catch depends on the default configuration,
+no variant hard-codes a configuration number, and an unreachable bug says so."""
+
+import inspect
+import re
+
+import pytest
+
+import sim.variants
+import sim.variants_paging
+import sim.variants_state
+from lockstep.cli import main
+from sim.check import CheckSpec, check_bad
+from sim.matrix import BUCKET_SETS, render_markdown, run_matrix
+from sim.variants import REGISTRY, SHIPPED
+
+SPEC = CheckSpec(schedules=30, fault_schedules=10, time_budget=60, jobs=1)
+BAD = [REGISTRY[n] for n in SHIPPED if REGISTRY[n].expected["shared"] != "clean"]
+
+
+@pytest.mark.timeout(600)
+def test_reduced_matrix_catches_every_bad_variant_or_says_why_not():
+    """CI form: ranks 2 and 3, the small and the not-a-bucket sets, both topologies."""
+    cells = run_matrix(BAD, SPEC, ranks=(2, 3), bucket_sets=("1,2,4,8", "1..16-max-12"))
+    wrong = [(c.config, c.row.variant, c.row.got, c.row.detail) for c in cells if not c.row.passed]
+    assert wrong == []
+    assert all(c.row.got != "clean" for c in cells)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_full_matrix():
+    cells = run_matrix([REGISTRY[n] for n in SHIPPED], CheckSpec(schedules=100, fault_schedules=30,
+                                                                 time_budget=120, jobs=2))
+    wrong = [(c.config, c.row.variant, c.row.got, c.row.detail) for c in cells if not c.row.passed]
+    assert wrong == []
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name, buckets, max_batch, ranks", [
+    ("split-eligibility", (1, 2, 4, 8), 8, 2),  # was clean: its cap of 16 was hard-coded
+    ("reserve-by-requested-batch", (1, 2, 4, 8, 16), 12, 2),  # was oom: max batch not a bucket
+    ("watchdog-armed-on-error", (1, 2, 4, 8), 8, 3),  # fault occurrence was len(buckets)+2
+    ("exit-on-timeout", (1, 2, 4, 8), 8, 4),
+    ("no-liveness", (1, 2, 4, 8), 8, 3),  # the dying rank and op were fixed by hand
+])
+def test_catches_outside_the_default_configuration(name, buckets, max_batch, ranks):
+    variant = REGISTRY[name]
+    spec = CheckSpec(ranks=ranks, buckets=buckets, max_batch=max_batch, schedules=40,
+                     fault_schedules=0, jobs=1)
+    for topology in ("shared", "per-rank"):
+        row = check_bad(variant, spec, topology)
+        assert row.got == variant.expected[topology], (topology, row.got, row.detail)
+
+
+def test_an_unreachable_bug_is_reported_with_its_reason(capsys):
+    row = check_bad(REGISTRY["split-eligibility"], CheckSpec(buckets=(8,), max_batch=8, jobs=1),
+                    "shared")
+    assert row.got == "not reachable here" and row.passed
+    assert "at least two" in row.detail
+    assert main(["check", "--variant", "split-eligibility", "--buckets", "8", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "not reachable here" in out and "n/a" in out and "FAILED" not in out
+
+
+@pytest.mark.parametrize("module", [sim.variants, sim.variants_state, sim.variants_paging])
+def test_no_variant_places_a_fault_or_a_cap_by_hand(module):
+    source = inspect.getsource(module)
+    assert not re.search(r"\bFault\(", source) and "occurrence=" not in source
+    assert "graph_batch_cap=16" not in source and "len(sc.config.buckets)" not in source
+
+
+def test_matrix_option_refuses_what_it_chooses(capsys):
+    assert main(["check", "--matrix", "--ranks", "3"]) == 2
+    assert "drop --ranks" in capsys.readouterr().err
+
+
+def test_markdown_has_a_table_per_bucket_set():
+    cells = run_matrix([REGISTRY["single-warmup"]], SPEC, ranks=(2,), bucket_sets=tuple(BUCKET_SETS))
+    text = render_markdown(cells)
+    assert text.count("| variant |") == len(BUCKET_SETS) and "invariant:I5" in text
