@@ -48,6 +48,7 @@ class CheckSpec:
     reduce_attempts: int = 8
     """Re-runs the reducer may spend on each counterexample (`sim.reduce.reduce_schedule`): a
     count, not seconds, so that a row's minimal trace does not depend on machine speed or load."""
+    h2_scope: str = "process"
 
     def scenario(self, topology: str) -> Scenario:
         """The base scenario; raises ConfigError for a configuration the model cannot hold or
@@ -62,9 +63,9 @@ class CheckSpec:
         if self.buckets is not None:
             kwargs["buckets"] = self.buckets
         sc = default_scenario(topology=topology, world_size=self.ranks, max_batch=self.max_batch, **kwargs)
-        if self.hazards_off:
+        if self.hazards_off or self.h2_scope != "process":
             try:
-                sc = sc.with_(hazards=HazardModel().without(*self.hazards_off))
+                sc = sc.with_(hazards=HazardModel(h2_scope=self.h2_scope).without(*self.hazards_off))
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
         mem, cfg = sc.memory, sc.config
@@ -85,7 +86,8 @@ class CheckSpec:
 
     def to_json(self) -> dict:
         return {"ranks": self.ranks, "buckets": list(self.buckets) if self.buckets else None,
-                "max_batch": self.max_batch, "hazards_off": list(self.hazards_off)}
+                "max_batch": self.max_batch, "hazards_off": list(self.hazards_off),
+                "h2_scope": self.h2_scope}
 
 
 @dataclass
@@ -248,9 +250,10 @@ def check_correct(variant: Variant, spec: CheckSpec, topology: str, progress=Non
 
 
 def check_bad(variant: Variant, spec: CheckSpec, topology: str, progress=None,
-              reduce_attempts: int | None = None) -> Row:
+              reduce_attempts: int | None = None, reduce: bool = True) -> Row:
     """Row for a known-bad variant: the first schedule with a non-clean verdict, reduced in
-    ``reduce_attempts`` re-runs (default: ``spec.reduce_attempts``)."""
+    ``reduce_attempts`` re-runs (default: ``spec.reduce_attempts``); with ``reduce`` False
+    the row's ``minimal`` is the first failing run, unreduced."""
     scenario = variant.scenario(spec.scenario(topology))
     expected = variant.expected.get(topology, "?")
     reason = variant.unreachable(scenario) if variant.unreachable else None
@@ -275,8 +278,8 @@ def check_bad(variant: Variant, spec: CheckSpec, topology: str, progress=None,
                    f"no failure in {stats.schedules} schedules", None, scenario, expected == "clean")
     got = verdict_label(result.failure)
     attempts = spec.reduce_attempts if reduce_attempts is None else reduce_attempts
-    minimal = reduce_schedule(result.failure.world.scenario, variant, result.failure,
-                              max_attempts=attempts)
+    minimal = (reduce_schedule(result.failure.world.scenario, variant, result.failure,
+                               max_attempts=attempts) if reduce else result.failure)
     detail = minimal.outcome.detail
     if got.startswith("invariant:") and expected.startswith("invariant:"):
         detail = ("no deadlock or divergence manifested in this topology; the rule check flags: "
@@ -345,7 +348,8 @@ def replay_trace(data: dict) -> tuple[RunResult | None, str | None]:
         spec = CheckSpec(ranks=spec_data.get("ranks", 2),
                          buckets=tuple(spec_data["buckets"]) if spec_data.get("buckets") else None,
                          max_batch=spec_data.get("max_batch"),
-                         hazards_off=tuple(spec_data.get("hazards_off", ())))
+                         hazards_off=tuple(spec_data.get("hazards_off", ())),
+                         h2_scope=spec_data.get("h2_scope", "process"))
         scenario = variant.scenario(spec.scenario(spec_data.get("topology", "shared")))
         faults = tuple(Fault(**f) for f in spec_data.get("faults", ()))
     except (TypeError, ValueError) as exc:

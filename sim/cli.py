@@ -22,7 +22,7 @@ from pathlib import Path
 from protocol.buckets import validate_buckets
 from protocol.errors import ConfigError
 from sim.check import CheckSpec, Row, replay_trace, scenario_spec
-from sim.hazards import RULES, HazardModel
+from sim.hazards import H2_SCOPES, RULES, HazardModel
 from sim.limits import check_limits
 from sim.progress import CheckProgress
 from sim.report import narrative, write_trace
@@ -145,6 +145,13 @@ def add_parser(subparsers, name: str) -> None:
     p.add_argument("--hazard-off", action="append", default=[], choices=RULES, metavar="HAZARD",
                    help=f"switch a hazard rule off (repeatable): {HAZARD_HELP} (docs/hazards.md); "
                         "bad variants' verdicts are then reported, not compared")
+    p.add_argument("--h2-scope", choices=H2_SCOPES, default=None,
+                   help="which devices a quiescing driver call waits for (an assumption, "
+                        "docs/hazards.md): its own device, every device of its process, or every "
+                        "peer (default process)")
+    p.add_argument("--explain", action="store_true",
+                   help="for each counterexample, the minimal set of hazards it needs (each "
+                        "hazard switched off in turn) and its verdict under each H2 scope")
     p.add_argument("--matrix", action="store_true",
                    help="check every variant at ranks 2, 3, 4 x four bucket sets x both topologies "
                         "(docs/matrix.md); chooses --ranks, --buckets, --max-batch, --topology")
@@ -211,7 +218,9 @@ def _run(args) -> int:
         given += [opt for opt, value in (("--variant", args.variant), ("--buckets", args.buckets),
                                          ("--max-batch", args.max_batch),
                                          ("--hazard-off", args.hazard_off),
-                                         ("--matrix", args.matrix)) if value]
+                                         ("--matrix", args.matrix),
+                                         ("--explain", args.explain),
+                                         ("--h2-scope", args.h2_scope)) if value]
         if given:
             return _fail(f"--replay takes its scenario and search from the trace; drop "
                          f"{', '.join(given)}")
@@ -240,7 +249,8 @@ def _run(args) -> int:
         spec = CheckSpec(ranks=args.ranks, buckets=args.buckets, max_batch=args.max_batch,
                          strategy=args.strategy, schedules=args.schedules,
                          clean_schedules=clean_schedules, fault_schedules=args.fault_schedules, time_budget=args.time_budget,
-                         seed=args.seed, hazards_off=tuple(args.hazard_off), jobs=args.jobs)
+                         seed=args.seed, hazards_off=tuple(args.hazard_off), jobs=args.jobs,
+                         h2_scope=args.h2_scope or "process")
         spec.scenario("shared")  # validates ranks / buckets / max batch before any search
     except ConfigError as exc:
         return _fail(str(exc))
@@ -268,6 +278,7 @@ def _run(args) -> int:
                     row.passed = row.got != "error"
                     row.compared = False
             rows += new
+    explained = _explain(rows, variants, spec) if args.explain else {}
     elapsed = time.perf_counter() - start
     if args.trace_out is not None:
         try:
@@ -276,10 +287,28 @@ def _run(args) -> int:
             return _fail(f"cannot write traces to {str(args.trace_out)!r}: {exc.strerror or exc}")
     ok = all(row.passed for row in rows)
     if args.json:
+        out = []
+        for r in rows:
+            data = _row_json(r)
+            if (r.variant, r.topology) in explained:
+                a = explained[r.variant, r.topology]
+                data["explain"] = {"needed": list(a.needed), "without": a.without,
+                                   "sufficient": a.sufficient, "h2_scopes": a.scopes,
+                                   "story_hazards_off": list(a.story_hazards_off),
+                                   "story": a.story.outcome.detail if a.story else None}
+            out.append(data)
         print(json.dumps({"ok": ok, "seconds": elapsed, "hazards_off": list(args.hazard_off),
-                          "rows": [_row_json(r) for r in rows]}, indent=1))
+                          "h2_scope": spec.h2_scope, "rows": out}, indent=1))
     else:
         _print_text(rows, ok, elapsed, args, len(variants))
+        for (name, topology), a in explained.items():
+            print(f"explain: {name} / {topology}: {a.line()}")
+            if a.story_hazards_off:
+                story = narrative(a.story)
+                needed = ", ".join(h.upper() for h in a.needed) or "no hazard"
+                print(f"  the counterexample above also goes through a hazard this verdict does "
+                      f"not need; with only {needed} on the search finds:\n"
+                      + story[story.index("==> "):])
     return 0 if ok else 1
 
 
@@ -322,6 +351,21 @@ def _run_matrix(variants, spec: CheckSpec, args) -> int:
     return 0 if ok else 1
 
 
+def _explain(rows: list[Row], variants, spec: CheckSpec) -> dict:
+    """(variant, topology) -> `sim.explain.Attribution` for each bad variant's counterexample."""
+    from sim.explain import attribute
+
+    by_name = {v.name: v for v in variants}
+    out = {}
+    for row in rows:
+        variant = by_name.get(row.variant)
+        if variant is None or _correct(variant) or row.minimal is None:
+            continue
+        out[row.variant, row.topology] = attribute(variant, spec, row.topology, row.got,
+                                                   story=row.minimal)
+    return out
+
+
 def _correct(variant) -> bool:
     return all(v == "clean" for v in variant.expected.values())
 
@@ -337,6 +381,8 @@ def _write_traces(directory: Path, rows: list[Row], spec: CheckSpec) -> None:
 
 
 def _print_text(rows: list[Row], ok: bool, elapsed: float, args, n_variants: int) -> None:
+    if args.h2_scope not in (None, "process"):
+        print(f"H2 scope: {args.h2_scope}")
     if args.hazard_off:
         print(f"hazards switched off: {', '.join(args.hazard_off)} (bad variants' verdicts are "
               "reported, not compared with the full model's)")

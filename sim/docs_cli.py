@@ -18,6 +18,8 @@ from sim.variants import REGISTRY, SHIPPED
 
 SPEC = CheckSpec(schedules=100, fault_schedules=0, time_budget=MAX_TIME_BUDGET, seed=0)
 REDUCER_ATTEMPTS = 40
+EXPLAIN_SPEC = CheckSpec(schedules=40, fault_schedules=0, time_budget=1e9, seed=0)
+"""Search settings of each walkthrough's hazard attribution (fixed, so pages are reproducible)."""
 README_BEGIN = "<!-- walkthrough:fused-sweep:begin -->"
 README_END = "<!-- walkthrough:fused-sweep:end -->"
 
@@ -31,11 +33,31 @@ def _topology_for(variant) -> str:
 
 
 def walkthrough(name: str) -> tuple[str, str, str]:
-    """(markdown page, mermaid diagram, verdict lines of the narrative) for one bad variant."""
+    """(markdown page, mermaid diagram, verdict lines of the narrative) for one bad variant.
+
+    The story shown names only mechanisms of the hazards the verdict needs
+    (`sim.explain.attribute`): when the full model's counterexample goes through another, the
+    page shows the one found with only the needed hazards on, and says so.
+    """
+    from sim.explain import attribute, story_hazards
+
     variant = REGISTRY[name]
     topology = _topology_for(variant)
     row = check_bad(variant, SPEC, topology, reduce_attempts=REDUCER_ATTEMPTS)
-    minimal = reduce_schedule(row.scenario, variant, row.minimal, max_attempts=REDUCER_ATTEMPTS)
+    minimal = reduce_schedule(row.minimal.world.scenario, variant, row.minimal,
+                              max_attempts=REDUCER_ATTEMPTS)
+    found = attribute(variant, EXPLAIN_SPEC, topology, row.got, story=minimal,
+                      reduce_attempts=REDUCER_ATTEMPTS)
+    reproduce = f"lockstep check --variant {name} --topology {topology} --trace-out traces/"
+    note = ""
+    if found.story_hazards_off:
+        extra = sorted(story_hazards(minimal) - set(found.needed))
+        minimal = found.story
+        reproduce += "".join(f" --hazard-off {h}" for h in found.story_hazards_off)
+        note = (f" The full model's first counterexample also goes through "
+                f"{', '.join(h.upper() for h in extra)}, which this verdict does not need; the "
+                "counterexample below is the one the search finds with only the needed hazards "
+                "on.")
     diagram = mermaid(minimal)
     story = narrative(minimal)
     other = "per-rank" if topology == "shared" else "shared"
@@ -51,6 +73,9 @@ def walkthrough(name: str) -> tuple[str, str, str]:
         f"**Verdict.** `{row.got}` with {topology} processes "
         f"({'one process for all ranks' if topology == 'shared' else 'one process per rank'}); "
         f"expected `{variant.expected[other]}` with {other} processes.",
+        "",
+        f"**Hazards it needs** (`lockstep check --explain`: each hazard switched off in turn). "
+        f"{found.line()}.{note}",
         "",
         "## Minimal counterexample",
         "",
@@ -69,7 +94,7 @@ def walkthrough(name: str) -> tuple[str, str, str]:
         "## Reproduce",
         "",
         "```bash",
-        f"lockstep check --variant {name} --topology {topology} --trace-out traces/",
+        reproduce,
         "```",
         "",
     ]

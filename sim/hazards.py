@@ -19,9 +19,13 @@ class HazardModel:
             allocations. Source: pegainfer TP pre-capture PR (fixes #498); openxla/xla PR #37936
             discussion; meta-pytorch/breakable-cuda-graphs PR #2.
         h2_quiesce: lock-holding calls that allocate or load modules (instantiate, upload,
-            implicit upload, KV allocation) wait until every device of their process is idle.
+            implicit upload, KV allocation) wait until the devices in ``h2_scope`` are idle.
             Assumed from the same sources: the observed wedge needs a lock holder that waits on
-            a device that spins.
+            a device that spins. docs/hazard-probes.md: on one H200 these calls did not wait
+            even for their own device (frees and module loads did).
+        h2_scope: which devices an H2 call waits for, an assumption with alternatives:
+            ``"device"`` (its own device only), ``"process"`` (every device its process drives;
+            the default), ``"peers"`` (every device it has peer access to: all ranks).
         h3_spinning_collectives: a collective kernel occupies its stream and spins until every
             rank's matching collective runs; there is no device-side timeout. Source: NCCL
             semantics; pegainfer #498.
@@ -48,6 +52,7 @@ class HazardModel:
 
     h1_driver_lock: bool = True
     h2_quiesce: bool = True
+    h2_scope: str = "process"
     h3_spinning_collectives: bool = True
     h4_lazy_connect: bool = True
     h4_mode: str = "error"
@@ -56,6 +61,19 @@ class HazardModel:
     h7_memory: bool = True
     h8_exit_teardown: bool = True
     h9_one_in_flight: bool = True
+
+    def __post_init__(self) -> None:
+        if self.h2_scope not in H2_SCOPES:
+            raise ValueError(f"H2 scope {self.h2_scope!r} is not one of {', '.join(H2_SCOPES)}")
+
+    def quiesce_devices(self, rank: int, process_ranks: tuple[int, ...],
+                        world_size: int) -> tuple[int, ...]:
+        """Devices an H2 call on ``rank`` waits for, under ``h2_scope``."""
+        if self.h2_scope == "device":
+            return (rank,)
+        if self.h2_scope == "peers":
+            return tuple(range(world_size))
+        return tuple(process_ranks)
 
     def without(self, *names: str) -> "HazardModel":
         """A copy with the named rules (e.g. ``"h1"`` or ``"h1_driver_lock"``) switched off."""
@@ -70,3 +88,6 @@ class HazardModel:
 
 
 RULES = ("h1", "h2", "h3", "h4", "h5", "h6", "h7", "h8", "h9")
+
+H2_SCOPES = ("device", "process", "peers")
+"""Values of `HazardModel.h2_scope`."""

@@ -250,7 +250,9 @@ class ModelledBackend:
                     host.holding = True
         if quiesce and w.hz.h2_quiesce:
             devices = w.devices
-            for d in w.procs[p]:
+            scope = (w.procs[p] if w.hz.h2_scope == "process"
+                     else w.hz.quiesce_devices(r, w.procs[p], w.ws))
+            for d in scope:
                 dev = devices[d]
                 if dev.main or dev.side:  # Device.busy, inlined: the hottest probe
                     return PROGRESS if acquired else BLOCKED

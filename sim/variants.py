@@ -256,7 +256,7 @@ register(Variant(
     source="pegainfer TP pre-capture PR (fixes #498); openxla/xla PR #37936 discussion; "
            "meta-pytorch/breakable-cuda-graphs PR #2",
     expected={"shared": "deadlock", "per-rank": "invariant:I4"},
-    remedy="The correct sweep splits each bucket into two barriers: every rank records, instantiates and uploads (Capture) and acks only when its stream is idle; only then does any rank launch (Launch). No rank holds the driver lock while a peer's collective spins (I4).",
+    remedy="The correct sweep splits each bucket into two barriers: every rank records, instantiates and uploads (Capture) and acks only when its stream is idle; only then does any rank launch (Launch). No rank's instantiate or upload then waits for a device whose collective spins for it (I4).",
     controller_cls=FusedSweepController, worker_cls=FusedSweepWorker))
 
 
@@ -434,7 +434,9 @@ class UncoordinatedProfileWorker(Worker):
     def reply(self, command, results):
         from protocol.commands import MeasureGraphs, Reply
         if isinstance(command, MeasureGraphs):
-            sizes = [results[0]] + [results[4 * i + 4] for i in range(len(command.keys))]
+            # graph_memory answers are the only numbers among the results (read by value, not by
+            # position: with H6 off every enqueuing op adds a synchronize's result)
+            sizes = [x for x in results if isinstance(x, int) and not isinstance(x, bool)]
             payload = {k: sizes[i + 1] - sizes[i] for i, k in enumerate(command.keys)}
             return Reply(rank=self.rank, seq=command.seq, ok=True, payload=payload)
         return super().reply(command, results)

@@ -2,9 +2,9 @@
 
 Nodes are actors (``rank<r>`` host threads, ``device<r>``, ``controller``); an edge a -> b means
 a cannot progress until b does. Each edge carries the sentence a counterexample prints, so a
-deadlock reads as a short story: "rank 1's instantiate holds process 0's driver lock and waits
-for device 0 to go idle; device 0 spins in all-reduce #7 waiting for rank 1 to launch its
-matching collective".
+deadlock reads as a short story: "rank 1's instantiate waits for device 0 to go idle; device 0
+spins in all-reduce #7 waiting for rank 1 to launch its matching collective". Each edge also
+names the hazard whose mechanism it is (H2, then H3 in that story; `cycle_hazards`).
 """
 
 from __future__ import annotations
@@ -43,8 +43,10 @@ def needs_quiesce(world, r: int, op) -> bool:
     return False
 
 
-def wait_edges(world) -> list[tuple[str, str, str]]:
-    """(waiter, waited-on, sentence) for every blocked actor."""
+def wait_edges(world) -> list[tuple[str, str, str, str | None]]:
+    """(waiter, waited-on, sentence, hazard) for every blocked actor; ``hazard`` names the rule
+    (``"h1"``..``"h8"``, `sim.hazards.RULES`) whose mechanism the edge is, or None for a wait
+    that is no hazard (a synchronize on busy work, the controller waiting for a reply)."""
     edges = []
     enabled = set(world.enabled())
     hz = world.hz
@@ -61,27 +63,27 @@ def wait_edges(world) -> list[tuple[str, str, str]]:
         if hz.h1_driver_lock and isinstance(op, LOCKING_OPS) and holder not in (None, r):
             edges.append((me, f"rank{holder}",
                           f"rank {r}'s {what} waits for process {p}'s driver lock, held by "
-                          f"rank {holder}'s {_op_text(world, holder)}"))
+                          f"rank {holder}'s {_op_text(world, holder)}", "h1"))
             continue
         if isinstance(op, Synchronize) or (hz.h2_quiesce and (needs_quiesce(world, r, op)
                                                                or host.holding)):
-            busy = [d for d in world.procs[p] if world.devices[d].busy()]
+            busy = [d for d in hz.quiesce_devices(r, world.procs[p], world.ws)
+                    if world.devices[d].busy()]
             if isinstance(op, Synchronize):
                 busy = [r] if world.devices[r].busy() else []
                 for d in busy:
                     edges.append((me, f"device{d}", f"rank {r}'s synchronize waits for device {d} "
-                                                    "to finish its work"))
+                                                    "to finish its work", None))
                 continue
-            for d in busy:
-                lock = "holds the driver lock and " if host.holding else ""
-                edges.append((me, f"device{d}", f"rank {r}'s {what} {lock}waits for device {d} "
-                                                "to go idle"))
+            for d in busy:  # H2; the lock it may hold is on the cycle only via another edge (H1)
+                edges.append((me, f"device{d}", f"rank {r}'s {what} waits for device {d} "
+                                                "to go idle", "h2"))
             if busy:
                 continue
         if isinstance(op, DestroyCommunicator):
             edges.append((me, me, f"rank {r}'s destroy_communicator waits until every graph that "
                                   f"captured the communicator is freed, but rank {r} frees its "
-                                  "graphs only after this call returns"))
+                                  "graphs only after this call returns", "h5"))
     for r, dev in enumerate(world.devices):
         me = f"device{r}"
         if me in enabled:
@@ -103,21 +105,22 @@ def wait_edges(world) -> list[tuple[str, str, str]]:
                 target, why = f"device{q}", f"device {q} to reach it"
             else:
                 target, why = f"rank{q}", f"rank {q} to enqueue its matching collective"
-            edges.append((me, target, f"device {r} spins in {sig_text(kernel)} waiting for {why}"))
+            edges.append((me, target, f"device {r} spins in {sig_text(kernel)} waiting for {why}",
+                          "h3"))
     ctrl = world.ctrl
     if ctrl.current is not None:
         for r in ctrl.uncollected():
             edges.append(("controller", f"rank{r}",
                           f"the controller waits for rank {r}'s reply to command {ctrl.current.seq} "
-                          f"({type(ctrl.current).__name__})"))
+                          f"({type(ctrl.current).__name__})", None))
     return edges
 
 
 def wait_graph(world) -> nx.DiGraph:
     """The wait-for graph as a networkx DiGraph with a ``why`` sentence on each edge."""
     graph = nx.DiGraph()
-    for a, b, why in wait_edges(world):
-        graph.add_edge(a, b, why=why)
+    for a, b, why, hazard in wait_edges(world):
+        graph.add_edge(a, b, why=why, hazard=hazard)
     return graph
 
 
@@ -133,9 +136,20 @@ def wait_cycle(world) -> list[tuple[str, str]] | None:
     return [(a, graph.edges[a, b]["why"]) for a, b in cycle]
 
 
+def cycle_hazards(world) -> frozenset[str]:
+    """The hazards (`sim.hazards.RULES` names) whose mechanisms are edges of the first wait-for
+    cycle of a stuck ``world``; empty if there is no cycle."""
+    graph = wait_graph(world)
+    try:
+        cycle = nx.find_cycle(graph)
+    except nx.NetworkXNoCycle:
+        return frozenset()
+    return frozenset(h for a, b in cycle if (h := graph.edges[a, b]["hazard"]) is not None)
+
+
 def explain_blocked(world) -> str:
     """Every blocked actor and what it waits for, for hangs without a cycle."""
-    lines = [why for _, _, why in wait_edges(world)]
+    lines = [why for _, _, why, _ in wait_edges(world)]
     for r, host in enumerate(world.hosts):
         if host.fault_armed is not None and host.ready_at == FOREVER:
             lines.insert(0, f"rank {r} is wedged in {_op_text(world, r)} (injected hang)")

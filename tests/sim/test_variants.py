@@ -29,10 +29,11 @@ def test_correct_protocol_is_clean_and_reaches_interesting_events(topology):
     assert rows[1].stats.reached["fault_fired"] > 0
 
 
-def test_fused_sweep_deadlock_story_names_lock_host_call_and_collective():
+def test_fused_sweep_deadlock_story_names_host_call_and_collective_not_the_lock():
+    """The cycle is H2 (wait for idle) + H3 (spin); the lock (H1) is not on it."""
     row = check_bad(REGISTRY["fused-sweep"], SPEC, "shared")
     story = " ".join(why for _, why in row.minimal.outcome.cycle)
-    assert "driver lock" in story
+    assert "driver lock" not in story and "to go idle" in story
     assert any(w in story for w in ("instantiate", "upload", "launch"))
     assert "spins in all-reduce" in story
 
@@ -44,10 +45,13 @@ def test_fused_sweep_is_safe_with_one_process_per_rank():
     assert "no deadlock or divergence manifested" in row.detail
 
 
-def test_fused_sweep_needs_the_driver_lock_hazard():
-    spec = CheckSpec(schedules=40, fault_schedules=0, hazards_off=("h1", "h2"))
-    row = check_bad(REGISTRY["fused-sweep"], spec, "shared")
-    assert row.got != "deadlock"
+def test_fused_sweep_deadlock_needs_quiescence_not_the_driver_lock():
+    """The old story credited the driver lock (H1); the cycle is H2 + H3."""
+    h1_off = check_bad(REGISTRY["fused-sweep"], CheckSpec(schedules=40, fault_schedules=0,
+                                                          hazards_off=("h1",)), "shared")
+    h2_off = check_bad(REGISTRY["fused-sweep"], CheckSpec(schedules=40, fault_schedules=0,
+                                                          hazards_off=("h2",)), "shared")
+    assert h1_off.got == "deadlock" and h2_off.got != "deadlock"
 
 
 def test_vacuous_model_cannot_pass():

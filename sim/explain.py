@@ -1,0 +1,160 @@
+"""Hazard attribution: which modelled hazards a counterexample needs (`lockstep check --explain`).
+
+A verdict "rests on" a hazard when switching that hazard off changes it. `attribute` reruns the
+same search (same seed, same schedule family, same fault search) once with each hazard off,
+then once with every hazard outside the needed set off, to confirm that the needed set alone
+still gives the verdict. It also reruns the search under each H2 scope
+(`sim.hazards.H2_SCOPES`), since which devices a quiescing call waits for is an assumption.
+
+The story shown for a counterexample names only mechanisms in the needed set: the hazards on a
+stuck run's wait-for cycle (`sim.waits.cycle_hazards`, plus H1 and H8 for a hang at exit) are
+compared with it, and when the full model's counterexample went through a hazard the verdict
+does not need, the story shown is the one found with only the needed hazards on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from sim.check import CheckSpec, Row, check_bad
+from sim.guard import locate
+from sim.hazards import H2_SCOPES, RULES, HazardModel
+from sim.reduce import reduce_schedule
+from sim.run import RunResult
+
+NAMES = {f.split("_")[0]: " ".join(f.split("_")[1:]) for f in HazardModel.__dataclass_fields__
+         if f[:1] == "h" and f.split("_")[0] in RULES and f != "h4_mode" and f != "h2_scope"}
+"""h1 -> "driver lock", h2 -> "quiesce", ..."""
+
+
+@dataclass
+class Attribution:
+    """What one bad variant's verdict in one topology rests on.
+
+    Attributes:
+        verdict: the verdict with every hazard on.
+        without: hazard -> verdict with that hazard off.
+        needed: hazards whose removal changes the verdict (sorted).
+        sufficient: True if the verdict holds with every hazard outside ``needed`` off.
+        scopes: H2 scope -> verdict under that scope.
+        story: the counterexample whose story to show (its `story_hazards` are all in
+            ``needed``), or None if none was given or found.
+        story_hazards_off: the hazards switched off in ``story``'s run (empty: the full model).
+    """
+
+    verdict: str
+    without: dict[str, str] = field(default_factory=dict)
+    needed: tuple[str, ...] = ()
+    sufficient: bool = False
+    scopes: dict[str, str] = field(default_factory=dict)
+    story: RunResult | None = None
+    story_hazards_off: tuple[str, ...] = ()
+
+    def line(self) -> str:
+        """One sentence: the minimal hazard set, and the verdicts under each H2 scope."""
+        needs = (", ".join(f"{h.upper()} ({NAMES[h]})" for h in self.needed) if self.needed
+                 else "none of H1..H8 (it follows from the variant's own steps)")
+        changes = "; ".join(f"{h.upper()} off: {self.without[h]}" for h in self.needed)
+        text = f"{self.verdict} needs {needs}" + (f" [{changes}]" if changes else "")
+        if not self.sufficient:
+            text += "; those alone do not give it back (hazards interact)"
+        scopes = ", ".join(f"{s}: {v}" for s, v in self.scopes.items())
+        return f"{text}; under H2 scope {scopes}"
+
+
+def story_hazards(result: RunResult) -> frozenset[str]:
+    """Hazards whose mechanisms a counterexample's story names: the edges of its wait-for cycle
+    and, for a hang at exit, the driver lock (H1) that exit's teardown (H8) waits for."""
+    from sim.waits import cycle_hazards
+
+    world = result.world
+    return cycle_hazards(world) | (frozenset({"h1", "h8"}) if world.exiting else frozenset())
+
+
+def _row(variant, spec: CheckSpec, topology: str) -> Row | None:
+    try:
+        return check_bad(variant, spec, topology, reduce=False)
+    except Exception:  # noqa: BLE001 - reported as the verdict under that ablation
+        return None
+
+
+def _verdict(variant, spec: CheckSpec, topology: str) -> str:
+    try:
+        return check_bad(variant, spec, topology, reduce=False).got
+    except Exception as exc:  # noqa: BLE001 - reported as the verdict under that ablation
+        return f"error ({locate(exc)})"
+
+
+def attribute(variant, spec: CheckSpec, topology: str, verdict: str | None = None,
+              story: RunResult | None = None, reduce_attempts: int | None = None) -> Attribution:
+    """Ablate each hazard for ``variant`` in ``topology`` under ``spec``'s search settings.
+
+    Args:
+        verdict: the full-model verdict if already known (else it is searched for).
+        story: the full model's counterexample, if known; kept as `Attribution.story` when its
+            story names only needed hazards, else replaced by the needed-only run's, reduced
+            (in ``reduce_attempts`` re-runs when given, else within the reducer's budget).
+    """
+    spec = replace(spec, hazards_off=())
+    got = verdict if verdict is not None else _verdict(variant, spec, topology)
+    result = Attribution(got)
+    for hazard in RULES:
+        result.without[hazard] = _verdict(variant, replace(spec, hazards_off=(hazard,)), topology)
+    result.needed = tuple(h for h in RULES if result.without[h] != got)
+    rest = tuple(h for h in RULES if h not in result.needed)
+    only_needed = _row(variant, replace(spec, hazards_off=rest), topology)
+    result.sufficient = only_needed is not None and only_needed.got == got
+    if story is not None and story_hazards(story) <= set(result.needed):
+        result.story = story
+    elif story is not None and result.sufficient and only_needed.minimal is not None:
+        failure = only_needed.minimal
+        result.story = reduce_schedule(failure.world.scenario, variant, failure,
+                                       max_attempts=reduce_attempts)
+        result.story_hazards_off = rest
+    for scope in H2_SCOPES:
+        result.scopes[scope] = (got if scope == spec.h2_scope else
+                                _verdict(variant, replace(spec, h2_scope=scope), topology))
+    return result
+
+
+def markdown_table(check_json: dict) -> str:
+    """The per-verdict hazard table of docs/hazards.md, from ``lockstep check --explain --json``.
+
+    One line per row: the verdict, the hazards it needs, the verdict with H2 off (what one H200
+    showed for instantiate, upload and allocation, docs/hazard-probes.md) and under each H2
+    scope. Rows of the correct protocol (no counterexample to explain) show their verdict in
+    every column; check them under each scope with ``--h2-scope``.
+    """
+    head = ("| variant | topology | verdict | needs | H2 off | "
+            + " | ".join(f"H2 scope {s}" + (" (default)" if s == "process" else "")
+                         for s in H2_SCOPES) + " |")
+    lines = [head, "|---" * (5 + len(H2_SCOPES)) + "|"]
+    for row in check_json["rows"]:
+        if row["variant"].endswith("+faults"):
+            continue
+        a = row.get("explain")
+        if a is None:
+            lines.append(f"| {row['variant']} | {row['topology']} | {row['got']} | - | - | "
+                         + " | ".join("-" for _ in H2_SCOPES) + " |")
+            continue
+        needs = ", ".join(h.upper() for h in a["needed"]) or "none"
+        lines.append(f"| {row['variant']} | {row['topology']} | {row['got']} | {needs} | "
+                     f"{a['without']['h2']} | "
+                     + " | ".join(a["h2_scopes"][s] for s in H2_SCOPES) + " |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    """``python -m sim.explain < check.json``: print `markdown_table` of a check's JSON."""
+    import json
+    import sys
+
+    print(markdown_table(json.load(sys.stdin)))
+    return 0
+
+
+__all__ = ["Attribution", "attribute", "NAMES", "markdown_table"]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,103 @@
+"""Hazard attribution and H2's scope (issue 11 item 2): each counterexample names only the
+hazards it needs, and the correct protocol is clean under every H2 scope."""
+
+import pytest
+
+from lockstep.cli import main
+from sim.check import CheckSpec, check_bad, check_variant
+from sim.check import verdict_label
+from sim.explain import attribute, story_hazards
+from sim.waits import cycle_hazards
+from sim.hazards import H2_SCOPES, HazardModel
+from sim.report import narrative
+from sim.variants import REGISTRY
+
+SPEC = CheckSpec(schedules=30, fault_schedules=0, jobs=1)
+
+
+@pytest.mark.timeout(300)
+def test_fused_sweep_shared_deadlock_needs_h2_and_h3_only():
+    a = attribute(REGISTRY["fused-sweep"], SPEC, "shared")
+    assert a.verdict == "deadlock" and a.needed == ("h2", "h3") and a.sufficient
+    assert a.without["h1"] == "deadlock"
+    assert a.scopes == {"device": "invariant:I4", "process": "deadlock", "peers": "deadlock"}
+
+
+@pytest.mark.timeout(120)
+def test_the_story_names_only_mechanisms_on_the_cycle():
+    row = check_bad(REGISTRY["fused-sweep"], SPEC, "shared")
+    story = narrative(row.minimal).split("==>")[1]
+    assert "driver lock" not in story and "go idle" in story and "spins" in story
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("scope", H2_SCOPES)
+def test_correct_protocol_is_clean_under_every_h2_scope(scope):
+    spec = CheckSpec(buckets=(1, 2, 4, 8), max_batch=8, schedules=30, fault_schedules=20, jobs=1,
+                     h2_scope=scope)
+    for topology in ("shared", "per-rank"):
+        rows = check_variant(REGISTRY["correct"], spec, topology)
+        assert [r.got for r in rows] == ["clean", "abort"], [r.detail for r in rows]
+
+
+@pytest.mark.timeout(120)
+def test_peer_scope_deadlocks_fused_sweep_with_one_process_per_rank():
+    spec = CheckSpec(schedules=30, fault_schedules=0, jobs=1, h2_scope="peers")
+    assert check_bad(REGISTRY["fused-sweep"], spec, "per-rank").got == "deadlock"
+
+
+def test_h2_scope_is_validated():
+    with pytest.raises(ValueError, match="'nvlink'"):
+        HazardModel(h2_scope="nvlink")
+    with pytest.raises(SystemExit) as info:
+        main(["check", "--h2-scope", "nvlink"])
+    assert info.value.code == 2
+
+
+@pytest.mark.timeout(120)
+def test_uncoordinated_profile_survives_h6_off():
+    """Its reply read results by position; with H6 off each enqueuing op adds a result."""
+    row = check_bad(REGISTRY["uncoordinated-profile"],
+                    CheckSpec(schedules=20, fault_schedules=0, jobs=1, hazards_off=("h6",)), "shared")
+    assert row.got not in ("error", "clean")
+
+
+@pytest.mark.timeout(300)
+def test_explain_option_prints_the_needed_hazards(capsys):
+    assert main(["check", "--variant", "comm-before-graphs", "--topology", "shared", "--explain",
+                 "--schedules", "20", "--no-progress", "--jobs", "1"]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("explain: comm-before-graphs / shared"))
+    assert "needs H5 (comm refcount)" in line and "H5 off: invariant:I10" in line
+
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name, topology", [
+    ("fused-sweep", "shared"), ("lazy-serving-capture", "shared"),
+    ("uncoordinated-profile", "shared"), ("exit-on-timeout", "per-rank"),
+    ("comm-before-graphs", "shared")])
+def test_every_shown_story_names_only_hazards_its_verdict_needs(name, topology):
+    """Issue 11 item 2: no story credits a mechanism whose hazard can be switched off without
+    changing the verdict (the deadlock story used to credit the driver lock)."""
+    row = check_bad(REGISTRY[name], SPEC, topology)
+    a = attribute(REGISTRY[name], SPEC, topology, row.got, story=row.minimal)
+    assert a.story is not None and verdict_label(a.story) == row.got
+    assert story_hazards(a.story), narrative(a.story)  # the story names some mechanism
+    assert story_hazards(a.story) <= set(a.needed), (story_hazards(a.story), a.needed)
+
+
+@pytest.mark.timeout(300)
+def test_a_story_through_an_unneeded_hazard_is_replaced():
+    """uncoordinated-profile's first counterexample waits on the driver lock (H1) too, though
+    the deadlock needs only H2 and H3: the story shown is searched with only those on."""
+    row = check_bad(REGISTRY["uncoordinated-profile"], SPEC, "shared")
+    assert "h1" in story_hazards(row.minimal)
+    a = attribute(REGISTRY["uncoordinated-profile"], SPEC, "shared", row.got, story=row.minimal)
+    assert a.needed == ("h2", "h3") and "h1" in a.story_hazards_off
+    assert "driver lock" not in narrative(a.story).split("==>")[1]
+
+
+def test_cycle_hazards_of_a_fused_sweep_deadlock():
+    row = check_bad(REGISTRY["fused-sweep"], SPEC, "shared")
+    assert cycle_hazards(row.minimal.world) == {"h2", "h3"}
