@@ -78,7 +78,8 @@ def test_fused_sweep_check_reports_deadlock_and_writes_replayable_trace(tmp_path
                  "--jobs", "1", "--trace-out", str(out)])
     text = capsys.readouterr().out
     assert code == 0
-    assert "fused-sweep" in text and "deadlock" in text and "driver lock" in text
+    assert "fused-sweep" in text and "deadlock" in text and "to go idle" in text
+    assert "driver lock" not in text.split("==> deadlock")[1]  # H1 is not on the cycle
     trace = out / "fused-sweep.shared.json"
     assert trace.exists() and (out / "fused-sweep.shared.mmd").read_text().startswith("sequenceDiagram")
     assert main(["check", "--replay", str(trace)]) == 0
