@@ -63,12 +63,18 @@ class Attribution:
 
 
 def story_hazards(result: RunResult) -> frozenset[str]:
-    """Hazards whose mechanisms a counterexample's story names: the edges of its wait-for cycle
-    and, for a hang at exit, the driver lock (H1) that exit's teardown (H8) waits for."""
+    """Hazards whose mechanisms a counterexample's story names: the edges of its wait-for cycle;
+    for a hang at exit, the driver lock (H1) that exit's teardown (H8) waits for; for a wedge of
+    two calls of one communicator (I16), H9."""
     from sim.waits import cycle_hazards
 
     world = result.world
-    return cycle_hazards(world) | (frozenset({"h1", "h8"}) if world.exiting else frozenset())
+    named = set(cycle_hazards(world))
+    if world.exiting:
+        named |= {"h1", "h8"}
+    if result.outcome.invariant == "I16":  # a wedge of one communicator's two calls (H9)
+        named.add("h9")
+    return frozenset(named)
 
 
 def _row(variant, spec: CheckSpec, topology: str) -> Row | None:
