@@ -7,6 +7,8 @@ import re
 import pytest
 
 import sim.variants
+import sim.variants_admission
+import sim.variants_comms
 import sim.variants_paging
 import sim.variants_state
 from lockstep.cli import main
@@ -63,7 +65,8 @@ def test_an_unreachable_bug_is_reported_with_its_reason(capsys):
     assert "not reachable here" in out and "n/a" in out and "FAILED" not in out
 
 
-@pytest.mark.parametrize("module", [sim.variants, sim.variants_state, sim.variants_paging])
+@pytest.mark.parametrize("module", [sim.variants, sim.variants_state, sim.variants_paging,
+                                    sim.variants_comms, sim.variants_admission])
 def test_no_variant_places_a_fault_or_a_cap_by_hand(module):
     source = inspect.getsource(module)
     assert not re.search(r"\bFault\(", source) and "occurrence=" not in source
