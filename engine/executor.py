@@ -263,10 +263,16 @@ class RankExecutor(Backend):
         order or when the driver call fails."""
         self._graphs("upload", key).upload(key)
 
-    def launch(self, key) -> None:
+    def launch(self, key):
         """Replay `key`'s graph on the current stream. In serving, `prepare_replay(step)` ran
         just before and the step's rows take their logits from `logits_buf` (rank 0); in the
         startup sweep (no step) the static buffers are set to padding rows first.
+
+        Returns:
+            With `EngineConfig.trace` set, the `protocol.backend.ReplayRows` the replay reads
+            (the static buffers' first `key.bucket` rows, copied back to the host, which
+            waits for the device), so the trace check can compare them with the step's rows
+            (I12); else None.
 
         Raises:
             GraphError: cuda_graph is off, or no graph was captured for `key` (uncaptured or
@@ -279,12 +285,22 @@ class RankExecutor(Backend):
         elif step.bucket != key.bucket:
             raise GraphError(f"launch({key}) for step {step.seq} of bucket {step.bucket}: the "
                              "command's key and bucket disagree")
+        read = self._replay_rows(key.bucket) if getattr(self.settings, "trace", False) else None
         ev = self.phases.start() if self.phases is not None and step is not None else None
         graphs.launch(key)
         if ev is not None:
             self.phases.stop("decode", ev)
         if step is not None and self.tp.rank == 0:
             self._decode_logits = self.logits_buf
+        return read
+
+    def _replay_rows(self, bucket: int):
+        """The static replay buffers' first `bucket` rows (host copies; waits for the device)."""
+        from protocol.backend import ReplayRows
+
+        return ReplayRows(tuple(self.input_ids[:bucket].tolist()),
+                          tuple(self.positions[:bucket].tolist()),
+                          tuple(self.slot_ids[:bucket].tolist()))
 
     def graph_memory(self) -> int:
         """Bytes held by this rank's graphs now: the shared pool's segments, every executable

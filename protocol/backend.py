@@ -154,6 +154,35 @@ class PrepareReplay(Op):
 
 
 @dataclass(frozen=True)
+class ReplayRows:
+    """What a graph replay reads from a rank's fixed-address replay buffers, row by row: the
+    result a backend's `launch` returns in serving when it reports what it replays (I12).
+
+    Attributes:
+        tokens, positions, slots: one int per row, the replay buffers' first rows in order.
+    """
+
+    tokens: tuple[int, ...]
+    positions: tuple[int, ...]
+    slots: tuple[int, ...]
+
+    @classmethod
+    def of_step(cls, step: Step) -> "ReplayRows":
+        """The live rows ``step`` commands, in order (padding rows excluded)."""
+        return cls(tuple(r.token for r in step.rows), tuple(r.position for r in step.rows),
+                   tuple(r.slot for r in step.rows))
+
+    def first(self, n: int) -> "ReplayRows":
+        """The first ``n`` rows."""
+        return ReplayRows(self.tokens[:n], self.positions[:n], self.slots[:n])
+
+    def text(self) -> str:
+        """``(slot, position, token)`` per row, for traces."""
+        return " ".join(f"({s},{p},{t})" for s, p, t in zip(self.slots, self.positions,
+                                                           self.tokens))
+
+
+@dataclass(frozen=True)
 class RunEager(Op):
     """Enqueue ``step``'s decode rows eagerly, padded to its bucket."""
 

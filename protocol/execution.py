@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from protocol.backend import SYNC, Backend, Op, perform
-from protocol.commands import Command, Reply
+from protocol.backend import SYNC, Backend, Op, ReplayRows, perform
+from protocol.commands import Command, Reply, Step
 from protocol.errors import ProtocolError
 from protocol.trace import TraceEvent, describe_args
 
@@ -66,7 +66,12 @@ class CommandRun:
         """The current op finished with ``result``; returns the reply once the last op is done."""
         op = SYNC if self._extra_sync else self.ops[self.pc]
         if self._record is not None:
-            self._event("op", op.name, describe_args(op.args), True)
+            data = ()
+            if isinstance(result, ReplayRows) and isinstance(self.command, Step):
+                # what the replay read, beside what the step commands: I12 compares them
+                n = len(self.command.rows)
+                data = (ReplayRows.of_step(self.command).text(), result.first(n).text())
+            self._event("op", op.name, describe_args(op.args), True, data)
         if self._extra_sync:
             self._extra_sync = False
         else:
@@ -98,11 +103,11 @@ class CommandRun:
         self._event("reply", "Reply", reply.error or "", reply.ok)
         return reply
 
-    def _event(self, kind: str, what: str, detail: str, ok: bool) -> None:
+    def _event(self, kind: str, what: str, detail: str, ok: bool, data: tuple = ()) -> None:
         if self._record is not None:
             rank = self.worker.rank
             self._record(TraceEvent(f"rank{rank}", kind, what, self.command.seq, rank, detail,
-                                    ok, self._clock()))
+                                    ok, self._clock(), data))
 
 
 def run_command(worker, backend: Backend, command: Command,

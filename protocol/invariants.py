@@ -177,7 +177,9 @@ def check_i11_reply_after_sync(events: Sequence[TraceEvent]) -> Violation | None
 
 
 def check_i12_replay_metadata(events: Sequence[TraceEvent]) -> Violation | None:
-    """I12: every serving replay is preceded, in its step, by refreshing the replay buffers."""
+    """I12: every serving replay is preceded, in its step, by refreshing the replay buffers,
+    and, where the backend reports what the replay read (an event's ``data``: the step's rows,
+    then the rows read), it read the step's rows."""
     serving = False
     prepared: set[tuple[int, int]] = set()
     for e in events:
@@ -188,6 +190,10 @@ def check_i12_replay_metadata(events: Sequence[TraceEvent]) -> Violation | None:
         elif serving and e.kind == "op" and e.what == "launch" and (e.rank, e.seq) not in prepared:
             return Violation("I12", f"rank {e.rank} replayed {e.detail} in step {e.seq} without refreshing "
                            "its replay buffers (lengths, positions, tables)", e.rank, e.seq)
+        elif serving and e.kind == "op" and e.what == "launch" and e.data and e.data[0] != e.data[1]:
+            return Violation("I12", f"rank {e.rank} replayed {e.detail} in step {e.seq} from replay "
+                           f"buffers holding (slot,position,token) {e.data[1]}, not the step's rows "
+                           f"{e.data[0]}: prepare_replay did not write them", e.rank, e.seq)
     return None
 
 

@@ -25,6 +25,8 @@ class TraceEvent(NamedTuple):
         detail: short human-readable arguments.
         ok: False for a failed reply or op.
         time: the driver's clock in seconds.
+        data: for a serving replay whose backend reports what it read (`ReplayRows`), the
+            step's rows and the rows the replay read, as `ReplayRows.text` (I12); else empty.
     """
 
     actor: str
@@ -35,15 +37,18 @@ class TraceEvent(NamedTuple):
     detail: str = ""
     ok: bool = True
     time: float = 0.0
+    data: tuple[str, ...] = ()
 
     def to_json(self) -> dict:
         """Plain dict for JSON output."""
-        return self._asdict()
+        out = self._asdict()
+        out["data"] = list(self.data)
+        return out
 
     @classmethod
     def from_json(cls, data: dict) -> "TraceEvent":
         """Inverse of `to_json`."""
-        return cls(**data)
+        return cls(**{**data, "data": tuple(data.get("data", ()))})
 
 
 def describe_args(args: tuple) -> str:

@@ -26,6 +26,7 @@ from protocol.backend import (
     ProfileForward,
     Record,
     ReleaseSlot,
+    ReplayRows,
     RunEager,
     Sample,
     Synchronize,
@@ -396,7 +397,23 @@ class ModelledBackend:
             step = host.cmd
             if isinstance(step, Step) and len(step.rows) < key.bucket:
                 w.events["padded_replay"] += 1
-        return self.done(host)
+        return self.done(host, self.replay_rows(r, graph, key.bucket))
+
+    def replay_rows(self, r: int, graph: Graph, bucket: int) -> ReplayRows:
+        """The rows a replay of ``graph`` just enqueued will read: the last replay-metadata
+        write queued before it on the main stream (stream order), else what the replay-input
+        buffer it captured holds now -- the launch's result, which the trace check compares
+        with the step's rows (I12)."""
+        dev = self.world.devices[r]
+        pending = [k for k in dev.main if isinstance(k, WriteReplayMeta)]
+        if pending:
+            rows = pending[-1].rows
+        else:
+            ref = next(ref for ref in graph.buffers if ref[0] == "replay-inputs")
+            rows = dev.allocations[ref].data
+        rows = list(rows)[:bucket]
+        return ReplayRows(tuple(x.token for x in rows), tuple(x.position for x in rows),
+                          tuple(x.slot for x in rows))
 
     def live_buffers(self, r: int, host: Host, graph: Graph) -> bool:
         """Direct I15 check: every buffer the graph captured is still the live one (same
