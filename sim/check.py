@@ -34,7 +34,7 @@ class CheckSpec:
     ranks: int = 2
     buckets: tuple[int, ...] | None = None
     max_batch: int | None = None
-    strategy: str = "random"
+    strategy: str | None = None
     schedules: int = 300
     fault_schedules: int = 100
     clean_schedules: int | None = None
@@ -49,6 +49,11 @@ class CheckSpec:
     """Re-runs the reducer may spend on each counterexample (`sim.reduce.reduce_schedule`): a
     count, not seconds, so that a row's minimal trace does not depend on machine speed or load."""
     h2_scope: str = "process"
+
+    def strategy_for(self, variant) -> str:
+        """The search strategy for ``variant``: the one asked for, else the variant's own
+        (`Variant.strategy`, for a bug that needs a rare interleaving), else random."""
+        return self.strategy or getattr(variant, "strategy", None) or "random"
 
     def scenario(self, topology: str) -> Scenario:
         """The base scenario; raises ConfigError for a configuration the model cannot hold or
@@ -122,7 +127,8 @@ NOT_REACHABLE = "not reachable here"
 
 
 def _search(spec: CheckSpec, scenario_for, variant, acceptable, schedules, progress, stop=True):
-    if spec.strategy in ("exhaustive", "hypothesis"):
+    strategy = spec.strategy_for(variant)
+    if strategy in ("exhaustive", "hypothesis"):
         # one search per scenario: every member of a fault search in turn, else the one scenario
         count = len(scenario_for) if isinstance(scenario_for, FaultSearch) else 1
         start, total, result, complete = time.perf_counter(), SearchStats(), None, True
@@ -131,7 +137,7 @@ def _search(spec: CheckSpec, scenario_for, variant, acceptable, schedules, progr
             if left <= 0:
                 total.budget_reached = True
                 break
-            if spec.strategy == "exhaustive":
+            if strategy == "exhaustive":
                 result = exhaustive_search(scenario_for(i), variant, acceptable, left,
                                            stop_on_failure=stop, progress=progress)
             else:
@@ -144,7 +150,7 @@ def _search(spec: CheckSpec, scenario_for, variant, acceptable, schedules, progr
         total.complete = complete and not total.budget_reached
         total.seconds = time.perf_counter() - start
         return SearchResult(total, result.failure if result else None)
-    return sample_search(scenario_for, variant, acceptable, spec.strategy, schedules,
+    return sample_search(scenario_for, variant, acceptable, strategy, schedules,
                          spec.time_budget, spec.seed, stop_on_failure=stop, progress=progress,
                          jobs=spec.jobs)
 
@@ -249,13 +255,17 @@ def check_correct(variant: Variant, spec: CheckSpec, topology: str, progress=Non
     return rows
 
 
-def check_bad(variant: Variant, spec: CheckSpec, topology: str, progress=None,
-              reduce_attempts: int | None = None, reduce: bool = True) -> Row:
-    """Row for a known-bad variant: the first schedule with a non-clean verdict, reduced in
-    ``reduce_attempts`` re-runs (default: ``spec.reduce_attempts``); with ``reduce`` False
-    the row's ``minimal`` is the first failing run, unreduced."""
-    scenario = variant.scenario(spec.scenario(topology))
-    expected = variant.expected.get(topology, "?")
+def bad_search_setup(variant: Variant, spec: CheckSpec, topology: str,
+                     scenario: Scenario | None = None):
+    """(scenario_for, acceptable, reason) of a bad variant's search: run index -> scenario
+    (with one member of the variant's fault search, if it names one), which verdicts pass, and
+    why this configuration cannot reach the bug (None if it can).
+
+    Raises:
+        ConfigError: ``spec`` describes a configuration the model cannot hold.
+    """
+    if scenario is None:
+        scenario = variant.scenario(spec.scenario(topology))
     reason = variant.unreachable(scenario) if variant.unreachable else None
     scenario_for, acceptable = Fixed(scenario), CLEAN
     if reason is None and variant.fault_search is not None:
@@ -265,6 +275,17 @@ def check_bad(variant: Variant, spec: CheckSpec, topology: str, progress=None,
                       "a fault")
         # a loud abort is the right answer to a fault; the bug is anything else
         scenario_for, acceptable = FaultSearch(scenario, faults, spec.seed), CLEAN_OR_ABORT
+    return scenario_for, acceptable, reason
+
+
+def check_bad(variant: Variant, spec: CheckSpec, topology: str, progress=None,
+              reduce_attempts: int | None = None, reduce: bool = True) -> Row:
+    """Row for a known-bad variant: the first schedule with a non-clean verdict, reduced in
+    ``reduce_attempts`` re-runs (default: ``spec.reduce_attempts``); with ``reduce`` False
+    the row's ``minimal`` is the first failing run, unreduced."""
+    scenario = variant.scenario(spec.scenario(topology))
+    expected = variant.expected.get(topology, "?")
+    scenario_for, acceptable, reason = bad_search_setup(variant, spec, topology, scenario)
     if reason is not None:
         return Row(variant.name, topology, expected, NOT_REACHABLE, SearchStats(), reason, None,
                    scenario, True)

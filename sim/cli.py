@@ -91,7 +91,7 @@ def _typed(fn, what):
     return parse
 
 
-DEFAULTS = {"ranks": 2, "topology": "both", "strategy": "random", "schedules": 300,
+DEFAULTS = {"ranks": 2, "topology": "both", "strategy": None, "schedules": 300,
             "fault_schedules": 25, "time_budget": 60.0, "seed": 0, "jobs": None}
 """Defaults of the options that `--replay` refuses; they are None in the parser so that an
 option given on the command line can be told from one left at its default."""
@@ -126,7 +126,8 @@ def add_parser(subparsers, name: str) -> None:
                    help="shared (all ranks in one process, one driver lock), per-rank (one "
                         "process per rank), or both (default both)")
     p.add_argument("--strategy", choices=STRATEGIES, default=None,
-                   help="schedule search strategy (default random)")
+                   help="schedule search strategy (default random, or a variant's own where "
+                        "its bug needs a rare interleaving: docs/search-stats.md)")
     p.add_argument("--schedules", type=_typed(_bounded(_positive_int, "schedules"), "--schedules"), default=None,
                    help="schedules per variant and topology (default: up to 300 for a bad "
                         f"variant, stopping at its first failure; {CLEAN_SCHEDULES} fault-free "
@@ -152,6 +153,10 @@ def add_parser(subparsers, name: str) -> None:
     p.add_argument("--explain", action="store_true",
                    help="for each counterexample, the minimal set of hazards it needs (each "
                         "hazard switched off in turn) and its verdict under each H2 scope")
+    p.add_argument("--stats", action="store_true",
+                   help="instead of verdicts, the share of random and of PCT schedules that fail "
+                        "for each bad variant (--schedules of each, no stop at the first failure; "
+                        "docs/search-stats.md)")
     p.add_argument("--matrix", action="store_true",
                    help="check every variant at ranks 2, 3, 4 x four bucket sets x both topologies "
                         "(docs/matrix.md); chooses --ranks, --buckets, --max-batch, --topology")
@@ -219,6 +224,7 @@ def _run(args) -> int:
                                          ("--max-batch", args.max_batch),
                                          ("--hazard-off", args.hazard_off),
                                          ("--matrix", args.matrix),
+                                         ("--stats", args.stats),
                                          ("--explain", args.explain),
                                          ("--h2-scope", args.h2_scope)) if value]
         if given:
@@ -230,6 +236,9 @@ def _run(args) -> int:
         except ConfigError as exc:
             return _fail(str(exc))
         return _replay(args.replay, args.json, args.trace_out)
+    if args.stats and (args.matrix or args.explain or args.strategy):
+        both = "--matrix" if args.matrix else "--explain" if args.explain else "--strategy"
+        return _fail(f"--stats measures random and PCT search by itself; drop {both}")
     if args.matrix:
         given = [opt for opt, value in (("--ranks", args.ranks), ("--buckets", args.buckets),
                                         ("--max-batch", args.max_batch),
@@ -255,11 +264,13 @@ def _run(args) -> int:
     except ConfigError as exc:
         return _fail(str(exc))
     cpus = os.cpu_count() or 1
-    if args.jobs > cpus and args.strategy in ("random", "pct"):
+    if args.jobs > cpus and args.strategy in (None, "random", "pct"):
         sys.stderr.write(f"lockstep check: warning: --jobs {args.jobs} is more than the {cpus} "
                          f"CPUs here; the search will not run faster than with --jobs {cpus}\n")
     if args.matrix:
         return _run_matrix(variants, spec, args)
+    if args.stats:
+        return _run_stats(variants, spec, args)
     topologies = TOPOLOGIES if args.topology == "both" else (args.topology,)
     compare_bad = not args.hazard_off
     rows: list[Row] = []
@@ -349,6 +360,32 @@ def _run_matrix(variants, spec: CheckSpec, args) -> int:
           f"verdicts as expected, {len(rows) - len(reachable)} not reachable here, in "
           f"{elapsed:.1f} s")
     return 0 if ok else 1
+
+
+def _run_stats(variants, spec: CheckSpec, args) -> int:
+    """`lockstep check --stats`: the failing share of each strategy per bad variant."""
+    from sim.stats import STATS_STRATEGIES, failing_shares, render_table
+
+    start = time.perf_counter()
+    topologies = TOPOLOGIES if args.topology == "both" else (args.topology,)
+    bad = [v for v in variants if not _correct(v)]
+    plan = [(f"{v.name} / {t}", spec.schedules * len(STATS_STRATEGIES), 1)
+            for v in bad for t in topologies]
+    shares = []
+    with CheckProgress(plan, spec.time_budget, disable=args.no_progress or None) as bar:
+        for variant in bad:
+            for topology in topologies:
+                shares.append(failing_shares(variant, spec, topology, bar.step))
+                bar.next_row()
+    elapsed = time.perf_counter() - start
+    if args.json:
+        print(json.dumps({"seconds": elapsed, "schedules": spec.schedules, "seed": spec.seed,
+                          "rows": [s.__dict__ for s in shares]}, indent=1))
+    else:
+        print(render_table(shares))
+        print(f"\n{len(shares)} rows, {spec.schedules} schedules per strategy, seed {spec.seed}, "
+              f"in {elapsed:.1f} s")
+    return 0
 
 
 def _explain(rows: list[Row], variants, spec: CheckSpec) -> dict:

@@ -77,6 +77,10 @@ class Variant:
             so no occurrence is placed by hand.
         unreachable: scenario -> None, or the reason this configuration cannot reach the bug
             (a row then reads "not reachable here", never clean or FAILED).
+        strategy: the search strategy `lockstep check` uses for this variant unless one is
+            asked for (`sim.strategies.STRATEGIES`), for a bug that needs a rare interleaving
+            that random search misses (its failing share is in docs/search-stats.md); None:
+            random.
     """
 
     name: str
@@ -95,6 +99,7 @@ class Variant:
     fault_schedules: int | None = None
     fault_search: FaultFamily | None = None
     unreachable: Callable[[Scenario], str | None] | None = None
+    strategy: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -104,6 +109,10 @@ class Variant:
             if verdict not in VERDICTS:
                 raise ConfigError(f"variant {self.name!r}: expected verdict for topology {topology!r} "
                                   f"is {verdict!r}; use one of {', '.join(VERDICTS)}")
+        from sim.strategies import STRATEGIES
+        if self.strategy is not None and self.strategy not in STRATEGIES:
+            raise ConfigError(f"variant {self.name!r}: strategy {self.strategy!r} is not one of "
+                              f"{', '.join(STRATEGIES)}")
         extra = set(self.expected) - set(TOPOLOGIES)
         if extra:
             raise ConfigError(f"variant {self.name!r}: unknown topology {sorted(extra)[0]!r} in expected")
@@ -683,6 +692,7 @@ import sim.variants_paging  # noqa: E402,F401  (registers the KV-paging variants
 import sim.variants_state  # noqa: E402,F401  (data/memory-class variants, registered on import)
 import sim.variants_comms  # noqa: E402,F401  (communicators, registrations, per-rank batches, death)
 import sim.variants_admission  # noqa: E402,F401  (batch cap and graph reserve: I7, I9)
+import sim.variants_rare  # noqa: E402,F401  (bugs that need a rare interleaving; searched with PCT)
 
 SHIPPED = tuple(REGISTRY)
 """Names of the shipped variants, the correct protocol first."""

@@ -60,7 +60,8 @@ def wait_edges(world) -> list[tuple[str, str, str, str | None]]:
         if host.fault_armed is not None and host.ready_at is not None:
             continue  # wedged (injected hang) or slow (waits on the clock): no actor to wait on
         holder = world.locks[p]
-        if hz.h1_driver_lock and isinstance(op, LOCKING_OPS) and holder not in (None, r):
+        if (hz.h1_driver_lock and holder not in (None, r)
+                and (isinstance(op, LOCKING_OPS) or getattr(op, "takes_driver_lock", False))):
             edges.append((me, f"rank{holder}",
                           f"rank {r}'s {what} waits for process {p}'s driver lock, held by "
                           f"rank {holder}'s {_op_text(world, holder)}", "h1"))

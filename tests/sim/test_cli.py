@@ -115,7 +115,13 @@ def test_default_check_exits_0_from_the_console_script():
     rows = sum(2 * (2 if all(v == "clean" for v in REGISTRY[n].expected.values())
                     and REGISTRY[n].fault_schedules != 0 else 1)
                for n in SHIPPED)
-    assert f"OK: {rows}/{rows} verdicts as expected" in proc.stdout
+    import re
+    ok = re.search(r"OK: (\d+)/(\d+) verdicts as expected(?:, (\d+) not reachable here)?",
+                   proc.stdout)
+    assert ok and ok.group(1) == ok.group(2), proc.stdout[-2000:]
+    # a row a configuration cannot reach (warmup-scratch-free with one process per rank) is
+    # reported as such, not compared
+    assert int(ok.group(1)) + int(ok.group(3) or 0) == rows
 
 
 def test_trace_out_that_is_a_file_is_rejected_before_search(tmp_path, capsys):

@@ -15,6 +15,9 @@ SPEC = CheckSpec(schedules=50, fault_schedules=0, time_budget=20)
 def test_bad_variant_caught_as_expected(name, topology):
     variant = REGISTRY[name]
     row = check_bad(variant, SPEC, topology)
+    if row.got == "not reachable here":  # e.g. a bug that needs two ranks in one process
+        assert row.passed and row.detail and variant.unreachable is not None
+        return
     assert row.got == variant.expected[topology], row.detail
     assert row.minimal is not None and row.minimal.actions <= row.stats.max_depth + 50
 

@@ -1,0 +1,69 @@
+"""Search that works for its verdict (issue 11 item 4): per-variant failing shares, and shipped
+variants whose failure needs a rare interleaving that random search misses and PCT finds."""
+
+import pytest
+
+from lockstep.cli import main
+from protocol.errors import ConfigError
+from sim.check import CheckSpec, bad_search_setup, check_bad
+from sim.search import sample_search
+from sim.stats import failing_shares, render_table
+from sim.variants import REGISTRY, Variant
+
+DEFAULT = CheckSpec()  # the default budget: 300 schedules, seed 0
+
+
+def _search(name: str, strategy: str, schedules: int, topology: str = "shared"):
+    variant = REGISTRY[name]
+    scenario_for, acceptable, reason = bad_search_setup(variant, DEFAULT, topology)
+    assert reason is None
+    return sample_search(scenario_for, variant, acceptable, strategy, schedules,
+                         time_budget=1e9, seed=DEFAULT.seed, jobs=2)
+
+
+@pytest.mark.timeout(900)
+def test_random_search_with_the_default_budget_misses_the_warmup_free_deadlock():
+    """300 random schedules (seed 0): rank 0 must issue every warm-up all-reduce and start its
+    free before rank 1 allocates -- about 2^-38 of schedules at the 36 default buckets."""
+    result = _search("warmup-scratch-free", "random", DEFAULT.schedules)
+    assert result.failure is None and result.stats.schedules == DEFAULT.schedules
+
+
+@pytest.mark.timeout(300)
+def test_pct_finds_the_warmup_free_deadlock_at_once():
+    result = _search("warmup-scratch-free", "pct", 10)
+    assert result.failure is not None and result.failure.outcome.verdict == "deadlock"
+    assert result.stats.schedules <= 3
+
+
+@pytest.mark.timeout(300)
+def test_the_default_check_searches_it_with_its_own_strategy(capsys):
+    assert main(["check", "--variant", "warmup-scratch-free", "--no-progress", "--jobs", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "deadlock" in out and "not reachable here" in out  # per-rank: no shared driver lock
+    spec = CheckSpec(strategy="random", schedules=20, jobs=1)
+    assert check_bad(REGISTRY["warmup-scratch-free"], spec, "shared").got == "clean"
+
+
+def test_a_variant_strategy_is_validated():
+    with pytest.raises(ConfigError, match="'bogus'"):
+        Variant(name="x", summary="", source="", expected={"shared": "clean", "per-rank": "clean"},
+                strategy="bogus")
+
+
+@pytest.mark.timeout(300)
+def test_failing_shares_count_every_schedule():
+    shares = failing_shares(REGISTRY["single-warmup"], CheckSpec(schedules=5, jobs=1), "shared")
+    assert shares.schedules == {"random": 5, "pct": 5} and shares.failing == {"random": 5, "pct": 5}
+    assert "100.0% (5/5)" in render_table([shares])
+
+
+@pytest.mark.timeout(300)
+def test_stats_option_prints_a_share_per_strategy(capsys):
+    assert main(["check", "--stats", "--variant", "warmup-scratch-free", "--topology", "shared",
+                 "--schedules", "4", "--no-progress", "--jobs", "1"]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("| warmup-scratch-free"))
+    assert "0.0% (0/4)" in line  # random
+    assert main(["check", "--stats", "--strategy", "pct"]) == 2
+    assert "drop --strategy" in capsys.readouterr().err
