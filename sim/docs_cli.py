@@ -18,7 +18,7 @@ from sim.variants import REGISTRY, SHIPPED
 
 SPEC = CheckSpec(schedules=100, fault_schedules=0, time_budget=MAX_TIME_BUDGET, seed=0)
 REDUCER_ATTEMPTS = 40
-EXPLAIN_SPEC = CheckSpec(schedules=40, fault_schedules=0, time_budget=1e9, seed=0)
+EXPLAIN_SPEC = CheckSpec(schedules=40, fault_schedules=0, time_budget=MAX_TIME_BUDGET, seed=0)
 """Search settings of each walkthrough's hazard attribution (fixed, so pages are reproducible)."""
 README_BEGIN = "<!-- walkthrough:fused-sweep:begin -->"
 README_END = "<!-- walkthrough:fused-sweep:end -->"
@@ -30,6 +30,14 @@ def _topology_for(variant) -> str:
         if not variant.expected[topology].startswith("invariant:"):
             return topology
     return "shared"
+
+
+def _other_verdict(variant, topology: str) -> str:
+    """"expected `<verdict>`", or "not reachable (<reason>)" where that topology cannot hold
+    the bug."""
+    reason = (variant.unreachable(variant.scenario(SPEC.scenario(topology)))
+              if variant.unreachable else None)
+    return f"not reachable ({reason})" if reason else f"expected `{variant.expected[topology]}`"
 
 
 def walkthrough(name: str) -> tuple[str, str, str]:
@@ -72,7 +80,7 @@ def walkthrough(name: str) -> tuple[str, str, str]:
         "",
         f"**Verdict.** `{row.got}` with {topology} processes "
         f"({'one process for all ranks' if topology == 'shared' else 'one process per rank'}); "
-        f"expected `{variant.expected[other]}` with {other} processes.",
+        f"{_other_verdict(variant, other)} with {other} processes.",
         "",
         f"**Hazards it needs** (`lockstep check --explain`: each hazard switched off in turn). "
         f"{found.line()}.{note}",

@@ -36,3 +36,5 @@ def test_every_walkthrough_has_a_valid_looking_diagram():
         for line in lines[1:]:
             assert line.startswith("    ") and ";" not in line and "#" not in line, (page.name, line)
         assert "## Why the correct protocol avoids it" in text and "lockstep check --variant" in text
+        # the hazard attribution ran: no ablation rerun failed (it once hit a time-budget limit)
+        assert "**Hazards it needs**" in text and "error (" not in text, page.name
