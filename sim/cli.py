@@ -126,8 +126,8 @@ def add_parser(subparsers, name: str) -> None:
                    help="shared (all ranks in one process, one driver lock), per-rank (one "
                         "process per rank), or both (default both)")
     p.add_argument("--strategy", choices=STRATEGIES, default=None,
-                   help="schedule search strategy (default random, or a variant's own where "
-                        "its bug needs a rare interleaving: docs/search-stats.md)")
+                   help="schedule search strategy (default random); a variant whose bug needs "
+                        "a rare interleaving names its own (docs/search-stats.md)")
     p.add_argument("--schedules", type=_typed(_bounded(_positive_int, "schedules"), "--schedules"), default=None,
                    help="schedules per variant and topology (default: up to 300 for a bad "
                         f"variant, stopping at its first failure; {CLEAN_SCHEDULES} fault-free "
