@@ -1,0 +1,175 @@
+"""Tests added for mutants of protocol/ that survived every other check (docs/mutation.md):
+each pins a behaviour that the default `lockstep check` and the other tests never reach."""
+
+from protocol.commands import Step
+from protocol.config import ModelShape, ProtocolConfig
+from protocol.controller import Done
+from protocol.requests import Request
+from tests.protocol.driver import drive
+
+
+def test_one_step_admits_no_more_requests_than_the_batch_cap_leaves_room_for():
+    # more requests waiting at once than the cap: admission must stop when the cap is full
+    config = ProtocolConfig(buckets=(1, 2, 4), max_batch=2)
+    ctrl, _, _, sent, action = drive(config, [Request(i, (1, 2), max_tokens=3) for i in range(5)])
+    assert isinstance(action, Done)
+    steps = [c for c in sent if isinstance(c, Step)]
+    assert max(len(s.rows) + len(s.admits) for s in steps) == 2
+    assert sorted(ctrl.finished) == [0, 1, 2, 3, 4]
+
+
+def test_model_shape_accepts_its_smallest_sizes():
+    # one all-reduce per layer, one byte per element, one layer: each is a valid shape
+    shape = ModelShape(hidden_size=1, num_layers=1, allreduces_per_layer=1, dtype_bytes=1)
+    assert shape.allreduces_per_step == 2  # the layer's all-reduce and the LM head's
+    assert shape.allreduce_bytes(3) == 3
+
+
+def test_done_is_the_answer_from_then_on():
+    # a driver that asks again after Done (a second loop, a late reply) gets Done again
+    ctrl, _, _, _, action = drive(ProtocolConfig(buckets=(1, 2), max_batch=2),
+                                  [Request(0, (1,), max_tokens=2)])
+    assert isinstance(action, Done)
+    assert isinstance(ctrl.next_action(), Done) and isinstance(ctrl.next_action(), Done)
+
+
+def test_perform_calls_the_backend_method_of_every_op_and_returns_its_value():
+    import dataclasses
+    import inspect
+
+    import protocol.backend as backend_module
+    from protocol.backend import Backend, Op, perform
+
+    calls = []
+
+    def method(name):
+        def call(self, *args):
+            calls.append((name, args))
+            return f"result of {name}"
+        return call
+
+    Recording = type("Recording", (Backend,), {name: method(name)
+                                               for name in Backend.__abstractmethods__})
+    backend = Recording()
+    ops = [cls for _, cls in inspect.getmembers(backend_module, inspect.isclass)
+           if issubclass(cls, Op) and cls is not Op]
+    assert len(ops) == len(Backend.__abstractmethods__) == 18
+    for cls in ops:
+        op = cls(*[f"arg {f.name}" for f in dataclasses.fields(cls)])
+        assert perform(backend, op) == f"result of {op.name}", cls
+        assert calls[-1] == (op.name, op.args), cls
+
+
+def test_a_request_rank_0_could_not_sample_finishes_failed_and_the_others_go_on(monkeypatch):
+    from tests.protocol.driver import FakeBackend
+
+    orig = FakeBackend.run
+
+    def run(self, op):
+        out = orig(self, op)
+        if op.name == "sample":
+            return {rid: (None if rid == 0 else tok) for rid, tok in out.items()}
+        return out
+
+    monkeypatch.setattr(FakeBackend, "run", run)
+    config = ProtocolConfig(buckets=(1, 2), max_batch=2, cuda_graphs=False, world_size=1)
+    ctrl, _, _, _, action = drive(config, [Request(0, (1,), 3), Request(1, (2,), 3)])
+    assert isinstance(action, Done)
+    assert ctrl.failed_requests == {0} and set(ctrl.finished) == {0, 1}
+    assert ctrl.take_finished(0) == [] and ctrl.take_finished(1) == [7, 7, 7]
+
+
+def test_protocol_errors_survive_pickling_to_a_worker_process():
+    import pickle
+
+    from protocol.errors import RankFailure, WatchdogExpired
+
+    failure = RankFailure("rank 1 failed", (1,), (0,), {1: "boom"}, {1: "oom"}, {1: "I9"}, step=7)
+    back = pickle.loads(pickle.dumps(failure))
+    assert isinstance(back, RankFailure) and str(back) == "rank 1 failed"
+    assert (back.failed, back.errors, back.kind, back.invariant, back.step) == (
+        (1,), {1: "boom"}, "oom", "I9", 7)
+    assert pickle.loads(pickle.dumps(WatchdogExpired("late", (2,)))).uncollected == (2,)
+
+
+def test_command_run_done_returns_the_reply_after_the_last_op():
+    from protocol.commands import Warmup
+    from protocol.execution import CommandRun
+    from protocol.worker import Worker
+    from protocol.eligibility import GraphPlan
+
+    config = ProtocolConfig(buckets=(1, 2), max_batch=2)
+    run = CommandRun(Worker(0, 2, GraphPlan.from_config(config), 2), Warmup(0, (64,)))
+    replies = [run.done(None) for _ in range(len(run.ops))]
+    assert replies[:-1] == [None] * (len(replies) - 1)
+    assert replies[-1] is run.reply and replies[-1].ok and replies[-1].seq == 0
+
+
+def test_worker_rows_must_match_both_slot_and_request():
+    import pytest
+
+    from protocol.commands import Admit, DecodeRow
+    from protocol.errors import SlotError
+    from protocol.slots import SlotMap
+
+    slots = SlotMap(4)
+    slots.admit(Admit(1, 0, (1,)))
+    slots.admit(Admit(2, 1, (1,)))
+    slots.check_rows((DecodeRow(0, 1, 5, 1), DecodeRow(1, 2, 5, 1)))
+    with pytest.raises(SlotError, match="row 1 names slot 1 request 9, but slot 1 holds 2"):
+        slots.check_rows((DecodeRow(0, 1, 5, 1), DecodeRow(1, 9, 5, 1)))  # right slot, wrong request
+    with pytest.raises(SlotError, match="row 0 names slot 1 request 1"):
+        slots.check_rows((DecodeRow(1, 1, 5, 1), DecodeRow(0, 2, 5, 1)))  # right request, wrong slot
+
+
+def test_worker_refuses_a_decode_row_past_its_requests_pages():
+    import pytest
+
+    from protocol.commands import Admit, AllocateKV, DecodeRow, PageAssign
+    from protocol.eligibility import GraphPlan
+    from protocol.errors import PageError
+    from protocol.worker import Worker
+
+    config = ProtocolConfig(buckets=(1, 2), max_batch=2, cuda_graphs=False)
+    worker = Worker(0, 2, GraphPlan.from_config(config), 2)
+    alloc = AllocateKV(0, pages=8, batch_cap=2, page_size=4)
+    worker.reply(alloc, [None] * len(worker.ops_for(alloc)))
+    admit = Step(1, admits=(Admit(1, 0, (1, 2, 3)),), pages=(PageAssign(1, 0, 0, (0,)),))
+    worker.ops_for(admit)  # three tokens on one page of four
+    ok = Step(2, rows=(DecodeRow(0, 1, 9, 3),), bucket=1)  # position 3: still page 0
+    worker.ops_for(ok)
+    past = Step(3, rows=(DecodeRow(0, 1, 9, 4),), bucket=1)  # position 4 needs page 1: none given
+    with pytest.raises(PageError, match="writes position 4"):
+        worker.ops_for(past)
+
+
+def test_every_command_has_the_next_sequence_number():
+    config = ProtocolConfig(buckets=(1, 2), max_batch=2)
+    _, _, _, sent, action = drive(config, [Request(i, (1, 2), max_tokens=3) for i in range(3)])
+    assert isinstance(action, Done)
+    assert [c.seq for c in sent] == list(range(len(sent)))
+
+
+def test_op_arguments_are_described_for_the_trace():
+    from protocol.keys import GraphKey
+    from protocol.trace import describe_args
+
+    step = Step(4)
+    assert describe_args((3, GraphKey(8), step, (1, 2, 3), "x")) == "3, decode@8, step 4, 3 items, x"
+
+
+def test_measured_graph_bytes_are_each_graphs_increment():
+    from protocol.commands import MeasureGraphs
+    from protocol.eligibility import GraphPlan
+    from protocol.keys import GraphKey
+    from protocol.worker import Worker
+
+    config = ProtocolConfig(buckets=(1, 2, 4), max_batch=4)
+    worker = Worker(0, 2, GraphPlan.from_config(config), 4)
+    keys = (GraphKey(4), GraphKey(2), GraphKey(1))
+    command = MeasureGraphs(0, keys)
+    ops = worker.ops_for(command)
+    readings = iter([1000, 1700, 1750, 1760])  # graph_memory before and after each record
+    results = [next(readings) if op.name == "graph_memory" else None for op in ops]
+    assert worker.reply(command, results).payload == {GraphKey(4): 700, GraphKey(2): 50,
+                                                      GraphKey(1): 10}

@@ -1,0 +1,30 @@
+"""tools/mutation.py generates the same mutant set every time, and every mutant changes code."""
+
+import ast
+import importlib.util
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location("mutation_tool", ROOT / "tools" / "mutation.py")
+mutation = importlib.util.module_from_spec(spec)
+sys.modules.setdefault("mutation_tool", mutation)
+spec.loader.exec_module(mutation)
+
+
+def test_mutant_set_is_stable_and_every_mutant_changes_the_module():
+    first, second = mutation.enumerate_mutants(), mutation.enumerate_mutants()
+    assert first == second and len(first) > 500
+    assert [m.index for m in first] == list(range(len(first)))
+    for m in first[::25]:
+        original = ast.unparse(ast.parse((ROOT / m.path).read_text())) + "\n"
+        changed = mutation.mutated_source(m)
+        ast.parse(changed)
+        assert changed != original, m
+
+
+def test_docstrings_and_messages_are_not_mutated():
+    mutants = mutation.enumerate_mutants()
+    assert not any(m.original.startswith('"""') for m in mutants)
+    watchdog = [m for m in mutants if m.original == "self.watchdog.disarm()"]
+    assert watchdog and all(m.operator == "delete call" for m in watchdog)

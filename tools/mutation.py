@@ -1,0 +1,327 @@
+"""Mutation testing of `protocol/`: a generated mutant set, killed by the project's own checks.
+
+Every mutant changes one site of one module of ``protocol/`` by one operator -- a comparison
+flipped (``<`` to ``<=``, ``==`` to ``!=``, ``in`` to ``not in`` ...), ``and``/``or`` swapped,
+a ``not`` dropped, an integer constant moved by one, ``True``/``False`` swapped, ``+``/``-``
+swapped, a returned value replaced by ``None``, a call statement or an augmented assignment
+deleted. The sites are enumerated from the syntax tree in a fixed order (module, then
+breadth-first), so mutant N is the same mutant on every machine; nothing is hand-picked.
+
+Each mutant is written into a private copy of the checkout and put to the killers in order,
+stopping at the first that fails: the protocol tests (``tests/protocol``), the default
+``lockstep check`` (every shipped variant must get its verdict, the correct protocol must stay
+clean), then the fast simulator tests. A killer that runs past its timeout kills the mutant too
+(a mutant that loops). A mutant no killer notices survives; docs/mutation.md lists every
+survivor with the reason it is equivalent or the test added to kill it.
+
+Usage: ``python tools/mutation.py [--jobs 2] [--sample N] [--only 12,40] [--out DIR]``; ``make
+mutation`` runs it with ``nice -n 19``. ``--sample N`` takes N mutants evenly spread over the
+whole set (every k-th), ``--list`` prints the set without running anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import copy
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = "protocol"
+COPIED = ("protocol", "sim", "lockstep", "engine", "tests", "pyproject.toml", "README.md", "docs")
+
+WALL_LIMIT_S = 1200
+"""Wall-clock backstop per killer, for a mutant that blocks without using CPU."""
+
+FAST_SIM_TESTS = ("tests/sim/test_invariants.py", "tests/sim/test_state.py",
+                  "tests/sim/test_transport.py", "tests/sim/test_paging.py",
+                  "tests/sim/test_admission_variants.py")
+"""Simulator tests that run in seconds and exercise the protocol through the simulator."""
+
+COMPARE_SWAP = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt,
+                ast.Eq: ast.NotEq, ast.NotEq: ast.Eq, ast.In: ast.NotIn, ast.NotIn: ast.In,
+                ast.Is: ast.IsNot, ast.IsNot: ast.Is}
+BINOP_SWAP = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Add, ast.FloorDiv: ast.Mult,
+              ast.Mod: ast.FloorDiv}
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One generated mutant.
+
+    Attributes:
+        index: position in the whole set (stable across runs).
+        path: module path relative to the checkout.
+        site: position of the mutated node in the module's breadth-first walk.
+        line: source line of the node.
+        operator: what was changed (``"< -> <="``, ``"delete call"`` ...).
+        original: the source line, stripped.
+    """
+
+    index: int
+    path: str
+    site: int
+    line: int
+    operator: str
+    original: str
+
+
+def _docstring_nodes(tree: ast.AST) -> set[int]:
+    ids = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                ids.add(id(body[0]))
+    return ids
+
+
+def _skipped(tree: ast.AST) -> set[int]:
+    """Nodes not mutated: docstrings, annotations, ``__all__`` and whatever is inside raise
+    statements' messages and f-strings (text only)."""
+    skip = _docstring_nodes(tree)
+    for node in ast.walk(tree):
+        inside = []
+        if isinstance(node, ast.JoinedStr):
+            inside.append(node)
+        if isinstance(node, (ast.arg, ast.AnnAssign)) and getattr(node, "annotation", None):
+            inside.append(node.annotation)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.returns:
+            inside.append(node.returns)
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__"
+                                                for t in node.targets):
+            inside.append(node)
+        for root in inside:
+            skip.update(id(n) for n in ast.walk(root))
+    return skip
+
+
+def _operators(node: ast.AST) -> list[str]:
+    """Names of the mutations that apply to ``node``."""
+    ops = []
+    match node:
+        case ast.Compare(ops=cmp) if len(cmp) == 1 and type(cmp[0]) in COMPARE_SWAP:
+            ops.append(f"{type(cmp[0]).__name__} -> {COMPARE_SWAP[type(cmp[0])].__name__}")
+        case ast.BoolOp(op=ast.And()):
+            ops.append("and -> or")
+        case ast.BoolOp(op=ast.Or()):
+            ops.append("or -> and")
+        case ast.UnaryOp(op=ast.Not()):
+            ops.append("drop not")
+        case ast.Constant(value=bool() as v):
+            ops.append(f"{v} -> {not v}")
+        case ast.Constant(value=int() as v):
+            ops.append(f"{v} -> {v + 1}")
+        case ast.BinOp(op=op) if type(op) in BINOP_SWAP:
+            ops.append(f"{type(op).__name__} -> {BINOP_SWAP[type(op)].__name__}")
+        case ast.Return(value=value) if value is not None and not (
+                isinstance(value, ast.Constant) and value.value is None):
+            ops.append("return None")
+        case ast.Expr(value=ast.Call()):
+            ops.append("delete call")
+        case ast.AugAssign():
+            ops.append("delete augmented assignment")
+    return ops
+
+
+def _sites(tree: ast.AST):
+    """(site number, node, operator) for every mutation of ``tree``, breadth-first."""
+    skip = _skipped(tree)
+    out = []
+    for site, node in enumerate(ast.walk(tree)):
+        if id(node) in skip:
+            continue
+        for operator in _operators(node):
+            out.append((site, node, operator))
+    return out
+
+
+def enumerate_mutants(root: Path = ROOT) -> list[Mutant]:
+    """Every mutant of every module of ``protocol/``, in a fixed order."""
+    mutants = []
+    for path in sorted((root / PACKAGE).glob("*.py")):
+        source = path.read_text()
+        lines = source.splitlines()
+        tree = ast.parse(source)
+        for site, node, operator in _sites(tree):
+            line = getattr(node, "lineno", 0)
+            mutants.append(Mutant(len(mutants), str(path.relative_to(root)), site, line, operator,
+                                  lines[line - 1].strip() if line else ""))
+    return mutants
+
+
+class _Apply(ast.NodeTransformer):
+    def __init__(self, site: int, operator: str):
+        self.site, self.operator = site, operator
+        self.order = None
+
+    def visit(self, node):
+        if self.order is None:
+            self.order = {id(n): i for i, n in enumerate(ast.walk(node))}
+        if self.order.get(id(node)) == self.site:
+            return self._mutate(node)
+        return self.generic_visit(node)
+
+    def _mutate(self, node):
+        op = self.operator
+        if isinstance(node, ast.Compare):
+            node.ops = [COMPARE_SWAP[type(node.ops[0])]()]
+        elif isinstance(node, ast.BoolOp):
+            node.op = ast.Or() if isinstance(node.op, ast.And) else ast.And()
+        elif isinstance(node, ast.UnaryOp):
+            return node.operand
+        elif isinstance(node, ast.Constant) and isinstance(node.value, bool):
+            node.value = not node.value
+        elif isinstance(node, ast.Constant):
+            node.value = node.value + 1
+        elif isinstance(node, ast.BinOp):
+            node.op = BINOP_SWAP[type(node.op)]()
+        elif op == "return None":
+            node.value = ast.Constant(None)
+        elif op in ("delete call", "delete augmented assignment"):
+            return ast.Pass()
+        return node
+
+
+def mutated_source(mutant: Mutant, root: Path = ROOT) -> str:
+    """The module's source with ``mutant`` applied (re-generated from the syntax tree)."""
+    tree = ast.parse((root / mutant.path).read_text())
+    tree = _Apply(mutant.site, mutant.operator).visit(tree)
+    ast.fix_missing_locations(tree)
+    return ast.unparse(tree) + "\n"
+
+
+def killers(python: str) -> list[tuple[str, list[str], int]]:
+    """(name, command, CPU-second limit), fastest and most likely to kill first.
+
+    The limits are CPU time (``RLIMIT_CPU``), not wall time, so a loaded machine does not turn a
+    slow but correct run into a kill; each is several times what the unmutated run takes
+    (about 3 s, 16 s and 10 s)."""
+    pytest = [python, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider"]
+    return [("tests/protocol", pytest + ["tests/protocol"], 40),
+            ("lockstep check", [python, "-m", "lockstep", "check", "--no-progress", "--jobs", "1"],
+             120),
+            ("fast sim tests", pytest + list(FAST_SIM_TESTS), 90)]
+
+
+def _limit_cpu(seconds: int):
+    def apply() -> None:
+        import resource
+        resource.setrlimit(resource.RLIMIT_CPU, (seconds, seconds + 5))
+    return apply
+
+
+def _copy_tree(dest: Path) -> None:
+    for name in COPIED:
+        src = ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+        elif src.exists():
+            shutil.copy2(src, dest / name)
+
+
+def run_mutant(mutant: Mutant, workdir: Path, python: str) -> dict:
+    """Put ``mutant`` to the killers in ``workdir`` (a copy of the checkout); restores the file."""
+    target = workdir / mutant.path
+    original = (ROOT / mutant.path).read_text()
+    target.write_text(mutated_source(mutant))
+    env = dict(os.environ, PYTHONPATH=str(workdir), PYTHONDONTWRITEBYTECODE="1")
+    start = time.perf_counter()
+    result = {"killed_by": None, "timeout": False}
+    try:
+        for name, command, cpu_s in killers(python):
+            try:
+                proc = subprocess.run(command, cwd=workdir, env=env, capture_output=True,
+                                      text=True, timeout=WALL_LIMIT_S,
+                                      preexec_fn=_limit_cpu(cpu_s))
+            except subprocess.TimeoutExpired:  # blocked without using CPU
+                result.update(killed_by=name, timeout=True)
+                break
+            if proc.returncode != 0:
+                result["killed_by"] = name
+                result["timeout"] = proc.returncode in (-24, -9)  # SIGXCPU / past the hard limit
+                break
+    finally:
+        target.write_text(original)
+    result["seconds"] = round(time.perf_counter() - start, 1)
+    return result
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--jobs", type=int, default=2, help="mutants run at once (default 2)")
+    p.add_argument("--sample", type=int, default=None,
+                   help="run N mutants evenly spread over the set (default: all)")
+    p.add_argument("--only", default=None, help="comma-separated mutant indices to run")
+    p.add_argument("--out", default="mutation-results", help="directory for results.json")
+    p.add_argument("--list", action="store_true", help="print the mutant set and exit")
+    args = p.parse_args(argv)
+    mutants = enumerate_mutants()
+    if args.list:
+        for m in mutants:
+            print(f"{m.index:5d} {m.path}:{m.line} {m.operator}: {m.original}")
+        print(f"{len(mutants)} mutants")
+        return 0
+    chosen = mutants
+    if args.only:
+        wanted = {int(x) for x in args.only.split(",")}
+        chosen = [m for m in mutants if m.index in wanted]
+    elif args.sample is not None and args.sample < len(mutants):
+        stride = len(mutants) / args.sample
+        chosen = [mutants[math.floor(i * stride)] for i in range(args.sample)]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    python = sys.executable
+    results: dict[int, dict] = {}
+    lock = threading.Lock()
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="lockstep-mutation-") as tmp:
+        slots = []
+        for w in range(max(1, args.jobs)):
+            workdir = Path(tmp) / f"w{w}"
+            workdir.mkdir()
+            _copy_tree(workdir)
+            slots.append(workdir)
+        free = list(slots)
+
+        def one(mutant: Mutant) -> None:
+            with lock:
+                workdir = free.pop()
+            try:
+                res = run_mutant(mutant, workdir, python)
+            finally:
+                with lock:
+                    free.append(workdir)
+            with lock:
+                results[mutant.index] = {**asdict(mutant), **res}
+                done = len(results)
+                status = f"killed by {res['killed_by']}" if res["killed_by"] else "SURVIVED"
+                print(f"[{done}/{len(chosen)}] #{mutant.index} {mutant.path}:{mutant.line} "
+                      f"{mutant.operator}: {status} ({res['seconds']} s)", flush=True)
+                (out / "results.json").write_text(json.dumps(
+                    {"total_mutants": len(mutants), "chosen": len(chosen),
+                     "results": [results[k] for k in sorted(results)]}, indent=1))
+
+        with ThreadPoolExecutor(max_workers=len(slots)) as pool:
+            list(pool.map(one, chosen))
+    survived = [r for r in results.values() if not r["killed_by"]]
+    print(f"\n{len(chosen)} of {len(mutants)} mutants run in {time.perf_counter() - start:.0f} s: "
+          f"{len(chosen) - len(survived)} killed, {len(survived)} survived")
+    for r in sorted(survived, key=lambda r: r["index"]):
+        print(f"  survived #{r['index']} {r['path']}:{r['line']} {r['operator']}: {r['original']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
