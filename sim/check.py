@@ -49,6 +49,7 @@ class CheckSpec:
     """Re-runs the reducer may spend on each counterexample (`sim.reduce.reduce_schedule`): a
     count, not seconds, so that a row's minimal trace does not depend on machine speed or load."""
     h2_scope: str = "process"
+    h2_calls: str = "both"
 
     def strategy_for(self, variant) -> str:
         """The search strategy for ``variant``: the one asked for, else the variant's own
@@ -68,9 +69,10 @@ class CheckSpec:
         if self.buckets is not None:
             kwargs["buckets"] = self.buckets
         sc = default_scenario(topology=topology, world_size=self.ranks, max_batch=self.max_batch, **kwargs)
-        if self.hazards_off or self.h2_scope != "process":
+        if self.hazards_off or self.h2_scope != "process" or self.h2_calls != "both":
             try:
-                sc = sc.with_(hazards=HazardModel(h2_scope=self.h2_scope).without(*self.hazards_off))
+                sc = sc.with_(hazards=HazardModel(h2_scope=self.h2_scope, h2_calls=self.h2_calls)
+                              .without(*self.hazards_off))
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
         mem, cfg = sc.memory, sc.config
@@ -92,7 +94,7 @@ class CheckSpec:
     def to_json(self) -> dict:
         return {"ranks": self.ranks, "buckets": list(self.buckets) if self.buckets else None,
                 "max_batch": self.max_batch, "hazards_off": list(self.hazards_off),
-                "h2_scope": self.h2_scope}
+                "h2_scope": self.h2_scope, "h2_calls": self.h2_calls}
 
 
 @dataclass
@@ -370,7 +372,8 @@ def replay_trace(data: dict) -> tuple[RunResult | None, str | None]:
                          buckets=tuple(spec_data["buckets"]) if spec_data.get("buckets") else None,
                          max_batch=spec_data.get("max_batch"),
                          hazards_off=tuple(spec_data.get("hazards_off", ())),
-                         h2_scope=spec_data.get("h2_scope", "process"))
+                         h2_scope=spec_data.get("h2_scope", "process"),
+                         h2_calls=spec_data.get("h2_calls", "both"))
         scenario = variant.scenario(spec.scenario(spec_data.get("topology", "shared")))
         faults = tuple(Fault(**f) for f in spec_data.get("faults", ()))
     except (TypeError, ValueError) as exc:

@@ -23,7 +23,7 @@ from sim.reduce import reduce_schedule
 from sim.run import RunResult
 
 NAMES = {f.split("_")[0]: " ".join(f.split("_")[1:]) for f in HazardModel.__dataclass_fields__
-         if f[:1] == "h" and f.split("_")[0] in RULES and f != "h4_mode" and f != "h2_scope"}
+         if f[:1] == "h" and f.split("_")[0] in RULES and f not in ("h4_mode", "h2_scope", "h2_calls")}
 """h1 -> "driver lock", h2 -> "quiesce", ..."""
 
 

@@ -23,6 +23,12 @@ class HazardModel:
             Assumed from the same sources: the observed wedge needs a lock holder that waits on
             a device that spins. docs/hazard-probes.md: on one H200 these calls did not wait
             even for their own device (frees and module loads did).
+        h2_calls: which calls H2 makes wait: ``"assumed"`` (the literature's: instantiate,
+            upload, the implicit upload, KV allocation), ``"measured"`` (what the H200 probes
+            showed waiting while holding the lock: frees of device memory -- freeing graphs,
+            re-allocating the KV cache, releasing cached blocks as ``torch.cuda.graph()`` and
+            ``empty_cache`` do -- and not the calls above; docs/hazard-probes.md), or ``"both"``
+            (the default: the union, so a design must be safe under either).
         h2_scope: which devices an H2 call waits for, an assumption with alternatives:
             ``"device"`` (its own device only), ``"process"`` (every device its process drives;
             the default), ``"peers"`` (every device it has peer access to: all ranks).
@@ -52,6 +58,7 @@ class HazardModel:
 
     h1_driver_lock: bool = True
     h2_quiesce: bool = True
+    h2_calls: str = "both"
     h2_scope: str = "process"
     h3_spinning_collectives: bool = True
     h4_lazy_connect: bool = True
@@ -65,6 +72,17 @@ class HazardModel:
     def __post_init__(self) -> None:
         if self.h2_scope not in H2_SCOPES:
             raise ValueError(f"H2 scope {self.h2_scope!r} is not one of {', '.join(H2_SCOPES)}")
+        if self.h2_calls not in H2_CALLS:
+            raise ValueError(f"H2 calls {self.h2_calls!r} is not one of {', '.join(H2_CALLS)}")
+
+    def h2_waits(self, assumed: bool, frees: bool) -> bool:
+        """Whether H2 makes a lock-holding call wait for quiescence: ``assumed`` if the call is
+        in the literature's set (instantiate, upload, implicit upload, KV allocation),
+        ``frees`` if it frees device memory (the measured set)."""
+        if not self.h2_quiesce:
+            return False
+        return ((assumed and self.h2_calls != "measured")
+                or (frees and self.h2_calls != "assumed"))
 
     def quiesce_devices(self, rank: int, process_ranks: tuple[int, ...],
                         world_size: int) -> tuple[int, ...]:
@@ -91,3 +109,6 @@ RULES = ("h1", "h2", "h3", "h4", "h5", "h6", "h7", "h8", "h9")
 
 H2_SCOPES = ("device", "process", "peers")
 """Values of `HazardModel.h2_scope`."""
+
+H2_CALLS = ("assumed", "measured", "both")
+"""Values of `HazardModel.h2_calls`."""

@@ -55,10 +55,10 @@ from sim.paged_kv import PagedKV
 if TYPE_CHECKING:
     from sim.world import Host, World
 
-LOCKING_OPS = (Record, Instantiate, Upload, LaunchGraph, AllocateKVCache)
+LOCKING_OPS = (Record, Instantiate, Upload, LaunchGraph, AllocateKVCache, FreeGraphs)
 """Ops that may take the process's driver lock (H1)."""
 
-ALWAYS_READY = (WarmupCollective, ProfileForward, GraphMemory, FreeGraphs, ReleaseSlot,
+ALWAYS_READY = (WarmupCollective, ProfileForward, GraphMemory, ReleaseSlot,
                 AssignPages, MoveSlot, Prefill, PrepareReplay, RunEager, Sample)
 """Ops that never block in the model (host-side work or a plain enqueue), probed for free."""
 
@@ -95,7 +95,7 @@ class ModelledBackend:
             case ProfileForward(rows):
                 return self.profile_memory(r, host, rows, probe)
             case FreeGraphs():
-                return DONE if probe else self.free_graphs(r, host)
+                return self.free_graphs(r, host, probe)
             case AllocateKVCache(pages):
                 return self.allocate_kv(r, host, pages, probe)
             case ReleaseSlot(slot):
@@ -231,8 +231,12 @@ class ModelledBackend:
         self.enqueue(r, kernel)
         return self.done(host)
 
-    def locked(self, r: int, host: Host, quiesce: bool, probe: bool) -> int:
+    def locked(self, r: int, host: Host, quiesce: bool, probe: bool, frees: bool = False) -> int:
         """Driver-lock discipline (H1) and device quiescence (H2) for a lock-holding call.
+
+        ``quiesce``: the call is one the literature says waits (instantiate, upload, implicit
+        upload, allocation); ``frees``: it frees device memory, which the H200 probes measured
+        waiting. Whether it waits is `HazardModel.h2_waits` of the two.
 
         Returns DONE when the call may complete now (the lock is released again), PROGRESS when
         it took the lock but must wait, BLOCKED when it can do nothing.
@@ -249,7 +253,7 @@ class ModelledBackend:
                 if not probe:
                     w.locks[p] = r
                     host.holding = True
-        if quiesce and w.hz.h2_quiesce:
+        if (quiesce or frees) and w.hz.h2_waits(quiesce, frees):
             devices = w.devices
             scope = (w.procs[p] if w.hz.h2_scope == "process"
                      else w.hz.quiesce_devices(r, w.procs[p], w.ws))
@@ -429,7 +433,12 @@ class ModelledBackend:
                 return False
         return True
 
-    def free_graphs(self, r: int, host: Host) -> int:
+    def free_graphs(self, r: int, host: Host, probe: bool) -> int:
+        """Free every graph of rank ``r``: a driver free, so it takes the lock (H1) and, under
+        the measured H2 calls, waits for quiescence."""
+        status = self.locked(r, host, quiesce=False, probe=probe, frees=True)
+        if status != DONE or probe:
+            return status
         w = self.world
         w.used[r] -= self.graph_bytes(r)
         w.graphs[r].clear()

@@ -693,6 +693,7 @@ import sim.variants_state  # noqa: E402,F401  (data/memory-class variants, regis
 import sim.variants_comms  # noqa: E402,F401  (communicators, registrations, per-rank batches, death)
 import sim.variants_admission  # noqa: E402,F401  (batch cap and graph reserve: I7, I9)
 import sim.variants_rare  # noqa: E402,F401  (bugs that need a rare interleaving; searched with PCT)
+import sim.variants_hardware  # noqa: E402,F401  (variants whose route was measured on H200s)
 
 SHIPPED = tuple(REGISTRY)
 """Names of the shipped variants, the correct protocol first."""

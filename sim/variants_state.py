@@ -95,12 +95,13 @@ class ResetKV(Op):
     """Clear the KV cache by freeing it and allocating a fresh one."""
 
     name: ClassVar[str] = "reset_kv"
+    frees: ClassVar[bool] = True  # a driver free: waits for quiescence under the measured H2
 
 
 def _sim_reset_kv(backend, r, host, op, probe):
     """Free and re-allocate the KV cache: same size, new buffer generation (new address). A
-    lock-holding, quiescing driver call like any allocation (H1, H2)."""
-    status = backend.locked(r, host, quiesce=True, probe=probe)
+    lock-holding, quiescing driver call like any allocation and any free (H1, H2)."""
+    status = backend.locked(r, host, quiesce=True, probe=probe, frees=True)
     if status != DONE or probe:
         return status
     dev = backend.world.devices[r]

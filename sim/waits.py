@@ -14,6 +14,7 @@ import networkx as nx
 from protocol.backend import (
     AllocateKVCache,
     DestroyCommunicator,
+    FreeGraphs,
     Instantiate,
     LaunchGraph,
     Synchronize,
@@ -33,14 +34,17 @@ def _op_text(world, r: int) -> str:
 
 
 def needs_quiesce(world, r: int, op) -> bool:
-    """True if ``op`` on rank ``r`` waits for its process's devices to go idle (H2)."""
+    """True if ``op`` on rank ``r`` waits for devices to go idle (H2, under its calls set)."""
+    hz = world.hz
     match op:
         case Instantiate() | Upload() | AllocateKVCache():
-            return True
+            return hz.h2_waits(True, False)
+        case FreeGraphs():
+            return hz.h2_waits(False, True)
         case LaunchGraph(key):
             graph = world.graphs[r].get(key)
-            return graph is not None and not graph.uploaded
-    return False
+            return graph is not None and not graph.uploaded and hz.h2_waits(True, False)
+    return getattr(op, "frees", False) and hz.h2_waits(False, True)
 
 
 def wait_edges(world) -> list[tuple[str, str, str, str | None]]:
