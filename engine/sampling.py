@@ -442,8 +442,11 @@ def _noisy_argmax_torch(logits, bp: BatchParams, cut):
     import torch
 
     x = logits * bp.inv_temp[:, None]
-    g = gumbel(philox_uniform(bp.seed_lo, bp.seed_hi, bp.index, logits.shape[1]))
-    score = torch.where(bp.noise[:, None] > 0, x + g, x)
+    if bool((bp.noise > 0).any()):
+        g = gumbel(philox_uniform(bp.seed_lo, bp.seed_hi, bp.index, logits.shape[1]))
+        score = torch.where(bp.noise[:, None] > 0, x + g, x)
+    else:  # an all-greedy batch draws no random stream (as the Triton kernel skips it per row)
+        score = x
     score = score.masked_fill(x < cut[:, None], float("-inf"))
     return torch.argmax(score, dim=-1).to(torch.int32)
 
