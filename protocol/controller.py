@@ -509,7 +509,8 @@ class Controller:
             self.pending[:0] = sorted((self.requests[v] for v in victims),
                                       key=lambda q: self._admitted_at[q.request_id])
         rows = self.slots.rows(self._next_tokens, self._positions) if self.slots.requests() else ()
-        pages = [self._grow(row.request_id, row.slot, row.position + 1) for row in rows]
+        pages = [self._grow(row.request_id, row.slot, row.position + 1) for row in rows
+                 if need.get(row.request_id)]  # a row grows only when it crosses a page
         admits = []
         room = (self.memory.batch_cap if self.memory else self.config.max_batch) - len(self.slots)
         budget = self.config.max_prefill_tokens

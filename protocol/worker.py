@@ -209,8 +209,9 @@ class Worker:
             self.pages.release(leaving.request_id, leaving.pages)
         ops: list[Op] = []
         for assign in step.pages:
-            slot = next((s for s, r in self.slots.slots.items() if r == assign.request_id), None)
-            if slot != assign.slot:
+            if self.slots.slots.get(assign.slot) != assign.request_id:
+                slot = next((s for s, r in self.slots.slots.items() if r == assign.request_id),
+                            None)
                 raise PageError(f"rank {self.rank}: pages for request {assign.request_id} in "
                                 f"slot {assign.slot}, but it holds slot {slot}")
             self.pages.assign(assign)
