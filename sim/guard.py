@@ -93,6 +93,18 @@ def paused():
 
 
 @contextmanager
+def resumed():
+    """Inside `paused`, watch again: a search library that runs its own long computations
+    (Hypothesis's generation and shrinking) between runs pauses the watchdog around itself and
+    resumes it while the simulator runs a schedule, which ticks."""
+    _PAUSED[0] -= 1
+    try:
+        yield
+    finally:
+        _PAUSED[0] += 1
+
+
+@contextmanager
 def watchdog():
     """Raise `Stalled` in this thread if this process spends `CHECK_S` seconds of CPU time
     without a `tick` (unless `paused`).
@@ -130,4 +142,4 @@ def watchdog():
         signal.signal(signal.SIGPROF, old_handler)
 
 
-__all__ = ["tick", "watchdog", "paused", "describe", "locate", "Stalled", "VariantCodeError", "CHECK_S"]
+__all__ = ["tick", "watchdog", "paused", "resumed", "describe", "locate", "Stalled", "VariantCodeError", "CHECK_S"]

@@ -235,7 +235,7 @@ def hypothesis_search(scenario: Scenario, variant, acceptable: Acceptable, max_e
     Each scheduling choice is one ``data.draw`` of an index into the enabled actors, so
     shrinking towards zero prefers the first enabled actor -- fewer context switches.
     """
-    from sim.guard import paused
+    from sim.guard import paused, resumed
 
     with paused():  # a slow import is not a stalled hook
         from hypothesis import HealthCheck, Phase, given, settings
@@ -257,7 +257,8 @@ def hypothesis_search(scenario: Scenario, variant, acceptable: Acceptable, max_e
             stats.budget_reached = True
             return
         chooser = Drawn(lambda n: data.draw(st.integers(0, n - 1)))
-        result = run_schedule(scenario, variant, chooser)
+        with resumed():  # the simulator's run is watched; Hypothesis's own work is not
+            result = run_schedule(scenario, variant, chooser)
         ok = acceptable(result)
         stats.add(result, ok)
         if not ok:
@@ -265,7 +266,8 @@ def hypothesis_search(scenario: Scenario, variant, acceptable: Acceptable, max_e
             raise AssertionError(result.outcome.verdict)
 
     try:
-        prop()
+        with paused():
+            prop()
     except AssertionError:
         pass
     stats.seconds = time.perf_counter() - start

@@ -3,6 +3,8 @@ upload) waiting for quiescence while holding the driver lock, and, with both ran
 process, a free waiting for the peer's spinning device (docs/hazard-probes.md). The model
 offers the literature's calls, the measured ones, or both (the default)."""
 
+import re
+
 import pytest
 
 from lockstep.cli import main
@@ -60,3 +62,24 @@ def test_assumed_calls_miss_the_free_route():
     row = check_bad(REGISTRY["fused-sweep-graph-context"], spec, "shared")
     assert row.got == "deadlock"
     assert "release_cached_memory waits" not in narrative(row.minimal).split("==>")[1]
+
+
+@pytest.mark.timeout(300)
+def test_a_non_default_h2_model_reports_bad_variants_instead_of_failing(capsys):
+    """Under --h2-scope peers the fused sweep deadlocks per rank too, as the README says; that
+    is a report about the model, not a failed check (found by a fresh user: exit 1, FAILED)."""
+    rc = main(["check", "--h2-scope", "peers", "--variant", "fused-sweep", "--no-progress",
+               "--schedules", "20", "--fault-schedules", "0", "--jobs", "1"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "reported, not compared" in out and "differs" in out and "FAILED" not in out
+
+
+@pytest.mark.timeout(300)
+def test_hypothesis_strategy_from_the_cli_finds_the_deadlock(capsys):
+    """Hypothesis's own generation and shrinking is not a stalled variant hook (the watchdog
+    used to stop it and report `error` for fused-sweep)."""
+    rc = main(["check", "--strategy", "hypothesis", "--variant", "fused-sweep", "--topology",
+               "shared", "--no-progress", "--jobs", "1"])
+    out = capsys.readouterr().out
+    assert rc == 0 and re.search(r"fused-sweep\s+shared\s+deadlock\s+deadlock", out), out
