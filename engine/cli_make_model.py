@@ -37,12 +37,16 @@ def _check_out(text: str, overwrite: bool = False) -> str | None:
     path = Path(text)
     if path.exists() and not path.is_dir():
         return f"--out {text!r} exists and is not a directory"
-    if path.is_dir() and any(path.iterdir()) and not overwrite:
-        if (path / "config.json").is_file() and (path / "model.safetensors.index.json").is_file():
-            print(f"lockstep make-model: replacing the model directory {text!r}", file=sys.stderr)
-        else:
+    if path.is_dir() and any(path.iterdir()):
+        holds_model = (path / "config.json").is_file()
+        if not overwrite:
+            if holds_model:
+                return (f"--out {text!r} already holds a model; pass --overwrite to replace it "
+                        "(its config and weight shards are rewritten)")
             return (f"--out {text!r} is not empty and holds no model; pass --overwrite to write "
                     "into it anyway")
+        if holds_model:
+            print(f"lockstep make-model: replacing the model directory {text!r}", file=sys.stderr)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

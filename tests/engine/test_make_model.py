@@ -114,7 +114,13 @@ def test_non_empty_out_needs_overwrite_and_seed_is_range_checked(tmp_path, capsy
     out = tmp_path / "m"
     assert main(["make-model", "--preset", "tiny", "--out", str(out)]) == 0
     capsys.readouterr()
-    assert main(["make-model", "--preset", "tiny", "--out", str(out)]) == 0  # a model dir: replaced
+    config = (out / "config.json").read_text()
+    # a model directory is not replaced by accident (a mistyped --out could be a real checkpoint)
+    assert main(["make-model", "--preset", "tiny", "--out", str(out), "--seed", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "already holds a model; pass --overwrite" in err and len(err.strip().splitlines()) == 1
+    assert (out / "config.json").read_text() == config
+    assert main(["make-model", "--preset", "tiny", "--out", str(out), "--overwrite"]) == 0
     assert "replacing the model directory" in capsys.readouterr().err
     other = tmp_path / "notes"
     other.mkdir()
