@@ -53,7 +53,8 @@ class Attribution:
     def line(self) -> str:
         """One sentence: the minimal hazard set, and the verdicts under each H2 scope."""
         needs = (", ".join(f"{h.upper()} ({NAMES[h]})" for h in self.needed) if self.needed
-                 else "none of H1..H8 (it follows from the variant's own steps)")
+                 else f"none of {RULES[0].upper()}..{RULES[-1].upper()} (it follows from the "
+                      "variant's own steps)")
         changes = "; ".join(f"{h.upper()} off: {self.without[h]}" for h in self.needed)
         text = f"{self.verdict} needs {needs}" + (f" [{changes}]" if changes else "")
         if not self.sufficient:
