@@ -126,6 +126,7 @@ class Controller:
         self.outputs: dict[int, list[int]] = {}
         self.finished: list[int] = []
         self.failed_requests: set[int] = set()  # finished without a token: rank 0 said None
+        self.request_errors: dict[int, ProtocolError] = {}  # in flight when the run failed
         self._to_retire: list[int] = []
         self._next_tokens: dict[int, int] = {}
         self._positions: dict[int, int] = {}
@@ -331,12 +332,26 @@ class Controller:
 
     # -- internals ----------------------------------------------------------------------------
 
+    def fail_requests(self, error: ProtocolError) -> None:
+        """The run failed with ``error``: every request in flight -- queued, running, preempted
+        and waiting to be recomputed, or finished but not yet retired -- gets it as its error
+        (`request_error`), so no caller waits for tokens that will never come (I18; a dead
+        worker that left pending requests waiting forever: AtomaAI/atoma-infer #177)."""
+        for request_id in self.requests:
+            if request_id not in self.finished:
+                self.request_errors.setdefault(request_id, error)
+
+    def request_error(self, request_id: int) -> ProtocolError | None:
+        """The error request ``request_id`` ended with because the run failed, or None."""
+        return self.request_errors.get(request_id)
+
     def _fail(self, error: ProtocolError) -> Abort:
         if self.phase != "failed":
             self.phase = "failed"
             self.failure = error
             if self.disarm_watchdog_on_error:
                 self.watchdog.disarm()
+            self.fail_requests(error)
         return Abort(self.failure, self.abort_how)
 
     def _validate(self, reply: Reply) -> None:

@@ -79,7 +79,11 @@ def abort_checks(world, error: ProtocolError) -> Outcome:
             return Outcome("invariant", f"I13 violated: rank(s) {sorted(world.dead)} died, but the "
                                         f"failure names {blamed}: {text}", "I13",
                            rank=min(world.dead), step=step)
-        return Outcome("abort", f"rank failure: {text}", rank=error.rank, step=step)
+        return _dropped_requests(world, error) or Outcome("abort", f"rank failure: {text}",
+                                                          rank=error.rank, step=step)
+    dropped = _dropped_requests(world, error)
+    if dropped is not None:
+        return dropped
     match error:
         case StartupRefused():
             return Outcome("startup-refused", text, step=step)
@@ -94,6 +98,19 @@ def abort_checks(world, error: ProtocolError) -> Outcome:
         return violation
     kind = "watchdog" if isinstance(error, WatchdogExpired) else "rank failure"
     return Outcome("abort", f"{kind}: {text}", rank=getattr(error, "rank", None), step=step)
+
+
+def _dropped_requests(world, error: ProtocolError) -> Outcome | None:
+    """I18: when the run fails, every request in flight (submitted, not finished) has an error;
+    a request left without one waits forever for tokens that never come."""
+    ctrl = world.ctrl
+    silent = sorted(r for r in ctrl.requests
+                    if r not in ctrl.finished and ctrl.request_error(r) is None)
+    if not silent:
+        return None
+    return Outcome("invariant", f"I18 violated: the run failed ({error}) but request(s) "
+                                f"{silent} in flight got no error: their callers wait forever",
+                   "I18", rank=getattr(error, "rank", None), step=getattr(error, "step", None))
 
 
 def slot_divergence(world, rank: int, step) -> Outcome | None:

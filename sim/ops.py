@@ -358,7 +358,15 @@ class ModelledBackend:
         w.graph_pool[r] += growth
         buffers = w.devices[r].buffers
         w.graphs[r][key] = Graph(key, nbytes, buffers=tuple(buffers[n].ref for n in CAPTURED))
+        self.register(r, key, "tp", "all-reduce input")
         return self.done(host)
+
+    def register(self, r: int, key: GraphKey, comm: str, what: str) -> None:
+        """Add a buffer that graph ``key``'s collectives on ``comm`` use to rank ``r``'s
+        registration table (custom all-reduce's IPC graph buffers, exchanged with the peers at
+        the end of capture); every rank must hold as many as its peers (I17). Freeing the
+        graphs empties the table."""
+        self.world.devices[r].registered.append((key, comm, what))
 
     def graph_driver_call(self, r: int, host: Host, key: GraphKey, probe: bool, flag: str) -> int:
         """instantiate / upload: a lock-holding call that waits for quiescence (H1, H2)."""
@@ -443,6 +451,7 @@ class ModelledBackend:
         w.used[r] -= self.graph_bytes(r)
         w.graphs[r].clear()
         w.graph_pool[r] = 0  # the last graph's release frees the shared pool
+        w.devices[r].registered.clear()
         return self.done(host)
 
     def allocate_kv(self, r: int, host: Host, pages: int, probe: bool) -> int:

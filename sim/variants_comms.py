@@ -16,14 +16,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from protocol.backend import LaunchGraph, Op
+from protocol.backend import LaunchGraph, Op, Record
 from protocol.commands import Launch, Step
+from protocol.controller import Controller
 from protocol.keys import GraphKey
 from protocol.worker import Worker
-from sim.common import Signature
+from sim.common import DONE, Signature
 from sim.comms import Communicator
 from sim.scenario import Scenario
 from sim.variants import Variant, register
+from sim.variants_state import _death_in_serving as death_in_serving
 
 # -- overlap-one-communicator / overlap-two-communicators -------------------------------------------
 
@@ -118,3 +120,84 @@ register(Variant(
     adjust=with_second_stream_communicator,
     sim_ops={LaunchOverlapped: _sim_launch_overlapped},
     schedules=4, fault_schedules=0))
+
+
+# -- death-drops-requests -------------------------------------------------------------------------
+
+
+class DeathDropsRequestsController(Controller):
+    """Fails the in-flight requests only when a rank reported the failure in a reply; a death
+    (failure kind ``"dead"``, from the liveness signal) ends the run naming the dead rank but
+    leaves every in-flight request waiting."""
+
+    def fail_requests(self, error) -> None:
+        if error.kind == "dead":
+            return
+        super().fail_requests(error)
+
+
+register(Variant(
+    name="death-drops-requests",
+    summary="a rank's process dies mid-serving; the controller names the dead rank and stops, "
+            "but only a failure a rank reported fails the in-flight requests, so theirs wait "
+            "forever",
+    source="AtomaAI/atoma-infer #177 (a dead model worker left pending requests waiting "
+           "forever instead of failing them); vllm-project/vllm PR #56416 (calls pending when "
+           "the engine core died never received the failure)",
+    expected={"shared": "invariant:I18", "per-rank": "invariant:I18"},
+    remedy="Every path to failure -- a failed reply, a timeout, a dead rank -- fails every "
+           "request in flight with the run's error (`Controller.fail_requests`, I18), and the "
+           "error names the dead rank (I13).",
+    controller_cls=DeathDropsRequestsController, adjust=death_in_serving, symmetric=False))
+
+
+# -- registration-mismatch -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RecordCached(Op):
+    """Record ``key``, registering the graph's custom all-reduce buffers only where the rank's
+    buffer cache did not already serve them (the trace reads as a plain record)."""
+
+    name: ClassVar[str] = "record"
+    key: GraphKey
+
+
+def _sim_record_cached(backend, r, host, op, probe):
+    """A record whose registration depends on the rank's allocator: rank 0 -- the sampling
+    rank, whose sampler buffers shift its allocation history -- misses the cache for the
+    all-reduce's output buffer and registers it as well; on the other ranks the cache serves
+    it and only the input is registered. The collectives themselves are the same everywhere."""
+    status = backend.record(r, host, op.key, probe)
+    if status == DONE and not probe and r == 0:
+        backend.register(r, op.key, "tp", "all-reduce output")
+    return status
+
+
+class CachedRegistrationWorker(Worker):
+    """Captures with `RecordCached`: a graph buffer found in the rank's cache is not recorded
+    for registration."""
+
+    def _ops_capture(self, command):
+        return [RecordCached(op.key) if isinstance(op, Record) else op
+                for op in super()._ops_capture(command)]
+
+    def _ops_measuregraphs(self, command):
+        return [RecordCached(op.key) if isinstance(op, Record) else op
+                for op in super()._ops_measuregraphs(command)]
+
+
+register(Variant(
+    name="registration-mismatch",
+    summary="custom all-reduce records a graph buffer for registration only when the rank's "
+            "buffer cache misses, so ranks whose allocators differ register different numbers "
+            "of graph buffers for the same graphs",
+    source="ROCm/aiter PR #2638 (cache hit before the capture check: per-rank graph buffer "
+           "counts differ, out-of-bounds IPC handle reads); vllm-project/vllm #39788 / PR "
+           "#39791 (ranks log different 'Registering N cuda graph addresses' counts)",
+    expected={"shared": "invariant:I17", "per-rank": "invariant:I17"},
+    remedy="During capture every buffer a collective uses is recorded for registration "
+           "unconditionally, so every rank registers the same graph resources; the end of each "
+           "capture compares the per-rank counts and fails fast on a mismatch (I17).",
+    worker_cls=CachedRegistrationWorker,
+    sim_ops={RecordCached: _sim_record_cached}, symmetric=False))

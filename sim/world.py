@@ -328,6 +328,8 @@ class World:
                         f"({type(cmd).__name__}) holding no reply from rank(s) {early} to "
                         f"command {self._sent[-1]}", "I1", rank=early[0], step=cmd.seq)
                     return
+                if not self._check_registrations(cmd):
+                    return
                 self._sent.append(cmd.seq)
                 self._received = set()
                 if isinstance(cmd, AllocateKV):
@@ -360,6 +362,30 @@ class World:
                 self.outcome = final_checks(self)
             case Wait():
                 pass
+
+    def _check_registrations(self, cmd: Command) -> bool:
+        """Direct I17 check when the command after a capture is sent: every live rank holds as
+        many registered graph buffers as its peers (custom all-reduce exchanges them by index at
+        the end of capture; a rank with fewer makes its peers read past its handle array:
+        vllm-project/vllm #39788 / PR #39791, ROCm/aiter PR #2638). False (and an outcome naming
+        the capture command and the rank) when they differ."""
+        if not self._sent or self.ctrl.serving:
+            return True
+        live = [r for r in range(self.ws) if r not in self.dead]
+        counts = {r: len(self.devices[r].registered) for r in live}
+        if len(set(counts.values())) <= 1:
+            return True
+        base = counts[live[0]]
+        odd = next(r for r in live if counts[r] != base)
+        self.event("controller", "send", type(cmd).__name__, cmd.seq, None, _cmd_detail(cmd))
+        self.outcome = Outcome(
+            "invariant", f"I17 violated: at the end of command {self._sent[-1]} the ranks hold "
+                         f"different numbers of registered graph buffers ("
+                         + ", ".join(f"rank {r}: {n}" for r, n in counts.items())
+                         + "): the exchange of IPC handles indexes a peer's table by the local "
+                           "count and reads past the shorter one", "I17", rank=odd,
+            step=self._sent[-1])
+        return False
 
     def _check_step_command(self, step: Step) -> bool:
         """Direct checks on a serving step as the controller sends it; False (and an outcome

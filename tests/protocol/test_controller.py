@@ -219,3 +219,20 @@ def test_deadline_is_the_earliest_abort():
     assert ctrl.deadline() == float("inf")
     ctrl.next_action()
     assert ctrl.deadline() == 10
+
+
+def test_a_failure_gives_every_request_in_flight_its_error():
+    """I18: running and queued requests all end with the run's error; none waits forever."""
+    now = [0.0]
+    ctrl = Controller(ProtocolConfig(step_timeout_s=5, max_batch=1, buckets=(1,)),
+                      clock=lambda: now[0])
+    ctrl.phase = "serving"
+    ctrl.pool = PagePool(num_pages=8, page_size=16, max_pages_per_seq=4)
+    for rid in (1, 2):  # batch cap 1: request 2 stays queued behind request 1
+        ctrl.submit(Request(rid, (1,)))
+    ctrl.next_action()
+    assert ctrl.pending and ctrl.request_error(1) is None
+    ctrl.on_rank_dead(1)
+    action = ctrl.next_action()
+    assert isinstance(action, Abort)
+    assert ctrl.request_error(1) is action.error and ctrl.request_error(2) is action.error

@@ -156,3 +156,23 @@ def test_overlap_on_two_communicators_is_clean(seed):
     result = run_schedule(variant.scenario(default_scenario(**SMALL)), variant, RandomWalk(seed))
     assert result.outcome.verdict == "clean", result.outcome.detail
     assert result.reached["replay"] > 0
+
+
+@pytest.mark.timeout(60)
+def test_every_rank_registers_the_same_graph_buffers_in_the_correct_protocol():
+    result = run_schedule(default_scenario(**SMALL), REGISTRY["correct"], RandomWalk(0))
+    assert result.outcome.verdict == "clean"
+    tables = [d.registered for d in result.world.devices]
+    assert tables[0] == [] and tables[1] == []  # teardown freed the graphs and their buffers
+
+
+@pytest.mark.timeout(60)
+def test_registration_tables_that_differ_are_caught_at_the_end_of_the_capture():
+    result = run_schedule(default_scenario(**SMALL), REGISTRY["registration-mismatch"],
+                          RandomWalk(0))
+    out = result.outcome
+    assert out.verdict == "invariant" and out.invariant == "I17" and out.rank == 1
+    capture = next(e for e in result.world.trace if e.kind == "send" and e.seq == out.step)
+    assert capture.what == "Capture"
+    counts = [len(d.registered) for d in result.world.devices]
+    assert counts[0] != counts[1]
