@@ -112,10 +112,11 @@ def add_parser(subparsers, name: str) -> None:
                               description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--variant", action="append", default=[], metavar="NAME",
-                   help="check only this variant (repeatable); default: all shipped")
+                   help="check only this variant (repeatable), shipped or from a --variant-file; "
+                        "default: all shipped, or every variant of the given files")
     p.add_argument("--variant-file", action="append", default=[], metavar="PATH",
-                   help="load variants from a Python file and check them (instead of the shipped "
-                        "ones; add --variant NAME to check shipped ones as well)")
+                   help="load variants from a Python file and check them instead of the shipped "
+                        "ones (every variant it defines, or only those named by --variant)")
     p.add_argument("--ranks", type=_typed(_bounded(lambda t: _int(t, 2), "ranks"), "--ranks"), default=None,
                    help="world size, at least 2: every hazard is between ranks (default 2)")
     p.add_argument("--buckets", type=_typed(_buckets, "--buckets"), default=None,
@@ -257,10 +258,8 @@ def _run(args) -> int:
         if getattr(args, key) is None:
             setattr(args, key, value if key != "jobs" else os.cpu_count() or 1)
     try:
-        for path in args.variant_file:
-            loaded = load_variant_file(path)
-            args.variant += [v.name for v in loaded if v.name not in args.variant]
-        names = list(dict.fromkeys(args.variant)) or list(SHIPPED)
+        loaded = [v.name for path in args.variant_file for v in load_variant_file(path)]
+        names = list(dict.fromkeys(args.variant)) or loaded or list(SHIPPED)
         variants = [get_variant(n) for n in names]
         spec = CheckSpec(ranks=args.ranks, buckets=args.buckets, max_batch=args.max_batch,
                          strategy=args.strategy, schedules=args.schedules,

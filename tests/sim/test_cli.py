@@ -233,3 +233,23 @@ def test_hazards_off_are_named_and_h2_removes_the_fused_sweep_deadlock(capsys):
     row = json.loads(capsys.readouterr().out)["rows"][0]
     assert code == 0 and row["got"] == "invariant:I4" and row["expected"] == "deadlock"
     assert row["compared"] is False
+
+
+@pytest.mark.timeout(120)
+def test_variant_selects_one_variant_of_a_multi_variant_file(capsys):
+    path = "docs/examples/state_variants.py"
+    assert main(["check", "--variant-file", path, "--variant", "my-fresh-logits", "--json",
+                 "--no-progress", "--jobs", "1", "--schedules", "5"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert {row["variant"] for row in data["rows"]} == {"my-fresh-logits"}
+
+
+@pytest.mark.timeout(120)
+def test_every_example_of_the_state_hooks_gets_its_expected_verdict(capsys):
+    """docs/variants.md shows one example per simulator capability; each must be caught."""
+    assert main(["check", "--variant-file", "docs/examples/state_variants.py", "--json",
+                 "--no-progress", "--jobs", "1", "--schedules", "5"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    got = {(row["variant"], row["got"]) for row in data["rows"]}
+    assert got == {("my-side-stream-custom-ar", "deadlock"), ("my-fresh-logits", "invariant:I15"),
+                   ("my-ignores-death", "invariant:I13")}

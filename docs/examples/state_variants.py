@@ -1,0 +1,104 @@
+"""Example user variants, one per simulator capability: communicators, buffers, process death.
+
+Check them all, or one by name:
+
+    lockstep check --variant-file docs/examples/state_variants.py
+    lockstep check --variant-file docs/examples/state_variants.py --variant my-side-stream-custom-ar
+"""
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from protocol.backend import Op, RunEager
+from protocol.commands import Step
+from protocol.controller import Controller
+from protocol.worker import Worker
+from sim.common import DONE, Signature
+from sim.comms import Communicator
+from sim.devices import EagerDecode
+from sim.faults import fault_sites
+from sim.scenario import Fault
+from sim.variants import Variant
+
+# -- communicators: a second stream on a one-in-flight communicator --------------------------------
+
+
+@dataclass(frozen=True)
+class RunEagerSplit(Op):
+    """Eager decode whose all-reduce is split in two halves, one per stream."""
+
+    name: ClassVar[str] = "run_eager"
+    step: Step
+
+
+def _sim_run_eager_split(backend, r, host, op, probe):
+    if probe:
+        return DONE
+    step = op.step
+    half = backend.world.config.shape.allreduce_bytes(len(step.rows))
+    backend.enqueue(r, Signature("all-reduce", 1, half, "rows 0..n/2", comm="car"))
+    backend.enqueue(r, Signature("all-reduce", 1, half, "rows n/2..n", comm="car"), side=True)
+    return backend.enqueue_done(r, host, EagerDecode(step.seq, backend.padded(step)))
+
+
+class SplitEagerWorker(Worker):
+    def forward_ops(self, step):
+        return [RunEagerSplit(op.step) if isinstance(op, RunEager) else op
+                for op in super().forward_ops(step)]
+
+
+SIDE_STREAM_CUSTOM_AR = Variant(
+    name="my-side-stream-custom-ar",
+    summary="eager decode splits its all-reduce over two streams on one custom all-reduce "
+            "communicator",
+    source="sgl-project/sglang #31117", expected={"shared": "deadlock", "per-rank": "deadlock"},
+    worker_cls=SplitEagerWorker, sim_ops={RunEagerSplit: _sim_run_eager_split},
+    adjust=lambda sc: sc.with_communicators(Communicator("car", one_in_flight=True)))
+
+# -- buffers: re-allocating a buffer that graphs captured -----------------------------------------
+
+
+@dataclass(frozen=True)
+class NewLogits(Op):
+    """Replace the logits buffer by a fresh allocation."""
+
+    name: ClassVar[str] = "new_logits"
+
+
+def _sim_new_logits(backend, r, host, op, probe):
+    if probe:
+        return DONE
+    backend.world.devices[r].allocate("logits", {})  # a new generation of the buffer
+    return backend.done(host)
+
+
+class FreshLogitsWorker(Worker):
+    def _ops_finalize(self, command):
+        ops = super()._ops_finalize(command)  # [GraphMemory(), SYNC]: its reply reads results[0]
+        return ops[:-1] + [NewLogits()] + ops[-1:]
+
+
+FRESH_LOGITS = Variant(
+    name="my-fresh-logits", summary="the logits buffer is re-allocated after the graphs captured it",
+    source="docs/design.md I15", expected={"shared": "invariant:I15", "per-rank": "invariant:I15"},
+    worker_cls=FreshLogitsWorker, sim_ops={NewLogits: _sim_new_logits})
+
+# -- process death: a rank dies in serving, found among the sites a fault-free run executes --------
+
+
+class IgnoresDeathController(Controller):
+    def on_rank_dead(self, rank):
+        return None  # waits for the step timeout, which names every uncollected rank
+
+
+def _die_in_serving(sc):
+    rank, op, occurrence = fault_sites(sc)["serving"][-1]  # the last op any rank runs
+    return sc.with_(faults=(Fault("die", rank, op, occurrence),))
+
+
+IGNORES_DEATH = Variant(
+    name="my-ignores-death", summary="the controller ignores the liveness signal",
+    source="ai2cm/ace #348", expected={"shared": "invariant:I13", "per-rank": "invariant:I13"},
+    controller_cls=IgnoresDeathController, adjust=_die_in_serving, symmetric=False)
+
+VARIANTS = [SIDE_STREAM_CUSTOM_AR, FRESH_LOGITS, IGNORES_DEATH]
