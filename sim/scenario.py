@@ -109,6 +109,11 @@ class Scenario:
     (the liveness signal the controller gets), in seconds; shorter than the step timeout.
     ``communicators`` are the groups collectives may name (`sim.comms`): by default the TP
     device communicator ``"tp"`` and the host control group ``"cpu"``.
+    ``data_parallel`` gives ranks different row sets (data-parallel lanes): request ``i`` belongs
+    to rank ``i mod world_size``, and before each serving step every rank's worker is told its
+    own batch (`lane_batch`, as ``worker.rank_batch``: the request ids of its lane's rows and
+    admissions), so a rank can be idle while another is busy. Device state stays replicated,
+    so tokens are still checked against running each request alone.
     """
 
     config: ProtocolConfig = field(default_factory=ProtocolConfig)
@@ -122,6 +127,7 @@ class Scenario:
     death_detect_s: float = 5.0
     max_actions: int = 200_000
     communicators: tuple[Communicator, ...] = DEFAULT_COMMUNICATORS
+    data_parallel: bool = False
 
     def __post_init__(self) -> None:
         if self.topology not in TOPOLOGIES:
@@ -136,6 +142,14 @@ class Scenario:
         """Ranks grouped by process."""
         ranks = tuple(range(self.config.world_size))
         return (ranks,) if self.topology == "shared" else tuple((r,) for r in ranks)
+
+    def lane_batch(self, rank: int, step) -> tuple[int, ...]:
+        """With ``data_parallel``: the request ids of ``step``'s rows and admissions in
+        ``rank``'s lane (request id mod world size); without it, every one of them."""
+        ids = [row.request_id for row in step.rows] + [a.request_id for a in step.admits]
+        if not self.data_parallel:
+            return tuple(ids)
+        return tuple(i for i in ids if i % self.config.world_size == rank)
 
     def with_communicators(self, *comms: Communicator) -> "Scenario":
         """A copy with ``comms`` added to its communicators (ConfigError for a taken name)."""

@@ -201,3 +201,50 @@ register(Variant(
            "capture compares the per-rank counts and fails fast on a mismatch (I17).",
     worker_cls=CachedRegistrationWorker,
     sim_ops={RecordCached: _sim_record_cached}, symmetric=False))
+
+
+# -- dp-idle-rank-skips-forward / dp-idle-rank-dummy-batch -----------------------------------------
+
+
+def data_parallel_lanes(sc: Scenario) -> Scenario:
+    """``sc`` with data-parallel lanes: each rank serves its own requests (`Scenario.lane_batch`),
+    so near the end of the workload one rank is busy while another is idle."""
+    return sc.with_(data_parallel=True)
+
+
+class IdleSkipsForwardWorker(Worker):
+    """A rank whose own batch is empty returns from the step without a forward: it issues none
+    of the step's collectives."""
+
+    rank_batch: tuple[int, ...] | None = None
+
+    def forward_ops(self, step: Step) -> list[Op]:
+        if self.rank_batch == ():
+            return []
+        return super().forward_ops(step)
+
+
+register(Variant(
+    name="dp-idle-rank-skips-forward",
+    summary="data-parallel ranks serve their own requests; a rank with no rows of its own in a "
+            "step skips the forward, so the busy ranks' collectives of that step wait for it "
+            "forever",
+    source="vllm-project/vllm PR #51984 / PR #53578 (idle DP ranks returned early without the "
+           "dummy forward, missed the per-layer EP collectives, and the busy rank deadlocked "
+           "in all2all); RBLN-SW/vllm-rbln PR #902",
+    expected={"shared": "divergence", "per-rank": "divergence"},
+    remedy="Every rank runs every step's forward: an idle rank runs a dummy batch padded to the "
+           "step's bucket, so it issues the same collectives as the busy ranks (I2).",
+    worker_cls=IdleSkipsForwardWorker, adjust=data_parallel_lanes, symmetric=False))
+
+
+register(Variant(
+    name="dp-idle-rank-dummy-batch",
+    summary="the correct protocol under data-parallel lanes: an idle rank runs the step's "
+            "forward on padding (a dummy batch) and joins every collective",
+    source="vllm-project/vllm PR #51984 (run the DP dummy forward on every zero-token rank); "
+           "vllm-project/vllm-ascend PR #15510",
+    expected={"shared": "clean", "per-rank": "clean"},
+    remedy="Nothing to fix: this is the remedy of dp-idle-rank-skips-forward.",
+    adjust=data_parallel_lanes, symmetric=False, reaches=("idle_rank_step",), schedules=4,
+    fault_schedules=0))

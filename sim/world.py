@@ -506,6 +506,11 @@ class World:
         host = self.hosts[r]
         if host.run is None:
             cmd = host.inbox.pop(0)
+            if self.scenario.data_parallel and isinstance(cmd, Step):
+                batch = self.scenario.lane_batch(r, cmd)
+                self.workers[r].rank_batch = batch
+                if not batch and (cmd.rows or cmd.admits):
+                    self.events["idle_rank_step"] = self.events.get("idle_rank_step", 0) + 1
             host.run = CommandRun(self.workers[r], cmd, self.trace.append, self._now,
                                   self._sync_after)
             if host.run.reply is not None:
@@ -689,10 +694,11 @@ class World:
                 self.used[r], self.graph_pool[r], self.ctrl.holds_reply(r), r in self.locks)
 
     def symmetry_is_sound(self) -> bool:
-        """True if ranks 1..n-1 are interchangeable: no fault or memory overhead names one, and
-        the variant does not declare itself asymmetric (``Variant.symmetric``)."""
+        """True if ranks 1..n-1 are interchangeable: no fault or memory overhead names one, no
+        data-parallel lanes give them different batches, and the variant does not declare
+        itself asymmetric (``Variant.symmetric``)."""
         return (not self.scenario.faults and not self.scenario.memory.rank_overhead
-                and getattr(self.variant, "symmetric", True))
+                and not self.scenario.data_parallel and getattr(self.variant, "symmetric", True))
 
 
 def _cmd_detail(cmd: Command) -> str:

@@ -1,4 +1,5 @@
-"""Example user variants, one per simulator capability: communicators, buffers, process death.
+"""Example user variants, one per simulator capability: communicators, buffers, per-rank
+batches, process death.
 
 Check them all, or one by name:
 
@@ -101,4 +102,24 @@ IGNORES_DEATH = Variant(
     source="ai2cm/ace #348", expected={"shared": "invariant:I13", "per-rank": "invariant:I13"},
     controller_cls=IgnoresDeathController, adjust=_die_in_serving, symmetric=False)
 
-VARIANTS = [SIDE_STREAM_CUSTOM_AR, FRESH_LOGITS, IGNORES_DEATH]
+# -- per-rank batches: data-parallel lanes, an idle rank ---------------------------------------------
+
+
+class IdleSkipsDecodeWorker(Worker):
+    """With `Scenario.data_parallel`, the world sets ``rank_batch`` before each step."""
+
+    rank_batch = None
+
+    def forward_ops(self, step):
+        if self.rank_batch == ():
+            return []  # nothing of its own to decode: skips the step's all-reduces
+        return super().forward_ops(step)
+
+
+IDLE_SKIPS_DECODE = Variant(
+    name="my-idle-skips-decode", summary="an idle data-parallel rank skips the decode",
+    source="vllm-project/vllm PR #51984", expected={"shared": "divergence", "per-rank": "divergence"},
+    worker_cls=IdleSkipsDecodeWorker, adjust=lambda sc: sc.with_(data_parallel=True),
+    symmetric=False)
+
+VARIANTS = [SIDE_STREAM_CUSTOM_AR, FRESH_LOGITS, IDLE_SKIPS_DECODE, IGNORES_DEATH]

@@ -252,4 +252,4 @@ def test_every_example_of_the_state_hooks_gets_its_expected_verdict(capsys):
     data = json.loads(capsys.readouterr().out)
     got = {(row["variant"], row["got"]) for row in data["rows"]}
     assert got == {("my-side-stream-custom-ar", "deadlock"), ("my-fresh-logits", "invariant:I15"),
-                   ("my-ignores-death", "invariant:I13")}
+                   ("my-idle-skips-decode", "divergence"), ("my-ignores-death", "invariant:I13")}

@@ -176,3 +176,31 @@ def test_registration_tables_that_differ_are_caught_at_the_end_of_the_capture():
     assert capture.what == "Capture"
     counts = [len(d.registered) for d in result.world.devices]
     assert counts[0] != counts[1]
+
+
+def test_data_parallel_lanes_give_each_rank_its_own_batch():
+    from protocol.commands import Admit, DecodeRow, Step
+    step = Step(7, rows=(DecodeRow(0, 4, 1, 3), DecodeRow(1, 5, 1, 3)),
+                admits=(Admit(6, 2, (1, 2)),))
+    sc = default_scenario(**SMALL)
+    assert sc.lane_batch(1, step) == (4, 5, 6)  # without lanes every rank has every row
+    sc = sc.with_(data_parallel=True)
+    assert sc.lane_batch(0, step) == (4, 6) and sc.lane_batch(1, step) == (5,)
+
+
+@pytest.mark.timeout(60)
+def test_an_idle_rank_that_skips_the_forward_is_caught_naming_it_and_the_step():
+    variant = REGISTRY["dp-idle-rank-skips-forward"]
+    result = run_schedule(variant.scenario(default_scenario(**SMALL)), variant, RandomWalk(0))
+    out = result.outcome
+    assert out.verdict == "divergence" and out.step is not None
+    assert result.world.workers[out.rank].rank_batch == ()  # the idle rank is the one named
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_correct_protocol_is_clean_with_idle_ranks(seed):
+    variant = REGISTRY["dp-idle-rank-dummy-batch"]
+    result = run_schedule(variant.scenario(default_scenario(**SMALL)), variant, RandomWalk(seed))
+    assert result.outcome.verdict == "clean", result.outcome.detail
+    assert result.reached.get("idle_rank_step", 0) > 0
