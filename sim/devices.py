@@ -212,6 +212,7 @@ class DeviceModel:
 
     def __init__(self, world: World):
         self.world = world
+        self._members: dict[str, tuple[int, ...]] = {}
 
     def device_ready(self, r: int) -> bool:
         """True if device ``r`` can run a kernel now."""
@@ -304,7 +305,10 @@ class DeviceModel:
 
     def members(self, comm: str) -> tuple[int, ...]:
         """The member ranks of communicator ``comm``."""
-        return self.world.comm(comm).members(self.world.ws)
+        members = self._members.get(comm)
+        if members is None:
+            members = self._members[comm] = self.world.comm(comm).members(self.world.ws)
+        return members
 
     def wedges(self) -> list[tuple[int, Collective, Collective]]:
         """(rank, main head, side head) for every device whose two streams hold collectives of
@@ -334,19 +338,22 @@ class DeviceModel:
         or None. A call waits behind an earlier call of its communicator still queued on the
         other stream; a wedged communicator (H9, `wedges`) completes nothing on that device."""
         w = self.world
+        h9 = w.hz.h9_one_in_flight
         heads: dict[str, dict[int, list]] = {}
-        wedged = {(r, a.sig.comm) for r, a, _ in self.wedges()}
         for r, dev in enumerate(w.devices):
-            for stream in (dev.main, dev.side):
-                if not stream:
-                    continue
-                kernel = stream[0]
-                if kernel.__class__ is not Collective or not dev.next_of(kernel):
-                    continue
-                comm = kernel.sig.comm
-                if (r, comm) in wedged:
-                    continue
-                heads.setdefault(comm, {})[r] = stream
+            main, side = dev.main, dev.side
+            a = main[0] if main and main[0].__class__ is Collective else None
+            b = side[0] if side and side[0].__class__ is Collective else None
+            if a is None and b is None:
+                continue
+            if (h9 and a is not None and b is not None and a.sig.comm == b.sig.comm
+                    and (a.sig.mode == "graph" or b.sig.mode == "graph"
+                         or w.comms[a.sig.comm].one_in_flight)):
+                continue  # wedged (H9): this device completes nothing of that communicator
+            done = dev.done
+            for stream, kernel in ((main, a), (side, b)):
+                if kernel is not None and kernel.order == done.get(kernel.sig.comm, 0):
+                    heads.setdefault(kernel.sig.comm, {})[r] = stream
         for comm, at in heads.items():
             for r, stream in at.items():
                 kernel = stream[0]

@@ -23,9 +23,8 @@ from protocol.keys import GraphKey
 from protocol.worker import Worker
 from sim.common import DONE, Signature
 from sim.comms import Communicator
-from sim.scenario import Scenario
+from sim.scenario import Fault, Scenario
 from sim.variants import Variant, register
-from sim.variants_state import _death_in_serving as death_in_serving
 
 # -- overlap-one-communicator / overlap-two-communicators -------------------------------------------
 
@@ -123,6 +122,17 @@ register(Variant(
 
 
 # -- death-drops-requests -------------------------------------------------------------------------
+
+
+def death_in_serving(sc: Scenario) -> Scenario:
+    """``sc`` where the last rank's process dies at the first op it runs in serving: a site
+    taken from a fault-free run of the scenario (`sim.faults.fault_sites`), not a fixed op
+    count, so it moves with the configuration."""
+    from sim.faults import fault_sites
+
+    last = sc.config.world_size - 1
+    rank, op, occurrence = next(s for s in fault_sites(sc)["serving"] if s[0] == last)
+    return sc.with_(faults=(Fault("die", rank, op, occurrence),))
 
 
 class DeathDropsRequestsController(Controller):

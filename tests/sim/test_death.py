@@ -8,14 +8,14 @@ from sim.run import run_schedule
 from sim.scenario import default_scenario
 from sim.strategies import RandomWalk
 from sim.variants import REGISTRY
-from sim.variants_state import _death_in_serving
+from sim.variants_comms import death_in_serving
 
 SMALL = dict(buckets=(1, 2, 4, 8), max_batch=8)
 
 
 @pytest.mark.timeout(60)
 def test_the_correct_protocol_fails_every_request_in_flight_when_a_rank_dies():
-    sc = _death_in_serving(default_scenario(**SMALL))
+    sc = death_in_serving(default_scenario(**SMALL))
     result = run_schedule(sc, REGISTRY["correct"], RandomWalk(0))
     ctrl = result.world.ctrl
     assert result.outcome.verdict == "abort", result.outcome.detail
@@ -35,7 +35,7 @@ def test_a_death_that_drops_requests_silently_is_caught_with_its_step():
 
 @pytest.mark.timeout(60)
 def test_the_i18_check_fires_only_for_requests_without_an_error():
-    sc = _death_in_serving(default_scenario(**SMALL))
+    sc = death_in_serving(default_scenario(**SMALL))
     world = run_schedule(sc, REGISTRY["correct"], RandomWalk(0)).world
     ctrl = world.ctrl
     assert abort_checks(world, ctrl.failure).verdict == "abort"
