@@ -112,6 +112,17 @@ def wait_edges(world) -> list[tuple[str, str, str, str | None]]:
                 target, why = f"rank{q}", f"rank {q} to enqueue its matching collective"
             edges.append((me, target, f"device {r} spins in {sig_text(kernel)} waiting for {why}",
                           "h3"))
+    for (comm, index), arrived in world.host_arrivals.items():
+        members = world.comm(comm).members(world.ws)
+        left = world.host_left.get((comm, index), set())
+        for r in arrived:
+            if r in left or f"rank{r}" in enabled:
+                continue
+            for q in members:
+                if q not in arrived:
+                    edges.append((f"rank{r}", f"rank{q}",
+                                  f"rank {r} waits in host collective #{index} on {comm} for "
+                                  f"rank {q} to join it", None))
     ctrl = world.ctrl
     if ctrl.current is not None:
         for r in ctrl.uncollected():

@@ -679,7 +679,10 @@ class World:
             ranks = (parts[0], tuple(sorted(parts[1:], key=repr)))
         else:
             ranks = (tuple(parts), tuple(self.locks))
-        return (ctrl, self._news, ranks, self.clock, len(self.arrivals))
+        hosts = ((tuple(sorted(self.host_seq.items())),
+                  tuple(sorted((k, tuple(sorted(v))) for k, v in self.host_arrivals.items())))
+                 if self.host_seq or self.host_arrivals else ())
+        return (ctrl, self._news, ranks, self.clock, len(self.arrivals), hosts)
 
     def _rank_part(self, r: int) -> tuple:
         h, d = self.hosts[r], self.devices[r]

@@ -204,3 +204,11 @@ def test_the_correct_protocol_is_clean_with_idle_ranks(seed):
     result = run_schedule(variant.scenario(default_scenario(**SMALL)), variant, RandomWalk(seed))
     assert result.outcome.verdict == "clean", result.outcome.detail
     assert result.reached.get("idle_rank_step", 0) > 0
+
+
+def test_a_rank_waiting_in_a_host_collective_is_explained():
+    from sim.waits import wait_edges
+    w = _world(2)
+    assert w.backend.host_collective(0, w.hosts[0], _sig("cpu"), probe=False) == 1
+    edges = [(e[0], e[1]) for e in wait_edges(w) if "host collective" in e[2]]
+    assert edges == [("rank0", "rank1")]
