@@ -364,15 +364,18 @@ class World:
                 pass
 
     def _check_registrations(self, cmd: Command) -> bool:
-        """Direct I17 check when the command after a capture is sent: every live rank holds as
-        many registered graph buffers as its peers (custom all-reduce exchanges them by index at
+        """Direct I17 check when the command after a capture is sent: for the graphs every live
+        rank holds, every rank registered as many graph buffers as its peers (custom all-reduce exchanges them by index at
         the end of capture; a rank with fewer makes its peers read past its handle array:
         vllm-project/vllm #39788 / PR #39791, ROCm/aiter PR #2638). False (and an outcome naming
         the capture command and the rank) when they differ."""
         if not self._sent or self.ctrl.serving:
             return True
         live = [r for r in range(self.ws) if r not in self.dead]
-        counts = {r: len(self.devices[r].registered) for r in live}
+        # graphs some rank lacks are a captured-set difference, left to I3 at Finalize
+        common = set.intersection(*(set(self.graphs[r]) for r in live)) if live else set()
+        counts = {r: sum(1 for key, _, _ in self.devices[r].registered if key in common)
+                  for r in live}
         if len(set(counts.values())) <= 1:
             return True
         base = counts[live[0]]

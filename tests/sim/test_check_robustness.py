@@ -78,7 +78,8 @@ def test_a_variant_whose_hook_fails_gets_one_error_line(bad_hooks, name, words, 
 
 @pytest.mark.timeout(120)
 def test_other_rows_are_kept_when_a_variant_errs(bad_hooks, capsys):
-    code = main(["check", "--variant-file", str(bad_hooks), "--variant", "fused-sweep",
+    names = [arg for n in ("hook-raises", "hook-junk", "hook-loops") for arg in ("--variant", n)]
+    code = main(["check", "--variant-file", str(bad_hooks), *names, "--variant", "fused-sweep",
                  "--topology", "shared", "--time-budget", "5", "--no-progress", "--jobs", "2"])
     out = capsys.readouterr().out
     assert code == 1
