@@ -23,7 +23,8 @@ from protocol.keys import GraphKey
 from protocol.worker import Worker
 from sim.common import DONE, Signature
 from sim.comms import Communicator
-from sim.scenario import Fault, Scenario
+from sim.faults import FaultFamily
+from sim.scenario import Scenario
 from sim.variants import Variant, register
 
 # -- overlap-one-communicator / overlap-two-communicators -------------------------------------------
@@ -118,21 +119,10 @@ register(Variant(
     worker_cls=TwoCommunicatorOverlapWorker,
     adjust=with_second_stream_communicator,
     sim_ops={LaunchOverlapped: _sim_launch_overlapped},
-    schedules=4, fault_schedules=0))
+    schedules=2, fault_schedules=0))
 
 
 # -- death-drops-requests -------------------------------------------------------------------------
-
-
-def death_in_serving(sc: Scenario) -> Scenario:
-    """``sc`` where the last rank's process dies at the first op it runs in serving: a site
-    taken from a fault-free run of the scenario (`sim.faults.fault_sites`), not a fixed op
-    count, so it moves with the configuration."""
-    from sim.faults import fault_sites
-
-    last = sc.config.world_size - 1
-    rank, op, occurrence = next(s for s in fault_sites(sc)["serving"] if s[0] == last)
-    return sc.with_(faults=(Fault("die", rank, op, occurrence),))
 
 
 class DeathDropsRequestsController(Controller):
@@ -158,7 +148,8 @@ register(Variant(
     remedy="Every path to failure -- a failed reply, a timeout, a dead rank -- fails every "
            "request in flight with the run's error (`Controller.fail_requests`, I18), and the "
            "error names the dead rank (I13).",
-    controller_cls=DeathDropsRequestsController, adjust=death_in_serving, symmetric=False))
+    controller_cls=DeathDropsRequestsController, symmetric=False,
+    fault_search=FaultFamily("die", phase="serving")))
 
 
 # -- registration-mismatch -------------------------------------------------------------------------
@@ -256,5 +247,5 @@ register(Variant(
            "vllm-project/vllm-ascend PR #15510",
     expected={"shared": "clean", "per-rank": "clean"},
     remedy="Nothing to fix: this is the remedy of dp-idle-rank-skips-forward.",
-    adjust=data_parallel_lanes, symmetric=False, reaches=("idle_rank_step",), schedules=4,
+    adjust=data_parallel_lanes, symmetric=False, reaches=("idle_rank_step",), schedules=2,
     fault_schedules=0))

@@ -17,8 +17,7 @@ from protocol.worker import Worker
 from sim.common import DONE, Signature
 from sim.comms import Communicator
 from sim.devices import EagerDecode
-from sim.faults import fault_sites
-from sim.scenario import Fault
+from sim.faults import FaultFamily
 from sim.variants import Variant
 
 # -- communicators: a second stream on a one-in-flight communicator --------------------------------
@@ -84,7 +83,7 @@ FRESH_LOGITS = Variant(
     source="docs/design.md I15", expected={"shared": "invariant:I15", "per-rank": "invariant:I15"},
     worker_cls=FreshLogitsWorker, sim_ops={NewLogits: _sim_new_logits})
 
-# -- process death: a rank dies in serving, found among the sites a fault-free run executes --------
+# -- process death: a rank dies in serving, at a rank and call the checker searches ----------------
 
 
 class IgnoresDeathController(Controller):
@@ -92,15 +91,11 @@ class IgnoresDeathController(Controller):
         return None  # waits for the step timeout, which names every uncollected rank
 
 
-def _die_in_serving(sc):
-    rank, op, occurrence = fault_sites(sc)["serving"][-1]  # the last op any rank runs
-    return sc.with_(faults=(Fault("die", rank, op, occurrence),))
-
-
 IGNORES_DEATH = Variant(
     name="my-ignores-death", summary="the controller ignores the liveness signal",
     source="ai2cm/ace #348", expected={"shared": "invariant:I13", "per-rank": "invariant:I13"},
-    controller_cls=IgnoresDeathController, adjust=_die_in_serving, symmetric=False)
+    controller_cls=IgnoresDeathController, symmetric=False,
+    fault_search=FaultFamily("die", phase="serving"))  # every death in serving, searched
 
 # -- per-rank batches: data-parallel lanes, an idle rank ---------------------------------------------
 

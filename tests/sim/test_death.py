@@ -8,9 +8,15 @@ from sim.run import run_schedule
 from sim.scenario import default_scenario
 from sim.strategies import RandomWalk
 from sim.variants import REGISTRY
-from sim.variants_comms import death_in_serving
+from sim.faults import FaultFamily
 
 SMALL = dict(buckets=(1, 2, 4, 8), max_batch=8)
+
+
+def death_in_serving(sc):
+    """``sc`` with the first death in serving that the fault family of the variant finds."""
+    fault = FaultFamily("die", phase="serving").members(sc, REGISTRY["correct"])[0]
+    return sc.with_(faults=(fault,))
 
 
 @pytest.mark.timeout(60)
@@ -27,7 +33,8 @@ def test_the_correct_protocol_fails_every_request_in_flight_when_a_rank_dies():
 @pytest.mark.timeout(60)
 def test_a_death_that_drops_requests_silently_is_caught_with_its_step():
     variant = REGISTRY["death-drops-requests"]
-    result = run_schedule(variant.scenario(default_scenario(**SMALL)), variant, RandomWalk(0))
+    sc = death_in_serving(variant.scenario(default_scenario(**SMALL)))
+    result = run_schedule(sc, variant, RandomWalk(0))
     out = result.outcome
     assert out.verdict == "invariant" and out.invariant == "I18"
     assert out.step is not None and out.rank in result.world.dead
