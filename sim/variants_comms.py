@@ -146,7 +146,7 @@ register(Variant(
            "the engine core died never received the failure)",
     expected={"shared": "invariant:I18", "per-rank": "invariant:I18"},
     remedy="Every path to failure -- a failed reply, a timeout, a dead rank -- fails every "
-           "request in flight with the run's error (`Controller.fail_requests`, I18), and the "
+           "request in flight with the run's error -- `Controller.fail_requests`, I18 -- and the "
            "error names the dead rank (I13).",
     controller_cls=DeathDropsRequestsController, symmetric=False,
     fault_search=FaultFamily("die", phase="serving")))
