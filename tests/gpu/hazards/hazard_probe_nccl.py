@@ -220,24 +220,18 @@ def sweep(args, nccl, comms, res: Result) -> str:
             rk.eager(b)
         ready.wait(timeout=args.hang_s)
         res.note(rank=r, op="warm-up done")
-        if fused:
-            for b in reversed(BUCKETS):
-                if r == 1:
-                    time.sleep(args.skew_s)
-                if r in free_ranks:
-                    _timed(res, r, f"free({b})", rk.free_cached)
-                _timed(res, r, f"record({b})", rk.record, b)
-                _timed(res, r, f"instantiate({b})", rk.instantiate, b)
+        for b in reversed(BUCKETS):
+            if r == 1:
+                time.sleep(args.skew_s)
+            if r in free_ranks:
+                _timed(res, r, f"free({b})", rk.free_cached)
+            _timed(res, r, f"record({b})", rk.record, b)
+            _timed(res, r, f"instantiate({b})", rk.instantiate, b)
+            if fused:  # the launch does the implicit upload; no barrier
                 _timed(res, r, f"launch({b})", rk.launch, b)
-        else:
-            for b in reversed(BUCKETS):
-                if r == 1:
-                    time.sleep(args.skew_s)
-                if r in free_ranks:
-                    _timed(res, r, f"free({b})", rk.free_cached)
-                _timed(res, r, f"record({b})", rk.record, b)
-                _timed(res, r, f"instantiate({b})", rk.instantiate, b)
+            else:
                 _timed(res, r, f"upload({b})", rk.upload, b)
+        if not fused:
             rk.stream.synchronize()
             phase_barrier.wait(timeout=args.hang_s)  # the two-phase barrier
             for b in reversed(BUCKETS):
