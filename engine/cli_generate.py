@@ -121,6 +121,8 @@ def check_before_load(args: argparse.Namespace, params) -> None:
 
     check_flags(args)
     cfg = load_model_config(args.model)
+    if args.top_k > cfg.vocab_size:  # named by its flag, before the request's own field check
+        raise RequestError(f"--top-k {args.top_k} is above the vocabulary size {cfg.vocab_size}")
     params.validate(cfg.vocab_size)
     if args.prompt is not None:
         if not any((Path(args.model) / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):

@@ -51,6 +51,7 @@ def test_generate_errors_exit_2_with_one_line(tiny_dir, capsys, argv, status, fr
     (["--temperature", "nan"], "--temperature nan must be"),
     (["--top-p", "2"], "--top-p 2 must be"),
     (["--top-k", "-2"], "--top-k -2 must be"),
+    (["--top-k", "100000"], "--top-k 100000 is above the vocabulary size"),
     (["--seed", "-1"], "--seed -1 must be"),
     (["--max-batch", "0"], "--max-batch 0 must be an integer from 1 to 256"),
     (["--max-batch", "300"], "--max-batch 300 must be"),
