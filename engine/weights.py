@@ -62,11 +62,13 @@ class WeightIndex:
             except (OSError, ValueError, KeyError) as exc:
                 raise ModelDirError(f"{index_path}: unreadable index ({exc})") from exc
             self.files = {name: d / fname for name, fname in weight_map.items()}
+            self.source = index_path
         elif (d / SINGLE_FILE).is_file():
             from safetensors import safe_open
 
             with safe_open(str(d / SINGLE_FILE), framework="pt") as f:
                 self.files = {name: d / SINGLE_FILE for name in f.keys()}
+            self.source = d / SINGLE_FILE
         else:
             raise ModelDirError(f"{d}: no {INDEX_FILE} and no {SINGLE_FILE}")
         self._check()
@@ -78,8 +80,8 @@ class WeightIndex:
         by_file: dict[Path, list[str]] = {}
         for name in expected:
             if name not in self.files:
-                raise ModelDirError(f"{Path(self.cfg.model_dir) / INDEX_FILE}: tensor {name!r} "
-                                    f"is missing from the checkpoint")
+                raise ModelDirError(f"{self.source}: tensor {name!r} is missing from the "
+                                    "checkpoint")
             by_file.setdefault(self.files[name], []).append(name)
         for path, names in by_file.items():
             if not path.is_file():

@@ -73,6 +73,19 @@ def test_tensor_missing_from_index(model_copy):
     _rejects(model_copy, ModelDirError, "model.layers.1.mlp.down_proj.weight", "missing")
 
 
+def test_tensor_missing_from_a_single_file_names_that_file(model_copy):
+    """No index, one model.safetensors without the model's tensors: the error names the file
+    that is there, not an index that does not exist (found by a fresh user)."""
+    import torch
+    from safetensors.torch import save_file
+
+    for f in model_copy.glob("*.safetensors*"):
+        f.unlink()
+    save_file({"unrelated": torch.zeros(2)}, str(model_copy / "model.safetensors"))
+    msg = _rejects(model_copy, ModelDirError, "model.safetensors: tensor", "missing")
+    assert "index.json" not in msg, msg
+
+
 def test_wrong_tensor_shape(model_copy):
     import torch
     from safetensors.torch import load_file, save_file
