@@ -276,6 +276,9 @@ class LLM:
         prompts = list(prompts)
         if params is None or isinstance(params, SamplingParams):
             params = [params or SamplingParams()] * len(prompts)
+        if isinstance(params, (str, bytes, dict)) or not isinstance(params, Sequence):
+            raise RequestError(f"params is a {type(params).__name__}, expected a SamplingParams "
+                               "or a list of them (one per prompt)")
         if len(params) != len(prompts):
             raise ValueError(f"{len(params)} SamplingParams for {len(prompts)} prompts")
         outs: list[RequestOutput] = []

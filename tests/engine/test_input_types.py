@@ -57,6 +57,8 @@ def test_bad_prompts_and_params_are_request_errors(llm):
         llm.generate(None, GREEDY)
     with pytest.raises(RequestError, match="prompts = 5"):
         llm.generate(5, GREEDY)
+    with pytest.raises(RequestError, match="params is a dict, expected a SamplingParams"):
+        llm.generate([[1, 2, 3]], {"max_tokens": 2})  # a dict, not a SamplingParams
     for params, fragment in ((SamplingParams(stop_token_ids=5), "stop_token_ids = 5"),
                              (SamplingParams(stop_token_ids=[1.5]), "stop token id 1.5 is a float"),
                              (SamplingParams(max_tokens="3"), "max_tokens = '3'"),
