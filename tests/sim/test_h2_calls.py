@@ -9,7 +9,7 @@ import pytest
 
 from lockstep.cli import main
 from sim.check import CheckSpec, check_bad, check_variant
-from sim.hazards import H2_CALLS, HazardModel
+from sim.hazards import H2_CALLS, H2_SCOPES, HazardModel
 from sim.report import narrative
 from sim.variants import REGISTRY
 
@@ -31,10 +31,12 @@ def test_h2_calls_is_validated():
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("calls", H2_CALLS)
-def test_correct_protocol_is_clean_under_every_h2_call_set(calls):
+@pytest.mark.parametrize("model", [dict(h2_scope=s) for s in H2_SCOPES]
+                         + [dict(h2_calls=c) for c in H2_CALLS if c != "both"],
+                         ids=lambda m: "-".join(map(str, m.values())))
+def test_correct_protocol_is_clean_under_every_h2_scope_and_call_set(model):
     spec = CheckSpec(buckets=(1, 2, 4, 8), max_batch=8, schedules=30, fault_schedules=20, jobs=1,
-                     h2_calls=calls)
+                     **model)
     for topology in ("shared", "per-rank"):
         rows = check_variant(REGISTRY["correct"], spec, topology)
         assert [r.got for r in rows] == ["clean", "abort"], [r.detail for r in rows]
