@@ -11,6 +11,7 @@ a bad argument prints one line naming it and exits with status 2. torch is impor
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shlex
 import shutil
 import sys
@@ -111,6 +112,39 @@ def check_throughput_args(args: argparse.Namespace) -> None:
         raise BenchArgError(f"--top-p {args.top_p}: expected a number in (0, 1]")
 
 
+def _gpu_problem(tensor_parallel_size: int) -> str | None:
+    """Why this machine cannot run the bench (no CUDA, too few GPUs), or None."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "lockstep bench needs a CUDA GPU; torch.cuda.is_available() is False"
+    if torch.cuda.device_count() < tensor_parallel_size:
+        return (f"--tensor-parallel-size {tensor_parallel_size}: only "
+                f"{torch.cuda.device_count()} GPU(s) visible")
+    return None
+
+
+@contextlib.contextmanager
+def _model_dir(opts):
+    """The model directory to bench: ``--model``, or a preset's random weights written to a
+    temporary directory (removed afterwards)."""
+    if opts.preset is None:
+        yield opts.model
+        return
+    import time
+
+    from engine.bench.modeldir import write_random_model_fast
+
+    t0 = time.perf_counter()
+    tmp = str(write_random_model_fast(opts.preset, opts.dtype, opts.seed))
+    print(f"bench: wrote random {opts.preset} weights to {tmp} in "
+          f"{time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    try:
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def run(args: argparse.Namespace) -> int:
     """Check the arguments, measure, print the table; returns the exit status."""
     if args.workload == "throughput":
@@ -120,28 +154,13 @@ def run(args: argparse.Namespace) -> int:
         validate(opts)
     except BenchArgError as exc:
         return _error(str(exc))
-    import torch
-
-    if not torch.cuda.is_available():
-        return _error("lockstep bench needs a CUDA GPU; torch.cuda.is_available() is False")
-    if torch.cuda.device_count() < opts.tensor_parallel_size:
-        return _error(f"--tensor-parallel-size {opts.tensor_parallel_size}: only "
-                      f"{torch.cuda.device_count()} GPU(s) visible")
+    problem = _gpu_problem(opts.tensor_parallel_size)
+    if problem:
+        return _error(problem)
     from engine.bench.decode import measure_engine
     from engine.bench.report import build_document, format_table, write_json, write_plot
 
-    tmp = None
-    model_dir = opts.model
-    if opts.preset is not None:
-        import time
-
-        from engine.bench.modeldir import write_random_model_fast
-
-        t0 = time.perf_counter()
-        model_dir = tmp = str(write_random_model_fast(opts.preset, opts.dtype, opts.seed))
-        print(f"bench: wrote random {opts.preset} weights to {tmp} in "
-              f"{time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
-    try:
+    with _model_dir(opts) as model_dir:
         ranks = measure_engine(opts, model_dir)
         hf = []
         if opts.compare == "hf":
@@ -150,9 +169,6 @@ def run(args: argparse.Namespace) -> int:
             for ctx in opts.context_lens:
                 hf += measure_hf(model_dir, opts.hf_batch_sizes or opts.batch_sizes, ctx,
                                  opts.dtype, opts.steps, opts.warmup, opts.seed)
-    finally:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
     command = "lockstep bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) \
         if len(sys.argv) > 2 else "lockstep bench"
     doc = build_document(opts, ranks, hf, command)
@@ -172,31 +188,18 @@ def run_throughput(args: argparse.Namespace) -> int:
         check_throughput_args(args)
     except BenchArgError as exc:
         return _error(str(exc))
-    import torch
-
-    if not torch.cuda.is_available():
-        return _error("lockstep bench needs a CUDA GPU; torch.cuda.is_available() is False")
-    if torch.cuda.device_count() < opts.tensor_parallel_size:
-        return _error(f"--tensor-parallel-size {opts.tensor_parallel_size}: only "
-                      f"{torch.cuda.device_count()} GPU(s) visible")
+    problem = _gpu_problem(opts.tensor_parallel_size)
+    if problem:
+        return _error(problem)
     import json
 
     from engine.bench.serving import format_table, measure_throughput, write_plot
 
-    tmp = None
-    model_dir = opts.model
-    if opts.preset is not None:
-        from engine.bench.modeldir import write_random_model_fast
-
-        model_dir = tmp = str(write_random_model_fast(opts.preset, opts.dtype, opts.seed))
-    try:
+    with _model_dir(opts) as model_dir:
         doc = measure_throughput(
             model_dir, opts.preset or opts.model, args.num_requests, opts.seed, opts.dtype,
             args.max_batch, args.max_model_len, args.temperature, args.top_p,
             opts.compare == "hf", args.max_prefill_tokens, opts.tensor_parallel_size)
-    finally:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
     doc["command"] = "lockstep bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
     print(format_table(doc), flush=True)
     if opts.json_path:
