@@ -45,28 +45,6 @@ def test_non_finite_logits_fail_the_request_not_the_engine(nan_model, temperatur
         assert again[0].finish_reason == "error"
 
 
-def test_controller_ends_a_request_whose_token_is_none(monkeypatch):
-    from protocol.config import ProtocolConfig
-    from protocol.controller import Done
-    from protocol.requests import Request
-    from tests.protocol.driver import FakeBackend, drive
-
-    config = ProtocolConfig(buckets=(1, 2), max_batch=2, cuda_graphs=False, world_size=1)
-    orig = FakeBackend.run
-
-    def run(self, op):
-        out = orig(self, op)
-        if op.name == "sample":
-            return {rid: (None if rid == 0 else tok) for rid, tok in out.items()}
-        return out
-
-    monkeypatch.setattr(FakeBackend, "run", run)
-    ctrl, _, _, sent, action = drive(config, [Request(0, (1,), 3), Request(1, (2,), 3)])
-    assert isinstance(action, Done)
-    assert ctrl.outputs[0] == [] and ctrl.outputs[1] == [7, 7, 7]
-    assert ctrl.failed_requests == {0}
-
-
 def test_generate_cli_names_non_finite_logits_and_exits_1(nan_model, capsys):
     from lockstep.cli import main
 

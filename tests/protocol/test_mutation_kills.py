@@ -76,6 +76,7 @@ def test_a_request_rank_0_could_not_sample_finishes_failed_and_the_others_go_on(
     ctrl, _, _, _, action = drive(config, [Request(0, (1,), 3), Request(1, (2,), 3)])
     assert isinstance(action, Done)
     assert ctrl.failed_requests == {0} and set(ctrl.finished) == {0, 1}
+    assert ctrl.outputs[0] == [] and ctrl.outputs[1] == [7, 7, 7]
     assert ctrl.take_finished(0) == [] and ctrl.take_finished(1) == [7, 7, 7]
 
 
