@@ -312,6 +312,7 @@ def _run(args) -> int:
                 a = explained[r.variant, r.topology]
                 data["explain"] = {"needed": list(a.needed), "without": a.without,
                                    "sufficient": a.sufficient, "h2_scopes": a.scopes,
+                                   "ablation_errors": a.errors,
                                    "story_hazards_off": list(a.story_hazards_off),
                                    "story": a.story.outcome.detail if a.story else None}
             out.append(data)

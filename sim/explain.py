@@ -37,6 +37,10 @@ class Attribution:
         needed: hazards whose removal changes the verdict (sorted).
         sufficient: True if the verdict holds with every hazard outside ``needed`` off.
         scopes: H2 scope -> verdict under that scope.
+        errors: hazard (or ``"scope:NAME"``, or ``"needed-only"``) -> one line naming the
+            exception of an ablation run that raised instead of giving a verdict. Such a run
+            says nothing about the hazard: it is shown as ``ablation error: ...`` in
+            ``without`` (or ``scopes``) and never puts the hazard into ``needed``.
         story: the counterexample whose story to show (its `story_hazards` are all in
             ``needed``), or None if none was given or found.
         story_hazards_off: the hazards switched off in ``story``'s run (empty: the full model).
@@ -47,17 +51,25 @@ class Attribution:
     needed: tuple[str, ...] = ()
     sufficient: bool = False
     scopes: dict[str, str] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
     story: RunResult | None = None
     story_hazards_off: tuple[str, ...] = ()
 
     def line(self) -> str:
         """One sentence: the minimal hazard set, and the verdicts under each H2 scope."""
+        unknown = [h for h in RULES if h in self.errors]
         needs = (", ".join(f"{h.upper()} ({NAMES[h]})" for h in self.needed) if self.needed
+                 else "none of the hazards whose ablation gave a verdict" if unknown
                  else f"none of {RULES[0].upper()}..{RULES[-1].upper()} (it follows from the "
                       "variant's own steps)")
         changes = "; ".join(f"{h.upper()} off: {self.without[h]}" for h in self.needed)
         text = f"{self.verdict} needs {needs}" + (f" [{changes}]" if changes else "")
-        if not self.sufficient:
+        if unknown:
+            text += ("; unknown for " + ", ".join(h.upper() for h in unknown) + " ["
+                     + "; ".join(f"{h.upper()} off: {self.without[h]}" for h in unknown) + "]")
+        if "needed-only" in self.errors:
+            text += f"; the needed set alone: ablation error: {self.errors['needed-only']}"
+        elif not self.sufficient:
             text += "; those alone do not give it back (hazards interact)"
         scopes = ", ".join(f"{s}: {v}" for s, v in self.scopes.items())
         return f"{text}; under H2 scope {scopes}"
@@ -78,18 +90,16 @@ def story_hazards(result: RunResult) -> frozenset[str]:
     return frozenset(named)
 
 
-def _row(variant, spec: CheckSpec, topology: str) -> Row | None:
+ABLATION_ERROR = "ablation error"
+"""How an ablation run that raised (no verdict) is shown in `Attribution.without`/``scopes``."""
+
+
+def _row(variant, spec: CheckSpec, topology: str) -> Row | str:
+    """The ablation run's row, or one line naming the exception it raised instead."""
     try:
         return check_bad(variant, spec, topology, reduce=False)
-    except Exception:  # noqa: BLE001 - reported as the verdict under that ablation
-        return None
-
-
-def _verdict(variant, spec: CheckSpec, topology: str) -> str:
-    try:
-        return check_bad(variant, spec, topology, reduce=False).got
-    except Exception as exc:  # noqa: BLE001 - reported as the verdict under that ablation
-        return f"error ({locate(exc)})"
+    except Exception as exc:  # noqa: BLE001 - an ablation that errored is its own outcome
+        return locate(exc)
 
 
 def attribute(variant, spec: CheckSpec, topology: str, verdict: str | None = None,
@@ -103,13 +113,30 @@ def attribute(variant, spec: CheckSpec, topology: str, verdict: str | None = Non
             (in ``reduce_attempts`` re-runs when given, else within the reducer's budget).
     """
     spec = replace(spec, hazards_off=())
-    got = verdict if verdict is not None else _verdict(variant, spec, topology)
+    if verdict is None:
+        full = _row(variant, spec, topology)
+        if isinstance(full, str):
+            raise RuntimeError(f"variant {variant.name!r} / {topology}: the full model's run "
+                               f"raised, nothing to attribute: {full}")
+        verdict = full.got
+    got = verdict
     result = Attribution(got)
+
+    def ablate(key: str, ablated: CheckSpec) -> Row | None:
+        row = _row(variant, ablated, topology)
+        if isinstance(row, str):
+            result.errors[key] = row
+            return None
+        return row
+
     for hazard in RULES:
-        result.without[hazard] = _verdict(variant, replace(spec, hazards_off=(hazard,)), topology)
-    result.needed = tuple(h for h in RULES if result.without[h] != got)
+        row = ablate(hazard, replace(spec, hazards_off=(hazard,)))
+        result.without[hazard] = (row.got if row is not None
+                                  else f"{ABLATION_ERROR}: {result.errors[hazard]}")
+    result.needed = tuple(h for h in RULES
+                          if h not in result.errors and result.without[h] != got)
     rest = tuple(h for h in RULES if h not in result.needed)
-    only_needed = _row(variant, replace(spec, hazards_off=rest), topology)
+    only_needed = ablate("needed-only", replace(spec, hazards_off=rest))
     result.sufficient = only_needed is not None and only_needed.got == got
     if story is not None and story_hazards(story) <= set(result.needed):
         result.story = story
@@ -119,8 +146,12 @@ def attribute(variant, spec: CheckSpec, topology: str, verdict: str | None = Non
                                        max_attempts=reduce_attempts)
         result.story_hazards_off = rest
     for scope in H2_SCOPES:
-        result.scopes[scope] = (got if scope == spec.h2_scope else
-                                _verdict(variant, replace(spec, h2_scope=scope), topology))
+        if scope == spec.h2_scope:
+            result.scopes[scope] = got
+            continue
+        row = ablate(f"scope:{scope}", replace(spec, h2_scope=scope))
+        result.scopes[scope] = (row.got if row is not None
+                                else f"{ABLATION_ERROR}: {result.errors[f'scope:{scope}']}")
     return result
 
 
@@ -160,7 +191,7 @@ def main() -> int:
     return 0
 
 
-__all__ = ["Attribution", "attribute", "NAMES", "markdown_table"]
+__all__ = ["ABLATION_ERROR", "Attribution", "attribute", "NAMES", "markdown_table"]
 
 
 if __name__ == "__main__":

@@ -91,3 +91,46 @@ def test_a_story_through_an_unneeded_hazard_is_replaced():
 def test_cycle_hazards_of_a_fused_sweep_deadlock():
     row = check_bad(REGISTRY["fused-sweep"], SPEC, "shared")
     assert cycle_hazards(row.minimal.world) == {"h2", "h3"}
+
+
+@pytest.mark.timeout(300)
+def test_an_ablation_that_errors_is_its_own_outcome_and_never_needed(monkeypatch):
+    """Issue 11 item 2: a rerun with a hazard off that raises (no verdict) is reported as
+    ``ablation error: ...``; it says nothing about that hazard, so it never enters the
+    minimal set (it used to: its "error (...)" differed from the verdict)."""
+    import sim.explain as explain
+
+    real = explain.check_bad
+
+    def flaky(variant, spec, topology, **kw):
+        if spec.hazards_off == ("h1",) or spec.h2_scope == "device":
+            raise OSError("worker pool lost")
+        return real(variant, spec, topology, **kw)
+
+    monkeypatch.setattr(explain, "check_bad", flaky)
+    a = attribute(REGISTRY["fused-sweep"], SPEC, "shared")
+    assert a.verdict == "deadlock" and a.needed == ("h2", "h3") and a.sufficient
+    assert a.errors["h1"].startswith("OSError: worker pool lost")
+    assert a.without["h1"] == f"{explain.ABLATION_ERROR}: {a.errors['h1']}"
+    assert a.scopes["device"].startswith("ablation error: OSError") and "scope:device" in a.errors
+    line = a.line()
+    assert line.startswith("deadlock needs H2 (quiesce), H3 (")
+    assert "unknown for H1 [H1 off: ablation error: OSError: worker pool lost" in line
+
+
+def test_an_ablation_error_alone_leaves_the_needed_set_empty(monkeypatch):
+    """Every ablation raising gives no needed hazard and says so, never "needs H1..H9"."""
+    import sim.explain as explain
+
+    calls = []
+
+    def broken(variant, spec, topology, **kw):
+        calls.append(spec.hazards_off)
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(explain, "check_bad", broken)
+    a = attribute(REGISTRY["fused-sweep"], SPEC, "shared", verdict="deadlock")
+    assert a.needed == () and not a.sufficient and set(a.errors) >= set(explain.RULES)
+    assert "none of the hazards whose ablation gave a verdict" in a.line()
+    assert "needed set alone: ablation error: RuntimeError: boom" in a.line()
+    assert len(calls) == len(explain.RULES) + 1 + len(explain.H2_SCOPES) - 1
