@@ -134,7 +134,9 @@ class LLM:
         self._first_token: dict[int, float] = {}   # request id -> perf_counter at first token
         self._finish: dict[int, float] = {}        # request id -> perf_counter at last token
         self._last_step_end = 0.0
-        # set to [] to record one (kind, rows, admits, seconds, prompt tokens) per step
+        # set to [] to record one (kind, rows, admits, seconds, prompt tokens, controller
+        # seconds) per step: seconds from the top of the driver loop (the controller absorbing
+        # the last step and building this one) to this step's last reply
         self.step_log: list | None = None
         self._say(f"model loaded in {time.monotonic() - t0:.1f} s")
         watchdog = StartupWatchdog(pconfig.watchdog_timeout_s, self._watchdog_expired)
@@ -180,7 +182,9 @@ class LLM:
         from protocol.commands import Step
 
         while True:
+            t_top = time.perf_counter()  # a step's wall counts the controller's work for it
             action = self.controller.next_action()
+            t_ctrl = time.perf_counter() - t_top
             if isinstance(action, (Idle, Done)):
                 if isinstance(action, Done) and self._record_trace:
                     self._event("controller", "done", "Done")
@@ -206,7 +210,6 @@ class LLM:
             if isinstance(command, Step) and command.admits:
                 # a preempted request is admitted again: its extras stay until it finishes
                 extras = {a.request_id: self._extras[a.request_id] for a in command.admits}
-            t0 = time.perf_counter()
             if isinstance(command, Step):
                 for r in command.retires:  # their last token came with the previous step
                     self._finish[r.request_id] = self._last_step_end
@@ -216,7 +219,9 @@ class LLM:
                 for reply, outputs, events in results:
                     self.trace.extend(events)
                     self._startup.replied(command, reply)
+                    t_reply = time.perf_counter()
                     self.controller.on_reply(reply)
+                    t_ctrl += time.perf_counter() - t_reply
                     for rid, out in outputs.items():
                         side = self._side.setdefault(rid, {})
                         for k, v in out.items():
@@ -233,8 +238,8 @@ class LLM:
                     self.step_log.append(("mixed" if command.admits and command.rows else
                                           "prefill" if command.admits else
                                           "decode" if command.rows else "retire",
-                                          len(command.rows), len(command.admits), now - t0,
-                                          sum(len(a.prompt) for a in command.admits)))
+                                          len(command.rows), len(command.admits), now - t_top,
+                                          sum(len(a.prompt) for a in command.admits), t_ctrl))
 
     def _event(self, actor: str, kind: str, what: str, seq=None, detail: str = "",
                ok: bool = True) -> None:

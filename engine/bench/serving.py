@@ -107,7 +107,7 @@ def phase_breakdown(step_log: list, device_steps: list[dict], wall_s: float) -> 
     out = {"wall_s": wall_s, "steps": len(step_log)}
     for kind in ("prefill", "mixed", "decode", "retire"):
         out[f"{kind}_steps"] = sum(1 for s in step_log if s[0] == kind)
-    out["first_steps"] = [(k, r, a, round(1e3 * sec, 2), n) for k, r, a, sec, n in step_log[:24]]
+    out["first_steps"] = [(k, r, a, round(1e3 * sec, 2), n) for k, r, a, sec, n, _ in step_log[:24]]
     step_log = [s for s in step_log if s[0] != "retire"]  # no device phase: host time only
     if device_steps and len(device_steps) == len(step_log):
         for phase in ("prefill", "decode", "sample"):
@@ -116,11 +116,11 @@ def phase_breakdown(step_log: list, device_steps: list[dict], wall_s: float) -> 
             out[f"{kind}_wall_s"] = sum(s[3] for s in step_log if s[0] == kind)
         out["host_s"] = wall_s - out["prefill_s"] - out["decode_s"] - out["sample_s"]
         host = {}
-        for (kind, rows, _, sec, _), d in zip(step_log, device_steps):
+        for (kind, rows, _, sec, _, _), d in zip(step_log, device_steps):
             if kind == "decode":
                 host.setdefault(rows, []).append(1e3 * sec - d["decode"] - d["sample"])
         out["host_ms_per_decode_step"] = {r: statistics.median(v) for r, v in sorted(host.items())}
-        dec = [(1e3 * sec, d["decode"], d["sample"]) for (kind, rows, _, sec, _), d
+        dec = [(1e3 * sec, d["decode"], d["sample"]) for (kind, rows, _, sec, _, _), d
                in zip(step_log, device_steps) if kind == "decode"]
         if dec:
             out["decode_step_ms_median"] = statistics.median(x[0] for x in dec)
@@ -130,8 +130,10 @@ def phase_breakdown(step_log: list, device_steps: list[dict], wall_s: float) -> 
 
 
 def host_overhead(llm, rows: int, steps: int = 200) -> dict:
-    """Per decode-only step at `rows` rows: median step wall, device decode and sampling
-    time, and host overhead (wall minus device), in ms; greedy, prompts of 16 tokens."""
+    """Per decode-only step at `rows` rows: median step wall (from the top of the driver loop,
+    so the controller's work is inside), device decode and sampling time, host overhead (wall
+    minus device; median and p99) and the controller's part of it, in ms; greedy, prompts of
+    16 tokens."""
     from engine.executor import PhaseTimer
     from engine.sampling import SamplingParams
 
@@ -141,14 +143,16 @@ def host_overhead(llm, rows: int, steps: int = 200) -> dict:
     llm.generate([[1 + i % 1000] * 16 for i in range(rows)],
                  SamplingParams(max_tokens=steps, temperature=0, ignore_eos=True))
     executor.phases = None
-    pts = [(1e3 * sec, d["decode"], d["sample"]) for (kind, r, _, sec, _), d
+    pts = [(1e3 * sec, d["decode"], d["sample"], 1e3 * ctrl) for (kind, r, _, sec, _, ctrl), d
            in zip([s for s in llm.step_log if s[0] != "retire"], timer.steps)
            if kind == "decode" and r == rows]
     llm.step_log = None
     med = statistics.median
     return {"rows": rows, "steps": len(pts), "step_ms": med(p[0] for p in pts),
             "decode_gpu_ms": med(p[1] for p in pts), "sample_gpu_ms": med(p[2] for p in pts),
-            "host_ms": med(p[0] - p[1] - p[2] for p in pts)}
+            "host_ms": med(p[0] - p[1] - p[2] for p in pts),
+            "host_ms_p99": percentile([p[0] - p[1] - p[2] for p in pts], 99),
+            "controller_ms": med(p[3] for p in pts)}
 
 
 def prefill_throughput(llm, prompts: int = 64, length: int = 1024) -> dict:
@@ -236,7 +240,9 @@ def format_table(doc: dict) -> str:
     for h in doc.get("host_overhead", []):
         lines.append(f"  decode step at batch {h['rows']}: {h['step_ms']:.3f} ms wall = "
                      f"{h['decode_gpu_ms']:.3f} GPU + {h['sample_gpu_ms']:.3f} sampling + "
-                     f"{h['host_ms']:.3f} host (median of {h['steps']})")
+                     f"{h['host_ms']:.3f} host, of it {h.get('controller_ms', float('nan')):.3f} "
+                     f"controller (median of {h['steps']}; host p99 "
+                     f"{h.get('host_ms_p99', float('nan')):.3f})")
     pf = doc.get("prefill_only")
     if pf:
         lines.append(f"  prefill-only steps: {pf['prompt_tok_s']:,.0f} prompt tok/s "

@@ -150,8 +150,8 @@ def test_workload_w_and_its_summary():
     row = summarize("x", 2.0, 100, 300, [0.1, 0.3], [0.01, 0.03])
     assert row["output_tok_s"] == 150 and row["total_tok_s"] == 200
     assert row["ttft_p50_ms"] == pytest.approx(200) and row["tpot_p99_ms"] == pytest.approx(29.8)
-    log = [("prefill", 0, 2, 0.010, 30), ("decode", 2, 0, 0.004, 0), ("retire", 0, 0, 0.001, 0),
-           ("decode", 2, 0, 0.006, 0)]
+    log = [("prefill", 0, 2, 0.010, 30, 0.001), ("decode", 2, 0, 0.004, 0, 0.0002),
+           ("retire", 0, 0, 0.001, 0, 0.0005), ("decode", 2, 0, 0.006, 0, 0.0002)]
     dev = [{"rows": 0, "admits": 2, "prefill": 8.0, "decode": 0.0, "sample": 0.5},
            {"rows": 2, "admits": 0, "prefill": 0.0, "decode": 3.0, "sample": 0.5},
            {"rows": 2, "admits": 0, "prefill": 0.0, "decode": 3.0, "sample": 0.5}]
