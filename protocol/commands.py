@@ -158,12 +158,71 @@ class Admit:
 
 @dataclass(frozen=True)
 class DecodeRow:
-    """One decode row: feed ``token`` at ``position`` for the request in ``slot``."""
+    """One decode row: feed ``token`` at ``position`` for the request in ``slot``.
+
+    A step carries its rows column-wise (`DecodeRows`); this record is one row of it, as
+    iteration yields it (traces, the simulator's modelled kernels, tests).
+    """
 
     slot: int
     request_id: int
     token: int
     position: int
+
+
+@dataclass(frozen=True)
+class DecodeRows:
+    """A step's decode rows, column-wise: row i feeds ``tokens[i]`` at ``positions[i]`` for
+    request ``request_ids[i]``, which holds slot i (rows are the dense slots 0..n-1, I8).
+
+    Three tuples of ints instead of one record per row, so that building, checking, sending and
+    writing a step's rows into the replay buffers costs no Python work per row (issue 12 item
+    4): each step is a few C-level passes over these columns. Iterating yields `DecodeRow`
+    records (slot i for row i), for readers that want rows one at a time.
+
+    Raises:
+        ValueError: the columns differ in length.
+    """
+
+    request_ids: tuple[int, ...] = ()
+    tokens: tuple[int, ...] = ()
+    positions: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not len(self.request_ids) == len(self.tokens) == len(self.positions):
+            raise ValueError(f"decode rows with {len(self.request_ids)} request ids, "
+                             f"{len(self.tokens)} tokens and {len(self.positions)} positions")
+
+    @classmethod
+    def of(cls, rows) -> "DecodeRows":
+        """The columns of `DecodeRow` records, which must name slots 0..n-1 in order.
+
+        Raises:
+            ValueError: row i names a slot other than i.
+        """
+        rows = tuple(rows)
+        for i, row in enumerate(rows):
+            if row.slot != i:
+                raise ValueError(f"decode row {i} names slot {row.slot}: the rows of a step are "
+                                 "the dense slots 0..n-1 in order")
+        return cls(tuple(r.request_id for r in rows), tuple(r.token for r in rows),
+                   tuple(r.position for r in rows))
+
+    def __len__(self) -> int:
+        return len(self.request_ids)
+
+    def __iter__(self):
+        return map(DecodeRow, range(len(self.request_ids)), self.request_ids, self.tokens,
+                   self.positions)
+
+    def __getitem__(self, i: int) -> DecodeRow:
+        return DecodeRow(range(len(self))[i], self.request_ids[i], self.tokens[i],
+                         self.positions[i])
+
+
+NO_TOKEN = None
+"""What rank 0's step reply holds for a request it could not sample (non-finite logits): the
+controller ends that request (`Controller.failed_requests`)."""
 
 
 @dataclass(frozen=True)
@@ -178,7 +237,8 @@ class Step(Command):
         admits: new (or recomputed) requests, prefilled eagerly in this step.
         pages: KV pages handed out in this step (I14): the admitted prompts' pages and each
             decode row's next page when its position crosses into a new page.
-        rows: decode rows, in slot order 0..n-1 (dense).
+        rows: decode rows, column-wise, in slot order 0..n-1 (dense); a tuple of `DecodeRow`
+            records is accepted and turned into columns (`DecodeRows.of`).
         key: graph to replay for the decode rows, or None to run the step eagerly. A pure
             function of the command, decided by the controller's plan (I2, I7).
         bucket: padded row count of the decode part (rows above ``len(rows)`` are padding and
@@ -188,11 +248,15 @@ class Step(Command):
     retires: tuple[Retire, ...] = ()
     moves: tuple[SlotMove, ...] = ()
     admits: tuple[Admit, ...] = ()
-    rows: tuple[DecodeRow, ...] = ()
+    rows: DecodeRows = DecodeRows()
     key: GraphKey | None = None
     bucket: int = 0
     pages: tuple[PageAssign, ...] = ()
     preempts: tuple[Preempt, ...] = ()
+
+    def __post_init__(self) -> None:
+        if type(self.rows) is not DecodeRows:
+            object.__setattr__(self, "rows", DecodeRows.of(self.rows))
 
 
 @dataclass(frozen=True)
@@ -208,8 +272,10 @@ class Reply:
         rank: the replying rank.
         seq: the command's sequence number.
         ok: False if the rank failed the command (it is then poisoned).
-        payload: command-specific result: sampled tokens {request_id: token} from rank 0 for a
-            step, a memory report for profiling, the captured keys and graph bytes for Finalize.
+        payload: command-specific result: for a step, rank 0's sampled token ids, a tuple in
+            slot order (the decode rows, then the admissions; `NO_TOKEN` for a request it
+            could not sample); a memory report for profiling; the captured keys and graph
+            bytes for Finalize.
         error: the failure text when ``ok`` is False.
         error_kind: the failure's kind (`protocol.errors.ProtocolError.kind`; ``"error"`` for
             any other exception) when ``ok`` is False.

@@ -19,7 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from protocol.commands import (
+    NO_TOKEN,
     Admit,
+    DecodeRows,
     PageAssign,
     Preempt,
     Retire,
@@ -128,12 +130,25 @@ class Controller:
         self.failed_requests: set[int] = set()  # finished without a token: rank 0 said None
         self.request_errors: dict[int, ProtocolError] = {}  # in flight when the run failed
         self._to_retire: list[int] = []
-        self._next_tokens: dict[int, int] = {}
-        self._positions: dict[int, int] = {}
+        # Slot-aligned columns beside `self.slots` (index i: the request in slot i): its next
+        # input token, the position its next decode row writes, its output list. A step's rows
+        # are built from them and its reply folded into them without Python work per row.
+        self._tokens: list[int] = []
+        self._positions: list[int] = []
+        self._outs: list[list[int]] = []
+        # Serving steps built so far; step t's rows advance every live position by one, so
+        # when a request crosses into a new page and when its last token comes are known at
+        # admission: calendars keyed by step index hold them (only those rows are touched).
+        self._steps = 0
+        self._grow_at: dict[int, list[int]] = {}     # step -> requests whose row needs a page
+        self._finish_at: dict[int, list[int]] = {}   # step -> requests whose last token comes
+        self._due: dict[int, tuple[int, int]] = {}   # request -> (its grow step, finish step)
+        self._stops: dict[int, int] = {}             # stop token -> live requests that stop on it
         self._sweep_index = 0
         self._closing = False
         self.pool: PagePool | None = None
-        self._admitted_at: dict[int, int] = {}
+        self._live: dict[int, int] = {}  # live request -> admission number, oldest first
+        self._admission_order: dict[int, int] = {}  # request -> its latest admission number
         self._admissions = 0
         self.preemptions = 0
 
@@ -250,6 +265,7 @@ class Controller:
             raise ConfigError(f"request {request_id} has not finished")
         self.finished.remove(request_id)
         self.failed_requests.discard(request_id)
+        self._admission_order.pop(request_id, None)
         del self.requests[request_id]
         return self.outputs.pop(request_id)
 
@@ -367,12 +383,12 @@ class Controller:
             raise ReplyError(f"duplicate reply from rank {reply.rank} for command {reply.seq}")
         if (reply.ok and reply.rank == 0 and isinstance(self.current, Step)
                 and (self.current.rows or self.current.admits)):
-            wanted = {row.request_id for row in self.current.rows} | {
-                a.request_id for a in self.current.admits}
-            if not isinstance(reply.payload, dict) or set(reply.payload) != wanted:
-                got = sorted(reply.payload) if isinstance(reply.payload, dict) else reply.payload
-                raise ReplyError(f"rank 0 reply to step {reply.seq} must carry a token for "
-                                 f"requests {sorted(wanted)}, got {got}")
+            want = len(self.current.rows) + len(self.current.admits)
+            if not isinstance(reply.payload, tuple) or len(reply.payload) != want:
+                got = (f"{len(reply.payload)} token ids" if isinstance(reply.payload, tuple)
+                       else repr(reply.payload))
+                raise ReplyError(f"rank 0 reply to step {reply.seq} must carry {want} token "
+                                 f"ids in slot order (its rows, then its admissions), got {got}")
 
     def _next_command(self) -> Command | None:
         if self.phase == "startup":
@@ -450,7 +466,7 @@ class Controller:
         elif isinstance(command, Finalize):
             return self._check_finalize(replies)
         elif isinstance(command, Step):
-            self._absorb_step(command, replies[0].payload or {})
+            self._absorb_step(command, replies[0].payload or ())
         elif isinstance(command, Teardown):
             self.phase = "done"
         return None
@@ -494,27 +510,35 @@ class Controller:
         """The next serving step: free finished requests, grow or preempt, admit by free pages.
 
         Pages (I14): every running request needs the page its next position writes; while the
-        pool cannot cover them, the most recently admitted running request is preempted (its
-        pages freed, the request queued first for recompute). Admission then takes queued
-        requests in order while their prompt pages leave the watermark free -- none in a step
-        that preempted, so a preempted request does not displace the growth it made room for.
+        pool cannot cover the rows that cross into a new page in this step, the most recently
+        admitted running request is preempted (its pages freed, the request queued first for
+        recompute). Admission then takes queued requests in order while their prompt pages
+        leave the watermark free -- none in a step that preempted, so a preempted request does
+        not displace the growth it made room for.
+
+        Per-row work is C-level passes over the slot-aligned columns; Python code runs only
+        for the requests that retire, are preempted, are admitted or cross a page boundary.
         """
         pool = self.pool
         if pool is None:
             raise PageError("serving step before the KV cache was allocated")
+        t = self._steps
         leaving = list(dict.fromkeys(self._to_retire))
         self._to_retire = []
         freed = {r: pool.release(r) for r in leaving}
-        need = {r: pool.growth(r, self._positions[r] + 1)
-                for r in self.slots.requests() if r not in freed}
+        for r in leaving:
+            self._forget(r)
+        growing = self._grow_at.pop(t, [])  # live rows of step t that write a new page
         victims: list[int] = []
-        while sum(need.values()) > pool.free_count:
-            victim = max(need, key=self._admitted_at.__getitem__)
-            del need[victim]
+        while len(growing) > pool.free_count:
+            victim = next(reversed(self._live))  # the most recently admitted running request
+            if victim in growing:
+                growing.remove(victim)
             victims.append(victim)
             freed[victim] = pool.release(victim)
-            del self._positions[victim]
+            self._forget(victim)
         gone, moves = self.slots.retire(leaving + victims)
+        self._compact(moves)
         retires = tuple(Retire(g.request_id, g.slot, freed[g.request_id])
                         for g in gone if g.request_id not in victims)
         preempts = tuple(Preempt(g.request_id, g.slot, freed[g.request_id])
@@ -522,10 +546,12 @@ class Controller:
         if victims:
             self.preemptions += len(victims)
             self.pending[:0] = sorted((self.requests[v] for v in victims),
-                                      key=lambda q: self._admitted_at[q.request_id])
-        rows = self.slots.rows(self._next_tokens, self._positions) if self.slots.requests() else ()
-        pages = [self._grow(row.request_id, row.slot, row.position + 1) for row in rows
-                 if need.get(row.request_id)]  # a row grows only when it crosses a page
+                                      key=lambda q: self._admission_order[q.request_id])
+        rows = self.slots.rows(self._tokens, self._positions) if len(self.slots) else DecodeRows()
+        pages = []
+        for slot, r in sorted((self.slots.slot_of(r), r) for r in growing):
+            pages.append(self._grow(r, slot, self._positions[slot] + 1))
+            self._schedule(self._grow_at, r, t + pool.page_size, 0)
         admits = []
         room = (self.memory.batch_cap if self.memory else self.config.max_batch) - len(self.slots)
         budget = self.config.max_prefill_tokens
@@ -543,13 +569,13 @@ class Controller:
             admits.append(Admit(request.request_id, admit.slot, prompt, request.params,
                                 output_index=len(generated)))
             pages.append(self._grow(request.request_id, admit.slot, len(prompt)))
-            self._admitted_at[request.request_id] = self._admissions
-            self._admissions += 1
+            self._enter(request, t, len(prompt), len(generated))
             room -= 1
         if not rows and not admits and not retires and not preempts:
             return None
         key, bucket = self.plan.key_for(len(rows), prefill=bool(admits))
         self.seq += 1
+        self._steps += 1
         return Step(self.seq, retires=retires, moves=moves, admits=tuple(admits), rows=rows,
                     key=key, bucket=bucket, pages=tuple(p for p in pages if p is not None),
                     preempts=preempts)
@@ -559,21 +585,77 @@ class Controller:
         return None if assign is None else PageAssign(request_id, slot, assign.first_index,
                                                       assign.pages)
 
-    def _absorb_step(self, step: Step, tokens: dict[int, int]) -> None:
-        for admit in step.admits:
-            self._positions[admit.request_id] = len(admit.prompt)
-        for row in step.rows:
-            self._positions[row.request_id] = row.position + 1
-        for request_id, token in sorted(tokens.items()):
-            if token is None:  # rank 0 could not sample it (non-finite logits): it ends here
-                self.failed_requests.add(request_id)
-                self._to_retire.append(request_id)
-                self.finished.append(request_id)
-                continue
-            request = self.requests[request_id]
-            out = self.outputs[request_id]
-            out.append(token)
-            self._next_tokens[request_id] = token
-            if len(out) >= request.max_tokens or token in request.stop_token_ids:
-                self._to_retire.append(request_id)
-                self.finished.append(request_id)
+    def _enter(self, request: Request, t: int, tokens: int, generated: int) -> None:
+        """Request ``request`` is admitted in step ``t`` with ``tokens`` prompt tokens, of
+        which ``generated`` are its own earlier outputs (recompute): its slot's columns, and
+        the steps at which its row first writes a new page and its last token comes."""
+        rid = request.request_id
+        self._tokens.append(0)  # its first input token is the one this step samples
+        self._positions.append(tokens)
+        self._outs.append(self.outputs[rid])
+        # its row in step t + 1 + k writes position tokens + k; it holds the pages of ``tokens``
+        cross = -(-tokens // self.pool.page_size) * self.pool.page_size
+        self._schedule(self._grow_at, rid, t + 1 + cross - tokens, 0)
+        # step t samples output ``generated``, step t + k output generated + k
+        self._schedule(self._finish_at, rid, t + request.max_tokens - 1 - generated, 1)
+        for token in request.stop_token_ids:
+            self._stops[token] = self._stops.get(token, 0) + 1
+        self._live[rid] = self._admissions
+        self._admission_order[rid] = self._admissions
+        self._admissions += 1
+
+    def _schedule(self, calendar: dict[int, list[int]], rid: int, step: int, which: int) -> None:
+        calendar.setdefault(step, []).append(rid)
+        due = list(self._due.get(rid, (-1, -1)))
+        due[which] = step
+        self._due[rid] = tuple(due)
+
+    def _forget(self, rid: int) -> None:
+        """Request ``rid`` leaves its slot (retired or preempted): off the calendars and the
+        stop-token counts."""
+        grow, finish = self._due.pop(rid, (-1, -1))
+        for calendar, step in ((self._grow_at, grow), (self._finish_at, finish)):
+            if rid in calendar.get(step, ()):
+                calendar[step].remove(rid)
+        for token in self.requests[rid].stop_token_ids:
+            self._stops[token] -= 1
+            if not self._stops[token]:
+                del self._stops[token]
+        self._live.pop(rid, None)
+
+    def _compact(self, moves) -> None:
+        """Apply the slot table's compaction to the slot-aligned columns."""
+        for column in (self._tokens, self._positions, self._outs):
+            for move in moves:
+                column[move.dst] = column[move.src]
+            del column[len(self.slots):]
+
+    def _absorb_step(self, step: Step, tokens: tuple) -> None:
+        """Fold rank 0's tokens (slot order: the rows, then the admissions) into the columns
+        and the outputs; end the requests whose last token came (by length, from the
+        calendar; by a stop token, from the step's tokens that some live request stops on)."""
+        n, live = len(step.rows), len(step.rows) + len(step.admits)
+        ending = set(self._finish_at.pop(self._steps - 1, ()))
+        ids = self.slots.requests()
+        outs = self._outs[:live]
+        if NO_TOKEN in tokens:  # rank 0 could not sample these (non-finite logits): they end
+            for slot in [i for i, token in enumerate(tokens) if token is NO_TOKEN]:
+                self.failed_requests.add(ids[slot])
+                ending.add(ids[slot])
+                outs[slot] = []  # a scratch list: the request's outputs get no token
+        list(map(list.append, outs, tokens))
+        self._tokens[:live] = tokens
+        self._positions[:n] = map((1).__add__, self._positions[:n])
+        if self._stops and not self._stops.keys().isdisjoint(tokens):
+            for token in self._stops.keys() & set(tokens):
+                i = tokens.index(token)
+                while True:
+                    if token in self.requests[ids[i]].stop_token_ids:
+                        ending.add(ids[i])
+                    try:
+                        i = tokens.index(token, i + 1)
+                    except ValueError:
+                        break
+        for rid in sorted(ending):
+            self._to_retire.append(rid)
+            self.finished.append(rid)

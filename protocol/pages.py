@@ -22,9 +22,11 @@ the same step still reads or writes it corrupts another sequence's KV (SGLang #1
 from __future__ import annotations
 
 import heapq
+import operator
 from collections.abc import Iterable
+from itertools import repeat
 
-from protocol.commands import Admit, DecodeRow, PageAssign
+from protocol.commands import Admit, DecodeRow, DecodeRows, PageAssign
 from protocol.errors import PageError
 
 
@@ -199,3 +201,17 @@ class PageMap:
             raise PageError(f"decode row of request {row.request_id} writes position "
                             f"{row.position} (page index {row.position // self.page_size}), but "
                             f"it holds {held} pages")
+
+    def check_rows(self, rows: DecodeRows) -> None:
+        """Every decode row's request must hold the page its position writes (`check_row`
+        for each), checked as C-level passes over the step's columns; the first row that
+        fails is named."""
+        try:
+            held = map(len, map(self.tables.__getitem__, rows.request_ids))
+            index = map(operator.floordiv, rows.positions, repeat(self.page_size))
+            if all(map(operator.lt, index, held)):
+                return
+        except KeyError:  # a request with no page table: named below
+            pass
+        for row in rows:
+            self.check_row(row)

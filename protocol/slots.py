@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from protocol.commands import Admit, DecodeRow, Retire, SlotMove
+from protocol.commands import Admit, DecodeRows, Retire, SlotMove
 from protocol.errors import SlotError
 
 
@@ -79,10 +79,10 @@ class SlotTable:
         self._slots = table[:new_len]
         return retires, moves
 
-    def rows(self, tokens: dict[int, int], positions: dict[int, int]) -> tuple[DecodeRow, ...]:
-        """Decode rows in slot order from each request's next input token and position."""
-        return tuple(DecodeRow(slot=i, request_id=r, token=tokens[r], position=positions[r])
-                     for i, r in enumerate(self._slots))
+    def rows(self, tokens: list[int], positions: list[int]) -> DecodeRows:
+        """Decode rows in slot order from slot-aligned columns: ``tokens[i]`` and
+        ``positions[i]`` are the next input token and position of the request in slot i."""
+        return DecodeRows(tuple(self._slots), tuple(tokens), tuple(positions))
 
 
 class SlotMap:
@@ -134,13 +134,16 @@ class SlotMap:
         if sorted(self.slots) != list(range(len(self.slots))):
             raise SlotError(f"slots are not dense: occupied {sorted(self.slots)}")
 
-    def check_rows(self, rows: tuple[DecodeRow, ...], admitted: int = 0) -> None:
+    def check_rows(self, rows: DecodeRows, admitted: int = 0) -> None:
         """Row i must be slot i and hold the request the scheduler says; the ``admitted``
-        requests of this step take the slots after the rows."""
+        requests of this step take the slots after the rows. One comparison of the step's
+        request-id column with this rank's occupancy; the first mismatching row is named."""
         if len(rows) + admitted != len(self.slots):
             raise SlotError(f"{len(rows)} decode rows and {admitted} admissions for "
                             f"{len(self.slots)} live slots")
-        for i, row in enumerate(rows):
-            if row.slot != i or self.slots.get(i) != row.request_id:
-                raise SlotError(f"row {i} names slot {row.slot} request {row.request_id}, "
-                                f"but slot {i} holds {self.slots.get(i)}")
+        held = tuple(map(self.slots.get, range(len(rows))))
+        if held == rows.request_ids:
+            return
+        i = next(i for i, (r, h) in enumerate(zip(rows.request_ids, held)) if r != h)
+        raise SlotError(f"row {i} names slot {i} request {rows.request_ids[i]}, "
+                        f"but slot {i} holds {held[i]}")

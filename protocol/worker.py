@@ -218,8 +218,7 @@ class Worker:
             ops.append(AssignPages(assign.slot, assign.first_index, assign.pages))
         for admit in step.admits:
             self.pages.check_admit(admit)
-        for row in step.rows:
-            self.pages.check_row(row)
+        self.pages.check_rows(step.rows)
         return ops
 
     def forward_ops(self, step: Step) -> list[Op]:

@@ -475,18 +475,19 @@ class ModelledBackend:
         return self.enqueue_done(r, host, EagerDecode(step.seq, self.padded(step)))
 
     def sample(self, r: int, host: Host, step) -> int:
-        """Rank 0: admitted requests from their prefill, row i from logits row i; a value
-        not computed in this step reads as token -1."""
+        """Rank 0: row i from logits row i, then the admitted requests from their prefill, in
+        slot order (the step reply's token tuple); a value not computed in this step reads as
+        token -1."""
         dev = self.world.devices[r]
-        tokens = {}
+        tokens = []
+        logits = dev.live("logits")
+        for i in range(len(step.rows)):
+            seq, token = logits.get(i, (None, -1))
+            tokens.append(token if seq == step.seq else -1)
         for admit in step.admits:
             seq, token = dev.prefill_out.get(admit.request_id, (None, -1))
-            tokens[admit.request_id] = token if seq == step.seq else -1
-        logits = dev.live("logits")
-        for i, row in enumerate(step.rows):
-            seq, token = logits.get(i, (None, -1))
-            tokens[row.request_id] = token if seq == step.seq else -1
-        return self.done(host, tokens)
+            tokens.append(token if seq == step.seq else -1)
+        return self.done(host, tuple(tokens))
 
     def destroy_communicator(self, r: int, host: Host, probe: bool) -> int:
         if self.world.hz.h5_comm_refcount and self.world.graphs[r]:

@@ -31,7 +31,7 @@ class FakeBackend:
             return self.graph_bytes
         if op.name == "sample":
             step = op.args[0]
-            return {r.request_id: 7 for r in step.rows} | {a.request_id: 7 for a in step.admits}
+            return (7,) * (len(step.rows) + len(step.admits))  # slot order: rows, admissions
         return None
 
 
@@ -88,16 +88,16 @@ class PagedBackend(FakeBackend):
             for admit in op.args[0]:
                 for position, token in enumerate(admit.prompt):
                     self._write(admit.slot, position, token)
-                self.out[admit.request_id] = self._next(admit.slot, len(admit.prompt))
+                self.out[admit.slot] = self._next(admit.slot, len(admit.prompt))
         elif op.name in ("run_eager", "prepare_replay"):
             step = op.args[0]
             self.out = getattr(self, "out", {}) if step.admits else {}
             for row in step.rows:
                 self._write(row.slot, row.position, row.token)
-                self.out[row.request_id] = self._next(row.slot, row.position + 1)
+                self.out[row.slot] = self._next(row.slot, row.position + 1)
         elif op.name == "sample":
             out, self.out = self.out, {}
-            return out
+            return tuple(out[slot] for slot in range(len(out)))  # slot order
         return super().run(op)
 
 

@@ -105,8 +105,15 @@ def test_rank0_step_reply_must_carry_tokens():
     ctrl2.submit(Request(1, (1, 2)))
     action = ctrl2.next_action()
     assert isinstance(action.command, Step)
-    with pytest.raises(ReplyError, match="must carry a token for requests \\[1\\]"):
-        ctrl2.on_reply(Reply(rank=0, seq=action.command.seq, payload={}))
+    with pytest.raises(ReplyError, match="must carry 1 token ids in slot order.*got 2 token"):
+        ctrl2.on_reply(Reply(rank=0, seq=action.command.seq, payload=(5, 6)))
+    ctrl3 = Controller(config)
+    ctrl3.phase = "serving"
+    ctrl3.pool = PagePool(num_pages=8, page_size=16, max_pages_per_seq=4)
+    ctrl3.submit(Request(1, (1, 2)))
+    action = ctrl3.next_action()
+    with pytest.raises(ReplyError, match="must carry 1 token ids.*got \\{1: 5\\}"):
+        ctrl3.on_reply(Reply(rank=0, seq=action.command.seq, payload={1: 5}))  # the old dict
 
 
 def test_rank_failure_aborts_naming_ranks_and_disarms_watchdog():

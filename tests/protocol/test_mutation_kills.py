@@ -67,8 +67,10 @@ def test_a_request_rank_0_could_not_sample_finishes_failed_and_the_others_go_on(
 
     def run(self, op):
         out = orig(self, op)
-        if op.name == "sample":
-            return {rid: (None if rid == 0 else tok) for rid, tok in out.items()}
+        if op.name == "sample":  # slot order: the rows, then the admissions
+            step = op.args[0]
+            ids = step.rows.request_ids + tuple(a.request_id for a in step.admits)
+            return tuple(None if rid == 0 else tok for rid, tok in zip(ids, out))
         return out
 
     monkeypatch.setattr(FakeBackend, "run", run)
@@ -109,18 +111,23 @@ def test_command_run_done_returns_the_reply_after_the_last_op():
 def test_worker_rows_must_match_both_slot_and_request():
     import pytest
 
-    from protocol.commands import Admit, DecodeRow
+    from protocol.commands import Admit, DecodeRow, DecodeRows
     from protocol.errors import SlotError
     from protocol.slots import SlotMap
 
     slots = SlotMap(4)
     slots.admit(Admit(1, 0, (1,)))
     slots.admit(Admit(2, 1, (1,)))
-    slots.check_rows((DecodeRow(0, 1, 5, 1), DecodeRow(1, 2, 5, 1)))
+    slots.check_rows(DecodeRows.of((DecodeRow(0, 1, 5, 1), DecodeRow(1, 2, 5, 1))))
     with pytest.raises(SlotError, match="row 1 names slot 1 request 9, but slot 1 holds 2"):
-        slots.check_rows((DecodeRow(0, 1, 5, 1), DecodeRow(1, 9, 5, 1)))  # right slot, wrong request
-    with pytest.raises(SlotError, match="row 0 names slot 1 request 1"):
-        slots.check_rows((DecodeRow(1, 1, 5, 1), DecodeRow(0, 2, 5, 1)))  # right request, wrong slot
+        slots.check_rows(DecodeRows((1, 9), (5, 5), (1, 1)))  # right slot, wrong request
+    with pytest.raises(SlotError, match="row 0 names slot 0 request 2, but slot 0 holds 1"):
+        slots.check_rows(DecodeRows((2, 1), (5, 5), (1, 1)))  # the requests swapped
+    # a row's slot is its index: a row naming another slot is refused when the rows are built
+    with pytest.raises(ValueError, match="decode row 0 names slot 1"):
+        DecodeRows.of((DecodeRow(1, 1, 5, 1), DecodeRow(0, 2, 5, 1)))
+    with pytest.raises(ValueError, match="2 request ids, 1 tokens and 2 positions"):
+        DecodeRows((1, 2), (5,), (1, 1))
 
 
 def test_worker_refuses_a_decode_row_past_its_requests_pages():
