@@ -31,6 +31,9 @@ ever chosen here.
 
 from __future__ import annotations
 
+from array import array
+from itertools import repeat
+
 import torch
 
 from engine.config import ModelConfig, check_parallel, load_model_config
@@ -52,6 +55,7 @@ from engine.sampling import BatchParams, SamplingParams, inverse_temperature, sa
 from engine.engine_config import EngineConfig
 from engine.weights import WeightIndex
 from protocol.backend import Backend
+from protocol.commands import NO_TOKEN
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -81,9 +85,16 @@ class RankExecutor(Backend):
         self.prefill_attention = (prefill_attention_triton if self.device.type == "cuda"
                                   else prefill_attention_torch)
         nb = max(settings.buckets)
-        self.input_ids = torch.zeros(nb, dtype=torch.long, device=self.device)
-        self.positions = torch.zeros(nb, dtype=torch.long, device=self.device)
+        # replay inputs: token ids and positions are rows of one int64 buffer, so a step's
+        # rows arrive in one host-to-device copy (from a pinned staging buffer on CUDA)
+        self._replay_in = torch.zeros(3, nb, dtype=torch.long, device=self.device)
+        self.input_ids = self._replay_in[0]
+        self.positions = self._replay_in[1]
         self.slot_ids = torch.zeros(nb, dtype=torch.int32, device=self.device)
+        self._staging = torch.zeros(3 * nb, dtype=torch.long,
+                                    pin_memory=self.device.type == "cuda")
+        self._zeros = array("q", bytes(8 * nb))
+        self._slot_range = array("q", range(nb))
         # request id -> (params, seed); registered by the driver before admission
         self.requests: dict[int, tuple[SamplingParams, int]] = {}
         self.slot_request: dict[int, int] = {}
@@ -348,11 +359,13 @@ class RankExecutor(Backend):
     def assign_pages(self, slot: int, first_index: int, pages: tuple[int, ...]) -> None:
         """Write the command's page ids into `slot`'s page-table row from `first_index` on
         (I14); the row lives at a fixed device address, so graphs read it at replay (I12).
+        The write is checked now and staged (`KVCache.stage_pages`): the step's forward
+        (`prefill`, `prepare_replay`) flushes every staged write in one copy first.
 
         Raises:
             ValueError: a slot, index or page id out of range.
         """
-        self.kv.assign_pages(slot, first_index, list(pages))
+        self.kv.stage_pages(slot, first_index, pages)
 
     def move_slot(self, src: int, dst: int) -> None:
         """Move slot `src`'s sequence into the empty slot `dst`: copy its page-table row and
@@ -371,6 +384,7 @@ class RankExecutor(Backend):
         Raises:
             ValueError: a prompt longer than max_model_len (the controller-side check failed).
         """
+        self.kv.flush_pages()
         ev = self.phases.start() if self.phases is not None else None
         lens = [len(a.prompt) for a in admits]
         for admit, n in zip(admits, lens):
@@ -415,17 +429,27 @@ class RankExecutor(Backend):
     def prepare_replay(self, step) -> None:
         """Write the step's tokens, positions and slots into the static buffers (I12); rows
         past len(step.rows) up to step.bucket are padding (padding slot, position 0, token 0).
-        The next `launch` reads its rows from this step."""
-        n, bucket = len(step.rows), step.bucket
-        tokens = [r.token for r in step.rows] + [0] * (bucket - n)
-        positions = [r.position for r in step.rows] + [0] * (bucket - n)
-        slots = [r.slot for r in step.rows] + [self.kv.padding_slot] * (bucket - n)
-        rows = torch.tensor([tokens, positions, slots], dtype=torch.long)
+        The next `launch` reads its rows from this step.
+
+        The step's columns (`protocol.commands.DecodeRows`) are packed into one int64 host
+        array [3, bucket] (tokens, positions, slots) by C-level copies -- no Python work per
+        row -- and sent in one copy (pinned staging, non-blocking, on CUDA); the slot ids are
+        then converted to int32 on the device.
+        """
+        self.kv.flush_pages()
+        rows, n, bucket = step.rows, len(step.rows), step.bucket
+        pad = bucket - n
+        packed = array("q", rows.tokens)
+        packed += self._zeros[:pad]
+        packed.extend(rows.positions)
+        packed += self._zeros[:pad]
+        packed += self._slot_range[:n]
+        packed.extend(repeat(self.kv.padding_slot, pad))
+        host = torch.frombuffer(packed, dtype=torch.long)
         if self.device.type == "cuda":
-            rows = rows.pin_memory().to(self.device, non_blocking=True)
-        self.input_ids[:bucket].copy_(rows[0])
-        self.positions[:bucket].copy_(rows[1])
-        self.slot_ids[:bucket].copy_(rows[2])
+            host = self._staging[:3 * bucket].copy_(host)
+        self._replay_in[:, :bucket].copy_(host.view(3, bucket), non_blocking=True)
+        self.slot_ids[:bucket].copy_(self._replay_in[2, :bucket])
         self._step = step
 
     @torch.no_grad()
@@ -449,17 +473,23 @@ class RankExecutor(Backend):
             self._decode_logits = logits
 
     def synchronize(self) -> None:
-        """Wait for this rank's device work (collectives included) to complete."""
+        """Wait for this rank's device work (collectives included) to complete; staged
+        page-table writes are flushed first."""
+        if self.kv is not None:
+            self.kv.flush_pages()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
     @torch.no_grad()
-    def sample(self, step) -> dict[int, int]:
+    def sample(self, step) -> tuple[int | None, ...]:
         """Rank 0: the next token of every decoded and admitted request of `step`, one batched
         pass over slots 0..rows+admits-1 (`engine.sampling.sample_batch`).
 
-        A request whose logit row is not finite gets None (the controller ends it) and an
-        ``"error"`` side output. Side outputs (logprob, logits when asked for) are left in
+        Returns the token ids in slot order (the rows, then the admissions): one int32
+        device-to-host copy turned into a tuple, no Python work per row. A request whose
+        logit row is not finite gets `protocol.commands.NO_TOKEN` (the controller ends it) and
+        an ``"error"`` side output; the finiteness test runs on the device inside the same
+        pass (-1 marks such a row). Side outputs (logprob, logits when asked for) are left in
         `self.outputs`.
         Raises:
             ValueError: the step's admissions do not take the slots right after its rows.
@@ -485,28 +515,27 @@ class RankExecutor(Backend):
         ev = self.phases.start() if self.phases is not None else None
         bp = self.slots.batch(n + a, index)
         tokens, logprobs = sample_batch(logits, bp, want_logprobs=self.slots.n_logprobs > 0)
+        # a non-finite logit row: greedy would pick a NaN's index and sampling garbage; that
+        # request ends with an error (NO_TOKEN for the controller), the others are served
+        tokens = torch.where(torch.isfinite(logits).all(dim=-1), tokens, -1)
         if ev is not None:
             self.phases.stop("sample", ev)
         ids = tokens.tolist()
         if self.phases is not None:
             self.phases.close_step(n, a)
-        rids = self.slots.request_ids[:n + a]
+        rids = self.slots.request_ids
         self.outputs = {}
-        result = dict(zip(rids, ids))
-        # a non-finite logit row: greedy would pick a NaN's index and sampling garbage; that
-        # request ends with an error (None for the controller), the others are served
-        finite = torch.isfinite(logits).all(dim=-1).tolist()
-        for slot, ok in enumerate(finite):
-            if not ok:
+        if -1 in ids:
+            for slot in [i for i, t in enumerate(ids) if t == -1]:
                 bad = int((~torch.isfinite(logits[slot])).sum())
-                result[rids[slot]] = None
+                ids[slot] = NO_TOKEN
                 self.outputs[rids[slot]] = {"error": f"{bad} of the {logits.shape[-1]} logits "
                                                      "of its next token are not finite (NaN or "
                                                      "inf)"}
         if self.slots.side:
             lp = logprobs.tolist() if logprobs is not None else None
             for slot, (want_lp, want_logits) in self.slots.side.items():
-                if slot >= n + a or result[rids[slot]] is None:
+                if slot >= n + a or ids[slot] is NO_TOKEN:
                     continue
                 out = self.outputs.setdefault(rids[slot], {})
                 if want_lp:
@@ -514,7 +543,7 @@ class RankExecutor(Backend):
                 if want_logits:
                     out["logits"] = logits[slot].to("cpu", copy=True)  # may view logits_buf
         self._decode_logits = self._prefill_logits = None
-        return result
+        return tuple(ids)
 
 
 class SlotSampling:

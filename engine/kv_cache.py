@@ -15,6 +15,8 @@ sequences grow and arrive in commands (I2, I14); this class only applies them.
 
 from __future__ import annotations
 
+from itertools import repeat
+
 import torch
 
 
@@ -42,6 +44,7 @@ class KVCache:
                                      dtype=torch.int32, device=device)
         self.seq_lens = torch.zeros(max_slots + 1, dtype=torch.int32, device=device)
         self.seq_lens[self.padding_slot] = 1
+        self._staged: tuple[list[int], list[int], list[int]] = ([], [], [])  # slot, index, page
 
     @property
     def nbytes(self) -> int:
@@ -49,7 +52,20 @@ class KVCache:
         return 2 * self.k.numel() * self.k.element_size()
 
     def assign_pages(self, slot: int, first_index: int, page_ids: list[int]) -> None:
-        """Set page_table[slot, first_index : first_index + len(page_ids)] = page_ids.
+        """Set page_table[slot, first_index : first_index + len(page_ids)] = page_ids now
+        (`stage_pages`, then `flush_pages`).
+
+        Raises:
+            ValueError: slot, index or page id out of range, or the padding page/slot used.
+        """
+        self.stage_pages(slot, first_index, page_ids)
+        self.flush_pages()
+
+    def stage_pages(self, slot: int, first_index: int, page_ids: list[int]) -> None:
+        """Check a page-table write and hold it until `flush_pages`, which writes every staged
+        entry in one host-to-device copy and one scatter: a step's page assignments (one per
+        admission and per row crossing into a new page) cost one copy, not one each.
+        `move_slot` and `clear_slot` flush first, so writes keep their order.
 
         Raises:
             ValueError: slot, index or page id out of range, or the padding page/slot used.
@@ -59,21 +75,36 @@ class KVCache:
         if first_index < 0 or first_index + len(page_ids) > self.max_pages_per_seq:
             raise ValueError(f"page index {first_index}+{len(page_ids)} exceeds "
                              f"max_pages_per_seq {self.max_pages_per_seq}")
-        if any(not 0 <= p < self.num_pages for p in page_ids):
-            raise ValueError(f"page ids {page_ids} out of range [0, {self.num_pages})")
-        if page_ids:
-            self.page_table[slot, first_index:first_index + len(page_ids)] = torch.tensor(
-                page_ids, dtype=torch.int32).to(self.page_table.device)
+        if page_ids and not (0 <= min(page_ids) and max(page_ids) < self.num_pages):
+            raise ValueError(f"page ids {list(page_ids)} out of range [0, {self.num_pages})")
+        n = len(page_ids)
+        self._staged[0].extend(repeat(slot, n))
+        self._staged[1].extend(range(first_index, first_index + n))
+        self._staged[2].extend(page_ids)
+
+    def flush_pages(self) -> None:
+        """Write the staged page-table entries (see `stage_pages`); nothing when none are."""
+        if not self._staged[0]:
+            return
+        flat = torch.tensor(self._staged[0] + self._staged[1] + self._staged[2],
+                            dtype=torch.int64)
+        self._staged = ([], [], [])
+        if self.page_table.is_cuda:  # pinned (cached by torch's host allocator), no host wait
+            flat = flat.pin_memory().to(self.page_table.device, non_blocking=True)
+        slots, index, pages = flat.view(3, -1)
+        self.page_table[slots, index] = pages.to(torch.int32)
 
     def move_slot(self, src: int, dst: int) -> None:
         """Move the sequence in slot `src` to slot `dst` (page-table row and length); `src` is
         left empty (padding page, length 0)."""
+        self.flush_pages()
         self.page_table[dst].copy_(self.page_table[src])
         self.seq_lens[dst] = self.seq_lens[src]
         self.clear_slot(src)
 
     def clear_slot(self, slot: int) -> None:
         """Forget slot `slot`'s pages (they went back to the controller's pool)."""
+        self.flush_pages()
         self.page_table[slot].fill_(self.padding_page)
         self.seq_lens[slot] = 0
 

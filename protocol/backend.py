@@ -169,8 +169,7 @@ class ReplayRows:
     @classmethod
     def of_step(cls, step: Step) -> "ReplayRows":
         """The live rows ``step`` commands, in order (padding rows excluded)."""
-        return cls(tuple(r.token for r in step.rows), tuple(r.position for r in step.rows),
-                   tuple(r.slot for r in step.rows))
+        return cls(step.rows.tokens, step.rows.positions, tuple(range(len(step.rows))))
 
     def first(self, n: int) -> "ReplayRows":
         """The first ``n`` rows."""
@@ -294,8 +293,10 @@ class Backend(ABC):
         """Block until this rank's device work, collectives included, is complete (I1, I11)."""
 
     @abstractmethod
-    def sample(self, step: Step) -> dict[int, int]:
-        """Rank 0 only: sample the next token of every admitted and decoded request."""
+    def sample(self, step: Step) -> tuple[int | None, ...]:
+        """Rank 0 only: sample the next token of every decoded and admitted request; returns
+        the token ids in slot order (the rows, then the admissions), `NO_TOKEN` for a request
+        that could not be sampled."""
 
     @abstractmethod
     def destroy_communicator(self) -> None:

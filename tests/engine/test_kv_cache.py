@@ -43,3 +43,23 @@ def test_move_slot_moves_row_and_length():
     kv.move_slot(2, 0)
     assert kv.page_table[0].tolist() == [5, 1] and int(kv.seq_lens[0]) == 20
     assert kv.page_table[2].tolist() == [6, 6] and int(kv.seq_lens[2]) == 0
+
+
+def test_staged_page_writes_land_at_the_flush_in_order_with_moves_and_clears():
+    kv = _cache()
+    kv.stage_pages(0, 0, [3])
+    kv.stage_pages(1, 0, [4, 2])
+    assert (kv.page_table == 6).all()  # nothing written before the flush
+    kv.move_slot(1, 2)  # flushes first: the move carries slot 1's staged pages
+    assert kv.page_table.tolist() == [[3, 6], [6, 6], [4, 2], [6, 6]]
+    kv.stage_pages(0, 1, [5])
+    kv.clear_slot(0)  # the staged write lands, then the clear empties the row
+    assert kv.page_table[0].tolist() == [6, 6]
+    kv.stage_pages(1, 1, [0])
+    kv.flush_pages()
+    kv.flush_pages()  # nothing staged: no change
+    assert kv.page_table.tolist() == [[6, 6], [6, 0], [4, 2], [6, 6]]
+    with pytest.raises(ValueError, match=r"page ids \[1, 9\] out of range \[0, 6\)"):
+        kv.stage_pages(1, 0, [1, 9])
+    with pytest.raises(ValueError, match="page index 1\\+2 exceeds max_pages_per_seq 2"):
+        kv.stage_pages(1, 1, [1, 2])
