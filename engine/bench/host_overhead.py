@@ -13,8 +13,10 @@ its time is reported apart (`sample`), as the GPU breakdown reports sampling apa
 For each batch size: B requests of 16-token prompts, greedy, `ignore_eos`, `--steps` decode
 steps each, served `--repeats` times; the decode-only steps at B rows are pooled. Per step:
 wall (from the top of the driver loop to the step's last reply, so the controller's work is
-inside), of which controller (`next_action` + `on_reply`), forward stub and sampler (both
-timed with perf_counter around the executor's phases), and the rest of the host path.
+inside); host, the wall less the forward stub and the sampler (both timed with perf_counter
+around the executor's phases, as the GPU breakdown subtracts device decode and sampling);
+of the host, the controller (`next_action` + `on_reply`) and the rest (transport, worker,
+executor bookkeeping, the reply). Medians and p99s are taken per column over the steps.
 
     python -m engine.bench.host_overhead --batch-sizes 1,256 --steps 200 --repeats 5
 
@@ -106,7 +108,7 @@ def measure(llm, rows: int, steps: int, repeats: int) -> dict:
     from engine.sampling import SamplingParams
 
     ex = llm.ranks.executor
-    samples: dict[str, list[float]] = {"wall": [], "controller": [], "forward": [],
+    samples: dict[str, list[float]] = {"wall": [], "host": [], "controller": [], "forward": [],
                                        "sample": [], "other": []}
     for _ in range(repeats):
         ex.phases = timer = CpuPhaseTimer()
@@ -120,6 +122,7 @@ def measure(llm, rows: int, steps: int, repeats: int) -> dict:
                 continue
             wall = 1e3 * sec
             samples["wall"].append(wall)
+            samples["host"].append(wall - d["decode"] - d["sample"])
             samples["controller"].append(1e3 * ctrl)
             samples["forward"].append(d["decode"])
             samples["sample"].append(d["sample"])
@@ -129,20 +132,19 @@ def measure(llm, rows: int, steps: int, repeats: int) -> dict:
     for name, xs in samples.items():
         out[f"{name}_ms_median"] = statistics.median(xs)
         out[f"{name}_ms_p99"] = percentile(xs, 99)
-    out["host_ms_median"] = statistics.median(
-        w - s for w, s in zip(samples["wall"], samples["sample"]))
     return out
 
 
 def format_table(results: list[dict]) -> str:
     """One line per batch size: median / p99 in ms of the wall and each part."""
-    head = (f"{'batch':>5} {'steps':>6} {'wall':>15} {'controller':>15} {'forward stub':>15} "
-            f"{'sampler':>15} {'rest':>15}")
-    lines = ["decode step on the CPU, model forward stubbed; median / p99 ms", head,
+    head = (f"{'batch':>5} {'steps':>6} {'wall':>15} {'host':>15} {'controller':>15} "
+            f"{'forward stub':>15} {'sampler':>15} {'rest':>15}")
+    lines = ["decode step on the CPU, model forward stubbed; median / p99 ms "
+             "(host = wall - forward - sampler, as the GPU breakdown counts it)", head,
              "-" * len(head)]
     for r in results:
         cells = [f"{r[f'{k}_ms_median']:.3f} / {r[f'{k}_ms_p99']:.3f}"
-                 for k in ("wall", "controller", "forward", "sample", "other")]
+                 for k in ("wall", "host", "controller", "forward", "sample", "other")]
         lines.append(f"{r['rows']:>5} {r['steps']:>6} " + " ".join(f"{c:>15}" for c in cells))
     return "\n".join(lines)
 
