@@ -12,7 +12,9 @@ type, so a reader can follow a command from the controller through the worker to
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, ClassVar
 
 from protocol.commands import Admit, Step
@@ -34,10 +36,27 @@ class Op:
     @property
     def args(self) -> tuple[Any, ...]:
         """The op's argument values, in field order."""
-        return tuple([getattr(self, name) for name in self.__match_args__])
+        getter = _ARGS.get(self.__class__)
+        if getter is None:
+            getter = _ARGS[self.__class__] = _args_getter(self.__match_args__)
+        return getter(self)
 
     def __str__(self) -> str:
         return f"{self.name}({', '.join(map(str, self.args))})"
+
+
+def _args_getter(names: tuple[str, ...]) -> Callable[[Op], tuple[Any, ...]]:
+    """op -> the values of fields ``names``, as a tuple (what `Op.args` returns)."""
+    if not names:
+        return lambda op: ()
+    if len(names) == 1:
+        one = attrgetter(names[0])
+        return lambda op: (one(op),)
+    return attrgetter(*names)
+
+
+_ARGS: dict[type, Callable[[Op], tuple[Any, ...]]] = {}
+"""Op class -> its `_args_getter`, built on first use (`Op.args` runs once per op in a trace)."""
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ class CommandRun:
         self._sync_after = sync_after
         self.results: list[Any] = []
         self.reply: Reply | None = None
+        self._actor = f"rank{worker.rank}"  # the events' actor, formatted once per command
         self._extra_sync = False
         try:
             self.ops: list[Op] = list(worker.ops_for(command))
@@ -105,9 +106,8 @@ class CommandRun:
 
     def _event(self, kind: str, what: str, detail: str, ok: bool, data: tuple = ()) -> None:
         if self._record is not None:
-            rank = self.worker.rank
-            self._record(TraceEvent(f"rank{rank}", kind, what, self.command.seq, rank, detail,
-                                    ok, self._clock(), data))
+            self._record(TraceEvent(self._actor, kind, what, self.command.seq, self.worker.rank,
+                                    detail, ok, self._clock(), data))
 
 
 def run_command(worker, backend: Backend, command: Command,

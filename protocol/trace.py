@@ -53,6 +53,8 @@ class TraceEvent(NamedTuple):
 
 def describe_args(args: tuple) -> str:
     """Short text of op arguments: graph keys and numbers as is, commands by their class."""
+    if not args:
+        return ""
     parts = []
     for arg in args:
         if arg.__class__ is int or arg.__class__ is GraphKey:  # the common cases, first

@@ -344,38 +344,51 @@ class DeviceModel:
             main, side = dev.main, dev.side
             a = main[0] if main and main[0].__class__ is Collective else None
             b = side[0] if side and side[0].__class__ is Collective else None
-            if a is None and b is None:
-                continue
-            if (h9 and a is not None and b is not None and a.sig.comm == b.sig.comm
+            if a is None:
+                if b is None:
+                    continue
+            elif (h9 and b is not None and a.sig.comm == b.sig.comm
                     and (a.sig.mode == "graph" or b.sig.mode == "graph"
                          or w.comms[a.sig.comm].one_in_flight)):
                 continue  # wedged (H9): this device completes nothing of that communicator
             done = dev.done
-            for stream, kernel in ((main, a), (side, b)):
-                if kernel is not None and kernel.order == done.get(kernel.sig.comm, 0):
-                    heads.setdefault(kernel.sig.comm, {})[r] = stream
+            if a is not None and a.order == done.get(a.sig.comm, 0):
+                at = heads.get(a.sig.comm)
+                if at is None:
+                    at = heads[a.sig.comm] = {}
+                at[r] = main
+            if b is not None and b.order == done.get(b.sig.comm, 0):
+                at = heads.get(b.sig.comm)
+                if at is None:
+                    at = heads[b.sig.comm] = {}
+                at[r] = side
         for comm, at in heads.items():
             for r, stream in at.items():
                 kernel = stream[0]
-                peer = kernel.sig.peer
+                sig = kernel.sig
+                peer = sig.peer
                 if peer is None:
                     members = self.members(comm)
-                    if not all(m in at for m in members):
+                    if not all(map(at.__contains__, members)):
                         continue
                     kernels = [at[m][0] for m in members]
-                    if any(k.sig.peer is not None or k.index != kernel.index
-                           or not k.sig.matches(kernel.sig) for k in kernels):
-                        lines = "; ".join(f"rank {m} is in {sig_text(k)}"
-                                          for m, k in zip(members, kernels))
-                        return ("diverge", f"collective sequences differ across ranks on "
-                                           f"communicator {comm}: {lines}")
+                    index = kernel.index
+                    for k in kernels:
+                        ks = k.sig
+                        # one Signature object (a graph's, shared by every rank) matches itself
+                        if ks.peer is not None or k.index != index or (
+                                ks is not sig and not ks.matches(sig)):
+                            lines = "; ".join(f"rank {m} is in {sig_text(k)}"
+                                              for m, k in zip(members, kernels))
+                            return ("diverge", f"collective sequences differ across ranks on "
+                                               f"communicator {comm}: {lines}")
                     return ("complete", comm, [at[m] for m in members])
                 if peer not in at:
                     continue
                 other = at[peer][0]
-                want = {"send": "recv", "recv": "send"}.get(kernel.sig.op)
+                want = {"send": "recv", "recv": "send"}.get(sig.op)
                 if (other.sig.peer != r or other.sig.op != want or other.index != kernel.index
-                        or other.sig.nbytes != kernel.sig.nbytes):
+                        or other.sig.nbytes != sig.nbytes):
                     return ("diverge", f"point-to-point calls differ on communicator {comm}: "
                                        f"rank {r} is in {sig_text(kernel)}, rank {peer} in "
                                        f"{sig_text(other)}")

@@ -9,6 +9,7 @@ types are modelled by the handlers in its ``sim_ops``, keyed by the op class.
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from protocol.backend import (
@@ -62,6 +63,8 @@ ALWAYS_READY = (WarmupCollective, ProfileForward, GraphMemory, ReleaseSlot,
                 AssignPages, MoveSlot, Prefill, PrepareReplay, RunEager, Sample)
 """Ops that never block in the model (host-side work or a plain enqueue), probed for free."""
 
+_TOKEN, _POSITION, _SLOT = attrgetter("token"), attrgetter("position"), attrgetter("slot")
+
 
 class ModelledBackend:
     """The backend of every rank of one world.
@@ -72,6 +75,8 @@ class ModelledBackend:
 
     def __init__(self, world: World):
         self.world = world
+        self._graph_collectives: dict[GraphKey, tuple] = {}
+        self._checked_calls: set[tuple] = set()  # (communicator, peer, rank) found valid
 
     # -- dispatch ---------------------------------------------------------------------------------
 
@@ -142,15 +147,8 @@ class ModelledBackend:
         dev = self.world.devices[r]
         if isinstance(kernel, Signature):
             sig = kernel
-            comm = self.world.comm(sig.comm)
-            members = comm.members(self.world.ws)
-            if not comm.device or r not in members or (
-                    sig.peer is not None and (sig.peer not in members or sig.peer == r)):
-                what = ("a host group" if not comm.device else
-                        f"a communicator of ranks {list(members)}")
-                raise ConfigError(f"rank {r} enqueues {sig.op}"
-                                  + (f" with rank {sig.peer}" if sig.peer is not None else "")
-                                  + f" on communicator {sig.comm!r}, {what}")
+            if (sig.comm, sig.peer, r) not in self._checked_calls:
+                self._check_call(r, sig)
             key = pairing_key(sig.comm, sig.op, r, sig.peer)
             index = dev.paired.get(key, 0)
             order = dev.issued.get(sig.comm, 0)
@@ -159,6 +157,20 @@ class ModelledBackend:
             kernel = Collective(index, sig, order)
             dev.enqueued_collectives += 1
         (dev.side if side else dev.main).append(kernel)
+
+    def _check_call(self, r: int, sig: Signature) -> None:
+        """Raise ConfigError if rank ``r`` may not enqueue ``sig`` (see `enqueue`); remember a
+        valid (communicator, peer, rank) so that later calls skip the check."""
+        comm = self.world.comm(sig.comm)
+        members = comm.members(self.world.ws)
+        if not comm.device or r not in members or (
+                sig.peer is not None and (sig.peer not in members or sig.peer == r)):
+            what = ("a host group" if not comm.device else
+                    f"a communicator of ranks {list(members)}")
+            raise ConfigError(f"rank {r} enqueues {sig.op}"
+                              + (f" with rank {sig.peer}" if sig.peer is not None else "")
+                              + f" on communicator {sig.comm!r}, {what}")
+        self._checked_calls.add((sig.comm, sig.peer, r))
 
     def send(self, r: int, peer: int, nbytes: int, comm: str = "tp", side: bool = False,
              label: str = "send") -> None:
@@ -377,10 +389,13 @@ class ModelledBackend:
         return self.done(host)
 
     def launch(self, r: int, host: Host, key: GraphKey, probe: bool) -> int:
-        shape = self.world.config.shape
-        sig = Signature("all-reduce", shape.allreduces_per_step, shape.allreduce_bytes(key.bucket),
-                        f"graph {key}", mode="graph")
-        return self.launch_with(r, host, key, probe, ((sig, False),))
+        collectives = self._graph_collectives.get(key)
+        if collectives is None:  # one frozen record per key: the same for every launch of it
+            shape = self.world.config.shape
+            sig = Signature("all-reduce", shape.allreduces_per_step,
+                            shape.allreduce_bytes(key.bucket), f"graph {key}", mode="graph")
+            collectives = self._graph_collectives[key] = ((sig, False),)
+        return self.launch_with(r, host, key, probe, collectives)
 
     def launch_with(self, r: int, host: Host, key: GraphKey, probe: bool,
                     collectives: tuple[tuple[Signature, bool], ...]) -> int:
@@ -417,15 +432,17 @@ class ModelledBackend:
         buffer it captured holds now -- the launch's result, which the trace check compares
         with the step's rows (I12)."""
         dev = self.world.devices[r]
-        pending = [k for k in dev.main if isinstance(k, WriteReplayMeta)]
-        if pending:
-            rows = pending[-1].rows
+        for kernel in reversed(dev.main):
+            if isinstance(kernel, WriteReplayMeta):
+                rows = kernel.rows[:bucket]
+                break
         else:
             ref = next(ref for ref in graph.buffers if ref[0] == "replay-inputs")
-            rows = dev.allocations[ref].data
-        rows = list(rows)[:bucket]
-        return ReplayRows(tuple(x.token for x in rows), tuple(x.position for x in rows),
-                          tuple(x.slot for x in rows))
+            rows = dev.allocations[ref].data[:bucket]
+        # attrgetter over map: the same tuples as generator expressions, without a Python
+        # frame per row (a sweep replays buckets of up to 256 rows)
+        return ReplayRows(tuple(map(_TOKEN, rows)), tuple(map(_POSITION, rows)),
+                          tuple(map(_SLOT, rows)))
 
     def live_buffers(self, r: int, host: Host, graph: Graph) -> bool:
         """Direct I15 check: every buffer the graph captured is still the live one (same

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from sim.guard import tick
+from sim.guard import progress_counter
 from sim.scenario import Scenario
 from sim.world import Outcome, World
 
@@ -41,18 +41,21 @@ def run_schedule(scenario: Scenario, variant, chooser, on_state=None,
     """
     world = World(scenario, variant)
     choices: list[str] = []
+    # bound once: this loop runs once per action
+    enabled_now, advance, record, choose = world.enabled, world.step, choices.append, chooser.choose
+    ticks = progress_counter()
     while world.outcome is None:
         if deadline is not None and len(choices) % 1024 == 0 and time.perf_counter() > deadline:
             world.outcome = Outcome("budget", f"time budget ended the run after {len(choices)} actions")
             break
-        enabled = world.enabled()
+        enabled = enabled_now()
         if not enabled:
             world.settle()
             continue
-        actor = enabled[0] if len(enabled) == 1 else chooser.choose(enabled, len(choices))
-        choices.append(actor)
-        world.step(actor)
-        tick()
+        actor = enabled[0] if len(enabled) == 1 else choose(enabled, len(choices))
+        record(actor)
+        advance(actor)
+        ticks[0] += 1  # `sim.guard.tick`, inlined
         if on_state is not None:
             on_state(world)
     return RunResult(world.outcome, choices, world.actions, dict(world.events), world)

@@ -19,6 +19,7 @@ its public queries.
 from __future__ import annotations
 
 import re
+from operator import itemgetter
 from dataclasses import dataclass, field
 
 from protocol.backend import ENQUEUING, Op, Synchronize
@@ -154,6 +155,10 @@ class World:
         self._rank_names = [f"rank{r}" for r in range(self.ws)]
         self._link_names = [f"link{r}" for r in range(self.ws)]
         self._device_names = [f"device{r}" for r in range(self.ws)]
+        # per rank, what `enabled` reads, in rank order (the lists themselves, never rebound)
+        self._host_rows = tuple(zip(self.hosts, self._rank_names, self.devices))
+        self._link_rows = tuple(zip(self.transit, self._link_names))
+        self._device_rows = tuple(zip(self.devices, self._device_names))
         self._dispatch_table = {"controller": (self._step_controller, None),
                                 "collectives": (self.device_model.step_collective, None)}
         self._dispatch_table.update({n: (self._step_host, r) for r, n in enumerate(self._rank_names)})
@@ -188,20 +193,27 @@ class World:
         host threads, the links, the devices, the collectives."""
         if self.outcome is not None:
             return []
+        # `_controller_ready`, inlined: this runs once per action
         ctrl = self.ctrl
-        out = ["controller"] if (self._news or ctrl.current is None
-                                 or self._controller_ready()) else []
-        hosts = self.hosts
+        if self._news or ctrl.current is None:
+            out = ["controller"]
+        else:
+            phase = ctrl.phase
+            if phase == "failed" or phase == "done":
+                out = ["controller"]
+            elif phase == "startup":
+                deadline = ctrl.watchdog.deadline
+                out = ["controller"] if deadline is not None and self.clock >= deadline else []
+            else:
+                out = ["controller"] if self.clock >= ctrl.step_deadline else []
         if self.faults or self.dead:
             for r, name in enumerate(self._rank_names):
-                host = hosts[r]
+                host = self.hosts[r]
                 if host.inbox if host.run is None else self._host_ready(r):
                     out.append(name)
         else:  # the common case, `_host_ready` inlined: no fault bookkeeping, nobody dead
             attempt = self.backend.attempt
-            devices = self.devices
-            for r, name in enumerate(self._rank_names):
-                host = hosts[r]
+            for host, name, dev in self._host_rows:
                 run = host.run
                 if run is None:
                     if host.inbox:
@@ -210,29 +222,35 @@ class World:
                 op = run.op
                 cls = op.__class__
                 if cls is Synchronize:  # the most frequent probe: a rank waiting for its device
-                    dev = devices[r]
                     if not (dev.main or dev.side):
                         out.append(name)
-                elif cls in _ALWAYS_READY or attempt(r, host, op, True) != BLOCKED:
+                elif cls in _ALWAYS_READY or attempt(host.rank, host, op, True) != BLOCKED:
                     out.append(name)
-        transit = self.transit
-        for r, name in enumerate(self._link_names):
-            if transit[r]:
+        for transit, name in self._link_rows:
+            if transit:
                 out.append(name)
         h3 = self.hz.h3_spinning_collectives
         any_collective = False
-        names = self._device_names
-        for r, dev in enumerate(self.devices):
+        for dev, name in self._device_rows:
+            # a device runs when a stream's head is a compute kernel, or (H3 off) any head
             main, side = dev.main, dev.side
-            if not main and not side:
-                continue
-            main_c = main and main[0].__class__ is Collective
-            side_c = side and side[0].__class__ is Collective
-            if (main and not main_c) or (side and not side_c) or (not h3):
-                out.append(names[r])
-            if main_c or side_c:
-                any_collective = True
-        if h3 and any_collective and self.device_model.ready_collective() is not None:
+            if main:
+                if main[0].__class__ is Collective:
+                    any_collective = True
+                    if not h3 or (side and side[0].__class__ is not Collective):
+                        out.append(name)
+                else:
+                    out.append(name)
+                    if side and side[0].__class__ is Collective:
+                        any_collective = True
+            elif side:
+                if side[0].__class__ is Collective:
+                    any_collective = True
+                    if not h3:
+                        out.append(name)
+                else:
+                    out.append(name)
+        if any_collective and h3 and self.device_model.ready_collective() is not None:
             out.append("collectives")
         return out
 
@@ -372,9 +390,14 @@ class World:
         if not self._sent or self.ctrl.serving:
             return True
         live = [r for r in range(self.ws) if r not in self.dead]
+        if not live:
+            return True
         # graphs some rank lacks are a captured-set difference, left to I3 at Finalize
-        common = set.intersection(*(set(self.graphs[r]) for r in live)) if live else set()
-        counts = {r: sum(1 for key, _, _ in self.devices[r].registered if key in common)
+        common = set(self.graphs[live[0]])
+        for r in live[1:]:
+            common &= self.graphs[r].keys()
+        # entries are (graph key, communicator, buffer); map keeps the count out of Python frames
+        counts = {r: sum(map(common.__contains__, map(_FIRST, self.devices[r].registered)))
                   for r in live}
         if len(set(counts.values())) <= 1:
             return True
@@ -737,6 +760,7 @@ def _cmd_detail(cmd: Command) -> str:
 
 
 _ALWAYS_READY = frozenset(ALWAYS_READY)
+_FIRST = itemgetter(0)
 
 
 def _story(cycle) -> str:
