@@ -16,6 +16,8 @@ padding rows the scratch slot. A graph replay reads and writes the buffers the g
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import is_
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from protocol.commands import Admit, DecodeRow
@@ -121,6 +123,18 @@ def padded_rows(rows: tuple[DecodeRow, ...], bucket: int, scratch: int) -> tuple
     """``rows`` padded to ``bucket`` with padding rows on the scratch slot (position 0, token 0)."""
     pad = DecodeRow(slot=scratch, request_id=PAD_REQUEST, token=0, position=0)
     return tuple(rows) + (pad,) * max(0, bucket - len(rows))
+
+
+def _padding_run(rows) -> int:
+    """Where the trailing run of one padding row object starts in ``rows`` (a list or
+    tuple), or ``len(rows)`` if the last row is not padding: `DeviceModel.decode` writes such
+    a run once, so it need not visit each of its rows (a sweep replay is all padding)."""
+    n = len(rows)
+    if not n or rows[-1].request_id != PAD_REQUEST:
+        return n
+    last = rows[-1]
+    start = rows.index(last)  # the first row equal to it; the run needs the very object
+    return start if all(map(is_, rows[start:], repeat(last))) else n - 1
 
 
 @dataclass
@@ -276,7 +290,9 @@ class DeviceModel:
         the logits are off by one (a partial all-reduce sum)."""
         vocab = self.vocab
         last_padding = None  # padding rows repeat one row object: write it once
-        for i, row in enumerate(rows):
+        run = _padding_run(rows)
+        for i in range(run):
+            row = rows[i]
             if row.request_id == PAD_REQUEST:
                 # nothing reads a padding row's logits; its KV write goes where its slot says
                 if row is not last_padding:
@@ -286,6 +302,9 @@ class DeviceModel:
             kv.write(row.slot, row.position, row.token)
             token = next_token(kv.read(row.slot, row.position), vocab)
             logits[i] = (seq, (token + 1) % vocab if corrupt else token)
+        if run < len(rows) and rows[run] is not last_padding:  # the trailing run: one write
+            row = rows[run]
+            kv.write(row.slot, row.position, row.token)
 
     def check_rows(self, r: int, seq: int, rows) -> bool:
         """Direct I8 check: a decode's live rows name the dense slots 0..n-1 in order and its

@@ -9,7 +9,6 @@ types are modelled by the handlers in its ``sim_ops``, keyed by the op class.
 
 from __future__ import annotations
 
-from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from protocol.backend import (
@@ -63,7 +62,27 @@ ALWAYS_READY = (WarmupCollective, ProfileForward, GraphMemory, ReleaseSlot,
                 AssignPages, MoveSlot, Prefill, PrepareReplay, RunEager, Sample)
 """Ops that never block in the model (host-side work or a plain enqueue), probed for free."""
 
-_TOKEN, _POSITION, _SLOT = attrgetter("token"), attrgetter("position"), attrgetter("slot")
+
+
+def _columns(rows) -> ReplayRows:
+    """`ReplayRows` of a list or tuple of `DecodeRow`s: tokens, positions and slots.
+
+    Padded rows end in a run of one padding row (a whole sweep replay is padding), so the
+    run of rows equal to the last one is expanded by repetition instead of row by row:
+    equal rows have equal fields, so the tuples are the same as a loop over every row.
+    """
+    n = len(rows)
+    if not n:
+        return ReplayRows((), (), ())
+    last = rows[-1]
+    first = rows.index(last)
+    if rows.count(last) == n - first:  # every row from `first` on equals the last one
+        head, run = rows[:first], n - first
+        return ReplayRows(tuple([x.token for x in head]) + (last.token,) * run,
+                          tuple([x.position for x in head]) + (last.position,) * run,
+                          tuple([x.slot for x in head]) + (last.slot,) * run)
+    return ReplayRows(tuple([x.token for x in rows]), tuple([x.position for x in rows]),
+                      tuple([x.slot for x in rows]))
 
 
 class ModelledBackend:
@@ -75,6 +94,13 @@ class ModelledBackend:
 
     def __init__(self, world: World):
         self.world = world
+        hz = world.hz
+        # fixed for the whole run, read by every lock-holding call (`locked`)
+        self._waits = {(q, f): hz.h2_waits(q, f) for q in (False, True) for f in (False, True)}
+        self._quiesce_scope = [
+            tuple(world.procs[world.proc_of[r]]) if hz.h2_scope == "process"
+            else tuple(hz.quiesce_devices(r, world.procs[world.proc_of[r]], world.ws))
+            for r in range(world.ws)]
         self._graph_collectives: dict[GraphKey, tuple] = {}
         self._checked_calls: set[tuple] = set()  # (communicator, peer, rank) found valid
 
@@ -82,17 +108,17 @@ class ModelledBackend:
 
     def attempt(self, r: int, host: Host, op: Op, probe: bool) -> int:
         """Test (``probe``) or perform ``op`` on rank ``r``; BLOCKED, PROGRESS or DONE."""
-        match op:
-            case Synchronize():
-                return self.synchronize(r, host, probe)
+        match op:  # the sweep's ops first: a match tries its cases in order
             case Record(key):
                 return self.record(r, host, key, probe)
             case Instantiate(key):
                 return self.graph_driver_call(r, host, key, probe, "instantiated")
-            case Upload(key):
-                return self.graph_driver_call(r, host, key, probe, "uploaded")
             case LaunchGraph(key):
                 return self.launch(r, host, key, probe)
+            case Upload(key):
+                return self.graph_driver_call(r, host, key, probe, "uploaded")
+            case Synchronize():
+                return self.synchronize(r, host, probe)
             case GraphMemory():
                 return DONE if probe else self.done(host, self.graph_bytes(r))
             case WarmupCollective(nbytes):
@@ -265,11 +291,9 @@ class ModelledBackend:
                 if not probe:
                     w.locks[p] = r
                     host.holding = True
-        if (quiesce or frees) and w.hz.h2_waits(quiesce, frees):
+        if (quiesce or frees) and self._waits[quiesce, frees]:  # HazardModel.h2_waits
             devices = w.devices
-            scope = (w.procs[p] if w.hz.h2_scope == "process"
-                     else w.hz.quiesce_devices(r, w.procs[p], w.ws))
-            for d in scope:
+            for d in self._quiesce_scope[r]:  # HazardModel.quiesce_devices under h2_scope
                 dev = devices[d]
                 if dev.main or dev.side:  # Device.busy, inlined: the hottest probe
                     return PROGRESS if acquired else BLOCKED
@@ -439,10 +463,7 @@ class ModelledBackend:
         else:
             ref = next(ref for ref in graph.buffers if ref[0] == "replay-inputs")
             rows = dev.allocations[ref].data[:bucket]
-        # attrgetter over map: the same tuples as generator expressions, without a Python
-        # frame per row (a sweep replays buckets of up to 256 rows)
-        return ReplayRows(tuple(map(_TOKEN, rows)), tuple(map(_POSITION, rows)),
-                          tuple(map(_SLOT, rows)))
+        return _columns(rows)
 
     def live_buffers(self, r: int, host: Host, graph: Graph) -> bool:
         """Direct I15 check: every buffer the graph captured is still the live one (same
