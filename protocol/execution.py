@@ -17,6 +17,8 @@ from protocol.commands import Command, Reply, Step
 from protocol.errors import ProtocolError
 from protocol.trace import TraceEvent, describe_args
 
+_tuple_new = tuple.__new__
+
 
 class CommandRun:
     """One command executing on one rank.
@@ -106,8 +108,10 @@ class CommandRun:
 
     def _event(self, kind: str, what: str, detail: str, ok: bool, data: tuple = ()) -> None:
         if self._record is not None:
-            self._record(TraceEvent(self._actor, kind, what, self.command.seq, self.worker.rank,
-                                    detail, ok, self._clock(), data))
+            # every field given, so the tuple is built directly (no NamedTuple __new__ frame)
+            self._record(_tuple_new(TraceEvent, (self._actor, kind, what, self.command.seq,
+                                                 self.worker.rank, detail, ok, self._clock(),
+                                                 data)))
 
 
 def run_command(worker, backend: Backend, command: Command,
