@@ -55,6 +55,10 @@ def describe_args(args: tuple) -> str:
     """Short text of op arguments: graph keys and numbers as is, commands by their class."""
     if not args:
         return ""
+    if len(args) == 1:  # most ops: one graph key or one number
+        arg = args[0]
+        if arg.__class__ is int or arg.__class__ is GraphKey:
+            return str(arg)
     parts = []
     for arg in args:
         if arg.__class__ is int or arg.__class__ is GraphKey:  # the common cases, first

@@ -227,6 +227,7 @@ class DeviceModel:
     def __init__(self, world: World):
         self.world = world
         self._members: dict[str, tuple[int, ...]] = {}
+        self._ready = None  # (stream-head collectives, `ready_collective`'s answer for them)
 
     def device_ready(self, r: int) -> bool:
         """True if device ``r`` can run a kernel now."""
@@ -355,7 +356,25 @@ class DeviceModel:
         first communicator (or send/receive pair) whose every participant has its next call at
         a stream head and whose calls match, ``("diverge", text)`` when they all do but differ,
         or None. A call waits behind an earlier call of its communicator still queued on the
-        other stream; a wedged communicator (H9, `wedges`) completes nothing on that device."""
+        other stream; a wedged communicator (H9, `wedges`) completes nothing on that device.
+
+        The answer depends only on the collectives at the stream heads (a device's completed
+        counts change only as a collective leaves a head), so it is kept until one of those
+        heads is another object: the scheduler asks again after every action.
+        """
+        heads_now = []
+        for dev in self.world.devices:
+            main, side = dev.main, dev.side
+            heads_now.append(main[0] if main and main[0].__class__ is Collective else None)
+            heads_now.append(side[0] if side and side[0].__class__ is Collective else None)
+        cached = self._ready
+        if cached is not None and all(map(is_, heads_now, cached[0])):
+            return cached[1]
+        found = self._find_ready_collective()
+        self._ready = (heads_now, found)  # holds the head objects, so identity stays meaningful
+        return found
+
+    def _find_ready_collective(self):
         w = self.world
         h9 = w.hz.h9_one_in_flight
         heads: dict[str, dict[int, list]] = {}

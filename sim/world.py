@@ -31,6 +31,7 @@ from protocol.errors import ConfigError, ProtocolError, WatchdogExpired
 from protocol.execution import CommandRun
 from protocol.keys import GraphKey
 from protocol.trace import TraceEvent
+from sim.checks import abort_checks, final_checks, page_divergence, slot_divergence
 from sim.common import (
     BLOCKED,
     DONE,
@@ -376,7 +377,6 @@ class World:
                 self._abort(action)
             case Done():
                 self.event("controller", "done", "Done")
-                from sim.checks import final_checks
                 self.outcome = final_checks(self)
             case Wait():
                 pass
@@ -491,7 +491,6 @@ class World:
                     rank=holder, step=getattr(error, "step", None))
                 return
         self.event("controller", "abort", action.how, detail=str(error), ok=False)
-        from sim.checks import abort_checks
         self.outcome = abort_checks(self, error)
 
     # -- transport --------------------------------------------------------------------------------
@@ -547,7 +546,8 @@ class World:
             return
         op = host.run.op
         try:
-            status = self._run_op(r, host, op, probe=False)
+            status = (self._run_op(r, host, op, probe=False) if self.faults
+                      else self.backend.attempt(r, host, op, False))  # `_run_op` without faults
         except SimFault as exc:
             self.release_lock(host)
             host.run.fail(exc)
@@ -566,7 +566,6 @@ class World:
         host.started, host.fault_armed, host.ready_at = False, None, None
         current = self.ctrl.current
         if reply.ok and isinstance(current, Step) and current.seq == reply.seq:
-            from sim.checks import page_divergence, slot_divergence
             outcome = slot_divergence(self, r, current) or page_divergence(self, r, current)
             if outcome is not None:
                 self.outcome = outcome
