@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, ClassVar
 
-from protocol.commands import Admit, Step
+from protocol.commands import Admit, Chunk, Step
 from protocol.errors import ProtocolError
 from protocol.keys import GraphKey
 
@@ -158,10 +158,13 @@ class AssignPages(Op):
 
 @dataclass(frozen=True)
 class Prefill(Op):
-    """Eager prefill of newly admitted requests into their slots."""
+    """Eager prefill of newly admitted requests into their slots, and of ``chunk`` (a
+    non-final chunk of a chunked prefill, through the chunk slot; None when the step has
+    none), in one packed batch."""
 
     name: ClassVar[str] = "prefill"
     admits: tuple[Admit, ...]
+    chunk: Chunk | None = None
 
 
 @dataclass(frozen=True)
@@ -296,8 +299,11 @@ class Backend(ABC):
         ids come from the command; the backend never chooses one."""
 
     @abstractmethod
-    def prefill(self, admits: tuple[Admit, ...]) -> None:
-        """Enqueue eager prefill of newly admitted requests into their slots."""
+    def prefill(self, admits: tuple[Admit, ...], chunk: Chunk | None = None) -> None:
+        """Enqueue eager prefill of newly admitted requests into their slots (an admission
+        with ``start`` > 0 prefills only ``prompt[start:]``, after the cached ``start``
+        tokens) and of ``chunk`` through the chunk slot, in one packed batch; only the
+        admissions' last tokens are sampled."""
 
     @abstractmethod
     def prepare_replay(self, step: Step) -> None:
@@ -354,8 +360,8 @@ def perform(backend: Backend, op: Op) -> Any:
             return backend.release_slot(slot)
         case AssignPages(slot, first_index, pages):
             return backend.assign_pages(slot, first_index, pages)
-        case Prefill(admits):
-            return backend.prefill(admits)
+        case Prefill(admits, chunk):
+            return backend.prefill(admits, chunk)
         case PrepareReplay(step):
             return backend.prepare_replay(step)
         case RunEager(step):

@@ -142,6 +142,10 @@ class PageAssign:
 class Admit:
     """Request ``request_id`` takes slot ``slot`` and is prefilled with ``prompt`` token ids.
 
+    With ``start`` > 0 this is the last chunk of a chunked prefill (see `Chunk`): the first
+    ``start`` tokens of ``prompt`` are already in the cache, in the chunk slot, and the
+    sequence moves from there into ``slot`` before ``prompt[start:]`` is prefilled.
+
     ``params`` is the request's opaque engine payload (sampling parameters, seed), carried to
     every rank unchanged; the protocol never reads it. ``output_index`` is the index among the
     request's generated tokens of the token this prefill samples: 0 for a new request, k for a
@@ -154,6 +158,39 @@ class Admit:
     prompt: tuple[int, ...]
     params: Any = field(default=None, compare=False)
     output_index: int = 0
+    start: int = 0
+
+    @property
+    def tokens(self) -> tuple[int, ...]:
+        """The prompt tokens this step prefills: ``prompt[start:]``."""
+        return self.prompt[self.start:] if self.start else self.prompt
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A non-final chunk of a chunked prefill: write ``tokens`` at positions ``start`` ..
+    ``start + len(tokens) - 1`` of request ``request_id``'s sequence, through ``slot`` (the
+    reserved chunk slot, `protocol.slots.SlotTable.chunk_slot`), and sample nothing.
+
+    A prompt longer than a step's prefill budget is prefilled over several steps: one `Chunk`
+    per step while tokens remain past the budget, each after the previous one (``start`` is
+    the number of prompt tokens already in the cache), then the last chunk as an `Admit` with
+    ``start`` > 0, which moves the sequence from the chunk slot into its decode slot,
+    prefills ``prompt[start:]`` and samples the request's first token. Only the last chunk
+    samples: a token drawn after a non-final chunk would be predicted from part of the prompt
+    (the ``chunk-...`` variants in `sim.variants_chunked`). Pages grow with each chunk
+    (`PageAssign`s of the same step, I14).
+    """
+
+    request_id: int
+    slot: int
+    start: int
+    tokens: tuple[int, ...]
+
+    @property
+    def end(self) -> int:
+        """One past the last position this chunk writes."""
+        return self.start + len(self.tokens)
 
 
 @dataclass(frozen=True)
@@ -234,7 +271,10 @@ class Step(Command):
         retires: finished requests leaving their slots and freeing their pages.
         preempts: running requests preempted to free pages (I14); they leave their slots too.
         moves: compaction moves that fill the holes retirements left (swap-remove).
-        admits: new (or recomputed) requests, prefilled eagerly in this step.
+        admits: new (or recomputed) requests, prefilled eagerly in this step (with ``start``
+            > 0: the last chunk of a chunked prefill).
+        chunk: a non-final chunk of a chunked prefill, prefilled in the same packed batch as
+            the admissions, sampling nothing; or None.
         pages: KV pages handed out in this step (I14): the admitted prompts' pages and each
             decode row's next page when its position crosses into a new page.
         rows: decode rows, column-wise, in slot order 0..n-1 (dense); a tuple of `DecodeRow`
@@ -253,6 +293,7 @@ class Step(Command):
     bucket: int = 0
     pages: tuple[PageAssign, ...] = ()
     preempts: tuple[Preempt, ...] = ()
+    chunk: Chunk | None = None
 
     def __post_init__(self) -> None:
         if type(self.rows) is not DecodeRows:

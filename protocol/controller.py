@@ -21,6 +21,7 @@ from typing import Any
 from protocol.commands import (
     NO_TOKEN,
     Admit,
+    Chunk,
     DecodeRows,
     PageAssign,
     Preempt,
@@ -92,6 +93,18 @@ class Done:
 Action = Broadcast | Wait | Idle | Abort | Done
 
 
+@dataclass
+class Chunking:
+    """The request in chunked prefill: ``prompt`` (its prompt plus the ``generated`` tokens
+    it already produced, for a recomputed request), of which ``done`` tokens are in the KV
+    cache, written through the chunk slot by earlier steps' `Chunk`s."""
+
+    request: Request
+    prompt: tuple[int, ...]
+    generated: int
+    done: int
+
+
 class Controller:
     """Scheduler + step loop for ``config.world_size`` ranks.
 
@@ -148,6 +161,7 @@ class Controller:
         self._closing = False
         self.pool: PagePool | None = None
         self._live: dict[int, int] = {}  # live request -> admission number, oldest first
+        self._chunking: Chunking | None = None  # the request in chunked prefill, if any
         self._admission_order: dict[int, int] = {}  # request -> its latest admission number
         self._admissions = 0
         self.preemptions = 0
@@ -290,11 +304,16 @@ class Controller:
 
     def has_work(self) -> bool:
         """True while a request is queued, live in a slot, or finished but not yet retired."""
-        return bool(self.pending or self.slots.requests() or self._to_retire)
+        return bool(self.pending or self.slots.requests() or self._to_retire
+                    or self._chunking is not None)
 
     def holds_reply(self, rank: int) -> bool:
         """True if the current command's reply from ``rank`` has arrived."""
         return rank in self.replies
+
+    def chunk_holder(self) -> int | None:
+        """The request in chunked prefill (it holds the chunk slot on every rank), or None."""
+        return self._chunking.request.request_id if self._chunking is not None else None
 
     @property
     def serving(self) -> bool:
@@ -306,7 +325,9 @@ class Controller:
         return (self.phase, self.seq, self._stage, tuple(sorted(self.replies)),
                 self.slots.requests(), len(self.pending), tuple(self.finished),
                 tuple((r, tuple(t)) for r, t in sorted(self.outputs.items())), self._closing,
-                self.watchdog.armed, self.pool.fingerprint() if self.pool else ())
+                self.watchdog.armed, self.pool.fingerprint() if self.pool else (),
+                (self._chunking.request.request_id, self._chunking.done)
+                if self._chunking else ())
 
     # -- hooks that variants override -----------------------------------------------------
 
@@ -397,7 +418,8 @@ class Controller:
                 return command
             self.phase = "serving"
         if self.phase == "serving":
-            if self._closing and not self.pending and not self.slots.requests():
+            if (self._closing and not self.pending and not self.slots.requests()
+                    and self._chunking is None):
                 self.phase = "teardown"
                 self.seq += 1
                 return Teardown(self.seq)
@@ -530,7 +552,13 @@ class Controller:
             self._forget(r)
         growing = self._grow_at.pop(t, [])  # live rows of step t that write a new page
         victims: list[int] = []
+        chunk_victim = None
         while len(growing) > pool.free_count:
+            if self._chunking is not None:  # the request in chunked prefill goes first
+                chunk_victim, self._chunking = self._chunking.request, None
+                rid = chunk_victim.request_id
+                chunk_preempt = Preempt(rid, self.slots.chunk_slot, pool.release(rid))
+                continue
             victim = next(reversed(self._live))  # the most recently admitted running request
             if victim in growing:
                 growing.remove(victim)
@@ -543,25 +571,41 @@ class Controller:
                         for g in gone if g.request_id not in victims)
         preempts = tuple(Preempt(g.request_id, g.slot, freed[g.request_id])
                          for g in gone if g.request_id in victims)
-        if victims:
-            self.preemptions += len(victims)
+        if chunk_victim is not None:
+            preempts += (chunk_preempt,)
+        if victims or chunk_victim is not None:
+            self.preemptions += len(preempts)
             self.pending[:0] = sorted((self.requests[v] for v in victims),
-                                      key=lambda q: self._admission_order[q.request_id])
+                                      key=lambda q: self._admission_order[q.request_id]) + (
+                [chunk_victim] if chunk_victim is not None else [])
         rows = self.slots.rows(self._tokens, self._positions) if len(self.slots) else DecodeRows()
         pages = []
         for slot, r in sorted((self.slots.slot_of(r), r) for r in growing):
             pages.append(self._grow(r, slot, self._positions[slot] + 1))
             self._schedule(self._grow_at, r, t + pool.page_size, 0)
-        admits = []
+        admits: list[Admit] = []
+        chunk: Chunk | None = None
         room = (self.memory.batch_cap if self.memory else self.config.max_batch) - len(self.slots)
         budget = self.config.max_prefill_tokens
-        while self.pending and room > 0 and not victims:
+        preempted = bool(preempts)
+        if self._chunking is not None and not preempted:
+            budget, room, chunk = self._next_chunk(t, budget, room, admits, pages)
+        while self.pending and room > 0 and budget > 0 and not preempted:
             request = self.pending[0]
             generated = tuple(self.outputs[request.request_id])
             prompt = request.prompt + generated
-            if admits and len(prompt) > budget:
-                break  # the step's prefill token budget is spent; the rest wait
             if not pool.can_admit(len(prompt), running=len(self.slots)):
+                break
+            if len(prompt) > budget:
+                # longer than what the step has left: prefill it in chunks, one request at a
+                # time, starting with the rest of this step's budget
+                if self._chunking is not None or chunk is not None:
+                    break
+                self.pending.pop(0)
+                rid = request.request_id
+                self._chunking = Chunking(request, prompt, len(generated), budget)
+                chunk = Chunk(rid, self.slots.chunk_slot, 0, prompt[:budget])
+                pages.append(self._grow(rid, self.slots.chunk_slot, budget))
                 break
             self.pending.pop(0)
             budget -= len(prompt)
@@ -571,14 +615,43 @@ class Controller:
             pages.append(self._grow(request.request_id, admit.slot, len(prompt)))
             self._enter(request, t, len(prompt), len(generated))
             room -= 1
-        if not rows and not admits and not retires and not preempts:
+        if not rows and not admits and not retires and not preempts and chunk is None:
             return None
-        key, bucket = self.plan.key_for(len(rows), prefill=bool(admits))
+        key, bucket = self.plan.key_for(len(rows), prefill=bool(admits) or chunk is not None)
         self.seq += 1
         self._steps += 1
         return Step(self.seq, retires=retires, moves=moves, admits=tuple(admits), rows=rows,
                     key=key, bucket=bucket, pages=tuple(p for p in pages if p is not None),
-                    preempts=preempts)
+                    preempts=preempts, chunk=chunk)
+
+    def _next_chunk(self, t: int, budget: int, room: int, admits: list, pages: list):
+        """The next piece of the chunked prefill in progress, first in the step: a `Chunk` of
+        ``budget`` tokens while more than the budget remains, else its last chunk as an
+        `Admit` (``start`` = tokens already cached) into the next decode slot, which samples.
+        A piece whose pages the pool lacks (or a last chunk with no free decode slot) waits;
+        the step then admits nothing else, so requests keep their order.
+
+        Returns (budget left, room left, the step's `Chunk` or None).
+        """
+        c, pool = self._chunking, self.pool
+        rid = c.request.request_id
+        left = len(c.prompt) - c.done
+        if left <= budget:
+            if room < 1 or pool.growth(rid, len(c.prompt)) > pool.free_count:
+                return 0, room, None
+            slot = self.slots.admit(rid).slot
+            admits.append(Admit(rid, slot, c.prompt, c.request.params, output_index=c.generated,
+                                start=c.done))
+            pages.append(self._grow(rid, slot, len(c.prompt)))
+            self._enter(c.request, t, len(c.prompt), c.generated)
+            self._chunking = None
+            return budget - left, room - 1, None
+        if pool.growth(rid, c.done + budget) > pool.free_count:
+            return 0, room, None
+        chunk = Chunk(rid, self.slots.chunk_slot, c.done, c.prompt[c.done:c.done + budget])
+        pages.append(self._grow(rid, self.slots.chunk_slot, c.done + budget))
+        c.done += budget
+        return 0, room, chunk
 
     def _grow(self, request_id: int, slot: int, tokens: int) -> PageAssign | None:
         assign = self.pool.allocate(request_id, tokens)

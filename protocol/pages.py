@@ -194,6 +194,16 @@ class PageMap:
             raise PageError(f"request {admit.request_id} is prefilled with {len(admit.prompt)} "
                             f"tokens but holds {held} pages ({need} needed)")
 
+    def check_chunk(self, chunk) -> None:
+        """A chunk (`protocol.commands.Chunk`) must leave its request holding exactly the
+        pages of the tokens written so far: ``chunk.end`` of them."""
+        held = len(self.tables.get(chunk.request_id, ()))
+        need = pages_for(chunk.end, self.page_size)
+        if held != need:
+            raise PageError(f"chunk of request {chunk.request_id} writes positions "
+                            f"{chunk.start}..{chunk.end - 1} but it holds {held} pages "
+                            f"({need} needed)")
+
     def check_row(self, row: DecodeRow) -> None:
         """A decode row writes position ``row.position``: its request must hold that page."""
         held = len(self.tables.get(row.request_id, ()))

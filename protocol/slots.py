@@ -35,6 +35,13 @@ class SlotTable:
         """The reserved scratch slot that padding rows of a bucket read and write."""
         return self.capacity
 
+    @property
+    def chunk_slot(self) -> int:
+        """The reserved slot through which a chunked prefill writes its non-final chunks
+        (`protocol.commands.Chunk`): one past the padding slot, outside the dense decode slots,
+        so compaction never moves it; its last chunk moves it into a decode slot."""
+        return self.capacity + 1
+
     def __len__(self) -> int:
         return len(self._slots)
 
@@ -96,6 +103,28 @@ class SlotMap:
         self.capacity = capacity
         self.slots: dict[int, int] = {}
 
+    @property
+    def chunk_slot(self) -> int:
+        """The reserved chunk slot (see `SlotTable.chunk_slot`)."""
+        return self.capacity + 1
+
+    def decode_slots(self) -> int:
+        """Occupied slots other than the chunk slot."""
+        return len(self.slots) - (self.chunk_slot in self.slots)
+
+    def chunk(self, chunk) -> None:
+        """A non-final chunk of request ``chunk.request_id``: its first (``start`` 0) takes the
+        free chunk slot, a later one must find the request there."""
+        held = self.slots.get(chunk.slot)
+        if chunk.slot != self.chunk_slot:
+            raise SlotError(f"chunk of request {chunk.request_id} through slot {chunk.slot}, "
+                            f"but the chunk slot is {self.chunk_slot}")
+        if chunk.start == 0 and held is None:
+            self.slots[chunk.slot] = chunk.request_id
+        elif held != chunk.request_id:
+            raise SlotError(f"chunk of request {chunk.request_id} at {chunk.start}, but the "
+                            f"chunk slot holds {held}")
+
     def fingerprint(self) -> tuple[tuple[int, int], ...]:
         """Hashable view: sorted (slot, request_id) pairs."""
         return tuple(sorted(self.slots.items()))
@@ -120,27 +149,37 @@ class SlotMap:
         self.slots[move.dst] = self.slots.pop(move.src)
 
     def admit(self, admit: Admit) -> None:
-        """Place a new request in ``admit.slot``, which must be the next dense slot."""
-        if admit.slot != len(self.slots) or admit.slot in self.slots:
+        """Place a new request in ``admit.slot``, which must be the next dense slot. The last
+        chunk of a chunked prefill (``start`` > 0) moves the request out of the chunk slot,
+        which must hold it."""
+        dense = self.decode_slots()
+        if admit.slot != dense or admit.slot in self.slots:
             raise SlotError(f"admit of request {admit.request_id} into slot {admit.slot}, "
-                            f"but the next dense slot is {len(self.slots)}")
+                            f"but the next dense slot is {dense}")
         if admit.slot >= self.capacity:
             raise SlotError(f"admit of request {admit.request_id} into slot {admit.slot} "
                             f"past capacity {self.capacity}")
+        if admit.start:
+            held = self.slots.get(self.chunk_slot)
+            if held != admit.request_id:
+                raise SlotError(f"last chunk of request {admit.request_id} (from {admit.start}) "
+                                f"but the chunk slot holds {held}")
+            del self.slots[self.chunk_slot]
         self.slots[admit.slot] = admit.request_id
 
     def check_dense(self) -> None:
-        """Occupied slots must be exactly 0..n-1."""
-        if sorted(self.slots) != list(range(len(self.slots))):
-            raise SlotError(f"slots are not dense: occupied {sorted(self.slots)}")
+        """Occupied slots, the chunk slot aside, must be exactly 0..n-1."""
+        occupied = sorted(s for s in self.slots if s != self.chunk_slot)
+        if occupied != list(range(len(occupied))):
+            raise SlotError(f"slots are not dense: occupied {occupied}")
 
     def check_rows(self, rows: DecodeRows, admitted: int = 0) -> None:
         """Row i must be slot i and hold the request the scheduler says; the ``admitted``
         requests of this step take the slots after the rows. One comparison of the step's
         request-id column with this rank's occupancy; the first mismatching row is named."""
-        if len(rows) + admitted != len(self.slots):
+        if len(rows) + admitted != self.decode_slots():
             raise SlotError(f"{len(rows)} decode rows and {admitted} admissions for "
-                            f"{len(self.slots)} live slots")
+                            f"{self.decode_slots()} live slots")
         held = tuple(map(self.slots.get, range(len(rows))))
         if held == rows.request_ids:
             return

@@ -163,8 +163,8 @@ class Worker:
     def _ops_step(self, step: Step) -> list[Op]:
         ops = self.apply_slot_changes(step)
         ops += self.apply_page_changes(step)
-        if step.admits:
-            ops.append(Prefill(step.admits))
+        if step.admits or step.chunk is not None:
+            ops.append(Prefill(step.admits, step.chunk))
         if step.rows:
             ops += self.forward_ops(step)
         ops.append(SYNC)
@@ -186,7 +186,11 @@ class Worker:
             self.slots.move(move)
             ops.append(MoveSlot(move.src, move.dst))
         for admit in step.admits:
+            if admit.start:  # the last chunk: the sequence leaves the chunk slot
+                ops.append(MoveSlot(self.slots.chunk_slot, admit.slot))
             self.slots.admit(admit)
+        if step.chunk is not None:
+            self.slots.chunk(step.chunk)
         self.slots.check_dense()
         self.slots.check_rows(step.rows, admitted=len(step.admits))
         return ops
@@ -201,7 +205,8 @@ class Worker:
                 arrives before `AllocateKV`.
         """
         if self.pages is None:
-            if step.retires or step.preempts or step.admits or step.rows or step.pages:
+            if (step.retires or step.preempts or step.admits or step.rows or step.pages
+                    or step.chunk is not None):
                 raise PageError(f"rank {self.rank}: step {step.seq} before the KV cache was "
                                 "allocated")
             return []
@@ -218,6 +223,8 @@ class Worker:
             ops.append(AssignPages(assign.slot, assign.first_index, assign.pages))
         for admit in step.admits:
             self.pages.check_admit(admit)
+        if step.chunk is not None:
+            self.pages.check_chunk(step.chunk)
         self.pages.check_rows(step.rows)
         return ops
 

@@ -85,10 +85,14 @@ class PagedBackend(FakeBackend):
             row.update({first + i: p for i, p in enumerate(pages)})
         elif op.name == "prefill":
             self.out = {}
-            for admit in op.args[0]:
-                for position, token in enumerate(admit.prompt):
-                    self._write(admit.slot, position, token)
+            admits, chunk = op.args
+            for admit in admits:  # a last chunk writes only prompt[start:], after the cache
+                for position in range(admit.start, len(admit.prompt)):
+                    self._write(admit.slot, position, admit.prompt[position])
                 self.out[admit.slot] = self._next(admit.slot, len(admit.prompt))
+            if chunk is not None:
+                for i, token in enumerate(chunk.tokens):
+                    self._write(chunk.slot, chunk.start + i, token)
         elif op.name in ("run_eager", "prepare_replay"):
             step = op.args[0]
             self.out = getattr(self, "out", {}) if step.admits else {}

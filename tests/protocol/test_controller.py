@@ -52,11 +52,17 @@ def test_admissions_per_step_respect_the_prefill_token_budget():
     reqs = [Request(i, tuple(range(1, n + 1)), max_tokens=2) for i, n in enumerate(lengths)]
     _, _, _, sent, action = drive(config, reqs)
     assert isinstance(action, Done)
-    admitted = [[len(a.prompt) for a in c.admits] for c in sent
-                if isinstance(c, Step) and c.admits]
-    # in order; a step stays within 10 tokens unless one prompt alone is longer
-    assert admitted == [[4, 5], [2], [12], [3], [9, 1]]
-    assert all(sum(a) <= 10 or len(a) == 1 for a in admitted)
+    steps = [c for c in sent if isinstance(c, Step) and (c.admits or c.chunk)]
+    pieces = [[(a.request_id, a.start, len(a.prompt)) for a in c.admits]
+              + ([(c.chunk.request_id, c.chunk.start, c.chunk.end)] if c.chunk else [])
+              for c in steps]
+    # in order, every step within 10 prompt tokens: what does not fit is prefilled in chunks
+    # (the 2-token prompt starts in the 1 token left after 4 + 5, the 12-token one takes the
+    # 9 left after its last token, and so on; a piece is (request, start, end))
+    assert pieces == [[(0, 0, 4), (1, 0, 5), (2, 0, 1)], [(2, 1, 2), (3, 0, 9)],
+                      [(3, 9, 12), (4, 0, 3), (5, 0, 4)], [(5, 4, 9), (6, 0, 1)]]
+    assert all(sum(len(a.tokens) for a in c.admits) + (len(c.chunk.tokens) if c.chunk else 0)
+               <= 10 for c in steps)
 
 
 def test_step_lock_waits_for_every_rank():

@@ -1,0 +1,120 @@
+"""Chunked prefill (issue 12 item 2): a prompt longer than a step's prefill budget is written
+into the paged KV cache over several steps, decode rows going on beside it; only the last
+chunk samples."""
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from protocol.commands import Admit, Chunk, Step
+from protocol.config import ProtocolConfig
+from protocol.controller import Done
+from protocol.errors import PageError, SlotError
+from protocol.eligibility import GraphPlan
+from protocol.requests import Request
+from protocol.worker import Worker
+from tests.protocol.driver import PAGE_BYTES, PagedBackend, drive
+
+SMALL = dict(buckets=(1, 2, 4, 8), max_batch=8, kv_page_bytes=PAGE_BYTES, page_size=4)
+
+
+def _run(requests, budget, pages=64, world_size=1):
+    config = ProtocolConfig(world_size=world_size, max_prefill_tokens=budget, **SMALL)
+    backends = [PagedBackend(r, pages) for r in range(world_size)]
+    ctrl, workers, _, sent, action = drive(config, requests, backends=backends,
+                                           pages_per_seq=8)
+    return ctrl, workers, [c for c in sent if isinstance(c, Step)], action
+
+
+def _requests(shapes):
+    return [Request(i, tuple(range(10 + 3 * i, 10 + 3 * i + p)), max_tokens=m)
+            for i, (p, m) in enumerate(shapes)]
+
+
+def test_a_prompt_longer_than_the_budget_is_prefilled_in_chunks_beside_decode_rows():
+    reqs = _requests([(3, 8), (11, 3)])
+    whole, _, _, _ = _run(reqs, budget=32)
+    ctrl, workers, steps, action = _run(reqs, budget=4, world_size=2)
+    assert isinstance(action, Done)
+    assert ctrl.outputs == whole.outputs  # same tokens as prefilling the prompt at once
+    chunks = [s.chunk for s in steps if s.chunk is not None]
+    assert [(c.request_id, c.start, c.end) for c in chunks] == [(1, 0, 1), (1, 1, 5),
+                                                                 (1, 5, 9)]
+    last = next(a for s in steps for a in s.admits if a.request_id == 1)
+    assert (last.start, len(last.prompt)) == (9, 11)
+    # decode rows of request 0 share the steps that carry request 1's chunks
+    assert all(s.rows.request_ids == (0,) for s in steps if s.chunk is not None
+               and s.chunk.start > 0)
+    assert all(s.key is None for s in steps if s.chunk is not None)  # mixed steps run eager
+    assert workers[0].pages.fingerprint() == workers[1].pages.fingerprint() == ()
+
+
+@settings(max_examples=40, deadline=None)
+@given(shapes=st.lists(st.tuples(st.integers(1, 20), st.integers(1, 6)), min_size=1,
+                       max_size=6),
+       budget=st.integers(1, 12), pages=st.integers(8, 40))
+def test_any_budget_and_pool_give_the_tokens_of_unchunked_prefill(shapes, budget, pages):
+    reqs = _requests(shapes)
+    whole, _, _, _ = _run(reqs, budget=64)
+    ctrl, workers, steps, action = _run(reqs, budget=budget, pages=pages)
+    assert isinstance(action, Done), action
+    assert ctrl.outputs == whole.outputs
+    for step in steps:  # every step stays within its prefill budget
+        tokens = sum(len(a.tokens) for a in step.admits)
+        assert tokens + (len(step.chunk.tokens) if step.chunk else 0) <= budget
+    assert workers[0].pages.fingerprint() == ()
+
+
+def test_page_pressure_preempts_the_chunked_prefill_first_and_restarts_it():
+    reqs = _requests([(2, 16), (2, 16), (20, 2)])
+    whole, _, _, _ = _run(reqs, budget=64)
+    ctrl, _, steps, action = _run(reqs, budget=4, pages=8)
+    assert isinstance(action, Done)
+    assert ctrl.outputs == whole.outputs
+    preempted = [p for s in steps for p in s.preempts]
+    assert any(p.request_id == 2 and p.slot == 9 for p in preempted), preempted
+    restarts = [s.chunk for s in steps if s.chunk is not None and s.chunk.request_id == 2
+                and s.chunk.start == 0]
+    assert len(restarts) >= 2
+
+
+def _serving_worker():
+    from protocol.commands import AllocateKV
+
+    config = ProtocolConfig(world_size=1, **SMALL)
+    worker = Worker(0, 1, GraphPlan.from_config(config), config.max_batch)
+    worker.reply(AllocateKV(0, pages=16, page_size=4), [None, None])
+    return worker
+
+
+def test_worker_refuses_a_chunk_through_another_slot_or_without_its_pages():
+    from protocol.commands import PageAssign
+
+    worker = _serving_worker()
+    with pytest.raises(SlotError, match="through slot 3, but the chunk slot is 9"):
+        worker.ops_for(Step(1, chunk=Chunk(5, 3, 0, (1, 2))))
+    worker = _serving_worker()
+    with pytest.raises(PageError, match="writes positions 0..4 but it holds 1 pages"):
+        worker.ops_for(Step(1, chunk=Chunk(5, 9, 0, (1, 2, 3, 4, 5)),
+                            pages=(PageAssign(5, 9, 0, (0,)),)))
+    worker = _serving_worker()
+    ops = worker.ops_for(Step(1, chunk=Chunk(5, 9, 0, (1, 2, 3, 4, 5)),
+                              pages=(PageAssign(5, 9, 0, (0, 1)),)))
+    assert [op.name for op in ops] == ["assign_pages", "prefill", "synchronize"]  # no sample
+    with pytest.raises(SlotError, match="chunk of request 6 at 5, but the chunk slot holds 5"):
+        worker.ops_for(Step(2, chunk=Chunk(6, 9, 5, (1,))))
+
+
+def test_the_last_chunk_moves_the_sequence_out_of_the_chunk_slot_and_samples():
+    from protocol.commands import PageAssign
+
+    worker = _serving_worker()
+    worker.ops_for(Step(1, chunk=Chunk(5, 9, 0, (1, 2, 3, 4)), pages=(PageAssign(5, 9, 0, (0,)),)))
+    ops = worker.ops_for(Step(2, admits=(Admit(5, 0, (1, 2, 3, 4, 5, 6), start=4),),
+                              pages=(PageAssign(5, 0, 1, (1,)),)))
+    assert [op.name for op in ops] == ["move_slot", "assign_pages", "prefill", "synchronize",
+                                       "sample"]
+    assert ops[0].args == (9, 0) and worker.slots.slots == {0: 5}
+    worker = _serving_worker()
+    with pytest.raises(SlotError, match="last chunk of request 5 \\(from 4\\) but the chunk "
+                                        "slot holds None"):
+        worker.ops_for(Step(1, admits=(Admit(5, 0, (1, 2, 3, 4, 5, 6), start=4),)))
