@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from protocol.commands import Chunk
 from protocol.keys import GraphKey
 
 
@@ -52,7 +53,9 @@ class TraceEvent(NamedTuple):
 
 
 def describe_args(args: tuple) -> str:
-    """Short text of op arguments: graph keys and numbers as is, commands by their class."""
+    """Short text of op arguments: graph keys and numbers as is, commands by their class, a
+    prefill chunk by its request and positions; an absent optional argument (None) is left
+    out."""
     if not args:
         return ""
     if len(args) == 1:  # most ops: one graph key or one number
@@ -63,6 +66,10 @@ def describe_args(args: tuple) -> str:
     for arg in args:
         if arg.__class__ is int or arg.__class__ is GraphKey:  # the common cases, first
             parts.append(str(arg))
+        elif arg is None:
+            continue
+        elif isinstance(arg, Chunk):
+            parts.append(f"chunk r{arg.request_id}[{arg.start}:{arg.end}]")
         elif hasattr(arg, "seq") and hasattr(arg, "rows"):
             parts.append(f"step {arg.seq}")
         elif isinstance(arg, tuple):

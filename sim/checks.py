@@ -117,6 +117,10 @@ def slot_divergence(world, rank: int, step) -> Outcome | None:
     """After rank ``rank`` ran ``step``: its slot map must equal the scheduler's (I8)."""
     want = {row.slot: row.request_id for row in step.rows}
     want.update({a.slot: a.request_id for a in step.admits})
+    if step.chunk is not None:  # the request in chunked prefill holds the chunk slot
+        want[step.chunk.slot] = step.chunk.request_id
+    elif (holder := world.ctrl.chunk_holder()) is not None:
+        want[world.ctrl.slots.chunk_slot] = holder
     got = world.workers[rank].slots.slots
     if got != want:
         diff = sorted(s for s in set(want) | set(got) if want.get(s) != got.get(s))

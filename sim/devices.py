@@ -20,7 +20,7 @@ from itertools import repeat
 from operator import is_
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from protocol.commands import Admit, DecodeRow
+from protocol.commands import Admit, Chunk, DecodeRow
 from protocol.keys import GraphKey
 from sim.common import Collective, Outcome, sig_text
 from sim.kv import PAD_REQUEST, Buffer, ModelledKV, next_token
@@ -68,11 +68,14 @@ class GraphReplay(Kernel):
 
 @dataclass(frozen=True)
 class PrefillKernel(Kernel):
-    """Eager prefill of the admitted requests of command ``seq`` into their slots."""
+    """Eager prefill of the admitted requests of command ``seq`` into their slots (a last
+    chunk writes its tokens from ``start`` on, after what earlier chunks cached), and of the
+    step's non-final ``chunk`` through the chunk slot, which samples nothing."""
 
     label: ClassVar[str] = "prefill"
     seq: int
     admits: tuple[Admit, ...]
+    chunk: Chunk | None = None
 
 
 @dataclass(frozen=True)
@@ -262,13 +265,23 @@ class DeviceModel:
                 captured = {ref[0]: dev.allocations[ref].data for ref in refs}
                 rows = captured["replay-inputs"][:key.bucket]
                 self.decode(captured["kv"], captured["logits"], seq, rows)
-            case PrefillKernel(seq=seq, admits=admits):
+            case PrefillKernel(seq=seq, admits=admits, chunk=chunk):
                 kv = dev.live("kv")
-                for admit in admits:
-                    for position, token in enumerate(admit.prompt):
-                        kv.write(admit.slot, position, token)
+                pieces = [(a.request_id, a.slot, a.start) for a in admits]
+                if chunk is not None:
+                    pieces.append((chunk.request_id, chunk.slot, chunk.start))
+                if not self.check_chunks(r, seq, kv, pieces):
+                    return
+                for admit in admits:  # the next token reads the whole prompt back from the KV
+                    for position in range(admit.start, len(admit.prompt)):
+                        kv.write(admit.slot, position, admit.prompt[position])
+                    kv.lengths[admit.slot] = len(admit.prompt)
                     history = kv.read(admit.slot, len(admit.prompt) - 1)
                     dev.prefill_out[admit.request_id] = (seq, next_token(history, self.vocab))
+                if chunk is not None:
+                    for i, token in enumerate(chunk.tokens):
+                        kv.write(chunk.slot, chunk.start + i, token)
+                    kv.lengths[chunk.slot] = chunk.end
             case CopySlot(src=src, dst=dst):
                 dev.live("kv").copy(src, dst)
             case SetPages(slot=slot, first_index=first, pages=pages):
@@ -301,11 +314,29 @@ class DeviceModel:
                     kv.write(row.slot, row.position, row.token)
                 continue
             kv.write(row.slot, row.position, row.token)
+            kv.lengths[row.slot] = row.position + 1
             token = next_token(kv.read(row.slot, row.position), vocab)
             logits[i] = (seq, (token + 1) % vocab if corrupt else token)
         if run < len(rows) and rows[run] is not last_padding:  # the trailing run: one write
             row = rows[run]
             kv.write(row.slot, row.position, row.token)
+
+    def check_chunks(self, r: int, seq: int, kv, pieces) -> bool:
+        """Direct I19 check: a prefill piece -- (request, slot, start): an admission, the last
+        chunk of a chunked prefill, or a non-final chunk -- writes right after the tokens its
+        slot's sequence already caches (``start`` of them; 0 for a new sequence). A chunk
+        written from any other position overwrites cached tokens or leaves a gap. On a
+        violation the run ends with the step and rank."""
+        for rid, slot, start in pieces:
+            have = kv.lengths.get(slot, 0)
+            if have != start:
+                self.world.outcome = Outcome(
+                    "invariant", f"I19 violated: rank {r}'s prefill in step {seq} writes request "
+                    f"{rid}'s prompt from position {start} in slot {slot}, whose sequence "
+                    f"caches {have} tokens: a chunk must continue its sequence", "I19",
+                    rank=r, step=seq)
+                return False
+        return True
 
     def check_rows(self, r: int, seq: int, rows) -> bool:
         """Direct I8 check: a decode's live rows name the dense slots 0..n-1 in order and its

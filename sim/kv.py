@@ -46,6 +46,7 @@ class ModelledKV:
     def __init__(self, slots: int):
         self.slots = slots
         self.rows: dict[int, list[int]] = {}
+        self.lengths: dict[int, int] = {}  # slot -> tokens its sequence caches (seq_lens)
 
     def write(self, slot: int, position: int, token: int) -> None:
         """Write ``token`` at ``position`` of ``slot``; positions past the slot's length are
@@ -63,8 +64,9 @@ class ModelledKV:
         return tuple(row[:upto + 1]) + (-1,) * max(0, upto + 1 - len(row))
 
     def copy(self, src: int, dst: int) -> None:
-        """Compaction: ``dst`` gets ``src``'s contents."""
+        """Compaction: ``dst`` gets ``src``'s contents and length."""
         self.rows[dst] = list(self.rows.get(src, []))
+        self.lengths[dst] = self.lengths.get(src, 0)
 
     def fingerprint(self) -> tuple:
         """Hashable contents."""

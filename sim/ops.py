@@ -136,8 +136,8 @@ class ModelledBackend:
                     r, host, SetPages(slot, first_index, pages))
             case MoveSlot(src, dst):
                 return DONE if probe else self.enqueue_done(r, host, CopySlot(src, dst))
-            case Prefill(admits):
-                return DONE if probe else self.prefill(r, host, admits)
+            case Prefill(admits, chunk):
+                return DONE if probe else self.prefill(r, host, admits, chunk)
             case PrepareReplay(step):
                 return DONE if probe else self.enqueue_done(
                     r, host, WriteReplayMeta(step.seq, self.padded(step)))
@@ -501,10 +501,14 @@ class ModelledBackend:
         self.world.devices[r].allocate("kv", PagedKV(cfg.max_batch + 1, pages, cfg.page_size))
         return self.done(host)
 
-    def prefill(self, r: int, host: Host, admits) -> int:
-        tokens = sum(len(a.prompt) for a in admits)
+    def prefill(self, r: int, host: Host, admits, chunk=None) -> int:
+        """One packed prefill of the admissions (a last chunk: its tokens after ``start``)
+        and the step's non-final chunk, if any: one eager forward over all their tokens."""
+        tokens = sum(len(a.tokens) for a in admits) + (len(chunk.tokens) if chunk else 0)
+        if chunk is not None or any(a.start for a in admits):
+            self.world.events["chunked_prefill"] = self.world.events.get("chunked_prefill", 0) + 1
         self.enqueue(r, self.eager_sig(tokens, "prefill"))
-        return self.enqueue_done(r, host, PrefillKernel(host.cmd.seq, admits))
+        return self.enqueue_done(r, host, PrefillKernel(host.cmd.seq, admits, chunk))
 
     def run_eager(self, r: int, host: Host, step) -> int:
         if not self.commanded_path(r, host, None):

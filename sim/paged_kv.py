@@ -1,5 +1,7 @@
 """The modelled paged KV cache of one rank (I14): page cells, a page table per slot, and a write
-version per page.
+version per page, and
+the length of each slot's cached sequence (the engine's ``seq_lens``), which a prefill chunk
+must continue (I19).
 
 Storage is ``pages`` pages of ``page_size`` cells plus one padding page; a slot reaches storage
 only through its page-table row, as the engine's decode kernel does: position p of the sequence
@@ -32,6 +34,7 @@ class PagedKV:
         self.cells: dict[int, list[int]] = {}
         self.versions: dict[int, int] = {}
         self.tables: dict[int, list[int]] = {}
+        self.lengths: dict[int, int] = {}  # slot -> tokens its sequence caches (seq_lens)
 
     def page_of(self, slot: int, position: int) -> int:
         """The page that holds ``position`` of ``slot`` (the padding page past the row)."""
@@ -53,8 +56,10 @@ class PagedKV:
                      for p in range(upto + 1))
 
     def copy(self, src: int, dst: int) -> None:
-        """Compaction: slot ``dst`` takes slot ``src``'s page-table row; ``src`` is left empty."""
+        """Compaction: slot ``dst`` takes slot ``src``'s page-table row and length; ``src`` is
+        left empty."""
         self.tables[dst] = self.tables.pop(src, [])
+        self.lengths[dst] = self.lengths.pop(src, 0)
 
     def assign(self, slot: int, first_index: int, pages: tuple[int, ...]) -> None:
         """Write ``pages`` into ``slot``'s row from ``first_index`` on (the command's page ids)."""
@@ -66,6 +71,7 @@ class PagedKV:
     def clear(self, slot: int) -> None:
         """``slot``'s request left: its row is emptied (its pages went back to the pool)."""
         self.tables.pop(slot, None)
+        self.lengths.pop(slot, None)
 
     def empty_like(self) -> "PagedKV":
         """A fresh, never-written cache of the same shape (empty page tables)."""
@@ -78,4 +84,5 @@ class PagedKV:
     def fingerprint(self) -> tuple:
         """Hashable contents: page cells and page-table rows."""
         return (tuple(sorted((p, tuple(c)) for p, c in self.cells.items())),
-                tuple(sorted((s, tuple(r)) for s, r in self.tables.items())))
+                tuple(sorted((s, tuple(r)) for s, r in self.tables.items())),
+                tuple(sorted(self.lengths.items())))

@@ -41,7 +41,7 @@ from sim.faults import FaultFamily
 from sim.scenario import TOPOLOGIES, Scenario
 
 VERDICTS = ("clean", "abort", "deadlock", "hang", "hang-at-exit", "divergence", "oom",
-            "startup-refused", "livelock") + tuple(f"invariant:I{n}" for n in range(1, 19))
+            "startup-refused", "livelock") + tuple(f"invariant:I{n}" for n in range(1, 20))
 """Verdicts a variant may expect."""
 
 
@@ -689,6 +689,7 @@ register(Variant(
 
 
 import sim.variants_paging  # noqa: E402,F401  (registers the KV-paging variants, I14)
+import sim.variants_chunked  # noqa: E402,F401  (chunked prefill: clean and chunk-restarts-at-zero)
 import sim.variants_state  # noqa: E402,F401  (data/memory-class variants, registered on import)
 import sim.variants_comms  # noqa: E402,F401  (communicators, registrations, per-rank batches, death)
 import sim.variants_admission  # noqa: E402,F401  (batch cap and graph reserve: I7, I9)

@@ -742,6 +742,8 @@ def _cmd_detail(cmd: Command) -> str:
                 parts.append(f"eager (bucket {cmd.bucket})")
             if cmd.admits:
                 parts.append(f"admit {[a.request_id for a in cmd.admits]}")
+            if cmd.chunk is not None:
+                parts.append(f"chunk r{cmd.chunk.request_id}[{cmd.chunk.start}:{cmd.chunk.end}]")
             if cmd.retires:
                 parts.append(f"retire {[r.request_id for r in cmd.retires]}")
             if cmd.preempts:
