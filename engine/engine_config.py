@@ -42,7 +42,9 @@ class EngineConfig:
             cache preempts requests for recompute (I14), so any value that holds one
             full-length sequence serves every request.
         max_prefill_tokens: prompt tokens one step prefills as one packed batch; admission
-            stops at this budget (a longer prompt goes alone). Default 8192.
+            stops at this budget, and a prompt that does not fit what is left is prefilled in
+            chunks over several steps (chunked prefill, decode rows going on beside it).
+            Default 8192.
         buckets: decode buckets (ascending, last >= max_batch); `create` takes the default
             buckets up to the one that holds max_batch.
         step_timeout_s: seconds to wait for every rank's reply to one serving or teardown

@@ -32,7 +32,7 @@ ever chosen here.
 from __future__ import annotations
 
 from array import array
-from itertools import repeat
+from itertools import chain, repeat
 
 import torch
 
@@ -376,28 +376,41 @@ class RankExecutor(Backend):
         self.slots.move(src, dst)
 
     @torch.no_grad()
-    def prefill(self, admits) -> None:
-        """Prefill every admitted prompt in one packed forward (ragged batch, causal attention
-        over the paged cache); keeps the logits of each prompt's last token for `sample` and
-        writes each admission's sampling parameters into its slot.
+    def prefill(self, admits, chunk=None) -> None:
+        """Prefill every admitted prompt, and the step's chunk of a chunked prefill, in one
+        packed forward (ragged batch, causal attention over the paged cache); keeps the logits
+        of each admission's last token for `sample` and writes each admission's sampling
+        parameters into its slot.
+
+        An admission with ``start`` > 0 is the last chunk of a chunked prefill: its first
+        ``start`` tokens are cached already (the step's `move_slot` brought them from the chunk
+        slot), so only ``prompt[start:]`` is computed, at positions ``start``.., attending
+        over the cached ones. ``chunk`` (`protocol.commands.Chunk`) writes its tokens at
+        positions ``chunk.start``.. of the chunk slot and samples nothing.
 
         Raises:
             ValueError: a prompt longer than max_model_len (the controller-side check failed).
         """
         self.kv.flush_pages()
         ev = self.phases.start() if self.phases is not None else None
-        lens = [len(a.prompt) for a in admits]
-        for admit, n in zip(admits, lens):
-            if n > self.settings.max_model_len:
-                raise ValueError(f"request {admit.request_id}: prompt of {n} tokens exceeds "
-                                 f"max_model_len {self.settings.max_model_len}")
-        slots = [a.slot for a in admits]
+        for admit in admits:
+            if len(admit.prompt) > self.settings.max_model_len:
+                raise ValueError(f"request {admit.request_id}: prompt of {len(admit.prompt)} "
+                                 f"tokens exceeds max_model_len {self.settings.max_model_len}")
+        pieces = [(a.slot, a.tokens, a.start) for a in admits]
+        if chunk is not None:
+            if chunk.end > self.settings.max_model_len:
+                raise ValueError(f"request {chunk.request_id}: chunk up to position {chunk.end} "
+                                 f"exceeds max_model_len {self.settings.max_model_len}")
+            pieces.append((self.kv.chunk_slot, chunk.tokens, chunk.start))
+        slots, tokens, ctxs = zip(*pieces)
+        lens = list(map(len, tokens))
         T = sum(lens)
-        batch = PrefillBatch.build(slots, lens, [0] * len(admits), self.device)
-        ids = torch.tensor([t for a in admits for t in a.prompt], dtype=torch.long)
+        batch = PrefillBatch.build(slots, lens, ctxs, self.device)
+        ids = torch.tensor(list(chain.from_iterable(tokens)), dtype=torch.long)
         if self.device.type == "cuda":
             ids = ids.pin_memory().to(self.device, non_blocking=True)
-        seq = torch.repeat_interleave(torch.arange(len(admits), device=self.device),
+        seq = torch.repeat_interleave(torch.arange(len(pieces), device=self.device),
                                       batch.q_len.long(), output_size=T)
         pos = (torch.arange(T, device=self.device) - batch.q_start.long()[seq]
                + batch.ctx.long()[seq])
@@ -406,16 +419,18 @@ class RankExecutor(Backend):
         ctx = StepContext(True, slot_ids, self.kv, self.decode_attention, batch,
                           self.prefill_attention)
         hidden = self.model(ids, pos, ctx)
-        last = (batch.q_start + batch.q_len - 1).long()
-        logits = self.model.compute_logits(hidden[last])  # collective: every rank
+        a = len(admits)
+        if a:  # logits of each admission's last token only: the chunk samples nothing
+            last = (batch.q_start[:a] + batch.q_len[:a] - 1).long()
+            logits = self.model.compute_logits(hidden[last])  # collective: every rank
         for admit in admits:
             self.slot_request[admit.slot] = admit.request_id
-        if self.tp.rank == 0:
+        if self.tp.rank == 0 and a:
             self._prefill_logits = logits
             # a recomputed request's prompt ends with its first output_index outputs
-            self.slots.admit(slots, [a.request_id for a in admits],
-                             [self.requests[a.request_id] for a in admits],
-                             [n - a.output_index for n, a in zip(lens, admits)])
+            self.slots.admit([x.slot for x in admits], [x.request_id for x in admits],
+                             [self.requests[x.request_id] for x in admits],
+                             [len(x.prompt) - x.output_index for x in admits])
         if ev is not None:
             self.phases.stop("prefill", ev)
 
@@ -556,10 +571,11 @@ class SlotSampling:
     """
 
     def __init__(self, max_slots: int, device):
-        self.f = torch.zeros(4, max_slots + 1, dtype=torch.float32, device=device)
-        self.i = torch.zeros(4, max_slots + 1, dtype=torch.int64, device=device)
-        self.request_ids: list[int | None] = [None] * (max_slots + 1)
-        self.params: list[SamplingParams | None] = [None] * (max_slots + 1)
+        # decode slots, the padding slot and the chunk slot (a chunked prefill moves out of it)
+        self.f = torch.zeros(4, max_slots + 2, dtype=torch.float32, device=device)
+        self.i = torch.zeros(4, max_slots + 2, dtype=torch.int64, device=device)
+        self.request_ids: list[int | None] = [None] * (max_slots + 2)
+        self.params: list[SamplingParams | None] = [None] * (max_slots + 2)
         self.side: dict[int, tuple[bool, bool]] = {}  # slot -> (logprobs, return_logits)
         self.counts = {"top_k": 0, "top_p": 0, "min_p": 0}
         self.n_logprobs = 0

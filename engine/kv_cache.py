@@ -3,9 +3,11 @@
 Layout (per rank, for this rank's kv heads only):
     k, v:        [num_layers, num_pages + 1, page_size, kv_heads, head_dim]; page `num_pages`
                  is the reserved padding page, never handed out.
-    page_table:  int32 [max_slots + 1, max_pages_per_seq]; row `max_slots` is the padding
-                 slot. Unused entries point at the padding page, so any read is in bounds.
-    seq_lens:    int32 [max_slots + 1]: tokens held by each slot (the padding slot holds 1).
+    page_table:  int32 [max_slots + 2, max_pages_per_seq]; row `max_slots` is the padding
+                 slot, row `max_slots + 1` the chunk slot (the sequence of a chunked prefill
+                 between its chunks, `protocol.commands.Chunk`). Unused entries point at the
+                 padding page, so any read is in bounds.
+    seq_lens:    int32 [max_slots + 2]: tokens held by each slot (the padding slot holds 1).
 
 Token at position p of the sequence in slot s is stored at page page_table[s, p // page_size],
 row p % page_size. A decode slot is only a row of the page table: moving a slot copies its row
@@ -37,12 +39,13 @@ class KVCache:
         self.num_pages, self.page_size = num_pages, page_size
         self.max_slots, self.max_pages_per_seq = max_slots, max_pages_per_seq
         self.padding_page, self.padding_slot = num_pages, max_slots
+        self.chunk_slot = max_slots + 1
         shape = (num_layers, num_pages + 1, page_size, kv_heads, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.page_table = torch.full((max_slots + 1, max_pages_per_seq), self.padding_page,
+        self.page_table = torch.full((max_slots + 2, max_pages_per_seq), self.padding_page,
                                      dtype=torch.int32, device=device)
-        self.seq_lens = torch.zeros(max_slots + 1, dtype=torch.int32, device=device)
+        self.seq_lens = torch.zeros(max_slots + 2, dtype=torch.int32, device=device)
         self.seq_lens[self.padding_slot] = 1
         self._staged: tuple[list[int], list[int], list[int]] = ([], [], [])  # slot, index, page
 
@@ -70,8 +73,9 @@ class KVCache:
         Raises:
             ValueError: slot, index or page id out of range, or the padding page/slot used.
         """
-        if not 0 <= slot < self.max_slots:
-            raise ValueError(f"slot {slot} out of range [0, {self.max_slots})")
+        if not (0 <= slot < self.max_slots or slot == self.chunk_slot):
+            raise ValueError(f"slot {slot} is neither a decode slot [0, {self.max_slots}) nor "
+                             f"the chunk slot {self.chunk_slot}")
         if first_index < 0 or first_index + len(page_ids) > self.max_pages_per_seq:
             raise ValueError(f"page index {first_index}+{len(page_ids)} exceeds "
                              f"max_pages_per_seq {self.max_pages_per_seq}")

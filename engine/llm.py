@@ -235,11 +235,14 @@ class LLM:
                 for a in command.admits:
                     self._first_token[a.request_id] = now
                 if self.step_log is not None:
-                    self.step_log.append(("mixed" if command.admits and command.rows else
-                                          "prefill" if command.admits else
+                    prefills = bool(command.admits) or command.chunk is not None
+                    self.step_log.append(("mixed" if prefills and command.rows else
+                                          "prefill" if prefills else
                                           "decode" if command.rows else "retire",
                                           len(command.rows), len(command.admits), now - t_top,
-                                          sum(len(a.prompt) for a in command.admits), t_ctrl))
+                                          sum(len(a.tokens) for a in command.admits)
+                                          + (len(command.chunk.tokens) if command.chunk else 0),
+                                          t_ctrl))
 
     def _event(self, actor: str, kind: str, what: str, seq=None, detail: str = "",
                ok: bool = True) -> None:

@@ -78,7 +78,8 @@ class ProtocolConfig:
             never used, or lower to serve from a smaller KV cache (I14).
         max_prefill_tokens: prompt tokens one step may prefill (the admissions of a step are
             prefilled as one packed batch). A step admits requests in order while their
-            prompts fit; a longer prompt is admitted alone. Default 8192: enough tokens to
+            prompts fit; a prompt that does not fit what is left is prefilled in chunks over
+            several steps (`protocol.commands.Chunk`, I19). Default 8192: enough tokens to
             keep the GPU's GEMMs efficient, few enough that decode rows sharing the step are
             not held back long.
         shape: the model's collective shape.
