@@ -278,10 +278,12 @@ class DeviceModel:
                     kv.lengths[admit.slot] = len(admit.prompt)
                     history = kv.read(admit.slot, len(admit.prompt) - 1)
                     dev.prefill_out[admit.request_id] = (seq, next_token(history, self.vocab))
-                if chunk is not None:
+                if chunk is not None:  # its logits are computed too, and read by no one
                     for i, token in enumerate(chunk.tokens):
                         kv.write(chunk.slot, chunk.start + i, token)
                     kv.lengths[chunk.slot] = chunk.end
+                    history = kv.read(chunk.slot, chunk.end - 1)
+                    dev.prefill_out[chunk.request_id] = (seq, next_token(history, self.vocab))
             case CopySlot(src=src, dst=dst):
                 dev.live("kv").copy(src, dst)
             case SetPages(slot=slot, first_index=first, pages=pages):

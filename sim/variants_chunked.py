@@ -1,5 +1,6 @@
-"""Variants of chunked prefill (issue 12 item 2): the scenario whose prompts are all longer than a
-step's prefill budget, and a known-bad worker that writes every chunk from position 0.
+"""Variants of chunked prefill (issue 12 item 2, I19): the scenario whose prompts are all longer
+than a step's prefill budget, a known-bad worker that writes every chunk from position 0, and a
+known-bad design that keeps the token sampled after a non-final chunk.
 
 `chunked` turns any scenario into one whose step prefill budget is one token short of its
 shortest prompt, so every prompt is prefilled over at least two steps: non-final `Chunk`s
@@ -20,15 +21,24 @@ its sequence (I19): the second piece of a prompt, written from 0 over a sequence
 the first, is caught in the step that writes it. Without that check the last chunk's read of
 the prompt would see the tail where the head should be, and the request's first token would
 diverge.
+
+The ``chunk-token-kept`` design samples a token for every sequence of a prefill batch, a
+non-final chunk included, and appends it to the request's output: the scheduler does not
+discard the token of a partial prefill (vLLM's model runner discards it; tenstorrent/tt-xla
+#5830 appended a token to rows that had no complete prefill in the step). That token is
+predicted from part of the prompt, so the request's output diverges from its first token.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import ClassVar
 
-from protocol.backend import Op, Prefill
-from protocol.commands import Step
+from protocol.backend import Op, Prefill, Sample
+from protocol.commands import Reply, Step
+from protocol.controller import Controller
 from protocol.worker import Worker
+from sim.common import DONE
 from sim.scenario import Scenario
 from sim.variants import Variant, register
 from sim.variants_paging import page_pressure
@@ -90,4 +100,78 @@ register(Variant(
     remedy="A chunk carries its start (the tokens already cached) and the worker writes it "
            "there; only the last chunk, which has read the whole prompt, samples.",
     worker_cls=ChunkRestartsWorker,
+    adjust=chunked))
+
+
+@dataclass(frozen=True)
+class SampleChunkToo(Op):
+    """Rank 0: sample every admitted and decoded request of ``step`` and, after them, the
+    request of the step's non-final chunk from its chunk's last token."""
+
+    name: ClassVar[str] = "sample_chunk_too"
+    step: Step
+
+
+def _sim_sample_chunk_too(backend, r, host, op, probe):
+    """The modelled sampler, then the chunk's token from the modelled prefill's output."""
+    if probe:
+        return DONE
+    backend.sample(r, host, op.step)
+    seq, token = backend.world.devices[r].prefill_out.get(op.step.chunk.request_id, (None, -1))
+    host.result = host.result + (token if seq == op.step.seq else -1,)
+    return DONE
+
+
+class ChunkTokenWorker(Worker):
+    """Rank 0 samples the step's non-final chunk too and replies with its token last."""
+
+    def _ops_step(self, step: Step) -> list[Op]:
+        ops = super()._ops_step(step)
+        if self.rank != 0 or step.chunk is None:
+            return ops
+        ops = [op for op in ops if not isinstance(op, Sample)]
+        return ops + [SampleChunkToo(step)]
+
+    def reply(self, command, results) -> Reply:
+        reply = super().reply(command, results)
+        if (self.rank == 0 and isinstance(command, Step) and command.chunk is not None
+                and not (command.rows or command.admits)):
+            reply = replace(reply, payload=results[-1])
+        return reply
+
+
+class ChunkTokenKeptController(Controller):
+    """Takes a token for the step's non-final chunk (rank 0's reply carries it last) and
+    appends it to that request's output, as for any other prefill."""
+
+    def _validate(self, reply: Reply) -> None:
+        step = self.current
+        if (reply.rank == 0 and isinstance(step, Step) and step.chunk is not None
+                and isinstance(reply.payload, tuple) and reply.payload):
+            reply = replace(reply, payload=reply.payload[:-1])
+            if not (step.rows or step.admits):
+                reply = replace(reply, payload=None)
+        super()._validate(reply)
+
+    def _absorb_step(self, step: Step, tokens: tuple) -> None:
+        if step.chunk is not None and tokens:
+            self.outputs[step.chunk.request_id].append(tokens[-1])
+            tokens = tokens[:-1]
+        super()._absorb_step(step, tokens)
+
+
+register(Variant(
+    name="chunk-token-kept",
+    summary="rank 0 samples every sequence of a prefill batch, a non-final chunk included, and "
+            "the scheduler appends the chunk's token to the request's output instead of "
+            "discarding it",
+    source="tenstorrent/tt-xla #5830 (tokens appended to rows without a complete prefill during "
+           "chunked prefill); vLLM's model runner discards the sampled token of a partial "
+           "prefill",
+    expected={"shared": "divergence", "per-rank": "divergence"},
+    remedy="Only the last chunk samples: a non-final chunk is a `Chunk`, which rank 0's reply "
+           "carries no token for (the reply holds exactly the rows and admissions, I19).",
+    controller_cls=ChunkTokenKeptController,
+    worker_cls=ChunkTokenWorker,
+    sim_ops={SampleChunkToo: _sim_sample_chunk_too},
     adjust=chunked))
