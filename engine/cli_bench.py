@@ -40,6 +40,9 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
     p.add_argument("--no-eager", action="store_true", help="skip the eager path")
     p.add_argument("--no-capture-sweep", action="store_true",
                    help="skip timing the capture of all 36 buckets")
+    p.add_argument("--decode-gemm", choices=["auto", "cublas"], default="auto",
+                   help="auto: Triton skinny GEMM where engine/kernels/skinny_gemm_table.json "
+                        "measured it faster; cublas: cuBLAS only (the A/B baseline)")
     p.add_argument("--compare", choices=["hf"], default=None,
                    help="hf: also time HF StaticCache + torch.compile(mode='reduce-overhead') "
                         "(default: no comparison)")
@@ -87,7 +90,8 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
         capture_sweep=not args.no_capture_sweep and not args.no_graphs, compare=args.compare,
         hf_batch_sizes=(parse_int_list(args.hf_batch_sizes, "--hf-batch-sizes")
                         if args.hf_batch_sizes else None),
-        json_path=args.json_path, plot_path=plot, dtype=args.dtype, seed=args.seed)
+        json_path=args.json_path, plot_path=plot, dtype=args.dtype, seed=args.seed,
+        decode_gemm=args.decode_gemm)
 
 
 def _error(msg: str) -> int:

@@ -22,6 +22,9 @@ DTYPES = ("float32", "bfloat16", "float16")
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
+DECODE_GEMMS = ("auto", "cublas")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Everything the controller and a rank need. Build it with `create` (checks, defaults);
@@ -67,6 +70,9 @@ class EngineConfig:
         graph_standin: test hook, False in normal use: with cuda_graph on CPU, the graph ops
             run through `engine.graphs.StandInGraphs` (eager replays).
         model: the model's config (read from model_dir when None).
+        decode_gemm: "auto" (default): decode GEMMs of up to 64 rows use the Triton skinny GEMM
+            where `engine/kernels/skinny_gemm_table.json` measured it faster than cuBLAS;
+            "cublas": every GEMM through cuBLAS (the A/B baseline of `lockstep bench`).
     """
 
     model_dir: str
@@ -89,6 +95,7 @@ class EngineConfig:
     fault: tuple[int, int, str] | None = None
     graph_standin: bool = False
     model: ModelConfig | None = None
+    decode_gemm: str = "auto"
 
     @classmethod
     def create(cls, model_dir, tensor_parallel_size: int = 1, device: str = "cpu",
@@ -237,6 +244,9 @@ class EngineConfig:
         if self.cuda_graph and self.device != "cuda" and not self.graph_standin:
             raise ParallelConfigError("cuda_graph = True needs device = 'cuda' (the CPU path "
                                       "runs eager only); pass cuda_graph=False")
+        if self.decode_gemm not in DECODE_GEMMS:
+            raise ParallelConfigError(f"decode_gemm = {self.decode_gemm!r}, expected one of "
+                                      f"{DECODE_GEMMS}")
         k = self.kv_cache_pages
         if k is not None and (isinstance(k, bool) or not isinstance(k, int)
                               or k < self.pages_per_seq):

@@ -3,8 +3,10 @@
 Embedding (vocab parallel) -> N x [RMSNorm, attention, residual, RMSNorm, SwiGLU MLP
 (column-parallel gate_up, row-parallel down), residual] -> RMSNorm -> LM head (vocab
 parallel, all-gathered). Each residual add is fused into the norm after it
-(`RMSNorm.add_forward`), so a decode layer is 9 launches on CUDA: add+norm, QKV GEMM,
-q/k norm+RoPE+KV write, attention, o_proj, add+norm, gate_up GEMM, SwiGLU, down_proj. Two all-reduces per layer (o_proj, down_proj) plus one in the
+(`RMSNorm.add_forward`), so a decode layer is 8 launches on CUDA where the skinny GEMM serves
+its bucket (add+norm, QKV GEMM, q/k norm+RoPE+KV write, attention, o_proj, add+norm, gate_up
+GEMM with the SwiGLU epilogue, down_proj) and 9 with cuBLAS (SwiGLU its own launch, plus any
+split-K reduce cuBLAS adds). Two all-reduces per layer (o_proj, down_proj) plus one in the
 embedding when world_size > 1.
 """
 
@@ -14,10 +16,9 @@ import torch
 from torch import nn
 
 from engine.config import ModelConfig
-from engine.kernels import fused
 from engine.layers.attention import Qwen3Attention, StepContext
 from engine.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
-from engine.layers.linear import ColumnParallelLinear, RowParallelLinear
+from engine.layers.linear import ColumnParallelLinear, DecodeGemm, RowParallelLinear
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
 from engine.parallel import TPGroup
@@ -25,7 +26,8 @@ from engine.weights import WeightIndex
 
 
 class Qwen3MLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x)); gate/up fused and column parallel."""
+    """SwiGLU: down(silu(gate(x)) * up(x)); gate/up fused and column parallel, the activation
+    in the gate_up GEMM's epilogue (skinny GEMM) or one fused kernel after it (cuBLAS)."""
 
     def __init__(self, cfg: ModelConfig, tp: TPGroup, dtype, device="cpu"):
         super().__init__()
@@ -40,11 +42,8 @@ class Qwen3MLP(nn.Module):
         self.down_proj.load(index, prefix + "down_proj.weight")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [T, hidden] -> [T, hidden]. On CUDA the activation is one fused kernel."""
-        gate_up = self.gate_up_proj(x)
-        if x.is_cuda and fused.triton is not None:
-            return self.down_proj(fused.silu_mul(gate_up))
-        return self.down_proj(fused.silu_mul_torch(gate_up))
+        """x: [T, hidden] -> [T, hidden]."""
+        return self.down_proj(self.gate_up_proj(x, swiglu=True))
 
 
 class Qwen3DecoderLayer(nn.Module):
@@ -83,9 +82,11 @@ class Qwen3ForCausalLM(nn.Module):
     Args:
         cfg: whole-model config (already checked with `check_parallel` for tp.world_size).
         tp: this rank's group. dtype: parameter dtype. device: where parameters live.
+        decode_gemm: "auto" or "cublas" (`engine.engine_config.EngineConfig.decode_gemm`).
     """
 
-    def __init__(self, cfg: ModelConfig, tp: TPGroup, dtype: torch.dtype, device="cpu"):
+    def __init__(self, cfg: ModelConfig, tp: TPGroup, dtype: torch.dtype, device="cpu",
+                 decode_gemm: str = "auto"):
         super().__init__()
         self.cfg = cfg
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position, cfg.rope_theta, device)
@@ -98,6 +99,10 @@ class Qwen3ForCausalLM(nn.Module):
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, tp, dtype,
                                       self.embed_tokens if cfg.tie_word_embeddings else None,
                                       device)
+        gemm = DecodeGemm.for_model(self, device, decode_gemm)
+        for module in self.modules():
+            if isinstance(module, (ColumnParallelLinear, RowParallelLinear)):
+                module.gemm = gemm
 
     @torch.no_grad()
     def load_weights(self, index: WeightIndex, progress=None) -> None:

@@ -51,7 +51,8 @@ def engine_settings(model_dir: str, opts, world_size: int):
     buckets = tuple(b for b in DEFAULT_DECODE_BUCKETS if b <= top)
     s = EngineConfig(model_dir=str(model_dir), world_size=world_size, device="cuda",
                        dtype=opts.dtype, max_batch=top, max_model_len=max(opts.context_lens) + 1,
-                       page_size=PAGE_SIZE, buckets=buckets, cuda_graph=opts.graphs)
+                       page_size=PAGE_SIZE, buckets=buckets, cuda_graph=opts.graphs,
+                       decode_gemm=opts.decode_gemm)
     s.validate()
     return s
 

@@ -37,6 +37,7 @@ class BenchOptions:
         compare: "hf" to add HF StaticCache + torch.compile at hf_batch_sizes.
         json_path / plot_path: outputs (plot needs matplotlib; skipped without it).
         dtype: model dtype. seed: weight seed (presets) and input seed.
+        decode_gemm: "auto" (skinny GEMM where measured faster) or "cublas" (A/B baseline).
     """
 
     preset: str | None = None
@@ -55,6 +56,7 @@ class BenchOptions:
     plot_path: str | None = None
     dtype: str = "bfloat16"
     seed: int = 0
+    decode_gemm: str = "auto"
 
 
 def parse_int_list(text: str, name: str) -> list[int]:

@@ -12,8 +12,60 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.kernels import fused, skinny_gemm
 from engine.parallel import TPGroup
 from engine.weights import WeightIndex
+
+
+class DecodeGemm:
+    """Picks the GEMM of each linear call: the Triton skinny GEMM (`engine.kernels.skinny_gemm`)
+    for up to 64 rows where the measured table says it beats cuBLAS, else cuBLAS (`F.linear`).
+    The choice depends only on the weight shape and the row count, so the eager step and the
+    graph captured at the same bucket run the same kernels (replay stays bit-identical).
+
+    Args:
+        table: `skinny_gemm.load_table()` ({} : always cuBLAS).
+        workspace: the device's `skinny_gemm.Workspace` (None when the table is empty).
+    """
+
+    def __init__(self, table: dict, workspace: "skinny_gemm.Workspace | None"):
+        self.table, self.workspace = table, workspace
+
+    @classmethod
+    def for_model(cls, model: nn.Module, device, mode: str = "auto") -> "DecodeGemm | None":
+        """The model's chooser, or None (cuBLAS everywhere) off CUDA, without Triton, with
+        mode "cublas" or without a table. Allocates the split-K workspace (before capture).
+
+        Raises:
+            torch.OutOfMemoryError: the workspace does not fit.
+        """
+        if (mode == "cublas" or torch.device(device).type != "cuda"
+                or skinny_gemm.triton is None):
+            return None
+        table = skinny_gemm.load_table()
+        widths = [m.weight.shape[0] for m in model.modules()
+                  if isinstance(m, (ColumnParallelLinear, RowParallelLinear))]
+        configs = [c for rows in table.values() for c in rows.values() if c is not None]
+        if not widths or not configs:
+            return None
+        widest = max(widths)
+        workspace = skinny_gemm.Workspace(device, widest, max(c.split_k for c in configs),
+                                          -(-widest // min(c.block_n for c in configs)))
+        return cls(table, workspace)
+
+    def linear(self, x: torch.Tensor, w: torch.Tensor, swiglu: bool = False) -> torch.Tensor:
+        """x: [T, K] @ w[N, K]^T -> [T, N]; with swiglu (w = [gate | up]) -> [T, N / 2]."""
+        config = skinny_gemm.choose(self.table, w.shape[0], w.shape[1], swiglu, x.shape[0])
+        if config is not None and x.stride(-1) == 1:
+            return skinny_gemm.skinny_gemm(x, w, self.workspace, config, swiglu=swiglu)
+        return _linear(x, w, swiglu)
+
+
+def _linear(x: torch.Tensor, w: torch.Tensor, swiglu: bool) -> torch.Tensor:
+    y = F.linear(x, w)
+    if not swiglu:
+        return y
+    return fused.silu_mul(y) if y.is_cuda and fused.triton is not None else fused.silu_mul_torch(y)
 
 
 class ColumnParallelLinear(nn.Module):
@@ -38,6 +90,7 @@ class ColumnParallelLinear(nn.Module):
         self.weight = nn.Parameter(
             torch.empty(sum(self.out_parts), in_features, dtype=dtype, device=device),
             requires_grad=False)
+        self.gemm: DecodeGemm | None = None
 
     def load(self, index: WeightIndex, names: list[str]) -> None:
         """Copy this rank's rows of each checkpoint tensor in `names` into the weight."""
@@ -47,9 +100,12 @@ class ColumnParallelLinear(nn.Module):
             self.weight.data[row:row + part].copy_(index.read(name, 0, start, start + part))
             row += part
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [T, in] -> [T, sum(out_parts)], same dtype."""
-        return F.linear(x, self.weight)
+    def forward(self, x: torch.Tensor, swiglu: bool = False) -> torch.Tensor:
+        """x: [T, in] -> [T, sum(out_parts)], same dtype; with swiglu (two fused parts
+        [gate | up]) -> [T, out_parts[0]] = silu(gate) * up."""
+        if self.gemm is not None:
+            return self.gemm.linear(x, self.weight, swiglu)
+        return _linear(x, self.weight, swiglu)
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -81,6 +137,7 @@ class RowParallelLinear(nn.Module):
         self.weight = nn.Parameter(
             torch.empty(out_features, self.in_part, dtype=dtype, device=device),
             requires_grad=False)
+        self.gemm: DecodeGemm | None = None
 
     def load(self, index: WeightIndex, name: str) -> None:
         """Copy this rank's columns of checkpoint tensor `name` into the weight."""
@@ -89,4 +146,5 @@ class RowParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, in / world_size] -> [T, out], summed over ranks (complete on return)."""
-        return self.tp.all_reduce(F.linear(x, self.weight))
+        y = self.gemm.linear(x, self.weight) if self.gemm is not None else F.linear(x, self.weight)
+        return self.tp.all_reduce(y)

@@ -1,0 +1,161 @@
+"""Decode GEMM sweep: cuBLAS against the Triton skinny GEMM, per weight shape and row count.
+
+For each linear layer shape of the named presets (QKV, o_proj, gate_up with the SwiGLU
+epilogue, down_proj; per rank at each TP size asked for) and each row count M, it times:
+    cublas:  F.linear (and, for gate_up, the separate `fused.silu_mul` launch after it);
+    triton:  `skinny_gemm` at every tile configuration of the search space.
+Each measurement captures a CUDA graph of one call per weight copy, cycling through enough
+distinct copies (>= 128 MB) that the weights come from HBM, not the 60 MB L2, as in a real
+step; the time per call is the replay time over the copies (median of `repeats` replays).
+
+    python -m engine.bench.gemm_sweep --presets qwen3-0.6b,qwen3-4b --json out.json
+    python -m engine.bench.gemm_sweep --presets qwen3-4b --table engine/kernels/skinny_gemm_table.json
+
+`--table` writes the per-shape choice the engine reads (`engine.kernels.skinny_gemm.load_table`):
+the fastest Triton configuration per (shape, M) when it beats cuBLAS, else cuBLAS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+
+import torch
+
+from engine.kernels import fused
+from engine.kernels.skinny_gemm import TileConfig, Workspace, shape_key, skinny_gemm
+from engine.presets import PRESETS
+
+ROWS = (1, 8, 16, 32, 64)
+SPACE = dict(block_n=(16, 32, 64), block_k=(128, 256), split_k=(1, 2, 4, 8),
+             num_stages=(4,))
+COPIES_BYTES = 128 * 1024**2
+
+
+def layer_shapes(preset: str, tp: int) -> list[tuple[str, int, int, bool]]:
+    """(name, N (weight rows), K, swiglu) of each decode linear layer of one rank."""
+    c = PRESETS[preset]
+    h, d = c["hidden_size"], c["head_dim"]
+    q, kv, inter = c["num_attention_heads"] * d, c["num_key_value_heads"] * d, c["intermediate_size"]
+    return [("qkv", (q + 2 * kv) // tp, h, False), ("o_proj", h, q // tp, False),
+            ("gate_up", 2 * inter // tp, h, True), ("down", h, inter // tp, False)]
+
+
+def time_graph(fn, repeats: int) -> float:
+    """Median ms of one replay of a graph that holds `fn()` once."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    for _ in range(3):
+        g.replay()
+    times = []
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def sweep_shape(n: int, k: int, swiglu: bool, rows, workspace, repeats: int, log) -> dict:
+    """Times cuBLAS and every Triton configuration at each row count; per-call microseconds."""
+    dev = "cuda"
+    wbytes = n * k * 2
+    copies = max(2, -(-COPIES_BYTES // wbytes))
+    ws = [torch.randn(n, k, dtype=torch.bfloat16, device=dev) / k ** 0.5 for _ in range(copies)]
+    out = {"N": n, "K": k, "swiglu": swiglu, "weight_bytes": wbytes, "rows": {}}
+    for m in rows:
+        x = torch.randn(m, k, dtype=torch.bfloat16, device=dev)
+
+        def cublas():
+            for w in ws:
+                y = torch.nn.functional.linear(x, w)
+                if swiglu:
+                    fused.silu_mul(y)
+
+        entry = {"cublas_us": time_graph(cublas, repeats) * 1e3 / copies, "triton": []}
+        ref = torch.nn.functional.linear(x.float(), ws[0].float())
+        for bn, bk, sk, st in itertools.product(*SPACE.values()):
+            if sk > 1 and k // sk < bk:
+                continue
+            cfg = TileConfig(bn, bk, sk, 4, st)
+            try:
+                y = skinny_gemm(x, ws[0], workspace, cfg, swiglu=swiglu)
+                if not swiglu:
+                    err = ((y.float() - ref).norm() / ref.norm()).item()
+                    if not err < 2e-2:
+                        raise AssertionError(f"relative error {err}")
+                us = time_graph(lambda: [skinny_gemm(x, w, workspace, cfg, swiglu=swiglu)
+                                         for w in ws], repeats) * 1e3 / copies
+            except Exception as exc:  # noqa: BLE001 - a config that fails is recorded, not fatal
+                entry["triton"].append({"config": cfg.__dict__, "error": str(exc)[:200]})
+                continue
+            entry["triton"].append({"config": cfg.__dict__, "us": us})
+        best = min((t for t in entry["triton"] if "us" in t), key=lambda t: t["us"], default=None)
+        entry["best"] = best
+        entry["read_GBps_cublas"] = wbytes / entry["cublas_us"] / 1e3
+        if best:
+            entry["read_GBps_triton"] = wbytes / best["us"] / 1e3
+        out["rows"][m] = entry
+        log(f"N={n} K={k} swiglu={swiglu} M={m}: cublas {entry['cublas_us']:.2f} us, triton "
+            f"{best['us'] if best else float('nan'):.2f} us {best['config'] if best else ''}")
+    del ws
+    return out
+
+
+def to_table(results: list[dict]) -> dict:
+    """The engine's choice per shape: {shape_key: {M: config dict or None (cuBLAS)}}."""
+    table = {}
+    for r in results:
+        key = shape_key(r["N"], r["K"], r["swiglu"])
+        table[key] = {}
+        for m, e in r["rows"].items():
+            best = e["best"]
+            table[key][str(m)] = best["config"] if best and best["us"] < e["cublas_us"] else None
+    return table
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--presets", default="qwen3-0.6b,qwen3-4b,qwen3-8b")
+    p.add_argument("--tp", default="1,2", help="tensor-parallel sizes whose per-rank shapes to time")
+    p.add_argument("--rows", default=",".join(map(str, ROWS)))
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--json", help="write every measurement here")
+    p.add_argument("--table", help="write the engine's per-shape choice here")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("gemm_sweep: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    rows = tuple(int(r) for r in args.rows.split(","))
+    shapes = {}
+    for preset in args.presets.split(","):
+        for tp in (int(t) for t in args.tp.split(",")):
+            for name, n, k, sw in layer_shapes(preset, tp):
+                shapes.setdefault((n, k, sw), []).append(f"{preset} tp{tp} {name}")
+    max_n = max(n for n, _, _ in shapes)
+    workspace = Workspace("cuda", max_n, max(SPACE["split_k"]), -(-max_n // min(SPACE["block_n"])))
+    results = []
+    for (n, k, sw), names in shapes.items():
+        print(f"-- {', '.join(names)}", flush=True)
+        r = sweep_shape(n, k, sw, rows, workspace, args.repeats, lambda s: print(s, flush=True))
+        r["layers"] = names
+        results.append(r)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "results": results}, f, indent=1)
+    if args.table:
+        with open(args.table, "w") as f:
+            json.dump(to_table(results), f, indent=1, sort_keys=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
