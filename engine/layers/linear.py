@@ -34,17 +34,21 @@ class DecodeGemm:
     @classmethod
     def for_model(cls, model: nn.Module, device, mode: str = "auto") -> "DecodeGemm | None":
         """The model's chooser, or None (cuBLAS everywhere) off CUDA, without Triton, with
-        mode "cublas" or without a table. Allocates the split-K workspace (before capture).
+        mode "cublas", for a dtype other than bfloat16 (the table's measurements, and its
+        tiles' shared-memory budget, are bfloat16) or without a table. Allocates the split-K
+        workspace (before capture).
 
         Raises:
             torch.OutOfMemoryError: the workspace does not fit.
         """
+        linears = [m for m in model.modules()
+                   if isinstance(m, (ColumnParallelLinear, RowParallelLinear))]
         if (mode == "cublas" or torch.device(device).type != "cuda"
-                or skinny_gemm.triton is None):
+                or skinny_gemm.triton is None or not linears
+                or linears[0].weight.dtype != torch.bfloat16):
             return None
         table = skinny_gemm.load_table()
-        widths = [m.weight.shape[0] for m in model.modules()
-                  if isinstance(m, (ColumnParallelLinear, RowParallelLinear))]
+        widths = [m.weight.shape[0] for m in linears]
         configs = [c for rows in table.values() for c in rows.values() if c is not None]
         if not widths or not configs:
             return None
