@@ -31,6 +31,7 @@ ever chosen here.
 
 from __future__ import annotations
 
+import functools
 from array import array
 from itertools import chain, repeat
 
@@ -38,6 +39,7 @@ import torch
 
 from engine.config import ModelConfig, check_parallel, load_model_config
 from engine.kernels.decode_attention import (
+    SplitWorkspace,
     paged_decode_attention_torch,
     paged_decode_attention_triton,
 )
@@ -80,8 +82,11 @@ class RankExecutor(Backend):
                                    if settings.device == "cuda" else "cpu")
         self.model: Qwen3ForCausalLM | None = None
         self.kv: KVCache | None = None
-        self.decode_attention = (paged_decode_attention_triton if self.device.type == "cuda"
-                                 else paged_decode_attention_torch)
+        self.decode_attention = paged_decode_attention_torch
+        if self.device.type == "cuda":  # split-KV partials allocated here, before any capture
+            self.decode_attention = functools.partial(
+                paged_decode_attention_triton, workspace=SplitWorkspace.for_heads(
+                    self.device, self.cfg.num_q_heads, self.cfg.num_kv_heads, self.cfg.head_dim))
         self.prefill_attention = (prefill_attention_triton if self.device.type == "cuda"
                                   else prefill_attention_torch)
         nb = max(settings.buckets)

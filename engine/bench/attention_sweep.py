@@ -1,5 +1,7 @@
 """Attention options side by side on one GPU (`python -m engine.bench.attention_sweep`).
 
+Context: decode attention per layer at contexts 128 / 1k / 4k / 16k and batch 1 / 8 / 64 /
+256, one program per (row, kv head) against the split-KV path (`--context` runs only this).
 Decode: the paged Triton kernel at batch 256, 1024 cached tokens per row (Qwen3-0.6B heads:
 16 query, 8 KV, head_dim 128, bf16) for several launch settings, with the achieved KV read
 bandwidth. Prefill: one packed batch of ~8192 prompt tokens (prompt lengths of workload W)
@@ -129,20 +131,60 @@ def prefill_compare() -> list[dict]:
     return res
 
 
+def context_sweep(contexts=(128, 1024, 4096, 16384), batches=(1, 8, 64, 256),
+                  heads=((16, 8), (32, 8))) -> list[dict]:
+    """Decode attention per layer against context length: one program per (row, kv head)
+    against the split-KV path (`SplitWorkspace`), Qwen3-0.6B (16 q / 8 kv heads) and 4B
+    (32 / 8) heads, head_dim 128, bf16; device us and KV read GB/s."""
+    import torch
+
+    import engine.kernels.decode_attention as da
+
+    d, page, dev = 128, 16, "cuda"
+    out = []
+    for hq, hkv in heads:
+        ws = da.SplitWorkspace.for_heads(dev, hq, hkv, d)
+        for ctx in contexts:
+            for B in batches:
+                pages = B * ctx // page
+                k = torch.randn(pages + 1, page, hkv, d, device=dev, dtype=torch.bfloat16)
+                v = torch.randn_like(k)
+                table = torch.randperm(pages, device=dev, dtype=torch.int32).view(B, ctx // page)
+                lens = torch.full((B,), ctx, device=dev, dtype=torch.int32)
+                slots = torch.arange(B, device=dev, dtype=torch.int32)
+                q = torch.randn(B, hq, d, device=dev, dtype=torch.bfloat16)
+                kv_bytes = 2 * B * ctx * hkv * d * 2
+                row = {"q_heads": hq, "kv_heads": hkv, "context": ctx, "batch": B,
+                       "splits": da.num_splits(B, hkv)}
+                for name, w in (("single", None), ("split", ws)):
+                    ms, _ = _time(lambda: da.paged_decode_attention_triton(
+                        q, k, v, table, lens, slots, d ** -0.5, workspace=w))
+                    row[f"{name}_us"] = 1e3 * ms
+                    row[f"{name}_GBps"] = kv_bytes / (ms * 1e-3) / 1e9
+                out.append(row)
+                print("context", row, flush=True)
+                del k, v
+    return out
+
+
 def main() -> None:
-    """Print both tables and write JSON to the path given as argv[1], if any."""
+    """Print the tables and write JSON to the path given as argv[1], if any; `--context`
+    (anywhere in argv) runs only the context sweep."""
     import json
     import sys
 
-    dec = decode_sweep()
-    for r in dec:
-        print("decode", r, flush=True)
-    pre = prefill_compare()
-    for r in pre:
-        print("prefill", r, flush=True)
-    if len(sys.argv) > 1:
-        with open(sys.argv[1], "w") as f:
-            json.dump({"decode": dec, "prefill": pre}, f, indent=1)
+    args = [a for a in sys.argv[1:] if a != "--context"]
+    result = {"context": context_sweep()}
+    if "--context" not in sys.argv:
+        result["decode"] = decode_sweep()
+        for r in result["decode"]:
+            print("decode", r, flush=True)
+        result["prefill"] = prefill_compare()
+        for r in result["prefill"]:
+            print("prefill", r, flush=True)
+    if args:
+        with open(args[0], "w") as f:
+            json.dump(result, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -85,17 +85,67 @@ TILE_TOKENS = 64
 NUM_WARPS = 4
 NUM_STAGES = 3
 
+# Programs the split-KV path aims for: two per SM of an H200 (132 SMs). A launch of B rows x
+# Hkv heads below this splits each sequence's tiles over up to MAX_SPLITS programs.
+TARGET_PROGRAMS = 264
+MAX_SPLITS = 16
+
+
+def num_splits(rows: int, kv_heads: int) -> int:
+    """K/V splits per (row, kv head) for a launch of `rows` rows: 1 when rows x kv_heads
+    programs already fill the GPU, else the power of two (<= MAX_SPLITS) that brings the
+    launch to about TARGET_PROGRAMS. Depends only on the launch shape, so a graph captured at a
+    bucket and the eager step at that bucket split alike."""
+    programs = rows * kv_heads
+    if programs >= TARGET_PROGRAMS:
+        return 1
+    split = 1
+    while programs * split < TARGET_PROGRAMS and split < MAX_SPLITS:
+        split *= 2
+    return split
+
+
+class SplitWorkspace:
+    """Partial results of the split-KV path: per (row, kv head, split) the running max, sum
+    and unnormalised output of BLOCK_G query heads (float32), and one arrival counter per
+    (row, kv head). Allocated once per device before capture; every launch leaves the
+    counters at zero.
+
+    Args:
+        device: where to allocate. head_dim: D. group_block: BLOCK_G (query heads per kv
+            head, rounded up to a power of two >= 16).
+        programs: most (row, kv head, split) programs of a split launch (TARGET_PROGRAMS x 2
+            covers every `num_splits` choice).
+    """
+
+    def __init__(self, device, head_dim: int, group_block: int = 16,
+                 programs: int = 2 * TARGET_PROGRAMS):
+        self.programs, self.group_block, self.head_dim = programs, group_block, head_dim
+        self.acc = torch.empty(programs * group_block * head_dim, dtype=torch.float32,
+                               device=device)
+        self.stats = torch.empty(programs * group_block * 2, dtype=torch.float32, device=device)
+        self.counters = torch.zeros(programs, dtype=torch.int32, device=device)
+
+    @classmethod
+    def for_heads(cls, device, q_heads: int, kv_heads: int, head_dim: int) -> "SplitWorkspace":
+        """The workspace of a model with these head counts (any TP split: the group is the same)."""
+        group = q_heads // kv_heads
+        return cls(device, head_dim, max(16, 1 << (group - 1).bit_length()))
+
+
 if triton is not None:
 
     @triton.jit
     def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, lens_ptr, slots_ptr, out_ptr,
+                             acc_ptr, stats_ptr, count_ptr,
                              stride_qb, stride_qh, stride_kp, stride_kt, stride_kh,
-                             stride_pt, stride_ob, stride_oh, scale,
+                             stride_pt, stride_ob, stride_oh, scale, NUM_KV,
                              GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
                              HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
-                             IEEE: tl.constexpr):
+                             SPLITS: tl.constexpr, IEEE: tl.constexpr):
         b = tl.program_id(0)
         h = tl.program_id(1)
+        split = tl.program_id(2)
         slot = tl.load(slots_ptr + b).to(tl.int64)
         length = tl.load(lens_ptr + slot)
         g = tl.arange(0, BLOCK_G)
@@ -108,7 +158,10 @@ if triton is not None:
         l = tl.zeros([BLOCK_G], tl.float32)
         acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
         num_tiles = tl.cdiv(length, BLOCK_N)
-        for i in range(0, num_tiles):
+        per_split = tl.cdiv(num_tiles, SPLITS)
+        first = split * per_split
+        last = tl.minimum(first + per_split, num_tiles)
+        for i in range(first, last):
             tok = i * BLOCK_N + t
             kmask = tok < length
             page = tl.load(pt_ptr + slot * stride_pt + tok // PAGE, mask=kmask,
@@ -133,14 +186,52 @@ if triton is not None:
                 pv = tl.dot(p.to(v.dtype), v)
             acc = acc * alpha[:, None] + pv
             m = m_new
-        out = acc / l[:, None]
-        tl.store(out_ptr + b * stride_ob + (h * GROUP + g)[:, None] * stride_oh + d[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=gmask[:, None])
+        out_rows = out_ptr + b * stride_ob + (h * GROUP + g)[:, None] * stride_oh + d[None, :]
+        if SPLITS == 1:
+            tl.store(out_rows, (acc / l[:, None]).to(out_ptr.dtype.element_ty),
+                     mask=gmask[:, None])
+        else:
+            # Publish this split's (max, sum, output); the last of the (row, head)'s splits to
+            # arrive merges all of them in split order 0..SPLITS-1 (deterministic) and resets
+            # the counter. A split past the sequence's last tile publishes (-inf, 0, 0).
+            pair = b * NUM_KV + h
+            me = pair * SPLITS + split
+            tl.store(acc_ptr + (me * BLOCK_G + g)[:, None] * HEAD_DIM + d[None, :], acc)
+            tl.store(stats_ptr + (me * BLOCK_G + g) * 2, m)
+            tl.store(stats_ptr + (me * BLOCK_G + g) * 2 + 1, l)
+            tl.debug_barrier()
+            arrived = tl.atomic_add(count_ptr + pair, 1, sem="acq_rel")
+            if arrived == SPLITS - 1:
+                m_all = tl.full([BLOCK_G], float("-inf"), tl.float32)
+                for j in tl.static_range(SPLITS):
+                    other = pair * SPLITS + j
+                    m_j = tl.load(stats_ptr + (other * BLOCK_G + g) * 2, cache_modifier=".cg")
+                    m_all = tl.maximum(m_all, m_j)
+                total = tl.zeros([BLOCK_G], tl.float32)
+                merged = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
+                for j in tl.static_range(SPLITS):
+                    other = pair * SPLITS + j
+                    m_j = tl.load(stats_ptr + (other * BLOCK_G + g) * 2, cache_modifier=".cg")
+                    l_j = tl.load(stats_ptr + (other * BLOCK_G + g) * 2 + 1,
+                                  cache_modifier=".cg")
+                    a_j = tl.load(acc_ptr + (other * BLOCK_G + g)[:, None] * HEAD_DIM
+                                  + d[None, :], cache_modifier=".cg")
+                    w = tl.where(l_j > 0, tl.exp(m_j - m_all), 0.0)
+                    total += l_j * w
+                    merged += a_j * w[:, None]
+                tl.store(count_ptr + pair, 0)
+                tl.store(out_rows, (merged / total[:, None]).to(out_ptr.dtype.element_ty),
+                         mask=gmask[:, None])
 
 
 def paged_decode_attention_triton(q, k_cache, v_cache, page_table, seq_lens, slot_ids,
-                                  scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
+                                  scale: float, out: torch.Tensor | None = None,
+                                  workspace: SplitWorkspace | None = None) -> torch.Tensor:
     """Triton kernel; see the module docstring. `out` [B, Hq, D] may be given (static buffer).
+
+    With a `workspace`, a launch of too few (row, kv head) programs to fill the GPU splits each
+    sequence's tiles over `num_splits(B, Hkv)` programs (flash-decoding) and merges them in
+    the same launch; without one, one program walks the whole sequence.
 
     Requirements: D and page_size powers of two >= 16; q, caches and page_table contiguous in
     their last dimension. Every row's length must be >= 1 (the padding slot holds 1).
@@ -156,10 +247,20 @@ def paged_decode_attention_triton(q, k_cache, v_cache, page_table, seq_lens, slo
     if out is None:
         out = torch.empty_like(q)
     block_g = max(16, triton.next_power_of_2(group))
-    _paged_decode_kernel[(B, Hkv)](
-        q, k_cache, v_cache, page_table, seq_lens, slot_ids, out,
+    splits = 1
+    if (workspace is not None and workspace.group_block == block_g
+            and workspace.head_dim == D):
+        splits = num_splits(B, Hkv)
+        if B * Hkv * splits > workspace.programs:
+            splits = 1
+    acc = workspace.acc if splits > 1 else out
+    stats = workspace.stats if splits > 1 else out
+    counters = workspace.counters if splits > 1 else slot_ids
+    _paged_decode_kernel[(B, Hkv, splits)](
+        q, k_cache, v_cache, page_table, seq_lens, slot_ids, out, acc, stats, counters,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        page_table.stride(0), out.stride(0), out.stride(1), scale,
+        page_table.stride(0), out.stride(0), out.stride(1), scale, Hkv,
         GROUP=group, BLOCK_G=block_g, HEAD_DIM=D, PAGE=P, BLOCK_N=max(P, TILE_TOKENS),
-        IEEE=q.dtype == torch.float32, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+        SPLITS=splits, IEEE=q.dtype == torch.float32, num_warps=NUM_WARPS,
+        num_stages=NUM_STAGES)
     return out

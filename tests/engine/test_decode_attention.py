@@ -52,16 +52,23 @@ import os, sys
 os.environ["TRITON_INTERPRET"] = "1"
 import torch
 sys.path.insert(0, os.getcwd())
-from engine.kernels.decode_attention import (paged_decode_attention_reference,
+from engine.kernels.decode_attention import (SplitWorkspace, num_splits,
+                                             paged_decode_attention_reference,
                                              paged_decode_attention_triton)
 from engine.testing import make_case
 worst = 0.0
+ws = SplitWorkspace("cpu", head_dim=16)
 for q_heads, kv_heads in [(4, 2), (8, 2), (2, 2)]:
-    q, k, v, table, lens, slots = make_case([1, 15, 16, 17, 40, 64, 65, 130],
+    q, k, v, table, lens, slots = make_case([1, 15, 16, 17, 40, 64, 65, 130, 700],
                                             q_heads, kv_heads)
     ref = paged_decode_attention_reference(q, k, v, table, lens, slots, 0.25)
     out = paged_decode_attention_triton(q, k, v, table, lens, slots, 0.25)
     worst = max(worst, float((out.double() - ref).abs().max()))
+    assert num_splits(len(slots), kv_heads) > 1
+    for _ in range(2):  # the split path; the second launch needs the counters reset
+        split = paged_decode_attention_triton(q, k, v, table, lens, slots, 0.25, workspace=ws)
+        worst = max(worst, float((split.double() - ref).abs().max()))
+    assert int(ws.counters.abs().sum()) == 0, "a split counter was left non-zero"
 print("worst", worst)
 assert worst < 1e-5, worst
 """
@@ -72,6 +79,18 @@ def test_triton_kernel_in_interpreter_matches_float64_reference():
     pytest.importorskip("triton")
     res = run_in_triton_interpreter(_TRITON_CHECK)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_split_count_fills_the_gpu_and_never_exceeds_the_workspace():
+    from engine.kernels.decode_attention import MAX_SPLITS, TARGET_PROGRAMS, num_splits
+
+    assert num_splits(256, 8) == 1 and num_splits(33, 8) == 1     # already >= 264 programs
+    assert num_splits(1, 8) == MAX_SPLITS                          # 8 programs: split 16 ways
+    assert num_splits(4, 8) == 16 and num_splits(16, 8) == 4
+    for rows in range(1, 257):
+        for heads in (1, 2, 4, 8):
+            s = num_splits(rows, heads)
+            assert s == 1 or rows * heads * s <= 2 * TARGET_PROGRAMS, (rows, heads, s)
 
 
 def test_torch_path_ignores_non_finite_values_past_the_length():
