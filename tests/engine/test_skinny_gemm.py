@@ -95,3 +95,16 @@ def test_skinny_gemm_rejects_more_rows_than_it_serves():
 def test_decode_gemm_setting_is_checked(tiny_dir):
     with pytest.raises(ParallelConfigError, match="decode_gemm = 'fast'"):
         EngineConfig(model_dir=str(tiny_dir), decode_gemm="fast").validate()
+
+
+def test_decode_gemm_is_cublas_off_cuda_and_when_asked(tiny_dir):
+    from engine.config import load_model_config
+    from engine.layers.linear import DecodeGemm
+    from engine.model import Qwen3ForCausalLM
+    from engine.parallel import TPGroup
+
+    model = Qwen3ForCausalLM(load_model_config(str(tiny_dir)), TPGroup(), torch.bfloat16, "cpu")
+    assert DecodeGemm.for_model(model, "cpu") is None
+    assert DecodeGemm.for_model(model, "cuda", mode="cublas") is None
+    linears = [m for m in model.modules() if hasattr(m, "gemm")]
+    assert linears and all(m.gemm is None for m in linears)
