@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import torch
 
+from engine.kernels.pdl import launch_options, use_pdl
+
 try:  # Triton is optional on CPU-only machines; the torch path needs none of it.
     import triton
     import triton.language as tl
@@ -142,10 +144,12 @@ if triton is not None:
                              stride_pt, stride_ob, stride_oh, scale, NUM_KV,
                              GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
                              HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
-                             SPLITS: tl.constexpr, IEEE: tl.constexpr):
+                             SPLITS: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr):
         b = tl.program_id(0)
         h = tl.program_id(1)
         split = tl.program_id(2)
+        if PDL:  # see engine.kernels.pdl: wait for the previous grid before touching memory
+            tl.extra.cuda.gdc_wait()
         slot = tl.load(slots_ptr + b).to(tl.int64)
         length = tl.load(lens_ptr + slot)
         g = tl.arange(0, BLOCK_G)
@@ -186,6 +190,8 @@ if triton is not None:
                 pv = tl.dot(p.to(v.dtype), v)
             acc = acc * alpha[:, None] + pv
             m = m_new
+        if PDL:
+            tl.extra.cuda.gdc_launch_dependents()
         out_rows = out_ptr + b * stride_ob + (h * GROUP + g)[:, None] * stride_oh + d[None, :]
         if SPLITS == 1:
             tl.store(out_rows, (acc / l[:, None]).to(out_ptr.dtype.element_ty),
@@ -262,5 +268,5 @@ def paged_decode_attention_triton(q, k_cache, v_cache, page_table, seq_lens, slo
         page_table.stride(0), out.stride(0), out.stride(1), scale, Hkv,
         GROUP=group, BLOCK_G=block_g, HEAD_DIM=D, PAGE=P, BLOCK_N=max(P, TILE_TOKENS),
         SPLITS=splits, IEEE=q.dtype == torch.float32, num_warps=NUM_WARPS,
-        num_stages=NUM_STAGES)
+        num_stages=NUM_STAGES, PDL=use_pdl(q), **launch_options(use_pdl(q)))
     return out

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import torch
 
+from engine.kernels.pdl import launch_options, use_pdl
+
 try:  # Triton is optional on CPU-only machines; the torch path needs none of it.
     import triton
     import triton.language as tl
@@ -55,8 +57,12 @@ if triton is not None:
 
     @triton.jit
     def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, stride_x, stride_r, stride_o, N,
-                             eps, HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+                             eps, HAS_RES: tl.constexpr, BLOCK: tl.constexpr,
+                             PDL: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
+        if PDL:  # see engine.kernels.pdl: wait for the previous grid before touching memory
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         cols = tl.arange(0, BLOCK)
         mask = cols < N
         x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
@@ -100,7 +106,8 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
     block = triton.next_power_of_2(N)
     _add_rms_norm_kernel[(T,)](
         x, res, weight, out, x.stride(0), res.stride(0), out.stride(0), N, eps,
-        HAS_RES=residual is not None, BLOCK=block, num_warps=min(16, max(1, block // 256)))
+        HAS_RES=residual is not None, BLOCK=block, num_warps=min(16, max(1, block // 256)),
+        PDL=use_pdl(x), **launch_options(use_pdl(x)))
     return out, res
 
 
@@ -148,9 +155,12 @@ if triton is not None:
                                 pt_ptr, kc_ptr, vc_ptr, q_ptr, stride_qkv, stride_cos,
                                 stride_pt, stride_kp, stride_kt, stride_kh, stride_qt,
                                 stride_qh, eps, NQ: tl.constexpr, NKV: tl.constexpr,
-                                D: tl.constexpr, PAGE: tl.constexpr):
+                                D: tl.constexpr, PAGE: tl.constexpr, PDL: tl.constexpr):
         t = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1)
+        if PDL:  # see engine.kernels.pdl: wait for the previous grid before touching memory
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         d = tl.arange(0, D)
         HALF: tl.constexpr = D // 2
         rot = (d + HALF) % D
@@ -224,7 +234,8 @@ def qk_norm_rope_kv(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.T
         qkv, q_weight, k_weight, cos, sin, positions, slot_ids, page_table, k_cache, v_cache,
         out, qkv.stride(0), cos.stride(0), page_table.stride(0), k_cache.stride(0),
         k_cache.stride(1), k_cache.stride(2), out.stride(0), out.stride(1), eps,
-        NQ=nq, NKV=nkv, D=D, PAGE=k_cache.shape[1], num_warps=1 if D <= 128 else 2)
+        NQ=nq, NKV=nkv, D=D, PAGE=k_cache.shape[1], num_warps=1 if D <= 128 else 2,
+        PDL=use_pdl(qkv), **launch_options(use_pdl(qkv)))
     return out
 
 
@@ -240,8 +251,12 @@ def silu_mul_torch(gate_up: torch.Tensor) -> torch.Tensor:
 if triton is not None:
 
     @triton.jit
-    def _silu_mul_kernel(gu_ptr, out_ptr, stride_gu, stride_o, I, BLOCK: tl.constexpr):
+    def _silu_mul_kernel(gu_ptr, out_ptr, stride_gu, stride_o, I, BLOCK: tl.constexpr,
+                         PDL: tl.constexpr):
         t = tl.program_id(0).to(tl.int64)
+        if PDL:  # see engine.kernels.pdl: wait for the previous grid before touching memory
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = cols < I
         g = tl.load(gu_ptr + t * stride_gu + cols, mask=mask, other=0.0)
@@ -271,5 +286,6 @@ def silu_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Te
         out = torch.empty(T, inter, dtype=gate_up.dtype, device=gate_up.device)
     block = 1024
     _silu_mul_kernel[(T, triton.cdiv(inter, block))](
-        gate_up, out, gate_up.stride(0), out.stride(0), inter, BLOCK=block, num_warps=4)
+        gate_up, out, gate_up.stride(0), out.stride(0), inter, BLOCK=block, num_warps=4,
+        PDL=use_pdl(gate_up), **launch_options(use_pdl(gate_up)))
     return out

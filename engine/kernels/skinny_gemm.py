@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.kernels.pdl import launch_options, use_pdl
+
 try:  # Triton is optional on CPU-only machines; the torch path needs none of it.
     import triton
     import triton.language as tl
@@ -112,7 +114,7 @@ if triton is not None:
                             SWIGLU: tl.constexpr, BLOCK_M: tl.constexpr,
                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                             SPLIT_K: tl.constexpr, K_SPLIT,
-                            UPCAST: tl.constexpr, IEEE: tl.constexpr):
+                            UPCAST: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr):
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         m = tl.arange(0, BLOCK_M)
@@ -124,6 +126,8 @@ if triton is not None:
         acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         w_cols = w_ptr + n.to(tl.int64)[None, :] * stride_wn
         x_rows = x_ptr + m[:, None] * stride_xm
+        if PDL:  # nothing before this line reads or writes memory another kernel touches
+            tl.extra.cuda.gdc_wait()
         k_begin = pid_k * K_SPLIT
         for k0 in range(k_begin, k_begin + K_SPLIT, BLOCK_K):
             k = k0 + kk
@@ -140,6 +144,8 @@ if triton is not None:
                 if UPCAST:
                     ut = ut.to(tl.float32)
                 acc_up += _dot(xt, ut, IEEE)
+        if PDL:  # the next kernel may start launching; it waits for this grid's completion
+            tl.extra.cuda.gdc_launch_dependents()
         if SPLIT_K > 1:
             # Serial fix-up: publish this split's partials, count arrivals; the last program of
             # the column block sums every split in order 0..SPLIT_K-1 (deterministic).
@@ -223,13 +229,15 @@ def skinny_gemm(x: torch.Tensor, w: torch.Tensor, workspace: Workspace,
     if out is None:
         out = torch.empty(M, n_out, dtype=x.dtype, device=x.device)
     block_m = max(16, triton.next_power_of_2(M))
+    pdl = use_pdl(x)
     _skinny_gemm_kernel[(blocks, split)](
         x, w, out, workspace.partials, workspace.counters, M, n_out, K, n_out,
         x.stride(0), w.stride(0), out.stride(0),
         SWIGLU=swiglu, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        SPLIT_K=split, K_SPLIT=k_split, UPCAST=_INTERPRETED and x.dtype != torch.float32,
-        IEEE=x.dtype == torch.float32,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        SPLIT_K=split, K_SPLIT=k_split,
+        UPCAST=_INTERPRETED and x.dtype != torch.float32,
+        IEEE=x.dtype == torch.float32, PDL=pdl,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(pdl))
     return out
 
 

@@ -108,3 +108,12 @@ def test_decode_gemm_is_cublas_off_cuda_and_when_asked(tiny_dir):
     assert DecodeGemm.for_model(model, "cuda", mode="cublas") is None
     linears = [m for m in model.modules() if hasattr(m, "gemm")]
     assert linears and all(m.gemm is None for m in linears)
+
+
+def test_programmatic_dependent_launch_is_off_on_cpu_and_when_disabled(monkeypatch):
+    from engine.kernels import pdl
+
+    assert pdl.use_pdl(torch.zeros(1)) is False
+    assert pdl.launch_options(False) == {} and pdl.launch_options(True) == {"launch_pdl": True}
+    monkeypatch.setenv("LOCKSTEP_PDL", "0")
+    assert pdl.use_pdl(torch.zeros(1)) is False

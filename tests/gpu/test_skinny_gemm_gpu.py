@@ -45,3 +45,47 @@ def test_table_config_matches_float64_and_replays_identically(n, k, swiglu, m, c
         torch.cuda.synchronize()
         assert torch.equal(out, y)
     assert int(ws.counters.abs().sum()) == 0
+
+
+def test_programmatic_dependent_launch_changes_no_result(monkeypatch):
+    """A chain of PDL launches (skinny GEMM -> SwiGLU GEMM -> split-KV decode attention) inside a
+    CUDA graph gives bit-identical results to the same chain launched without PDL."""
+    from engine.kernels import decode_attention as da
+    from engine.kernels import pdl
+    from engine.kernels import skinny_gemm as sg
+    from engine.testing import make_case
+
+    if not torch.cuda.get_device_capability()[0] >= 9:
+        pytest.skip("PDL needs compute capability 9.0")
+    torch.manual_seed(0)
+    ws = sg.Workspace("cuda", 4096, 8, 256)
+    aws = da.SplitWorkspace.for_heads("cuda", 16, 8, 128)
+    x = torch.randn(4, 1024, dtype=torch.bfloat16, device="cuda")
+    w1 = torch.randn(2048, 1024, dtype=torch.bfloat16, device="cuda") / 32
+    w2 = torch.randn(4096, 1024, dtype=torch.bfloat16, device="cuda") / 32
+    q, k, v, table, lens, slots = make_case([700, 33, 5], 16, 8, 128, dtype=torch.bfloat16,
+                                            device="cuda")
+
+    def chain():
+        h = sg.skinny_gemm(x, w1, ws, sg.TileConfig(32, 128, 4))
+        a = sg.skinny_gemm(h[:, :1024].contiguous(), w2, ws, sg.TileConfig(32, 128, 2),
+                           swiglu=True)
+        o = da.paged_decode_attention_triton(q + a[: q.shape[0], :1].unsqueeze(-1), k, v,
+                                             table, lens, slots, 0.1, workspace=aws)
+        return h, a, o
+
+    results = {}
+    for flag in ("0", "1"):
+        monkeypatch.setenv("LOCKSTEP_PDL", flag)
+        assert pdl.use_pdl(x) == (flag == "1")
+        eager = chain()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = chain()
+        g.replay()
+        torch.cuda.synchronize()
+        for e, r in zip(eager, out):
+            assert torch.equal(e, r)
+        results[flag] = eager
+    for off, on in zip(results["0"], results["1"]):
+        assert torch.equal(off, on)

@@ -1,0 +1,41 @@
+"""Programmatic dependent launch (PDL) for the engine's Triton kernels on Hopper.
+
+A kernel launched with PDL may be scheduled while the kernel before it on the stream is still
+running; it executes `griddepcontrol.wait` (`tl.extra.cuda.gdc_wait`) before touching any
+memory, which returns once the previous grid has completed and its writes are visible. So
+ordering is unchanged and only the launch latency between dependent kernels overlaps (the
+decode step is a chain of ~250 small kernels). Every kernel that takes a `PDL` flag calls
+`gdc_wait` first and `gdc_launch_dependents` after its main loop. Stream capture records the
+dependency as a programmatic graph edge, so replays keep it. CUDA Programming Guide,
+"Programmatic Dependent Launch and Synchronization".
+
+Off on the CPU, in Triton's interpreter, below compute capability 9.0, and when the
+environment sets LOCKSTEP_PDL=0 (the A/B baseline of the benchmarks).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+
+@functools.lru_cache(maxsize=None)
+def _device_supports(index: int) -> bool:
+    return torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def use_pdl(t: torch.Tensor) -> bool:
+    """Whether kernels launched on `t`'s device use PDL."""
+    if not t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    if os.environ.get("LOCKSTEP_PDL", "1") == "0":
+        return False
+    return _device_supports(t.device.index if t.device.index is not None
+                            else torch.cuda.current_device())
+
+
+def launch_options(pdl: bool) -> dict:
+    """Extra keyword arguments of a Triton launch: {"launch_pdl": True} when `pdl`."""
+    return {"launch_pdl": True} if pdl else {}
