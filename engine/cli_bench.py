@@ -42,7 +42,7 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
                    help="skip timing the capture of all 36 buckets")
     p.add_argument("--decode-gemm", choices=["auto", "cublas"], default="auto",
                    help="auto: Triton skinny GEMM where engine/kernels/skinny_gemm_table.json "
-                        "measured it faster; cublas: cuBLAS only (the A/B baseline)")
+                        "measured it faster (default); cublas: cuBLAS only (the A/B baseline)")
     p.add_argument("--compare", choices=["hf"], default=None,
                    help="hf: also time HF StaticCache + torch.compile(mode='reduce-overhead') "
                         "(default: no comparison)")
