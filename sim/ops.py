@@ -9,6 +9,8 @@ types are modelled by the handlers in its ``sim_ops``, keyed by the op class.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from protocol.backend import (
@@ -63,6 +65,8 @@ ALWAYS_READY = (WarmupCollective, ProfileForward, GraphMemory, ReleaseSlot,
 """Ops that never block in the model (host-side work or a plain enqueue), probed for free."""
 
 
+_NBYTES = attrgetter("nbytes")
+
 
 def _columns(rows) -> ReplayRows:
     """`ReplayRows` of a list or tuple of `DecodeRow`s: tokens, positions and slots.
@@ -103,6 +107,7 @@ class ModelledBackend:
             for r in range(world.ws)]
         self._graph_collectives: dict[GraphKey, tuple] = {}
         self._checked_calls: set[tuple] = set()  # (communicator, peer, rank) found valid
+        self._padded: tuple = (None, ())  # (step, its padded rows): see `padded`
 
     # -- dispatch ---------------------------------------------------------------------------------
 
@@ -301,11 +306,15 @@ class ModelledBackend:
             w.release_lock(host)
         return DONE
 
-    def alloc(self, r: int, nbytes: int, what: str) -> None:
-        """Take ``nbytes`` on rank ``r`` (H7); raises SimFault (OOM) past capacity."""
+    def alloc(self, r: int, nbytes: int, what: str | Callable[[], str]) -> None:
+        """Take ``nbytes`` on rank ``r`` (H7); raises SimFault (OOM) past capacity.
+
+        ``what`` names the allocation in the error: a string, or a function returning one
+        (formatted only when the allocation fails; a sweep allocates once per graph)."""
         w = self.world
         capacity = w.scenario.memory.capacity
         if w.hz.h7_memory and w.used[r] + nbytes > capacity:
+            what = what() if callable(what) else what
             raise SimFault(f"out of memory on rank {r}: {what} needs {nbytes} bytes, "
                            f"{capacity - w.used[r]} free", kind="oom", invariant="I9")
         w.used[r] += nbytes
@@ -323,8 +332,13 @@ class ModelledBackend:
         return graph
 
     def padded(self, step: Step):
-        """The step's rows padded to its bucket on the scratch slot, as `prepare_replay` writes them."""
-        return padded_rows(step.rows, step.bucket, self.world.config.max_batch)
+        """The step's rows padded to its bucket on the scratch slot, as `prepare_replay` writes them.
+
+        Every rank pads the same step object alike, so the last step's (immutable) rows are
+        kept and handed to the next rank that asks for that very step."""
+        if step is not self._padded[0]:
+            self._padded = (step, padded_rows(step.rows, step.bucket, self.world.config.max_batch))
+        return self._padded[1]
 
     def commanded_path(self, r: int, host: Host, key: GraphKey | None) -> bool:
         """Direct I2 check in a serving step: the rank replays exactly the step's key, with the
@@ -345,7 +359,7 @@ class ModelledBackend:
 
     def graph_bytes(self, r: int) -> int:
         """Bytes rank ``r``'s graphs hold."""
-        return sum(g.nbytes for g in self.world.graphs[r].values())
+        return sum(map(_NBYTES, self.world.graphs[r].values()))
 
     # -- the ops ----------------------------------------------------------------------------------
 
@@ -390,7 +404,7 @@ class ModelledBackend:
         mem = w.scenario.memory
         growth = max(0, mem.graph_pool_bytes(key.bucket) - w.graph_pool[r])
         nbytes = mem.graph_base + growth
-        self.alloc(r, nbytes, f"graph {key} (and its growth of the shared pool)")
+        self.alloc(r, nbytes, lambda: f"graph {key} (and its growth of the shared pool)")
         w.graph_pool[r] += growth
         buffers = w.devices[r].buffers
         w.graphs[r][key] = Graph(key, nbytes, buffers=tuple(buffers[n].ref for n in CAPTURED))

@@ -180,7 +180,9 @@ class World:
 
     def event(self, actor: str, kind: str, what: str, seq=None, rank=None, detail="", ok=True):
         """Append a `TraceEvent` at the current time."""
-        self.trace.append(TraceEvent(actor, kind, what, seq, rank, detail, ok, self.clock))
+        # every field given, so the tuple is built directly (no NamedTuple __new__ frame)
+        self.trace.append(_tuple_new(TraceEvent, (actor, kind, what, seq, rank, detail, ok,
+                                                  self.clock, ())))
 
     def current_seq(self) -> int | None:
         """The sequence number of the controller's outstanding command, if any."""
@@ -764,6 +766,7 @@ def _cmd_detail(cmd: Command) -> str:
 
 
 _ALWAYS_READY = frozenset(ALWAYS_READY)
+_tuple_new = tuple.__new__
 _FIRST = itemgetter(0)
 
 
