@@ -52,8 +52,15 @@ class PagedKV:
     def read(self, slot: int, upto: int) -> tuple[int, ...]:
         """What an attention read of ``slot`` sees at positions 0..upto."""
         ps = self.page_size
-        return tuple(self.cells.get(self.page_of(slot, p), (NEVER_WRITTEN,) * ps)[p % ps]
-                     for p in range(upto + 1))
+        row = self.tables.get(slot, ())
+        out: list[int] = []
+        n = upto + 1
+        for index in range(0, (n + ps - 1) // ps):  # page by page: `page_of` of each position
+            page = row[index] if index < len(row) else self.padding_page
+            cells = self.cells.get(page)
+            take = min(ps, n - index * ps)
+            out += cells[:take] if cells is not None else (NEVER_WRITTEN,) * take
+        return tuple(out)
 
     def copy(self, src: int, dst: int) -> None:
         """Compaction: slot ``dst`` takes slot ``src``'s page-table row and length; ``src`` is
