@@ -296,7 +296,10 @@ class ModelledBackend:
                 if not probe:
                     w.locks[p] = r
                     host.holding = True
-        if (quiesce or frees) and self._waits[quiesce, frees]:  # HazardModel.h2_waits
+        waits = (quiesce or frees) and self._waits.get((quiesce, frees))
+        if waits is None:  # flags that are not bools: ask the hazard model itself
+            waits = w.hz.h2_waits(quiesce, frees)
+        if waits:  # HazardModel.h2_waits
             devices = w.devices
             for d in self._quiesce_scope[r]:  # HazardModel.quiesce_devices under h2_scope
                 dev = devices[d]
