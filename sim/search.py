@@ -182,24 +182,28 @@ def exhaustive_search(scenario: Scenario, variant, acceptable: Acceptable,
     stats = SearchStats()
     start = time.perf_counter()
     visited: set = set()
-    stack: list[list[str]] = [[]]
+    # a prefix: the actors chosen, and how many times the world settled (advanced its clock)
+    # before each, so that re-executing it needs no readiness probe per action
+    stack: list[tuple[list[str], list[int]]] = [([], [])]
     failure = None
     while stack:
         if time.perf_counter() - start > time_budget or len(visited) > max_states:
             break
-        prefix = stack.pop()
+        prefix, settled = stack.pop()
         world = World(scenario, variant)
-        for actor in prefix:
-            while not world.enabled():
+        for actor, settles in zip(prefix, settled):
+            for _ in range(settles):
                 world.settle()
             world.step(actor)
             tick()
-        path = list(prefix)
+        path, settled = list(prefix), list(settled)
+        settles = 0
         symmetric = symmetry and world.symmetry_is_sound()
         while world.outcome is None:
             enabled = world.enabled()
             if not enabled:
                 world.settle()
+                settles += 1
                 continue
             if len(enabled) > 1:
                 fp = world.fingerprint(symmetric)
@@ -207,8 +211,10 @@ def exhaustive_search(scenario: Scenario, variant, acceptable: Acceptable,
                     break
                 visited.add(fp)
                 for actor in enabled[1:]:
-                    stack.append(path + [actor])
+                    stack.append((path + [actor], settled + [settles]))
             path.append(enabled[0])
+            settled.append(settles)
+            settles = 0
             world.step(enabled[0])
             tick()
         else:
