@@ -535,10 +535,9 @@ class RankExecutor(Backend):
             index = first if index is None else torch.cat([index, first])
         ev = self.phases.start() if self.phases is not None else None
         bp = self.slots.batch(n + a, index)
+        # a non-finite logit row gets -1 from the sampler's own pass: that request ends with
+        # an error (NO_TOKEN for the controller), the others are served
         tokens, logprobs = sample_batch(logits, bp, want_logprobs=self.slots.n_logprobs > 0)
-        # a non-finite logit row: greedy would pick a NaN's index and sampling garbage; that
-        # request ends with an error (NO_TOKEN for the controller), the others are served
-        tokens = torch.where(torch.isfinite(logits).all(dim=-1), tokens, -1)
         if ev is not None:
             self.phases.stop("sample", ev)
         ids = tokens.tolist()

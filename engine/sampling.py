@@ -399,46 +399,88 @@ def thresholds(x, bp: BatchParams):
 def sample_batch(logits, bp: BatchParams, want_logprobs: bool = False):
     """Sample one token per row of `logits` (float32 [B, V], on the device of `bp`).
 
+    A row holding a non-finite logit (NaN or +-inf) gets token -1: the finiteness test runs
+    inside the sampler's own pass (on CUDA, the race kernel), not as a separate pass.
+
+    On CUDA a batch costs one pass over the logits (the race kernel: row maximum, finiteness,
+    noisy argmax) plus, when a row asks for top-p, a second (the mass kernel: the exact integer
+    weights Z and the weight above the winner), and the rows whose winner left the nucleus are
+    drawn again under the sorted cut. Top-k and min-p cuts, when asked for, add their own
+    passes (`base_cut`); logprobs add a logsumexp pass.
+
     Returns:
         (tokens int32 [B], logprobs float32 [B] or None): logprobs of the chosen tokens under
-        the unmodified distribution (log_softmax of logits), when want_logprobs.
+        the unmodified distribution (log_softmax of logits), when want_logprobs (undefined for
+        a -1 row).
     """
     import torch
 
-    B, V = logits.shape
     logits = logits.float()
-    x = None
-    if bp.any_top_k or bp.any_top_p or bp.any_min_p:
-        x = logits * bp.inv_temp[:, None]
-        cut_k, cut = base_cut(x, bp)
-        cut = torch.where(bp.noise > 0, cut, float("-inf"))
+    if logits.is_cuda and triton is not None:
+        tokens = _sample_batch_triton(logits, bp)
     else:
-        cut = torch.full((B,), float("-inf"), dtype=torch.float32, device=logits.device)
-    tokens = _noisy_argmax(logits, bp, cut)
-    if bp.any_top_p:  # the winner stands when it is in the nucleus; else the sorted cut
-        q, z = nucleus_weights(x, cut_k)
-        value = x.gather(1, tokens.long()[:, None])[:, 0]
-        held = nucleus_holds(x, q, z, bp.top_p, value) | (bp.noise == 0)
-        redo = torch.nonzero(~held)[:, 0]  # one device-to-host sync
-        if len(redo):
-            sub = bp.select(redo)
-            sub_cut = thresholds(x.index_select(0, redo), sub)
-            tokens[redo] = _noisy_argmax(logits.index_select(0, redo), sub, sub_cut)
+        tokens = _sample_batch_torch(logits, bp)
     logprobs = None
     if want_logprobs:
-        chosen = logits.gather(1, tokens.long()[:, None])[:, 0]
+        chosen = logits.gather(1, tokens.long().clamp(min=0)[:, None])[:, 0]
         logprobs = chosen - torch.logsumexp(logits, dim=-1)
     return tokens, logprobs
 
 
-def _noisy_argmax(logits, bp: BatchParams, cut):
-    """int32 [B]: per row, the first argmax of scaled logits + Gumbel noise over x >= cut."""
-    if logits.is_cuda and triton is not None:
-        return _noisy_argmax_triton(logits, bp, cut)
-    return _noisy_argmax_torch(logits, bp, cut)
+def _cuts(logits, bp: BatchParams):
+    """(x, cut_k, cut) for the race: x the scaled logits (None when no row cuts by top-k or
+    min-p: the kernels scale on the fly), cut_k the top-k cut and cut the race's cut (float32
+    [B], -inf where none; greedy rows never cut)."""
+    import torch
+
+    B = logits.shape[0]
+    if not (bp.any_top_k or bp.any_min_p):
+        none = torch.full((B,), float("-inf"), dtype=torch.float32, device=logits.device)
+        return None, none, none
+    x = logits * bp.inv_temp[:, None]
+    cut_k, cut = base_cut(x, bp)
+    return x, cut_k, torch.where(bp.noise > 0, cut, float("-inf"))
+
+
+def _sample_batch_torch(logits, bp: BatchParams):
+    """`sample_batch`'s tokens in torch ops (the CPU path)."""
+    import torch
+
+    x, cut_k, cut = _cuts(logits, bp)
+    tokens = _noisy_argmax_torch(logits, bp, cut)
+    if bp.any_top_p:  # the winner stands when it is in the nucleus; else the sorted cut
+        if x is None:
+            x = logits * bp.inv_temp[:, None]
+        q, z = nucleus_weights(x, cut_k)
+        value = x.gather(1, tokens.long()[:, None])[:, 0]
+        held = nucleus_holds(x, q, z, bp.top_p, value) | (bp.noise == 0)
+        redo = torch.nonzero(~held)[:, 0]
+        if len(redo):
+            sub = bp.select(redo)
+            sub_cut = thresholds(x.index_select(0, redo), sub)
+            tokens[redo] = _noisy_argmax_torch(logits.index_select(0, redo), sub, sub_cut)
+    return torch.where(torch.isfinite(logits).all(dim=-1), tokens, -1)
+
+
+def _sample_batch_triton(logits, bp: BatchParams):
+    """`sample_batch`'s tokens with the Triton kernels (module docstring; same meaning as the
+    torch path): race (+ mass when top-p) + pick, one device-to-host sync when top-p."""
+    import torch
+
+    _, cut_k, cut = _cuts(logits, bp)
+    tokens, redo = _race_triton(logits, bp, cut, cut_k if bp.any_top_p else None)
+    if redo is not None:
+        rows = torch.nonzero(redo)[:, 0]  # one device-to-host sync
+        if len(rows):
+            sub = bp.select(rows)
+            part = logits.index_select(0, rows)
+            sub_cut = thresholds(part * sub.inv_temp[:, None], sub)
+            tokens[rows] = _race_triton(part, sub, sub_cut, None)[0]
+    return tokens
 
 
 def _noisy_argmax_torch(logits, bp: BatchParams, cut):
+    """int32 [B]: per row, the first argmax of scaled logits + Gumbel noise over x >= cut."""
     import torch
 
     x = logits * bp.inv_temp[:, None]
@@ -451,22 +493,26 @@ def _noisy_argmax_torch(logits, bp: BatchParams, cut):
     return torch.argmax(score, dim=-1).to(torch.int32)
 
 
-# Vocabulary entries per program of the noisy-argmax kernel: 151,936 / 4096 = 38 programs per
-# row, enough to fill the GPU at batch 1 while keeping the cross-chunk reduction small.
+# Vocabulary entries per program of the race and mass kernels: 151,936 / 4096 = 38 programs
+# per row, enough to fill the GPU at batch 1 while keeping the cross-chunk reduction small.
 ARGMAX_BLOCK = 4096
 
 if triton is not None:
+    from triton.language.extra import libdevice
 
     @triton.jit
-    def _noisy_argmax_kernel(x_ptr, inv_t_ptr, noise_ptr, cut_ptr, lo_ptr, hi_ptr, idx_ptr,
-                             best_ptr, arg_ptr, stride_x, V, n_chunks,
-                             BLOCK: tl.constexpr, ROUNDS: tl.constexpr):
+    def _race_kernel(x_ptr, inv_t_ptr, noise_ptr, cut_ptr, lo_ptr, hi_ptr, idx_ptr,
+                     best_ptr, arg_ptr, max_ptr, bad_ptr, stride_x, V, n_chunks,
+                     BLOCK: tl.constexpr, ROUNDS: tl.constexpr):
+        """One chunk of one row: the noisy argmax over x >= cut (best score, its first
+        index), the chunk's maximum of x and whether a logit is not finite."""
         row = tl.program_id(0)
         chunk = tl.program_id(1)
         v = chunk * BLOCK + tl.arange(0, BLOCK)
         mask = v < V
-        x = tl.load(x_ptr + row.to(tl.int64) * stride_x + v, mask=mask, other=0.0)
-        x = x * tl.load(inv_t_ptr + row)
+        raw = tl.load(x_ptr + row.to(tl.int64) * stride_x + v, mask=mask, other=0.0)
+        bad = tl.max(tl.where(mask & ~(tl.abs(raw) < float("inf")), 1, 0), 0)
+        x = raw * tl.load(inv_t_ptr + row)
         noise = tl.load(noise_ptr + row)
         cut = tl.load(cut_ptr + row)
         if noise > 0:  # greedy rows skip the random stream
@@ -494,20 +540,121 @@ if triton is not None:
         score = tl.where(mask & (x >= cut), score, float("-inf"))
         best = tl.max(score, 0)
         arg = tl.min(tl.where(score == best, v, V), 0)  # first index of the maximum
-        tl.store(best_ptr + row * n_chunks + chunk, best)
-        tl.store(arg_ptr + row * n_chunks + chunk, arg)
+        out = row * n_chunks + chunk
+        tl.store(best_ptr + out, best)
+        tl.store(arg_ptr + out, arg)
+        tl.store(max_ptr + out, tl.max(tl.where(mask, x, float("-inf")), 0))
+        tl.store(bad_ptr + out, bad)
+
+    @triton.jit
+    def _winner(best_ptr, arg_ptr, row, n_chunks, V, NCH: tl.constexpr):
+        """The race's winner of a row from its chunks: the first chunk holding the best score,
+        that chunk's first index (clamped into the row, for rows whose scores are NaN)."""
+        c = tl.arange(0, NCH)
+        cm = c < n_chunks
+        bests = tl.load(best_ptr + row * n_chunks + c, mask=cm, other=float("-inf"))
+        top = tl.max(bests, 0)
+        first = tl.minimum(tl.min(tl.where(cm & (bests == top), c, NCH), 0), n_chunks - 1)
+        return tl.minimum(tl.load(arg_ptr + row * n_chunks + first), V - 1)
+
+    @triton.jit
+    def _mass_kernel(x_ptr, inv_t_ptr, noise_ptr, top_p_ptr, cut_k_ptr, best_ptr, arg_ptr,
+                     max_ptr, z_ptr, above_ptr, stride_x, V, n_chunks,
+                     BLOCK: tl.constexpr, NCH: tl.constexpr, MASS_SCALE: tl.constexpr,
+                     LIBDEVICE: tl.constexpr):
+        """One chunk of one row: its part of the exact top-p mass Z (integer weights
+        trunc(exp(x - max) * 2**MASS_BITS) over x >= cut_k) and of the weight strictly above
+        the race's winner (int64 partial sums: exact, so their order does not matter)."""
+        row = tl.program_id(0)
+        chunk = tl.program_id(1)
+        out = row * n_chunks + chunk
+        z = tl.zeros((), dtype=tl.int64)
+        above = tl.zeros((), dtype=tl.int64)
+        if (tl.load(noise_ptr + row) > 0) & (tl.load(top_p_ptr + row) < 1):
+            c = tl.arange(0, NCH)
+            top = tl.max(tl.load(max_ptr + row * n_chunks + c, mask=c < n_chunks,
+                                 other=float("-inf")), 0)
+            inv_t = tl.load(inv_t_ptr + row)
+            base = x_ptr + row.to(tl.int64) * stride_x
+            won = tl.load(base + _winner(best_ptr, arg_ptr, row, n_chunks, V, NCH)) * inv_t
+            v = chunk * BLOCK + tl.arange(0, BLOCK)
+            mask = v < V
+            x = tl.load(base + v, mask=mask, other=0.0) * inv_t
+            if LIBDEVICE:  # expf, as torch.exp on CUDA (tl.exp is ex2.approx)
+                e = libdevice.exp(x - top)
+            else:  # the interpreter (no libdevice there): numpy's exp
+                e = tl.exp(x - top)
+            q = (e * MASS_SCALE).to(tl.int64)
+            q = tl.where(mask & (x >= tl.load(cut_k_ptr + row)), q, 0)
+            z = tl.sum(q, 0)
+            above = tl.sum(tl.where(x > won, q, 0), 0)
+        tl.store(z_ptr + out, z)
+        tl.store(above_ptr + out, above)
+
+    @triton.jit
+    def _pick_kernel(best_ptr, arg_ptr, bad_ptr, noise_ptr, top_p_ptr, z_ptr, above_ptr,
+                     token_ptr, redo_ptr, V, n_chunks, NCH: tl.constexpr, TOP_P: tl.constexpr):
+        """One row: the winner (-1 when a logit is not finite) and, with TOP_P, whether it
+        must be drawn again (a sampled row whose winner is outside the nucleus:
+        weight above >= top_p * Z in float64, both sides exact)."""
+        row = tl.program_id(0)
+        c = tl.arange(0, NCH)
+        cm = c < n_chunks
+        bad = tl.max(tl.load(bad_ptr + row * n_chunks + c, mask=cm, other=0), 0)
+        token = tl.where(bad > 0, -1, _winner(best_ptr, arg_ptr, row, n_chunks, V, NCH))
+        tl.store(token_ptr + row, token)
+        if TOP_P:
+            z = tl.sum(tl.load(z_ptr + row * n_chunks + c, mask=cm, other=0), 0)
+            above = tl.sum(tl.load(above_ptr + row * n_chunks + c, mask=cm, other=0), 0)
+            top_p = tl.load(top_p_ptr + row)
+            held = above.to(tl.float64) < top_p.to(tl.float64) * z.to(tl.float64)
+            held = held | (top_p >= 1) | (tl.load(noise_ptr + row) == 0) | (bad > 0)
+            tl.store(redo_ptr + row, tl.where(held, 0, 1).to(tl.int8))
 
 
-def _noisy_argmax_triton(logits, bp: BatchParams, cut):
+def _race_triton(logits, bp: BatchParams, cut, cut_k=None):
+    """The race on CUDA (or in the Triton interpreter): per row the first argmax of scaled
+    logits + Gumbel noise over x >= cut (float32 [B]), -1 for a row with a non-finite logit.
+
+    With cut_k (float32 [B], the top-k cut), also the nucleus check of each winner.
+    Returns:
+        (tokens int32 [B], redo bool [B] or None): redo marks the sampled top-p rows whose
+        winner is outside the nucleus (they must be drawn again under the sorted cut).
+    """
     import torch
 
     B, V = logits.shape
-    n_chunks = triton.cdiv(V, ARGMAX_BLOCK)
-    best = torch.empty(B, n_chunks, dtype=torch.float32, device=logits.device)
-    arg = torch.empty(B, n_chunks, dtype=torch.int32, device=logits.device)
     assert logits.stride(-1) == 1
-    _noisy_argmax_kernel[(B, n_chunks)](
-        logits, bp.inv_temp, bp.noise, cut, bp.seed_lo, bp.seed_hi, bp.index, best, arg,
-        logits.stride(0), V, n_chunks, BLOCK=ARGMAX_BLOCK, ROUNDS=PHILOX_ROUNDS, num_warps=8)
-    chunk = torch.argmax(best, dim=-1, keepdim=True)  # first chunk holding the maximum
-    return arg.gather(1, chunk)[:, 0]
+    dev = logits.device
+    n_chunks = triton.cdiv(V, ARGMAX_BLOCK)
+    nch = triton.next_power_of_2(n_chunks)
+    best = torch.empty(B, n_chunks, dtype=torch.float32, device=dev)
+    top = torch.empty(B, n_chunks, dtype=torch.float32, device=dev)
+    arg = torch.empty(B, n_chunks, dtype=torch.int32, device=dev)
+    bad = torch.empty(B, n_chunks, dtype=torch.int32, device=dev)
+    tokens = torch.empty(B, dtype=torch.int32, device=dev)
+    exact = dict(enable_fp_fusion=False)  # no fused multiply-add: torch's roundings
+    _race_kernel[(B, n_chunks)](
+        logits, bp.inv_temp, bp.noise, cut, bp.seed_lo, bp.seed_hi, bp.index, best, arg, top,
+        bad, logits.stride(0), V, n_chunks, BLOCK=ARGMAX_BLOCK, ROUNDS=PHILOX_ROUNDS,
+        num_warps=8, **exact)
+    z = above = redo = None
+    if cut_k is not None:
+        z = torch.empty(B, n_chunks, dtype=torch.int64, device=dev)
+        above = torch.empty(B, n_chunks, dtype=torch.int64, device=dev)
+        redo = torch.empty(B, dtype=torch.int8, device=dev)
+        _mass_kernel[(B, n_chunks)](
+            logits, bp.inv_temp, bp.noise, bp.top_p, cut_k, best, arg, top, z, above,
+            logits.stride(0), V, n_chunks, BLOCK=ARGMAX_BLOCK, NCH=nch,
+            MASS_SCALE=float(1 << MASS_BITS), LIBDEVICE=logits.is_cuda, num_warps=8, **exact)
+    _pick_kernel[(B,)](best, arg, bad, bp.noise, bp.top_p, z if z is not None else best,
+                       above if above is not None else best, tokens,
+                       redo if redo is not None else tokens, V, n_chunks, NCH=nch,
+                       TOP_P=cut_k is not None, num_warps=1, **exact)
+    return tokens, (redo.bool() if redo is not None else None)
+
+
+def _noisy_argmax_triton(logits, bp: BatchParams, cut):
+    """int32 [B]: `_noisy_argmax_torch`'s tokens from the race kernel (-1 for a row with a
+    non-finite logit)."""
+    return _race_triton(logits, bp, cut)[0]

@@ -109,28 +109,63 @@ def test_philox_stream_is_a_function_of_seed_index_and_token():
 
 _TRITON_CHECK = r"""
 import torch
-from engine.sampling import BatchParams, SamplingParams, sample_batch, _noisy_argmax_torch
-from engine.sampling import _noisy_argmax_triton
+from engine.sampling import (BatchParams, SamplingParams, _noisy_argmax_torch,
+                             _noisy_argmax_triton, _race_triton, _sample_batch_torch,
+                             _sample_batch_triton, _cuts, thresholds)
 g = torch.Generator().manual_seed(0)
 params = [SamplingParams(temperature=0), SamplingParams(temperature=0.7),
-          SamplingParams(temperature=1.5, top_k=20), SamplingParams(temperature=0.9, top_p=0.6)]
+          SamplingParams(temperature=1.5, top_k=20), SamplingParams(temperature=0.9, top_p=0.6),
+          SamplingParams(temperature=0.6, top_p=0.95), SamplingParams(temperature=1.0, top_p=0.3),
+          SamplingParams(temperature=0.8, min_p=0.05, top_p=0.9),
+          SamplingParams(temperature=2.0, top_p=0.5, top_k=30)]
+redone = 0
 for trial in range(3):
-    logits = torch.randn(len(params), 5000, generator=g) * 2
-    bp = BatchParams.from_params(params, [trial, 2**40 + trial, 7, 2**63 + 1], [0, 3, 99, 4])
+    logits = torch.randn(len(params), 5000, generator=g) * (0.1 if trial == 1 else 2)
+    if trial == 2:
+        logits[1, 7] = float("nan")
+        logits[4, 100] = float("inf")
+    seeds = [trial, 2**40 + trial, 7, 2**63 + 1, 5 + trial, 6, 9, 11]
+    bp = BatchParams.from_params(params, seeds, [0, 3, 99, 4, 5, 6, 7, 8])
     cut = torch.full((len(params),), float("-inf"))
     cut[2] = torch.topk(logits[2] / 1.5, 20).values[-1]
     a = _noisy_argmax_triton(logits, bp, cut)
     b = _noisy_argmax_torch(logits, bp, cut)
-    assert a.tolist() == b.tolist(), (a, b)
+    ok = torch.isfinite(logits).all(dim=-1)
+    assert a.tolist() == torch.where(ok, b, -1).tolist(), (a, b)
+    # the whole sampled path: race + exact mass + pick, the redraw of rows outside the nucleus
+    x, cut_k, cut = _cuts(logits, bp)
+    won = x.gather(1, _noisy_argmax_torch(logits, bp, cut).long()[:, None])[:, 0]
+    _, redo = _race_triton(logits, bp, cut, cut_k)
+    inside = (won >= thresholds(x, bp)) | (bp.noise == 0) | ~ok
+    assert redo.tolist() == (~inside).tolist(), (redo, inside)
+    redone += int(redo.sum())
+    a = _sample_batch_triton(logits, bp)
+    b = _sample_batch_torch(logits, bp)
+    assert a.tolist() == b.tolist(), (trial, a, b)
+    assert (a == -1).tolist() == (~ok).tolist()
+assert redone >= 2, redone  # the redraw path ran
 print("ok")
 """
 
 
 @pytest.mark.timeout(240)
-def test_triton_kernel_in_interpreter_draws_the_torch_stream():
+def test_triton_kernels_in_interpreter_draw_the_torch_stream_and_the_same_tokens():
     pytest.importorskip("triton")
     res = run_in_triton_interpreter(_TRITON_CHECK)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+@pytest.mark.parametrize("temperature, top_p", [(0.0, 1.0), (0.8, 1.0), (0.6, 0.95)])
+def test_a_row_with_a_non_finite_logit_gets_minus_one_and_the_others_are_sampled(temperature,
+                                                                                  top_p):
+    logits = _logits(6, 400, 9)
+    logits[1, 3], logits[4, 0], logits[5, 399] = float("nan"), float("inf"), float("-inf")
+    p = SamplingParams(temperature=temperature, top_p=top_p, logprobs=True)
+    bp = BatchParams.from_params([p] * 6, list(range(6)), [2] * 6)
+    tokens, logprobs = sample_batch(logits, bp, want_logprobs=True)
+    assert tokens[[1, 4, 5]].tolist() == [-1, -1, -1]
+    for i in (0, 2, 3):
+        assert int(tokens[i]) == sample_reference(logits[i], p, i, 2)[0]
 
 
 def test_bad_min_p_is_a_request_error():
@@ -235,3 +270,27 @@ def test_rows_whose_winner_leaves_the_nucleus_are_redrawn_under_the_sorted_cut()
     outside = logits.gather(1, free[:, None])[:, 0] < cut
     assert int(outside.sum()) > n // 3  # the redraw path ran for many rows
     assert torch.equal(tokens[~outside], free[~outside])  # winners inside stand as drawn
+
+
+_PASSES_CHECK = r"""
+from engine.bench.sampler_passes import count_passes
+greedy = count_passes(4, 5000, 0.0, 1.0)
+assert [p[0] for p in greedy["full"]] == ["_race_kernel"], greedy
+top_p = count_passes(4, 5000, 0.6, 0.95)
+assert [p[0] for p in top_p["full"]] == ["_race_kernel", "_mass_kernel"], top_p
+top_k = count_passes(4, 5000, 0.6, 1.0, top_k=20)  # top-k needs its own passes (torch.topk)
+assert "topk" in [p[0] for p in top_k["full"]], top_k
+lp = count_passes(4, 5000, 0.6, 0.95, logprobs=True)
+assert len(lp["full"]) > len(top_p["full"]), lp
+print("ok")
+"""
+
+
+@pytest.mark.timeout(240)
+def test_the_cuda_path_reads_the_logits_once_greedy_and_twice_with_top_p():
+    """The pass counter (`engine.bench.sampler_passes`) over the Triton path in the interpreter:
+    greedy and plain temperature are one kernel pass (finiteness included), top-p two, with no
+    torch op over the whole logits; top-k and logprobs add their own."""
+    pytest.importorskip("triton")
+    res = run_in_triton_interpreter(_PASSES_CHECK)
+    assert res.returncode == 0, res.stdout + res.stderr

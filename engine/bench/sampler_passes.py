@@ -1,0 +1,169 @@
+"""Passes over the logits that the sampler's CUDA path makes, counted on the CPU.
+
+Runs `engine.sampling.sample_batch`'s CUDA path (`_sample_batch_triton`) on CPU tensors, its
+Triton kernels in the interpreter (TRITON_INTERPRET=1, set here before triton is imported),
+and records every torch op (through a `TorchDispatchMode`) and every Triton kernel launch. A
+*pass* is an op or a kernel that reads or writes a tensor of ``rows x vocab`` elements or more
+(the batch's logits or a tensor as large): on an H200 each costs about the time to stream
+those bytes (155 MB at 256 x 151,936 float32: ~40-80 us). Ops on the rows drawn again under
+the sorted cut (those whose first winner left the top-p nucleus) are counted apart, with their
+row count. Kernel launches and torch ops of any size are counted too (each is one launch on
+the GPU). These are op counts, not times: the GPU times are measured by
+`lockstep bench --workload throughput`.
+
+    python -m engine.bench.sampler_passes --rows 256 --temperature 0.6 --top-p 0.95
+
+Logits are ``randn * --scale`` (seed 0); one output index and seed per row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections import Counter
+
+
+VIEWS = frozenset({"view", "_unsafe_view", "reshape", "expand", "slice", "select", "unsqueeze",
+                   "squeeze", "t", "transpose", "permute", "as_strided", "alias", "detach",
+                   "lift_fresh"})
+"""Torch ops that return a view: no memory traffic, no kernel."""
+INDEXED = frozenset({"gather", "index", "index_select", "take"})
+"""Torch ops that read only the elements they return."""
+
+
+def count_passes(rows: int, vocab: int, temperature: float, top_p: float, top_k: int = 0,
+                 min_p: float = 0.0, logprobs: bool = False, scale: float = 1.0) -> dict:
+    """Run the CUDA sampling path once on CPU tensors and count its passes.
+
+    Needs TRITON_INTERPRET=1 in the environment before triton was first imported (`main`
+    sets it).
+    Returns:
+        dict: ``full`` (list of (op or kernel name, MB read, MB written) over all rows),
+        ``partial`` (the same for ops over fewer rows, each with its row count), ``launches``
+        (torch ops + kernels, any size), ``kernels`` (Triton launches by name) and ``redrawn``
+        (rows drawn again).
+    Raises:
+        ValueError: rows or vocab < 1.
+    """
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    import engine.sampling as S
+    from engine.sampling import BatchParams, SamplingParams
+
+    if rows < 1 or vocab < 1:
+        raise ValueError(f"rows = {rows}, vocab = {vocab}: expected both >= 1")
+    full_numel = rows * vocab
+    log = {"full": [], "partial": [], "launches": 0, "kernels": Counter()}
+    paused = [False]
+
+    def big(t):
+        return isinstance(t, torch.Tensor) and t.dim() == 2 and t.shape[-1] >= vocab
+
+    def record(name, reads, writes):
+        if name in VIEWS:  # no memory traffic, no launch
+            return
+        if name in INDEXED:  # reads only the elements it returns
+            reads = [o for o in writes if big(o)]
+        log["launches"] += 1
+        touched = [t for t in reads + writes if big(t)]
+        if not touched:
+            return
+        mb = lambda ts: sum(t.numel() * t.element_size() for t in ts if big(t)) / 1e6  # noqa
+        n = max(t.shape[0] for t in touched)
+        entry = (name, round(mb(reads), 1), round(mb(writes), 1))
+        if max(t.numel() for t in touched) >= full_numel:
+            log["full"].append(entry)
+        else:
+            log["partial"].append(entry + (n,))
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if not paused[0]:
+                flat = lambda xs: [y for x in xs for y in (x if isinstance(x, (list, tuple))  # noqa
+                                                           else [x])]
+                outs = flat(out if isinstance(out, (list, tuple)) else [out])
+                ins = flat(list(args) + list((kwargs or {}).values()))
+                # an in-place op writes its first argument: counted as read and written
+                inplace = func._schema.name.endswith("_") or "out" in (kwargs or {})
+                record(str(func.overloadpacket.__name__), ins,
+                       [o for o in outs if not (inplace and any(o is i for i in ins))]
+                       + ([ins[0]] if inplace and ins else []))
+            return out
+
+    kernels = [(name, getattr(S, name)) for name in dir(S)
+               if name.endswith("_kernel") and hasattr(getattr(S, name), "run")]
+    saved = [kernel.run for _, kernel in kernels]
+    for name, kernel in kernels:
+            def run(*args, _run=kernel.run, _name=name, **kw):
+                paused[0] = True
+                try:
+                    return _run(*args, **kw)
+                finally:
+                    paused[0] = False
+                    log["kernels"][_name] += 1
+                    record(_name, [a for a in args if big(a)], [])
+            kernel.run = run
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(rows, vocab, generator=g) * scale
+    p = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p)
+    bp = BatchParams.from_params([p] * rows, list(range(rows)), [3] * rows)
+    real_select = BatchParams.select
+    redrawn = [0]
+
+    def select(self, r):
+        redrawn[0] += len(r)
+        return real_select(self, r)
+
+    BatchParams.select = select
+    try:
+        with Ops():
+            tokens = S._sample_batch_triton(logits, bp)
+            if logprobs:
+                chosen = logits.gather(1, tokens.long().clamp(min=0)[:, None])[:, 0]
+                chosen - torch.logsumexp(logits, dim=-1)
+    finally:
+        BatchParams.select = real_select
+        for (_, kernel), original in zip(kernels, saved):
+            kernel.run = original
+    log["redrawn"] = redrawn[0]
+    return log
+
+
+def main(argv=None) -> int:
+    """CLI: print the passes of one sampling call (see the module docstring)."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", type=int, default=256)
+    ap.add_argument("--vocab", type=int, default=151936)
+    ap.add_argument("--temperature", type=float, default=0.6)
+    ap.add_argument("--top-p", type=float, default=0.95)
+    ap.add_argument("--top-k", type=int, default=0)
+    ap.add_argument("--min-p", type=float, default=0.0)
+    ap.add_argument("--scale", type=float, default=1.0)
+    ap.add_argument("--logprobs", action="store_true")
+    a = ap.parse_args(argv)
+    if a.rows < 1 or a.vocab < 1:
+        ap.error(f"--rows {a.rows} --vocab {a.vocab}: expected both >= 1")
+    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+        ap.error("triton was imported before TRITON_INTERPRET=1 could be set")
+    os.environ["TRITON_INTERPRET"] = "1"
+    log = count_passes(a.rows, a.vocab, a.temperature, a.top_p, a.top_k, a.min_p, a.logprobs,
+                       a.scale)
+    print(f"sampler CUDA path on [{a.rows}, {a.vocab}] float32 (T {a.temperature}, top-p "
+          f"{a.top_p}, top-k {a.top_k}, min-p {a.min_p}{', logprobs' if a.logprobs else ''})")
+    for name, r, w in log["full"]:
+        print(f"  pass  {name:<24} read {r:>7.1f} MB  write {w:>7.1f} MB")
+    for name, r, w, n in log["partial"]:
+        print(f"  redo  {name:<24} read {r:>7.1f} MB  write {w:>7.1f} MB  ({n} rows)")
+    mb = sum(r + w for _, r, w in log["full"])
+    print(f"full passes: {len(log['full'])} ({mb:.0f} MB); ops on the {log['redrawn']} redrawn "
+          f"rows: {len(log['partial'])}; launches: {log['launches']} "
+          f"(Triton: {dict(log['kernels'])})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
