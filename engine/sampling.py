@@ -503,7 +503,7 @@ if triton is not None:
     @triton.jit
     def _race_kernel(x_ptr, inv_t_ptr, noise_ptr, cut_ptr, lo_ptr, hi_ptr, idx_ptr,
                      best_ptr, arg_ptr, max_ptr, bad_ptr, stride_x, V, n_chunks,
-                     BLOCK: tl.constexpr, ROUNDS: tl.constexpr):
+                     BLOCK: tl.constexpr, ROUNDS: tl.constexpr, LIBDEVICE: tl.constexpr):
         """One chunk of one row: the noisy argmax over x >= cut (best score, its first
         index), the chunk's maximum of x and whether a logit is not finite."""
         row = tl.program_id(0)
@@ -534,7 +534,10 @@ if triton is not None:
                 k0 = k0 + 0x9E3779B9
                 k1 = k1 + 0xBB67AE85
             u = ((c0 >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
-            score = x - tl.log(-tl.log(u))
+            if LIBDEVICE:  # logf, as torch.log on CUDA
+                score = x - libdevice.log(-libdevice.log(u))
+            else:  # the interpreter: numpy's log
+                score = x - tl.log(-tl.log(u))
         else:
             score = x
         score = tl.where(mask & (x >= cut), score, float("-inf"))
@@ -567,29 +570,26 @@ if triton is not None:
         the race's winner (int64 partial sums: exact, so their order does not matter)."""
         row = tl.program_id(0)
         chunk = tl.program_id(1)
+        # greedy and top_p = 1 rows load nothing (masked) and store zeros
+        active = (tl.load(noise_ptr + row) > 0) & (tl.load(top_p_ptr + row) < 1)
+        c = tl.arange(0, NCH)
+        top = tl.max(tl.load(max_ptr + row * n_chunks + c, mask=c < n_chunks,
+                             other=float("-inf")), 0)
+        inv_t = tl.load(inv_t_ptr + row)
+        base = x_ptr + row.to(tl.int64) * stride_x
+        won = tl.load(base + _winner(best_ptr, arg_ptr, row, n_chunks, V, NCH)) * inv_t
+        v = chunk * BLOCK + tl.arange(0, BLOCK)
+        mask = v < tl.where(active, V, 0)
+        x = tl.load(base + v, mask=mask, other=0.0) * inv_t
+        if LIBDEVICE:  # expf, as torch.exp on CUDA (tl.exp is ex2.approx)
+            e = libdevice.exp(x - top)
+        else:  # the interpreter (no libdevice there): numpy's exp
+            e = tl.exp(x - top)
+        q = (e * MASS_SCALE).to(tl.int64)
+        q = tl.where(mask & (x >= tl.load(cut_k_ptr + row)), q, 0)
         out = row * n_chunks + chunk
-        z = tl.zeros((), dtype=tl.int64)
-        above = tl.zeros((), dtype=tl.int64)
-        if (tl.load(noise_ptr + row) > 0) & (tl.load(top_p_ptr + row) < 1):
-            c = tl.arange(0, NCH)
-            top = tl.max(tl.load(max_ptr + row * n_chunks + c, mask=c < n_chunks,
-                                 other=float("-inf")), 0)
-            inv_t = tl.load(inv_t_ptr + row)
-            base = x_ptr + row.to(tl.int64) * stride_x
-            won = tl.load(base + _winner(best_ptr, arg_ptr, row, n_chunks, V, NCH)) * inv_t
-            v = chunk * BLOCK + tl.arange(0, BLOCK)
-            mask = v < V
-            x = tl.load(base + v, mask=mask, other=0.0) * inv_t
-            if LIBDEVICE:  # expf, as torch.exp on CUDA (tl.exp is ex2.approx)
-                e = libdevice.exp(x - top)
-            else:  # the interpreter (no libdevice there): numpy's exp
-                e = tl.exp(x - top)
-            q = (e * MASS_SCALE).to(tl.int64)
-            q = tl.where(mask & (x >= tl.load(cut_k_ptr + row)), q, 0)
-            z = tl.sum(q, 0)
-            above = tl.sum(tl.where(x > won, q, 0), 0)
-        tl.store(z_ptr + out, z)
-        tl.store(above_ptr + out, above)
+        tl.store(z_ptr + out, tl.sum(q, 0))
+        tl.store(above_ptr + out, tl.sum(tl.where(x > won, q, 0), 0))
 
     @triton.jit
     def _pick_kernel(best_ptr, arg_ptr, bad_ptr, noise_ptr, top_p_ptr, z_ptr, above_ptr,
@@ -637,7 +637,7 @@ def _race_triton(logits, bp: BatchParams, cut, cut_k=None):
     _race_kernel[(B, n_chunks)](
         logits, bp.inv_temp, bp.noise, cut, bp.seed_lo, bp.seed_hi, bp.index, best, arg, top,
         bad, logits.stride(0), V, n_chunks, BLOCK=ARGMAX_BLOCK, ROUNDS=PHILOX_ROUNDS,
-        num_warps=8, **exact)
+        LIBDEVICE=logits.is_cuda, num_warps=8, **exact)
     z = above = redo = None
     if cut_k is not None:
         z = torch.empty(B, n_chunks, dtype=torch.int64, device=dev)
