@@ -11,13 +11,19 @@ batching gives each request the tokens it gets alone, on CPU and GPU alike.
 
 Three implementations with one meaning:
     `sample_reference`: one request at a time in plain torch; the oracle.
-    `sample_batch`: the whole batch in one pass (per-row parameters as tensors). The kept set
+    `sample_batch`: the whole batch at once (per-row parameters as tensors). The kept set
         is cut by one threshold per row (top-k, top-p, min-p, each a value on the scaled
-        logits); the noisy argmax runs as one Triton kernel on CUDA and as torch ops on CPU.
-        Top-p needs no sort: the race is run under the top-k / min-p cut, and the winner is
-        kept when the mass above it is below top_p (`nucleus_holds`); only the rows whose
-        winner falls outside the nucleus (about 1 - top_p of them) get the sorted cut
-        (`thresholds`) and run the race again.
+        logits). Top-p needs no sort: the race is run under the top-k / min-p cut, and the
+        winner is kept when the mass above it is below top_p (`nucleus_holds`); only the rows
+        whose winner falls outside the nucleus (about 1 - top_p of them) get the sorted cut
+        (`thresholds`) and run the race again. On CPU these are torch ops; on CUDA three
+        Triton kernels: `_race_kernel` (per row and 4096-entry chunk: the noisy argmax, the
+        chunk's maximum and whether a logit is not finite; one read of the logits),
+        `_mass_kernel` (only when a row asks for top-p: the chunk's integer weights Z and the
+        weight above the race's winner, int64 partial sums; a second read) and `_pick_kernel`
+        (per row: the winner, -1 for a non-finite row, and whether top-p must redraw it). So
+        greedy and plain temperature read the logits once, top-p twice, finiteness included
+        (`python -m engine.bench.sampler_passes` counts them).
 
 Top-p mass is exact integer arithmetic, so the kept set does not depend on summation order
 (sort or no sort, CPU or GPU, batch size): each token weighs
