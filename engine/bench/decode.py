@@ -14,9 +14,15 @@ rank's capture time and graph memory, and the all-reduce latency at each batch.
 Graphs are the engine's own (`RankExecutor` with `cuda_graph=True`, `engine.graphs`): the
 capture sweep runs record, instantiate and upload for every bucket as startup does (after one
 eager warm-up step per bucket on the capture stream, timed apart), and each timed graph step is
-`prepare_replay(step)` then `launch(key)`, the serving path; eager steps are
-`prepare_replay(step)` then `decode_forward(bucket)`. Events enclose only the launch / the
-forward.
+`prepare_replay(step)` then `launch(key)`, the serving path; eager steps are `run_eager(step)`.
+Each timed step is a protocol `Step` command run by the reference driver
+`protocol.execution.run_command` on a `protocol.worker.Worker` whose slots and pages mirror the
+bench's (`bench_worker`), exactly as serving runs it: the worker's ops, a device-wide
+synchronize, and (rank 0) a sample that here reads no token (`BenchBackend`). The events are the
+executor's own (`engine.executor.PhaseTimer`, recorded around the graph launch / the eager
+forward), so they enclose only the launch / the forward; before each forward the stream is held
+for `HOLD_CYCLES` so that the launch is queued before the start event runs, and the host's
+driver work between steps is not timed.
 """
 
 from __future__ import annotations
@@ -27,6 +33,103 @@ import traceback
 
 # Decode buckets of the engine (pegainfer's 36); mirrors protocol.buckets.DEFAULT_DECODE_BUCKETS.
 PAGE_SIZE = 16
+
+HOLD_CYCLES = 200_000
+"""GPU clock cycles (``torch.cuda._sleep``) the stream is held before each timed forward: about
+0.1 ms at an H200's 1.98 GHz, longer than the host needs to go from the step's prepare to the
+graph launch. Each step ends with a device-wide synchronize (the serving path), so without the
+hold the start event would run on an idle device and the interval would include the host's
+launch latency; with it the events time the device work alone, as when steps were queued back
+to back."""
+
+
+class BenchBackend:
+    """The executor as the bench's protocol backend, driven by `protocol.execution.run_command`.
+
+    The decode ops are the executor's own (`prepare_replay`, `launch`, `run_eager`,
+    `synchronize`); `sample` reads no token (the bench times the forward only) and returns {}.
+    ``hold`` is called right before each forward is queued (`HOLD_CYCLES`); None holds nothing.
+
+    Args:
+        executor: an `engine.executor.RankExecutor` (or any object with those four methods).
+        hold: callable of no arguments, or None.
+    """
+
+    def __init__(self, executor, hold=None):
+        self.executor = executor
+        self._hold = hold or (lambda: None)
+
+    def prepare_replay(self, step) -> None:
+        """The executor's `prepare_replay`, then the hold before the launch."""
+        self.executor.prepare_replay(step)
+        self._hold()
+
+    def launch(self, key):
+        """The executor's `launch` (its `PhaseTimer`, if set, times the replay)."""
+        return self.executor.launch(key)
+
+    def run_eager(self, step) -> None:
+        """The hold, then the executor's `run_eager` (timed by its `PhaseTimer`, if set)."""
+        self._hold()
+        self.executor.run_eager(step)
+
+    def synchronize(self) -> None:
+        """The executor's device-wide synchronize."""
+        self.executor.synchronize()
+
+    def sample(self, step) -> dict[int, int]:
+        """No token is read: drops the step's logits and returns {}."""
+        self.executor._decode_logits = None
+        return {}
+
+
+def bench_worker(rank: int, settings, batch: int, captured=()):
+    """A `protocol.worker.Worker` for ``batch`` decode rows: requests 0..batch-1 in slots
+    0..batch-1, each holding the pages `RankExecutor.assign_pages_per_slot` gives its slot
+    (slot s: pages [s * pages_per_seq, (s + 1) * pages_per_seq)), and ``captured`` graph keys.
+    The state a controller's admissions would have left, set through the protocol's own
+    slot and page maps, so the bench's steps pass the worker's checks (I8, I14).
+
+    Args:
+        settings: the bench's `engine.engine_config.EngineConfig`.
+    Raises:
+        SlotError: ``batch`` exceeds ``settings.max_batch``.
+    """
+    from protocol.commands import Admit, PageAssign
+    from protocol.eligibility import GraphPlan
+    from protocol.pages import PageMap
+    from protocol.worker import Worker
+
+    worker = Worker(rank, settings.world_size, GraphPlan.from_config(settings.protocol_config()),
+                    settings.max_batch)
+    pps = settings.pages_per_seq
+    worker.pages = PageMap(settings.max_batch * pps, settings.page_size)
+    for slot in range(batch):
+        worker.slots.admit(Admit(slot, slot, ()))
+        worker.pages.assign(PageAssign(slot, slot, 0, tuple(range(slot * pps, (slot + 1) * pps))))
+    worker.captured |= set(captured)
+    worker.serving = True
+    return worker
+
+
+def time_steps(worker, backend, steps, timer) -> list[float]:
+    """Run each of ``steps`` (protocol `Step` commands) through `run_command` on ``worker`` and
+    ``backend``; returns each step's decode time in seconds, read from ``timer``'s events
+    (an `engine.executor.PhaseTimer` the executor records into, or an object with the same
+    ``close_step``/``steps``).
+
+    Raises:
+        RuntimeError: a step's reply failed (its error, which poisoned the worker).
+    """
+    from protocol.execution import run_command
+
+    for step in steps:
+        reply = run_command(worker, backend, step)
+        if not reply.ok:
+            raise RuntimeError(f"bench step {step.seq} (batch {len(step.rows)}, bucket "
+                               f"{step.bucket}) failed on rank {worker.rank}: {reply.error}")
+        timer.close_step(len(step.rows), 0)
+    return [s["decode"] / 1e3 for s in timer.steps[-len(steps):]] if steps else []
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -65,8 +168,10 @@ def measure_rank(rank: int, world_size: int, opts, model_dir: str) -> dict:
     """
     import torch
 
+    from dataclasses import replace
+
     from engine.bench.floor import kv_bytes_read, measure_read_bandwidth, weight_bytes
-    from engine.executor import RankExecutor
+    from engine.executor import PhaseTimer, RankExecutor
     from engine.parallel import TPGroup
     from protocol.buckets import DEFAULT_DECODE_BUCKETS, select_bucket
     from protocol.commands import DecodeRow, Step
@@ -101,6 +206,8 @@ def measure_rank(rank: int, world_size: int, opts, model_dir: str) -> dict:
 
     graphs = ex.graphs if opts.graphs else None
     keys = {b: GraphKey(b) for b in settings.buckets}
+    backend = BenchBackend(ex, lambda: torch.cuda._sleep(HOLD_CYCLES))
+    captured: set = set()
     if graphs is not None:
         torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -120,6 +227,7 @@ def measure_rank(rank: int, world_size: int, opts, model_dir: str) -> dict:
         t2 = time.perf_counter()
         for b in sorted(wanted, reverse=True):
             ex.upload(keys[b])
+        captured = {keys[b] for b in wanted}
         torch.cuda.synchronize()
         t3 = time.perf_counter()
         out["capture"] = {
@@ -155,23 +263,15 @@ def measure_rank(rank: int, world_size: int, opts, model_dir: str) -> dict:
                 ex._decode_logits = None  # the bench reads no tokens
             modes = (["graphs"] if graphs is not None else []) + (["eager"] if opts.eager else [])
             for mode in modes:
-                starts = [torch.cuda.Event(enable_timing=True) for _ in range(n_steps)]
-                ends = [torch.cuda.Event(enable_timing=True) for _ in range(n_steps)]
-                for i in range(n_steps):
-                    ex.prepare_replay(steps[i])
-                    if mode == "graphs":
-                        starts[i].record()
-                        ex.launch(keys[bucket])
-                        ends[i].record()
-                        ex._decode_logits = None  # the bench reads no tokens
-                    else:
-                        ex._step = None
-                        starts[i].record()
-                        ex.decode_forward(bucket)
-                        ends[i].record()
-                torch.cuda.synchronize()
-                times = [s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends)][opts.warmup:]
-                point[mode] = summarize(times)
+                key = keys[bucket] if mode == "graphs" else None
+                worker = bench_worker(rank, settings, batch, captured)
+                ex.phases = PhaseTimer()
+                try:
+                    times = time_steps(worker, backend, [
+                        replace(s, seq=i, key=key) for i, s in enumerate(steps)], ex.phases)
+                finally:
+                    ex.phases = None
+                point[mode] = summarize(times[opts.warmup:])
             if world_size > 1:
                 point["allreduce"] = allreduce_latency(bucket, cfg.hidden_size, ex.dtype, dev)
             points.append(point)
