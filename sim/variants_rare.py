@@ -1,5 +1,7 @@
 """Known-bad variants whose failure needs a rare interleaving: random search almost never finds
-them, PCT does (docs/search-stats.md has each one's failing share per strategy).
+them, PCT does (docs/search-stats.md has each one's failing share per strategy). One per bug
+class: a deadlock (`warmup-scratch-free`), device data (`kv-zero-unordered`) and a divergence
+between ranks (`autotune-cache-shared`).
 
 Each is written from a public bug whose report says it happens "from time to time", and each
 declares the strategy `lockstep check` searches it with (`Variant.strategy`), so the default
@@ -13,8 +15,9 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from protocol.backend import Op, WarmupCollective
+from protocol.eligibility import GraphPlan
 from protocol.worker import SYNC, Worker
-from sim.common import BLOCKED, DONE, Outcome
+from sim.common import BLOCKED, DONE, Outcome, Signature
 from sim.devices import Kernel
 from sim.paged_kv import NEVER_WRITTEN
 from sim.scenario import Scenario
@@ -166,4 +169,125 @@ register(Variant(
     worker_cls=ZeroUnorderedWorker,
     sim_ops={ZeroKV: _sim_zero_kv, SyncStream: _sim_sync_stream},
     sim_kernels={ZeroKVKernel: _sim_zero_kv_kernel},
+    strategy="pct"))
+
+
+# -- autotune-cache-shared (divergence) ------------------------------------------------------------
+
+CANDIDATE_TACTICS = 2
+"""Tactics the modelled autotuner times per message size, one all-reduce each. Any number above
+one makes a rank that tunes issue more collectives than a rank that reuses a cached choice
+(flashinfer-ai/flashinfer #3186 saw rank 0 run 12 collectives more than its peers)."""
+
+
+@dataclass(frozen=True)
+class LookupTactics(Op):
+    """Ask the process's autotuner whether its tactic cache is already filled (a host-side read
+    of a process-wide singleton; no device work)."""
+
+    name: ClassVar[str] = "lookup_tactics"
+
+
+@dataclass(frozen=True)
+class TuneAllReduce(Op):
+    """Warm up the all-reduce of ``nbytes`` bytes: run every candidate tactic (one all-reduce
+    each) when this rank tunes, or the cached tactic once when its lookup found the cache
+    filled."""
+
+    name: ClassVar[str] = "warmup_collective"  # the trace's warm-up of this size (I5)
+    enqueues: ClassVar[bool] = True  # device work that may outlive the call (H6)
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class StoreTactics(Op):
+    """Fill the process's tactic cache with this rank's choices (host-side write)."""
+
+    name: ClassVar[str] = "store_tactics"
+
+
+class SharedTunerWorker(Worker):
+    """Warms up through a process-wide autotuner: looks the cache up first, tunes (or reuses)
+    each warm-up size, then stores its choices for the process.
+
+    Attributes:
+        reuses_cache: None before the lookup, then whether it found the cache filled.
+        stored: whether this rank has filled its process's cache.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.reuses_cache: bool | None = None
+        self.stored = False
+
+    def fingerprint(self) -> tuple:
+        return super().fingerprint() + (self.reuses_cache, self.stored)
+
+    def _ops_warmup(self, command) -> list[Op]:
+        ops = super()._ops_warmup(command)
+        body = [TuneAllReduce(op.nbytes) for op in ops if isinstance(op, WarmupCollective)]
+        return [LookupTactics()] + body + [StoreTactics()] + ops[len(body):]
+
+
+def _sim_lookup_tactics(backend, r, host, op, probe):
+    if probe:
+        return DONE
+    w = backend.world
+    w.workers[r].reuses_cache = any(w.workers[q].stored for q in w.procs[w.proc_of[r]])
+    return backend.done(host)
+
+
+def _sim_tune_all_reduce(backend, r, host, op, probe):
+    if probe:
+        return DONE
+    w = backend.world
+    w.connected[r].add(op.nbytes)
+    reuse = w.workers[r].reuses_cache
+    for _ in range(1 if reuse else CANDIDATE_TACTICS):
+        backend.enqueue(r, Signature("all-reduce", 1, op.nbytes,
+                                     "warm-up (cached tactic)" if reuse else "autotune candidate"))
+    return backend.done(host)
+
+
+def _sim_store_tactics(backend, r, host, op, probe):
+    if probe:
+        return DONE
+    backend.world.workers[r].stored = True
+    return backend.done(host)
+
+
+def _no_shared_tuner(sc: Scenario) -> str | None:
+    if all(len(ranks) == 1 for ranks in sc.processes()):
+        return ("every rank has its own process and so its own autotuner cache: no rank can "
+                "read a peer's tactics; the bug needs two ranks in one process")
+    sizes = {sc.config.shape.allreduce_bytes(k.bucket)
+             for k in GraphPlan.from_config(sc.config).keys()}
+    if len(sizes) < 2:
+        return (f"the warm-up has {len(sizes)} message size(s); a tuning rank's extra candidate "
+                "run mismatches a reusing peer's next size only when there are at least two "
+                "(with one, the extra run waits for a peer that already replied)")
+    return None
+
+
+register(Variant(
+    name="autotune-cache-shared",
+    summary="each rank warms up through its process's autotuner: a rank whose lookup finds the "
+            "cache already filled by a faster peer in the same process runs each cached tactic "
+            "once instead of timing every candidate, so its warm-up collectives no longer pair "
+            "with the peer's",
+    source="NVIDIA/TensorRT-LLM PR #14240 (a rank whose autotuner cache is already populated "
+           "returns from the autotuner warm-up at once and its collectives mismatch a peer still "
+           "tuning; fixed with barriers around the warm-up and a collective vote on cache hits); "
+           "flashinfer-ai/flashinfer #3186 and PR #3187 (the process-wide AutoTuner's choices "
+           "differ per rank under TP: 'Detected mismatch between collectives on ranks', rank 0 "
+           "ran 12 extra collectives)",
+    expected={"shared": "divergence", "per-rank": "clean"},
+    remedy="Every rank issues exactly the collectives the command names, whatever its process "
+           "has cached: the Warmup command carries the message sizes and each rank runs one "
+           "all-reduce per size (I2); a tuning choice is made once and travels in a command, as "
+           "the bucket does, never read from per-process state.",
+    worker_cls=SharedTunerWorker,
+    sim_ops={LookupTactics: _sim_lookup_tactics, TuneAllReduce: _sim_tune_all_reduce,
+             StoreTactics: _sim_store_tactics},
+    unreachable=_no_shared_tuner,
     strategy="pct"))

@@ -152,7 +152,8 @@ class World:
         self._fitted_cap: int | None = None  # the batch cap AllocateKV gave every rank (I9)
         self.dead: set[int] = set()  # ranks whose process died
         self._deaths: list[tuple[float, int]] = []  # (when peers see it, rank), not yet signalled
-        self._sync_after = () if self.hz.h6_async_host else ENQUEUING
+        self._sync_after = () if self.hz.h6_async_host else ENQUEUING + tuple(
+            t for t in self.variant.sim_ops if getattr(t, "enqueues", False))
         self._rank_names = [f"rank{r}" for r in range(self.ws)]
         self._link_names = [f"link{r}" for r in range(self.ws)]
         self._device_names = [f"device{r}" for r in range(self.ws)]

@@ -67,3 +67,43 @@ def test_stats_option_prints_a_share_per_strategy(capsys):
     assert "0.0% (0/4)" in line  # random
     assert main(["check", "--stats", "--strategy", "pct"]) == 2
     assert "drop --strategy" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(900)
+def test_random_search_with_the_default_budget_misses_the_autotune_divergence():
+    """The divergence class's rare variant: rank 0 must look the cache up, tune every warm-up
+    size and store its tactics before rank 1's lookup -- 38 host actions of one rank before
+    the other's first at the 36 default buckets. 300 random schedules (seed 0) miss it."""
+    result = _search("autotune-cache-shared", "random", DEFAULT.schedules)
+    assert result.failure is None and result.stats.schedules == DEFAULT.schedules
+
+
+@pytest.mark.timeout(300)
+def test_pct_finds_the_autotune_divergence_at_once():
+    result = _search("autotune-cache-shared", "pct", 10)
+    outcome = result.failure.outcome
+    assert outcome.verdict == "divergence" and outcome.invariant == "I2", outcome
+    assert "collective sequences differ across ranks" in outcome.detail
+    assert result.stats.schedules <= 3
+
+
+def test_the_autotune_divergence_needs_two_ranks_in_one_process_and_two_sizes():
+    from sim.variants_rare import _no_shared_tuner
+
+    variant = REGISTRY["autotune-cache-shared"]
+    shared = variant.scenario(DEFAULT.scenario("shared"))
+    assert _no_shared_tuner(shared) is None
+    assert "own process" in _no_shared_tuner(variant.scenario(DEFAULT.scenario("per-rank")))
+    one = variant.scenario(CheckSpec(buckets=(8,), max_batch=8).scenario("shared"))
+    assert "1 message size(s)" in _no_shared_tuner(one)
+
+
+@pytest.mark.timeout(300)
+def test_a_variant_op_that_enqueues_blocks_the_host_with_h6_off():
+    """`enqueues = True` on a variant's op: with host calls blocking (H6 off) the tuning rank
+    cannot run ahead of its peer's lookup, and the divergence is gone; with H6 on it is found."""
+    variant = REGISTRY["autotune-cache-shared"]
+    spec = CheckSpec(schedules=30, fault_schedules=0, jobs=1)
+    assert check_bad(variant, spec, "shared").got == "divergence"
+    from dataclasses import replace
+    assert check_bad(variant, replace(spec, hazards_off=("h6",)), "shared").got == "clean"
