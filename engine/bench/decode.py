@@ -47,7 +47,8 @@ class BenchBackend:
     """The executor as the bench's protocol backend, driven by `protocol.execution.run_command`.
 
     The decode ops are the executor's own (`prepare_replay`, `launch`, `run_eager`,
-    `synchronize`); `sample` reads no token (the bench times the forward only) and returns {}.
+    `synchronize`); `sample` reads no token (the bench times the forward only) and returns an
+    empty tuple.
     ``hold`` is called right before each forward is queued (`HOLD_CYCLES`); None holds nothing.
 
     Args:
@@ -77,10 +78,10 @@ class BenchBackend:
         """The executor's device-wide synchronize."""
         self.executor.synchronize()
 
-    def sample(self, step) -> dict[int, int]:
-        """No token is read: drops the step's logits and returns {}."""
+    def sample(self, step) -> tuple[int, ...]:
+        """No token is read: drops the step's logits and returns ()."""
         self.executor._decode_logits = None
-        return {}
+        return ()
 
 
 def bench_worker(rank: int, settings, batch: int, captured=()):
