@@ -117,3 +117,4 @@ def test_programmatic_dependent_launch_is_off_on_cpu_and_when_disabled(monkeypat
     assert pdl.launch_options(False) == {} and pdl.launch_options(True) == {"launch_pdl": True}
     monkeypatch.setenv("LOCKSTEP_PDL", "0")
     assert pdl.use_pdl(torch.zeros(1)) is False
+

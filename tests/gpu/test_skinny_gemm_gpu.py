@@ -89,3 +89,12 @@ def test_programmatic_dependent_launch_changes_no_result(monkeypatch):
         results[flag] = eager
     for off, on in zip(results["0"], results["1"]):
         assert torch.equal(off, on)
+
+
+def test_programmatic_dependent_launch_only_for_decode_sized_launches():
+    from engine.kernels import pdl
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("PDL needs compute capability 9.0")
+    assert pdl.use_pdl(torch.zeros(pdl.MAX_ROWS, 8, device="cuda"))
+    assert not pdl.use_pdl(torch.zeros(pdl.MAX_ROWS + 1, 8, device="cuda"))
