@@ -337,8 +337,8 @@ def check_variant(variant: Variant, spec: CheckSpec, topology: str, progress=Non
             return [check_bad(variant, spec, topology, progress)]
     except WorkerError as exc:
         problem = exc.message
-    except (Exception, Stalled) as exc:  # noqa: BLE001 - a variant's code can raise anything
-        problem = locate(exc)
+    except (Exception, Stalled, SystemExit) as exc:  # noqa: BLE001 - a variant's code can
+        problem = locate(exc)                         # raise anything, sys.exit included
     return [Row(variant.name, topology, variant.expected.get(topology, "?"), "error", SearchStats(),
                 describe(variant.name, problem))]
 

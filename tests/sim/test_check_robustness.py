@@ -33,6 +33,11 @@ class JunkWorker(Worker):
         return 42
 
 
+class ExitingWorker(Worker):
+    def _ops_launch(self, command):
+        raise SystemExit(5)
+
+
 class LoopingWorker(Worker):
     def _ops_launch(self, command):
         while True:
@@ -42,7 +47,8 @@ class LoopingWorker(Worker):
 E = {"shared": "deadlock", "per-rank": "deadlock"}
 VARIANTS = [Variant("hook-raises", "raises", "test", E, worker_cls=RaisingWorker),
             Variant("hook-junk", "returns junk", "test", E, worker_cls=JunkWorker),
-            Variant("hook-loops", "never returns", "test", E, worker_cls=LoopingWorker)]
+            Variant("hook-loops", "never returns", "test", E, worker_cls=LoopingWorker),
+            Variant("hook-exits", "calls sys.exit", "test", E, worker_cls=ExitingWorker)]
 '''
 
 
@@ -65,7 +71,8 @@ def test_a_search_that_explored_nothing_is_incomplete_not_clean():
 @pytest.mark.parametrize("jobs", [1, 2])
 @pytest.mark.parametrize("name, words", [("hook-raises", "ValueError: boom (at bad_hooks.py:"),
                                          ("hook-junk", "TypeError"),
-                                         ("hook-loops", "never returns")])
+                                         ("hook-loops", "never returns"),
+                                         ("hook-exits", "SystemExit: 5 (at bad_hooks.py:")])
 def test_a_variant_whose_hook_fails_gets_one_error_line(bad_hooks, name, words, jobs):
     spec = CheckSpec(schedules=40, time_budget=5, jobs=jobs)
     start = time.perf_counter()
