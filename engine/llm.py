@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from engine.errors import RankError, RequestError
+from engine.errors import ModelDirError, RankError, RequestError
 from engine.sampling import SamplingParams, as_token_id
 from engine.engine_config import EngineConfig
 from engine.startup import StartupReport, StartupWatchdog
@@ -172,7 +172,13 @@ class LLM:
             return None
         from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(str(d))
+        try:
+            return AutoTokenizer.from_pretrained(str(d))
+        except (ValueError, OSError, TypeError, KeyError) as exc:  # JSONDecodeError included
+            names = [f for f in ("tokenizer.json", "tokenizer_config.json") if (d / f).is_file()]
+            line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise ModelDirError(f"{d}: the tokenizer ({', '.join(names)}) cannot be read: "
+                                f"{line}") from None
 
     # -- driving the controller ------------------------------------------------------------
 

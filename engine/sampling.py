@@ -107,6 +107,9 @@ class SamplingParams:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) and not hasattr(v, "__float__"):
                 raise RequestError(f"{name} = {v!r}, expected a number")
+        for name in ("ignore_eos", "logprobs", "return_logits"):
+            if not isinstance(getattr(self, name), bool):  # logprobs=5 is not vLLM's top-5
+                raise RequestError(f"{name} = {getattr(self, name)!r}, expected True or False")
         if isinstance(self.stop_token_ids, (str, bytes)) or not hasattr(self.stop_token_ids, "__iter__"):
             raise RequestError(f"stop_token_ids = {self.stop_token_ids!r}, expected a list of "
                                "token ids")

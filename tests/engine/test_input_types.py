@@ -67,7 +67,10 @@ def test_bad_prompts_and_params_are_request_errors(llm):
                              (SamplingParams(seed=1.5), "seed = 1.5"),
                              (SamplingParams(top_k=10**30), "top_k = 10000000000"),
                              (SamplingParams(temperature=1e-320), "temperature = 1e-320"),
-                             (SamplingParams(temperature=True), "temperature = True")):
+                             (SamplingParams(temperature=True), "temperature = True"),
+                             (SamplingParams(logprobs=5), "logprobs = 5, expected True or False"),
+                             (SamplingParams(ignore_eos="yes"), "ignore_eos = 'yes'"),
+                             (SamplingParams(return_logits=3), "return_logits = 3")):
         out, = llm.generate([[1, 2]], params)
         assert isinstance(out.error, RequestError) and fragment in str(out.error), out.error
 

@@ -151,3 +151,13 @@ def test_missing_shape_field_is_named_not_a_tensor_mismatch(model_copy, field):
     (model_copy / "config.json").write_text(json.dumps(cfg))
     msg = _rejects(model_copy, ModelDirError, "config.json", f"{field} missing")
     assert "shape" not in msg.split("missing")[0]
+
+
+@pytest.mark.parametrize("name", ["tokenizer.json", "tokenizer_config.json"])
+def test_corrupt_tokenizer_is_a_model_dir_error_naming_the_files(model_copy, name):
+    """A corrupt tokenizer file raised a bare JSONDecodeError naming no file (fresh user)."""
+    if not (model_copy / name).is_file():
+        pytest.skip(f"the tiny model has no {name}")
+    (model_copy / name).write_text("{'not json")
+    msg = _rejects(model_copy, ModelDirError, "tokenizer", name, "cannot be read")
+    assert "\n" not in msg
