@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.kernels.pdl import launch_options, use_pdl
+from engine.kernels.pdl import pdl_launch
 
 try:  # Triton is optional on CPU-only machines; the torch path needs none of it.
     import triton
@@ -268,5 +268,5 @@ def paged_decode_attention_triton(q, k_cache, v_cache, page_table, seq_lens, slo
         page_table.stride(0), out.stride(0), out.stride(1), scale, Hkv,
         GROUP=group, BLOCK_G=block_g, HEAD_DIM=D, PAGE=P, BLOCK_N=max(P, TILE_TOKENS),
         SPLITS=splits, IEEE=q.dtype == torch.float32, num_warps=NUM_WARPS,
-        num_stages=NUM_STAGES, PDL=use_pdl(q), **launch_options(use_pdl(q)))
+        num_stages=NUM_STAGES, **pdl_launch(q))
     return out

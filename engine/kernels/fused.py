@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.kernels.pdl import launch_options, use_pdl
+from engine.kernels.pdl import pdl_launch
 
 try:  # Triton is optional on CPU-only machines; the torch path needs none of it.
     import triton
@@ -107,7 +107,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
     _add_rms_norm_kernel[(T,)](
         x, res, weight, out, x.stride(0), res.stride(0), out.stride(0), N, eps,
         HAS_RES=residual is not None, BLOCK=block, num_warps=min(16, max(1, block // 256)),
-        PDL=use_pdl(x), **launch_options(use_pdl(x)))
+        **pdl_launch(x))
     return out, res
 
 
@@ -235,7 +235,7 @@ def qk_norm_rope_kv(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.T
         out, qkv.stride(0), cos.stride(0), page_table.stride(0), k_cache.stride(0),
         k_cache.stride(1), k_cache.stride(2), out.stride(0), out.stride(1), eps,
         NQ=nq, NKV=nkv, D=D, PAGE=k_cache.shape[1], num_warps=1 if D <= 128 else 2,
-        PDL=use_pdl(qkv), **launch_options(use_pdl(qkv)))
+        **pdl_launch(qkv))
     return out
 
 
@@ -287,5 +287,5 @@ def silu_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Te
     block = 1024
     _silu_mul_kernel[(T, triton.cdiv(inter, block))](
         gate_up, out, gate_up.stride(0), out.stride(0), inter, BLOCK=block, num_warps=4,
-        PDL=use_pdl(gate_up), **launch_options(use_pdl(gate_up)))
+        **pdl_launch(gate_up))
     return out

@@ -47,3 +47,10 @@ def use_pdl(t: torch.Tensor) -> bool:
 def launch_options(pdl: bool) -> dict:
     """Extra keyword arguments of a Triton launch: {"launch_pdl": True} when `pdl`."""
     return {"launch_pdl": True} if pdl else {}
+
+
+def pdl_launch(t: torch.Tensor) -> dict:
+    """Keyword arguments of a Triton launch whose kernel takes a `PDL` flag: the flag and,
+    when on, ``launch_pdl`` (one `use_pdl` decision for both)."""
+    pdl = use_pdl(t)
+    return {"PDL": pdl, **launch_options(pdl)}

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.kernels.pdl import launch_options, use_pdl
+from engine.kernels.pdl import pdl_launch
 
 try:  # Triton is optional on CPU-only machines; the torch path needs none of it.
     import triton
@@ -229,15 +229,14 @@ def skinny_gemm(x: torch.Tensor, w: torch.Tensor, workspace: Workspace,
     if out is None:
         out = torch.empty(M, n_out, dtype=x.dtype, device=x.device)
     block_m = max(16, triton.next_power_of_2(M))
-    pdl = use_pdl(x)
     _skinny_gemm_kernel[(blocks, split)](
         x, w, out, workspace.partials, workspace.counters, M, n_out, K, n_out,
         x.stride(0), w.stride(0), out.stride(0),
         SWIGLU=swiglu, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         SPLIT_K=split, K_SPLIT=k_split,
         UPCAST=_INTERPRETED and x.dtype != torch.float32,
-        IEEE=x.dtype == torch.float32, PDL=pdl,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(pdl))
+        IEEE=x.dtype == torch.float32,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(x))
     return out
 
 
