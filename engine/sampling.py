@@ -15,15 +15,19 @@ Three implementations with one meaning:
         is cut by one threshold per row (top-k, top-p, min-p, each a value on the scaled
         logits). Top-p needs no sort: the race is run under the top-k / min-p cut, and the
         winner is kept when the mass above it is below top_p (`nucleus_holds`); only the rows
-        whose winner falls outside the nucleus (about 1 - top_p of them) get the sorted cut
-        (`thresholds`) and run the race again. On CPU these are torch ops; on CUDA three
-        Triton kernels: `_race_kernel` (per row and 4096-entry chunk: the noisy argmax, the
-        chunk's maximum and whether a logit is not finite; one read of the logits),
-        `_mass_kernel` (only when a row asks for top-p: the chunk's integer weights Z and the
-        weight above the race's winner, int64 partial sums; a second read) and `_pick_kernel`
-        (per row: the winner, -1 for a non-finite row, and whether top-p must redraw it). So
-        greedy and plain temperature read the logits once, top-p twice, finiteness included
-        (`python -m engine.bench.sampler_passes` counts them).
+        whose winner falls outside the nucleus (about 1 - top_p of them) get their top-p cut
+        and run the race again. On CPU these are torch ops (the cut by a sort,
+        `thresholds`); on CUDA four Triton kernels and no device-to-host sync: `_race_kernel`
+        (per row and 4096-entry chunk: the noisy argmax, the chunk's maximum and whether a
+        logit is not finite; one read of the logits), `_mass_kernel` (only when a row asks
+        for top-p: the chunk's integer weights Z and the weight above the race's winner,
+        int64 partial sums; a second read), `_pick_kernel` (per row: the winner, -1 for a
+        non-finite row, and whether top-p must redraw it) and `_redraw_kernel` (one program
+        per redrawn row, the others return at once: the top-p cut searched over the
+        order-keyed float32 values, 2 bits a step, as the smallest value whose weight above
+        is < top_p * Z -- `thresholds`' cut exactly -- then the race again under it). So
+        greedy and plain temperature read the logits once, top-p twice plus the redrawn rows,
+        finiteness included (`python -m engine.bench.sampler_passes` counts them).
 
 Top-p mass is exact integer arithmetic, so the kept set does not depend on summation order
 (sort or no sort, CPU or GPU, batch size): each token weighs
@@ -414,7 +418,7 @@ def sample_batch(logits, bp: BatchParams, want_logprobs: bool = False):
     On CUDA a batch costs one pass over the logits (the race kernel: row maximum, finiteness,
     noisy argmax) plus, when a row asks for top-p, a second (the mass kernel: the exact integer
     weights Z and the weight above the winner), and the rows whose winner left the nucleus are
-    drawn again under the sorted cut. Top-k and min-p cuts, when asked for, add their own
+    drawn again under their top-p cut, searched on the device (no host sync). Top-k and min-p cuts, when asked for, add their own
     passes (`base_cut`); logprobs add a logsumexp pass.
 
     Returns:
@@ -471,21 +475,19 @@ def _sample_batch_torch(logits, bp: BatchParams):
     return torch.where(torch.isfinite(logits).all(dim=-1), tokens, -1)
 
 
-def _sample_batch_triton(logits, bp: BatchParams):
+def _sample_batch_triton(logits, bp: BatchParams, stats: dict | None = None):
     """`sample_batch`'s tokens with the Triton kernels (module docstring; same meaning as the
-    torch path): race (+ mass when top-p) + pick, one device-to-host sync when top-p."""
-    import torch
-
+    torch path): race (+ mass when top-p) + pick, and when top-p the redraw of the rows whose
+    winner left the nucleus, with no device-to-host sync. With `stats` (a dict, for the pass
+    counter) the number of redrawn rows is stored in stats["redrawn"] (that one syncs)."""
     _, cut_k, cut = _cuts(logits, bp)
-    tokens, redo = _race_triton(logits, bp, cut, cut_k if bp.any_top_p else None)
-    if redo is not None:
-        rows = torch.nonzero(redo)[:, 0]  # one device-to-host sync
-        if len(rows):
-            sub = bp.select(rows)
-            part = logits.index_select(0, rows)
-            sub_cut = thresholds(part * sub.inv_temp[:, None], sub)
-            tokens[rows] = _race_triton(part, sub, sub_cut, None)[0]
-    return tokens
+    if not bp.any_top_p:
+        return _launch_race(logits, bp, cut).tokens
+    race = _launch_race(logits, bp, cut, cut_k)
+    _redraw_triton(logits, bp, cut, cut_k, race)
+    if stats is not None:
+        stats["redrawn"] = int(race.redo.sum())
+    return race.tokens
 
 
 def _noisy_argmax_torch(logits, bp: BatchParams, cut):
@@ -510,6 +512,35 @@ if triton is not None:
     from triton.language.extra import libdevice
 
     @triton.jit
+    def _gumbel_score(x, v, seed_lo, seed_hi, index, ROUNDS: tl.constexpr,
+                      LIBDEVICE: tl.constexpr):
+        """x + Gumbel noise of vocabulary entries v (int32 vector) for output `index` of a
+        request with seed halves (seed_lo, seed_hi): `philox_uniform`'s bits."""
+        k0 = (seed_lo & 0xFFFFFFFF).to(tl.uint32)
+        k1 = (seed_hi & 0xFFFFFFFF).to(tl.uint32)
+        c0 = v.to(tl.uint32)
+        c1 = (index & 0xFFFFFFFF).to(tl.uint32) + tl.zeros_like(c0)
+        c2 = tl.zeros_like(c0)
+        c3 = tl.zeros_like(c0)
+        for _ in tl.static_range(ROUNDS):
+            hi0 = tl.umulhi(c0, 0xD2511F53)
+            lo0 = c0 * 0xD2511F53
+            hi1 = tl.umulhi(c2, 0xCD9E8D57)
+            lo1 = c2 * 0xCD9E8D57
+            c0 = hi1 ^ c1 ^ k0
+            c2 = hi0 ^ c3 ^ k1
+            c1 = lo1
+            c3 = lo0
+            k0 = k0 + 0x9E3779B9
+            k1 = k1 + 0xBB67AE85
+        u = ((c0 >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+        if LIBDEVICE:  # logf, as torch.log on CUDA
+            g = libdevice.log(-libdevice.log(u))
+        else:  # the interpreter: numpy's log
+            g = tl.log(-tl.log(u))
+        return x - g
+
+    @triton.jit
     def _race_kernel(x_ptr, inv_t_ptr, noise_ptr, cut_ptr, lo_ptr, hi_ptr, idx_ptr,
                      best_ptr, arg_ptr, max_ptr, bad_ptr, stride_x, V, n_chunks,
                      BLOCK: tl.constexpr, ROUNDS: tl.constexpr, LIBDEVICE: tl.constexpr):
@@ -525,28 +556,8 @@ if triton is not None:
         noise = tl.load(noise_ptr + row)
         cut = tl.load(cut_ptr + row)
         if noise > 0:  # greedy rows skip the random stream
-            k0 = (tl.load(lo_ptr + row) & 0xFFFFFFFF).to(tl.uint32)
-            k1 = (tl.load(hi_ptr + row) & 0xFFFFFFFF).to(tl.uint32)
-            c0 = v.to(tl.uint32)
-            c1 = (tl.load(idx_ptr + row) & 0xFFFFFFFF).to(tl.uint32) + tl.zeros_like(c0)
-            c2 = tl.zeros_like(c0)
-            c3 = tl.zeros_like(c0)
-            for _ in tl.static_range(ROUNDS):
-                hi0 = tl.umulhi(c0, 0xD2511F53)
-                lo0 = c0 * 0xD2511F53
-                hi1 = tl.umulhi(c2, 0xCD9E8D57)
-                lo1 = c2 * 0xCD9E8D57
-                c0 = hi1 ^ c1 ^ k0
-                c2 = hi0 ^ c3 ^ k1
-                c1 = lo1
-                c3 = lo0
-                k0 = k0 + 0x9E3779B9
-                k1 = k1 + 0xBB67AE85
-            u = ((c0 >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
-            if LIBDEVICE:  # logf, as torch.log on CUDA
-                score = x - libdevice.log(-libdevice.log(u))
-            else:  # the interpreter: numpy's log
-                score = x - tl.log(-tl.log(u))
+            score = _gumbel_score(x, v, tl.load(lo_ptr + row), tl.load(hi_ptr + row),
+                                  tl.load(idx_ptr + row), ROUNDS, LIBDEVICE)
         else:
             score = x
         score = tl.where(mask & (x >= cut), score, float("-inf"))
@@ -621,15 +632,115 @@ if triton is not None:
             tl.store(redo_ptr + row, tl.where(held, 0, 1).to(tl.int8))
 
 
-def _race_triton(logits, bp: BatchParams, cut, cut_k=None):
-    """The race on CUDA (or in the Triton interpreter): per row the first argmax of scaled
-    logits + Gumbel noise over x >= cut (float32 [B]), -1 for a row with a non-finite logit.
+    @triton.jit
+    def _float_key(x):
+        """float32 -> int64 key in the order of the floats (NaN excluded; -0.0 one below
+        +0.0): the bits, with the magnitude bits of negative floats flipped."""
+        b = x.to(tl.int32, bitcast=True)
+        return tl.where(b >= 0, b, b ^ 0x7FFFFFFF).to(tl.int64)
 
-    With cut_k (float32 [B], the top-k cut), also the nucleus check of each winner.
-    Returns:
-        (tokens int32 [B], redo bool [B] or None): redo marks the sampled top-p rows whose
-        winner is outside the nucleus (they must be drawn again under the sorted cut).
-    """
+    @triton.jit
+    def _key_float(k):
+        """The float32 of a `_float_key` key."""
+        b = k.to(tl.int32)
+        return tl.where(b >= 0, b, b ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _redraw_kernel(x_ptr, inv_t_ptr, cut_k_ptr, cut_ptr, top_p_ptr, lo_ptr, hi_ptr,
+                       idx_ptr, redo_ptr, max_ptr, z_ptr, token_ptr, cut_out_ptr, stride_x, V,
+                       n_chunks, BLOCK: tl.constexpr, NCH: tl.constexpr, STEPS: tl.constexpr,
+                       ROUNDS: tl.constexpr, MASS_SCALE: tl.constexpr,
+                       LIBDEVICE: tl.constexpr):
+        """One row whose race winner left the top-p nucleus (the others return at once): its
+        top-p cut, then the race again over x >= max(cut, top-p cut).
+
+        The top-p cut is the smallest value t of the row whose weight strictly above, W(t),
+        is < top_p * Z (`thresholds`' cut, without a sort). W falls as t grows, so a search
+        over the order-keyed float32 values keeps an interval (lo, hi] of keys with
+        W(lo) >= top_p * Z > W(hi), from (-inf, row max]; each step weighs the row above three
+        candidates that split the interval in four (int64 weights, `_mass_kernel`'s, bit for
+        bit) and keeps the quarter where W crosses top_p * Z: STEPS = 16 steps leave one key.
+        The cut is stored in cut_out, the new winner in token."""
+        row = tl.program_id(0)
+        if tl.load(redo_ptr + row) == 0:
+            return
+        c = tl.arange(0, NCH)
+        cm = c < n_chunks
+        z = tl.sum(tl.load(z_ptr + row * n_chunks + c, mask=cm, other=0), 0)
+        pz = tl.load(top_p_ptr + row).to(tl.float64) * z.to(tl.float64)
+        top = tl.max(tl.load(max_ptr + row * n_chunks + c, mask=cm, other=float("-inf")), 0)
+        inv_t = tl.load(inv_t_ptr + row)
+        cut_k = tl.load(cut_k_ptr + row)
+        base = x_ptr + row.to(tl.int64) * stride_x
+        lo = _float_key(tl.full((), float("-inf"), tl.float32))
+        hi = _float_key(top)
+        for _ in range(STEPS):
+            c1 = lo + (hi - lo + 3) // 4
+            c2 = lo + (2 * (hi - lo) + 3) // 4
+            c3 = lo + (3 * (hi - lo) + 3) // 4
+            t1, t2, t3 = _key_float(c1), _key_float(c2), _key_float(c3)
+            a1 = tl.zeros((BLOCK,), dtype=tl.int64)
+            a2 = tl.zeros((BLOCK,), dtype=tl.int64)
+            a3 = tl.zeros((BLOCK,), dtype=tl.int64)
+            for start in range(0, V, BLOCK):
+                v = start + tl.arange(0, BLOCK)
+                mask = v < V
+                x = tl.load(base + v, mask=mask, other=0.0) * inv_t
+                if LIBDEVICE:  # expf, as torch.exp on CUDA
+                    e = libdevice.exp(x - top)
+                else:
+                    e = tl.exp(x - top)
+                q = tl.where(mask & (x >= cut_k), (e * MASS_SCALE).to(tl.int64), 0)
+                a1 += tl.where(x > t1, q, 0)
+                a2 += tl.where(x > t2, q, 0)
+                a3 += tl.where(x > t3, q, 0)
+            h1 = tl.sum(a1, 0).to(tl.float64) < pz
+            h2 = tl.sum(a2, 0).to(tl.float64) < pz
+            h3 = tl.sum(a3, 0).to(tl.float64) < pz
+            new_hi = tl.where(h1, c1, tl.where(h2, c2, tl.where(h3, c3, hi)))
+            lo = tl.where(~h3, c3, tl.where(~h2, c2, tl.where(~h1, c1, lo)))
+            hi = new_hi
+        cut = tl.maximum(tl.load(cut_ptr + row), _key_float(hi))
+        tl.store(cut_out_ptr + row, cut)
+        seed_lo = tl.load(lo_ptr + row)
+        seed_hi = tl.load(hi_ptr + row)
+        index = tl.load(idx_ptr + row)
+        best = tl.full((), float("-inf"), tl.float32)
+        arg = V
+        for start in range(0, V, BLOCK):  # chunk by chunk, the first index of the maximum
+            v = start + tl.arange(0, BLOCK)
+            mask = v < V
+            x = tl.load(base + v, mask=mask, other=0.0) * inv_t
+            score = _gumbel_score(x, v, seed_lo, seed_hi, index, ROUNDS, LIBDEVICE)
+            score = tl.where(mask & (x >= cut), score, float("-inf"))
+            m = tl.max(score, 0)
+            first = tl.min(tl.where(score == m, v, V), 0)
+            arg = tl.where(m > best, first, arg)
+            best = tl.maximum(best, m)
+        tl.store(token_ptr + row, tl.minimum(arg, V - 1).to(tl.int32))
+
+
+# Steps of `_redraw_kernel`'s top-p cut search: each keeps a quarter of the key interval, and
+# the float32 keys from -inf to +inf span fewer than 4**16 = 2**32.
+CUT_STEPS = 16
+REDRAW_BLOCK = 2048
+ROW_SUBSET_KERNELS = frozenset({"_redraw_kernel"})
+"""Kernels that load only the rows drawn again (for `engine.bench.sampler_passes`)."""
+
+
+@dataclass
+class _Race:
+    """What one race launch leaves on the device."""
+
+    tokens: object          # int32 [B]
+    redo: object | None     # int8 [B]: 1 where top-p must redraw the winner
+    top: object             # float32 [B, chunks]: each chunk's maximum of the scaled logits
+    z: object | None        # int64 [B, chunks]: each chunk's part of the top-p mass Z
+
+
+def _launch_race(logits, bp: BatchParams, cut, cut_k=None) -> _Race:
+    """Launch the race kernel, and with cut_k (float32 [B], the top-k cut) the mass kernel and
+    the nucleus check; then the pick kernel."""
     import torch
 
     B, V = logits.shape
@@ -660,7 +771,44 @@ def _race_triton(logits, bp: BatchParams, cut, cut_k=None):
                        above if above is not None else best, tokens,
                        redo if redo is not None else tokens, V, n_chunks, NCH=nch,
                        TOP_P=cut_k is not None, num_warps=1, **exact)
-    return tokens, (redo.bool() if redo is not None else None)
+    return _Race(tokens, redo, top, z)
+
+
+def _race_triton(logits, bp: BatchParams, cut, cut_k=None):
+    """The race on CUDA (or in the Triton interpreter): per row the first argmax of scaled
+    logits + Gumbel noise over x >= cut (float32 [B]), -1 for a row with a non-finite logit.
+
+    With cut_k (float32 [B], the top-k cut), also the nucleus check of each winner.
+    Returns:
+        (tokens int32 [B], redo bool [B] or None): redo marks the sampled top-p rows whose
+        winner is outside the nucleus (they must be drawn again under the top-p cut).
+    """
+    race = _launch_race(logits, bp, cut, cut_k)
+    return race.tokens, (race.redo.bool() if race.redo is not None else None)
+
+
+def _redraw_triton(logits, bp: BatchParams, cut, cut_k, race: _Race):
+    """Draw again, in place in race.tokens, every row flagged in race.redo, under max(cut,
+    its top-p cut) (`_redraw_kernel`: one program per row, no sort, no host sync).
+
+    Args:
+        logits: float32 [B, V]. cut, cut_k: float32 [B] (`_cuts`). race: `_launch_race`'s
+            record with its mass outputs.
+    Returns:
+        float32 [B]: the redraw's cut of each flagged row (other rows: unwritten).
+    """
+    import torch
+
+    B, V = logits.shape
+    n_chunks = triton.cdiv(V, ARGMAX_BLOCK)
+    cut_out = torch.empty(B, dtype=torch.float32, device=logits.device)
+    _redraw_kernel[(B,)](
+        logits, bp.inv_temp, cut_k, cut, bp.top_p, bp.seed_lo, bp.seed_hi, bp.index, race.redo,
+        race.top, race.z, race.tokens, cut_out, logits.stride(0), V, n_chunks,
+        BLOCK=REDRAW_BLOCK, NCH=triton.next_power_of_2(n_chunks), STEPS=CUT_STEPS,
+        ROUNDS=PHILOX_ROUNDS, MASS_SCALE=float(1 << MASS_BITS), LIBDEVICE=logits.is_cuda,
+        num_warps=16, enable_fp_fusion=False)
+    return cut_out
 
 
 def _noisy_argmax_triton(logits, bp: BatchParams, cut):

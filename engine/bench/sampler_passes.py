@@ -6,7 +6,8 @@ and records every torch op (through a `TorchDispatchMode`) and every Triton kern
 *pass* is an op or a kernel that reads or writes a tensor of ``rows x vocab`` elements or more
 (the batch's logits or a tensor as large): on an H200 each costs about the time to stream
 those bytes (155 MB at 256 x 151,936 float32: ~40-80 us). Ops on the rows drawn again under
-the sorted cut (those whose first winner left the top-p nucleus) are counted apart, with their
+their top-p cut (those whose first winner left the top-p nucleus: the kernels of
+`engine.sampling.ROW_SUBSET_KERNELS`, which load only those rows) are counted apart, with their
 row count. Kernel launches and torch ops of any size are counted too (each is one launch on
 the GPU). These are op counts, not times: the GPU times are measured by
 `lockstep bench --workload throughput`.
@@ -96,6 +97,7 @@ def count_passes(rows: int, vocab: int, temperature: float, top_p: float, top_k:
     kernels = [(name, getattr(S, name)) for name in dir(S)
                if name.endswith("_kernel") and hasattr(getattr(S, name), "run")]
     saved = [kernel.run for _, kernel in kernels]
+    redo_launches = []  # kernels that load only the redrawn rows: sized once they are known
     for name, kernel in kernels:
             def run(*args, _run=kernel.run, _name=name, **kw):
                 paused[0] = True
@@ -104,32 +106,32 @@ def count_passes(rows: int, vocab: int, temperature: float, top_p: float, top_k:
                 finally:
                     paused[0] = False
                     log["kernels"][_name] += 1
-                    record(_name, [a for a in args if big(a)], [])
+                    if _name in S.ROW_SUBSET_KERNELS:
+                        log["launches"] += 1
+                        redo_launches.append((_name, any(big(a) for a in args)))
+                    else:
+                        record(_name, [a for a in args if big(a)], [])
             kernel.run = run
 
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(rows, vocab, generator=g) * scale
     p = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p)
     bp = BatchParams.from_params([p] * rows, list(range(rows)), [3] * rows)
-    real_select = BatchParams.select
-    redrawn = [0]
-
-    def select(self, r):
-        redrawn[0] += len(r)
-        return real_select(self, r)
-
-    BatchParams.select = select
+    stats = {"redrawn": 0}
     try:
         with Ops():
-            tokens = S._sample_batch_triton(logits, bp)
+            tokens = S._sample_batch_triton(logits, bp, stats)
             if logprobs:
                 chosen = logits.gather(1, tokens.long().clamp(min=0)[:, None])[:, 0]
                 chosen - torch.logsumexp(logits, dim=-1)
     finally:
-        BatchParams.select = real_select
         for (_, kernel), original in zip(kernels, saved):
             kernel.run = original
-    log["redrawn"] = redrawn[0]
+    n = stats["redrawn"]
+    for name, reads_logits in redo_launches:
+        mb = n * vocab * logits.element_size() / 1e6 if reads_logits else 0.0
+        log["partial"].append((name, round(mb, 1), 0.0, n))
+    log["redrawn"] = n
     return log
 
 

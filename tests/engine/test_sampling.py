@@ -148,6 +148,50 @@ print("ok")
 """
 
 
+_CUT_CHECK = r"""
+import torch
+from engine.sampling import (BatchParams, SamplingParams, _cuts, _launch_race,
+                             _noisy_argmax_torch, _redraw_triton, thresholds)
+g = torch.Generator().manual_seed(0)
+params = [SamplingParams(temperature=0.6, top_p=0.95), SamplingParams(temperature=1.0, top_p=0.3),
+          SamplingParams(temperature=0.8, min_p=0.05, top_p=0.9),
+          SamplingParams(temperature=2.0, top_p=0.5, top_k=30),
+          SamplingParams(temperature=1.0, top_p=0.999), SamplingParams(temperature=0.7, top_p=0.01),
+          SamplingParams(temperature=0.9, top_p=0.6)]
+n = len(params)
+for trial in range(3):
+    logits = torch.randn(n, 3000, generator=g) * (0.05 if trial == 1 else 1.5)
+    if trial == 2:  # many ties, a block of -inf, a negative-only row
+        logits = torch.randint(-3, 3, (n, 3000), generator=g).float()
+        logits[:, :100] = float("-inf")
+        logits[6] = -logits[6].abs() - 1
+    bp = BatchParams.from_params(params, list(range(n)), [trial] * n)
+    _, cut_k, cut = _cuts(logits, bp)
+    race = _launch_race(logits, bp, cut, cut_k)
+    first = race.tokens.clone()
+    race.redo.fill_(1)
+    race.redo[3] = 0  # an unflagged row keeps its token
+    got = _redraw_triton(logits, bp, cut, cut_k, race)
+    want = thresholds(logits * bp.inv_temp[:, None], bp)
+    flagged = race.redo.bool()
+    assert torch.equal(got[flagged], want[flagged]), (trial, got, want)
+    assert race.tokens[3] == first[3]
+    redrawn = _noisy_argmax_torch(logits, bp, torch.where(flagged, want, cut))
+    assert torch.equal(race.tokens[flagged], redrawn[flagged]), (race.tokens, redrawn)
+print("ok")
+"""
+
+
+@pytest.mark.timeout(240)
+def test_device_top_p_cut_search_equals_the_sorted_cut_with_ties_and_infinities():
+    """The CUDA path's redraw (a search for the row's top-p cut over float32 keys, no sort,
+    no host sync, then the race again) gives `thresholds`' sorted cut bit for bit, with
+    top-k and min-p, and the race's token under that cut; unflagged rows are left alone."""
+    pytest.importorskip("triton")
+    res = run_in_triton_interpreter(_CUT_CHECK)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
 @pytest.mark.timeout(240)
 def test_triton_kernels_in_interpreter_draw_the_torch_stream_and_the_same_tokens():
     pytest.importorskip("triton")

@@ -60,6 +60,31 @@ def test_fused_sampler_matches_reference_token_for_token_on_mixed_rows():
     assert len(set(tokens)) > n // 2
 
 
+def test_device_top_p_cut_equals_the_sorted_cut_at_qwen_vocab():
+    """The top-p cut searched on the device for redrawn rows equals `thresholds`' sorted cut
+    at the real vocabulary (flat, peaked and tied rows, top-k and min-p mixed in)."""
+    from engine.sampling import (BatchParams, SamplingParams, _cuts, _launch_race,
+                                 _redraw_triton, thresholds)
+
+    kinds = [SamplingParams(temperature=0.6, top_p=0.95), SamplingParams(temperature=1.0, top_p=0.3),
+             SamplingParams(temperature=1.2, top_k=50, top_p=0.9),
+             SamplingParams(temperature=0.8, min_p=0.05, top_p=0.8),
+             SamplingParams(temperature=0.6, top_p=1 - 2**-24)]
+    n, vocab = 100, 151936
+    params = [kinds[i % len(kinds)] for i in range(n)]
+    g = torch.Generator(device="cuda").manual_seed(4)
+    logits = torch.randn(n, vocab, device="cuda", generator=g)
+    logits[::3] *= 4
+    logits[1::3] *= 0.05
+    logits[2::3] = logits[2::3].round()  # ties
+    bp = BatchParams.from_params(params, list(range(n)), [1] * n, "cuda")
+    _, cut_k, cut = _cuts(logits, bp)
+    race = _launch_race(logits, bp, cut, cut_k)
+    race.redo.fill_(1)
+    got = _redraw_triton(logits, bp, cut, cut_k, race)
+    assert torch.equal(got, thresholds(logits * bp.inv_temp[:, None], bp))
+
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     from engine.model_dir import write_model_dir
