@@ -43,6 +43,9 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
     p.add_argument("--decode-gemm", choices=["auto", "cublas"], default="auto",
                    help="auto: Triton skinny GEMM where engine/kernels/skinny_gemm_table.json "
                         "measured it faster (default); cublas: cuBLAS only (the A/B baseline)")
+    p.add_argument("--no-profile", action="store_true",
+                   help="skip the per-point kernel profile (kernels per step, weight-read "
+                        "bandwidth of each GEMM)")
     p.add_argument("--compare", choices=["hf"], default=None,
                    help="hf: also time HF StaticCache + torch.compile(mode='reduce-overhead') "
                         "(default: no comparison)")
@@ -91,7 +94,7 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
         hf_batch_sizes=(parse_int_list(args.hf_batch_sizes, "--hf-batch-sizes")
                         if args.hf_batch_sizes else None),
         json_path=args.json_path, plot_path=plot, dtype=args.dtype, seed=args.seed,
-        decode_gemm=args.decode_gemm)
+        decode_gemm=args.decode_gemm, profile=not args.no_profile)
 
 
 def _error(msg: str) -> int:

@@ -273,6 +273,9 @@ def measure_rank(rank: int, world_size: int, opts, model_dir: str) -> dict:
                 finally:
                     ex.phases = None
                 point[mode] = summarize(times[opts.warmup:])
+            if opts.profile:
+                point["profile"] = profile_point(ex, keys[bucket] if graphs is not None else None,
+                                                 steps[0], bucket, out["read_bandwidth_Bps"])
             if world_size > 1:
                 point["allreduce"] = allreduce_latency(bucket, cfg.hidden_size, ex.dtype, dev)
             points.append(point)
@@ -286,6 +289,27 @@ def measure_rank(rank: int, world_size: int, opts, model_dir: str) -> dict:
     del ex
     torch.cuda.empty_cache()
     return out
+
+
+def profile_point(ex, key, step, bucket: int, read_bandwidth_Bps: float) -> dict:
+    """Kernels per step of the graph replay of `key` (None: of the eager forward) and each
+    GEMM's weight-read bandwidth over eager forwards of `step` (`engine.bench.kernel_profile`;
+    every rank runs the same calls, so collectives pair)."""
+    from engine.bench.kernel_profile import gemm_bandwidth, launches_per_step
+
+    def eager():
+        ex.prepare_replay(step)
+        ex._step = None
+        ex.decode_forward(bucket)
+
+    def replay():
+        ex.prepare_replay(step)
+        ex.launch(key)
+
+    prof = launches_per_step(replay if key is not None else eager)
+    prof["gemms"] = gemm_bandwidth(ex.model, eager, read_bandwidth_Bps)
+    ex._decode_logits = None  # the bench reads no tokens
+    return prof
 
 
 def allreduce_latency(rows: int, hidden: int, dtype, dev, repeats: int = 20) -> dict:

@@ -38,6 +38,8 @@ class BenchOptions:
         json_path / plot_path: outputs (plot needs matplotlib; skipped without it).
         dtype: model dtype. seed: weight seed (presets) and input seed.
         decode_gemm: "auto" (skinny GEMM where measured faster) or "cublas" (A/B baseline).
+        profile: per point, kernels launched per step and each GEMM's weight-read bandwidth
+            (`engine.bench.kernel_profile`; a few seconds per point).
     """
 
     preset: str | None = None
@@ -57,6 +59,7 @@ class BenchOptions:
     dtype: str = "bfloat16"
     seed: int = 0
     decode_gemm: str = "auto"
+    profile: bool = True
 
 
 def parse_int_list(text: str, name: str) -> list[int]:

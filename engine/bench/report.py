@@ -52,7 +52,7 @@ def build_document(opts, ranks: list[dict], hf: list[dict], command: str) -> dic
                 row[f"{mode}_x_floor"] = p[mode]["median_ms"] / row["floor_ms"]
         if "graphs" in p and "eager" in p:
             row["graphs_over_eager"] = p["graphs"]["median_ms"] / p["eager"]["median_ms"]
-        for k in ("graph_vs_eager_max_abs", "logits_finite", "allreduce"):
+        for k in ("graph_vs_eager_max_abs", "logits_finite", "allreduce", "profile"):
             if k in p:
                 row[k] = p[k]
         h = hf_by.get((p["batch"], p["context"]))
@@ -107,6 +107,15 @@ def format_table(doc: dict) -> str:
     if ar:
         lines.append("all-reduce (graph-captured) per call: " + ", ".join(
             f"batch {b}: {a['median_us']:.1f} us ({a['bytes'] / 1024:.0f} KiB)" for b, a in ar))
+    profiled = [r for r in doc["rows"] if r.get("profile")]
+    if profiled:
+        from engine.bench.kernel_profile import format_profile
+
+        layers = doc["ranks"][0]["config"]["num_layers"]
+        lines.append("kernel profile of rank 0 (torch profiler; GEMM times from eager "
+                     "forwards, one label per GEMM module):")
+        for r in profiled:
+            lines += format_profile(r, layers)
     bad = [r for r in doc["rows"] if r.get("logits_finite") is False
            or (r.get("graph_vs_eager_max_abs") or 0) > 1e-2]
     for r in bad:

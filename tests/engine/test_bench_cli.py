@@ -108,6 +108,23 @@ def test_report_warns_when_graph_logits_differ():
     assert "WARNING: batch 1" in format_table(doc)
 
 
+def test_report_prints_the_kernel_profile_of_each_point():
+    from engine.bench.report import build_document, format_table
+
+    rank = _fake_rank()
+    rank["config"] = {"num_layers": 36}
+    rank["points"][0]["profile"] = {
+        "launches": 290.0, "device_ms": 3.1, "top": [],
+        "gemms": [{"gemm": "down_proj", "shape": "2560 x 9728", "weight_bytes": 49807360,
+                   "calls": 180, "us": 16.0, "GBps": 3112.96, "of_read_bandwidth": 0.778}]}
+    table = format_table(build_document(BenchOptions(preset="qwen3-4b"), [rank], [],
+                                        "lockstep bench"))
+    assert "batch 1 ctx 128: 290 kernels per step (8.1 per layer over 36 layers)" in table
+    assert "down_proj" in table and "77.8% of read bandwidth" in table
+    assert "kernel profile" not in format_table(build_document(
+        BenchOptions(preset="qwen3-4b"), [_fake_rank()], [], "lockstep bench"))
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["--num-requests", "0"], "--num-requests 0"),
     (["--max-batch", "300"], "--max-batch 300"),

@@ -1,0 +1,146 @@
+"""Where a decode step's device time goes, measured inside `lockstep bench`: kernel launches
+per step (torch profiler over graph replays) and the weight-read bandwidth each GEMM reaches
+(torch profiler over eager forwards, every GEMM module under its own `record_function` label,
+so a kernel is attributed by the module that launched it, not by its name).
+
+The GEMMs of a Qwen3 decode step read each weight once: qkv_proj, o_proj, gate_up_proj and
+down_proj of every layer, and lm_head. A GEMM's bandwidth is its weight bytes (this rank's
+shard) over its median device time per call; next to the read bandwidth the bench measured,
+it says how far each GEMM is from the floor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+
+GEMM_MODULES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
+"""Attribute names of the model's GEMM modules, in the order a decode layer runs them."""
+
+
+def gemm_modules(model) -> dict[str, list]:
+    """The model's GEMM modules by name (`GEMM_MODULES`): {name: [module, ...]}, one module
+    per layer (one lm_head). Modules without a 2-D `weight` are skipped."""
+    found: dict[str, list] = {name: [] for name in GEMM_MODULES}
+    for qualified, module in model.named_modules():
+        name = qualified.rsplit(".", 1)[-1]
+        w = getattr(module, "weight", None)
+        if name in found and w is not None and getattr(w, "dim", lambda: 0)() == 2:
+            found[name].append(module)
+    return {k: v for k, v in found.items() if v}
+
+
+@contextlib.contextmanager
+def labelled_gemms(model):
+    """Run every GEMM module's forward under `torch.profiler.record_function("gemm:NAME")`
+    while the context is open (instance attributes shadow the class's forward; removed on
+    exit)."""
+    import torch
+
+    wrapped = []
+    for name, modules in gemm_modules(model).items():
+        for module in modules:
+            def forward(*args, _f=module.forward, _label=f"gemm:{name}", **kw):
+                with torch.profiler.record_function(_label):
+                    return _f(*args, **kw)
+            module.forward = forward
+            wrapped.append(module)
+    try:
+        yield
+    finally:
+        for module in wrapped:
+            del module.forward
+
+
+def launches_per_step(replay, steps: int = 10) -> dict:
+    """Kernels a step launches: torch profiler (CUDA activity) over `steps` calls of
+    `replay()` (one decode step each, e.g. a graph replay).
+
+    Returns:
+        dict: ``launches`` (kernels per step, float), ``device_ms`` (summed kernel device
+        time per step) and ``top`` ([(kernel name, us per step, calls per step)], the 8
+        costliest).
+    Raises:
+        ValueError: steps < 1.
+    """
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    if steps < 1:
+        raise ValueError(f"steps = {steps}, expected >= 1")
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            replay()
+        torch.cuda.synchronize()
+    kernels: dict[str, list] = {}
+    for e in prof.events():
+        if e.device_type.name == "CUDA" and not e.name.startswith("Memcpy") \
+                and not e.name.startswith("Memset"):
+            k = kernels.setdefault(e.name, [0, 0.0])
+            k[0] += 1
+            k[1] += e.device_time
+    total_us = sum(k[1] for k in kernels.values())
+    top = sorted(kernels.items(), key=lambda kv: -kv[1][1])[:8]
+    return {"launches": sum(k[0] for k in kernels.values()) / steps,
+            "device_ms": total_us / steps / 1e3,
+            "top": [(name[:80], us / steps, n / steps) for name, (n, us) in top]}
+
+
+def gemm_bandwidth(model, forward, read_bandwidth_Bps: float, steps: int = 5) -> list[dict]:
+    """Per GEMM module kind: median device time per call over `steps` eager `forward()` calls
+    (each one decode step) and the weight-read bandwidth that implies.
+
+    Args:
+        model: the engine's model (its GEMM modules are labelled while profiling).
+        forward: runs one eager decode forward.
+        read_bandwidth_Bps: the measured HBM read bandwidth, bytes/s (for the ratio).
+    Returns:
+        [{"gemm", "shape" (out x in, this rank), "weight_bytes", "calls", "us", "GBps",
+        "of_read_bandwidth"}] in `GEMM_MODULES` order; a kind whose calls launched no kernel
+        the profiler saw is left out.
+    """
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    mods = gemm_modules(model)
+    torch.cuda.synchronize()
+    with labelled_gemms(model), profile(
+            activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            forward()
+        torch.cuda.synchronize()
+    per_call: dict[str, list[float]] = {}
+    for e in prof.events():
+        if e.name.startswith("gemm:"):
+            us = sum(k.device_time for k in e.kernels)
+            if not us:  # some torch versions hang the kernels on the op below the label
+                us = e.device_time_total
+            per_call.setdefault(e.name[5:], []).append(us)
+    out = []
+    for name in GEMM_MODULES:
+        times = [t for t in per_call.get(name, []) if t > 0]
+        if name not in mods or not times:
+            continue
+        w = mods[name][0].weight
+        nbytes = w.numel() * w.element_size()
+        us = statistics.median(times)
+        out.append({"gemm": name, "shape": f"{w.shape[0]} x {w.shape[1]}",
+                    "weight_bytes": nbytes, "calls": len(times), "us": us,
+                    "GBps": nbytes / us / 1e3,
+                    "of_read_bandwidth": nbytes / (us * 1e-6) / read_bandwidth_Bps})
+    return out
+
+
+def format_profile(point: dict, num_layers: int) -> list[str]:
+    """Table lines for one bench point's "profile" entry (`launches_per_step` and
+    `gemm_bandwidth` results)."""
+    prof = point["profile"]
+    lines = [f"batch {point['batch']} ctx {point['context']}: {prof['launches']:.0f} kernels per "
+             f"step ({prof['launches'] / num_layers:.1f} per layer over {num_layers} layers), "
+             f"{prof['device_ms']:.3f} ms of kernel time per step"]
+    for g in prof.get("gemms", []):
+        lines.append(f"  {g['gemm']:<13} {g['shape']:>13}  {g['weight_bytes'] / 1e6:8.2f} MB  "
+                     f"{g['us']:8.1f} us  {g['GBps']:7.0f} GB/s  "
+                     f"{100 * g['of_read_bandwidth']:5.1f}% of read bandwidth")
+    return lines

@@ -1,0 +1,68 @@
+"""`lockstep bench`'s kernel profile (issue 14 item 4): the GEMM modules of the model are found
+by name, each runs under its own profiler label while profiling (and only then), and the table
+lines say kernels per step and per layer and each GEMM's bandwidth."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.bench.kernel_profile import GEMM_MODULES, format_profile, gemm_modules, labelled_gemms
+from engine.engine_config import EngineConfig
+from engine.executor import RankExecutor
+from engine.parallel import SINGLE
+from protocol.commands import DecodeRow, Step
+
+
+@pytest.fixture
+def executor(tiny_dir):
+    settings = EngineConfig.create(tiny_dir, max_batch=4, max_model_len=32, page_size=16)
+    ex = RankExecutor(settings, SINGLE)
+    ex.load_model()
+    ex.allocate_kv(ex.pages_needed())
+    ex.assign_pages_per_slot()
+    return ex
+
+
+def test_every_gemm_of_the_model_is_found_once_per_layer(executor):
+    mods = gemm_modules(executor.model)
+    layers = executor.cfg.num_layers
+    assert list(mods) == list(GEMM_MODULES)
+    assert [len(mods[n]) for n in GEMM_MODULES] == [layers] * 4 + [1]
+    assert mods["qkv_proj"][0].weight.shape[1] == executor.cfg.hidden_size
+
+
+@pytest.mark.timeout(120)
+def test_each_gemm_call_runs_under_its_label_while_profiling_only(executor):
+    from torch.profiler import ProfilerActivity, profile
+
+    step = Step(seq=0, rows=tuple(DecodeRow(r, r, 7 + r, 3) for r in range(2)), bucket=2)
+
+    def forward():
+        executor.prepare_replay(step)
+        executor._step = None
+        return executor.decode_forward(2)
+
+    plain = forward().clone()
+    with labelled_gemms(executor.model), profile(activities=[ProfilerActivity.CPU]) as prof:
+        labelled = forward().clone()
+    counts = {}
+    for e in prof.events():
+        if e.name.startswith("gemm:"):
+            counts[e.name] = counts.get(e.name, 0) + 1
+    layers = executor.cfg.num_layers
+    assert counts == {f"gemm:{n}": (1 if n == "lm_head" else layers) for n in GEMM_MODULES}
+    assert torch.equal(plain, labelled)  # the labels change nothing computed
+    assert all("forward" not in vars(m) for ms in gemm_modules(executor.model).values()
+               for m in ms)  # unwrapped on exit
+
+
+def test_profile_lines_give_kernels_per_step_and_layer_and_gemm_bandwidth():
+    point = {"batch": 8, "context": 128, "profile": {
+        "launches": 240.0, "device_ms": 1.5, "top": [],
+        "gemms": [{"gemm": "gate_up_proj", "shape": "6144 x 1024", "weight_bytes": 12582912,
+                   "calls": 140, "us": 4.0, "GBps": 3145.728, "of_read_bandwidth": 0.786}]}}
+    lines = format_profile(point, 28)
+    assert lines[0].startswith("batch 8 ctx 128: 240 kernels per step (8.6 per layer over 28")
+    assert "gate_up_proj" in lines[1] and "6144 x 1024" in lines[1] and "12.58 MB" in lines[1]
+    assert "3146 GB/s" in lines[1] and "78.6% of read bandwidth" in lines[1]
