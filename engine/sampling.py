@@ -17,17 +17,20 @@ Three implementations with one meaning:
         winner is kept when the mass above it is below top_p (`nucleus_holds`); only the rows
         whose winner falls outside the nucleus (about 1 - top_p of them) get their top-p cut
         and run the race again. On CPU these are torch ops (the cut by a sort,
-        `thresholds`); on CUDA four Triton kernels and no device-to-host sync: `_race_kernel`
+        `thresholds`); on CUDA five Triton kernels and no device-to-host sync: `_race_kernel`
         (per row and 4096-entry chunk: the noisy argmax, the chunk's maximum and whether a
         logit is not finite; one read of the logits), `_mass_kernel` (only when a row asks
         for top-p: the chunk's integer weights Z and the weight above the race's winner,
         int64 partial sums; a second read), `_pick_kernel` (per row: the winner, -1 for a
-        non-finite row, and whether top-p must redraw it) and `_redraw_kernel` (one program
-        per redrawn row, the others return at once: the top-p cut searched over the
-        order-keyed float32 values, 2 bits a step, as the smallest value whose weight above
-        is < top_p * Z -- `thresholds`' cut exactly -- then the race again under it). So
-        greedy and plain temperature read the logits once, top-p twice plus the redrawn rows,
-        finiteness included (`python -m engine.bench.sampler_passes` counts them).
+        non-finite row, and whether top-p must redraw it), then for the redrawn rows alone
+        (the programs of other rows return at once) `_bracket_kernel` (per chunk: the
+        weight above 32 values between the winner and the row maximum) and `_redraw_kernel`
+        (per row: the values of the part where that weight crosses top_p * Z are copied
+        out and searched over their order-keyed float32 bits for the smallest value whose
+        weight above is < top_p * Z -- `thresholds`' cut exactly -- then the race again
+        under it). So greedy and plain temperature read the logits once, top-p twice plus
+        the redrawn rows, finiteness included (`python -m engine.bench.sampler_passes`
+        counts them).
 
 Top-p mass is exact integer arithmetic, so the kept set does not depend on summation order
 (sort or no sort, CPU or GPU, batch size): each token weighs
@@ -646,21 +649,64 @@ if triton is not None:
         return tl.where(b >= 0, b, b ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
 
     @triton.jit
+    def _bracket_kernel(x_ptr, inv_t_ptr, cut_k_ptr, token_ptr, redo_ptr, max_ptr, part_ptr,
+                        stride_x, V, n_chunks, BLOCK: tl.constexpr, SUB: tl.constexpr,
+                        NCH: tl.constexpr, S: tl.constexpr, MASS_SCALE: tl.constexpr,
+                        LIBDEVICE: tl.constexpr):
+        """One chunk of one redrawn row (the others return at once): the weight strictly above
+        each of S values that split (the winner's value, the row maximum) into S + 1 equal
+        parts, into part [B, n_chunks, S] (int64, `_mass_kernel`'s weights bit for bit), so
+        that `_redraw_kernel` can start its search from one part."""
+        row = tl.program_id(0)
+        chunk = tl.program_id(1)
+        if tl.load(redo_ptr + row) == 0:
+            return
+        c = tl.arange(0, NCH)
+        top = tl.max(tl.load(max_ptr + row * n_chunks + c, mask=c < n_chunks,
+                             other=float("-inf")), 0)
+        inv_t = tl.load(inv_t_ptr + row)
+        cut_k = tl.load(cut_k_ptr + row)
+        base = x_ptr + row.to(tl.int64) * stride_x
+        won = tl.load(base + tl.load(token_ptr + row)) * inv_t
+        t = _part_values(won, top, S)
+        acc = tl.zeros((S,), dtype=tl.int64)
+        for i in tl.static_range(BLOCK // SUB):
+            v = chunk * BLOCK + i * SUB + tl.arange(0, SUB)
+            mask = v < V
+            x = tl.load(base + v, mask=mask, other=0.0) * inv_t
+            if LIBDEVICE:  # expf, as torch.exp on CUDA
+                e = libdevice.exp(x - top)
+            else:
+                e = tl.exp(x - top)
+            q = tl.where(mask & (x >= cut_k), (e * MASS_SCALE).to(tl.int64), 0)
+            acc += tl.sum(tl.where(x[:, None] > t[None, :], q[:, None], 0), 0)
+        tl.store(part_ptr + (row * n_chunks + chunk) * S + tl.arange(0, S), acc)
+
+    @triton.jit
+    def _part_values(won, top, S: tl.constexpr):
+        """S increasing values strictly inside (won, top): won + (top - won) * j / (S + 1)."""
+        j = (tl.arange(0, S) + 1).to(tl.float32)
+        return won + (top - won) * (j / (S + 1))
+
+    @triton.jit
     def _redraw_kernel(x_ptr, inv_t_ptr, cut_k_ptr, cut_ptr, top_p_ptr, lo_ptr, hi_ptr,
-                       idx_ptr, redo_ptr, max_ptr, z_ptr, token_ptr, cut_out_ptr, stride_x, V,
-                       n_chunks, BLOCK: tl.constexpr, NCH: tl.constexpr, STEPS: tl.constexpr,
-                       ROUNDS: tl.constexpr, MASS_SCALE: tl.constexpr,
-                       LIBDEVICE: tl.constexpr):
+                       idx_ptr, redo_ptr, max_ptr, z_ptr, part_ptr, scratch_ptr, token_ptr,
+                       cut_out_ptr, stride_x, V, n_chunks, CAP, BLOCK: tl.constexpr,
+                       NCH: tl.constexpr, S: tl.constexpr, ROUNDS: tl.constexpr,
+                       MASS_SCALE: tl.constexpr, LIBDEVICE: tl.constexpr):
         """One row whose race winner left the top-p nucleus (the others return at once): its
         top-p cut, then the race again over x >= max(cut, top-p cut).
 
         The top-p cut is the smallest value t of the row whose weight strictly above, W(t),
-        is < top_p * Z (`thresholds`' cut, without a sort). W falls as t grows, so a search
-        over the order-keyed float32 values keeps an interval (lo, hi] of keys with
-        W(lo) >= top_p * Z > W(hi), from (-inf, row max]; each step weighs the row above three
-        candidates that split the interval in four (int64 weights, `_mass_kernel`'s, bit for
-        bit) and keeps the quarter where W crosses top_p * Z: STEPS = 16 steps leave one key.
-        The cut is stored in cut_out, the new winner in token."""
+        is < top_p * Z (`thresholds`' cut, without a sort). W falls as t grows, so it is found
+        by narrowing an interval (lo, hi] with W(lo) >= top_p * Z > W(hi). The winner left
+        the nucleus, so W(winner) >= top_p * Z, and `_bracket_kernel`'s weights at S values
+        of (winner, max) give the part where W crosses. The values of the row inside that
+        part are copied to scratch (at most CAP of them; a row with more is searched in
+        place), and a search over their order-keyed float32 values keeps, each step, the
+        quarter of the key interval where W crosses (three candidates, W(candidate) = W(hi)
+        + the weight of the copied values above it; int64 weights, `_mass_kernel`'s bit for
+        bit) until one key is left. The cut is stored in cut_out, the new winner in token."""
         row = tl.program_id(0)
         if tl.load(redo_ptr + row) == 0:
             return
@@ -672,32 +718,62 @@ if triton is not None:
         inv_t = tl.load(inv_t_ptr + row)
         cut_k = tl.load(cut_k_ptr + row)
         base = x_ptr + row.to(tl.int64) * stride_x
-        lo = _float_key(tl.full((), float("-inf"), tl.float32))
-        hi = _float_key(top)
-        for _ in range(STEPS):
+        won = tl.load(base + tl.load(token_ptr + row)) * inv_t
+        # the part of (winner, max] where W crosses top_p * Z
+        j = tl.arange(0, S)
+        w_part = tl.sum(tl.load(part_ptr + (row * n_chunks + c[:, None]) * S + j[None, :],
+                                mask=cm[:, None], other=0), 0)
+        t = _part_values(won, top, S)
+        holds = w_part.to(tl.float64) < pz
+        first = tl.min(tl.where(holds, j, S), 0)  # the first value whose weight above holds
+        f_hi = tl.where(first < S, tl.max(tl.where(j == first, t, float("-inf")), 0), top)
+        w_hi = tl.where(first < S, tl.sum(tl.where(j == first, w_part, 0), 0), 0)
+        f_lo = tl.where(first > 0, tl.max(tl.where(j == first - 1, t, float("-inf")), 0), won)
+        # copy the values inside (f_lo, f_hi] (and kept by top-k) to scratch
+        dst = scratch_ptr + row.to(tl.int64) * CAP
+        n = tl.zeros((), dtype=tl.int32)
+        for start in range(0, V, BLOCK):
+            v = start + tl.arange(0, BLOCK)
+            x = tl.load(base + v, mask=v < V, other=float("-inf")) * inv_t
+            live = (x > f_lo) & (x <= f_hi) & (x >= cut_k)
+            at = n + tl.cumsum(live.to(tl.int32), 0) - 1
+            tl.store(dst + at, x, mask=live & (at < CAP))
+            n += tl.sum(live.to(tl.int32), 0)
+        copied = n <= CAP
+        src = tl.where(copied, dst, base)
+        count = tl.where(copied, n, V)
+        lo = _float_key(f_lo)
+        hi = _float_key(f_hi)
+        while hi - lo > 1:
             c1 = lo + (hi - lo + 3) // 4
             c2 = lo + (2 * (hi - lo) + 3) // 4
             c3 = lo + (3 * (hi - lo) + 3) // 4
             t1, t2, t3 = _key_float(c1), _key_float(c2), _key_float(c3)
+            g_lo, g_hi = _key_float(lo), _key_float(hi)
             a1 = tl.zeros((BLOCK,), dtype=tl.int64)
             a2 = tl.zeros((BLOCK,), dtype=tl.int64)
             a3 = tl.zeros((BLOCK,), dtype=tl.int64)
-            for start in range(0, V, BLOCK):
+            for start in range(0, count, BLOCK):
                 v = start + tl.arange(0, BLOCK)
-                mask = v < V
-                x = tl.load(base + v, mask=mask, other=0.0) * inv_t
-                if LIBDEVICE:  # expf, as torch.exp on CUDA
+                x = tl.load(src + v, mask=v < count, other=float("-inf"))
+                x = tl.where(copied, x, x * inv_t)  # scratch holds scaled values
+                live = (x > g_lo) & (x <= g_hi) & (x >= cut_k)
+                if LIBDEVICE:
                     e = libdevice.exp(x - top)
                 else:
                     e = tl.exp(x - top)
-                q = tl.where(mask & (x >= cut_k), (e * MASS_SCALE).to(tl.int64), 0)
+                q = tl.where(live, (e * MASS_SCALE).to(tl.int64), 0)
                 a1 += tl.where(x > t1, q, 0)
                 a2 += tl.where(x > t2, q, 0)
                 a3 += tl.where(x > t3, q, 0)
-            h1 = tl.sum(a1, 0).to(tl.float64) < pz
-            h2 = tl.sum(a2, 0).to(tl.float64) < pz
-            h3 = tl.sum(a3, 0).to(tl.float64) < pz
+            w1 = w_hi + tl.sum(a1, 0)
+            w2 = w_hi + tl.sum(a2, 0)
+            w3 = w_hi + tl.sum(a3, 0)
+            h1 = w1.to(tl.float64) < pz
+            h2 = w2.to(tl.float64) < pz
+            h3 = w3.to(tl.float64) < pz
             new_hi = tl.where(h1, c1, tl.where(h2, c2, tl.where(h3, c3, hi)))
+            w_hi = tl.where(h1, w1, tl.where(h2, w2, tl.where(h3, w3, w_hi)))
             lo = tl.where(~h3, c3, tl.where(~h2, c2, tl.where(~h1, c1, lo)))
             hi = new_hi
         cut = tl.maximum(tl.load(cut_ptr + row), _key_float(hi))
@@ -714,17 +790,22 @@ if triton is not None:
             score = _gumbel_score(x, v, seed_lo, seed_hi, index, ROUNDS, LIBDEVICE)
             score = tl.where(mask & (x >= cut), score, float("-inf"))
             m = tl.max(score, 0)
-            first = tl.min(tl.where(score == m, v, V), 0)
-            arg = tl.where(m > best, first, arg)
+            first_v = tl.min(tl.where(score == m, v, V), 0)
+            arg = tl.where(m > best, first_v, arg)
             best = tl.maximum(best, m)
         tl.store(token_ptr + row, tl.minimum(arg, V - 1).to(tl.int32))
 
 
-# Steps of `_redraw_kernel`'s top-p cut search: each keeps a quarter of the key interval, and
-# the float32 keys from -inf to +inf span fewer than 4**16 = 2**32.
-CUT_STEPS = 16
+# `_redraw_kernel`: vocabulary entries per block (one program per row, 16 warps), and the most
+# values of a row it copies out of the part where the top-p weight crosses (scratch [B, CAP]
+# float32: 16 MB at 256 rows; a row with more is searched in place).
 REDRAW_BLOCK = 2048
-ROW_SUBSET_KERNELS = frozenset({"_redraw_kernel"})
+REDRAW_CAP = 16384
+# `_bracket_kernel`: values that split (winner, max) into parts, and entries per inner tile
+# ([BRACKET_SUB, BRACKET_VALUES] comparisons).
+BRACKET_VALUES = 32
+BRACKET_SUB = 128
+ROW_SUBSET_KERNELS = frozenset({"_bracket_kernel", "_redraw_kernel"})
 """Kernels that load only the rows drawn again (for `engine.bench.sampler_passes`)."""
 
 
@@ -789,7 +870,10 @@ def _race_triton(logits, bp: BatchParams, cut, cut_k=None):
 
 def _redraw_triton(logits, bp: BatchParams, cut, cut_k, race: _Race):
     """Draw again, in place in race.tokens, every row flagged in race.redo, under max(cut,
-    its top-p cut) (`_redraw_kernel`: one program per row, no sort, no host sync).
+    its top-p cut): `_bracket_kernel` (every chunk of the flagged rows: the part of (winner,
+    max) where the top-p weight crosses), then `_redraw_kernel` (one program per flagged row:
+    the search inside that part and the race again); no sort, no host sync. A flagged row's
+    token must be a race winner outside its nucleus (the pick kernel's redo flag).
 
     Args:
         logits: float32 [B, V]. cut, cut_k: float32 [B] (`_cuts`). race: `_launch_race`'s
@@ -800,14 +884,23 @@ def _redraw_triton(logits, bp: BatchParams, cut, cut_k, race: _Race):
     import torch
 
     B, V = logits.shape
+    dev = logits.device
     n_chunks = triton.cdiv(V, ARGMAX_BLOCK)
-    cut_out = torch.empty(B, dtype=torch.float32, device=logits.device)
+    nch = triton.next_power_of_2(n_chunks)
+    part = torch.empty(B, n_chunks, BRACKET_VALUES, dtype=torch.int64, device=dev)
+    scratch = torch.empty(B, REDRAW_CAP, dtype=torch.float32, device=dev)
+    cut_out = torch.empty(B, dtype=torch.float32, device=dev)
+    exact = dict(enable_fp_fusion=False, LIBDEVICE=logits.is_cuda,
+                 MASS_SCALE=float(1 << MASS_BITS))
+    _bracket_kernel[(B, n_chunks)](
+        logits, bp.inv_temp, cut_k, race.tokens, race.redo, race.top, part, logits.stride(0), V,
+        n_chunks, BLOCK=ARGMAX_BLOCK, SUB=BRACKET_SUB, NCH=nch, S=BRACKET_VALUES, num_warps=8,
+        **exact)
     _redraw_kernel[(B,)](
         logits, bp.inv_temp, cut_k, cut, bp.top_p, bp.seed_lo, bp.seed_hi, bp.index, race.redo,
-        race.top, race.z, race.tokens, cut_out, logits.stride(0), V, n_chunks,
-        BLOCK=REDRAW_BLOCK, NCH=triton.next_power_of_2(n_chunks), STEPS=CUT_STEPS,
-        ROUNDS=PHILOX_ROUNDS, MASS_SCALE=float(1 << MASS_BITS), LIBDEVICE=logits.is_cuda,
-        num_warps=16, enable_fp_fusion=False)
+        race.top, race.z, part, scratch, race.tokens, cut_out, logits.stride(0), V, n_chunks,
+        REDRAW_CAP, BLOCK=REDRAW_BLOCK, NCH=nch, S=BRACKET_VALUES, ROUNDS=PHILOX_ROUNDS,
+        num_warps=16, **exact)
     return cut_out
 
 

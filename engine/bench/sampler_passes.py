@@ -27,8 +27,9 @@ from collections import Counter
 
 VIEWS = frozenset({"view", "_unsafe_view", "reshape", "expand", "slice", "select", "unsqueeze",
                    "squeeze", "t", "transpose", "permute", "as_strided", "alias", "detach",
-                   "lift_fresh"})
-"""Torch ops that return a view: no memory traffic, no kernel."""
+                   "lift_fresh", "empty", "empty_strided", "empty_like"})
+"""Torch ops that return a view or allocate uninitialised memory: no memory traffic, no
+kernel."""
 INDEXED = frozenset({"gather", "index", "index_select", "take"})
 """Torch ops that read only the elements they return."""
 

@@ -67,7 +67,7 @@ def test_device_top_p_cut_equals_the_sorted_cut_at_qwen_vocab():
                                  _redraw_triton, thresholds)
 
     kinds = [SamplingParams(temperature=0.6, top_p=0.95), SamplingParams(temperature=1.0, top_p=0.3),
-             SamplingParams(temperature=1.2, top_k=50, top_p=0.9),
+             SamplingParams(temperature=1.2, top_k=5000, top_p=0.1),
              SamplingParams(temperature=0.8, min_p=0.05, top_p=0.8),
              SamplingParams(temperature=0.6, top_p=1 - 2**-24)]
     n, vocab = 100, 151936
@@ -80,9 +80,11 @@ def test_device_top_p_cut_equals_the_sorted_cut_at_qwen_vocab():
     bp = BatchParams.from_params(params, list(range(n)), [1] * n, "cuda")
     _, cut_k, cut = _cuts(logits, bp)
     race = _launch_race(logits, bp, cut, cut_k)
-    race.redo.fill_(1)
+    flagged = race.redo.bool()
     got = _redraw_triton(logits, bp, cut, cut_k, race)
-    assert torch.equal(got, thresholds(logits * bp.inv_temp[:, None], bp))
+    want = thresholds(logits * bp.inv_temp[:, None], bp)
+    assert int(flagged.sum()) >= 10
+    assert torch.equal(got[flagged], want[flagged])
 
 
 @pytest.fixture(scope="module")
