@@ -1,7 +1,8 @@
 """Where a decode step's device time goes, measured inside `lockstep bench`: kernel launches
 per step (torch profiler over graph replays) and the weight-read bandwidth each GEMM reaches
 (torch profiler over eager forwards, every GEMM module under its own `record_function` label,
-so a kernel is attributed by the module that launched it, not by its name).
+so a kernel is attributed by the module that launched it, not by its name: the kernels that
+run inside the label's range on the device timeline, `kernel_time_in_ranges`).
 
 The GEMMs of a Qwen3 decode step read each weight once: qkv_proj, o_proj, gate_up_proj and
 down_proj of every layer, and lm_head. A GEMM's bandwidth is its weight bytes (this rank's
@@ -110,13 +111,7 @@ def gemm_bandwidth(model, forward, read_bandwidth_Bps: float, steps: int = 5) ->
         for _ in range(steps):
             forward()
         torch.cuda.synchronize()
-    per_call: dict[str, list[float]] = {}
-    for e in prof.events():
-        if e.name.startswith("gemm:"):
-            us = sum(k.device_time for k in e.kernels)
-            if not us:  # some torch versions hang the kernels on the op below the label
-                us = e.device_time_total
-            per_call.setdefault(e.name[5:], []).append(us)
+    per_call = kernel_time_in_ranges(prof.events(), "gemm:")
     out = []
     for name in GEMM_MODULES:
         times = [t for t in per_call.get(name, []) if t > 0]
@@ -129,6 +124,50 @@ def gemm_bandwidth(model, forward, read_bandwidth_Bps: float, steps: int = 5) ->
                     "weight_bytes": nbytes, "calls": len(times), "us": us,
                     "GBps": nbytes / us / 1e3,
                     "of_read_bandwidth": nbytes / (us * 1e-6) / read_bandwidth_Bps})
+    return out
+
+
+def kernel_time_in_ranges(events, prefix: str) -> dict[str, list[float]]:
+    """Device time of the kernels inside each profiler range whose name starts with `prefix`.
+
+    A `record_function` range appears twice in the profiler's events: on the CPU, and on the
+    device timeline (from the first to the last kernel launched inside it, idle gaps
+    included: an eager step waits for the host between launches). The device-timeline
+    ranges are used, summing only the kernels that run within each, so gaps do not count
+    and kernels that no CPU op records (Triton launches) do. Without device-timeline
+    ranges, the CPU ranges' device_time_total (aten kernels only) stands in.
+
+    Args:
+        events: `torch.profiler.profile().events()` (FunctionEvents: name, device_type,
+            time_range with start/end in us, device_time).
+    Returns:
+        {range name without the prefix: [us of kernels per occurrence]}.
+    """
+    import bisect
+
+    def on_device(e):
+        return getattr(e.device_type, "name", str(e.device_type)) != "CPU"
+
+    ranges = [e for e in events if e.name.startswith(prefix) and on_device(e)]
+    out: dict[str, list[float]] = {}
+    if not ranges:
+        for e in events:
+            if e.name.startswith(prefix):
+                out.setdefault(e.name[len(prefix):], []).append(e.device_time_total)
+        return out
+    kernels = sorted((e.time_range.start, e.time_range.end, e.device_time) for e in events
+                     if on_device(e) and not e.name.startswith(prefix)
+                     and not e.name.startswith(("Memcpy", "Memset")))
+    starts = [k[0] for k in kernels]
+    for r in ranges:
+        lo, hi = r.time_range.start, r.time_range.end
+        i = bisect.bisect_left(starts, lo)
+        us = 0.0
+        while i < len(kernels) and kernels[i][0] <= hi:
+            if kernels[i][1] <= hi:
+                us += kernels[i][2]
+            i += 1
+        out.setdefault(r.name[len(prefix):], []).append(us)
     return out
 
 

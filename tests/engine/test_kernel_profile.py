@@ -66,3 +66,40 @@ def test_profile_lines_give_kernels_per_step_and_layer_and_gemm_bandwidth():
     assert lines[0].startswith("batch 8 ctx 128: 240 kernels per step (8.6 per layer over 28")
     assert "gate_up_proj" in lines[1] and "6144 x 1024" in lines[1] and "12.58 MB" in lines[1]
     assert "3146 GB/s" in lines[1] and "78.6% of read bandwidth" in lines[1]
+
+
+class _Kind:
+    def __init__(self, name):
+        self.name = name
+
+
+class _Span:
+    def __init__(self, start, end):
+        self.start, self.end = start, end
+
+
+class _Event:
+    """The fields of a profiler FunctionEvent that `kernel_time_in_ranges` reads."""
+
+    def __init__(self, name, device, start, end, device_time=0.0, device_time_total=0.0):
+        self.name, self.device_type = name, _Kind(device)
+        self.time_range = _Span(start, end)
+        self.device_time, self.device_time_total = device_time, device_time_total
+
+
+def test_a_gemm_range_counts_the_kernels_inside_it_on_the_device_not_its_gaps():
+    from engine.bench.kernel_profile import kernel_time_in_ranges
+
+    events = [
+        _Event("gemm:gate_up_proj", "CPU", 0, 50, device_time_total=7.0),  # aten kernels only
+        _Event("gemm:gate_up_proj", "CUDA", 100, 180),  # GPU range: the gemm, a gap, silu_mul
+        _Event("nvjet_gemm", "CUDA", 100, 107, device_time=7.0),
+        _Event("_silu_mul_kernel", "CUDA", 178, 180, device_time=2.0),
+        _Event("_add_rms_norm_kernel", "CUDA", 181, 185, device_time=4.0),  # after the range
+        _Event("gemm:down_proj", "CUDA", 190, 199),
+        _Event("Memset (Device)", "CUDA", 190, 191, device_time=1.0),
+        _Event("nvjet_gemm", "CUDA", 191, 199, device_time=8.0),
+    ]
+    assert kernel_time_in_ranges(events, "gemm:") == {"gate_up_proj": [9.0], "down_proj": [8.0]}
+    cpu_only = [e for e in events if e.device_type.name == "CPU"]
+    assert kernel_time_in_ranges(cpu_only, "gemm:") == {"gate_up_proj": [7.0]}
