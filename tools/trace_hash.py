@@ -1,0 +1,92 @@
+"""A golden hash over what seeded runs of every shipped variant do, for speed work on the simulator.
+
+A change meant only to make the simulator faster must leave every seeded run as it was: the same
+choices, the same trace event for event, the same verdict and the same `reached` counters. This
+tool runs every shipped variant under both topologies, under three scenarios (the variant's base
+scenario, a random fault per run as the correct protocol's faulted rows draw it, and one member
+of the variant's own fault search where it has one), with random walk and PCT, ``--runs`` runs
+each, and prints one SHA-256 over all of it (and, with ``--per-variant``, one per variant, to
+find which one changed). Run it before and after a change; the hashes must be equal.
+
+    PYTHONPATH=$PWD python tools/trace_hash.py [--runs 3] [--per-variant] [--variant NAME ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import sys
+import time
+
+from sim.check import CheckSpec, Fixed, WithRandomFault, bad_search_setup
+from sim.run import run_schedule
+from sim.scenario import TOPOLOGIES
+from sim.search import _chooser
+from sim.variants import SHIPPED, get_variant
+
+
+def _scenarios(variant, spec: CheckSpec, topology: str):
+    """(label, run index -> scenario) of every scenario hashed for ``variant``."""
+    base = variant.scenario(spec.scenario(topology))
+    out = [("base", Fixed(base)), ("random-fault", WithRandomFault(base, spec.seed))]
+    if variant.fault_search is not None:
+        scenario_for, _, reason = bad_search_setup(variant, spec, topology, base)
+        if reason is None:
+            out.append(("fault-search", scenario_for))
+    return out
+
+
+def _feed(h, result) -> None:
+    o = result.outcome
+    h.update(repr((o.verdict, o.invariant, o.rank, o.step, o.detail, o.cycle)).encode())
+    h.update("\x00".join(result.choices).encode())
+    h.update(repr(result.actions).encode())
+    for event in result.world.trace:
+        h.update(repr(tuple(event)).encode())
+    h.update(repr(sorted(result.reached.items())).encode())
+
+
+def variant_hash(name: str, runs: int, spec: CheckSpec) -> str:
+    variant = get_variant(name)
+    h = hashlib.sha256()
+    for topology in TOPOLOGIES:
+        try:
+            scenarios = _scenarios(variant, spec, topology)
+        except Exception as exc:  # noqa: BLE001 - a variant that cannot be set up hashes its error
+            h.update(f"setup error {type(exc).__name__}: {exc}".encode())
+            continue
+        for label, scenario_for in scenarios:
+            for strategy in ("random", "pct"):
+                for i in range(runs):
+                    h.update(f"{topology}/{label}/{strategy}/{i}".encode())
+                    try:
+                        result = run_schedule(scenario_for(i), variant,
+                                              _chooser(strategy, spec.seed, i))
+                    except Exception as exc:  # noqa: BLE001
+                        h.update(f"run error {type(exc).__name__}: {exc}".encode())
+                        continue
+                    _feed(h, result)
+    return h.hexdigest()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--per-variant", action="store_true")
+    parser.add_argument("--variant", action="append", default=[])
+    args = parser.parse_args(argv)
+    spec = CheckSpec()
+    total = hashlib.sha256()
+    start = time.process_time()
+    for name in args.variant or SHIPPED:
+        digest = variant_hash(name, args.runs, spec)
+        total.update(f"{name}:{digest}".encode())
+        if args.per_variant:
+            print(f"{digest[:16]} {name}", flush=True)
+    print(f"{total.hexdigest()} ({len(args.variant or SHIPPED)} variants, {args.runs} runs each, "
+          f"{time.process_time() - start:.1f} s CPU)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
