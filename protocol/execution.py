@@ -55,26 +55,28 @@ class CommandRun:
             self._finish(worker.fail(command, exc))
             return
         self.pc = 0
-        if not self.ops:
+        if self.ops:
+            self.op = self.ops[0]
+        else:
             self._complete()
 
-    @property
-    def op(self) -> Op | None:
-        """The op to run next, or None once the reply is out."""
-        if self.reply is not None:
-            return None
-        return SYNC if self._extra_sync else self.ops[self.pc]
+    op: Op | None = None
+    """The op to run next, or None once the reply is out (a plain attribute, kept up to date by
+    `done`, `fail` and the reply: drivers read it before every op and every readiness probe)."""
 
     def done(self, result: Any = None) -> Reply | None:
         """The current op finished with ``result``; returns the reply once the last op is done."""
-        op = SYNC if self._extra_sync else self.ops[self.pc]
+        op = self.op
         if self._record is not None:
             data = ()
             if isinstance(result, ReplayRows) and isinstance(self.command, Step):
                 # what the replay read, beside what the step commands: I12 compares them
                 n = len(self.command.rows)
                 data = (ReplayRows.of_step(self.command).text(), result.first(n).text())
-            self._event("op", op.name, describe_args(op.args), True, data)
+            # `_event`, inlined: one event per op
+            self._record(_tuple_new(TraceEvent, (self._actor, "op", op.name, self.command.seq,
+                                                 self.worker.rank, describe_args(op.args), True,
+                                                 self._clock(), data)))
         if self._extra_sync:
             self._extra_sync = False
         else:
@@ -82,9 +84,12 @@ class CommandRun:
             self.pc += 1
             if isinstance(op, self._sync_after):
                 self._extra_sync = True
+                self.op = SYNC
                 return None
-        if self.pc == len(self.ops) and not self._extra_sync:
+        if self.pc == len(self.ops):
             self._complete()
+        else:
+            self.op = self.ops[self.pc]
         return self.reply
 
     def fail(self, error: BaseException) -> Reply:
@@ -103,6 +108,7 @@ class CommandRun:
 
     def _finish(self, reply: Reply) -> Reply:
         self.reply = reply
+        self.op = None
         self._event("reply", "Reply", reply.error or "", reply.ok)
         return reply
 
