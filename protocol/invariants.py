@@ -241,15 +241,43 @@ def check_trace(events: Sequence[TraceEvent],
     ranks = _ranks(events)
     ops = list(compress(events, map("op".__eq__, kinds)))
     done_ops = list(compress(ops, map(_OK, ops)))  # the checks that skip failed ops
+    done_whats = list(map(_WHAT, done_ops))
+
+    def named(*wanted: str) -> list[TraceEvent]:
+        """The done ops called one of ``wanted`` (the only ops a check of them reacts to)."""
+        return list(compress(done_ops, map(frozenset(wanted).__contains__, done_whats)))
+
     sends_and_ops = of("send", "op")
+    # a check that reacts only to some commands and ops (by `what`) gets those events and
+    # perhaps a few more it skips; never fewer, so it finds what it finds on the whole trace
+    steps_and = list(compress(sends_and_ops, map(_STEP_RECORD_REPLAY.__contains__,
+                                                 map(_WHAT, sends_and_ops))))
+    # I11 reacts to replies and to the ops that enqueue, synchronize or sample: decided once
+    # per distinct (kind, what) pair of the trace, then picked out in C
+    pairs = list(zip(kinds, map(_WHAT, events)))
+    i11 = frozenset(p for p in set(pairs) if _i11_reads(*p))
     found = [check_i1_step_lock(of("send", "receive", "reply"), ranks),
-             check_i3_no_serving_capture(sends_and_ops),
-             check_i4_capture_barrier(done_ops, ranks),
-             check_i5_warmup(done_ops, allreduce_bytes),
+             check_i3_no_serving_capture(steps_and),
+             check_i4_capture_barrier(named("upload", "launch"), ranks),
+             check_i5_warmup(named("warmup_collective", "record"), allreduce_bytes),
              check_i6_watchdog(of("send", "watchdog-fire")),
-             check_i9_reserve_before_kv(done_ops),
-             check_i10_teardown_order(done_ops),
-             check_i11_reply_after_sync(of("op", "reply")),
-             check_i12_replay_metadata(sends_and_ops),
+             check_i9_reserve_before_kv(named("allocate_kv", "record", "upload")),
+             check_i10_teardown_order(named("record", "free_graphs", "destroy_communicator")),
+             check_i11_reply_after_sync(list(compress(events, map(i11.__contains__, pairs)))),
+             check_i12_replay_metadata(steps_and),
              check_i13_failure_is_global(of("reply", "send"))]
     return [v for v in found if v is not None]
+
+
+_WHAT = attrgetter("what")
+_STEP_RECORD_REPLAY = frozenset({"Step", "record", "prepare_replay", "launch"})
+"""What `check_i3_no_serving_capture` and `check_i12_replay_metadata` react to: the first
+Step sent, and the record, prepare_replay and launch ops."""
+_I11_OPS = frozenset({"warmup_collective", "profile_memory", "launch", "prefill", "run_eager",
+                      "move_slot", "prepare_replay", "synchronize", "sample"})
+
+
+def _i11_reads(kind: str, what: str) -> bool:
+    """True for an event `check_i11_reply_after_sync` may react to: a reply, an op that
+    enqueues device work, a synchronize, a sample (any other event changes nothing there)."""
+    return kind == "reply" or (kind == "op" and (what in _I11_OPS or what.startswith("run_eager")))
