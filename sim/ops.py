@@ -108,6 +108,18 @@ class ModelledBackend:
         self._graph_collectives: dict[GraphKey, tuple] = {}
         self._checked_calls: set[tuple] = set()  # (communicator, peer, rank) found valid
         self._padded: tuple = (None, ())  # (step, its padded rows): see `padded`
+        # `ready`'s answers for the sweep's lock-holding ops, by exact op class
+        self._h1 = hz.h1_driver_lock
+        self._h4_hangs = hz.h4_lazy_connect and hz.h4_mode == "hang"
+        self._quiesces = self._waits[(True, False)]
+        self._scope_devices = [tuple(world.devices[d] for d in scope)
+                               for scope in self._quiesce_scope]
+        self.readiness = {Record: self._record_ready, Instantiate: self._quiescing_ready,
+                          Upload: self._quiescing_ready, LaunchGraph: self._launch_ready}
+        """Op class -> ready(r, host, op): whether `attempt` with ``probe`` would answer
+        other than BLOCKED, for the ops of the startup sweep (the most probed after
+        synchronize); the same answer without the dispatch and the generic lock discipline.
+        Only exact classes: a subclass, or any other op, is probed through `attempt`."""
 
     # -- dispatch ---------------------------------------------------------------------------------
 
@@ -157,6 +169,40 @@ class ModelledBackend:
             raise SimFault(f"the simulator models no backend op {op.name!r} "
                            f"({type(op).__name__})", kind="unmodelled")
         return handler(self, r, host, op, probe)
+
+    def _record_ready(self, r: int, host: Host, op: Record) -> bool:
+        """`record` probed: blocked by H4 in hang mode before the warm-up of its size, or by
+        another thread holding the driver lock (H1); it waits for no device (H2)."""
+        if self._h4_hangs and (self.world.config.shape.allreduce_bytes(op.key.bucket)
+                               not in self.world.connected[r]):
+            return False
+        if self._h1:
+            holder = self.world.locks[host.proc]
+            return holder is None or holder == r
+        return True
+
+    def _quiescing_ready(self, r: int, host: Host, op) -> bool:
+        """instantiate / upload probed (`locked` with ``quiesce``): blocked by another thread
+        holding the driver lock; a thread that would take the lock makes progress even while
+        it must wait for quiescence (H2), one that holds it (or with H1 off) waits."""
+        if self._h1:
+            holder = self.world.locks[host.proc]
+            if holder is None:
+                return True  # it takes the lock: progress, whatever the devices do
+            if holder != r:
+                return False
+        if self._quiesces:
+            for dev in self._scope_devices[r]:
+                if dev.main or dev.side:  # Device.busy, inlined
+                    return False
+        return True
+
+    def _launch_ready(self, r: int, host: Host, op: LaunchGraph) -> bool:
+        """launch probed: only the implicit upload of a never-uploaded graph can block."""
+        graph = self.world.graphs[r].get(op.key)
+        if graph is not None and not graph.uploaded:
+            return self._quiescing_ready(r, host, op)
+        return True
 
     # -- helpers for ops (and for variants' own ops) -----------------------------------------------
 

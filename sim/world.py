@@ -217,6 +217,7 @@ class World:
                     out.append(name)
         else:  # the common case, `_host_ready` inlined: no fault bookkeeping, nobody dead
             attempt = self.backend.attempt
+            readiness = self.backend.readiness
             for host, name, dev in self._host_rows:
                 run = host.run
                 if run is None:
@@ -228,8 +229,13 @@ class World:
                 if cls is Synchronize:  # the most frequent probe: a rank waiting for its device
                     if not (dev.main or dev.side):
                         out.append(name)
-                elif cls in _ALWAYS_READY or attempt(host.rank, host, op, True) != BLOCKED:
+                elif cls in _ALWAYS_READY:
                     out.append(name)
+                else:
+                    ready = readiness.get(cls)  # the sweep's ops, without `attempt`'s dispatch
+                    if (ready(host.rank, host, op) if ready is not None
+                            else attempt(host.rank, host, op, True) != BLOCKED):
+                        out.append(name)
         for transit, name in self._link_rows:
             if transit:
                 out.append(name)
