@@ -120,11 +120,32 @@ class ModelledBackend:
         other than BLOCKED, for the ops of the startup sweep (the most probed after
         synchronize); the same answer without the dispatch and the generic lock discipline.
         Only exact classes: a subclass, or any other op, is probed through `attempt`."""
+        self._performers = {
+            Synchronize: self._perform_synchronize,
+            GraphMemory: lambda r, host, op: self.done(host, self.graph_bytes(r)),
+            WarmupCollective: lambda r, host, op: self.warmup_collective(r, host, op.nbytes, False),
+            ReleaseSlot: lambda r, host, op: self.page_table_done(r, host, ClearSlot(op.slot)),
+            AssignPages: lambda r, host, op: self.page_table_done(
+                r, host, SetPages(op.slot, op.first_index, op.pages)),
+            MoveSlot: lambda r, host, op: self.enqueue_done(r, host, CopySlot(op.src, op.dst)),
+            Prefill: lambda r, host, op: self.prefill(r, host, op.admits, op.chunk),
+            PrepareReplay: lambda r, host, op: self.enqueue_done(
+                r, host, WriteReplayMeta(op.step.seq, self.padded(op.step))),
+            RunEager: lambda r, host, op: self.run_eager(r, host, op.step),
+            Sample: lambda r, host, op: self.sample(r, host, op.step),
+        }
+        """Op class -> perform(r, host, op): `attempt` without ``probe`` for the ops that come
+        late in its ``match`` (each case tried is a type test); the same calls as the match
+        makes. Exact classes only, as `readiness`."""
 
     # -- dispatch ---------------------------------------------------------------------------------
 
     def attempt(self, r: int, host: Host, op: Op, probe: bool) -> int:
         """Test (``probe``) or perform ``op`` on rank ``r``; BLOCKED, PROGRESS or DONE."""
+        if not probe:
+            perform = self._performers.get(op.__class__)
+            if perform is not None:
+                return perform(r, host, op)
         match op:  # the sweep's ops first: a match tries its cases in order
             case Record(key):
                 return self.record(r, host, key, probe)
@@ -169,6 +190,14 @@ class ModelledBackend:
             raise SimFault(f"the simulator models no backend op {op.name!r} "
                            f"({type(op).__name__})", kind="unmodelled")
         return handler(self, r, host, op, probe)
+
+    def _perform_synchronize(self, r: int, host: Host, op: Synchronize) -> int:
+        """`synchronize` performed: done once the rank's streams are empty."""
+        dev = self.world.devices[r]
+        if dev.main or dev.side:  # Device.busy, inlined
+            return BLOCKED
+        host.result = None
+        return DONE
 
     def _record_ready(self, r: int, host: Host, op: Record) -> bool:
         """`record` probed: blocked by H4 in hang mode before the warm-up of its size, or by
