@@ -161,6 +161,7 @@ class World:
         self._host_rows = tuple(zip(self.hosts, self._rank_names, self.devices))
         self._link_rows = tuple(zip(self.transit, self._link_names))
         self._device_rows = tuple(zip(self.devices, self._device_names))
+        self._stream_rows = tuple((dev.main, dev.side, name) for dev, name in self._device_rows)
         self._dispatch_table = {"controller": (self._step_controller, None),
                                 "collectives": (self.device_model.step_collective, None)}
         self._dispatch_table.update({n: (self._step_host, r) for r, n in enumerate(self._rank_names)})
@@ -203,11 +204,11 @@ class World:
             out = ["controller"]
         else:
             phase = ctrl.phase
-            if phase == "failed" or phase == "done":
-                out = ["controller"]
-            elif phase == "startup":
+            if phase == "startup":
                 deadline = ctrl.watchdog.deadline
                 out = ["controller"] if deadline is not None and self.clock >= deadline else []
+            elif phase == "failed" or phase == "done":
+                out = ["controller"]
             else:
                 out = ["controller"] if self.clock >= ctrl.step_deadline else []
         if self.faults or self.dead:
@@ -241,9 +242,8 @@ class World:
                 out.append(name)
         h3 = self.hz.h3_spinning_collectives
         any_collective = False
-        for dev, name in self._device_rows:
+        for main, side, name in self._stream_rows:
             # a device runs when a stream's head is a compute kernel, or (H3 off) any head
-            main, side = dev.main, dev.side
             if main:
                 if main[0].__class__ is Collective:
                     any_collective = True
