@@ -108,14 +108,16 @@ def check_i5_warmup(events: Sequence[TraceEvent],
     if allreduce_bytes is None:
         return None
     warmed: dict[int, set[int]] = {}
+    sizes: dict[str, int] = {}  # graph key text -> its all-reduce size (every rank records it)
     for e in events:
         if e.kind != "op" or not e.ok:
             continue
         if e.what == "warmup_collective":
             warmed.setdefault(e.rank, set()).add(int(e.detail))
         elif e.what == "record":
-            bucket = int(e.detail.rsplit("@", 1)[1])
-            size = allreduce_bytes(bucket)
+            size = sizes.get(e.detail)
+            if size is None:
+                size = sizes[e.detail] = allreduce_bytes(int(e.detail.rsplit("@", 1)[1]))
             if size not in warmed.get(e.rank, set()):
                 return Violation("I5", f"rank {e.rank} recorded graph {e.detail} before any warm-up "
                               f"all-reduce of its message size ({size} bytes)", e.rank, e.seq)
