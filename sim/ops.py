@@ -108,7 +108,7 @@ class ModelledBackend:
         self._graph_collectives: dict[GraphKey, tuple] = {}
         self._checked_calls: set[tuple] = set()  # (communicator, peer, rank) found valid
         self._padded: tuple = (None, ())  # (step, its padded rows): see `padded`
-        # `ready`'s answers for the sweep's lock-holding ops, by exact op class
+        # fixed for the whole run, read by the readiness functions (`readiness`)
         self._h1 = hz.h1_driver_lock
         self._h4_hangs = hz.h4_lazy_connect and hz.h4_mode == "hang"
         self._quiesces = self._waits[(True, False)]
