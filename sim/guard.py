@@ -10,8 +10,10 @@ stuck inside one call, which no budget check can reach.
 
 The watchdog uses SIGPROF and ``ITIMER_PROF`` (CPU time), so it works in the main thread of a
 POSIX process only (elsewhere it does nothing) and leaves SIGALRM to others (pytest-timeout).
-A hook that blocks without using CPU (a sleep) is not caught here; in a worker process the
-pool's own deadline catches it (`sim.workers.GRACE_S`).
+A hook that blocks without using CPU (a sleep, a lock, a read) burns no CPU time, so the CPU
+timer never fires; a helper thread watches wall time as well and, after `WALL_S` seconds without
+a `tick`, sends SIGPROF to the main thread itself, which interrupts the blocking call (the
+worker pool's own deadline, `sim.workers.GRACE_S`, is the same bound one level up).
 """
 
 from __future__ import annotations
@@ -20,11 +22,21 @@ import importlib
 import os
 import signal
 import threading
+import time
 import traceback
 from contextlib import contextmanager
 
 CHECK_S = 0.5
 """Seconds of CPU time without one simulated action that count as stuck."""
+
+WALL_S = 5.0
+"""Wall seconds without one simulated action (outside `paused`) that count as stuck: a hook
+that blocks without using CPU. Ten times the CPU bound, so that a loaded machine, which delays a
+runnable process by far less, does not trip it; the same grace the worker pool gives a worker
+(`sim.workers.GRACE_S`)."""
+
+_WALL_POLL_S = 0.25
+"""How often the wall-clock thread looks at the tick count."""
 
 _LAZY = ("sim.waits", "sim.checks", "networkx")
 _TICKS = [0]
@@ -51,9 +63,13 @@ class Stalled(BaseException):
         where: ``file:line`` that was running when the watchdog fired.
     """
 
-    def __init__(self, where: str):
-        super().__init__(f"no simulated action for {CHECK_S:g} s (a hook that never returns?); "
-                         f"stopped at {where}")
+    def __init__(self, where: str, wall: bool = False):
+        if wall:
+            what = (f"no simulated action for {WALL_S:g} s of wall time (a hook that blocks: "
+                    "a sleep, a lock, a read?)")
+        else:
+            what = f"no simulated action for {CHECK_S:g} s (a hook that never returns?)"
+        super().__init__(f"{what}; stopped at {where}")
         self.where = where
 
 
@@ -112,13 +128,14 @@ def resumed():
 
 @contextmanager
 def watchdog():
-    """Raise `Stalled` in this thread if this process spends `CHECK_S` seconds of CPU time
-    without a `tick` (unless `paused`).
+    """Raise `Stalled` in this thread if this process spends `CHECK_S` seconds of CPU time, or
+    `WALL_S` seconds of wall time, without a `tick` (unless `paused`).
 
-    It counts CPU time (``ITIMER_PROF``), not wall time, so a loaded machine that leaves the
+    The first bound counts CPU time (``ITIMER_PROF``), so a loaded machine that leaves the
     process waiting for a CPU never looks like a stall; a hook that loops burns CPU and is
-    caught. A no-op outside the main thread, without ``setitimer``, or while another user of
-    ``ITIMER_PROF`` (a sampling profiler) has it armed.
+    caught. The second catches a hook that blocks (a sleep): a daemon thread sends SIGPROF to
+    this thread, which interrupts the blocking call. A no-op outside the main thread, without
+    ``setitimer``, or while another user of ``ITIMER_PROF`` (a sampling profiler) has it armed.
     """
     if (threading.current_thread() is not threading.main_thread()
             or not hasattr(signal, "setitimer") or signal.getitimer(signal.ITIMER_PROF)[0] > 0):
@@ -131,21 +148,47 @@ def watchdog():
             pass
     old_handler = signal.getsignal(signal.SIGPROF)
     seen = [_TICKS[0]]
+    wall_stalled = [False]
 
     def fire(signum, frame):
-        if seen[0] == _TICKS[0] and not _PAUSED[0]:
+        wall = wall_stalled[0]
+        if wall or (seen[0] == _TICKS[0] and not _PAUSED[0]):
             signal.setitimer(signal.ITIMER_PROF, 0)
+            wall_stalled[0] = False
             where = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}" if frame else "?"
-            raise Stalled(where)
+            raise Stalled(where, wall=wall)
         seen[0] = _TICKS[0]
+
+    stop = threading.Event()
+    lock = threading.Lock()  # no SIGPROF is sent once the handler is being restored
+    main = threading.main_thread().ident
+
+    def watch_wall():
+        last, since = _TICKS[0], time.monotonic()
+        while not stop.wait(_WALL_POLL_S):
+            now = time.monotonic()
+            if _TICKS[0] != last or _PAUSED[0]:
+                last, since = _TICKS[0], now
+            elif now - since > WALL_S:
+                with lock:
+                    if stop.is_set():
+                        return
+                    wall_stalled[0] = True
+                    signal.pthread_kill(main, signal.SIGPROF)
+                return
 
     signal.signal(signal.SIGPROF, fire)
     signal.setitimer(signal.ITIMER_PROF, CHECK_S, CHECK_S)
+    thread = threading.Thread(target=watch_wall, name="lockstep-wall-watchdog", daemon=True)
+    thread.start()
     try:
         yield
     finally:
+        with lock:
+            stop.set()
+        thread.join()
         signal.setitimer(signal.ITIMER_PROF, 0)
         signal.signal(signal.SIGPROF, old_handler)
 
 
-__all__ = ["tick", "progress_counter", "watchdog", "paused", "resumed", "describe", "locate", "Stalled", "VariantCodeError", "CHECK_S"]
+__all__ = ["tick", "progress_counter", "watchdog", "paused", "resumed", "describe", "locate", "Stalled", "VariantCodeError", "CHECK_S", "WALL_S"]

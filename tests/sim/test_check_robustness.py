@@ -19,6 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 BAD_HOOKS = '''
+import time
+
 from protocol.worker import Worker
 from sim.variants import Variant
 
@@ -38,6 +40,11 @@ class ExitingWorker(Worker):
         raise SystemExit(5)
 
 
+class SleepingWorker(Worker):
+    def _ops_launch(self, command):
+        time.sleep(3600)  # blocks without CPU: the CPU-time watchdog alone never fires
+
+
 class LoopingWorker(Worker):
     def _ops_launch(self, command):
         while True:
@@ -48,7 +55,8 @@ E = {"shared": "deadlock", "per-rank": "deadlock"}
 VARIANTS = [Variant("hook-raises", "raises", "test", E, worker_cls=RaisingWorker),
             Variant("hook-junk", "returns junk", "test", E, worker_cls=JunkWorker),
             Variant("hook-loops", "never returns", "test", E, worker_cls=LoopingWorker),
-            Variant("hook-exits", "calls sys.exit", "test", E, worker_cls=ExitingWorker)]
+            Variant("hook-exits", "calls sys.exit", "test", E, worker_cls=ExitingWorker),
+            Variant("hook-sleeps", "sleeps", "test", E, worker_cls=SleepingWorker)]
 '''
 
 
@@ -72,7 +80,8 @@ def test_a_search_that_explored_nothing_is_incomplete_not_clean():
 @pytest.mark.parametrize("name, words", [("hook-raises", "ValueError: boom (at bad_hooks.py:"),
                                          ("hook-junk", "TypeError"),
                                          ("hook-loops", "never returns"),
-                                         ("hook-exits", "SystemExit: 5 (at bad_hooks.py:")])
+                                         ("hook-exits", "SystemExit: 5 (at bad_hooks.py:"),
+                                         ("hook-sleeps", "of wall time (a hook that blocks")])
 def test_a_variant_whose_hook_fails_gets_one_error_line(bad_hooks, name, words, jobs):
     spec = CheckSpec(schedules=40, time_budget=5, jobs=jobs)
     start = time.perf_counter()
@@ -94,6 +103,21 @@ def test_other_rows_are_kept_when_a_variant_errs(bad_hooks, capsys):
     errors = [line for line in out.splitlines() if line.startswith("error: ")]
     assert len(errors) == 3 and all("variant 'hook-" in line for line in errors)
     assert "Traceback" not in out
+
+
+@pytest.mark.timeout(120)
+def test_a_sleeping_hook_in_the_main_process_ends_within_the_budget(bad_hooks, capsys):
+    """Old behaviour: a hook that sleeps ran in this process (a user's variant always does)
+    and `lockstep check` hung past --time-budget: the CPU-time watchdog never fired."""
+    start = time.perf_counter()
+    code = main(["check", "--variant-file", str(bad_hooks), "--variant", "hook-sleeps",
+                 "--variant", "fused-sweep", "--time-budget", "2", "--no-progress", "--jobs", "1"])
+    out = capsys.readouterr().out
+    assert code == 1 and time.perf_counter() - start < 60
+    assert "fused-sweep  shared    deadlock" in out
+    errors = [line for line in out.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 2 and all("variant 'hook-sleeps': no simulated action" in line
+                                    and "sleeps" in line for line in errors)
 
 
 def _descendants(root: int) -> list[int]:
