@@ -205,26 +205,53 @@ class _Terminated(BaseException):
 
 def run(args) -> int:
     """Run `lockstep check`; returns the exit status (0 all as expected, 1 not, 2 bad input,
-    130 interrupted by Ctrl-C, 143 by SIGTERM)."""
+    130 interrupted by Ctrl-C, 143 by SIGTERM). An interrupted check prints the rows it had
+    finished, then one line saying how many were interrupted."""
     previous = None
     if threading.current_thread() is threading.main_thread():
         def terminated(signum, frame):
             raise _Terminated()
         previous = signal.signal(signal.SIGTERM, terminated)
+    finished = _Finished()
     try:
-        return _run(args)
+        return _run(args, finished)
     except KeyboardInterrupt:
-        sys.stderr.write("lockstep check: interrupted\n")
-        return 130
+        return finished.report("interrupted", 130)
     except _Terminated:
-        sys.stderr.write("lockstep check: terminated\n")
-        return 143
+        return finished.report("terminated", 143)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
 
 
-def _run(args) -> int:
+class _Finished:
+    """The rows a check has finished so far, printed if Ctrl-C or SIGTERM ends it early.
+
+    Attributes:
+        render: () -> the text (table or JSON) of the finished rows, or None before any finished.
+        done, total: checks finished and planned, counted in ``unit``: a variant in one
+            topology (one or two table rows), a matrix configuration, or a --stats line.
+    """
+
+    def __init__(self):
+        self.render = None
+        self.done = 0
+        self.total = 0
+        self.unit = "variant / topology checks"
+
+    def report(self, how: str, code: int) -> int:
+        text = self.render() if self.render is not None and self.done else None
+        if text:
+            print(text, flush=True)
+            sys.stderr.write(f"lockstep check: {how}; {self.done} of {self.total} {self.unit} "
+                             f"finished (above), the other {self.total - self.done} did not\n")
+        else:
+            sys.stderr.write(f"lockstep check: {how}\n")
+        return code
+
+
+def _run(args, finished: _Finished | None = None) -> int:
+    finished = finished or _Finished()
     if args.replay is not None:
         given = [f"--{k.replace('_', '-')}" for k in DEFAULTS if getattr(args, k) is not None]
         given += [opt for opt, value in (("--variant", args.variant), ("--buckets", args.buckets),
@@ -274,9 +301,9 @@ def _run(args) -> int:
         sys.stderr.write(f"lockstep check: warning: --jobs {args.jobs} is more than the {cpus} "
                          f"CPUs here; the search will not run faster than with --jobs {cpus}\n")
     if args.matrix:
-        return _run_matrix(variants, spec, args)
+        return _run_matrix(variants, spec, args, finished)
     if args.stats:
-        return _run_stats(variants, spec, args)
+        return _run_stats(variants, spec, args, finished)
     topologies = TOPOLOGIES if args.topology == "both" else (args.topology,)
     compare_bad = (not args.hazard_off and args.h2_calls in (None, "both")
                    and args.h2_scope in (None, "process"))  # other models: report, not compare
@@ -285,12 +312,25 @@ def _run(args) -> int:
     plan = [(f"{v.name} / {t}", spec.planned_clean + spec.fault_schedules if _correct(v) else spec.schedules,
              2 if _correct(v) and spec.fault_schedules else 1)
             for v in variants for t in topologies]
+    order = {(v.name, t): i for i, (v, t) in enumerate((v, t) for v in variants for t in topologies)}
+    done: dict[int, list[Row]] = {}
+
+    def partial() -> str:
+        rows_so_far = [r for i in sorted(done) for r in done[i]]
+        if args.json:
+            return json.dumps({"ok": None, "interrupted": True, "seconds": time.perf_counter() - start,
+                               "rows": [_row_json(r) for r in rows_so_far]}, indent=1)
+        return "\n".join([render_table(rows_so_far)] + _row_notes(rows_so_far))
+
+    finished.render, finished.total = partial, len(order)
     with CheckProgress(plan, spec.time_budget, disable=args.no_progress or None) as bar:
-        def finished(new: list[Row], planned: int) -> None:
+        def on_rows(new: list[Row], planned: int) -> None:
             bar.next_row()  # tops the row up to its planned schedules
+            done[order[new[0].variant, new[0].topology]] = new
+            finished.done = len(done)
 
         for variant, new in zip((v for v in variants for _ in topologies),
-                                check_rows(variants, topologies, spec, finished, bar.step)):
+                                check_rows(variants, topologies, spec, on_rows, bar.step)):
             if not compare_bad and not _correct(variant):
                 for row in new:
                     row.passed = row.got != "error"
@@ -331,10 +371,21 @@ def _run(args) -> int:
     return 0 if ok else 1
 
 
-def _run_matrix(variants, spec: CheckSpec, args) -> int:
+def _run_matrix(variants, spec: CheckSpec, args, finished: _Finished) -> int:
     from sim.matrix import BUCKET_SETS, RANKS, render_markdown, run_matrix, unreachable_notes
 
     start = time.perf_counter()
+    cells = []
+
+    def partial() -> str:
+        if args.json:
+            return json.dumps({"ok": None, "interrupted": True, "seconds": time.perf_counter() - start,
+                               "cells": [{"ranks": c.ranks, "bucket_set": c.bucket_set,
+                                          **_row_json(c.row)} for c in cells]}, indent=1)
+        return render_markdown(cells)
+
+    finished.render, finished.unit = partial, "matrix configurations"
+    finished.total = len(BUCKET_SETS) * len(RANKS) * len(variants) * len(TOPOLOGIES)
     plan = [(f"{v.name} / TP{r} {b} / {t}",
              spec.schedules + (spec.fault_schedules if _correct(v) else 0),
              2 if _correct(v) and spec.fault_schedules else 1)
@@ -342,12 +393,12 @@ def _run_matrix(variants, spec: CheckSpec, args) -> int:
     with CheckProgress(plan, spec.time_budget, disable=args.no_progress or None) as bar:
         def progress(n):
             bar.step(n)
-        cells = []
         for b in BUCKET_SETS:
             for r in RANKS:
                 for v in variants:
                     for t in TOPOLOGIES:
                         cells += run_matrix([v], spec, (r,), (b,), (t,), progress)
+                        finished.done += 1
                         bar.next_row()
     elapsed = time.perf_counter() - start
     rows = [c.row for c in cells]
@@ -370,20 +421,31 @@ def _run_matrix(variants, spec: CheckSpec, args) -> int:
     return 0 if ok else 1
 
 
-def _run_stats(variants, spec: CheckSpec, args) -> int:
+def _run_stats(variants, spec: CheckSpec, args, finished: _Finished) -> int:
     """`lockstep check --stats`: the failing share of each strategy per bad variant."""
     from sim.stats import STATS_STRATEGIES, failing_shares, render_table
 
     start = time.perf_counter()
     topologies = TOPOLOGIES if args.topology == "both" else (args.topology,)
     bad = [v for v in variants if not _correct(v)]
+    shares = []
+
+    def partial() -> str:
+        if args.json:
+            return json.dumps({"interrupted": True, "seconds": time.perf_counter() - start,
+                               "schedules": spec.schedules, "seed": spec.seed,
+                               "rows": [s.__dict__ for s in shares]}, indent=1)
+        return render_table(shares)
+
+    finished.render, finished.total = partial, len(bad) * len(topologies)
+    finished.unit = "variant / topology measurements"
     plan = [(f"{v.name} / {t}", spec.schedules * len(STATS_STRATEGIES), 1)
             for v in bad for t in topologies]
-    shares = []
     with CheckProgress(plan, spec.time_budget, disable=args.no_progress or None) as bar:
         for variant in bad:
             for topology in topologies:
                 shares.append(failing_shares(variant, spec, topology, bar.step))
+                finished.done += 1
                 bar.next_row()
     elapsed = time.perf_counter() - start
     if args.json:
@@ -434,18 +496,27 @@ def _print_text(rows: list[Row], ok: bool, elapsed: float, args, n_variants: int
         print(f"hazards switched off: {', '.join(args.hazard_off)} (bad variants' verdicts are "
               "reported, not compared with the full model's)")
     print(render_table(rows))
-    for row in rows:
-        if row.got == "error":
-            print(f"error: {row.variant} / {row.topology}: {row.detail}")
-        elif row.got == "not reachable here":
-            print(f"note: {row.variant} / {row.topology}: not reachable here: {row.detail}")
-        elif row.got == "incomplete" or row.stats.budget_reached:
-            print(f"note: {row.variant} / {row.topology}: {row.detail if row.got == 'incomplete' else _budget_note(row)}")
+    for line in _row_notes(rows):
+        print(line)
     print(f"\n{'OK' if ok else 'FAILED'}: {_summary(rows)} in {elapsed:.1f} s")
     for row in rows:
         if row.minimal is not None and (not row.passed or n_variants == 1):
             print(f"\nMinimal counterexample, {row.variant} / {row.topology}:\n"
                   + narrative(row.minimal))
+
+
+def _row_notes(rows: list[Row]) -> list[str]:
+    """The ``error:`` and ``note:`` lines printed under the verdict table."""
+    out = []
+    for row in rows:
+        if row.got == "error":
+            out.append(f"error: {row.variant} / {row.topology}: {row.detail}")
+        elif row.got == "not reachable here":
+            out.append(f"note: {row.variant} / {row.topology}: not reachable here: {row.detail}")
+        elif row.got == "incomplete" or row.stats.budget_reached:
+            out.append(f"note: {row.variant} / {row.topology}: "
+                       f"{row.detail if row.got == 'incomplete' else _budget_note(row)}")
+    return out
 
 
 def _budget_note(row: Row) -> str:

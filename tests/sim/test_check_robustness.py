@@ -256,3 +256,37 @@ def test_help_shows_defaults_and_names_the_hazards(capsys):
 def test_traces_directory_is_ignored_by_git():
     lines = (ROOT / ".gitignore").read_text().splitlines()
     assert "traces/" in lines or "/traces/" in lines
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how, code", [("interrupted", 130), ("terminated", 143)])
+@pytest.mark.parametrize("as_json", [False, True])
+def test_an_interrupted_check_prints_the_rows_it_finished(monkeypatch, capsys, how, code, as_json):
+    """Old behaviour: Ctrl-C or SIGTERM during a long check printed only "interrupted", and the
+    rows already finished were lost."""
+    import sim.cli
+    import sim.rows
+
+    real = sim.rows.check_variant
+
+    def stops_at_correct(variant, spec, topology, progress=None):
+        if variant.name == "correct":
+            raise KeyboardInterrupt() if how == "interrupted" else sim.cli._Terminated()
+        return real(variant, spec, topology, progress)
+
+    monkeypatch.setattr(sim.rows, "check_variant", stops_at_correct)
+    args = ["check", "--variant", "fused-sweep", "--variant", "local-bucket", "--variant",
+            "correct", "--topology", "shared", "--no-progress", "--jobs", "1"]
+    assert main(args + (["--json"] if as_json else [])) == code
+    captured = capsys.readouterr()
+    assert captured.err == (f"lockstep check: {how}; 2 of 3 variant / topology checks finished "
+                            "(above), the other 1 did not\n")
+    if as_json:
+        data = json.loads(captured.out)
+        assert data["interrupted"] is True
+        assert [r["variant"] for r in data["rows"]] == ["fused-sweep", "local-bucket"]
+    else:
+        lines = [line.split() for line in captured.out.splitlines()]
+        assert lines[2][:4] == ["fused-sweep", "shared", "deadlock", "deadlock"]
+        assert lines[3][:4] == ["local-bucket", "shared", "divergence", "divergence"]
+        assert len(lines) == 4 and "correct" not in captured.out
