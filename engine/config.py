@@ -97,10 +97,29 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
         v = getattr(cfg, field)
         if not isinstance(v, int) or v <= 0:
             raise ModelDirError(f"{cfg_path}: {field} = {v!r}, expected a positive integer")
+    _check_scalars(cfg, cfg_path)
     if cfg.num_q_heads % cfg.num_kv_heads:
         raise ModelDirError(f"{cfg_path}: num_attention_heads {cfg.num_q_heads} is not a "
                             f"multiple of num_key_value_heads {cfg.num_kv_heads}")
     return cfg
+
+
+def _check_scalars(cfg: ModelConfig, cfg_path: Path) -> None:
+    """The non-shape numbers a forward pass divides by or raises to a power: each must be in
+    range here, or the first token comes out NaN (a non-positive or NaN RoPE base, a negative or
+    non-finite norm epsilon) or every request is refused as too long (no positions)."""
+    import math
+
+    theta, eps, positions = cfg.rope_theta, cfg.rms_norm_eps, cfg.max_position
+    if not (math.isfinite(theta) and theta > 0):
+        raise ModelDirError(f"{cfg_path}: rope_theta = {theta!r}, expected a finite number > 0 "
+                            "(the RoPE base; Qwen3 uses 1000000.0)")
+    if not (math.isfinite(eps) and eps >= 0):
+        raise ModelDirError(f"{cfg_path}: rms_norm_eps = {eps!r}, expected a finite number >= 0 "
+                            "(Qwen3 uses 1e-06)")
+    if positions <= 0:
+        raise ModelDirError(f"{cfg_path}: max_position_embeddings = {positions!r}, expected a "
+                            "positive integer (the longest context in tokens)")
 
 
 SHAPE_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",

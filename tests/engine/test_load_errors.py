@@ -161,3 +161,25 @@ def test_corrupt_tokenizer_is_a_model_dir_error_naming_the_files(model_copy, nam
     (model_copy / name).write_text("{'not json")
     msg = _rejects(model_copy, ModelDirError, "tokenizer", name, "cannot be read")
     assert "\n" not in msg
+
+
+@pytest.mark.parametrize("fields, named", [
+    ({"rms_norm_eps": -0.5}, "rms_norm_eps = -0.5"),
+    ({"rms_norm_eps": float("nan")}, "rms_norm_eps = nan"),
+    ({"rms_norm_eps": float("inf")}, "rms_norm_eps = inf"),
+    ({"rope_theta": 0.0, "rope_parameters": {"rope_theta": 0.0, "rope_type": "default"}},
+     "rope_theta = 0.0"),
+    ({"rope_theta": -5.0, "rope_parameters": {"rope_theta": -5.0, "rope_type": "default"}},
+     "rope_theta = -5.0"),
+    ({"rope_theta": float("nan"), "rope_parameters": {"rope_theta": float("nan"),
+                                                      "rope_type": "default"}},
+     "rope_theta = nan"),
+    ({"max_position_embeddings": 0}, "max_position_embeddings = 0"),
+    ({"max_position_embeddings": -4}, "max_position_embeddings = -4"),
+])
+def test_out_of_range_scalars_are_named_before_any_rank_starts(model_copy, fields, named):
+    """Old behaviour: these passed the config check; the first token came out NaN ("512 of the
+    512 logits ... are not finite") or every prompt was "longer than the max model length 0"."""
+    _edit_config(model_copy, **fields)
+    msg = _rejects(model_copy, ModelDirError, "config.json", named)
+    assert "\n" not in msg
