@@ -178,10 +178,13 @@ def run(args: argparse.Namespace) -> int:
         prompt = args.prompt if args.prompt is not None else args.prompt_ids
         out, = llm.generate([prompt], params)
     except RankError as exc:
+        llm.shutdown()
         print(f"lockstep: error: {exc}", file=sys.stderr)
         return 1
-    finally:
-        llm.shutdown()
+    except BaseException:  # Ctrl-C or SIGTERM mid-step: stop the ranks, no teardown handshake
+        llm._abort()
+        raise
+    llm.shutdown()
     if out.error is not None:
         print(f"lockstep: error: {out.error}", file=sys.stderr)
         return 1 if out.finish_reason == "error" else 2  # the model failed, or the input

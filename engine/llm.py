@@ -143,6 +143,9 @@ class LLM:
         watchdog.arm()
         try:
             self._drive()  # the startup sweep, under the watchdog (I6)
+        except BaseException:  # Ctrl-C or SIGTERM included: no rank outlives a failed start
+            self._abort()
+            raise
         finally:
             watchdog.disarm()
         for line in self._startup.summary(self.controller, self.config, self.cfg).splitlines():

@@ -164,6 +164,18 @@ def rank_main(rank: int, settings: EngineConfig, protocol_config, conn) -> None:
     Sends ("ready", rank) once loaded, or ("error", text) if setup fails, then one
     (reply, outputs) per command until Teardown.
     """
+    import signal
+
+    # The parent owns Ctrl-C (the terminal sends it to the whole group) and stops the ranks
+    # itself; a rank that took it would print a KeyboardInterrupt traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        _serve(rank, settings, protocol_config, conn)
+    except (EOFError, OSError):  # the parent went away (killed, or it closed our pipe): stop
+        return
+
+
+def _serve(rank: int, settings: EngineConfig, protocol_config, conn) -> None:
     try:
         try:  # a dependency in pyproject; a bare GPU machine may lack it: titles are cosmetic
             import setproctitle
@@ -197,10 +209,7 @@ def rank_main(rank: int, settings: EngineConfig, protocol_config, conn) -> None:
     from protocol.commands import Teardown
 
     while True:
-        try:
-            command, extras = conn.recv()
-        except EOFError:  # the controller went away: stop
-            return
+        command, extras = conn.recv()  # EOFError or OSError: the controller went away
         fault = settings.fault
         if fault and fault[0] == rank and fault[1] == command.seq:
             if fault[2] == "exit":

@@ -14,7 +14,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
+import threading
 
 # subcommand -> module exposing add_parser(subparsers) and run(args) -> int
 SUBCOMMANDS = {
@@ -57,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _terminated)
     try:
         status = int(args.run(args) or 0)
         sys.stdout.flush()
@@ -64,12 +69,27 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write(f"lockstep {args.command}: interrupted\n")
         return 130
+    except Terminated:
+        sys.stderr.write(f"lockstep {args.command}: terminated\n")
+        return 143
     except BrokenPipeError:
         # The reader went away (`lockstep check | head -1`): say nothing more, exit as a
         # process killed by SIGPIPE would, and keep Python's exit-time flush quiet.
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 141
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread so that each command stops what it started (rank
+    processes, worker processes) on the way out, as after Ctrl-C."""
+
+
+def _terminated(signum, frame) -> None:
+    raise Terminated()
 
 
 if __name__ == "__main__":

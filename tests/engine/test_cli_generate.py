@@ -141,3 +141,47 @@ def test_more_bad_generate_inputs_exit_2(tiny_dir, capsys, argv, fragment):
         base += ["--prompt-ids", "1,2"]
     assert main(base + argv) == 2
     assert fragment in capsys.readouterr().err
+
+
+def _rank_pids(parent: int) -> list[int]:
+    out = subprocess.run(["ps", "-eo", "pid,ppid,args"], capture_output=True, text=True).stdout
+    return [int(line.split()[0]) for line in out.splitlines()[1:]
+            if line.split()[1] == str(parent) and "lockstep rank" in line]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("how, code", [("sigterm", 143), ("sigterm-group", 143),
+                                       ("ctrl-c", 130)])
+def test_a_signal_stops_tp2_generate_with_one_line_and_no_rank_traceback(tiny_dir, how, code):
+    """Old behaviour: SIGTERM killed the parent at once; each rank then printed a
+    ConnectionResetError traceback (and Ctrl-C a KeyboardInterrupt one from every rank)."""
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "lockstep", "generate", "--model", str(tiny_dir),
+                             "--device", "cpu", "-tp", "2", "--prompt-ids", "1,2,3",
+                             "--max-tokens", "2000", "--ignore-eos"],
+                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    lines = []
+    for line in proc.stderr:  # wait until serving
+        lines.append(line)
+        if "ready in" in line:
+            break
+    ranks = _rank_pids(proc.pid)
+    assert len(ranks) == 2, lines
+    time.sleep(1.0)
+    if how == "sigterm":
+        proc.send_signal(signal.SIGTERM)
+    else:  # `timeout` or systemd signal the whole group; the terminal sends Ctrl-C to it
+        os.killpg(proc.pid, signal.SIGTERM if how == "sigterm-group" else signal.SIGINT)
+    out, rest = proc.communicate(timeout=60)
+    assert proc.returncode == code, rest
+    assert "Traceback" not in rest and "Process lockstep-rank" not in rest
+    assert rest.strip().splitlines()[-1] == ("lockstep generate: interrupted" if how == "ctrl-c"
+                                             else "lockstep generate: terminated")
+    assert len(rest.strip().splitlines()) == 1, rest
+    time.sleep(1.0)
+    assert [pid for pid in ranks if os.path.exists(f"/proc/{pid}")
+            and open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"] == []
