@@ -367,13 +367,14 @@ def replay_trace(data: dict) -> tuple[RunResult | None, str | None]:
     spec_data = data.get("scenario", {})
     if not isinstance(spec_data, dict):
         raise ConfigError("'scenario' must be an object")
+    spec_data = check_scenario_json(spec_data)
+    spec = CheckSpec(ranks=spec_data.get("ranks", 2),
+                     buckets=spec_data.get("buckets"),
+                     max_batch=spec_data.get("max_batch"),
+                     hazards_off=spec_data.get("hazards_off", ()),
+                     h2_scope=spec_data.get("h2_scope", "process"),
+                     h2_calls=spec_data.get("h2_calls", "both"))
     try:
-        spec = CheckSpec(ranks=spec_data.get("ranks", 2),
-                         buckets=tuple(spec_data["buckets"]) if spec_data.get("buckets") else None,
-                         max_batch=spec_data.get("max_batch"),
-                         hazards_off=tuple(spec_data.get("hazards_off", ())),
-                         h2_scope=spec_data.get("h2_scope", "process"),
-                         h2_calls=spec_data.get("h2_calls", "both"))
         scenario = variant.scenario(spec.scenario(spec_data.get("topology", "shared")))
         faults = tuple(Fault(**f) for f in spec_data.get("faults", ()))
     except (TypeError, ValueError) as exc:
@@ -402,6 +403,110 @@ def replay_trace(data: dict) -> tuple[RunResult | None, str | None]:
     if data.get("actions", result.actions) != result.actions:
         return result, f"replay took {result.actions} actions, the recording says {data.get('actions')}"
     return result, None
+
+
+MIN_RANKS = 2
+"""The smallest world `lockstep check` models: every hazard is between ranks."""
+
+
+def _whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_scenario_value(name: str, value):
+    """``value`` of the scenario setting ``name`` (``ranks``, ``buckets``, ``max_batch``,
+    ``topology``, ``hazards_off``, ``h2_scope``, ``h2_calls``) checked by the rule its
+    `lockstep check` option has, and returned (buckets and hazards as tuples). The options
+    (after parsing their text) and `--replay`'s trace scenarios go through this one function,
+    so a trace is held to what the command line would accept.
+
+    Raises:
+        ConfigError: naming the value and the rule it breaks.
+    """
+    from sim.hazards import H2_CALLS, H2_SCOPES, RULES
+    from sim.limits import check_limits
+    from sim.scenario import TOPOLOGIES
+    from protocol.buckets import validate_buckets
+
+    if name in ("ranks", "max_batch"):
+        least = MIN_RANKS if name == "ranks" else 1
+        if not _whole(value):
+            raise ConfigError(f"{value!r} is not an integer")
+        if value < least:
+            raise ConfigError(f"{value} must be at least {least}")
+        check_limits(**{name: value})
+        return value
+    if name == "buckets":
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{value!r} is not a list of integers")
+        values = validate_buckets(value)
+        check_limits(buckets=values)
+        return values
+    if name == "hazards_off":
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{value!r} is not a list of hazard names ({', '.join(RULES)})")
+        for hazard in value:
+            if hazard not in RULES:
+                raise ConfigError(f"unknown hazard {hazard!r}; known: {', '.join(RULES)}")
+        return tuple(value)
+    choices = {"topology": TOPOLOGIES, "h2_scope": H2_SCOPES, "h2_calls": H2_CALLS}[name]
+    if not isinstance(value, str) or value not in choices:
+        raise ConfigError(f"{value!r} is not one of {', '.join(choices)}")
+    return value
+
+
+SCENARIO_FIELDS = ("ranks", "buckets", "max_batch", "topology", "hazards_off", "h2_scope",
+                   "h2_calls", "faults")
+"""The fields of a trace's ``scenario`` object (`scenario_spec` writes them)."""
+
+
+def check_scenario_json(data: dict) -> dict:
+    """A trace's ``scenario`` object with every field checked (`check_scenario_value`; faults:
+    a list of objects with a known kind, a rank of the world, a whole occurrence >= 1 and a
+    finite delay >= 0); null fields are left out. Raises ConfigError naming the field."""
+    import math
+
+    from sim.scenario import FAULT_KINDS
+
+    unknown = [k for k in data if k not in SCENARIO_FIELDS]
+    if unknown:
+        raise ConfigError(f"bad scenario in trace: unknown field(s) {', '.join(map(repr, unknown))}; "
+                          f"known: {', '.join(SCENARIO_FIELDS)}")
+    out = {}
+    for name, value in data.items():
+        if value is None or name == "faults" or (name == "buckets" and value == []):
+            continue
+        try:
+            out[name] = check_scenario_value(name, value)
+        except ConfigError as exc:
+            raise ConfigError(f"bad scenario in trace: {name} = {value!r}: {exc}") from None
+    faults = data.get("faults") or []
+    if not isinstance(faults, list):
+        raise ConfigError(f"bad scenario in trace: faults = {faults!r:.80}: not a list")
+    ranks = out.get("ranks", MIN_RANKS)
+    for i, f in enumerate(faults):
+        where = f"bad scenario in trace: faults[{i}]"
+        if not isinstance(f, dict):
+            raise ConfigError(f"{where} = {f!r:.80}: not an object")
+        extra = [k for k in f if k not in ("kind", "rank", "op", "occurrence", "delay_s")]
+        if extra or not {"kind", "rank", "op"} <= set(f):
+            raise ConfigError(f"{where} = {f!r:.120}: needs kind, rank and op (and optionally "
+                              "occurrence, delay_s), nothing else")
+        if f["kind"] not in FAULT_KINDS:
+            raise ConfigError(f"{where}: kind {f['kind']!r} is not one of {', '.join(FAULT_KINDS)}")
+        if not _whole(f["rank"]) or not 0 <= f["rank"] < ranks:
+            raise ConfigError(f"{where}: rank {f['rank']!r} is not a rank of a world of {ranks}")
+        if not isinstance(f["op"], str) or not f["op"]:
+            raise ConfigError(f"{where}: op {f['op']!r} is not an op name")
+        occurrence = f.get("occurrence", 1)
+        if not _whole(occurrence) or occurrence < 1:
+            raise ConfigError(f"{where}: occurrence {occurrence!r} is not an integer >= 1")
+        delay = f.get("delay_s", 0.0)
+        if (not isinstance(delay, (int, float)) or isinstance(delay, bool)
+                or not math.isfinite(delay) or delay < 0):
+            raise ConfigError(f"{where}: delay_s {delay!r} is not a finite number >= 0")
+    out["faults"] = faults
+    return out
 
 
 def scenario_spec(spec: CheckSpec, topology: str, scenario: Scenario) -> dict:

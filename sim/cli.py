@@ -19,9 +19,8 @@ import time
 from dataclasses import fields
 from pathlib import Path
 
-from protocol.buckets import validate_buckets
 from protocol.errors import ConfigError
-from sim.check import CheckSpec, Row, replay_trace, scenario_spec
+from sim.check import CheckSpec, Row, check_scenario_value, replay_trace, scenario_spec
 from sim.hazards import H2_CALLS, H2_SCOPES, RULES, HazardModel
 from sim.limits import check_limits
 from sim.progress import CheckProgress
@@ -64,9 +63,7 @@ def _buckets(text: str) -> tuple[int, ...]:
         values = tuple(int(x) for x in items)
     except ValueError:
         raise ValueError(f"{text!r} is not a comma-separated list of integers") from None
-    values = validate_buckets(values)
-    check_limits(buckets=values)
-    return values
+    return check_scenario_value("buckets", values)
 
 
 def _bounded(fn, option: str):
@@ -117,11 +114,13 @@ def add_parser(subparsers, name: str) -> None:
     p.add_argument("--variant-file", action="append", default=[], metavar="PATH",
                    help="load variants from a Python file and check them instead of the shipped "
                         "ones (every variant it defines, or only those named by --variant)")
-    p.add_argument("--ranks", type=_typed(_bounded(lambda t: _int(t, 2), "ranks"), "--ranks"), default=None,
+    p.add_argument("--ranks", type=_typed(lambda t: check_scenario_value("ranks", _int(t)), "--ranks"),
+                   default=None,
                    help="world size, at least 2: every hazard is between ranks (default 2)")
     p.add_argument("--buckets", type=_typed(_buckets, "--buckets"), default=None,
                    help="comma-separated decode buckets (default: the 36 pegainfer buckets)")
-    p.add_argument("--max-batch", type=_typed(_bounded(_positive_int, "max_batch"), "--max-batch"), default=None,
+    p.add_argument("--max-batch", type=_typed(lambda t: check_scenario_value("max_batch", _int(t)),
+                                              "--max-batch"), default=None,
                    help="max batch (default: the largest bucket)")
     p.add_argument("--topology", choices=("both",) + TOPOLOGIES, default=None,
                    help="shared (all ranks in one process, one driver lock), per-rank (one "

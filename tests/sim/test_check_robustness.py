@@ -290,3 +290,41 @@ def test_an_interrupted_check_prints_the_rows_it_finished(monkeypatch, capsys, h
         assert lines[2][:4] == ["fused-sweep", "shared", "deadlock", "deadlock"]
         assert lines[3][:4] == ["local-bucket", "shared", "divergence", "divergence"]
         assert len(lines) == 4 and "correct" not in captured.out
+
+
+@pytest.fixture(scope="module")
+def fused_trace(tmp_path_factory):
+    out = tmp_path_factory.mktemp("trace")
+    assert main(["check", "--variant", "fused-sweep", "--topology", "shared", "--schedules", "10",
+                 "--no-progress", "--jobs", "1", "--trace-out", str(out)]) == 0
+    return json.loads((out / "fused-sweep.shared.json").read_text())
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("ranks", 1, "ranks = 1: 1 must be at least 2"),            # the CLI refuses --ranks 1
+    ("ranks", "2", "ranks = '2': '2' is not an integer"),
+    ("max_batch", "8", "max_batch = '8': '8' is not an integer"),
+    ("buckets", ["a"], "buckets = ['a']: bucket 'a' at position 0 is not a positive integer"),
+    ("buckets", 5, "buckets = 5: 5 is not a list of integers"),
+    ("hazards_off", "h2", "hazards_off = 'h2': 'h2' is not a list of hazard names"),
+    ("topology", 7, "topology = 7: 7 is not one of shared, per-rank"),
+    ("faults", [{"kind": "raise", "rank": 5, "op": "instantiate"}],
+     "faults[0]: rank 5 is not a rank of a world of 2"),
+    ("faults", [{"kind": "slow", "rank": 0, "op": "x", "delay_s": -1}],
+     "faults[0]: delay_s -1 is not a finite number >= 0"),
+    ("bogus", 1, "unknown field(s) 'bogus'"),
+])
+def test_replay_checks_the_scenario_as_the_command_line_checks_options(fused_trace, tmp_path,
+                                                                       capsys, field, value, words):
+    """Old behaviour: ranks 1 (refused as --ranks 1) replayed into a NONDETERMINISM report;
+    strings gave "'>' not supported between instances of 'str' and 'int'"; "h2" as a hazard
+    list was read as the hazards 'h' and '2'; an unknown field was ignored."""
+    data = json.loads(json.dumps(fused_trace))
+    data["scenario"][field] = value
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(data))
+    assert main(["check", "--replay", str(path)]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert len(err.splitlines()) == 1 and captured.out == ""
+    assert err.startswith(f"lockstep check: error: {path}: bad scenario in trace: ") and words in err
