@@ -165,7 +165,8 @@ def add_parser(subparsers, name: str) -> None:
                         "docs/search-stats.md)")
     p.add_argument("--matrix", action="store_true",
                    help="check every variant at ranks 2, 3, 4 x four bucket sets x both topologies "
-                        "(docs/matrix.md); chooses --ranks, --buckets, --max-batch, --topology")
+                        "(docs/matrix.md); chooses --ranks, --buckets, --max-batch, --topology; "
+                        "verdicts only (refuses --explain and --trace-out)")
     p.add_argument("--replay", metavar="TRACE.json",
                    help="replay a recorded trace exactly (takes its scenario from the trace; "
                         "combines only with --json, --trace-out and --variant-file)")
@@ -273,6 +274,14 @@ def _run(args, finished: _Finished | None = None) -> int:
     if args.stats and (args.matrix or args.explain or args.strategy):
         both = "--matrix" if args.matrix else "--explain" if args.explain else "--strategy"
         return _fail(f"--stats measures random and PCT search by itself; drop {both}")
+    if args.stats and args.trace_out is not None:
+        return _fail("--stats counts failing schedules and keeps no counterexample; drop "
+                     "--trace-out")
+    if args.matrix and (args.explain or args.trace_out is not None):
+        given = ", ".join(opt for opt, value in (("--explain", args.explain),
+                                                 ("--trace-out", args.trace_out is not None)) if value)
+        return _fail(f"--matrix prints verdicts only (no attribution, no traces); drop {given}, "
+                     "or check one configuration without --matrix")
     if args.matrix:
         given = [opt for opt, value in (("--ranks", args.ranks), ("--buckets", args.buckets),
                                         ("--max-batch", args.max_batch),

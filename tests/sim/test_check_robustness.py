@@ -328,3 +328,18 @@ def test_replay_checks_the_scenario_as_the_command_line_checks_options(fused_tra
     err = captured.err.strip()
     assert len(err.splitlines()) == 1 and captured.out == ""
     assert err.startswith(f"lockstep check: error: {path}: bad scenario in trace: ") and words in err
+
+
+@pytest.mark.parametrize("extra, dropped", [(["--matrix", "--explain"], "drop --explain"),
+                                            (["--matrix", "--trace-out", "T"], "drop --trace-out"),
+                                            (["--matrix", "--explain", "--trace-out", "T"],
+                                             "drop --explain, --trace-out"),
+                                            (["--stats", "--trace-out", "T"], "drop --trace-out")])
+def test_matrix_and_stats_refuse_options_they_would_ignore(extra, dropped, tmp_path, capsys):
+    """Old behaviour: `--matrix --explain --trace-out DIR` ran the whole matrix (13 minutes)
+    and printed no attribution and wrote no trace."""
+    extra = [str(tmp_path / x) if x == "T" else x for x in extra]
+    start = time.perf_counter()
+    assert main(["check", *extra, "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and dropped in err and time.perf_counter() - start < 5
