@@ -269,6 +269,9 @@ def bad_search_setup(variant: Variant, spec: CheckSpec, topology: str,
     if scenario is None:
         scenario = variant.scenario(spec.scenario(topology))
     reason = variant.unreachable(scenario) if variant.unreachable else None
+    if reason is not None and not (isinstance(reason, str) and reason):
+        raise ConfigError(f"variant {variant.name!r}: unreachable returned {reason!r:.80}; "
+                          "expected None (reachable) or a non-empty reason string")
     scenario_for, acceptable = Fixed(scenario), CLEAN
     if reason is None and variant.fault_search is not None:
         faults = variant.fault_search.members(scenario, variant, spec.seed)
@@ -337,6 +340,11 @@ def check_variant(variant: Variant, spec: CheckSpec, topology: str, progress=Non
             return [check_bad(variant, spec, topology, progress)]
     except WorkerError as exc:
         problem = exc.message
+    except ConfigError as exc:
+        if str(exc).startswith(f"variant {variant.name!r}: "):  # a mistake the variant's own
+            return [Row(variant.name, topology, variant.expected.get(topology, "?"), "error",
+                        SearchStats(), str(exc))]                # checks name (adjust's result)
+        problem = locate(exc)
     except (Exception, Stalled, SystemExit) as exc:  # noqa: BLE001 - a variant's code can
         problem = locate(exc)                         # raise anything, sys.exit included
     return [Row(variant.name, topology, variant.expected.get(topology, "?"), "error", SearchStats(),

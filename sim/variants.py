@@ -116,10 +116,59 @@ class Variant:
         extra = set(self.expected) - set(TOPOLOGIES)
         if extra:
             raise ConfigError(f"variant {self.name!r}: unknown topology {sorted(extra)[0]!r} in expected")
+        self._check_fields()
+
+    def _check_fields(self) -> None:
+        """The other fields' types, so that a mistake in a user's variant is reported here,
+        naming the variant and the field, not later from inside the simulator (a
+        ``'str' object is not callable`` at world.py, or a TypeError traceback)."""
+        def bad(field_name: str, value, want: str) -> ConfigError:
+            return ConfigError(f"variant {self.name!r}: {field_name} is {value!r:.80}; expected {want}")
+
+        for field_name, base in (("controller_cls", Controller), ("worker_cls", Worker)):
+            value = getattr(self, field_name)
+            if not (isinstance(value, type) and issubclass(value, base)):
+                raise bad(field_name, value, f"a subclass of {base.__module__}.{base.__name__}")
+        for field_name in ("adjust", "unreachable"):
+            value = getattr(self, field_name)
+            if value is not None and not callable(value):
+                raise bad(field_name, value, "None or a function of the scenario")
+        for field_name, base in (("sim_ops", Op), ("sim_kernels", Kernel)):
+            table = getattr(self, field_name)
+            if not isinstance(table, Mapping):
+                raise bad(field_name, table, f"a dict {{{base.__name__} subclass: handler}}")
+            for key, handler in table.items():
+                if not (isinstance(key, type) and issubclass(key, base)):
+                    raise bad(f"{field_name} key", key, f"a subclass of {base.__module__}.{base.__name__}")
+                if not callable(handler):
+                    raise bad(f"{field_name}[{key.__name__}]", handler, "a handler function")
+        if not isinstance(self.symmetric, bool):
+            raise bad("symmetric", self.symmetric, "True or False")
+        if (not isinstance(self.reaches, (tuple, list))
+                or not all(isinstance(e, str) and e for e in self.reaches)):
+            raise bad("reaches", self.reaches, 'a tuple of event names, e.g. ("preemption",)')
+        for field_name, least in (("schedules", 1), ("fault_schedules", 0)):
+            value = getattr(self, field_name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                      or value < least):
+                raise bad(field_name, value, f"None or an integer >= {least}")
+        if self.fault_search is not None and not isinstance(self.fault_search, FaultFamily):
+            raise bad("fault_search", self.fault_search,
+                      'None or a sim.faults.FaultFamily, e.g. FaultFamily("die", phase="serving")')
 
     def scenario(self, base: Scenario) -> Scenario:
-        """The scenario this variant runs under, from the base one."""
-        return self.adjust(base) if self.adjust else base
+        """The scenario this variant runs under, from the base one.
+
+        Raises:
+            ConfigError: ``adjust`` returned something other than a Scenario.
+        """
+        if not self.adjust:
+            return base
+        out = self.adjust(base)
+        if not isinstance(out, Scenario):
+            raise ConfigError(f"variant {self.name!r}: adjust returned {out!r:.80}, not a Scenario "
+                              "(return the scenario it was given, changed with .with_(...))")
+        return out
 
     def __reduce__(self):
         """Pickle a registered variant by name (and the file it came from), else by fields.
@@ -183,8 +232,11 @@ def load_variant_file(path: str | Path) -> list[Variant]:
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
+    except ConfigError as exc:  # a Variant(...) with a bad field: the variant names itself
+        raise ConfigError(f"variant file {str(path)!r}: {exc}{_line_in(path, exc)}") from None
     except (Exception, SystemExit) as exc:  # a user's file can raise anything; report it
-        raise ConfigError(f"variant file {str(path)!r} failed to import: {type(exc).__name__}: {exc}") from None
+        raise ConfigError(f"variant file {str(path)!r} failed to import: {type(exc).__name__}: "
+                          f"{exc}{_line_in(path, exc)}") from None
     listed = getattr(module, "VARIANTS", None)
     if listed is not None:
         if not isinstance(listed, (list, tuple)) or not all(isinstance(v, Variant) for v in listed):
@@ -211,6 +263,16 @@ def load_variant_file(path: str | Path) -> list[Variant]:
 
 
 _LOADED_FILES: dict[str, list[Variant]] = {}
+
+
+def _line_in(path: Path, exc: BaseException) -> str:
+    """`` (at FILE:LINE)`` of the innermost traceback frame in the user's file ``path``, or ""."""
+    import traceback
+
+    target = str(path.resolve())
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if f.filename and Path(f.filename).resolve().as_posix() == target]
+    return f" (at {path.name}:{frames[-1].lineno})" if frames else ""
 
 
 BOTH_CLEAN = {"shared": "clean", "per-rank": "clean"}

@@ -343,3 +343,54 @@ def test_matrix_and_stats_refuse_options_they_would_ignore(extra, dropped, tmp_p
     assert main(["check", *extra, "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and dropped in err and time.perf_counter() - start < 5
+
+
+FIELD_MISTAKES = [
+    ('worker_cls="Worker"', "worker_cls is 'Worker'; expected a subclass of protocol.worker.Worker"),
+    ("controller_cls=Worker", "controller_cls is <class 'protocol.worker.Worker'>; expected a "
+                              "subclass of protocol.controller.Controller"),
+    ('schedules="10"', "schedules is '10'; expected None or an integer >= 1"),
+    ("schedules=0", "schedules is 0; expected None or an integer >= 1"),
+    ('reaches="preemption"', "reaches is 'preemption'; expected a tuple of event names"),
+    ('fault_search="die"', "fault_search is 'die'; expected None or a sim.faults.FaultFamily"),
+    ('sim_ops={"launch": print}', "sim_ops key is 'launch'; expected a subclass of "
+                                  "protocol.backend.Op"),
+    ("adjust=5", "adjust is 5; expected None or a function of the scenario"),
+]
+
+
+@pytest.mark.parametrize("field, words", FIELD_MISTAKES)
+def test_a_mistake_in_a_user_variant_is_named_at_load(tmp_path, capsys, field, words):
+    """Old behaviour: reported from inside the simulator (`'str' object is not callable (at
+    world.py:117)`, `'str' object has no attribute 'members' (at check.py:274)`), or a TypeError
+    traceback (`schedules="10"`), or a misleading verdict (`reaches="preemption"`: vacuous,
+    never reached p, r, e...; `schedules=0`: incomplete)."""
+    path = tmp_path / "mistake.py"
+    path.write_text("from protocol.worker import Worker\nfrom sim.variants import Variant\n"
+                    'V = Variant("my-mistake", "s", "t", {"shared": "clean", "per-rank": "clean"}, '
+                    f"{field})\n")
+    assert main(["check", "--variant-file", str(path), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert err == (f"lockstep check: error: variant file {str(path)!r}: variant 'my-mistake': "
+                   f"{words}" + err.split(words, 1)[1]) and err.endswith("(at mistake.py:3)")
+
+
+@pytest.mark.parametrize("hook, words", [
+    ("adjust=lambda sc: None", "adjust returned None, not a Scenario"),
+    ("unreachable=lambda sc: 5", "unreachable returned 5; expected None (reachable) or a "
+                                 "non-empty reason string"),
+])
+def test_a_user_hook_returning_the_wrong_thing_is_an_error_row_naming_it(tmp_path, capsys, hook,
+                                                                         words):
+    """Old behaviour: `AttributeError: 'NoneType' object has no attribute 'config' (at
+    world.py:110)`; an unreachable hook returning 5 printed `not reachable here: 5`."""
+    name = f"my-hook-{hook.split('=')[0]}"  # the registry is per process: one name per case
+    path = tmp_path / "hooks.py"
+    path.write_text("from sim.variants import Variant\n"
+                    f'V = Variant("{name}", "s", "t", {{"shared": "deadlock", "per-rank": "deadlock"}},'
+                    f" {hook})\n")
+    assert main(["check", "--variant-file", str(path), "--topology", "shared", "--no-progress",
+                 "--jobs", "1"]) == 1
+    out = capsys.readouterr().out
+    assert f"error: {name} / shared: variant {name!r}: {words}" in out
