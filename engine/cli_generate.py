@@ -13,11 +13,22 @@ import sys
 
 
 def _ids(text: str) -> list[int]:
-    try:
-        return [int(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--prompt-ids {text!r}: expected comma-separated "
-                                         "integers, e.g. 1,2,3") from None
+    """``1,2,3`` -> [1, 2, 3]; an empty item (``1,,2``, a trailing comma) or anything but
+    decimal digits (``int`` would also take ``1_0`` and ``+1``) is refused, naming the item."""
+    import re
+
+    items = [t.strip() for t in text.split(",")]
+    if not text.strip():
+        raise argparse.ArgumentTypeError("'' is empty: give comma-separated token "
+                                         "ids, e.g. 1,2,3")
+    for i, t in enumerate(items):
+        if not t:
+            raise argparse.ArgumentTypeError(f"{text!r}: item {i + 1} is empty; "
+                                             "expected comma-separated integers, e.g. 1,2,3")
+        if not re.fullmatch(r"-?[0-9]+", t):
+            raise argparse.ArgumentTypeError(f"{text!r}: {t!r} is not an integer; "
+                                             "expected comma-separated integers, e.g. 1,2,3")
+    return [int(t) for t in items]
 
 
 def add_parser(subparsers, name: str) -> argparse.ArgumentParser:

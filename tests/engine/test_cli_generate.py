@@ -99,6 +99,21 @@ def test_bad_prompt_ids_are_an_argparse_error(tiny_dir, capsys):
     assert info.value.code == 2 and "comma-separated" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("ids, words", [("1,,2", "'1,,2': item 2 is empty"),
+                                        ("1,2,", "'1,2,': item 3 is empty"),
+                                        (",1", "',1': item 1 is empty"),
+                                        ("1_0,2", "'1_0,2': '1_0' is not an integer"),
+                                        ("+1", "'+1': '+1' is not an integer"),
+                                        ("", "'' is empty")])
+def test_prompt_ids_with_an_empty_or_odd_item_are_refused_naming_it(tiny_dir, capsys, ids, words):
+    """Old behaviour: `1,,2` and `1,2,` were taken as 1,2 (the empty item dropped), `1_0` as 10."""
+    with pytest.raises(SystemExit) as info:
+        main(["generate", "--model", str(tiny_dir), "--prompt-ids", ids])
+    err = capsys.readouterr().err.strip()
+    assert info.value.code == 2 and len(err.splitlines()) == 1
+    assert err.startswith(f"lockstep: error: argument --prompt-ids: {words}")
+
+
 @pytest.mark.timeout(120)
 def test_tp2_spawned_and_torchrun_give_the_tp1_tokens(tiny_dir, capsys):
     want = _tp1_tokens(tiny_dir, capsys)
