@@ -182,16 +182,69 @@ def markdown_table(check_json: dict) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
-    """``python -m sim.explain < check.json``: print `markdown_table` of a check's JSON."""
+def check_json_problem(data) -> str | None:
+    """Why ``data`` is not the JSON `markdown_table` reads (that of ``lockstep check --explain
+    --json``), naming the first bad row and field; None if it is."""
+    if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
+        return "expected an object with a 'rows' list"
+    for i, row in enumerate(data["rows"]):
+        if not isinstance(row, dict):
+            return f"row {i} is not an object"
+        for key in ("variant", "topology", "got"):
+            if not isinstance(row.get(key), str):
+                return f"row {i} has no {key!r} string"
+        a = row.get("explain")
+        if a is None:
+            continue
+        if (not isinstance(a, dict) or not isinstance(a.get("needed"), list)
+                or not isinstance(a.get("without"), dict) or "h2" not in a["without"]
+                or not isinstance(a.get("h2_scopes"), dict)
+                or any(s not in a["h2_scopes"] for s in H2_SCOPES)):
+            return (f"row {i} ({row['variant']} / {row['topology']}): 'explain' needs 'needed', "
+                    f"'without' (with h2) and 'h2_scopes' (with {', '.join(H2_SCOPES)})")
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m sim.explain [CHECK.json]``: print `markdown_table` of a check's JSON (from
+    the file, else standard input); bad input is one line on stderr and exit status 2."""
+    import argparse
     import json
     import sys
+    from pathlib import Path
 
-    print(markdown_table(json.load(sys.stdin)))
+    p = argparse.ArgumentParser(prog="python -m sim.explain",
+                                description="Print the hazard table of docs/hazards.md from the "
+                                            "JSON of `lockstep check --explain --json`.")
+    p.add_argument("path", nargs="?", help="that JSON file (default: standard input)")
+    args = p.parse_args(argv)
+
+    def fail(message: str) -> int:
+        sys.stderr.write(f"python -m sim.explain: error: {message}\n")
+        return 2
+
+    where = repr(args.path) if args.path is not None else "standard input"
+    if args.path is None and sys.stdin.isatty():
+        return fail("reads the JSON of `lockstep check --explain --json` from standard input: "
+                    "pipe it in (python -m sim.explain < check.json) or name the file")
+    try:
+        text = (Path(args.path).read_text(encoding="utf-8") if args.path is not None
+                else sys.stdin.read())
+    except (OSError, UnicodeDecodeError) as exc:
+        return fail(f"cannot read {where}: {getattr(exc, 'strerror', None) or exc}")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return fail(f"{where} is not JSON: {exc}")
+    problem = check_json_problem(data)
+    if problem is not None:
+        return fail(f"{where} is not the JSON of `lockstep check --explain --json`: {problem}")
+    print(markdown_table(data))
     return 0
 
 
-__all__ = ["ABLATION_ERROR", "Attribution", "attribute", "NAMES", "markdown_table"]
+__all__ = ["ABLATION_ERROR", "Attribution", "attribute", "NAMES", "markdown_table",
+           "check_json_problem"]
 
 
 if __name__ == "__main__":

@@ -175,6 +175,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"host_overhead: error: {name} {value} must be in [{lo}, {hi}]",
                   file=sys.stderr)
             return 2
+    if args.json_path is not None:  # before the run, not after it
+        from engine.bench.options import BenchArgError, check_output_path
+
+        try:
+            check_output_path("--json", args.json_path)
+        except BenchArgError as exc:
+            print(f"host_overhead: error: {exc}", file=sys.stderr)
+            return 2
     import torch
 
     from engine.model_dir import write_model_dir
@@ -190,10 +198,15 @@ def main(argv: list[str] | None = None) -> int:
             llm.shutdown()
     print(format_table(results))
     if args.json_path:
-        with open(args.json_path, "w") as f:
-            json.dump({"batch_sizes": sizes, "steps": args.steps, "repeats": args.repeats,
-                       "threads": args.threads, "torch": torch.__version__,
-                       "results": results}, f, indent=2)
+        try:
+            with open(args.json_path, "w") as f:
+                json.dump({"batch_sizes": sizes, "steps": args.steps, "repeats": args.repeats,
+                           "threads": args.threads, "torch": torch.__version__,
+                           "results": results}, f, indent=2)
+        except OSError as exc:
+            print(f"host_overhead: error: cannot write --json {args.json_path!r}: "
+                  f"{exc.strerror or exc}", file=sys.stderr)
+            return 1
     return 0
 
 

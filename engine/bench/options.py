@@ -140,10 +140,22 @@ def validate(opts: BenchOptions) -> dict:
         raise BenchArgError(f"--dtype {opts.dtype!r}: expected bfloat16, float16 or float32")
     for flag, p in (("--json", opts.json_path), ("--plot", opts.plot_path)):
         if p is not None:
-            if Path(p).is_dir():
-                raise BenchArgError(f"{flag} {p!r} is a directory; give a file path")
-            parent = Path(p).resolve().parent
-            if not parent.is_dir() or not os.access(parent, os.W_OK):
-                raise BenchArgError(f"{flag} {p!r}: directory {str(parent)!r} does not exist "
-                                    "or is not writable")
+            check_output_path(flag, p)
     return cfg
+
+
+def check_output_path(flag: str, p: str) -> None:
+    """Check, before a run, that the output file ``p`` given as ``flag`` can be written: not a
+    directory, in a directory that exists and is writable.
+
+    Raises:
+        BenchArgError: naming the flag and the path.
+    """
+    if not p:
+        raise BenchArgError(f"{flag} '': give a file path")
+    if Path(p).is_dir():
+        raise BenchArgError(f"{flag} {p!r} is a directory; give a file path")
+    parent = Path(p).resolve().parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise BenchArgError(f"{flag} {p!r}: directory {str(parent)!r} does not exist "
+                            "or is not writable")

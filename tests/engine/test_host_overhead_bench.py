@@ -38,3 +38,20 @@ def test_bad_arguments_are_one_line_errors(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("where, words", [("dir", "is a directory; give a file path"),
+                                          ("missing/h.json", "does not exist or is not writable")])
+def test_json_path_is_checked_before_the_run(tmp_path, capsys, monkeypatch, where, words):
+    """Old behaviour: the whole measurement ran first, then open() raised a traceback."""
+    import engine.bench.host_overhead as host_overhead
+
+    def no_run(*a, **k):
+        raise AssertionError("the run started before --json was checked")
+
+    monkeypatch.setattr(host_overhead, "build_llm", no_run)
+    (tmp_path / "dir").mkdir()
+    path = str(tmp_path / where)
+    assert host_overhead.main(["--steps", "2", "--repeats", "1", "--json", path]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--json {path!r}" in err and words in err

@@ -134,3 +134,33 @@ def test_an_ablation_error_alone_leaves_the_needed_set_empty(monkeypatch):
     assert "none of the hazards whose ablation gave a verdict" in a.line()
     assert "needed set alone: ablation error: RuntimeError: boom" in a.line()
     assert len(calls) == len(explain.RULES) + 1 + len(explain.H2_SCOPES) - 1
+
+
+@pytest.mark.parametrize("text, words", [
+    ("nope", "standard input is not JSON: Expecting value"),
+    ("[]", "expected an object with a 'rows' list"),
+    ('{"rows": [{"variant": "x"}]}', "row 0 has no 'topology' string"),
+    ('{"rows": [{"variant": "x", "topology": "shared", "got": "deadlock", "explain": {}}]}',
+     "row 0 (x / shared): 'explain' needs 'needed'"),
+])
+def test_sim_explain_bad_input_is_one_line(monkeypatch, capsys, text, words):
+    """Old behaviour: a JSONDecodeError or KeyError traceback."""
+    import io
+
+    import sim.explain as explain
+
+    monkeypatch.setattr("sys.stdin", io.StringIO(text))
+    assert explain.main([]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("python -m sim.explain: error: ") and words in err
+
+
+def test_sim_explain_reads_a_named_file_and_names_a_missing_one(tmp_path, capsys):
+    import sim.explain as explain
+
+    path = tmp_path / "check.json"
+    path.write_text('{"rows": [{"variant": "x", "topology": "shared", "got": "clean"}]}')
+    assert explain.main([str(path)]) == 0
+    assert "| x | shared | clean |" in capsys.readouterr().out
+    assert explain.main([str(tmp_path / "none.json")]) == 2
+    assert "cannot read" in capsys.readouterr().err
