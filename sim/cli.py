@@ -311,6 +311,14 @@ def _run(args, finished: _Finished | None = None) -> int:
     if args.matrix:
         return _run_matrix(variants, spec, args, finished)
     if args.stats:
+        clean = [v.name for v in variants if _correct(v)]
+        if len(clean) == len(variants):
+            return _fail(f"--stats measures how often a bad variant's schedules fail; "
+                         f"{', '.join(clean)} {'is' if len(clean) == 1 else 'are'} expected "
+                         "clean everywhere: give a bad variant (or no --variant for all)")
+        if clean and args.variant:
+            sys.stderr.write(f"lockstep check: --stats skips {', '.join(clean)} (expected "
+                             "clean: no failing share to measure)\n")
         return _run_stats(variants, spec, args, finished)
     topologies = TOPOLOGIES if args.topology == "both" else (args.topology,)
     compare_bad = (not args.hazard_off and args.h2_calls in (None, "both")

@@ -394,3 +394,21 @@ def test_a_user_hook_returning_the_wrong_thing_is_an_error_row_naming_it(tmp_pat
                  "--jobs", "1"]) == 1
     out = capsys.readouterr().out
     assert f"error: {name} / shared: variant {name!r}: {words}" in out
+
+
+def test_stats_of_only_clean_variants_is_refused(capsys):
+    """Old behaviour: `--stats --variant correct` printed an empty table, "0 rows", exit 0."""
+    assert main(["check", "--stats", "--variant", "correct", "--variant", "paged-kv-pressure",
+                 "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("lockstep check: error: --stats measures how often a bad variant's schedules "
+                   "fail; correct, paged-kv-pressure are expected clean everywhere: give a bad "
+                   "variant (or no --variant for all)")
+
+
+def test_stats_names_the_clean_variants_it_skips(capsys):
+    assert main(["check", "--stats", "--variant", "correct", "--variant", "fused-sweep",
+                 "--topology", "shared", "--schedules", "4", "--jobs", "1", "--no-progress"]) == 0
+    captured = capsys.readouterr()
+    assert "--stats skips correct (expected clean" in captured.err
+    assert "| fused-sweep | shared | 100.0% (4/4) | 100.0% (4/4) |" in captured.out
