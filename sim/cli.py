@@ -353,6 +353,9 @@ def _run(args, finished: _Finished | None = None) -> int:
                     row.compared = False
             rows += new
     explained = _explain(rows, variants, spec) if args.explain else {}
+    if args.explain and not explained:
+        sys.stderr.write("lockstep check: --explain: no counterexample to explain (only a bad "
+                         "variant's failing row has one)\n")
     elapsed = time.perf_counter() - start
     if args.trace_out is not None:
         try:

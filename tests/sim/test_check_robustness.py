@@ -412,3 +412,10 @@ def test_stats_names_the_clean_variants_it_skips(capsys):
     captured = capsys.readouterr()
     assert "--stats skips correct (expected clean" in captured.err
     assert "| fused-sweep | shared | 100.0% (4/4) | 100.0% (4/4) |" in captured.out
+
+
+def test_explain_with_nothing_to_explain_says_so(capsys):
+    """Old behaviour: `--explain --variant correct` printed the table and no word about --explain."""
+    assert main(["check", "--explain", "--variant", "correct", "--topology", "shared",
+                 "--schedules", "5", "--fault-schedules", "0", "--jobs", "1", "--no-progress"]) == 0
+    assert "--explain: no counterexample to explain" in capsys.readouterr().err
