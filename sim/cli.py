@@ -470,11 +470,15 @@ def _run_stats(variants, spec: CheckSpec, args, finished: _Finished) -> int:
     if args.json:
         print(json.dumps({"seconds": elapsed, "schedules": spec.schedules, "seed": spec.seed,
                           "rows": [s.__dict__ for s in shares]}, indent=1))
+        return 1 if any(s.error for s in shares) else 0
     else:
         print(render_table(shares))
+        for line in shares:
+            if line.error:
+                print(f"error: {line.variant} / {line.topology}: {line.error}")
         print(f"\n{len(shares)} rows, {spec.schedules} schedules per strategy, seed {spec.seed}, "
               f"in {elapsed:.1f} s")
-    return 0
+    return 1 if any(s.error for s in shares) else 0
 
 
 def _explain(rows: list[Row], variants, spec: CheckSpec) -> dict:

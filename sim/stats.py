@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from protocol.errors import ConfigError
 from sim.check import CheckSpec, bad_search_setup
 from sim.search import sample_search
 
@@ -30,6 +31,8 @@ class Shares:
         failing: strategy -> schedules whose verdict was not acceptable.
         verdicts: strategy -> {verdict: count}.
         note: why nothing was searched (the bug is not reachable here), else "".
+        error: one line naming the variant, when its own code raised or never returned (the
+            stall watchdog, `sim.guard`), else "".
     """
 
     variant: str
@@ -38,6 +41,7 @@ class Shares:
     failing: dict[str, int] = field(default_factory=dict)
     verdicts: dict[str, dict[str, int]] = field(default_factory=dict)
     note: str = ""
+    error: str = ""
 
     def percent(self, strategy: str) -> float | None:
         """Failing schedules as a percentage of those run, or None if none ran."""
@@ -52,18 +56,30 @@ def failing_shares(variant, spec: CheckSpec, topology: str, progress=None) -> Sh
     Raises:
         ConfigError: ``spec`` describes a configuration the model cannot hold.
     """
+    from sim.guard import Stalled, describe, locate, watchdog
+    from sim.workers import WorkerError
+
     out = Shares(variant.name, topology)
-    scenario_for, acceptable, reason = bad_search_setup(variant, spec, topology)
-    if reason is not None:
-        out.note = reason
-        return out
-    for strategy in STATS_STRATEGIES:
-        result = sample_search(scenario_for, variant, acceptable, strategy, spec.schedules,
-                               spec.time_budget, spec.seed, stop_on_failure=False,
-                               progress=progress, jobs=spec.jobs)
-        out.schedules[strategy] = result.stats.schedules
-        out.failing[strategy] = result.stats.failing
-        out.verdicts[strategy] = dict(result.stats.verdicts)
+    try:
+        with watchdog():  # a variant's hook that loops or blocks ends its line, not the run
+            scenario_for, acceptable, reason = bad_search_setup(variant, spec, topology)
+            if reason is not None:
+                out.note = reason
+                return out
+            for strategy in STATS_STRATEGIES:
+                result = sample_search(scenario_for, variant, acceptable, strategy,
+                                       spec.schedules, spec.time_budget, spec.seed,
+                                       stop_on_failure=False, progress=progress, jobs=spec.jobs)
+                out.schedules[strategy] = result.stats.schedules
+                out.failing[strategy] = result.stats.failing
+                out.verdicts[strategy] = dict(result.stats.verdicts)
+    except WorkerError as exc:
+        out.error = describe(variant.name, exc.message)
+    except ConfigError as exc:  # the variant's own checks name it (adjust's result ...)
+        own = str(exc).startswith(f"variant {variant.name!r}: ")
+        out.error = str(exc) if own else describe(variant.name, exc)
+    except (Exception, Stalled, SystemExit) as exc:  # noqa: BLE001 - a variant's code can raise
+        out.error = describe(variant.name, exc)      # anything, sys.exit included
     return out
 
 
@@ -73,7 +89,9 @@ def render_table(shares: list[Shares]) -> str:
         f"{s} failing (of schedules)" for s in STATS_STRATEGIES) + " |"
     lines = [head, "|---" * (2 + len(STATS_STRATEGIES)) + "|"]
     for s in shares:
-        if s.note:
+        if s.error:
+            cells = ["error"] * len(STATS_STRATEGIES)
+        elif s.note:
             cells = ["not reachable here"] * len(STATS_STRATEGIES)
         else:
             cells = [f"{s.percent(k):.1f}% ({s.failing[k]}/{s.schedules[k]})"

@@ -419,3 +419,20 @@ def test_explain_with_nothing_to_explain_says_so(capsys):
     assert main(["check", "--explain", "--variant", "correct", "--topology", "shared",
                  "--schedules", "5", "--fault-schedules", "0", "--jobs", "1", "--no-progress"]) == 0
     assert "--explain: no counterexample to explain" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name, words", [("hook-sleeps", "of wall time"),
+                                         ("hook-loops", "never returns"),
+                                         ("hook-raises", "ValueError: boom")])
+def test_stats_of_a_variant_whose_hook_fails_is_an_error_line(bad_hooks, capsys, name, words):
+    """Old behaviour: `--stats` ran without the stall watchdog: a hook that sleeps or loops hung
+    it for good, and one that raises ended it with a traceback."""
+    code = main(["check", "--stats", "--variant-file", str(bad_hooks), "--variant", name,
+                 "--variant", "fused-sweep", "--topology", "shared", "--schedules", "4",
+                 "--jobs", "1", "--no-progress"])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert f"| {name} | shared | error | error |" in out
+    assert "| fused-sweep | shared | 100.0% (4/4) | 100.0% (4/4) |" in out
+    assert f"error: {name} / shared: variant {name!r}: " in out and words in out
