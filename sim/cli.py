@@ -484,6 +484,7 @@ def _run_stats(variants, spec: CheckSpec, args, finished: _Finished) -> int:
 def _explain(rows: list[Row], variants, spec: CheckSpec) -> dict:
     """(variant, topology) -> `sim.explain.Attribution` for each bad variant's counterexample."""
     from sim.explain import attribute
+    from sim.guard import watchdog
 
     by_name = {v.name: v for v in variants}
     out = {}
@@ -491,8 +492,9 @@ def _explain(rows: list[Row], variants, spec: CheckSpec) -> dict:
         variant = by_name.get(row.variant)
         if variant is None or _correct(variant) or row.minimal is None:
             continue
-        out[row.variant, row.topology] = attribute(variant, spec, row.topology, row.got,
-                                                   story=row.minimal)
+        with watchdog():  # an ablation whose hook stalls is that ablation's error
+            out[row.variant, row.topology] = attribute(variant, spec, row.topology, row.got,
+                                                       story=row.minimal)
     return out
 
 

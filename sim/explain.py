@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from sim.check import CheckSpec, Row, check_bad
-from sim.guard import locate
+from sim.guard import Stalled, locate
 from sim.hazards import H2_SCOPES, RULES, HazardModel
 from sim.reduce import reduce_schedule
 from sim.run import RunResult
@@ -98,8 +98,8 @@ def _row(variant, spec: CheckSpec, topology: str) -> Row | str:
     """The ablation run's row, or one line naming the exception it raised instead."""
     try:
         return check_bad(variant, spec, topology, reduce=False)
-    except Exception as exc:  # noqa: BLE001 - an ablation that errored is its own outcome
-        return locate(exc)
+    except (Exception, Stalled, SystemExit) as exc:  # noqa: BLE001 - an ablation that errored
+        return locate(exc)                             # (or stalled) is its own outcome
 
 
 def attribute(variant, spec: CheckSpec, topology: str, verdict: str | None = None,

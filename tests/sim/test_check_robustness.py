@@ -436,3 +436,25 @@ def test_stats_of_a_variant_whose_hook_fails_is_an_error_line(bad_hooks, capsys,
     assert f"| {name} | shared | error | error |" in out
     assert "| fused-sweep | shared | 100.0% (4/4) | 100.0% (4/4) |" in out
     assert f"error: {name} / shared: variant {name!r}: " in out and words in out
+
+
+@pytest.mark.timeout(120)
+def test_an_explain_ablation_that_blocks_is_that_ablations_error(monkeypatch, capsys):
+    """Old behaviour: --explain's ablations ran without the stall watchdog; one whose hook
+    blocked (here: the H1 ablation sleeps) hung the check for good."""
+    import sim.explain as explain
+
+    real = explain.check_bad
+
+    def sleeps_without_h1(variant, spec, topology, **kw):
+        if spec.hazards_off == ("h1",):
+            time.sleep(3600)
+        return real(variant, spec, topology, **kw)
+
+    monkeypatch.setattr(explain, "check_bad", sleeps_without_h1)
+    assert main(["check", "--variant", "fused-sweep", "--topology", "shared", "--explain",
+                 "--schedules", "20", "--jobs", "1", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("explain: fused-sweep / shared: "))
+    assert "deadlock needs H2 (quiesce), H3 (" in line
+    assert "unknown for H1 [H1 off: ablation error: no simulated action for 5 s of wall time" in line
