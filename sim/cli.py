@@ -610,10 +610,17 @@ def _replay(path: str, as_json: bool, trace_out: Path | None = None) -> int:
         return _fail(f"trace file {path!r} is not UTF-8 text")
     except json.JSONDecodeError as exc:
         return _fail(f"trace file {path!r} is not JSON: {exc}")
+    from sim.guard import Stalled, describe, watchdog
+
     try:
-        result, problem = replay_trace(data)
+        with watchdog():  # the replayed variant's hooks are user code, as in a search
+            result, problem = replay_trace(data)
     except ConfigError as exc:
         return _fail(f"{path}: {exc}")
+    except (Exception, Stalled, SystemExit) as exc:  # noqa: BLE001 - a variant's code can raise
+        sys.stderr.write(f"lockstep check: error: replaying {path}: "  # anything, sys.exit too
+                         f"{describe(str(data.get('variant')), exc)}\n")
+        return 1
     if problem:
         if as_json:
             print(json.dumps({"nondeterminism": problem}))

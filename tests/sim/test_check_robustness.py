@@ -458,3 +458,44 @@ def test_an_explain_ablation_that_blocks_is_that_ablations_error(monkeypatch, ca
     line = next(x for x in out.splitlines() if x.startswith("explain: fused-sweep / shared: "))
     assert "deadlock needs H2 (quiesce), H3 (" in line
     assert "unknown for H1 [H1 off: ablation error: no simulated action for 5 s of wall time" in line
+
+
+REPLAY_HOOK = '''
+import os
+import time
+
+from sim.variants import FusedSweepController, FusedSweepWorker, Variant
+
+
+class W(FusedSweepWorker):
+    def ops_for_other(self, command):
+        if os.environ.get("LOCKSTEP_TEST_HOOK") == "raise":
+            raise ValueError("boom")
+        if os.environ.get("LOCKSTEP_TEST_HOOK") == "sleep":
+            time.sleep(3600)
+        return super().ops_for_other(command)
+
+
+V = Variant("replay-hook", "s", "t", {"shared": "deadlock", "per-rank": "invariant:I4"},
+            controller_cls=FusedSweepController, worker_cls=W)
+'''
+
+
+@pytest.mark.timeout(120)
+def test_a_replayed_variant_whose_hook_fails_is_one_line(tmp_path, monkeypatch, capsys):
+    """Old behaviour: a replayed user variant whose hook raised gave a traceback, and one whose
+    hook blocked hung --replay for good (it ran without the stall watchdog)."""
+    path = tmp_path / "replay_hook.py"
+    path.write_text(REPLAY_HOOK)
+    monkeypatch.delenv("LOCKSTEP_TEST_HOOK", raising=False)
+    assert main(["check", "--variant-file", str(path), "--topology", "shared", "--no-progress",
+                 "--jobs", "1", "--trace-out", str(tmp_path / "t")]) == 0
+    trace = str(tmp_path / "t" / "replay-hook.shared.json")
+    capsys.readouterr()
+    for how, words in (("raise", "ValueError: boom (at replay_hook.py:"),
+                       ("sleep", "no simulated action for 5 s of wall time")):
+        monkeypatch.setenv("LOCKSTEP_TEST_HOOK", how)
+        assert main(["check", "--replay", trace, "--variant-file", str(path)]) == 1
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and words in err
+        assert err.startswith(f"lockstep check: error: replaying {trace}: variant 'replay-hook': ")
