@@ -293,7 +293,8 @@ def _run(args, finished: _Finished | None = None) -> int:
         if getattr(args, key) is None:
             setattr(args, key, value if key != "jobs" else os.cpu_count() or 1)
     try:
-        loaded = [v.name for path in args.variant_file for v in load_variant_file(path)]
+        loaded = list(dict.fromkeys(v.name for path in args.variant_file
+                                    for v in load_variant_file(path)))  # a file given twice: once
         names = list(dict.fromkeys(args.variant)) or loaded or list(SHIPPED)
         variants = [get_variant(n) for n in names]
         spec = CheckSpec(ranks=args.ranks, buckets=args.buckets, max_batch=args.max_batch,

@@ -218,6 +218,8 @@ def load_variant_file(path: str | Path) -> list[Variant]:
         ConfigError: the file is missing or not a file, fails to import (SystemExit included),
             defines no variant, lists something that is not a Variant, or reuses a name.
     """
+    if not str(path):
+        raise ConfigError("variant file '': the path is empty; name a Python file")
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"variant file {str(path)!r} does not exist")

@@ -499,3 +499,20 @@ def test_a_replayed_variant_whose_hook_fails_is_one_line(tmp_path, monkeypatch, 
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and words in err
         assert err.startswith(f"lockstep check: error: replaying {trace}: variant 'replay-hook': ")
+
+
+def test_a_variant_file_given_twice_is_checked_once(capsys):
+    """Old behaviour: every row of the file was checked and printed twice."""
+    example = str(ROOT / "docs" / "examples" / "my_variant.py")
+    assert main(["check", "--variant-file", example, "--variant-file", example, "--topology",
+                 "shared", "--no-progress", "--jobs", "1"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("no-sync-launch ")]
+    assert len(rows) == 1 and "OK: 1/1 verdicts" in out
+
+
+def test_an_empty_variant_file_path_is_named_empty(capsys):
+    """Old behaviour: "variant file '.' is not a file"."""
+    assert main(["check", "--variant-file", "", "--no-progress"]) == 2
+    assert capsys.readouterr().err.strip() == ("lockstep check: error: variant file '': the path "
+                                               "is empty; name a Python file")
