@@ -142,20 +142,33 @@ def _require_shape_fields(cfg_path: Path) -> None:
 
 
 def _eos_ids(d: Path, hf) -> tuple[int, ...]:
+    """The end-of-sequence ids: generation_config.json's ``eos_token_id`` when it has one, else
+    config.json's; each must be a token id of the vocabulary (one that can never be sampled
+    would make ``ignore_eos=False`` silently the same as True)."""
     import json
 
-    raw = None
+    raw, where = None, d / "config.json"
     gen = d / "generation_config.json"
     if gen.is_file():
         try:
-            raw = json.loads(gen.read_text()).get("eos_token_id")
+            data = json.loads(gen.read_text())
         except (OSError, ValueError) as exc:
             raise ModelDirError(f"{gen}: not valid JSON: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ModelDirError(f"{gen}: expected a JSON object, got {type(data).__name__}")
+        raw, where = data.get("eos_token_id"), gen
     if raw is None:
-        raw = getattr(hf, "eos_token_id", None)
+        raw, where = getattr(hf, "eos_token_id", None), d / "config.json"
     if raw is None:
         return ()
-    return tuple(raw) if isinstance(raw, (list, tuple)) else (int(raw),)
+    ids = list(raw) if isinstance(raw, (list, tuple)) else [raw]
+    vocab = getattr(hf, "vocab_size", None)
+    for t in ids:
+        if (not isinstance(t, int) or isinstance(t, bool) or t < 0
+                or (isinstance(vocab, int) and t >= vocab)):
+            raise ModelDirError(f"{where}: eos_token_id = {raw!r}: {t!r} is not a token id in "
+                                f"[0, {vocab}) (an integer, or a list of them)")
+    return tuple(ids)
 
 
 def check_parallel(cfg: ModelConfig, world_size: int) -> None:

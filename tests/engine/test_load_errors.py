@@ -183,3 +183,20 @@ def test_out_of_range_scalars_are_named_before_any_rank_starts(model_copy, field
     _edit_config(model_copy, **fields)
     msg = _rejects(model_copy, ModelDirError, "config.json", named)
     assert "\n" not in msg
+
+
+@pytest.mark.parametrize("text, named", [
+    ('{"eos_token_id": "abc"}', "eos_token_id = 'abc': 'abc' is not a token id in [0, 512)"),
+    ('{"eos_token_id": [2, "x"]}', "eos_token_id = [2, 'x']: 'x' is not a token id"),
+    ('{"eos_token_id": 99999}', "eos_token_id = 99999: 99999 is not a token id in [0, 512)"),
+    ('{"eos_token_id": -1}', "eos_token_id = -1: -1 is not a token id"),
+    ('{"eos_token_id": true}', "eos_token_id = True: True is not a token id"),
+    ("[]", "expected a JSON object, got list"),
+])
+def test_bad_eos_ids_in_generation_config_are_named(model_copy, text, named):
+    """Old behaviour: "invalid literal for int() with base 10: 'abc'" (no file, no field), an
+    AttributeError traceback for a list, and ids that can never be sampled (99999, 'x', True)
+    accepted, so generation never stopped at end of sequence."""
+    (model_copy / "generation_config.json").write_text(text)
+    msg = _rejects(model_copy, ModelDirError, "generation_config.json", named)
+    assert "\n" not in msg
