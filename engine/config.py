@@ -43,8 +43,13 @@ class ModelConfig:
         return Path(self.model_dir) / "config.json"
 
 
-def _rope_theta(hf) -> float:
+def _rope_theta(hf, cfg_path: Path | None = None) -> float:
     params = getattr(hf, "rope_parameters", None) or {}
+    kind = params.get("rope_type", "default") if isinstance(params, dict) else "default"
+    if kind != "default":  # the model's RoPE is the plain one; any other would be ignored
+        raise ModelDirError(f"{cfg_path or 'config.json'}: rope_type = {kind!r} (rope_scaling / "
+                            "rope_parameters); this engine implements only the default RoPE, "
+                            "and would silently compute the wrong positions")
     if isinstance(params, dict) and "rope_theta" in params:
         return float(params["rope_theta"])
     theta = getattr(hf, "rope_theta", None)
@@ -86,7 +91,7 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
         model_dir=str(d), hidden_size=hf.hidden_size, num_layers=hf.num_hidden_layers,
         num_q_heads=hf.num_attention_heads, num_kv_heads=hf.num_key_value_heads,
         head_dim=head_dim, intermediate_size=hf.intermediate_size, vocab_size=hf.vocab_size,
-        tie_word_embeddings=bool(hf.tie_word_embeddings), rope_theta=_rope_theta(hf),
+        tie_word_embeddings=bool(hf.tie_word_embeddings), rope_theta=_rope_theta(hf, cfg_path),
         rms_norm_eps=float(hf.rms_norm_eps), max_position=int(hf.max_position_embeddings),
         torch_dtype=str(getattr(hf, "dtype", None) or getattr(hf, "torch_dtype", None)
                         or "bfloat16").replace("torch.", ""),

@@ -200,3 +200,14 @@ def test_bad_eos_ids_in_generation_config_are_named(model_copy, text, named):
     (model_copy / "generation_config.json").write_text(text)
     msg = _rejects(model_copy, ModelDirError, "generation_config.json", named)
     assert "\n" not in msg
+
+
+@pytest.mark.parametrize("scaling", [{"type": "yarn", "factor": 4.0,
+                                      "original_max_position_embeddings": 512},
+                                     {"rope_type": "linear", "factor": 2.0}])
+def test_rope_scaling_is_refused_not_ignored(model_copy, scaling):
+    """Old behaviour: a config with YaRN or linear RoPE scaling loaded, and the engine computed
+    plain RoPE: every position past the first was silently different from the model's."""
+    _edit_config(model_copy, rope_scaling=scaling)
+    kind = scaling.get("rope_type", scaling.get("type"))
+    _rejects(model_copy, ModelDirError, "config.json", f"rope_type = {kind!r}", "only the default RoPE")
