@@ -174,6 +174,18 @@ def main() -> None:
     import sys
 
     args = [a for a in sys.argv[1:] if a != "--context"]
+    if len(args) > 1 or any(a.startswith("-") for a in args):
+        print(f"attention_sweep: error: unexpected arguments {args!r}; usage: python -m "
+              "engine.bench.attention_sweep [--context] [OUT.json]", file=sys.stderr)
+        raise SystemExit(2)
+    if args:  # the output path before the sweep, not after it
+        from engine.bench.options import BenchArgError, check_output_path
+
+        try:
+            check_output_path("OUT.json", args[0])
+        except BenchArgError as exc:
+            print(f"attention_sweep: error: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
     result = {"context": context_sweep()}
     if "--context" not in sys.argv:
         result["decode"] = decode_sweep()

@@ -131,13 +131,33 @@ def main(argv=None) -> int:
     p.add_argument("--json", help="write every measurement here")
     p.add_argument("--table", help="write the engine's per-shape choice here")
     args = p.parse_args(argv)
+    from engine.bench.options import BenchArgError, check_output_path, parse_int_list
+
+    try:  # every argument before the GPU is touched, the output paths before the run
+        rows = tuple(parse_int_list(args.rows, "--rows"))
+        tps = parse_int_list(args.tp, "--tp")
+        for flag, values in (("--rows", rows), ("--tp", tps)):
+            if any(v < 1 for v in values):
+                raise BenchArgError(f"{flag} {','.join(map(str, values))}: each must be >= 1")
+        presets = [x.strip() for x in args.presets.split(",")]
+        unknown = [x for x in presets if x not in PRESETS]
+        if unknown:
+            raise BenchArgError(f"--presets {args.presets!r}: unknown preset {unknown[0]!r}; "
+                                f"choose from {', '.join(sorted(PRESETS))}")
+        if args.repeats < 1:
+            raise BenchArgError(f"--repeats {args.repeats}: expected >= 1")
+        for flag, path in (("--json", args.json), ("--table", args.table)):
+            if path is not None:
+                check_output_path(flag, path)
+    except BenchArgError as exc:
+        print(f"gemm_sweep: error: {exc}", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("gemm_sweep: needs a CUDA GPU", file=sys.stderr)
         return 2
-    rows = tuple(int(r) for r in args.rows.split(","))
     shapes = {}
-    for preset in args.presets.split(","):
-        for tp in (int(t) for t in args.tp.split(",")):
+    for preset in presets:
+        for tp in tps:
             for name, n, k, sw in layer_shapes(preset, tp):
                 shapes.setdefault((n, k, sw), []).append(f"{preset} tp{tp} {name}")
     max_n = max(n for n, _, _ in shapes)

@@ -182,3 +182,32 @@ def test_workload_w_and_its_summary():
            "rows": [row], "ratios": {"a / b": 2.0}}
     table = format_table(doc)
     assert "150" in table and "prefill 0.01 s" in table and "a / b: 2.00x" in table
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--rows", "1,,2"], "--rows '1,,2': '' is not an integer"),
+    (["--tp", "0"], "--tp 0: each must be >= 1"),
+    (["--presets", "qwen3-4bb"], "unknown preset 'qwen3-4bb'"),
+    (["--json", "/nonexistent-dir/x.json"], "--json '/nonexistent-dir/x.json': directory"),
+    (["--table", "/"], "--table '/' is a directory"),
+])
+def test_gemm_sweep_checks_its_arguments_and_paths_before_the_run(argv, words, capsys):
+    """Old behaviour: int() and PRESETS[...] tracebacks, and --json / --table opened only after
+    the whole sweep (minutes of GPU time)."""
+    from engine.bench.gemm_sweep import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("gemm_sweep: error: ") and words in err
+
+
+def test_attention_sweep_checks_its_output_path_before_the_run(monkeypatch, capsys):
+    """Old behaviour: the path was opened after every sweep had run."""
+    import engine.bench.attention_sweep as sweep
+
+    monkeypatch.setattr(sweep, "context_sweep", lambda: pytest.fail("the sweep ran first"))
+    monkeypatch.setattr("sys.argv", ["attention_sweep", "/nonexistent-dir/a.json"])
+    with pytest.raises(SystemExit) as info:
+        sweep.main()
+    assert info.value.code == 2
+    assert "OUT.json '/nonexistent-dir/a.json': directory" in capsys.readouterr().err
