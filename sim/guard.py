@@ -12,8 +12,9 @@ The watchdog uses SIGPROF and ``ITIMER_PROF`` (CPU time), so it works in the mai
 POSIX process only (elsewhere it does nothing) and leaves SIGALRM to others (pytest-timeout).
 A hook that blocks without using CPU (a sleep, a lock, a read) burns no CPU time, so the CPU
 timer never fires; a helper thread watches wall time as well and, after `WALL_S` seconds without
-a `tick`, sends SIGPROF to the main thread itself, which interrupts the blocking call (the
-worker pool's own deadline, `sim.workers.GRACE_S`, is the same bound one level up).
+a `tick` in which the process used next to no CPU, sends SIGPROF to the main thread itself, which
+interrupts the blocking call (the worker pool's own deadline, `sim.workers.GRACE_S`, is the same
+bound one level up).
 """
 
 from __future__ import annotations
@@ -30,10 +31,14 @@ CHECK_S = 0.5
 """Seconds of CPU time without one simulated action that count as stuck."""
 
 WALL_S = 5.0
-"""Wall seconds without one simulated action (outside `paused`) that count as stuck: a hook
-that blocks without using CPU. Ten times the CPU bound, so that a loaded machine, which delays a
-runnable process by far less, does not trip it; the same grace the worker pool gives a worker
-(`sim.workers.GRACE_S`)."""
+"""Wall seconds without one simulated action (outside `paused`), and with next to no CPU time
+used (`BLOCKED_CPU_S`), that count as stuck: a hook that blocks. The same grace the worker pool
+gives a worker (`sim.workers.GRACE_S`)."""
+
+BLOCKED_CPU_S = 0.05
+"""CPU seconds a process may use in `WALL_S` of wall time and still count as blocked. A
+process that computes between simulated actions but waits for a CPU on a loaded machine uses
+more, and is left to the CPU-time bound (`CHECK_S`), which a loaded machine cannot trip."""
 
 _WALL_POLL_S = 0.25
 """How often the wall-clock thread looks at the tick count."""
@@ -133,8 +138,8 @@ def watchdog():
 
     The first bound counts CPU time (``ITIMER_PROF``), so a loaded machine that leaves the
     process waiting for a CPU never looks like a stall; a hook that loops burns CPU and is
-    caught. The second catches a hook that blocks (a sleep): a daemon thread sends SIGPROF to
-    this thread, which interrupts the blocking call. A no-op outside the main thread, without
+    caught. The second catches a hook that blocks (a sleep: wall time passes, CPU time does
+    not): a daemon thread sends SIGPROF to this thread, which interrupts the blocking call. A no-op outside the main thread, without
     ``setitimer``, or while another user of ``ITIMER_PROF`` (a sampling profiler) has it armed.
     """
     if (threading.current_thread() is not threading.main_thread()
@@ -164,11 +169,11 @@ def watchdog():
     main = threading.main_thread().ident
 
     def watch_wall():
-        last, since = _TICKS[0], time.monotonic()
+        last, since, since_cpu = _TICKS[0], time.monotonic(), time.process_time()
         while not stop.wait(_WALL_POLL_S):
-            now = time.monotonic()
-            if _TICKS[0] != last or _PAUSED[0]:
-                last, since = _TICKS[0], now
+            now, cpu = time.monotonic(), time.process_time()
+            if _TICKS[0] != last or _PAUSED[0] or cpu - since_cpu >= BLOCKED_CPU_S:
+                last, since, since_cpu = _TICKS[0], now, cpu  # progress, or computing
             elif now - since > WALL_S:
                 with lock:
                     if stop.is_set():
@@ -191,4 +196,4 @@ def watchdog():
         signal.signal(signal.SIGPROF, old_handler)
 
 
-__all__ = ["tick", "progress_counter", "watchdog", "paused", "resumed", "describe", "locate", "Stalled", "VariantCodeError", "CHECK_S", "WALL_S"]
+__all__ = ["tick", "progress_counter", "watchdog", "paused", "resumed", "describe", "locate", "Stalled", "VariantCodeError", "CHECK_S", "WALL_S", "BLOCKED_CPU_S"]
