@@ -61,10 +61,48 @@ def _check_out(text: str, overwrite: bool = False) -> str | None:
     return None
 
 
+ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+SPACE_MARGIN = 1.02
+"""Weights bytes times this, plus a MiB, must be free: safetensors headers, the index,
+config and tokenizer files."""
+
+
+def _check_space(text: str, preset: str, dtype: str, overwrite: bool) -> str | None:
+    """The reason the disk of ``--out`` cannot hold the model, or None. Counted before anything
+    is written, so that a full disk never leaves half a model (or, with --overwrite, no model:
+    the old one is removed first)."""
+    import shutil
+    from pathlib import Path
+
+    from engine.model_dir import tensor_shapes
+
+    need = sum(ITEMSIZE[dtype] * _numel(shape) for _, shape in tensor_shapes(PRESETS[preset]))
+    path = Path(text)
+    freed = 0
+    if overwrite and path.is_dir():  # the model there is removed first: its space counts
+        freed = sum(f.stat().st_size for f in path.iterdir()
+                    if f.is_file() and f.name.endswith(".safetensors"))
+    free = shutil.disk_usage(path).free + freed
+    if need * SPACE_MARGIN + (1 << 20) > free:
+        return (f"--out {text!r}: the {preset} model ({dtype}) needs {need / 1e9:.2f} GB and "
+                f"its disk has {free / 1e9:.2f} GB free; choose another --out, a smaller "
+                "preset, or a 2-byte --dtype")
+    return None
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
 def run(args: argparse.Namespace) -> int:
-    """Write the directory; returns the exit status (0 on success, 2 on a bad --out, 1 if
-    writing fails part-way, e.g. a full disk)."""
-    problem = _check_out(args.out, args.overwrite)
+    """Write the directory; returns the exit status (0 on success, 2 on a bad --out or one
+    whose disk is too small for the model, 1 if writing fails part-way)."""
+    problem = _check_out(args.out, args.overwrite) or _check_space(args.out, args.preset,
+                                                                   args.dtype, args.overwrite)
     if problem:
         print(f"lockstep make-model: error: {problem}", file=sys.stderr)
         return 2

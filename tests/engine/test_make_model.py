@@ -195,3 +195,25 @@ def test_make_model_writes_a_byte_level_tokenizer(tmp_path):
     with LLM(out, max_model_len=64) as llm:
         res, = llm.generate(text, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
     assert res.error is None and res.prompt_token_ids == ids and isinstance(res.text, str)
+
+
+def test_a_disk_too_small_for_the_model_is_refused_before_writing(tmp_path, capsys, monkeypatch):
+    """Old behaviour: `--preset qwen3-8b` on a small disk wrote shards until the disk was full
+    (exit 1 after minutes); with --overwrite the model already there had been removed first."""
+    import collections
+    import shutil
+
+    from lockstep.cli import main
+
+    out = tmp_path / "m"
+    assert main(["make-model", "--preset", "tiny", "--out", str(out)]) == 0
+    before = sorted(p.name for p in out.iterdir())
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10**12, 10**12 - 10**9, 10**9))
+    capsys.readouterr()
+    assert main(["make-model", "--preset", "qwen3-8b", "--out", str(out), "--overwrite"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"lockstep make-model: error: --out {str(out)!r}: the qwen3-8b model "
+                          "(bfloat16) needs 16.")
+    assert "GB free" in err
+    assert sorted(p.name for p in out.iterdir()) == before  # the old model is still there
