@@ -241,7 +241,11 @@ class _Finished:
 
     def report(self, how: str, code: int) -> int:
         text = self.render() if self.render is not None and self.done else None
-        if text:
+        if text and self.done >= self.total:  # stopped in what follows the rows
+            print(text, flush=True)
+            sys.stderr.write(f"lockstep check: {how}; all {self.total} {self.unit} finished "
+                             "(above), what follows them (--explain, traces) did not\n")
+        elif text:
             print(text, flush=True)
             sys.stderr.write(f"lockstep check: {how}; {self.done} of {self.total} {self.unit} "
                              f"finished (above), the other {self.total - self.done} did not\n")

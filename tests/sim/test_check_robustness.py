@@ -516,3 +516,20 @@ def test_an_empty_variant_file_path_is_named_empty(capsys):
     assert main(["check", "--variant-file", "", "--no-progress"]) == 2
     assert capsys.readouterr().err.strip() == ("lockstep check: error: variant file '': the path "
                                                "is empty; name a Python file")
+
+
+def test_an_interrupt_during_explain_prints_every_row_and_says_what_did_not_finish(monkeypatch,
+                                                                                    capsys):
+    import sim.cli
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt()
+
+    monkeypatch.setattr(sim.cli, "_explain", interrupted)
+    assert main(["check", "--variant", "fused-sweep", "--topology", "shared", "--explain",
+                 "--jobs", "1", "--no-progress"]) == 130
+    captured = capsys.readouterr()
+    assert captured.out.splitlines()[2].split()[:4] == ["fused-sweep", "shared", "deadlock",
+                                                        "deadlock"]
+    assert captured.err == ("lockstep check: interrupted; all 1 variant / topology checks "
+                            "finished (above), what follows them (--explain, traces) did not\n")
