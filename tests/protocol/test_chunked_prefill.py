@@ -118,3 +118,56 @@ def test_the_last_chunk_moves_the_sequence_out_of_the_chunk_slot_and_samples():
     with pytest.raises(SlotError, match="last chunk of request 5 \\(from 4\\) but the chunk "
                                         "slot holds None"):
         worker.ops_for(Step(1, admits=(Admit(5, 0, (1, 2, 3, 4, 5, 6), start=4),)))
+
+
+def test_a_chunk_whose_pages_the_pool_lacks_waits_while_decode_rows_go_on():
+    # 8 pages of 4 tokens: while requests 0 and 1 decode, request 2's fourth chunk (tokens
+    # 8..10, a third page) does not fit; that step carries only the rows, nobody is preempted,
+    # and the chunk follows once 0 and 1 retire
+    reqs = _requests([(1, 8), (12, 4), (12, 1)])
+    whole, _, _, _ = _run(reqs, budget=64, pages=8)
+    ctrl, workers, steps, action = _run(reqs, budget=3, pages=8)
+    assert isinstance(action, Done) and ctrl.preemptions == 0
+    assert ctrl.outputs == whole.outputs
+    chunks = [(s.chunk.start, s.chunk.end) for s in steps
+              if s.chunk is not None and s.chunk.request_id == 2]
+    assert chunks == [(0, 2), (2, 5), (5, 8), (8, 11)]
+    first, fourth = (next(i for i, s in enumerate(steps)
+                          if s.chunk is not None and s.chunk.request_id == 2 and s.chunk.start == k)
+                     for k in (5, 8))
+    waiting = steps[first + 1:fourth]
+    assert waiting and all(s.chunk is None and not s.admits and s.rows.request_ids == (0, 1)
+                           for s in waiting)
+    last = next(a for s in steps for a in s.admits if a.request_id == 2)
+    assert (last.start, len(last.prompt)) == (11, 12)
+    assert workers[0].pages.fingerprint() == ()
+
+
+def test_the_last_chunk_leaves_only_the_rest_of_the_budget_to_admissions():
+    # budget 4: request 0's last chunk takes 2 tokens, so request 1 (3 tokens) no longer fits
+    # the step whole; it starts its own chunked prefill with the 2 tokens left
+    reqs = _requests([(6, 2), (3, 2)])
+    whole, _, _, _ = _run(reqs, budget=64)
+    ctrl, _, steps, action = _run(reqs, budget=4)
+    assert isinstance(action, Done) and ctrl.outputs == whole.outputs
+    for step in steps:
+        tokens = sum(len(a.tokens) for a in step.admits)
+        assert tokens + (len(step.chunk.tokens) if step.chunk else 0) <= 4
+    last = next(s for s in steps if any(a.request_id == 0 for a in s.admits))
+    assert [(a.request_id, a.start) for a in last.admits] == [(0, 4)]
+    assert (last.chunk.request_id, last.chunk.start, last.chunk.end) == (1, 0, 2)
+
+
+def test_the_last_chunk_takes_a_decode_slot_from_the_admissions_of_its_step():
+    # two decode slots: request 0 holds one, request 1's last chunk takes the other, so
+    # request 2 waits for a free slot although the step's prefill budget has room for it
+    config = ProtocolConfig(world_size=1, max_prefill_tokens=6, **dict(SMALL, max_batch=2))
+    reqs = _requests([(1, 6), (8, 2), (2, 2)])
+    ctrl, _, _, sent, action = drive(config, reqs, backends=[PagedBackend(0, 64)],
+                                     pages_per_seq=8)
+    assert isinstance(action, Done)
+    steps = [c for c in sent if isinstance(c, Step)]
+    assert max(len(s.rows) + len(s.admits) for s in steps) == 2
+    last = next(s for s in steps if any(a.request_id == 1 for a in s.admits))
+    assert [a.request_id for a in last.admits] == [1] and last.rows.request_ids == (0,)
+    assert sorted(ctrl.finished) == [0, 1, 2]

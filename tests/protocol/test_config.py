@@ -39,6 +39,8 @@ def test_bad_buckets(buckets, match):
     ({"graph_batch_cap": 0}, "graph_batch_cap=0"),
     ({"watchdog_timeout_s": 0}, "watchdog_timeout_s=0"),
     ({"step_timeout_s": -1}, "step_timeout_s=-1"),
+    ({"step_timeout_s": 0}, "step_timeout_s=0"),  # zero is no timeout either
+    ({"max_prefill_tokens": 0}, "max_prefill_tokens=0"),  # no step could prefill a token
     ({"memory_headroom_bytes": -5}, "memory_headroom_bytes=-5"),
     ({"kv_page_bytes": 0}, "kv_page_bytes=0"),
     ({"decode_overlap": True}, "decode_overlap=True"),

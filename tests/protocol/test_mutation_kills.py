@@ -181,3 +181,111 @@ def test_measured_graph_bytes_are_each_graphs_increment():
     results = [next(readings) if op.name == "graph_memory" else None for op in ops]
     assert worker.reply(command, results).payload == {GraphKey(4): 700, GraphKey(2): 50,
                                                       GraphKey(1): 10}
+
+
+# -- added for the survivors of the 2026-12-01 run on d61d1a7 (docs/mutation.md) ----------------
+
+def test_protocol_messages_and_settings_refuse_assignment():
+    # commands, replies, actions, configs and records are shared by reference: the simulator
+    # and an in-process driver hand one command object to every rank, so a record one rank
+    # could change would change it under the others
+    import dataclasses
+
+    import protocol.backend
+    import protocol.commands
+    import protocol.config
+    import protocol.controller
+    import protocol.eligibility
+    import protocol.invariants
+    import protocol.keys
+    import protocol.memory
+    import protocol.requests
+
+    mutable = {protocol.controller.Chunking}  # the controller's own progress record
+    modules = (protocol.backend, protocol.commands, protocol.config, protocol.controller,
+               protocol.eligibility, protocol.invariants, protocol.keys, protocol.memory,
+               protocol.requests)
+    classes = [c for m in modules for c in vars(m).values()
+               if isinstance(c, type) and dataclasses.is_dataclass(c)
+               and c.__module__ == m.__name__ and c not in mutable]
+    assert len(classes) > 50
+    for cls in classes:
+        record = object.__new__(cls)  # no __init__: assignment alone is under test
+        name = dataclasses.fields(cls)[0].name if dataclasses.fields(cls) else "seq"
+        try:
+            setattr(record, name, 1)
+        except dataclasses.FrozenInstanceError:
+            continue
+        raise AssertionError(f"{cls.__qualname__}.{name} could be assigned")
+
+
+def test_the_default_model_and_kv_page_are_those_of_qwen3_4b():
+    # the defaults the simulator checks with describe the real checkpoint (engine/presets.py,
+    # from its config.json): 36 layers of width 2560; a page of 16 tokens holds K and V of the
+    # 8 KV heads of 128 elements in every layer, in bf16
+    from engine.presets import PRESETS
+    from protocol.config import QWEN3_4B
+
+    real = PRESETS["qwen3-4b"]
+    config = ProtocolConfig()
+    assert config.shape == QWEN3_4B
+    assert (QWEN3_4B.hidden_size, QWEN3_4B.num_layers) == (real["hidden_size"],
+                                                           real["num_hidden_layers"])
+    assert config.kv_page_bytes == (config.page_size * real["num_hidden_layers"] * 2
+                                    * real["num_key_value_heads"] * real["head_dim"]
+                                    * QWEN3_4B.dtype_bytes)
+
+
+def test_the_default_prefill_budget_is_8192_tokens():
+    # documented default (ProtocolConfig.max_prefill_tokens): a prompt of 8192 tokens is
+    # prefilled by one step; one of 8193 is a chunk of 8192, then the last token
+    from protocol.commands import Chunk
+
+    config = ProtocolConfig(buckets=(1, 2), max_batch=2, world_size=1)
+    for length, chunked in ((8192, False), (8193, True)):
+        _, _, _, sent, action = drive(config, [Request(0, tuple(range(length)), max_tokens=1)],
+                                      pages_per_seq=600)
+        assert isinstance(action, Done)
+        chunks = [c.chunk for c in sent if isinstance(c, Step) and c.chunk is not None]
+        assert bool(chunks) == chunked, length
+        admit = next(a for c in sent if isinstance(c, Step) for a in c.admits)
+        assert (len(admit.prompt), admit.start) == (length, 8192 if chunked else 0)
+        if chunked:
+            assert [(c.start, len(c.tokens)) for c in chunks] == [(0, 8192)]
+
+
+def test_taking_a_finished_request_forgets_it():
+    # a server takes each request's tokens once: the request leaves `finished` (a long-running
+    # server would otherwise keep every id it ever served there)
+    import pytest
+
+    from protocol.errors import ConfigError
+
+    config = ProtocolConfig(buckets=(1, 2), max_batch=2)
+    ctrl, _, _, _, action = drive(config, [Request(0, (1,), max_tokens=2),
+                                           Request(1, (2,), max_tokens=2)])
+    assert isinstance(action, Done) and sorted(ctrl.finished) == [0, 1]
+    assert ctrl.take_finished(0) == [7, 7]
+    assert ctrl.finished == [1]
+    assert ctrl.take_finished(1) == [7, 7] and ctrl.finished == []
+    with pytest.raises(ConfigError, match="request 0 is unknown"):
+        ctrl.take_finished(0)
+
+
+def test_no_request_is_taken_after_shutdown_or_failure():
+    import pytest
+
+    from protocol.controller import Controller
+    from protocol.errors import ConfigError
+
+    config = ProtocolConfig(buckets=(1, 2), max_batch=2)
+    closing = Controller(config)
+    closing.submit(Request(0, (1,)))
+    closing.shutdown()
+    with pytest.raises(ConfigError, match="request 1 submitted after shutdown"):
+        closing.submit(Request(1, (1,)))
+    assert list(closing.requests) == [0]
+    ctrl, _, _, _, _ = drive(config, [Request(0, (1,))], fail=(1, "record"))
+    assert ctrl.phase == "failed" and not ctrl.closing
+    with pytest.raises(ConfigError, match="request 5 submitted after shutdown"):
+        ctrl.submit(Request(5, (1,)))

@@ -82,7 +82,11 @@ def test_a_stop_token_ends_only_the_request_that_stops_on_it():
 
 
 def test_calendars_are_empty_once_every_request_retired():
-    requests = [Request(i, tuple(range(1, 2 + i)), max_tokens=1 + i % 4) for i in range(12)]
+    # some requests stop on 7 (the fake rank samples 7: they end on it), some on tokens that
+    # never come (they end by length), some on none: no stop-token count outlives its request
+    stops = (frozenset(), frozenset({7}), frozenset({3, 5}), frozenset({5, 7}))
+    requests = [Request(i, tuple(range(1, 2 + i)), max_tokens=1 + i % 4,
+                        stop_token_ids=stops[i % 3 + i // 6]) for i in range(12)]
     ctrl, _, _, _, action = drive(ProtocolConfig(world_size=1, **SMALL), requests,
                                   pages_per_seq=4)
     assert isinstance(action, Done)
