@@ -164,6 +164,10 @@ def test_op_arguments_are_described_for_the_trace():
 
     step = Step(4)
     assert describe_args((3, GraphKey(8), step, (1, 2, 3), "x")) == "3, decode@8, step 4, 3 items, x"
+    # one argument (most ops) and two (move_slot's source and destination)
+    assert [describe_args((a,)) for a in (7, GraphKey(8), step, (1, 2))] == [
+        "7", "decode@8", "step 4", "2 items"]
+    assert describe_args((3, 1)) == "3, 1" and describe_args((GraphKey(2), None)) == "decode@2"
 
 
 def test_measured_graph_bytes_are_each_graphs_increment():
@@ -289,3 +293,26 @@ def test_no_request_is_taken_after_shutdown_or_failure():
     assert ctrl.phase == "failed" and not ctrl.closing
     with pytest.raises(ConfigError, match="request 5 submitted after shutdown"):
         ctrl.submit(Request(5, (1,)))
+
+
+def test_a_rank_holding_more_graph_bytes_at_finalize_than_the_reserve_fails_the_run():
+    # I9 at Finalize: the graphs captured at startup may not hold more than MeasureGraphs
+    # reserved before the KV cache was sized; rank 1 holds 50 bytes more per graph
+    from protocol.controller import Abort
+    from protocol.errors import RankFailure
+    from tests.protocol.driver import FakeBackend
+
+    class Heavier(FakeBackend):
+        def run(self, op):
+            if op.name == "upload":
+                self.graph_bytes += 50
+            return super().run(op)
+
+    config = ProtocolConfig(buckets=(1, 2), max_batch=2)
+    ctrl, _, _, sent, action = drive(config, [Request(0, (1,))],
+                                     backends=[FakeBackend(0), Heavier(1)])
+    assert isinstance(action, Abort) and isinstance(action.error, RankFailure)
+    assert action.error.invariant == "I9" and action.error.failed == (1,)
+    assert "rank 1 holds 300 graph bytes, above the reserve of 200" in str(action.error)
+    assert type(sent[-1]).__name__ == "Finalize" and not any(isinstance(c, Step) for c in sent)
+    assert ctrl.phase == "failed"

@@ -46,3 +46,19 @@ def test_each_violation_is_named():
 def test_failed_ops_are_ignored():
     assert names([op(0, "record", 0, "decode@8: out of memory", ok=False)],
                  allreduce_bytes=lambda b: b) == []
+
+
+def test_i12_flags_a_replay_that_read_other_rows_than_its_steps():
+    # a backend that reports what the replay read (`ReplayRows`): the step's rows, then the
+    # rows the replay buffers held; they differ when prepare_replay did not write them
+    from protocol.invariants import check_i12_replay_metadata
+
+    def launch(data):
+        return E("rank0", "op", "launch", 0, 0, "decode@2", True, 0.0, data)
+
+    stale = [send(0, "Step"), op(0, "prepare_replay", 0), launch(("(0,5,7)", "(0,4,7)"))]
+    violation = check_i12_replay_metadata(stale)
+    assert violation.invariant == "I12" and "prepare_replay did not write them" in violation.text
+    assert (violation.rank, violation.step) == (0, 0)
+    fresh = [send(0, "Step"), op(0, "prepare_replay", 0), launch(("(0,5,7)", "(0,5,7)"))]
+    assert check_i12_replay_metadata(fresh) is None
