@@ -41,6 +41,8 @@ def test_bad_buckets(buckets, match):
     ({"step_timeout_s": -1}, "step_timeout_s=-1"),
     ({"step_timeout_s": 0}, "step_timeout_s=0"),  # zero is no timeout either
     ({"max_prefill_tokens": 0}, "max_prefill_tokens=0"),  # no step could prefill a token
+    ({"max_kv_pages": 0}, "max_kv_pages=0"),  # None is "every page memory allows"
+    ({"kv_watermark": 1}, "kv_watermark=1"),  # admission would leave every page free
     ({"memory_headroom_bytes": -5}, "memory_headroom_bytes=-5"),
     ({"kv_page_bytes": 0}, "kv_page_bytes=0"),
     ({"decode_overlap": True}, "decode_overlap=True"),
@@ -49,6 +51,14 @@ def test_bad_buckets(buckets, match):
 def test_bad_protocol_config(kwargs, match):
     with pytest.raises(ConfigError, match=match):
         ProtocolConfig(**kwargs)
+
+
+def test_the_smallest_valid_settings_are_accepted():
+    # the bounds are exclusive of zero and of 1.0 for the watermark, and nothing stricter
+    config = ProtocolConfig(step_timeout_s=1, watchdog_timeout_s=1, max_kv_pages=1,
+                            kv_watermark=0.99, max_prefill_tokens=1, min_kv_pages=1)
+    assert (config.step_timeout_s, config.max_kv_pages, config.kv_watermark) == (1, 1, 0.99)
+    assert ProtocolConfig(step_timeout_s=0.5, watchdog_timeout_s=0.5).step_timeout_s == 0.5
 
 
 def test_decode_overlap_allowed_without_graphs_or_tp():
