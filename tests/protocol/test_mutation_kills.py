@@ -316,3 +316,32 @@ def test_a_rank_holding_more_graph_bytes_at_finalize_than_the_reserve_fails_the_
     assert "rank 1 holds 300 graph bytes, above the reserve of 200" in str(action.error)
     assert type(sent[-1]).__name__ == "Finalize" and not any(isinstance(c, Step) for c in sent)
     assert ctrl.phase == "failed"
+
+
+def test_a_rank_reporting_another_captured_graph_set_at_finalize_fails_the_run(monkeypatch):
+    # I3 at Finalize: every rank must report the plan's key set; rank 1 lost one graph
+    import dataclasses
+
+    from protocol.commands import Finalize
+    from protocol.controller import Abort
+    from protocol.errors import RankFailure
+    from protocol.keys import GraphKey
+    from protocol.worker import Worker
+
+    real = Worker.reply
+
+    def reply(self, command, results):
+        out = real(self, command, results)
+        if self.rank == 1 and isinstance(command, Finalize):
+            lost = dataclasses.replace(out.payload, captured=out.payload.captured - {GraphKey(2)})
+            out = dataclasses.replace(out, payload=lost)
+        return out
+
+    monkeypatch.setattr(Worker, "reply", reply)
+    config = ProtocolConfig(buckets=(1, 2), max_batch=2)
+    ctrl, _, _, sent, action = drive(config, [Request(0, (1,))])
+    assert isinstance(action, Abort) and isinstance(action.error, RankFailure)
+    assert action.error.invariant == "I3" and action.error.failed == (1,)
+    assert "rank 1 captured a different graph set (missing ['decode@2'], extra [])" in str(
+        action.error)
+    assert type(sent[-1]).__name__ == "Finalize" and not any(isinstance(c, Step) for c in sent)
