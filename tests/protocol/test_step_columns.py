@@ -81,6 +81,17 @@ def test_a_stop_token_ends_only_the_request_that_stops_on_it():
     assert ctrl.outputs == {0: [7], 1: [7, 7, 7, 7, 7]}  # the fake rank samples 7 every time
 
 
+def test_a_stop_token_sampled_by_neighbouring_slots_ends_each_request_that_stops_on_it():
+    # the fake rank samples 7 in every slot: requests 0, 1, 2 and 4 stop on it, 3 does not
+    requests = [Request(i, (1, 2 + i), max_tokens=4,
+                        stop_token_ids=frozenset() if i == 3 else frozenset({7}))
+                for i in range(5)]
+    ctrl, _, _, _, action = drive(ProtocolConfig(world_size=1, **SMALL), requests,
+                                  pages_per_seq=4)
+    assert isinstance(action, Done)
+    assert ctrl.outputs == {0: [7], 1: [7], 2: [7], 3: [7, 7, 7, 7], 4: [7]}
+
+
 def test_calendars_are_empty_once_every_request_retired():
     # some requests stop on 7 (the fake rank samples 7: they end on it), some on tokens that
     # never come (they end by length), some on none: no stop-token count outlives its request
