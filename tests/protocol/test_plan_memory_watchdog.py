@@ -80,3 +80,20 @@ def test_watchdog_expires_naming_uncollected_ranks_and_disarms():
     dog.disarm()
     now[0] = 100
     dog.check((0,))
+
+
+def test_memory_is_fitted_to_the_rank_with_least_free_after_activations_less_the_headroom():
+    # rank 0 has more free bytes but a larger activation peak: 10000 - 5000 leaves 5000,
+    # rank 1's 8000 - 1000 leaves 7000, so rank 0 is the tight one; the headroom comes off it
+    reports = {0: MemoryReport(free_bytes=10_000, peak_activation_bytes=5_000),
+               1: MemoryReport(free_bytes=8_000, peak_activation_bytes=1_000)}
+    graphs = {GraphKey(1): 100, GraphKey(2): 100}
+    plan = plan_memory(reports, graphs, (1, 2), 2, page_bytes=10, pages_per_seq=1)
+    assert (plan.batch_cap, plan.graph_reserve_bytes) == (2, 200)
+    assert plan.kv_pages == (5_000 - 200) // 10 - 1
+    kept = plan_memory(reports, graphs, (1, 2), 2, page_bytes=10, pages_per_seq=1,
+                       headroom_bytes=1_000)
+    assert kept.kv_pages == (5_000 - 1_000 - 200) // 10 - 1
+    with pytest.raises(ConfigError, match="rank 0 has 300 bytes after activations and headroom"):
+        plan_memory(reports, graphs, (1, 2), 2, page_bytes=10, pages_per_seq=100,
+                    headroom_bytes=4_700)
