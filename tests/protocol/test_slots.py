@@ -99,3 +99,13 @@ def test_multi_retire_compaction_fills_holes_below_new_length():
     assert {m.dst for m in moves} <= {0, 2}
     assert all(m.src >= 3 for m in moves)
     assert sorted(table.requests()) == [1, 3, 4]
+
+
+def test_a_worker_refuses_an_admission_past_its_capacity():
+    # two decode slots, both held: the next dense slot would be 2, the padding slot
+    slots = SlotMap(2)
+    slots.admit(Admit(1, 0, (1,)))
+    slots.admit(Admit(2, 1, (1,)))
+    with pytest.raises(SlotError, match="admit of request 3 into slot 2 past capacity 2"):
+        slots.admit(Admit(3, 2, (1,)))
+    assert slots.fingerprint() == ((0, 1), (1, 2))
