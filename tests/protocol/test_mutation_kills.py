@@ -168,6 +168,9 @@ def test_op_arguments_are_described_for_the_trace():
     assert [describe_args((a,)) for a in (7, GraphKey(8), step, (1, 2))] == [
         "7", "decode@8", "step 4", "2 items"]
     assert describe_args((3, 1)) == "3, 1" and describe_args((GraphKey(2), None)) == "decode@2"
+    # prefill's arguments: the admissions, then the chunk of a chunked prefill, if any
+    from protocol.commands import Chunk
+    assert describe_args(((), Chunk(3, 9, 4, (5, 6)))) == "0 items, chunk r3[4:6]"
 
 
 def test_measured_graph_bytes_are_each_graphs_increment():
