@@ -348,3 +348,25 @@ def test_a_rank_reporting_another_captured_graph_set_at_finalize_fails_the_run(m
     assert "rank 1 captured a different graph set (missing ['decode@2'], extra [])" in str(
         action.error)
     assert type(sent[-1]).__name__ == "Finalize" and not any(isinstance(c, Step) for c in sent)
+
+
+def test_a_worker_refuses_a_step_whose_rows_are_not_its_slots():
+    # the worker checks each step's rows against its own slot map: a row naming another
+    # request, or a live slot without its row, poisons the rank instead of decoding garbage
+    import pytest
+
+    from protocol.commands import Admit, AllocateKV, DecodeRow, PageAssign
+    from protocol.eligibility import GraphPlan
+    from protocol.errors import SlotError
+    from protocol.worker import Worker
+
+    config = ProtocolConfig(buckets=(1, 2), max_batch=2, cuda_graphs=False)
+    worker = Worker(0, 2, GraphPlan.from_config(config), 2)
+    alloc = AllocateKV(0, pages=8, batch_cap=2, page_size=4)
+    worker.reply(alloc, [None] * len(worker.ops_for(alloc)))
+    worker.ops_for(Step(1, admits=(Admit(1, 0, (1,)), Admit(2, 1, (1,))),
+                        pages=(PageAssign(1, 0, 0, (0,)), PageAssign(2, 1, 0, (1,)))))
+    with pytest.raises(SlotError, match="row 1 names slot 1 request 9, but slot 1 holds 2"):
+        worker.ops_for(Step(2, rows=(DecodeRow(0, 1, 5, 1), DecodeRow(1, 9, 5, 1)), bucket=2))
+    with pytest.raises(SlotError, match="1 decode rows and 0 admissions for 2 live slots"):
+        worker.ops_for(Step(3, rows=(DecodeRow(0, 1, 5, 1),), bucket=1))
