@@ -183,3 +183,10 @@ def test_any_pool_that_holds_one_sequence_serves_every_request_with_unchanged_to
     for step in (s for s in sent if isinstance(s, Step)):
         handed = [p for a in step.pages for p in a.pages]
         assert len(handed) == len(set(handed))
+
+
+@pytest.mark.parametrize("sizes", [(0, 16, 4), (8, 0, 4), (8, 16, 0)])
+def test_a_page_pool_refuses_any_size_below_one(sizes):
+    # pages, tokens per page, pages per sequence: each alone makes the pool unusable
+    with pytest.raises(PageError, match="each must be at least 1"):
+        PagePool(*sizes)

@@ -62,3 +62,13 @@ def test_i12_flags_a_replay_that_read_other_rows_than_its_steps():
     assert (violation.rank, violation.step) == (0, 0)
     fresh = [send(0, "Step"), op(0, "prepare_replay", 0), launch(("(0,5,7)", "(0,5,7)"))]
     assert check_i12_replay_metadata(fresh) is None
+
+
+def test_i9_counts_only_graphs_measured_before_the_kv_cache_was_sized():
+    # the capture after KV sizing records the graph again; that record is no reservation
+    unmeasured = [op(0, "record", 0, "decode@4"), op(0, "allocate_kv", 1),
+                  op(0, "record", 2, "decode@8"), op(0, "upload", 2, "decode@8")]
+    assert names(unmeasured) == ["I9"]
+    measured = [op(0, "record", 0, "decode@8"), op(0, "allocate_kv", 1),
+                op(0, "record", 2, "decode@8"), op(0, "upload", 2, "decode@8")]
+    assert names(measured) == []
