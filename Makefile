@@ -24,8 +24,9 @@ gpu-test:
 	PYTHONPATH=. python3 -m pytest -m gpu -q
 
 # Mutation testing of protocol/ (docs/mutation.md): a deterministic sample of the generated
-# mutants, each put to tests/protocol, `lockstep check` and the fast simulator tests; about 30
-# minutes on 2 cores. MUTATION_SAMPLE=0 runs every mutant.
+# mutants, each put to tests/protocol, `lockstep check` and the fast simulator tests; about 21
+# minutes of a quiet 2-core machine (estimated from CPU times; 78 minutes on shared cores).
+# MUTATION_SAMPLE=0 runs every mutant.
 MUTATION_SAMPLE ?= 300
 mutation: .venv/installed
 	nice -n 19 $(PY) tools/mutation.py --jobs 2 $(if $(filter 0,$(MUTATION_SAMPLE)),,--sample $(MUTATION_SAMPLE)) --out mutation-results
