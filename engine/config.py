@@ -63,7 +63,8 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
 
     Raises:
         ModelDirError: the directory or config.json is missing or unreadable, the architecture
-            is not Qwen3ForCausalLM, or a field is missing or not positive.
+            is not Qwen3ForCausalLM, a field is missing or out of range, or a setting asks for
+            arithmetic this engine does not implement (`_check_features`).
     """
     d = Path(model_dir)
     if not d.is_dir():
@@ -85,6 +86,7 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
         raise ModelDirError(
             f"{cfg_path}: unsupported architecture {list(archs) or None} (model_type "
             f"{hf.model_type!r}); this engine runs {list(SUPPORTED_ARCHITECTURES)} only")
+    _check_features(hf, cfg_path)
     head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
     eos = _eos_ids(d, hf)
     cfg = ModelConfig(
@@ -107,6 +109,40 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
         raise ModelDirError(f"{cfg_path}: num_attention_heads {cfg.num_q_heads} is not a "
                             f"multiple of num_key_value_heads {cfg.num_kv_heads}")
     return cfg
+
+
+STORAGE_DTYPES = ("float32", "bfloat16", "float16")
+"""Weight dtypes config.json may name: the loader reads floating-point tensors only."""
+
+
+def _check_features(hf, cfg_path: Path) -> None:
+    """Refuse config.json settings that change the model's arithmetic in ways this engine does
+    not implement (it would load and compute a different model, silently): an activation
+    other than SiLU, attention biases, sliding-window layers, or weights stored as anything
+    but a float dtype (quantized checkpoints). RoPE scaling is refused by `_rope_theta`.
+
+    Raises:
+        ModelDirError: naming the field and its value.
+    """
+    act = getattr(hf, "hidden_act", "silu")
+    if act != "silu":
+        raise ModelDirError(f"{cfg_path}: hidden_act = {act!r}; this engine implements Qwen3's "
+                            "SwiGLU MLP ('silu') only")
+    if getattr(hf, "attention_bias", False):
+        raise ModelDirError(f"{cfg_path}: attention_bias = {hf.attention_bias!r}; this engine's "
+                            "attention projections have no bias (Qwen3: false)")
+    if getattr(hf, "use_sliding_window", False):
+        raise ModelDirError(f"{cfg_path}: use_sliding_window = {hf.use_sliding_window!r}; this "
+                            "engine implements full attention only (Qwen3: false)")
+    kinds = sorted({k for k in (getattr(hf, "layer_types", None) or ()) if k != "full_attention"})
+    if kinds:
+        raise ModelDirError(f"{cfg_path}: layer_types holds {kinds}; this engine implements "
+                            "'full_attention' layers only")
+    dtype = str(getattr(hf, "dtype", None) or getattr(hf, "torch_dtype", None)
+                or "bfloat16").replace("torch.", "")
+    if dtype not in STORAGE_DTYPES:
+        raise ModelDirError(f"{cfg_path}: dtype = {dtype!r}; this engine loads weights stored as "
+                            f"{', '.join(STORAGE_DTYPES)} only")
 
 
 def _check_scalars(cfg: ModelConfig, cfg_path: Path) -> None:

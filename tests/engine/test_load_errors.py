@@ -211,3 +211,21 @@ def test_rope_scaling_is_refused_not_ignored(model_copy, scaling):
     _edit_config(model_copy, rope_scaling=scaling)
     kind = scaling.get("rope_type", scaling.get("type"))
     _rejects(model_copy, ModelDirError, "config.json", f"rope_type = {kind!r}", "only the default RoPE")
+
+
+@pytest.mark.parametrize("fields, named", [
+    ({"hidden_act": "gelu"}, "hidden_act = 'gelu'"),
+    ({"hidden_act": "not-an-activation"}, "hidden_act = 'not-an-activation'"),
+    ({"attention_bias": True}, "attention_bias = True"),
+    ({"use_sliding_window": True, "sliding_window": 4}, "use_sliding_window = True"),
+    ({"layer_types": ["sliding_attention", "full_attention"]}, "['sliding_attention']"),
+    ({"dtype": "int8", "torch_dtype": "int8"}, "dtype = 'int8'"),
+])
+def test_settings_the_engine_does_not_implement_are_refused_not_ignored(model_copy, fields,
+                                                                        named):
+    """Old behaviour (found by a fresh user): each of these loaded and generated the same
+    tokens as the unmodified model, silently computing a different model than the config
+    names."""
+    _edit_config(model_copy, **fields)
+    msg = _rejects(model_copy, ModelDirError, "config.json", named)
+    assert "\n" not in msg
