@@ -543,6 +543,10 @@ def _row_notes(rows: list[Row]) -> list[str]:
             out.append(f"error: {row.variant} / {row.topology}: {row.detail}")
         elif row.got == "not reachable here":
             out.append(f"note: {row.variant} / {row.topology}: not reachable here: {row.detail}")
+        elif row.got == "vacuous":
+            out.append(f"note: {row.variant} / {row.topology}: vacuous: {row.detail}; a search "
+                       "that never does these cannot show the protocol handles them (is the max "
+                       "batch or the bucket set too small to need them?)")
         elif row.got == "incomplete" or row.stats.budget_reached:
             out.append(f"note: {row.variant} / {row.topology}: "
                        f"{row.detail if row.got == 'incomplete' else _budget_note(row)}")

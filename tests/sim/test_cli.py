@@ -253,3 +253,17 @@ def test_every_example_of_the_state_hooks_gets_its_expected_verdict(capsys):
     got = {(row["variant"], row["got"]) for row in data["rows"]}
     assert got == {("my-side-stream-custom-ar", "deadlock"), ("my-fresh-logits", "invariant:I15"),
                    ("my-idle-skips-decode", "divergence"), ("my-ignores-death", "invariant:I13")}
+
+
+@pytest.mark.timeout(120)
+def test_a_vacuous_row_says_under_the_table_what_was_never_reached(capsys):
+    """Old behaviour (found by a fresh user): `--max-batch 1` made the correct protocol's row
+    `vacuous MISMATCH` with no reason in the table; only --json held "never reached: ..."."""
+    code = main(["check", "--variant", "correct", "--max-batch", "1", "--buckets", "1,2,4",
+                 "--topology", "shared", "--schedules", "5", "--fault-schedules", "0",
+                 "--no-progress"])
+    out = capsys.readouterr().out
+    assert code == 1
+    note = [line for line in out.splitlines() if line.startswith("note: correct / shared")]
+    assert len(note) == 1 and "vacuous: never reached: compaction_moves_live" in note[0]
+    assert "padded_replay" in note[0] and "too small" in note[0]
