@@ -159,6 +159,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         opts = options_from_args(args)
         validate(opts)
+        check_throughput_args(args)  # unused by this workload, but a bad value is still named
     except BenchArgError as exc:
         return _error(str(exc))
     problem = _gpu_problem(opts.tensor_parallel_size)

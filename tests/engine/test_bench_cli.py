@@ -133,14 +133,18 @@ def test_report_prints_the_kernel_profile_of_each_point():
     (["--temperature", "0"], "--temperature 0"),
     (["--top-p", "1.5"], "--top-p 1.5"),
 ])
-def test_bad_throughput_argument_exits_2_before_cuda(argv, needle, capsys, monkeypatch):
+@pytest.mark.parametrize("workload", ["throughput", "decode"])
+def test_bad_throughput_argument_exits_2_before_cuda(argv, needle, workload, capsys,
+                                                     monkeypatch):
+    """With the decode workload too (found by a fresh user: `-n 0` or `--top-p 7` fell through
+    to the GPU check there, as if accepted)."""
     import torch
 
     def boom(*a, **k):
         raise AssertionError("touched CUDA before the argument checks")
 
     monkeypatch.setattr(torch.cuda, "is_available", boom)
-    rc = main(["bench", "--preset", "tiny", "--workload", "throughput", *argv])
+    rc = main(["bench", "--preset", "tiny", "--workload", workload, *argv])
     err = capsys.readouterr().err
     assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1, err
 
