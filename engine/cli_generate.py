@@ -140,16 +140,21 @@ def check_before_load(args: argparse.Namespace, params) -> None:
             raise RequestError(f"text prompt given but {args.model} has no tokenizer; use --prompt-ids")
         if not args.prompt:
             raise RequestError("--prompt is empty")
+        from engine.llm import LLM
+
+        # tokenized here too, so a prompt too long is refused before any rank starts
+        length = len(LLM._load_tokenizer(Path(args.model)).encode(args.prompt))
     else:
         if not args.prompt_ids:
             raise RequestError("--prompt-ids is empty")
         for t in args.prompt_ids:
             if not 0 <= t < cfg.vocab_size:
                 raise RequestError(f"prompt token id {t} outside the vocabulary [0, {cfg.vocab_size})")
-        limit = args.max_model_len if args.max_model_len is not None else min(cfg.max_position, 2048)
-        if len(args.prompt_ids) + args.max_tokens > limit:
-            raise RequestError(f"prompt of {len(args.prompt_ids)} tokens + --max-tokens "
-                               f"{args.max_tokens} exceeds the max model length {limit}")
+        length = len(args.prompt_ids)
+    limit = args.max_model_len if args.max_model_len is not None else min(cfg.max_position, 2048)
+    if length + args.max_tokens > limit:
+        raise RequestError(f"prompt of {length} tokens + --max-tokens {args.max_tokens} exceeds "
+                           f"the max model length {limit}")
 
 
 def run(args: argparse.Namespace) -> int:

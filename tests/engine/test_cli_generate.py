@@ -200,3 +200,21 @@ def test_a_signal_stops_tp2_generate_with_one_line_and_no_rank_traceback(tiny_di
     time.sleep(1.0)
     assert [pid for pid in ranks if os.path.exists(f"/proc/{pid}")
             and open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"] == []
+
+
+def test_a_text_prompt_too_long_is_refused_before_the_engine_starts(tiny_dir, capsys,
+                                                                    monkeypatch):
+    """Old behaviour (found by a fresh user): `--prompt` of 3,000 tokens loaded the model and
+    started the ranks, printed `ready`, and only then was refused (--prompt-ids was refused
+    up front)."""
+    import engine.llm
+
+    def started(*a, **k):
+        raise AssertionError("the engine started before the prompt's length was checked")
+
+    monkeypatch.setattr(engine.llm.LLM, "__init__", started)
+    assert main(["generate", "--model", str(tiny_dir), "--prompt", "a" * 3000,
+                 "--max-tokens", "2", "-tp", "2", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "prompt of 3000 tokens + --max-tokens 2 exceeds the max model length" in err
+    assert len(err.splitlines()) == 1
