@@ -179,7 +179,7 @@ class LLM:
             return AutoTokenizer.from_pretrained(str(d))
         except (ValueError, OSError, TypeError, KeyError) as exc:  # JSONDecodeError included
             names = [f for f in ("tokenizer.json", "tokenizer_config.json") if (d / f).is_file()]
-            line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            line = " ".join(str(exc).split()) or type(exc).__name__  # all of it, one line
             raise ModelDirError(f"{d}: the tokenizer ({', '.join(names)}) cannot be read: "
                                 f"{line}") from None
 

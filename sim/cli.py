@@ -256,6 +256,8 @@ class _Finished:
 
 def _run(args, finished: _Finished | None = None) -> int:
     finished = finished or _Finished()
+    if args.hazard_off:  # one switch per hazard, however often it was named
+        args.hazard_off = list(dict.fromkeys(args.hazard_off))
     if args.replay is not None:
         given = [f"--{k.replace('_', '-')}" for k in DEFAULTS if getattr(args, k) is not None]
         given += [opt for opt, value in (("--variant", args.variant), ("--buckets", args.buckets),
@@ -510,11 +512,16 @@ def _correct(variant) -> bool:
 def _write_traces(directory: Path, rows: list[Row], spec: CheckSpec) -> None:
     if not any(row.minimal is not None for row in rows):
         sys.stderr.write(f"lockstep check: no counterexample found, nothing written to {directory}\n")
+    written = 0
     for row in rows:
         if row.minimal is not None:
             write_trace(directory, f"{row.variant}.{row.topology}", row.minimal,
                         row.variant.split("+")[0],
                         scenario_spec(spec, row.topology, row.minimal.world.scenario))
+            written += 1
+    if written:
+        sys.stderr.write(f"lockstep check: {written} minimal trace{'s' * (written > 1)} "
+                         f"(.txt, .mmd, .json) written to {directory}\n")
 
 
 def _print_text(rows: list[Row], ok: bool, elapsed: float, args, n_variants: int) -> None:

@@ -267,3 +267,17 @@ def test_a_vacuous_row_says_under_the_table_what_was_never_reached(capsys):
     note = [line for line in out.splitlines() if line.startswith("note: correct / shared")]
     assert len(note) == 1 and "vacuous: never reached: compaction_moves_live" in note[0]
     assert "padded_replay" in note[0] and "too small" in note[0]
+
+
+@pytest.mark.timeout(120)
+def test_trace_out_says_where_it_wrote_and_a_hazard_named_twice_is_switched_off_once(
+        tmp_path, capsys):
+    """Found by a fresh user: --trace-out wrote silently, and `--hazard-off h2 --hazard-off h2`
+    printed "h2, h2"."""
+    code = main(["check", "--variant", "fused-sweep", "--topology", "shared", "--no-progress",
+                 "--hazard-off", "h4", "--hazard-off", "h4", "--trace-out", str(tmp_path)])
+    captured = capsys.readouterr()
+    assert code == 0
+    assert "hazards switched off: h4 (" in captured.out
+    assert f"1 minimal trace (.txt, .mmd, .json) written to {tmp_path}" in captured.err
+    assert (tmp_path / "fused-sweep.shared.json").is_file()
