@@ -52,10 +52,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+LIST_OPTIONS = frozenset({"--buckets", "--batch-sizes", "--context-lens", "--hf-batch-sizes",
+                          "--prompt-ids"})
+"""Options whose value is a comma-separated list of integers."""
+
+
+def join_negative_lists(argv: list[str]) -> list[str]:
+    """`--buckets -1,2` as `--buckets=-1,2`: argparse reads a value such as '-1,2' (a
+    negative number it cannot parse as one) as an unknown option and says only 'expected one
+    argument'; joined, the option's own check names the bad item."""
+    out: list[str] = []
+    it = iter(range(len(argv)))
+    for i in it:
+        a = argv[i]
+        if a in LIST_OPTIONS and i + 1 < len(argv) and argv[i + 1][:1] == "-" \
+                and argv[i + 1][1:2].isdigit():
+            out.append(f"{a}={argv[i + 1]}")
+            next(it, None)
+        else:
+            out.append(a)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `lockstep` console script; returns the process exit status."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(join_negative_lists(sys.argv[1:] if argv is None else list(argv)))
     if args.command is None:
         parser.print_help()
         return 2

@@ -281,3 +281,19 @@ def test_trace_out_says_where_it_wrote_and_a_hazard_named_twice_is_switched_off_
     assert "hazards switched off: h4 (" in captured.out
     assert f"1 minimal trace (.txt, .mmd, .json) written to {tmp_path}" in captured.err
     assert (tmp_path / "fused-sweep.shared.json").is_file()
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["check", "--buckets", "-1,2"], "bucket -1 at position 0"),
+    (["bench", "--preset", "tiny", "--batch-sizes", "-4,8"], "batch size -4"),
+])
+def test_a_list_option_starting_with_a_negative_number_names_it(argv, needle, capsys):
+    """Found by a fresh user: argparse read '-1,2' as an option and said only 'argument
+    --buckets: expected one argument'."""
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse's own check (check), or the command's (bench)
+        code = exc.code
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1, err
