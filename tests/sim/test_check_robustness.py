@@ -533,3 +533,42 @@ def test_an_interrupt_during_explain_prints_every_row_and_says_what_did_not_fini
                                                         "deadlock"]
     assert captured.err == ("lockstep check: interrupted; all 1 variant / topology checks "
                             "finished (above), what follows them (--explain, traces) did not\n")
+
+
+SLOW_HOOK = '''
+import time
+
+from protocol.worker import Worker
+from sim.variants import Variant
+
+
+class SlowWorker(Worker):
+    def _ops_launch(self, command):
+        time.sleep(0.7)  # correct, only slow: some 50 launches a schedule
+        return super()._ops_launch(command)
+
+
+VARIANTS = [Variant("hook-slow", "correct but slow", "test",
+                    {"shared": "clean", "per-rank": "clean"}, worker_cls=SlowWorker)]
+'''
+
+
+@pytest.fixture(scope="module")
+def slow_hook(tmp_path_factory):
+    path = tmp_path_factory.mktemp("uv") / "slow_hook.py"
+    path.write_text(SLOW_HOOK)
+    load_variant_file(path)
+    return path
+
+
+@pytest.mark.timeout(30)  # the old code ran each of these searches for about 40 s
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_slow_but_correct_hook_ends_incomplete_at_the_budget_whatever_the_jobs(slow_hook, jobs):
+    """Old behaviour (found by a fresh user): the budget was looked at every 1,024 actions, so
+    a 0.7 s hook ran a 5 s search for 40 s and ended `incomplete` with --jobs 1, and with
+    --jobs 2 the worker overran its deadline and the row was an `error` ("no answer 5 s past
+    the time budget"). Now the run stops at the first action past the budget."""
+    spec = CheckSpec(schedules=2, fault_schedules=0, time_budget=2, jobs=jobs)
+    rows = check_variant(REGISTRY["hook-slow"], spec, "shared")
+    assert [r.got for r in rows] == ["incomplete"] and not rows[0].passed
+    assert "time budget" in rows[0].detail
