@@ -5,6 +5,7 @@ Only argparse runs at import time; torch and transformers are imported inside `r
 
 from __future__ import annotations
 
+import math
 import argparse
 import sys
 
@@ -77,7 +78,7 @@ def _check_space(text: str, preset: str, dtype: str, overwrite: bool) -> str | N
 
     from engine.model_dir import tensor_shapes
 
-    need = sum(ITEMSIZE[dtype] * _numel(shape) for _, shape in tensor_shapes(PRESETS[preset]))
+    need = sum(ITEMSIZE[dtype] * math.prod(shape) for _, shape in tensor_shapes(PRESETS[preset]))
     path = Path(text)
     freed = 0
     if overwrite and path.is_dir():  # the model there is removed first: its space counts
@@ -90,12 +91,6 @@ def _check_space(text: str, preset: str, dtype: str, overwrite: bool) -> str | N
                 "preset, or a 2-byte --dtype")
     return None
 
-
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def run(args: argparse.Namespace) -> int:

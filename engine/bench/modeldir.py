@@ -7,6 +7,7 @@ shapes, so this writes the same HF layout from tensors drawn on the device, in s
 
 from __future__ import annotations
 
+import math
 import json
 import os
 import shutil
@@ -47,7 +48,7 @@ def write_random_model_fast(preset: str, dtype: str = "bfloat16", seed: int = 0,
               "float16": torch.float16}[dtype]
     cfg = PRESETS[preset]
     shapes = tensor_shapes(cfg)
-    total = sum(tdtype.itemsize * _numel(s) for _, s in shapes)
+    total = sum(tdtype.itemsize * math.prod(s) for _, s in shapes)
     if out is None:
         out = tempfile.mkdtemp(prefix=f"lockstep-bench-{preset}-", dir=temp_root(total))
     out = Path(out)
@@ -72,9 +73,3 @@ def write_random_model_fast(preset: str, dtype: str = "bfloat16", seed: int = 0,
         {"metadata": {"total_size": total}, "weight_map": weight_map}) + "\n")
     return out
 
-
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
