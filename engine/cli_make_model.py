@@ -41,6 +41,9 @@ def _check_out(text: str, overwrite: bool = False) -> str | None:
     if path.is_dir() and any(path.iterdir()):
         holds_model = (path / "config.json").is_file()
         if not overwrite:
+            if holds_model and not any(path.glob("*.safetensors")):
+                return (f"--out {text!r} holds a config.json but no weights (an interrupted "
+                        "make-model?); pass --overwrite to write the model again")
             if holds_model:
                 return (f"--out {text!r} already holds a model; pass --overwrite to replace it "
                         "(its config and weight shards are rewritten)")

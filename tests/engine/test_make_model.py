@@ -217,3 +217,22 @@ def test_a_disk_too_small_for_the_model_is_refused_before_writing(tmp_path, caps
                           "(bfloat16) needs 16.")
     assert "GB free" in err
     assert sorted(p.name for p in out.iterdir()) == before  # the old model is still there
+
+
+def test_a_directory_left_by_an_interrupted_make_model_is_named_as_such(tmp_path, capsys):
+    """Found by a fresh user: Ctrl-C during make-model left config and tokenizer files and no
+    weights; make-model then said the directory "already holds a model" while generate said
+    it holds no weights."""
+    from lockstep.cli import main
+
+    out = tmp_path / "m"
+    assert main(["make-model", "--preset", "tiny", "--out", str(out)]) == 0
+    for shard in out.glob("*.safetensors"):
+        shard.unlink()
+    capsys.readouterr()
+    assert main(["make-model", "--preset", "tiny", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "holds a config.json but no weights (an interrupted make-model?)" in err
+    assert len(err.splitlines()) == 1
+    assert main(["make-model", "--preset", "tiny", "--out", str(out), "--overwrite"]) == 0
+    assert any(out.glob("*.safetensors"))
