@@ -791,7 +791,9 @@ if triton is not None:
             score = tl.where(mask & (x >= cut), score, float("-inf"))
             m = tl.max(score, 0)
             first_v = tl.min(tl.where(score == m, v, V), 0)
-            arg = tl.where(m > best, first_v, arg)
+            # the first chunk holding the best score, as `_winner`: a row whose scores are all
+            # -inf (logits that overflow when scaled) gets index 0, as torch.argmax gives
+            arg = tl.where((m > best) | (arg == V), first_v, arg)
             best = tl.maximum(best, m)
         tl.store(token_ptr + row, tl.minimum(arg, V - 1).to(tl.int32))
 

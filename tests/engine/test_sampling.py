@@ -181,6 +181,13 @@ for trial in range(5):
     assert torch.equal(race.tokens[flagged], redrawn[flagged]), (race.tokens, redrawn)
     flagged_rows += int(flagged.sum())
 assert flagged_rows >= 15, flagged_rows
+# finite logits that overflow to -inf when scaled (temperature 1e-5): every score is -inf, and
+# the redraw takes the first index, as the race and torch.argmax do (found by a review)
+S.REDRAW_CAP = 16384
+logits = torch.tensor([[-1e35, -2e34, -3e34]])
+bp = BatchParams.from_params([SamplingParams(temperature=1e-5, top_p=0.9)], [0], [0])
+from engine.sampling import _sample_batch_torch, _sample_batch_triton
+assert _sample_batch_triton(logits, bp).tolist() == _sample_batch_torch(logits, bp).tolist() == [0]
 print("ok")
 """
 
