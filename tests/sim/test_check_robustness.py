@@ -60,12 +60,17 @@ VARIANTS = [Variant("hook-raises", "raises", "test", E, worker_cls=RaisingWorker
 '''
 
 
-@pytest.fixture(scope="module")
-def bad_hooks(tmp_path_factory):
-    path = tmp_path_factory.mktemp("uv") / "bad_hooks.py"
-    path.write_text(BAD_HOOKS)
+def _registered_variant_file(tmp_path_factory, name: str, text: str):
+    """Write `text` as the variant file `name` and register its variants."""
+    path = tmp_path_factory.mktemp("uv") / name
+    path.write_text(text)
     load_variant_file(path)
     return path
+
+
+@pytest.fixture(scope="module")
+def bad_hooks(tmp_path_factory):
+    return _registered_variant_file(tmp_path_factory, "bad_hooks.py", BAD_HOOKS)
 
 
 def test_a_search_that_explored_nothing_is_incomplete_not_clean():
@@ -555,10 +560,7 @@ VARIANTS = [Variant("hook-slow", "correct but slow", "test",
 
 @pytest.fixture(scope="module")
 def slow_hook(tmp_path_factory):
-    path = tmp_path_factory.mktemp("uv") / "slow_hook.py"
-    path.write_text(SLOW_HOOK)
-    load_variant_file(path)
-    return path
+    return _registered_variant_file(tmp_path_factory, "slow_hook.py", SLOW_HOOK)
 
 
 @pytest.mark.timeout(30)  # the old code ran each of these searches for about 40 s
