@@ -82,6 +82,10 @@ def paged_decode_attention_torch(q, k_cache, v_cache, page_table, seq_lens, slot
 # table in one load): one page per iteration left the kernel latency-bound at short contexts
 # (11 us per layer for Qwen3-4B at batch 1, context 128, on H200; 8 dependent iterations).
 TILE_TOKENS = 64
+# Tokens per iteration on the split-KV path (few rows): one 128-token tile per split beat 64 at
+# batch 1 and 8 (H200, 2026-12-01: batch 1 context 128 3.8 us against 5.9 us for 16 splits of
+# 64-token tiles; batch 8 context 128 4.0 against 7.5; batch 1 context 1,024 5.7 against 6.1).
+SPLIT_TILE_TOKENS = 128
 # Launch settings of the Triton kernel (Triton's defaults); `scripts/decode_attention_sweep.py`
 # times the alternatives at long contexts.
 NUM_WARPS = 4
@@ -161,10 +165,15 @@ if triton is not None:
         m = tl.full([BLOCK_G], float("-inf"), tl.float32)
         l = tl.zeros([BLOCK_G], tl.float32)
         acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
+        # Splits this sequence uses: at most one per tile, so a short sequence is not spread
+        # over programs that find nothing to read and a merge of SPLITS empty partials (the
+        # launch's SPLITS is fixed by its shape for graph capture; the length is not).
         num_tiles = tl.cdiv(length, BLOCK_N)
-        per_split = tl.cdiv(num_tiles, SPLITS)
-        first = split * per_split
-        last = tl.minimum(first + per_split, num_tiles)
+        used = tl.minimum(num_tiles, SPLITS)
+        first = split * num_tiles // used
+        last = (split + 1) * num_tiles // used
+        if split >= used:
+            first = last  # nothing to read; such a program publishes nothing either
         for i in range(first, last):
             tok = i * BLOCK_N + t
             kmask = tok < length
@@ -196,10 +205,14 @@ if triton is not None:
         if SPLITS == 1:
             tl.store(out_rows, (acc / l[:, None]).to(out_ptr.dtype.element_ty),
                      mask=gmask[:, None])
-        else:
-            # Publish this split's (max, sum, output); the last of the (row, head)'s splits to
-            # arrive merges all of them in split order 0..SPLITS-1 (deterministic) and resets
-            # the counter. A split past the sequence's last tile publishes (-inf, 0, 0).
+        elif used == 1:  # one tile: split 0 read it all; the others have nothing to add
+            if split == 0:
+                tl.store(out_rows, (acc / l[:, None]).to(out_ptr.dtype.element_ty),
+                         mask=gmask[:, None])
+        elif split < used:
+            # Publish this split's (max, sum, output); the last of the sequence's `used` splits
+            # to arrive merges them in split order 0..used-1 (deterministic) and resets the
+            # counter.
             pair = b * NUM_KV + h
             me = pair * SPLITS + split
             tl.store(acc_ptr + (me * BLOCK_G + g)[:, None] * HEAD_DIM + d[None, :], acc)
@@ -207,21 +220,29 @@ if triton is not None:
             tl.store(stats_ptr + (me * BLOCK_G + g) * 2 + 1, l)
             tl.debug_barrier()
             arrived = tl.atomic_add(count_ptr + pair, 1, sem="acq_rel")
-            if arrived == SPLITS - 1:
+            if arrived == used - 1:
+                # unrolled over the launch's SPLITS (independent loads in flight at once); the
+                # partials past `used` were not written this launch and are masked out
                 m_all = tl.full([BLOCK_G], float("-inf"), tl.float32)
+                used_g = tl.zeros([BLOCK_G], tl.int32) + used
                 for j in tl.static_range(SPLITS):
                     other = pair * SPLITS + j
-                    m_j = tl.load(stats_ptr + (other * BLOCK_G + g) * 2, cache_modifier=".cg")
+                    written = used_g > j  # [BLOCK_G]
+                    m_j = tl.load(stats_ptr + (other * BLOCK_G + g) * 2, mask=written,
+                                  other=float("-inf"), cache_modifier=".cg")
                     m_all = tl.maximum(m_all, m_j)
                 total = tl.zeros([BLOCK_G], tl.float32)
                 merged = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
                 for j in tl.static_range(SPLITS):
                     other = pair * SPLITS + j
-                    m_j = tl.load(stats_ptr + (other * BLOCK_G + g) * 2, cache_modifier=".cg")
-                    l_j = tl.load(stats_ptr + (other * BLOCK_G + g) * 2 + 1,
-                                  cache_modifier=".cg")
+                    written = used_g > j
+                    m_j = tl.load(stats_ptr + (other * BLOCK_G + g) * 2, mask=written,
+                                  other=float("-inf"), cache_modifier=".cg")
+                    l_j = tl.load(stats_ptr + (other * BLOCK_G + g) * 2 + 1, mask=written,
+                                  other=0.0, cache_modifier=".cg")
                     a_j = tl.load(acc_ptr + (other * BLOCK_G + g)[:, None] * HEAD_DIM
-                                  + d[None, :], cache_modifier=".cg")
+                                  + d[None, :], mask=written[:, None], other=0.0,
+                                  cache_modifier=".cg")
                     w = tl.where(l_j > 0, tl.exp(m_j - m_all), 0.0)
                     total += l_j * w
                     merged += a_j * w[:, None]
@@ -236,7 +257,8 @@ def paged_decode_attention_triton(q, k_cache, v_cache, page_table, seq_lens, slo
     """Triton kernel; see the module docstring. `out` [B, Hq, D] may be given (static buffer).
 
     With a `workspace`, a launch of too few (row, kv head) programs to fill the GPU splits each
-    sequence's tiles over `num_splits(B, Hkv)` programs (flash-decoding) and merges them in
+    sequence's tiles over up to `num_splits(B, Hkv)` programs (flash-decoding; a sequence
+    uses at most one split per tile, read from its length on the device) and merges them in
     the same launch; without one, one program walks the whole sequence.
 
     Requirements: D and page_size powers of two >= 16; q, caches and page_table contiguous in
@@ -266,7 +288,8 @@ def paged_decode_attention_triton(q, k_cache, v_cache, page_table, seq_lens, slo
         q, k_cache, v_cache, page_table, seq_lens, slot_ids, out, acc, stats, counters,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         page_table.stride(0), out.stride(0), out.stride(1), scale, Hkv,
-        GROUP=group, BLOCK_G=block_g, HEAD_DIM=D, PAGE=P, BLOCK_N=max(P, TILE_TOKENS),
+        GROUP=group, BLOCK_G=block_g, HEAD_DIM=D, PAGE=P,
+        BLOCK_N=max(P, SPLIT_TILE_TOKENS if splits > 1 else TILE_TOKENS),
         SPLITS=splits, IEEE=q.dtype == torch.float32, num_warps=NUM_WARPS,
         num_stages=NUM_STAGES, **pdl_launch(q))
     return out

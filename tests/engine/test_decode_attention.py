@@ -59,7 +59,7 @@ from engine.testing import make_case
 worst = 0.0
 ws = SplitWorkspace("cpu", head_dim=16)
 for q_heads, kv_heads in [(4, 2), (8, 2), (2, 2)]:
-    q, k, v, table, lens, slots = make_case([1, 15, 16, 17, 40, 64, 65, 130, 700],
+    q, k, v, table, lens, slots = make_case([1, 15, 16, 17, 40, 64, 65, 128, 129, 130, 700, 2100],
                                             q_heads, kv_heads)
     ref = paged_decode_attention_reference(q, k, v, table, lens, slots, 0.25)
     out = paged_decode_attention_triton(q, k, v, table, lens, slots, 0.25)

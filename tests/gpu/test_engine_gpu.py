@@ -20,24 +20,34 @@ pytestmark = [pytest.mark.gpu,
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("q_heads, kv_heads, page_size", [(16, 8, 16), (32, 8, 16), (32, 8, 64)])
-def test_triton_decode_attention_long_ragged_contexts(dtype, q_heads, kv_heads, page_size):
+@pytest.mark.parametrize("split", [False, True])
+def test_triton_decode_attention_long_ragged_contexts(dtype, q_heads, kv_heads, page_size,
+                                                      split):
+    """One launch over ragged lengths, and with a workspace (the split-KV path: a sequence
+    of one tile stores directly, a longer one merges one split per tile up to the launch's
+    count); with split, each length alone too (batch 1: 16 splits)."""
     from engine.kernels.decode_attention import (
+        SplitWorkspace,
         paged_decode_attention_reference,
         paged_decode_attention_triton,
     )
     from engine.testing import make_case
 
-    lengths = [1, 2, 15, 16, 17, 127, 1000, 4097, 8192, 16383]
-    case = make_case(lengths, q_heads, kv_heads, head_dim=128, page_size=page_size,
-                     dtype=getattr(torch, dtype), device="cuda", seed=3)
-    out = paged_decode_attention_triton(*case, 128 ** -0.5)
-    torch.cuda.synchronize()
-    ref = paged_decode_attention_reference(*[t.cpu() for t in case], 128 ** -0.5)
-    err = float((out.double().cpu() - ref).abs().max())
+    lengths = [1, 2, 15, 16, 17, 127, 128, 129, 1000, 4097, 8192, 16383]
+    ws = SplitWorkspace.for_heads("cuda", q_heads, kv_heads, 128) if split else None
     tol = 2e-5 if dtype == "float32" else 2e-2
-    print(f"\ntriton decode attention {dtype} Hq={q_heads} Hkv={kv_heads} page={page_size}: "
-          f"max abs err {err:.3g} (tol {tol})")
-    assert err < tol
+    for rows in [lengths] + ([[n] for n in lengths] if split else []):
+        case = make_case(rows, q_heads, kv_heads, head_dim=128, page_size=page_size,
+                         dtype=getattr(torch, dtype), device="cuda", seed=3)
+        out = paged_decode_attention_triton(*case, 128 ** -0.5, workspace=ws)
+        torch.cuda.synchronize()
+        ref = paged_decode_attention_reference(*[t.cpu() for t in case], 128 ** -0.5)
+        err = float((out.double().cpu() - ref).abs().max())
+        print(f"\ntriton decode attention {dtype} Hq={q_heads} Hkv={kv_heads} page={page_size}"
+              f" split={split} rows {len(rows)}: max abs err {err:.3g} (tol {tol})")
+        assert err < tol, rows
+    if ws is not None:
+        assert int(ws.counters.abs().sum()) == 0, "a split counter was left non-zero"
 
 
 @pytest.fixture(scope="module")
