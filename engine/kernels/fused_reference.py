@@ -109,24 +109,27 @@ def check_fused(device: str = "cpu", dtype: torch.dtype = torch.float32, impl: s
         freqs = torch.outer(torch.arange(max_pos, dtype=torch.float32), inv)
         emb = torch.cat((freqs, freqs), -1)
         cos, sin = emb.cos().to(device), emb.sin().to(device)
-        kc = rnd(num_pages + 1, page, nkv, D, scale=100.0)
-        vc = rnd(num_pages + 1, page, nkv, D, scale=100.0)
-        kc0, vc0 = kc.clone(), vc.clone()
-        args = (qkv, qw, kw, cos, sin, positions, slot_ids, table, kc, vc, nq, nkv, eps)
-        q = (fused.qk_norm_rope_kv(*args) if impl == "triton"
-             else fused.qk_norm_rope_kv_torch(*args))
+        kc0 = rnd(num_pages + 1, page, nkv, D, scale=100.0)
+        vc0 = rnd(num_pages + 1, page, nkv, D, scale=100.0)
         rq, rk, rv = qk_norm_rope_kv_reference(qkv, qw, kw, positions, theta, nq, nkv, eps)
         pos = positions.long().cpu()
         pg = table.cpu()[slot_ids.long().cpu(), pos // page].long()
         row = pos % page
-        note("qk_norm_rope_kv.q", _rel(q, rq))
-        note("qk_norm_rope_kv.k", _rel(kc.cpu()[pg, row], rk))
-        note("qk_norm_rope_kv.v", _rel(vc.cpu()[pg, row], rv))
-        mask = torch.ones(num_pages + 1, page, dtype=torch.bool)
-        mask[pg, row] = False
-        same = (torch.equal(kc.cpu()[mask], kc0.cpu()[mask])
-                and torch.equal(vc.cpu()[mask], vc0.cpu()[mask]))
-        note("qk_norm_rope_kv.untouched", 0.0 if same else float("inf"))
+        # the Triton kernel with its default heads per program and with 4, 8 and 16 (a block of
+        # heads that straddles q, k and v, and one past the last head)
+        for heads in ((None, 4, 8, 16) if impl == "triton" else (None,)):
+            kc, vc = kc0.clone(), vc0.clone()
+            args = (qkv, qw, kw, cos, sin, positions, slot_ids, table, kc, vc, nq, nkv, eps)
+            q = (fused.qk_norm_rope_kv(*args, heads=heads) if impl == "triton"
+                 else fused.qk_norm_rope_kv_torch(*args))
+            note("qk_norm_rope_kv.q", _rel(q, rq))
+            note("qk_norm_rope_kv.k", _rel(kc.cpu()[pg, row], rk))
+            note("qk_norm_rope_kv.v", _rel(vc.cpu()[pg, row], rv))
+            mask = torch.ones(num_pages + 1, page, dtype=torch.bool)
+            mask[pg, row] = False
+            same = (torch.equal(kc.cpu()[mask], kc0.cpu()[mask])
+                    and torch.equal(vc.cpu()[mask], vc0.cpu()[mask]))
+            note("qk_norm_rope_kv.untouched", 0.0 if same else float("inf"))
         # SwiGLU
         gu = rnd(T, 2 * inter, scale=2.0)
         act = fused.silu_mul(gu) if impl == "triton" else fused.silu_mul_torch(gu)
