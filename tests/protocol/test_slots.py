@@ -1,5 +1,7 @@
 """I8: scheduler-owned dense slots with swap-remove compaction, applied with assertions."""
 
+import re
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -109,3 +111,19 @@ def test_a_worker_refuses_an_admission_past_its_capacity():
     with pytest.raises(SlotError, match="admit of request 3 into slot 2 past capacity 2"):
         slots.admit(Admit(3, 2, (1,)))
     assert slots.fingerprint() == ((0, 1), (1, 2))
+
+
+@pytest.mark.parametrize("held", [{1: 7}, {0: 7, 2: 8}, {0: 7, 1: 8, 3: 9}])
+def test_check_dense_names_a_hole_in_the_occupied_slots(held):
+    slots = SlotMap(4)
+    slots.slots.update(held)
+    with pytest.raises(SlotError, match=re.escape(f"not dense: occupied {sorted(held)}")):
+        slots.check_dense()
+
+
+def test_check_dense_accepts_dense_slots_beside_the_chunk_slot():
+    slots = SlotMap(4)
+    slots.slots.update({0: 7, 1: 8, slots.chunk_slot: 9})
+    slots.check_dense()
+    slots.slots.update({2: 10})
+    slots.check_dense()
