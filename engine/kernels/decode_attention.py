@@ -82,9 +82,11 @@ def paged_decode_attention_torch(q, k_cache, v_cache, page_table, seq_lens, slot
 # table in one load): one page per iteration left the kernel latency-bound at short contexts
 # (11 us per layer for Qwen3-4B at batch 1, context 128, on H200; 8 dependent iterations).
 TILE_TOKENS = 64
-# Tokens per iteration on the split-KV path (few rows): one 128-token tile per split beat 64 at
-# batch 1 and 8 (H200, 2026-12-01: batch 1 context 128 3.8 us against 5.9 us for 16 splits of
-# 64-token tiles; batch 8 context 128 4.0 against 7.5; batch 1 context 1,024 5.7 against 6.1).
+# Tokens per iteration on the split-KV path (few rows; a sequence uses one split per tile).
+# H200, 2026-12-01, CUDA-graph timed, 128- against 64-token tiles: batch 1 at context 128 4.0
+# against 5.7 us (one tile: no merge), 4,096 11.4 against 13.0, 16,384 32.1 against 40.6; batch
+# 8 at 128 4.7 against 6.9. 64 wins at batch 8 context 1,024 (11.2 against 12.8) and batch 16
+# context 512 (10.9 against 12.5); batch 1 context 1,024 is even (7.0 against 6.8).
 SPLIT_TILE_TOKENS = 128
 # Launch settings of the Triton kernel (Triton's defaults); `scripts/decode_attention_sweep.py`
 # times the alternatives at long contexts.
