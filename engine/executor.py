@@ -98,6 +98,10 @@ class RankExecutor(Backend):
         self.slot_ids = torch.zeros(nb, dtype=torch.int32, device=self.device)
         self._staging = torch.zeros(3 * nb, dtype=torch.long,
                                     pin_memory=self.device.type == "cuda")
+        # the sampled token ids of a step's rows and admissions, copied here without blocking
+        self._sampled_host = torch.zeros(settings.max_batch, dtype=torch.int32,
+                                         pin_memory=self.device.type == "cuda")
+        self._sampled = (None, None, None, None)  # (step seq, tokens, logprobs, logits)
         self._zeros = array("q", bytes(8 * nb))
         self._slot_range = array("q", range(nb))
         # request id -> (params, seed); registered by the driver before admission
@@ -502,16 +506,15 @@ class RankExecutor(Backend):
             torch.cuda.synchronize(self.device)
 
     @torch.no_grad()
-    def sample(self, step) -> tuple[int | None, ...]:
-        """Rank 0: the next token of every decoded and admitted request of `step`, one batched
-        pass over slots 0..rows+admits-1 (`engine.sampling.sample_batch`).
+    def enqueue_sample(self, step) -> None:
+        """Rank 0: enqueue the next token of every decoded and admitted request of `step`, one
+        batched pass over slots 0..rows+admits-1 (`engine.sampling.sample_batch`), behind the
+        step's forward, and the copy of the int32 token ids into a pinned host buffer. Returns
+        once the kernels are launched: their host work overlaps the forward still running, and
+        `read_tokens` takes the ids after the step's synchronize.
 
-        Returns the token ids in slot order (the rows, then the admissions): one int32
-        device-to-host copy turned into a tuple, no Python work per row. A request whose
-        logit row is not finite gets `protocol.commands.NO_TOKEN` (the controller ends it) and
-        an ``"error"`` side output; the finiteness test runs on the device inside the same
-        pass (-1 marks such a row). Side outputs (logprob, logits when asked for) are left in
-        `self.outputs`.
+        A request whose logit row is not finite gets -1 from the sampler's own pass (the
+        finiteness test runs on the device inside the same pass).
         Raises:
             ValueError: the step's admissions do not take the slots right after its rows.
         """
@@ -535,11 +538,30 @@ class RankExecutor(Backend):
             index = first if index is None else torch.cat([index, first])
         ev = self.phases.start() if self.phases is not None else None
         bp = self.slots.batch(n + a, index)
-        # a non-finite logit row gets -1 from the sampler's own pass: that request ends with
-        # an error (NO_TOKEN for the controller), the others are served
         tokens, logprobs = sample_batch(logits, bp, want_logprobs=self.slots.n_logprobs > 0)
         if ev is not None:
             self.phases.stop("sample", ev)
+        if self.device.type == "cuda":  # a non-blocking copy: complete only once synchronized
+            tokens = self._sampled_host[:n + a].copy_(tokens, non_blocking=True)
+        self._sampled = (step.seq, tokens, logprobs, logits)
+        self._decode_logits = self._prefill_logits = None
+
+    def read_tokens(self, step) -> tuple[int | None, ...]:
+        """Rank 0, after the step's synchronize: the token ids `enqueue_sample` computed for
+        `step`, in slot order (the rows, then the admissions), as a tuple -- no Python work per
+        row. A request whose logit row is not finite gets `protocol.commands.NO_TOKEN` (the
+        controller ends it) and an ``"error"`` side output. Side outputs (logprob, logits when
+        asked for) are left in `self.outputs`.
+        Raises:
+            RuntimeError: no tokens of `step` were enqueued (`enqueue_sample` did not run for
+                it).
+        """
+        seq, tokens, logprobs, logits = self._sampled
+        if seq != step.seq:
+            raise RuntimeError(f"step {step.seq}: no sampled tokens to read (the last sampling "
+                               f"was for step {seq})")
+        self._sampled = (None, None, None, None)
+        n, a = len(step.rows), len(step.admits)
         ids = tokens.tolist()
         if self.phases is not None:
             self.phases.close_step(n, a)
@@ -562,7 +584,6 @@ class RankExecutor(Backend):
                     out["logprob"] = lp[slot]
                 if want_logits:
                     out["logits"] = logits[slot].to("cpu", copy=True)  # may view logits_buf
-        self._decode_logits = self._prefill_logits = None
         return tuple(ids)
 
 

@@ -219,10 +219,22 @@ class Synchronize(Op):
 
 
 @dataclass(frozen=True)
-class Sample(Op):
-    """Rank 0: sample the next token of every admitted and decoded request of ``step``."""
+class EnqueueSample(Op):
+    """Rank 0: enqueue the sampling of every admitted and decoded request of ``step`` behind
+    the step's forward, and the copy of the token ids to the host; returns before the device
+    reaches them, so the host's launch work overlaps the forward still running."""
 
-    name: ClassVar[str] = "sample"
+    name: ClassVar[str] = "enqueue_sample"
+    step: Step
+
+
+@dataclass(frozen=True)
+class ReadTokens(Op):
+    """Rank 0: the token ids `EnqueueSample` computed for ``step``, read on the host only after
+    the step's synchronize (I11: a device-to-host copy is not complete before the device is;
+    sgl-project/sglang #16493 read a non-blocking GPU-to-CPU copy with no synchronization)."""
+
+    name: ClassVar[str] = "read_tokens"
     step: Step
 
 
@@ -236,7 +248,7 @@ class DestroyCommunicator(Op):
 SYNC = Synchronize()
 
 ENQUEUING = (WarmupCollective, ProfileForward, LaunchGraph, Prefill, RunEager, MoveSlot,
-             PrepareReplay, ReleaseSlot, AssignPages)
+             PrepareReplay, ReleaseSlot, AssignPages, EnqueueSample)
 """Ops whose device work may still run when the host call returns (H6)."""
 
 
@@ -318,10 +330,15 @@ class Backend(ABC):
         """Block until this rank's device work, collectives included, is complete (I1, I11)."""
 
     @abstractmethod
-    def sample(self, step: Step) -> tuple[int | None, ...]:
-        """Rank 0 only: sample the next token of every decoded and admitted request; returns
-        the token ids in slot order (the rows, then the admissions), `NO_TOKEN` for a request
-        that could not be sampled."""
+    def enqueue_sample(self, step: Step) -> None:
+        """Rank 0 only: enqueue the sampling of the next token of every decoded and admitted
+        request of ``step``, and the copy of the token ids to the host; returns at once."""
+
+    @abstractmethod
+    def read_tokens(self, step: Step) -> tuple[int | None, ...]:
+        """Rank 0 only, after `synchronize`: the token ids `enqueue_sample` computed for
+        ``step``, in slot order (the rows, then the admissions), `NO_TOKEN` for a request that
+        could not be sampled."""
 
     @abstractmethod
     def destroy_communicator(self) -> None:
@@ -368,8 +385,10 @@ def perform(backend: Backend, op: Op) -> Any:
             return backend.run_eager(step)
         case Synchronize():
             return backend.synchronize()
-        case Sample(step):
-            return backend.sample(step)
+        case EnqueueSample(step):
+            return backend.enqueue_sample(step)
+        case ReadTokens(step):
+            return backend.read_tokens(step)
         case DestroyCommunicator():
             return backend.destroy_communicator()
     raise ProtocolError(f"backend {type(backend).__name__} has no op {op.name!r} "

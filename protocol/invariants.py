@@ -170,9 +170,10 @@ def check_i10_teardown_order(events: Sequence[TraceEvent]) -> Violation | None:
 
 
 def check_i11_reply_after_sync(events: Sequence[TraceEvent]) -> Violation | None:
-    """I11 (and I1's device half): a rank replies, and samples, only after synchronizing."""
+    """I11 (and I1's device half): a rank replies, and reads its sampled tokens, only after
+    synchronizing."""
     enqueuing = {"warmup_collective", "profile_memory", "launch", "prefill", "run_eager",
-                 "move_slot", "prepare_replay"}
+                 "move_slot", "prepare_replay", "enqueue_sample"}
     dirty: dict[int, str | None] = {}
     for e in events:
         if e.kind == "op" and e.ok:
@@ -180,9 +181,9 @@ def check_i11_reply_after_sync(events: Sequence[TraceEvent]) -> Violation | None
                 dirty[e.rank] = e.what
             elif e.what == "synchronize":
                 dirty[e.rank] = None
-            elif e.what == "sample" and dirty.get(e.rank):
-                return Violation("I11", f"rank {e.rank} sampled step {e.seq} before its device work "
-                               f"({dirty[e.rank]}) completed", e.rank, e.seq)
+            elif e.what == "read_tokens" and dirty.get(e.rank):
+                return Violation("I11", f"rank {e.rank} read the tokens of step {e.seq} before its "
+                               f"device work ({dirty[e.rank]}) completed", e.rank, e.seq)
         elif e.kind == "reply" and e.ok and dirty.get(e.rank):
             return Violation("I11", f"rank {e.rank} replied to command {e.seq} while its device work "
                            f"({dirty[e.rank]}) was still in flight", e.rank, e.seq)
@@ -276,10 +277,12 @@ _STEP_RECORD_REPLAY = frozenset({"Step", "record", "prepare_replay", "launch"})
 """What `check_i3_no_serving_capture` and `check_i12_replay_metadata` react to: the first
 Step sent, and the record, prepare_replay and launch ops."""
 _I11_OPS = frozenset({"warmup_collective", "profile_memory", "launch", "prefill", "run_eager",
-                      "move_slot", "prepare_replay", "synchronize", "sample"})
+                      "move_slot", "prepare_replay", "synchronize", "enqueue_sample",
+                      "read_tokens"})
 
 
 def _i11_reads(kind: str, what: str) -> bool:
     """True for an event `check_i11_reply_after_sync` may react to: a reply, an op that
-    enqueues device work, a synchronize, a sample (any other event changes nothing there)."""
+    enqueues device work, a synchronize, a token read (any other event changes nothing
+    there)."""
     return kind == "reply" or (kind == "op" and (what in _I11_OPS or what.startswith("run_eager")))

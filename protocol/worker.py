@@ -18,6 +18,7 @@ from protocol.backend import (
     AllocateKVCache,
     AssignPages,
     DestroyCommunicator,
+    EnqueueSample,
     FreeGraphs,
     GraphMemory,
     Instantiate,
@@ -27,10 +28,10 @@ from protocol.backend import (
     Prefill,
     PrepareReplay,
     ProfileForward,
+    ReadTokens,
     Record,
     ReleaseSlot,
     RunEager,
-    Sample,
     Upload,
     WarmupCollective,
 )
@@ -167,9 +168,12 @@ class Worker:
             ops.append(Prefill(step.admits, step.chunk))
         if step.rows:
             ops += self.forward_ops(step)
+        samples = self.rank == 0 and bool(step.rows or step.admits)
+        if samples:  # enqueued behind the forward: its host work overlaps the device's
+            ops.append(EnqueueSample(step))
         ops.append(SYNC)
-        if self.rank == 0 and (step.rows or step.admits):
-            ops.append(Sample(step))
+        if samples:
+            ops.append(ReadTokens(step))
         return ops
 
     def apply_slot_changes(self, step: Step) -> list[Op]:

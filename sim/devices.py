@@ -99,6 +99,19 @@ class SetPages(Kernel):
 
 
 @dataclass(frozen=True)
+class SampleKernel(Kernel):
+    """Rank 0's sampler of command ``seq`` and the copy of its token ids to the host: reads
+    logits rows 0..``rows``-1, then the prefill outputs of ``admitted`` (request ids), and
+    leaves (seq, token ids) in the device's host-visible `Device.sampled`. A logits row or
+    prefill output not computed in command ``seq`` gives token -1."""
+
+    label: ClassVar[str] = "sample"
+    seq: int
+    rows: int
+    admitted: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class ClearSlot(Kernel):
     """Empty ``slot``'s page-table row: its request retired or was preempted (I14)."""
 
@@ -157,6 +170,8 @@ class Device:
         registered: this rank's registration table: one (graph key, communicator, buffer)
             entry per buffer a captured collective registered (custom all-reduce's IPC graph
             buffers); compared across ranks at the end of each capture (I17).
+        sampled: (command seq, token ids) the last `SampleKernel` copied to the host; what a
+            host read of the tokens sees (`ReadTokens`), complete or not.
     """
 
     rank: int
@@ -171,6 +186,7 @@ class Device:
     paired: dict = field(default_factory=dict)
     done: dict = field(default_factory=dict)
     registered: list = field(default_factory=list)
+    sampled: tuple = (None, ())
 
     def allocate(self, name: str, data) -> Buffer:
         """A new live buffer ``name`` holding ``data``, one generation past the previous one."""
@@ -221,7 +237,7 @@ class Device:
         kv = self.buffers["kv"]
         return (kv.generation, kv.data.fingerprint(), tuple(self.live("replay-inputs")),
                 tuple(sorted(self.live("logits").items())), tuple(sorted(self.prefill_out.items())),
-                tuple(sorted(self.done.items())), len(self.registered))
+                tuple(sorted(self.done.items())), len(self.registered), self.sampled)
 
 
 class DeviceModel:
@@ -290,6 +306,14 @@ class DeviceModel:
                 dev.live("kv").assign(slot, first, pages)
             case ClearSlot(slot=slot):
                 dev.live("kv").clear(slot)
+            case SampleKernel(seq=seq, rows=rows, admitted=admitted):
+                logits = dev.live("logits")
+                tokens = [token if at == seq else -1
+                          for at, token in map(logits.get, range(rows), repeat((None, -1)))]
+                for request_id in admitted:
+                    at, token = dev.prefill_out.get(request_id, (None, -1))
+                    tokens.append(token if at == seq else -1)
+                dev.sampled = (seq, tuple(tokens))
             case _:
                 handler = self.world.variant.sim_kernels.get(type(kernel))
                 if handler is not None:

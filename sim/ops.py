@@ -17,6 +17,7 @@ from protocol.backend import (
     AllocateKVCache,
     AssignPages,
     DestroyCommunicator,
+    EnqueueSample,
     FreeGraphs,
     GraphMemory,
     Instantiate,
@@ -26,11 +27,11 @@ from protocol.backend import (
     Prefill,
     PrepareReplay,
     ProfileForward,
+    ReadTokens,
     Record,
     ReleaseSlot,
     ReplayRows,
     RunEager,
-    Sample,
     Synchronize,
     Upload,
     WarmupCollective,
@@ -48,6 +49,7 @@ from sim.devices import (
     Graph,
     GraphReplay,
     PrefillKernel,
+    SampleKernel,
     SetPages,
     WriteReplayMeta,
     padded_rows,
@@ -61,7 +63,8 @@ LOCKING_OPS = (Record, Instantiate, Upload, LaunchGraph, AllocateKVCache, FreeGr
 """Ops that may take the process's driver lock (H1)."""
 
 ALWAYS_READY = (WarmupCollective, ProfileForward, GraphMemory, ReleaseSlot,
-                AssignPages, MoveSlot, Prefill, PrepareReplay, RunEager, Sample)
+                AssignPages, MoveSlot, Prefill, PrepareReplay, RunEager, EnqueueSample,
+                ReadTokens)
 """Ops that never block in the model (host-side work or a plain enqueue), probed for free."""
 
 
@@ -132,7 +135,8 @@ class ModelledBackend:
             PrepareReplay: lambda r, host, op: self.enqueue_done(
                 r, host, WriteReplayMeta(op.step.seq, self.padded(op.step))),
             RunEager: lambda r, host, op: self.run_eager(r, host, op.step),
-            Sample: lambda r, host, op: self.sample(r, host, op.step),
+            EnqueueSample: self.enqueue_sample,
+            ReadTokens: self.read_tokens,
         }
         """Op class -> perform(r, host, op): `attempt` without ``probe`` for the ops that come
         late in its ``match`` (each case tried is a type test); the same calls as the match
@@ -181,8 +185,10 @@ class ModelledBackend:
                     r, host, WriteReplayMeta(step.seq, self.padded(step)))
             case RunEager(step):
                 return DONE if probe else self.run_eager(r, host, step)
-            case Sample(step):
-                return DONE if probe else self.sample(r, host, step)
+            case EnqueueSample():
+                return DONE if probe else self.enqueue_sample(r, host, op)
+            case ReadTokens():
+                return DONE if probe else self.read_tokens(r, host, op)
             case DestroyCommunicator():
                 return self.destroy_communicator(r, host, probe)
         handler = self.world.variant.sim_ops.get(type(op))
@@ -608,20 +614,27 @@ class ModelledBackend:
         self.enqueue(r, self.eager_sig(len(step.rows), "eager decode"))
         return self.enqueue_done(r, host, EagerDecode(step.seq, self.padded(step)))
 
-    def sample(self, r: int, host: Host, step) -> int:
-        """Rank 0: row i from logits row i, then the admitted requests from their prefill, in
-        slot order (the step reply's token tuple); a value not computed in this step reads as
-        token -1."""
-        dev = self.world.devices[r]
-        tokens = []
-        logits = dev.live("logits")
-        for i in range(len(step.rows)):
-            seq, token = logits.get(i, (None, -1))
-            tokens.append(token if seq == step.seq else -1)
-        for admit in step.admits:
-            seq, token = dev.prefill_out.get(admit.request_id, (None, -1))
-            tokens.append(token if seq == step.seq else -1)
-        return self.done(host, tuple(tokens))
+    def enqueue_sample(self, r: int, host: Host, op: EnqueueSample) -> int:
+        """Rank 0: the sampler kernel behind the step's forward (`SampleKernel`): row i from
+        logits row i, then the admitted requests from their prefill, in slot order."""
+        step = op.step
+        return self.enqueue_done(r, host, SampleKernel(
+            step.seq, len(step.rows), tuple(a.request_id for a in step.admits)))
+
+    def read_tokens(self, r: int, host: Host, op: ReadTokens) -> int:
+        """Rank 0: what the host sees of the step's tokens now (the step reply's token tuple):
+        the sampler's copy once the device ran it, else a stale or empty buffer, whose tokens
+        read as -1."""
+        step = op.step
+        seq, tokens = self.world.devices[r].sampled
+        if seq != step.seq:  # direct I11 check: the copy this read needs has not happened
+            self.world.outcome = Outcome(
+                "invariant", f"I11 violated: rank {r} read the token ids of step {step.seq} "
+                f"before its device ran the step's sampler (the host buffer holds "
+                f"{'no tokens yet' if seq is None else f'the tokens of step {seq}'})", "I11",
+                rank=r, step=step.seq)
+            tokens = (-1,) * (len(step.rows) + len(step.admits))
+        return self.done(host, tokens)
 
     def destroy_communicator(self, r: int, host: Host, probe: bool) -> int:
         if self.world.hz.h5_comm_refcount and self.world.graphs[r]:

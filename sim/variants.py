@@ -22,6 +22,7 @@ from protocol.backend import (
     LaunchGraph,
     Op,
     PrepareReplay,
+    ReadTokens,
     Record,
     ReleaseSlot,
     MoveSlot,
@@ -29,7 +30,7 @@ from protocol.backend import (
     DestroyCommunicator,
 )
 from protocol.buckets import select_bucket
-from protocol.commands import Command, Step
+from protocol.commands import Command, Reply, Step
 from protocol.controller import Controller
 from protocol.errors import ConfigError, StartupRefused
 from protocol.keys import GraphKey
@@ -751,6 +752,36 @@ register(Variant(
     remedy='The scheduler decides every slot move and carries it in the step; workers apply it with occupancy assertions (I8).',
     worker_cls=InferredSlotsWorker))
 
+
+# -- early-token-read -----------------------------------------------------------------------------------
+
+class EarlyTokenReadWorker(Worker):
+    """Rank 0 reads the sampled token ids right after enqueuing the sampler, before the step's
+    synchronize: the host sees whatever the device-to-host copy has delivered so far."""
+
+    def _ops_step(self, step: Step) -> list[Op]:
+        ops = super()._ops_step(step)
+        if ops and isinstance(ops[-1], ReadTokens):
+            read = ops.pop()
+            ops.insert(len(ops) - 1, read)  # in front of the synchronize
+        return ops
+
+    def reply(self, command: Command, results) -> Reply:
+        if (self.rank == 0 and isinstance(command, Step) and (command.rows or command.admits)
+                and len(results) >= 2):
+            results = (*results[:-2], results[-1], results[-2])  # the read's ids are the payload
+        return super().reply(command, results)
+
+
+register(Variant(
+    name="early-token-read",
+    summary="rank 0 enqueues sampling behind the forward and reads the token ids before the "
+            "step's synchronize (a non-blocking GPU-to-CPU copy read early)",
+    source="sgl-project/sglang PR #16493",
+    expected={"shared": "invariant:I11", "per-rank": "invariant:I11"},
+    remedy="The sampler is enqueued behind the forward, so its launch overlaps the device, but "
+           "its token ids are read only after the step's synchronize (I11).",
+    worker_cls=EarlyTokenReadWorker))
 
 import sim.variants_paging  # noqa: E402,F401  (registers the KV-paging variants, I14)
 import sim.variants_chunked  # noqa: E402,F401  (chunked prefill: clean and chunk-restarts-at-zero)

@@ -34,11 +34,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from protocol.backend import Op, Prefill, Sample
+from protocol.backend import EnqueueSample, Op, Prefill, ReadTokens
 from protocol.commands import Reply, Step
 from protocol.controller import Controller
 from protocol.worker import Worker
 from sim.common import DONE
+from sim.devices import SampleKernel
 from sim.scenario import Scenario
 from sim.variants import Variant, register
 from sim.variants_paging import page_pressure
@@ -116,9 +117,11 @@ def _sim_sample_chunk_too(backend, r, host, op, probe):
     """The modelled sampler, then the chunk's token from the modelled prefill's output."""
     if probe:
         return DONE
-    backend.sample(r, host, op.step)
-    seq, token = backend.world.devices[r].prefill_out.get(op.step.chunk.request_id, (None, -1))
-    host.result = host.result + (token if seq == op.step.seq else -1,)
+    step, dev = op.step, backend.world.devices[r]
+    backend.world.device_model.execute(r, dev, SampleKernel(
+        step.seq, len(step.rows), tuple(a.request_id for a in step.admits)))
+    seq, token = dev.prefill_out.get(step.chunk.request_id, (None, -1))
+    host.result = dev.sampled[1] + (token if seq == step.seq else -1,)
     return DONE
 
 
@@ -129,7 +132,7 @@ class ChunkTokenWorker(Worker):
         ops = super()._ops_step(step)
         if self.rank != 0 or step.chunk is None:
             return ops
-        ops = [op for op in ops if not isinstance(op, Sample)]
+        ops = [op for op in ops if not isinstance(op, (EnqueueSample, ReadTokens))]
         return ops + [SampleChunkToo(step)]
 
     def reply(self, command, results) -> Reply:

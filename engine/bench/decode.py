@@ -78,9 +78,12 @@ class BenchBackend:
         """The executor's device-wide synchronize."""
         self.executor.synchronize()
 
-    def sample(self, step) -> tuple[int, ...]:
-        """No token is read: drops the step's logits and returns ()."""
+    def enqueue_sample(self, step) -> None:
+        """No token is sampled: drops the step's logits."""
         self.executor._decode_logits = None
+
+    def read_tokens(self, step) -> tuple[int, ...]:
+        """No token was sampled: returns ()."""
         return ()
 
 

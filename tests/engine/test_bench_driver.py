@@ -49,9 +49,13 @@ class LoggedBackend(BenchBackend):
         self.log.append("synchronize")
         super().synchronize()
 
-    def sample(self, step):
-        self.log.append("sample")
-        return super().sample(step)
+    def enqueue_sample(self, step):
+        self.log.append("enqueue_sample")
+        super().enqueue_sample(step)
+
+    def read_tokens(self, step):
+        self.log.append("read_tokens")
+        return super().read_tokens(step)
 
 
 @pytest.fixture
@@ -80,7 +84,8 @@ def test_timed_steps_are_the_workers_ops_run_by_the_reference_driver(bench):
     times = time_steps(bench_worker(0, settings, 3, {KEY}), backend, _steps(2, 3), Timer())
     assert times == [0.002, 0.002]
     # the worker's op list for a replayed step on rank 0, in order, with the hold before the launch
-    assert backend.log == ["prepare_replay", "hold", "launch", "synchronize", "sample"] * 2
+    assert backend.log == ["prepare_replay", "hold", "launch", "enqueue_sample", "synchronize",
+                           "read_tokens"] * 2
     assert ex.input_ids[:3].tolist() == [11, 12, 13]  # the last step's rows reached the replay
     eager = LoggedBackend(ex)
     time_steps(bench_worker(1, settings, 2), eager, _steps(1, 2, key=None), Timer())

@@ -29,7 +29,7 @@ class FakeBackend:
             self.graph_bytes = 0
         if op.name == "graph_memory":
             return self.graph_bytes
-        if op.name == "sample":
+        if op.name == "read_tokens":
             step = op.args[0]
             return (7,) * (len(step.rows) + len(step.admits))  # slot order: rows, admissions
         return None
@@ -99,7 +99,7 @@ class PagedBackend(FakeBackend):
             for row in step.rows:
                 self._write(row.slot, row.position, row.token)
                 self.out[row.slot] = self._next(row.slot, row.position + 1)
-        elif op.name == "sample":
+        elif op.name == "read_tokens":
             out, self.out = self.out, {}
             return tuple(out[slot] for slot in range(len(out)))  # slot order
         return super().run(op)

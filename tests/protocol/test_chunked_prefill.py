@@ -111,8 +111,8 @@ def test_the_last_chunk_moves_the_sequence_out_of_the_chunk_slot_and_samples():
     worker.ops_for(Step(1, chunk=Chunk(5, 9, 0, (1, 2, 3, 4)), pages=(PageAssign(5, 9, 0, (0,)),)))
     ops = worker.ops_for(Step(2, admits=(Admit(5, 0, (1, 2, 3, 4, 5, 6), start=4),),
                               pages=(PageAssign(5, 0, 1, (1,)),)))
-    assert [op.name for op in ops] == ["move_slot", "assign_pages", "prefill", "synchronize",
-                                       "sample"]
+    assert [op.name for op in ops] == ["move_slot", "assign_pages", "prefill", "enqueue_sample",
+                                       "synchronize", "read_tokens"]
     assert ops[0].args == (9, 0) and worker.slots.slots == {0: 5}
     worker = _serving_worker()
     with pytest.raises(SlotError, match="last chunk of request 5 \\(from 4\\) but the chunk "

@@ -43,7 +43,8 @@ class LoggingBackend(Backend):
     def prepare_replay(self, step): self._call("prepare_replay", step)
     def run_eager(self, step): self._call("run_eager", step)
     def synchronize(self): self._call("synchronize")
-    def sample(self, step): self._call("sample", step); return {}
+    def enqueue_sample(self, step): self._call("enqueue_sample", step)
+    def read_tokens(self, step): self._call("read_tokens", step); return {}
     def destroy_communicator(self): self._call("destroy_communicator")
 
 

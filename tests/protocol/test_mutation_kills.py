@@ -53,7 +53,7 @@ def test_perform_calls_the_backend_method_of_every_op_and_returns_its_value():
     backend = Recording()
     ops = [cls for _, cls in inspect.getmembers(backend_module, inspect.isclass)
            if issubclass(cls, Op) and cls is not Op]
-    assert len(ops) == len(Backend.__abstractmethods__) == 18
+    assert len(ops) == len(Backend.__abstractmethods__) == 19
     for cls in ops:
         op = cls(*[f"arg {f.name}" for f in dataclasses.fields(cls)])
         assert perform(backend, op) == f"result of {op.name}", cls
@@ -67,7 +67,7 @@ def test_a_request_rank_0_could_not_sample_finishes_failed_and_the_others_go_on(
 
     def run(self, op):
         out = orig(self, op)
-        if op.name == "sample":  # slot order: the rows, then the admissions
+        if op.name == "read_tokens":  # slot order: the rows, then the admissions
             step = op.args[0]
             ids = step.rows.request_ids + tuple(a.request_id for a in step.admits)
             return tuple(None if rid == 0 else tok for rid, tok in zip(ids, out))

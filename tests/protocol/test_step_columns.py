@@ -36,7 +36,7 @@ class RecordingBackend(PagedBackend):
         self.held: list[dict[int, int]] = []
 
     def run(self, op):
-        if op.name == "sample":
+        if op.name == "read_tokens":
             self.held.append({slot: len(row) for slot, row in self.table.items()})
         return super().run(op)
 

@@ -16,7 +16,8 @@ SMALL = dict(buckets=(1, 2, 4, 8), max_batch=8)
 def test_sites_cover_every_op_of_both_phases():
     sites = fault_sites(default_scenario(**SMALL))
     serving_ops = {op for _, op, _ in sites["serving"]}
-    assert {"prefill", "prepare_replay", "launch", "move_slot", "sample", "run_eager"} <= serving_ops
+    assert {"prefill", "prepare_replay", "launch", "move_slot", "enqueue_sample",
+            "read_tokens", "run_eager"} <= serving_ops
     assert {"record", "instantiate", "upload", "launch", "allocate_kv"} <= {op for _, op, _ in sites["sweep"]}
     assert max(n for _, _, n in sites["serving"]) > 10  # late occurrences, not only the first calls
 

@@ -38,7 +38,10 @@ def test_each_violation_is_named():
     assert "I9" in names([op(0, "allocate_kv", 0), op(0, "upload", 1, "decode@8")])
     assert "I10" in names([op(0, "record", 0, "decode@8"), op(0, "destroy_communicator", 1)])
     assert "I11" in names([op(0, "launch", 0, "decode@8"), reply(0, 0)])
-    assert "I11" in names([op(0, "run_eager", 0), op(0, "sample", 0)])
+    assert "I11" in names([op(0, "run_eager", 0), op(0, "read_tokens", 0)])
+    assert "I11" in names([op(0, "enqueue_sample", 0), op(0, "read_tokens", 0)])
+    assert "I11" not in names([op(0, "enqueue_sample", 0), op(0, "synchronize", 0),
+                               op(0, "read_tokens", 0), reply(0, 0)])
     assert "I12" in names([send(0, "Step"), op(0, "launch", 0, "decode@8")])
     assert "I13" in names([send(0), reply(0, 0, ok=False), send(1, "Step")])
 
