@@ -221,7 +221,7 @@ class EngineConfig:
             world_size=self.world_size, buckets=self.buckets, max_batch=self.max_batch,
             cuda_graphs=self.cuda_graph, watchdog_timeout_s=self.startup_timeout_s,
             step_timeout_s=self.step_timeout_s, kv_page_bytes=self.kv_page_bytes,
-            min_kv_pages=self.pages_per_seq + 1, page_size=self.page_size,
+            page_size=self.page_size,
             max_kv_pages=min(full, self.kv_cache_pages or full),
             max_prefill_tokens=self.max_prefill_tokens,
             shape=ModelShape(m.hidden_size, m.num_layers, dtype_bytes=self.dtype_bytes,

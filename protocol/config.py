@@ -60,14 +60,14 @@ class ProtocolConfig:
         max_batch: most concurrent decode rows the scheduler admits (<= the largest bucket).
         cuda_graphs: capture decode graphs at startup; False serves every step eagerly.
         graph_batch_cap: numeric policy: decode batches above this run eager (None: no cap).
-        decode_overlap: overlap host scheduling with device decode; not supported together
-            with CUDA graphs under TP (rejected here, before any model load).
+        decode_overlap: reserved for overlapped scheduling (a step built while the previous
+            one runs), which is not implemented: no component reads it; True is refused with
+            CUDA graphs under TP here, before any model load (I7).
         watchdog_timeout_s: seconds the startup sweep may take before the watchdog aborts.
         step_timeout_s: seconds a serving or teardown command may wait for every reply before
             the controller aborts every rank (I13: a wedged rank is a global failure).
-        kv_page_bytes: bytes of one KV page on one rank, all layers.
-        min_kv_pages: fewest KV pages that make serving possible (one full-length sequence plus
-            the padding page: pages are handed out on demand, I14).
+        kv_page_bytes: bytes of one KV page on one rank, all layers (default: a Qwen3-4B page
+            with all 8 KV heads, the page of TP 1; the engine passes its own figure).
         memory_headroom_bytes: bytes left free on each rank after KV sizing.
         page_size: tokens per KV page (default 16, the engine's page).
         kv_watermark: fraction of the KV pages that admission leaves free for the running
@@ -94,7 +94,6 @@ class ProtocolConfig:
     watchdog_timeout_s: float = 120.0
     step_timeout_s: float = 60.0
     kv_page_bytes: int = 16 * 36 * 2 * 8 * 128 * 2
-    min_kv_pages: int = 257
     memory_headroom_bytes: int = 0
     page_size: int = 16
     kv_watermark: float = 0.01
@@ -107,7 +106,6 @@ class ProtocolConfig:
         _positive_int("world_size", self.world_size)
         _positive_int("max_batch", self.max_batch)
         _positive_int("kv_page_bytes", self.kv_page_bytes)
-        _positive_int("min_kv_pages", self.min_kv_pages)
         _positive_int("page_size", self.page_size)
         if self.max_kv_pages is not None:
             _positive_int("max_kv_pages", self.max_kv_pages)

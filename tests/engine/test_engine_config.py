@@ -22,7 +22,7 @@ def test_defaults_derived_values_and_protocol_config(tiny_dir):
     p = c.protocol_config()
     assert p.step_timeout_s == 42.0 and p.watchdog_timeout_s == 42.0  # one value each
     assert p.kv_page_bytes == c.kv_page_bytes and p.max_batch == 5
-    assert p.min_kv_pages == c.pages_per_seq + 1 and p.max_kv_pages == 5 * c.pages_per_seq
+    assert p.max_kv_pages == 5 * c.pages_per_seq
     assert p.max_prefill_tokens == 8192 and p.page_size == 16
 
 

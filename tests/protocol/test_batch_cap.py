@@ -45,7 +45,7 @@ def test_reserve_covers_the_bucket_that_holds_the_cap():
 def test_memory_is_measured_again_on_the_kept_set():
     """When the fit keeps fewer graphs than it measured, the kept set is measured again, and
     the reserve is the second measurement's sum."""
-    config = ProtocolConfig(buckets=(1, 2, 4, 8), max_batch=8, kv_page_bytes=100, min_kv_pages=1)
+    config = ProtocolConfig(buckets=(1, 2, 4, 8), max_batch=8, kv_page_bytes=100)
     # 500 bytes: 4 graphs (400) leave no room for a page beside the padding page; 3 graphs do
     ctrl, _, _, sent, action = drive(config, [Request(0, (1,), max_tokens=1)], free_bytes=500)
     assert isinstance(action, Done)

@@ -56,7 +56,7 @@ def test_bad_protocol_config(kwargs, match):
 def test_the_smallest_valid_settings_are_accepted():
     # the bounds are exclusive of zero and of 1.0 for the watermark, and nothing stricter
     config = ProtocolConfig(step_timeout_s=1, watchdog_timeout_s=1, max_kv_pages=1,
-                            kv_watermark=0.99, max_prefill_tokens=1, min_kv_pages=1)
+                            kv_watermark=0.99, max_prefill_tokens=1)
     assert (config.step_timeout_s, config.max_kv_pages, config.kv_watermark) == (1, 1, 0.99)
     assert ProtocolConfig(step_timeout_s=0.5, watchdog_timeout_s=0.5).step_timeout_s == 0.5
 
