@@ -9,6 +9,7 @@ from (../shared/design/BACKGROUND.md). Users add their own with `register` or fr
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -202,11 +203,19 @@ def register(variant: Variant) -> Variant:
 
 
 def get_variant(name: str) -> Variant:
-    """The registered variant ``name``; raises ConfigError listing the known names."""
+    """The registered variant ``name``.
+
+    Raises:
+        ConfigError: no variant has that name; the message names the closest ones and where
+            every name is listed (docs/variants.md).
+    """
     try:
         return REGISTRY[name]
     except KeyError:
-        raise ConfigError(f"unknown variant {name!r}; known: {', '.join(REGISTRY)}") from None
+        close = difflib.get_close_matches(name, list(REGISTRY), n=3, cutoff=0.5)
+        hint = f"did you mean {', '.join(close)}? " if close else ""
+        raise ConfigError(f"unknown variant {name!r}; {hint}{len(REGISTRY)} are known: "
+                          "docs/variants.md lists them, `lockstep check` runs them all") from None
 
 
 def load_variant_file(path: str | Path) -> list[Variant]:
