@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import functools
 from array import array
+from collections import Counter
+from dataclasses import dataclass
 from itertools import chain, repeat
 
 import torch
@@ -101,7 +103,8 @@ class RankExecutor(Backend):
         # the sampled token ids of a step's rows and admissions, copied here without blocking
         self._sampled_host = torch.zeros(settings.max_batch, dtype=torch.int32,
                                          pin_memory=self.device.type == "cuda")
-        self._sampled = (None, None, None, None)  # (step seq, tokens, logprobs, logits)
+        self._sampled_copied = torch.cuda.Event() if self.device.type == "cuda" else None
+        self._sampled: PendingSample | None = None  # what enqueue_sample left for read_tokens
         self._zeros = array("q", bytes(8 * nb))
         self._slot_range = array("q", range(nb))
         # request id -> (params, seed); registered by the driver before admission
@@ -389,7 +392,7 @@ class RankExecutor(Backend):
     def prefill(self, admits, chunk=None) -> None:
         """Prefill every admitted prompt, and the step's chunk of a chunked prefill, in one
         packed forward (ragged batch, causal attention over the paged cache); keeps the logits
-        of each admission's last token for `sample` and writes each admission's sampling
+        of each admission's last token for `enqueue_sample` and writes each admission's sampling
         parameters into its slot.
 
         An admission with ``start`` > 0 is the last chunk of a chunked prefill: its first
@@ -534,16 +537,20 @@ class RankExecutor(Backend):
             index = self.positions[:n] - self.slots.prompt_len[:n] + 1
         if a:  # an admission's first token is output output_index (0 unless recomputed)
             first = torch.tensor([x.output_index for x in step.admits], dtype=torch.int64)
-            first = first.to(self.device)
+            if self.device.type == "cuda":  # pageable memory would make the copy blocking
+                first = first.pin_memory().to(self.device, non_blocking=True)
             index = first if index is None else torch.cat([index, first])
         ev = self.phases.start() if self.phases is not None else None
         bp = self.slots.batch(n + a, index)
         tokens, logprobs = sample_batch(logits, bp, want_logprobs=self.slots.n_logprobs > 0)
         if ev is not None:
             self.phases.stop("sample", ev)
+        copied = None
         if self.device.type == "cuda":  # a non-blocking copy: complete only once synchronized
             tokens = self._sampled_host[:n + a].copy_(tokens, non_blocking=True)
-        self._sampled = (step.seq, tokens, logprobs, logits)
+            copied = self._sampled_copied
+            copied.record()
+        self._sampled = PendingSample(step.seq, tokens, logprobs, logits, copied)
         self._decode_logits = self._prefill_logits = None
 
     def read_tokens(self, step) -> tuple[int | None, ...]:
@@ -553,14 +560,21 @@ class RankExecutor(Backend):
         controller ends it) and an ``"error"`` side output. Side outputs (logprob, logits when
         asked for) are left in `self.outputs`.
         Raises:
-            RuntimeError: no tokens of `step` were enqueued (`enqueue_sample` did not run for
-                it).
+            RuntimeError: `enqueue_sample` did not run for `step` (it must, before the
+                step's synchronize), or the copy of its ids has not completed (this read came
+                before the synchronize: I11).
         """
-        seq, tokens, logprobs, logits = self._sampled
-        if seq != step.seq:
-            raise RuntimeError(f"step {step.seq}: no sampled tokens to read (the last sampling "
-                               f"was for step {seq})")
-        self._sampled = (None, None, None, None)
+        pending = self._sampled
+        if pending is None or pending.seq != step.seq:
+            raise RuntimeError(f"step {step.seq}: no sampled tokens to read; enqueue_sample "
+                               f"must run for this step first (the last sampling was for step "
+                               f"{pending.seq if pending else None})")
+        if pending.copied is not None and not pending.copied.query():
+            raise RuntimeError(f"step {step.seq}: the token ids' copy to the host has not "
+                               "completed; read_tokens must come after the step's synchronize "
+                               "(I11)")
+        self._sampled = None
+        tokens, logprobs, logits = pending.tokens, pending.logprobs, pending.logits
         n, a = len(step.rows), len(step.admits)
         ids = tokens.tolist()
         if self.phases is not None:
@@ -587,6 +601,20 @@ class RankExecutor(Backend):
         return tuple(ids)
 
 
+@dataclass
+class PendingSample:
+    """What `RankExecutor.enqueue_sample` left for `read_tokens`: the step's sequence number,
+    its token ids (int32 [rows + admits]: the pinned host buffer on CUDA, complete once
+    `copied` has), logprobs (float32, or None), the logits rows they came from, and the CUDA
+    event recorded after the copy (None off CUDA)."""
+
+    seq: int
+    tokens: torch.Tensor
+    logprobs: torch.Tensor | None
+    logits: torch.Tensor
+    copied: "torch.cuda.Event | None"
+
+
 class SlotSampling:
     """Per-slot sampling parameters in device tensors, moved with their slots.
 
@@ -604,6 +632,7 @@ class SlotSampling:
         self.params: list[SamplingParams | None] = [None] * (max_slots + 2)
         self.side: dict[int, tuple[bool, bool]] = {}  # slot -> (logprobs, return_logits)
         self.counts = {"top_k": 0, "top_p": 0, "min_p": 0}
+        self.top_ks: Counter[int] = Counter()  # top_k value -> live sampled slots with it
         self.n_logprobs = 0
         self.device = device
 
@@ -615,6 +644,10 @@ class SlotSampling:
     def _count(self, p: SamplingParams, sign: int) -> None:
         sampled = p.temperature > 0
         self.counts["top_k"] += sign * (sampled and p.top_k > 0)
+        if sampled and p.top_k > 0:  # the live top-k values, so their maximum needs no sync
+            self.top_ks[p.top_k] += sign
+            if not self.top_ks[p.top_k]:
+                del self.top_ks[p.top_k]
         self.counts["top_p"] += sign * (sampled and p.top_p < 1)
         self.counts["min_p"] += sign * (sampled and p.min_p > 0)
         self.n_logprobs += sign * bool(p.logprobs)
@@ -669,7 +702,8 @@ class SlotSampling:
             inv_temp=self.f[0, :rows], noise=self.f[1, :rows], top_p=self.f[2, :rows],
             min_p=self.f[3, :rows], top_k=self.i[0, :rows], seed_lo=self.i[1, :rows],
             seed_hi=self.i[2, :rows], index=index, any_top_k=self.counts["top_k"] > 0,
-            any_top_p=self.counts["top_p"] > 0, any_min_p=self.counts["min_p"] > 0)
+            any_top_p=self.counts["top_p"] > 0, any_min_p=self.counts["min_p"] > 0,
+            max_top_k=max(self.top_ks, default=0))
 
 
 class PhaseTimer:

@@ -295,6 +295,8 @@ class BatchParams:
         top_k: int64 [B], 0 keeps all. top_p: float32 [B]. min_p: float32 [B].
         seed_lo, seed_hi: int64 [B], the seed's 32-bit halves. index: int64 [B] output index.
         any_top_k / any_top_p / any_min_p: host flags (skip the passes nobody needs).
+        max_top_k: a host-known bound >= every row's top_k, or None (then read from the
+            tensor: a device-to-host sync).
     """
 
     inv_temp: object
@@ -308,6 +310,7 @@ class BatchParams:
     any_top_k: bool = True
     any_top_p: bool = True
     any_min_p: bool = True
+    max_top_k: int | None = None
 
     @classmethod
     def from_params(cls, params: list[SamplingParams], seeds: list[int], indices: list[int],
@@ -340,7 +343,7 @@ class BatchParams:
                 for name in ("inv_temp", "noise", "top_k", "top_p", "min_p", "seed_lo",
                              "seed_hi", "index")}
         return BatchParams(**pick, any_top_k=self.any_top_k, any_top_p=self.any_top_p,
-                           any_min_p=self.any_min_p)
+                           any_min_p=self.any_min_p, max_top_k=self.max_top_k)
 
 
 def base_cut(x, bp: BatchParams):
@@ -356,7 +359,8 @@ def base_cut(x, bp: BatchParams):
     cut_k = torch.full((B,), float("-inf"), dtype=torch.float32, device=x.device)
     k = bp.top_k.clamp(max=V)
     if bp.any_top_k:
-        kmax = max(int(k.max()), 1)  # flags may outlive the rows that asked (a subset)
+        # the flags may outlive the rows that asked (a subset): at least 1
+        kmax = min(max(bp.max_top_k if bp.max_top_k is not None else int(k.max()), 1), V)
         kth = torch.topk(x, kmax, dim=-1).values.gather(1, (k - 1).clamp(min=0)[:, None])[:, 0]
         cut_k = torch.where((k > 0) & (k < V), kth, cut_k)
     cut = cut_k

@@ -255,7 +255,7 @@ def check_trace(events: Sequence[TraceEvent],
     # perhaps a few more it skips; never fewer, so it finds what it finds on the whole trace
     steps_and = list(compress(sends_and_ops, map(_STEP_RECORD_REPLAY.__contains__,
                                                  map(_WHAT, sends_and_ops))))
-    # I11 reacts to replies and to the ops that enqueue, synchronize or sample: decided once
+    # I11 reacts to replies and to the ops that enqueue, synchronize or read tokens: decided once
     # per distinct (kind, what) pair of the trace, then picked out in C
     pairs = list(zip(kinds, map(_WHAT, events)))
     i11 = frozenset(p for p in set(pairs) if _i11_reads(*p))

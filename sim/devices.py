@@ -112,6 +112,15 @@ class SampleKernel(Kernel):
 
 
 @dataclass(frozen=True)
+class SampledIds:
+    """The token ids a `SampleKernel` copied to the host: those of command ``seq`` (None before
+    the first), in slot order."""
+
+    seq: int | None = None
+    ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class ClearSlot(Kernel):
     """Empty ``slot``'s page-table row: its request retired or was preempted (I14)."""
 
@@ -170,8 +179,8 @@ class Device:
         registered: this rank's registration table: one (graph key, communicator, buffer)
             entry per buffer a captured collective registered (custom all-reduce's IPC graph
             buffers); compared across ranks at the end of each capture (I17).
-        sampled: (command seq, token ids) the last `SampleKernel` copied to the host; what a
-            host read of the tokens sees (`ReadTokens`), complete or not.
+        sampled: the token ids the last `SampleKernel` copied to the host; what a host read
+            of the tokens sees (`ReadTokens`), whether or not this step's copy happened yet.
     """
 
     rank: int
@@ -186,7 +195,7 @@ class Device:
     paired: dict = field(default_factory=dict)
     done: dict = field(default_factory=dict)
     registered: list = field(default_factory=list)
-    sampled: tuple = (None, ())
+    sampled: SampledIds = SampledIds()
 
     def allocate(self, name: str, data) -> Buffer:
         """A new live buffer ``name`` holding ``data``, one generation past the previous one."""
@@ -308,12 +317,14 @@ class DeviceModel:
                 dev.live("kv").clear(slot)
             case SampleKernel(seq=seq, rows=rows, admitted=admitted):
                 logits = dev.live("logits")
-                tokens = [token if at == seq else -1
-                          for at, token in map(logits.get, range(rows), repeat((None, -1)))]
+                tokens = []
+                for i in range(rows):  # a row not computed in this command reads as -1
+                    at, token = logits.get(i, (None, -1))
+                    tokens.append(token if at == seq else -1)
                 for request_id in admitted:
                     at, token = dev.prefill_out.get(request_id, (None, -1))
                     tokens.append(token if at == seq else -1)
-                dev.sampled = (seq, tuple(tokens))
+                dev.sampled = SampledIds(seq, tuple(tokens))
             case _:
                 handler = self.world.variant.sim_kernels.get(type(kernel))
                 if handler is not None:

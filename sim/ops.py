@@ -626,7 +626,8 @@ class ModelledBackend:
         the sampler's copy once the device ran it, else a stale or empty buffer, whose tokens
         read as -1."""
         step = op.step
-        seq, tokens = self.world.devices[r].sampled
+        sampled = self.world.devices[r].sampled
+        seq, tokens = sampled.seq, sampled.ids
         if seq != step.seq:  # direct I11 check: the copy this read needs has not happened
             self.world.outcome = Outcome(
                 "invariant", f"I11 violated: rank {r} read the token ids of step {step.seq} "

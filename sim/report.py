@@ -17,6 +17,8 @@ from sim.run import RunResult
 TRACE_FORMAT = 1
 NOISY_OPS = {"graph_memory", "release_slot", "move_slot", "prepare_replay"}
 _GAP = "     ... (events in between left out)"
+DEVICE_OPS = ("launch", "warmup_collective", "run_eager", "prefill", "enqueue_sample")
+"""Ops drawn as an arrow to the rank's device in the sequence diagrams (they enqueue its work)."""
 
 
 def _window(events: list[TraceEvent], limit: int, step: int | None = None) -> list:
@@ -110,7 +112,7 @@ def mermaid(result: RunResult, limit: int = 40) -> str:
             for r in ranks:
                 lines.append(f"    C->>R{r}: {e.seq} {e.what} {_mermaid_text(e.detail)}".rstrip())
         elif e.kind == "op":
-            arrow = "->>" if e.what in ("launch", "warmup_collective", "run_eager", "prefill") else None
+            arrow = "->>" if e.what in DEVICE_OPS else None
             text = _mermaid_text(f"{e.what} {e.detail}".strip() + ("" if e.ok else " FAILED"))
             if arrow:
                 lines.append(f"    R{e.rank}{arrow}D{e.rank}: {text}")

@@ -786,7 +786,7 @@ register(Variant(
     name="early-token-read",
     summary="rank 0 enqueues sampling behind the forward and reads the token ids before the "
             "step's synchronize (a non-blocking GPU-to-CPU copy read early)",
-    source="sgl-project/sglang PR #16493",
+    source="sgl-project/sglang PR #16493; pytorch/pytorch #86264",
     expected={"shared": "invariant:I11", "per-rank": "invariant:I11"},
     remedy="The sampler is enqueued behind the forward, so its launch overlaps the device, but "
            "its token ids are read only after the step's synchronize (I11).",

@@ -121,7 +121,7 @@ def _sim_sample_chunk_too(backend, r, host, op, probe):
     backend.world.device_model.execute(r, dev, SampleKernel(
         step.seq, len(step.rows), tuple(a.request_id for a in step.admits)))
     seq, token = dev.prefill_out.get(step.chunk.request_id, (None, -1))
-    host.result = dev.sampled[1] + (token if seq == step.seq else -1,)
+    host.result = dev.sampled.ids + (token if seq == step.seq else -1,)
     return DONE
 
 

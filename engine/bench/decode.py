@@ -18,7 +18,8 @@ eager warm-up step per bucket on the capture stream, timed apart), and each time
 Each timed step is a protocol `Step` command run by the reference driver
 `protocol.execution.run_command` on a `protocol.worker.Worker` whose slots and pages mirror the
 bench's (`bench_worker`), exactly as serving runs it: the worker's ops, a device-wide
-synchronize, and (rank 0) a sample that here reads no token (`BenchBackend`). The events are the
+synchronize, and (rank 0) the sampler's enqueue and token read, which here sample and read
+nothing (`BenchBackend`). The events are the
 executor's own (`engine.executor.PhaseTimer`, recorded around the graph launch / the eager
 forward), so they enclose only the launch / the forward; before each forward the stream is held
 for `HOLD_CYCLES` so that the launch is queued before the start event runs, and the host's
@@ -47,8 +48,8 @@ class BenchBackend:
     """The executor as the bench's protocol backend, driven by `protocol.execution.run_command`.
 
     The decode ops are the executor's own (`prepare_replay`, `launch`, `run_eager`,
-    `synchronize`); `sample` reads no token (the bench times the forward only) and returns an
-    empty tuple.
+    `synchronize`); `enqueue_sample` samples nothing and `read_tokens` returns an empty tuple
+    (the bench times the forward only).
     ``hold`` is called right before each forward is queued (`HOLD_CYCLES`); None holds nothing.
 
     Args:

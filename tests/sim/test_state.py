@@ -119,3 +119,17 @@ def test_direct_invariants_fire_at_the_step_that_breaks_them(controller_cls, inv
     outcome = run_schedule(sc, _mutant("m", controller_cls), RandomWalk(1)).outcome
     assert (outcome.verdict, outcome.invariant) == ("invariant", invariant), outcome.detail
     assert outcome.step is not None
+
+
+def test_the_sampler_kernel_reads_only_what_its_own_command_computed():
+    """A logits row or prefill output left by an earlier command reads as token -1: a read of
+    stale device data must look wrong, or early-token-read and its kin would look clean."""
+    from sim.devices import Device, DeviceModel, SampledIds, SampleKernel
+
+    dev = Device(rank=0)
+    dev.allocate("logits", {0: (5, 11), 1: (6, 12)})   # row 0 from command 5, row 1 from 6
+    dev.prefill_out.update({7: (6, 13), 8: (5, 14)})    # request 8 was prefilled by command 5
+    DeviceModel(world=None).execute(0, dev, SampleKernel(6, 2, (7, 8)))
+    assert dev.sampled == SampledIds(6, (-1, 12, 13, -1))
+    DeviceModel(world=None).execute(0, dev, SampleKernel(5, 1, (8,)))
+    assert dev.sampled == SampledIds(5, (11, 14))

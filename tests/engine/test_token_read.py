@@ -1,0 +1,51 @@
+"""Rank 0's token ids cross to the host in two ops (I11): `enqueue_sample` behind the forward,
+`read_tokens` after the step's synchronize. The executor refuses a read of a step it did not
+sample, and a second read of one it did."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.engine_config import EngineConfig
+from engine.executor import RankExecutor
+from engine.parallel import SINGLE
+from protocol.commands import DecodeRow, Step
+
+
+@pytest.mark.timeout(120)
+def test_read_tokens_returns_the_enqueued_steps_ids_once(tiny_dir):
+    settings = EngineConfig.create(tiny_dir, max_batch=4, max_model_len=32, page_size=16,
+                                   cuda_graph=False)
+    ex = RankExecutor(settings, SINGLE)
+    ex.load_model()
+    ex.allocate_kv(ex.pages_needed())
+    ex.assign_pages_per_slot()
+    step = Step(seq=3, rows=tuple(DecodeRow(slot=s, request_id=s, token=10 + s, position=5)
+                                  for s in range(2)), bucket=2)
+    ex.slots.f[0, :2] = 1.0  # inverse temperature 1, no noise: greedy rows
+    ex.run_eager(step)
+    want = ex._decode_logits[:2].argmax(dim=-1).tolist()
+    ex.enqueue_sample(step)
+    with pytest.raises(RuntimeError, match="step 4: no sampled tokens to read; enqueue_sample "
+                                           "must run for this step first"):
+        ex.read_tokens(Step(seq=4, rows=step.rows, bucket=2))
+    ex.synchronize()
+    assert ex.read_tokens(step) == tuple(want)
+    with pytest.raises(RuntimeError, match="step 3: no sampled tokens to read"):
+        ex.read_tokens(step)
+
+
+def test_a_batch_with_a_host_top_k_bound_samples_the_same_tokens():
+    """`BatchParams.max_top_k` (the live top-k values' maximum, kept on the host so the top-k
+    cut needs no device-to-host sync) gives the tokens the bound read from the tensor gives."""
+    from engine.sampling import BatchParams, SamplingParams, sample_batch
+
+    params = [SamplingParams(temperature=0.7, top_k=k, seed=i) for i, k in enumerate((3, 50, 0))]
+    bp = BatchParams.from_params(params, [1, 2, 3], [0, 4, 9])
+    logits = torch.randn(3, 400, generator=torch.Generator().manual_seed(0))
+    read, _ = sample_batch(logits, bp)
+    bound = BatchParams(**{**bp.__dict__, "max_top_k": 50})
+    assert torch.equal(sample_batch(logits, bound)[0], read)
+    wider = BatchParams(**{**bp.__dict__, "max_top_k": 399})  # any bound >= every top_k
+    assert torch.equal(sample_batch(logits, wider)[0], read)
