@@ -125,22 +125,21 @@ class ModelledBackend:
         Only exact classes: a subclass, or any other op, is probed through `attempt`."""
         self._performers = {
             Synchronize: self._perform_synchronize,
-            GraphMemory: lambda r, host, op: self.done(host, self.graph_bytes(r)),
-            WarmupCollective: lambda r, host, op: self.warmup_collective(r, host, op.nbytes, False),
-            ReleaseSlot: lambda r, host, op: self.page_table_done(r, host, ClearSlot(op.slot)),
-            AssignPages: lambda r, host, op: self.page_table_done(
-                r, host, SetPages(op.slot, op.first_index, op.pages)),
-            MoveSlot: lambda r, host, op: self.enqueue_done(r, host, CopySlot(op.src, op.dst)),
-            Prefill: lambda r, host, op: self.prefill(r, host, op.admits, op.chunk),
-            PrepareReplay: lambda r, host, op: self.enqueue_done(
-                r, host, WriteReplayMeta(op.step.seq, self.padded(op.step))),
-            RunEager: lambda r, host, op: self.run_eager(r, host, op.step),
+            GraphMemory: self._perform_graph_memory,
+            WarmupCollective: self._perform_warmup,
+            ReleaseSlot: self._perform_release_slot,
+            AssignPages: self._perform_assign_pages,
+            MoveSlot: self._perform_move_slot,
+            Prefill: self._perform_prefill,
+            PrepareReplay: self._perform_prepare_replay,
+            RunEager: self._perform_run_eager,
             EnqueueSample: self.enqueue_sample,
             ReadTokens: self.read_tokens,
         }
         """Op class -> perform(r, host, op): `attempt` without ``probe`` for the ops that come
         late in its ``match`` (each case tried is a type test); the same calls as the match
-        makes. Exact classes only, as `readiness`."""
+        makes. Exact classes only, as `readiness`. Bound methods, not lambdas: a row's minimal
+        run (its world included) goes back from a worker process by pickle."""
 
     # -- dispatch ---------------------------------------------------------------------------------
 
@@ -204,6 +203,30 @@ class ModelledBackend:
             return BLOCKED
         host.result = None
         return DONE
+
+    def _perform_graph_memory(self, r: int, host: Host, op: GraphMemory) -> int:
+        return self.done(host, self.graph_bytes(r))
+
+    def _perform_warmup(self, r: int, host: Host, op: WarmupCollective) -> int:
+        return self.warmup_collective(r, host, op.nbytes, False)
+
+    def _perform_release_slot(self, r: int, host: Host, op: ReleaseSlot) -> int:
+        return self.page_table_done(r, host, ClearSlot(op.slot))
+
+    def _perform_assign_pages(self, r: int, host: Host, op: AssignPages) -> int:
+        return self.page_table_done(r, host, SetPages(op.slot, op.first_index, op.pages))
+
+    def _perform_move_slot(self, r: int, host: Host, op: MoveSlot) -> int:
+        return self.enqueue_done(r, host, CopySlot(op.src, op.dst))
+
+    def _perform_prefill(self, r: int, host: Host, op: Prefill) -> int:
+        return self.prefill(r, host, op.admits, op.chunk)
+
+    def _perform_prepare_replay(self, r: int, host: Host, op: PrepareReplay) -> int:
+        return self.enqueue_done(r, host, WriteReplayMeta(op.step.seq, self.padded(op.step)))
+
+    def _perform_run_eager(self, r: int, host: Host, op: RunEager) -> int:
+        return self.run_eager(r, host, op.step)
 
     def _record_ready(self, r: int, host: Host, op: Record) -> bool:
         """`record` probed: blocked by H4 in hang mode before the warm-up of its size, or by
