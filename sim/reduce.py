@@ -46,12 +46,23 @@ def reduce_schedule(scenario: Scenario, variant, failing: RunResult,
             return attempts[0] >= max_attempts
         return time.perf_counter() - start >= time_budget
 
-    def attempt(candidate: dict[int, str]) -> RunResult | None:
-        attempts[0] += 1
-        result = run_schedule(scenario, variant, Sticky(candidate))
+    runs: dict[tuple[int, ...], RunResult] = {}
+
+    def run_keeping(kept: list[int]) -> RunResult:
+        """The run that switches at the steps ``kept`` (of ``points``). A run is a function of
+        its switches, so one made before is looked up instead of made again (the final run
+        below is usually the last candidate that kept the failure)."""
+        key = tuple(kept)
+        if key not in runs:
+            runs[key] = run_schedule(scenario, variant, Sticky({k: points[k] for k in kept}))
+        return runs[key]
+
+    def attempt(kept: list[int]) -> RunResult | None:
+        attempts[0] += 1  # a looked-up run counts too: the budget, so the result, stays as it was
+        result = run_keeping(kept)
         return result if same_failure(result, failing) else None
 
-    empty = attempt({})
+    empty = attempt([])
     if empty is not None and empty.actions <= best.actions:
         return empty
     keys = sorted(points)
@@ -61,7 +72,7 @@ def reduce_schedule(scenario: Scenario, variant, failing: RunResult,
         i = 0
         while i < len(keys) and not out_of_budget():
             trial_keys = keys[:i] + keys[i + chunk:]
-            result = attempt({k: points[k] for k in trial_keys})
+            result = attempt(trial_keys)
             if result is not None:
                 keys = trial_keys
                 removed_any = True
@@ -71,7 +82,7 @@ def reduce_schedule(scenario: Scenario, variant, failing: RunResult,
                 i += chunk
         if not removed_any:
             chunk //= 2
-    final = run_schedule(scenario, variant, Sticky({k: points[k] for k in keys}))
+    final = run_keeping(keys)
     if same_failure(final, failing) and final.actions <= best.actions:
         best = final
     return best

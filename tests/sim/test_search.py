@@ -5,12 +5,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.check import CLEAN, Fixed, random_fault
+from sim.check import CLEAN, CheckSpec, Fixed, check_bad, random_fault
 from sim.reduce import reduce_schedule, switch_points
 from sim.run import run_schedule
 from sim.scenario import Fault, default_scenario
 from sim.search import exhaustive_search, hypothesis_search, sample_search
-from sim.strategies import Drawn, RandomWalk
+from sim.strategies import Drawn, RandomWalk, Sticky
 from sim.variants import REGISTRY
 
 TINY = dict(buckets=(1, 2), max_batch=2)
@@ -46,6 +46,28 @@ def test_reducer_keeps_verdict_and_removes_switches():
     reduced = reduce_schedule(sc, variant, failing, time_budget=5)
     assert reduced.outcome.verdict == "deadlock"
     assert len(switch_points(reduced.choices)) <= len(switch_points(failing.choices))
+
+
+def test_reducer_runs_each_candidate_once_and_counts_a_repeat_as_an_attempt(monkeypatch):
+    """A repeated candidate is looked up, not re-run; it still spends an attempt, so the
+    minimal trace is the one a reducer that re-ran it finds."""
+    import sim.reduce
+
+    variant = REGISTRY["kv-zero-unordered"]  # its reduction meets candidates again
+    failing = check_bad(variant, CheckSpec(), "shared", reduce=False).minimal
+    sc = failing.world.scenario
+    made = []
+
+    def counted(scenario, v, chooser):
+        made.append(tuple(sorted(chooser.switches)))
+        return run_schedule(scenario, v, chooser)
+
+    monkeypatch.setattr(sim.reduce, "run_schedule", counted)
+    reduced = reduce_schedule(sc, variant, failing, max_attempts=8)
+    assert len(made) == len(set(made)) < 9  # 8 attempts and the final run, some the same
+    monkeypatch.undo()
+    rerun = run_schedule(sc, variant, Sticky(switch_points(reduced.choices)))
+    assert (rerun.choices, rerun.outcome.verdict) == (reduced.choices, reduced.outcome.verdict)
 
 
 @pytest.mark.timeout(120)
