@@ -26,6 +26,7 @@ from sim.limits import check_limits
 from sim.progress import CheckProgress
 from sim.report import narrative, write_trace
 from sim.rows import check_rows
+from sim.run import freeze_imports
 from sim.scenario import TOPOLOGIES
 from sim.strategies import STRATEGIES
 from sim.variants import REGISTRY, SHIPPED, get_variant, load_variant_file
@@ -311,6 +312,7 @@ def _run(args, finished: _Finished | None = None) -> int:
         spec.scenario("shared")  # validates ranks / buckets / max batch before any search
     except ConfigError as exc:
         return _fail(str(exc))
+    freeze_imports()
     cpus = os.cpu_count() or 1
     if args.jobs > cpus and args.strategy in (None, "random", "pct"):
         sys.stderr.write(f"lockstep check: warning: --jobs {args.jobs} is more than the {cpus} "

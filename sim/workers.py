@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.connection import wait
 
 from sim.guard import locate, paused
+from sim.run import freeze_imports
 
 GRACE_S = 5.0
 """Seconds past the deadline a worker may take to answer before it counts as stuck."""
@@ -90,6 +91,7 @@ def _worker_main(conn, target, job) -> None:
     _die_with_parent()
     if os.getppid() != parent:  # the parent died before the request took effect
         os._exit(0)
+    freeze_imports()
     while True:
         try:
             message = conn.recv()

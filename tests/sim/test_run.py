@@ -1,0 +1,45 @@
+"""`run_schedule` turns the cyclic collector off during a run and leaves it as it found it."""
+
+import gc
+
+import pytest
+
+from sim.run import run_schedule
+from sim.scenario import default_scenario
+from sim.strategies import RandomWalk
+from sim.variants import REGISTRY
+
+TINY = dict(buckets=(1, 2), max_batch=2)
+
+
+class _Failing:
+    def choose(self, enabled, step):
+        raise RuntimeError("chooser failed")
+
+
+def test_the_collector_is_off_during_a_run_and_restored_after():
+    seen = []
+
+    def note(world):
+        seen.append(gc.isenabled())
+
+    assert gc.isenabled()
+    result = run_schedule(default_scenario(**TINY), REGISTRY["correct"], RandomWalk(0), on_state=note)
+    assert result.outcome.verdict == "clean"
+    assert seen and not any(seen)
+    assert gc.isenabled()
+
+
+def test_the_collector_is_restored_when_a_run_raises():
+    with pytest.raises(RuntimeError):
+        run_schedule(default_scenario(**TINY), REGISTRY["correct"], _Failing())
+    assert gc.isenabled()
+
+
+def test_a_collector_turned_off_by_the_caller_stays_off():
+    gc.disable()
+    try:
+        run_schedule(default_scenario(**TINY), REGISTRY["correct"], RandomWalk(0))
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
