@@ -46,8 +46,9 @@ class CheckSpec:
     hazards_off: tuple[str, ...] = ()
     jobs: int = 1
     reduce_attempts: int = 8
-    """Re-runs the reducer may spend on each counterexample (`sim.reduce.reduce_schedule`): a
-    count, not seconds, so that a row's minimal trace does not depend on machine speed or load."""
+    """Attempts the reducer may spend on each counterexample (`sim.reduce.reduce_schedule`; a
+    candidate it already ran counts again but is not run again): a count, not seconds, so
+    that a row's minimal trace does not depend on machine speed or load."""
     h2_scope: str = "process"
     h2_calls: str = "both"
 
@@ -286,7 +287,7 @@ def bad_search_setup(variant: Variant, spec: CheckSpec, topology: str,
 def check_bad(variant: Variant, spec: CheckSpec, topology: str, progress=None,
               reduce_attempts: int | None = None, reduce: bool = True) -> Row:
     """Row for a known-bad variant: the first schedule with a non-clean verdict, reduced in
-    ``reduce_attempts`` re-runs (default: ``spec.reduce_attempts``); with ``reduce`` False
+    ``reduce_attempts`` attempts (default: ``spec.reduce_attempts``); with ``reduce`` False
     the row's ``minimal`` is the first failing run, unreduced."""
     scenario = variant.scenario(spec.scenario(topology))
     expected = variant.expected.get(topology, "?")
