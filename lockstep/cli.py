@@ -76,8 +76,13 @@ def join_negative_lists(argv: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `lockstep` console script; returns the process exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["check"] and (os.cpu_count() or 1) > 1:
+        from sim.workers import start_server
+
+        start_server()  # its workers' imports overlap this process's (see start_server)
     parser = build_parser()
-    args = parser.parse_args(join_negative_lists(sys.argv[1:] if argv is None else list(argv)))
+    args = parser.parse_args(join_negative_lists(argv))
     if args.command is None:
         parser.print_help()
         return 2

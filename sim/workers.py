@@ -34,7 +34,6 @@ from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.connection import wait
 
 from sim.guard import locate, paused
-from sim.run import freeze_imports
 
 GRACE_S = 5.0
 """Seconds past the deadline a worker may take to answer before it counts as stuck."""
@@ -71,6 +70,21 @@ def _context():
     return multiprocessing.get_context("spawn")
 
 
+def start_server() -> None:
+    """Start the forkserver and its preload imports now, without waiting for them.
+
+    `lockstep check` calls this before its own imports, so that the server imports the
+    simulator while the check's process does the same instead of after it (each takes 0.3-0.4 s
+    where bytecode is not cached; the default check's wall time drops by about 0.5 s); the first
+    `WorkerPool` then finds the server running. A check that makes no pool leaves the server
+    idle until the process exits. A no-op where workers are spawned.
+    """
+    if _context().get_start_method() == "forkserver":
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
+
+
 def _die_with_parent() -> None:
     """Ask the kernel to SIGKILL this process when its parent exits (Linux); else nothing."""
     if not sys.platform.startswith("linux"):
@@ -91,6 +105,8 @@ def _worker_main(conn, target, job) -> None:
     _die_with_parent()
     if os.getppid() != parent:  # the parent died before the request took effect
         os._exit(0)
+    from sim.run import freeze_imports  # here, not above: `start_server` keeps this module light
+
     freeze_imports()
     while True:
         try:
@@ -252,4 +268,4 @@ class WorkerPool:
         self.close()
 
 
-__all__ = ["WorkerPool", "WorkerError", "JobNotPicklable", "GRACE_S"]
+__all__ = ["WorkerPool", "WorkerError", "JobNotPicklable", "GRACE_S", "start_server"]
