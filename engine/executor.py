@@ -631,7 +631,7 @@ class SlotSampling:
         self.request_ids: list[int | None] = [None] * (max_slots + 2)
         self.params: list[SamplingParams | None] = [None] * (max_slots + 2)
         self.side: dict[int, tuple[bool, bool]] = {}  # slot -> (logprobs, return_logits)
-        self.counts = {"top_k": 0, "top_p": 0, "min_p": 0}
+        self.counts = {"top_p": 0, "min_p": 0}
         self.top_ks: Counter[int] = Counter()  # top_k value -> live sampled slots with it
         self.n_logprobs = 0
         self.device = device
@@ -643,7 +643,6 @@ class SlotSampling:
 
     def _count(self, p: SamplingParams, sign: int) -> None:
         sampled = p.temperature > 0
-        self.counts["top_k"] += sign * (sampled and p.top_k > 0)
         if sampled and p.top_k > 0:  # the live top-k values, so their maximum needs no sync
             self.top_ks[p.top_k] += sign
             if not self.top_ks[p.top_k]:
@@ -701,7 +700,7 @@ class SlotSampling:
         return BatchParams(
             inv_temp=self.f[0, :rows], noise=self.f[1, :rows], top_p=self.f[2, :rows],
             min_p=self.f[3, :rows], top_k=self.i[0, :rows], seed_lo=self.i[1, :rows],
-            seed_hi=self.i[2, :rows], index=index, any_top_k=self.counts["top_k"] > 0,
+            seed_hi=self.i[2, :rows], index=index, any_top_k=bool(self.top_ks),
             any_top_p=self.counts["top_p"] > 0, any_min_p=self.counts["min_p"] > 0,
             max_top_k=max(self.top_ks, default=0))
 
