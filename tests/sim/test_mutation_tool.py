@@ -1,15 +1,10 @@
 """tools/mutation.py generates the same mutant set every time, and every mutant changes code."""
 
 import ast
-import importlib.util
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("mutation_tool", ROOT / "tools" / "mutation.py")
-mutation = importlib.util.module_from_spec(spec)
-sys.modules.setdefault("mutation_tool", mutation)
-spec.loader.exec_module(mutation)
+from tests.tools import ROOT, load_tool
+
+mutation = load_tool("mutation")
 
 
 def test_mutant_set_is_stable_and_every_mutant_changes_the_module():
