@@ -466,7 +466,9 @@ def _policy_cap_below_largest(sc: Scenario) -> Scenario:
 
 
 def _fewer_than_two_graph_buckets(sc: Scenario) -> str | None:
-    buckets = _sweep_buckets(sc)
+    # judged on the plan before the cap `_policy_cap_below_largest` sets (this check sees the
+    # adjusted scenario, whose cap has already removed the bucket it forbids)
+    buckets = _sweep_buckets(sc.with_(config=replace(sc.config, graph_batch_cap=None)))
     if len(buckets) < 2:
         return (f"the sweep captures {len(buckets)} bucket(s) up to max batch "
                 f"{sc.config.max_batch}; a cap that forbids some bucket while allowing another "

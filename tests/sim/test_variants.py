@@ -71,3 +71,17 @@ def test_user_variant_file_is_loaded_and_checked():
     row = check_bad(REGISTRY["no-sync-launch"], SPEC, "shared")
     assert row.got == "invariant:I11"
     assert load_variant_file("docs/examples/my_variant.py")[0] is variants[0]
+
+
+@pytest.mark.parametrize("max_batch, reachable", [(1, False), (2, True), (3, True)])
+def test_split_eligibility_is_reachable_whenever_two_buckets_fit_the_batch(max_batch, reachable):
+    """Judged before the variant's own cap: at max batch 2 or 3 of buckets (1, 2, 4, 8) the
+    sweep captures 1 and 2, which a cap of 1 splits (it was reported unreachable, counting the
+    buckets after that cap; a fresh user's finding)."""
+    from sim.check import bad_search_setup
+
+    spec = CheckSpec(buckets=(1, 2, 4, 8), max_batch=max_batch)
+    _, _, reason = bad_search_setup(REGISTRY["split-eligibility"], spec, "shared")
+    assert (reason is None) == reachable, reason
+    if reachable:
+        assert check_bad(REGISTRY["split-eligibility"], spec, "shared").got == "divergence"
