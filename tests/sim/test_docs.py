@@ -38,3 +38,13 @@ def test_every_walkthrough_has_a_valid_looking_diagram():
         assert "## Why the correct protocol avoids it" in text and "lockstep check --variant" in text
         # the hazard attribution ran: no ablation rerun failed (it once hit a time-budget limit)
         assert "**Hazards it needs**" in text and "error (" not in text, page.name
+
+
+def test_the_readme_counts_the_shipped_known_bad_variants():
+    import re
+
+    from sim.variants import REGISTRY, SHIPPED
+
+    bad = [n for n in SHIPPED if any(v != "clean" for v in REGISTRY[n].expected.values())]
+    said = re.search(r"It ships (\d+) known-bad variants", (ROOT / "README.md").read_text())
+    assert said is not None and int(said.group(1)) == len(bad), (said and said.group(1), len(bad))
