@@ -220,9 +220,11 @@ class Synchronize(Op):
 
 @dataclass(frozen=True)
 class EnqueueSample(Op):
-    """Rank 0: enqueue the sampling of every admitted and decoded request of ``step`` behind
-    the step's forward, and the copy of the token ids to the host; returns before the device
-    reaches them, so the host's launch work overlaps the forward still running."""
+    """Rank 0 (every rank under overlapped scheduling): enqueue the sampling of every admitted
+    and decoded request of ``step`` behind the step's forward, and the copy of the token ids
+    to the host; returns before the device reaches them, so the host's launch work overlaps
+    the forward still running. The ids also stay on the device, where the next step's rows
+    read their input tokens under overlapped scheduling (`Step.feed`, I20)."""
 
     name: ClassVar[str] = "enqueue_sample"
     step: Step
@@ -231,11 +233,32 @@ class EnqueueSample(Op):
 @dataclass(frozen=True)
 class ReadTokens(Op):
     """Rank 0: the token ids `EnqueueSample` computed for ``step``, read on the host only after
-    the step's synchronize (I11: a device-to-host copy is not complete before the device is;
-    sgl-project/sglang #16493 read a non-blocking GPU-to-CPU copy with no synchronization)."""
+    the step's synchronize, or under overlapped scheduling after `AwaitStep` of that step (I11:
+    a device-to-host copy is not complete before the device is; sgl-project/sglang #16493 read
+    a non-blocking GPU-to-CPU copy with no synchronization; vllm-project/vllm PR #36013 read
+    pinned memory in the next step before its copy landed)."""
 
     name: ClassVar[str] = "read_tokens"
     step: Step
+
+
+@dataclass(frozen=True)
+class MarkStep(Op):
+    """Overlapped scheduling: mark the end of command ``seq``'s device work on this rank's
+    stream (a CUDA event), for a later `AwaitStep`."""
+
+    name: ClassVar[str] = "mark_step"
+    seq: int
+
+
+@dataclass(frozen=True)
+class AwaitStep(Op):
+    """Overlapped scheduling: block until this rank's device reached the `MarkStep` of command
+    ``seq`` (all of its device work, the copy of its token ids included); the device may go
+    on with later commands' work (I1, I11)."""
+
+    name: ClassVar[str] = "await_step"
+    seq: int
 
 
 @dataclass(frozen=True)
@@ -248,7 +271,7 @@ class DestroyCommunicator(Op):
 SYNC = Synchronize()
 
 ENQUEUING = (WarmupCollective, ProfileForward, LaunchGraph, Prefill, RunEager, MoveSlot,
-             PrepareReplay, ReleaseSlot, AssignPages, EnqueueSample)
+             PrepareReplay, ReleaseSlot, AssignPages, EnqueueSample, MarkStep)
 """Ops whose device work may still run when the host call returns (H6)."""
 
 
@@ -256,7 +279,8 @@ class Backend(ABC):
     """Device operations of one rank. Every method may raise; the worker then fails the command.
 
     Host calls may return before their device work is complete (stream semantics); only
-    `synchronize` waits for the device, and a worker replies only after it (I1).
+    `synchronize` (and, under overlapped scheduling, `await_step`) waits for the device, and a
+    worker replies only after it (I1).
     """
 
     @abstractmethod
@@ -331,14 +355,25 @@ class Backend(ABC):
 
     @abstractmethod
     def enqueue_sample(self, step: Step) -> None:
-        """Rank 0 only: enqueue the sampling of the next token of every decoded and admitted
-        request of ``step``, and the copy of the token ids to the host; returns at once."""
+        """Rank 0 (every rank under overlapped scheduling): enqueue the sampling of the next
+        token of every decoded and admitted request of ``step``, and the copy of the token ids
+        to the host; keep the ids on the device for the next step's fed rows; returns at once."""
 
     @abstractmethod
     def read_tokens(self, step: Step) -> tuple[int | None, ...]:
-        """Rank 0 only, after `synchronize`: the token ids `enqueue_sample` computed for
-        ``step``, in slot order (the rows, then the admissions), `NO_TOKEN` for a request that
-        could not be sampled."""
+        """Rank 0 only, after `synchronize` (or `await_step` of ``step``): the token ids
+        `enqueue_sample` computed for ``step``, in slot order (the rows, then the admissions),
+        `NO_TOKEN` for a request that could not be sampled."""
+
+    @abstractmethod
+    def mark_step(self, seq: int) -> None:
+        """Overlapped scheduling: record the end of command ``seq``'s device work on this
+        rank's stream (a backend that cannot overlap raises)."""
+
+    @abstractmethod
+    def await_step(self, seq: int) -> None:
+        """Overlapped scheduling: block until the device work `mark_step` marked for ``seq``
+        completed."""
 
     @abstractmethod
     def destroy_communicator(self) -> None:
@@ -389,6 +424,10 @@ def perform(backend: Backend, op: Op) -> Any:
             return backend.enqueue_sample(step)
         case ReadTokens(step):
             return backend.read_tokens(step)
+        case MarkStep(seq):
+            return backend.mark_step(seq)
+        case AwaitStep(seq):
+            return backend.await_step(seq)
         case DestroyCommunicator():
             return backend.destroy_communicator()
     raise ProtocolError(f"backend {type(backend).__name__} has no op {op.name!r} "

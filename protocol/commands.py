@@ -261,6 +261,10 @@ NO_TOKEN = None
 """What rank 0's step reply holds for a request it could not sample (non-finite logits): the
 controller ends that request (`Controller.failed_requests`)."""
 
+FED = -1
+"""A decode row's token under overlapped scheduling: the host does not have it; the row's
+input token is resolved on the device from the previous step's sampled ids (`Step.feed`)."""
+
 
 @dataclass(frozen=True)
 class Step(Command):
@@ -283,6 +287,16 @@ class Step(Command):
             function of the command, decided by the controller's plan (I2, I7).
         bucket: padded row count of the decode part (rows above ``len(rows)`` are padding and
             use the reserved padding slot and page); 0 when there are no decode rows.
+        overlap: overlapped scheduling (``ProtocolConfig.decode_overlap``): the rank marks the
+            end of this step's device work, waits only for the previous step's, and (rank 0)
+            replies with the tokens of ``read``; every rank samples (I1, I11, I20).
+        feed: overlapped scheduling only: row i's input
+            token is the id the previous step sampled at index ``feed[i]`` of its slot order
+            (its rows, then its admissions), read on the device, and ``rows.tokens`` hold
+            `FED`; None: the rows carry their tokens (I20).
+        read: overlapped scheduling only: the seq of the earlier step (always ``seq - 1``)
+            whose sampled tokens rank 0's reply to this step carries; None: the reply carries
+            this step's own tokens (after its synchronize), or none.
     """
 
     retires: tuple[Retire, ...] = ()
@@ -294,10 +308,18 @@ class Step(Command):
     pages: tuple[PageAssign, ...] = ()
     preempts: tuple[Preempt, ...] = ()
     chunk: Chunk | None = None
+    overlap: bool = False
+    feed: tuple[int, ...] | None = None
+    read: int | None = None
 
     def __post_init__(self) -> None:
         if type(self.rows) is not DecodeRows:
             object.__setattr__(self, "rows", DecodeRows.of(self.rows))
+
+    @property
+    def samples(self) -> bool:
+        """True if the step samples a token: it has decode rows or admissions."""
+        return bool(self.rows.request_ids or self.admits)
 
 
 @dataclass(frozen=True)
@@ -307,7 +329,9 @@ class Teardown(Command):
 
 @dataclass(frozen=True)
 class Reply:
-    """A rank's answer to command ``seq``; sent only once the rank's device work for it is done (I1).
+    """A rank's answer to command ``seq``; sent only once the rank's device work for it is done
+    (I1) -- under overlapped scheduling, once its device work for ``seq - 1`` is done and the
+    work for ``seq`` is enqueued.
 
     Attributes:
         rank: the replying rank.
@@ -315,7 +339,7 @@ class Reply:
         ok: False if the rank failed the command (it is then poisoned).
         payload: command-specific result: for a step, rank 0's sampled token ids, a tuple in
             slot order (the decode rows, then the admissions; `NO_TOKEN` for a request it
-            could not sample); a memory report for profiling; the captured keys and graph
+            could not sample) -- of the step itself, or of the step it names in ``read``; a memory report for profiling; the captured keys and graph
             bytes for Finalize.
         error: the failure text when ``ok`` is False.
         error_kind: the failure's kind (`protocol.errors.ProtocolError.kind`; ``"error"`` for

@@ -60,9 +60,11 @@ class ProtocolConfig:
         max_batch: most concurrent decode rows the scheduler admits (<= the largest bucket).
         cuda_graphs: capture decode graphs at startup; False serves every step eagerly.
         graph_batch_cap: numeric policy: decode batches above this run eager (None: no cap).
-        decode_overlap: reserved for overlapped scheduling (a step built while the previous
-            one runs), which is not implemented: no component reads it; True is refused with
-            CUDA graphs under TP here, before any model load (I7).
+        decode_overlap: overlapped scheduling: the controller builds and sends step n+1 while
+            step n still runs on the device. A rank's reply to step n then means "step n
+            enqueued, step n-1 complete", rank 0's reply carries step n-1's tokens, and decode
+            rows take their input tokens from the previous step's sampled ids on the device
+            (`Step.feed`, `Step.read`; I20). Every rank samples, so every device holds the ids.
         watchdog_timeout_s: seconds the startup sweep may take before the watchdog aborts.
         step_timeout_s: seconds a serving or teardown command may wait for every reply before
             the controller aborts every rank (I13: a wedged rank is a global failure).
@@ -128,11 +130,8 @@ class ProtocolConfig:
         if not isinstance(self.memory_headroom_bytes, int) or self.memory_headroom_bytes < 0:
             raise ConfigError(
                 f"memory_headroom_bytes={self.memory_headroom_bytes!r} must be a non-negative integer")
-        if self.decode_overlap and self.cuda_graphs and self.world_size > 1:
-            raise ConfigError(
-                "decode_overlap=True with cuda_graphs=True and world_size="
-                f"{self.world_size} is not supported: overlapped scheduling lets a rank run ahead "
-                "of the step lock; turn one of them off")
+        if not isinstance(self.decode_overlap, bool):
+            raise ConfigError(f"decode_overlap={self.decode_overlap!r} must be True or False")
 
 
 def _positive_int(name: str, value: object) -> None:

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 from protocol.commands import (
+    FED,
     NO_TOKEN,
     Admit,
     Chunk,
@@ -105,6 +107,29 @@ class Chunking:
     done: int
 
 
+@dataclass
+class Sampled:
+    """Overlapped scheduling: a step whose sampled tokens the controller has not absorbed yet
+    (they come with the next step's reply).
+
+    Attributes:
+        seq: the step's sequence number.
+        ids: the request ids of its slot order (its rows, then its admissions).
+        outs: their output lists, in the same order; a request found ended after this step
+            was sent gets a scratch list here, so the token its leftover row samples is dropped.
+        stops: stop token -> how many of its requests stop on it, when it was sent (a request
+            preempted since still stops on the token it sampled here).
+        ending: requests whose last token by length this step samples; they were retired in
+            the next step and finish once this step's tokens are absorbed.
+    """
+
+    seq: int
+    ids: tuple[int, ...]
+    outs: list
+    stops: dict
+    ending: list
+
+
 class Controller:
     """Scheduler + step loop for ``config.world_size`` ranks.
 
@@ -165,6 +190,10 @@ class Controller:
         self._admission_order: dict[int, int] = {}  # request -> its latest admission number
         self._admissions = 0
         self.preemptions = 0
+        self.leftover_rows = 0  # overlap: rows of requests that had already ended (dropped)
+        self._overlap = config.decode_overlap
+        self._unread: Sampled | None = None   # the last step sent that sampled (overlap)
+        self._reading: Sampled | None = None  # the step whose tokens the outstanding reply carries
 
     # -- what the driver asks --------------------------------------------------------------
 
@@ -305,7 +334,7 @@ class Controller:
     def has_work(self) -> bool:
         """True while a request is queued, live in a slot, or finished but not yet retired."""
         return bool(self.pending or self.slots.requests() or self._to_retire
-                    or self._chunking is not None)
+                    or self._chunking is not None or self._unread is not None)
 
     def holds_reply(self, rank: int) -> bool:
         """True if the current command's reply from ``rank`` has arrived."""
@@ -327,7 +356,7 @@ class Controller:
                 tuple((r, tuple(t)) for r, t in sorted(self.outputs.items())), self._closing,
                 self.watchdog.armed, self.pool.fingerprint() if self.pool else (),
                 (self._chunking.request.request_id, self._chunking.done)
-                if self._chunking else ())
+                if self._chunking else (), self._unread.seq if self._unread else None)
 
     # -- hooks that variants override -----------------------------------------------------
 
@@ -367,6 +396,12 @@ class Controller:
         key = keys[index // 2]
         return Capture(seq, key) if index % 2 == 0 else Launch(seq, key)
 
+    def drop_leftover_token(self, in_flight: Sampled, request_id: int) -> None:
+        """Overlapped scheduling: request ``request_id`` ended in the step before ``in_flight``,
+        which was sent before that was known and holds a leftover row of it: the token that
+        row samples is dropped (its output list there becomes a scratch list)."""
+        in_flight.outs[in_flight.ids.index(request_id)] = []
+
     # -- internals ----------------------------------------------------------------------------
 
     def fail_requests(self, error: ProtocolError) -> None:
@@ -402,14 +437,17 @@ class Controller:
                              f"but command {self.current.seq} is outstanding")
         if reply.rank in self.replies:
             raise ReplyError(f"duplicate reply from rank {reply.rank} for command {reply.seq}")
-        if (reply.ok and reply.rank == 0 and isinstance(self.current, Step)
-                and (self.current.rows or self.current.admits)):
-            want = len(self.current.rows) + len(self.current.admits)
+        if reply.ok and reply.rank == 0 and isinstance(self.current, Step) and (
+                self.current.read is not None if self.current.overlap
+                else self.current.rows or self.current.admits):
+            want = (len(self._reading.ids) if self.current.overlap
+                    else len(self.current.rows) + len(self.current.admits))
             if not isinstance(reply.payload, tuple) or len(reply.payload) != want:
                 got = (f"{len(reply.payload)} token ids" if isinstance(reply.payload, tuple)
                        else repr(reply.payload))
+                whose = (f"step {self.current.read}'s" if self.current.overlap else "its")
                 raise ReplyError(f"rank 0 reply to step {reply.seq} must carry {want} token "
-                                 f"ids in slot order (its rows, then its admissions), got {got}")
+                                 f"ids in slot order ({whose} rows, then admissions), got {got}")
 
     def _next_command(self) -> Command | None:
         if self.phase == "startup":
@@ -419,7 +457,7 @@ class Controller:
             self.phase = "serving"
         if self.phase == "serving":
             if (self._closing and not self.pending and not self.slots.requests()
-                    and self._chunking is None):
+                    and self._chunking is None and self._unread is None):
                 self.phase = "teardown"
                 self.seq += 1
                 return Teardown(self.seq)
@@ -488,7 +526,10 @@ class Controller:
         elif isinstance(command, Finalize):
             return self._check_finalize(replies)
         elif isinstance(command, Step):
-            self._absorb_step(command, replies[0].payload or ())
+            if not command.overlap:
+                self._absorb_step(command, replies[0].payload or ())
+            elif command.read is not None:
+                self._absorb_overlapped(self._reading, replies[0].payload)
         elif isinstance(command, Teardown):
             self.phase = "done"
         return None
@@ -545,7 +586,13 @@ class Controller:
         if pool is None:
             raise PageError("serving step before the KV cache was allocated")
         t = self._steps
-        leaving = list(dict.fromkeys(self._to_retire))
+        unread = self._unread
+        if unread is not None:
+            # overlap: the requests whose last token step t-1 samples leave now, and finish
+            # once that token is absorbed (so they get no leftover row in this step)
+            ended = set(self._to_retire)
+            unread.ending = [r for r in self._finish_at.pop(t - 1, ()) if r not in ended]
+        leaving = list(dict.fromkeys(self._to_retire + (unread.ending if unread else [])))
         self._to_retire = []
         freed = {r: pool.release(r) for r in leaving}
         for r in leaving:
@@ -578,11 +625,24 @@ class Controller:
             self.pending[:0] = sorted((self.requests[v] for v in victims),
                                       key=lambda q: self._admission_order[q.request_id]) + (
                 [chunk_victim] if chunk_victim is not None else [])
-        rows = self.slots.rows(self._tokens, self._positions) if len(self.slots) else DecodeRows()
+        n = len(self.slots)
+        feed = None
+        if not n:
+            rows = DecodeRows()
+        elif self._overlap:  # input tokens come from step t-1's sampled ids, on the device
+            rows = self.slots.rows(repeat(FED, n), self._positions)
+            if unread is None:
+                raise ProtocolError(f"step {self.seq + 1} has decode rows but no step before "
+                                    "it sampled their tokens")
+            index = dict(zip(unread.ids, range(len(unread.ids))))
+            feed = tuple(map(index.__getitem__, rows.request_ids))
+        else:
+            rows = self.slots.rows(self._tokens, self._positions)
         pages = []
         for slot, r in sorted((self.slots.slot_of(r), r) for r in growing):
             pages.append(self._grow(r, slot, self._positions[slot] + 1))
             self._schedule(self._grow_at, r, t + pool.page_size, 0)
+        self._positions[:n] = map((1).__add__, self._positions[:n])  # each row writes one
         admits: list[Admit] = []
         chunk: Chunk | None = None
         room = (self.memory.batch_cap if self.memory else self.config.max_batch) - len(self.slots)
@@ -615,14 +675,22 @@ class Controller:
             pages.append(self._grow(request.request_id, admit.slot, len(prompt)))
             self._enter(request, t, len(prompt), len(generated))
             room -= 1
-        if not rows and not admits and not retires and not preempts and chunk is None:
+        if (not rows and not admits and not retires and not preempts and chunk is None
+                and unread is None):
             return None
         key, bucket = self.plan.key_for(len(rows), prefill=bool(admits) or chunk is not None)
         self.seq += 1
         self._steps += 1
-        return Step(self.seq, retires=retires, moves=moves, admits=tuple(admits), rows=rows,
+        step = Step(self.seq, retires=retires, moves=moves, admits=tuple(admits), rows=rows,
                     key=key, bucket=bucket, pages=tuple(p for p in pages if p is not None),
-                    preempts=preempts, chunk=chunk)
+                    preempts=preempts, chunk=chunk, overlap=self._overlap, feed=feed,
+                    read=unread.seq if unread is not None else None)
+        if self._overlap:
+            self._reading = unread
+            live = len(self.slots)
+            self._unread = (Sampled(step.seq, self.slots.requests(), self._outs[:live],
+                                    dict(self._stops), []) if step.samples else None)
+        return step
 
     def _next_chunk(self, t: int, budget: int, room: int, admits: list, pages: list):
         """The next piece of the chunked prefill in progress, first in the step: a `Chunk` of
@@ -707,7 +775,7 @@ class Controller:
         """Fold rank 0's tokens (slot order: the rows, then the admissions) into the columns
         and the outputs; end the requests whose last token came (by length, from the
         calendar; by a stop token, from the step's tokens that some live request stops on)."""
-        n, live = len(step.rows), len(step.rows) + len(step.admits)
+        live = len(step.rows) + len(step.admits)
         ending = set(self._finish_at.pop(self._steps - 1, ()))
         ids = self.slots.requests()
         outs = self._outs[:live]
@@ -718,17 +786,53 @@ class Controller:
                 outs[slot] = []  # a scratch list: the request's outputs get no token
         list(map(list.append, outs, tokens))
         self._tokens[:live] = tokens
-        self._positions[:n] = map((1).__add__, self._positions[:n])
-        if self._stops and not self._stops.keys().isdisjoint(tokens):
-            for token in self._stops.keys() & set(tokens):
+        ending |= self._stopped(ids, tokens, self._stops)
+        for rid in sorted(ending):
+            self._to_retire.append(rid)
+            self.finished.append(rid)
+
+    def _stopped(self, ids, tokens: tuple, stops: dict) -> set[int]:
+        """The requests (``ids[i]`` sampled ``tokens[i]``) whose token is one of their stop
+        tokens; Python work only for the tokens in ``stops`` (those some request stops on)."""
+        stopped: set[int] = set()
+        if stops and not stops.keys().isdisjoint(tokens):
+            for token in stops.keys() & set(tokens):
                 i = tokens.index(token)
                 while True:
                     if token in self.requests[ids[i]].stop_token_ids:
-                        ending.add(ids[i])
+                        stopped.add(ids[i])
                     try:
                         i = tokens.index(token, i + 1)
                     except ValueError:
                         break
+        return stopped
+
+    def _absorb_overlapped(self, sampled: Sampled, tokens: tuple) -> None:
+        """Overlapped scheduling: fold the tokens of step ``sampled.seq`` (carried by the
+        next step's reply) into the outputs. The requests it ends -- by length (retired
+        already), by a stop token or a token rank 0 could not sample -- finish; one that still
+        holds its slot has a leftover row in the step in flight, whose token is dropped
+        (tenstorrent/vllm-tt-plugin PR #76: a row whose request already ended), and it is
+        retired in the next step; one preempted meanwhile leaves the queue."""
+        ids, outs = sampled.ids, sampled.outs
+        ending = dict.fromkeys(sampled.ending)
+        if NO_TOKEN in tokens:  # rank 0 could not sample these (non-finite logits): they end
+            for slot in [i for i, token in enumerate(tokens) if token is NO_TOKEN]:
+                if outs[slot] is self.outputs.get(ids[slot]):
+                    self.failed_requests.add(ids[slot])
+                    ending[ids[slot]] = None
+                outs[slot] = []  # a scratch list: the request's outputs get no token
+        list(map(list.append, outs, tokens))
+        for rid in sorted(self._stopped(ids, tokens, sampled.stops)):
+            if outs[ids.index(rid)] is self.outputs.get(rid):  # not a leftover row's token
+                ending[rid] = None
+        in_flight, by_length = self._unread, set(sampled.ending)
         for rid in sorted(ending):
-            self._to_retire.append(rid)
             self.finished.append(rid)
+            if rid in self._live:
+                self._to_retire.append(rid)
+                if in_flight is not None and rid in in_flight.ids:
+                    self.leftover_rows += 1
+                    self.drop_leftover_token(in_flight, rid)
+            elif rid not in by_length:  # preempted since: it leaves the recompute queue
+                self.pending[:] = [q for q in self.pending if q.request_id != rid]

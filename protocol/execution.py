@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from protocol.backend import SYNC, Backend, Op, ReplayRows, perform
+from protocol.backend import SYNC, AwaitStep, Backend, Op, ReadTokens, ReplayRows, perform
 from protocol.commands import Command, Reply, Step
 from protocol.errors import ProtocolError
 from protocol.trace import TraceEvent, describe_args
@@ -72,7 +72,14 @@ class CommandRun:
             if isinstance(result, ReplayRows) and isinstance(self.command, Step):
                 # what the replay read, beside what the step commands: I12 compares them
                 n = len(self.command.rows)
-                data = (ReplayRows.of_step(self.command).text(), result.first(n).text())
+                read = result.first(n)
+                if self.command.feed is not None:  # fed tokens: checked on the device (I20)
+                    read = ReplayRows(self.command.rows.tokens, read.positions, read.slots)
+                data = (ReplayRows.of_step(self.command).text(), read.text())
+            elif op.__class__ is ReadTokens and op.step.seq != self.command.seq:
+                data = (op.step.seq,)  # an earlier step's tokens (overlapped scheduling, I11)
+            elif op.__class__ is AwaitStep:  # the step whose device work it waited for (I11)
+                data = (op.seq,)
             # `_event`, inlined: one event per op
             self._record(_tuple_new(TraceEvent, (self._actor, "op", op.name, self.command.seq,
                                                  self.worker.rank, describe_args(op.args), True,

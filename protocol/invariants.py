@@ -170,23 +170,44 @@ def check_i10_teardown_order(events: Sequence[TraceEvent]) -> Violation | None:
 
 
 def check_i11_reply_after_sync(events: Sequence[TraceEvent]) -> Violation | None:
-    """I11 (and I1's device half): a rank replies, and reads its sampled tokens, only after
-    synchronizing."""
+    """I11 (and I1's device half): a rank replies, and reads a step's sampled tokens, only once
+    the device work they depend on completed. Work is complete after a synchronize, or -- under
+    overlapped scheduling -- after an `await_step` of the `mark_step` that follows it on the
+    stream. A reply may leave in flight only the work of its own command, and only if that
+    command marked it (an overlapped step: its reply means "enqueued, previous step done")."""
     enqueuing = {"warmup_collective", "profile_memory", "launch", "prefill", "run_eager",
                  "move_slot", "prepare_replay", "enqueue_sample"}
-    dirty: dict[int, str | None] = {}
+    loose: dict[int, dict[int, str]] = {}    # rank -> command -> device work no mark covers
+    marked: dict[int, dict[int, str]] = {}   # rank -> mark's command -> work it covers
     for e in events:
         if e.kind == "op" and e.ok:
             if e.what in enqueuing or e.what.startswith("run_eager"):
-                dirty[e.rank] = e.what
+                loose.setdefault(e.rank, {})[e.seq] = e.what
+            elif e.what == "mark_step":
+                work = loose.pop(e.rank, {})
+                marked.setdefault(e.rank, {})[e.seq] = next(reversed(work.values()), "mark_step")
             elif e.what == "synchronize":
-                dirty[e.rank] = None
-            elif e.what == "read_tokens" and dirty.get(e.rank):
-                return Violation("I11", f"rank {e.rank} read the tokens of step {e.seq} before its "
-                               f"device work ({dirty[e.rank]}) completed", e.rank, e.seq)
-        elif e.kind == "reply" and e.ok and dirty.get(e.rank):
-            return Violation("I11", f"rank {e.rank} replied to command {e.seq} while its device work "
-                           f"({dirty[e.rank]}) was still in flight", e.rank, e.seq)
+                loose.pop(e.rank, None)
+                marked.pop(e.rank, None)
+            elif e.what == "await_step":
+                waited = e.data[0] if e.data else e.seq
+                for seq in [s for s in marked.get(e.rank, {}) if s <= waited]:
+                    del marked[e.rank][seq]
+            elif e.what == "read_tokens":
+                read = e.data[0] if e.data else e.seq
+                pending = [(s, w) for s, w in {**marked.get(e.rank, {}),
+                                               **loose.get(e.rank, {})}.items() if s <= read]
+                if pending:
+                    return Violation("I11", f"rank {e.rank} read the tokens of step {read} before "
+                                   f"its device work ({pending[0][1]} of command {pending[0][0]}) "
+                                   "completed", e.rank, e.seq)
+        elif e.kind == "reply" and e.ok:
+            early = [(s, w) for s, w in marked.get(e.rank, {}).items() if s < e.seq]
+            work = loose.get(e.rank)
+            if work or early:
+                s, what = next(iter(work.items())) if work else early[0]
+                return Violation("I11", f"rank {e.rank} replied to command {e.seq} while its device work "
+                               f"({what} of command {s}) was still in flight", e.rank, e.seq)
     return None
 
 
@@ -278,7 +299,7 @@ _STEP_RECORD_REPLAY = frozenset({"Step", "record", "prepare_replay", "launch"})
 Step sent, and the record, prepare_replay and launch ops."""
 _I11_OPS = frozenset({"warmup_collective", "profile_memory", "launch", "prefill", "run_eager",
                       "move_slot", "prepare_replay", "synchronize", "enqueue_sample",
-                      "read_tokens"})
+                      "read_tokens", "mark_step", "await_step"})
 
 
 def _i11_reads(kind: str, what: str) -> bool:

@@ -27,6 +27,8 @@ from protocol.backend import (
     Op,
     Prefill,
     PrepareReplay,
+    AwaitStep,
+    MarkStep,
     ProfileForward,
     ReadTokens,
     Record,
@@ -79,18 +81,23 @@ class Worker:
         self.serving = False
         self.poisoned: str | None = None
         self.torn_down = False
+        # overlapped scheduling: the previous step, whose device work may still run (and
+        # whose tokens rank 0 reads in the next step's reply, if it sampled)
+        self.in_flight: Step | None = None
 
     def fingerprint(self) -> tuple:
         """Hashable summary of the state, for the simulator's state hashing."""
         return (self.rank, self.slots.fingerprint(),
                 self.pages.fingerprint() if self.pages else (), tuple(sorted(self.captured)),
                 tuple(sorted(self.uploaded)), self.serving, self.poisoned is not None,
-                self.torn_down, self.plan.batch_cap)
+                self.torn_down, self.plan.batch_cap,
+                self.in_flight.seq if self.in_flight is not None else None)
 
     # -- commands to operations -------------------------------------------------------------
 
     def ops_for(self, command: Command) -> list[Op]:
-        """Operations this rank runs for ``command``, in order; the last is always a synchronize.
+        """Operations this rank runs for ``command``, in order; the last is a synchronize, or
+        under overlapped scheduling the wait for the previous step and rank 0's token read.
 
         Raises:
             ProtocolError: the command is invalid here (poisoned worker, slot mismatch,
@@ -168,12 +175,43 @@ class Worker:
             ops.append(Prefill(step.admits, step.chunk))
         if step.rows:
             ops += self.forward_ops(step)
+        if step.overlap:
+            return ops + self.overlapped_tail(step)
         samples = self.rank == 0 and bool(step.rows or step.admits)
         if samples:  # enqueued behind the forward: its host work overlaps the device's
             ops.append(EnqueueSample(step))
         ops.append(SYNC)
         if samples:
             ops.append(ReadTokens(step))
+        return ops
+
+    def overlapped_tail(self, step: Step) -> list[Op]:
+        """The end of an overlapped step (``step.overlap``): every rank samples, so the ids stay
+        on every device for the next step's fed rows (I20); the step's device work is marked
+        and the rank waits only for the previous step's (I1 restated: a reply means "this step
+        enqueued, the previous one complete"); rank 0 then reads the previous step's tokens,
+        which its reply carries (I11).
+
+        Raises:
+            ProtocolError: ``step.read`` does not name the previous step, or that step
+                sampled nothing, or the step reads nothing while the previous step's tokens
+                are unread (they would be lost).
+        """
+        ops: list[Op] = []
+        if step.rows or step.admits:
+            ops.append(EnqueueSample(step))
+        ops.append(MarkStep(step.seq))
+        previous, self.in_flight = self.in_flight, step
+        if previous is not None:
+            ops.append(AwaitStep(previous.seq))
+        unread = previous if previous is not None and previous.samples else None
+        if step.read != (unread.seq if unread is not None else None):
+            raise ProtocolError(
+                f"rank {self.rank}: step {step.seq} reads the tokens of step {step.read}, but "
+                f"the step before it with unread tokens is "
+                f"{unread.seq if unread is not None else 'none'} (I11)")
+        if unread is not None and self.rank == 0:
+            ops.append(ReadTokens(unread))
         return ops
 
     def apply_slot_changes(self, step: Step) -> list[Op]:
@@ -265,7 +303,9 @@ class Worker:
             case Finalize():
                 self.serving = True
                 payload = FinalizeReport(captured=frozenset(self.captured), graph_bytes=results[0])
-            case Step() if self.rank == 0 and (command.rows or command.admits):
+            case Step(overlap=True, read=read) if self.rank == 0:
+                payload = results[-1] if read is not None else None
+            case Step(overlap=False) if self.rank == 0 and (command.rows or command.admits):
                 payload = results[-1]
             case Teardown():
                 self.torn_down = True
@@ -279,4 +319,5 @@ class Worker:
                      invariant=getattr(error, "invariant", None))
 
     def _ops_teardown(self, command: Teardown) -> list[Op]:
+        self.in_flight = None
         return [SYNC, FreeGraphs(), DestroyCommunicator()]

@@ -38,20 +38,37 @@ class Kernel:
 
 @dataclass(frozen=True)
 class WriteReplayMeta(Kernel):
-    """Copy step ``seq``'s rows, padding rows included, into the fixed-address replay inputs (I12)."""
+    """Copy step ``seq``'s rows, padding rows included, into the fixed-address replay inputs
+    (I12): the copy reads host staging buffer ``staging`` when the device runs it (so a host
+    that rewrote that buffer since gives the device other rows); ``rows`` is what the host wrote
+    there for this step. With ``feed`` (overlapped scheduling), live row i's token is the id
+    the previous step sampled at index ``feed[i]``, read from the device's ids (I20)."""
 
     label: ClassVar[str] = "meta"
     seq: int
     rows: tuple[DecodeRow, ...]
+    feed: tuple[int, ...] | None = None
+    staging: int | None = None
 
 
 @dataclass(frozen=True)
 class EagerDecode(Kernel):
-    """Eager decode of step ``seq``'s rows (padding rows included) on the live buffers."""
+    """Eager decode of step ``seq``'s rows (padding rows included) on the live buffers; with
+    ``feed``, the live rows' tokens come from the device's sampled ids (I20)."""
 
     label: ClassVar[str] = "decode"
     seq: int
     rows: tuple[DecodeRow, ...]
+    feed: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class StepMark(Kernel):
+    """The end of command ``seq``'s device work on this stream (a CUDA event; overlapped
+    scheduling): `AwaitStep` of ``seq`` returns once the device ran it."""
+
+    label: ClassVar[str] = "mark"
+    seq: int
 
 
 @dataclass(frozen=True)
@@ -100,24 +117,28 @@ class SetPages(Kernel):
 
 @dataclass(frozen=True)
 class SampleKernel(Kernel):
-    """Rank 0's sampler of command ``seq`` and the copy of its token ids to the host: reads
-    logits rows 0..``rows``-1, then the prefill outputs of ``admitted`` (request ids), and
-    leaves (seq, token ids) in the device's host-visible `Device.sampled`. A logits row or
-    prefill output not computed in command ``seq`` gives token -1."""
+    """The sampler of command ``seq`` and the copy of its token ids to the host: reads logits
+    rows 0..``rows``-1, then the prefill outputs of ``admitted`` (request ids), and leaves
+    (seq, token ids) in pinned host buffer ``buffer`` (`Device.host_ids`) and on the device
+    (`Device.device_ids`, with ``requests``: the request of each id, for the I20 check). A
+    logits row or prefill output not computed in command ``seq`` gives token -1."""
 
     label: ClassVar[str] = "sample"
     seq: int
     rows: int
     admitted: tuple[int, ...] = ()
+    requests: tuple[int, ...] = ()
+    buffer: int = 0
 
 
 @dataclass(frozen=True)
 class SampledIds:
-    """The token ids a `SampleKernel` copied to the host: those of command ``seq`` (None before
-    the first), in slot order."""
+    """Token ids a `SampleKernel` wrote: those of command ``seq`` (None before the first), in
+    slot order; ``requests``: whose each id is (kept on the device copy only)."""
 
     seq: int | None = None
     ids: tuple[int, ...] = ()
+    requests: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -179,8 +200,14 @@ class Device:
         registered: this rank's registration table: one (graph key, communicator, buffer)
             entry per buffer a captured collective registered (custom all-reduce's IPC graph
             buffers); compared across ranks at the end of each capture (I17).
-        sampled: the token ids the last `SampleKernel` copied to the host; what a host read
-            of the tokens sees (`ReadTokens`), whether or not this step's copy happened yet.
+        host_ids: the two pinned host buffers `SampleKernel`s copy token ids into (buffer 0
+            alone without overlapped scheduling); what a host read of the tokens sees
+            (`ReadTokens`), whether or not the step's copy happened yet.
+        device_ids: the ids the last `SampleKernel` left on the device, which the next step's
+            fed rows read (overlapped scheduling, I20).
+        staging: pinned host staging buffer -> (step seq, rows) the host last wrote there for a
+            replay-metadata copy (`WriteReplayMeta.staging`).
+        marked: the last `StepMark` the device ran (-1: none).
     """
 
     rank: int
@@ -195,7 +222,15 @@ class Device:
     paired: dict = field(default_factory=dict)
     done: dict = field(default_factory=dict)
     registered: list = field(default_factory=list)
-    sampled: SampledIds = SampledIds()
+    host_ids: list = field(default_factory=lambda: [SampledIds(), SampledIds()])
+    device_ids: SampledIds = SampledIds()
+    staging: dict = field(default_factory=dict)
+    marked: int = -1
+
+    @property
+    def sampled(self) -> SampledIds:
+        """Host buffer 0 of the sampled ids (the only one without overlapped scheduling)."""
+        return self.host_ids[0]
 
     def allocate(self, name: str, data) -> Buffer:
         """A new live buffer ``name`` holding ``data``, one generation past the previous one."""
@@ -246,7 +281,8 @@ class Device:
         kv = self.buffers["kv"]
         return (kv.generation, kv.data.fingerprint(), tuple(self.live("replay-inputs")),
                 tuple(sorted(self.live("logits").items())), tuple(sorted(self.prefill_out.items())),
-                tuple(sorted(self.done.items())), len(self.registered), self.sampled)
+                tuple(sorted(self.done.items())), len(self.registered), tuple(self.host_ids),
+                self.device_ids, self.marked)
 
 
 class DeviceModel:
@@ -279,13 +315,23 @@ class DeviceModel:
     def execute(self, r: int, dev: Device, kernel: Any) -> None:
         """What a compute kernel does to the device's buffers."""
         match kernel:
-            case WriteReplayMeta(seq=seq, rows=rows):
-                if self.check_rows(r, seq, rows):
+            case WriteReplayMeta(seq=seq, rows=rows, feed=feed, staging=staging):
+                if staging is not None:
+                    rows = self.staged_rows(r, dev, seq, staging)
+                    if rows is None:
+                        return
+                if feed is not None:
+                    rows = self.fed_rows(r, dev, seq, rows, feed)
+                if rows is not None and self.check_rows(r, seq, rows):
                     inputs = dev.live("replay-inputs")
                     inputs[:len(rows)] = rows
-            case EagerDecode(seq=seq, rows=rows):
-                if self.check_rows(r, seq, rows):
+            case EagerDecode(seq=seq, rows=rows, feed=feed):
+                if feed is not None:
+                    rows = self.fed_rows(r, dev, seq, rows, feed)
+                if rows is not None and self.check_rows(r, seq, rows):
                     self.decode(dev.live("kv"), dev.live("logits"), seq, rows)
+            case StepMark(seq=seq):
+                dev.marked = seq
             case GraphReplay(key=key, seq=seq, buffers=refs):
                 captured = {ref[0]: dev.allocations[ref].data for ref in refs}
                 rows = captured["replay-inputs"][:key.bucket]
@@ -315,7 +361,8 @@ class DeviceModel:
                 dev.live("kv").assign(slot, first, pages)
             case ClearSlot(slot=slot):
                 dev.live("kv").clear(slot)
-            case SampleKernel(seq=seq, rows=rows, admitted=admitted):
+            case SampleKernel(seq=seq, rows=rows, admitted=admitted, requests=requests,
+                              buffer=buffer):
                 logits = dev.live("logits")
                 tokens = []
                 for i in range(rows):  # a row not computed in this command reads as -1
@@ -324,7 +371,9 @@ class DeviceModel:
                 for request_id in admitted:
                     at, token = dev.prefill_out.get(request_id, (None, -1))
                     tokens.append(token if at == seq else -1)
-                dev.sampled = SampledIds(seq, tuple(tokens))
+                ids = tuple(tokens)
+                dev.host_ids[buffer] = SampledIds(seq, ids)
+                dev.device_ids = SampledIds(seq, ids, requests)
             case _:
                 handler = self.world.variant.sim_kernels.get(type(kernel))
                 if handler is not None:
@@ -374,6 +423,50 @@ class DeviceModel:
                     rank=r, step=seq)
                 return False
         return True
+
+    def staged_rows(self, r: int, dev: Device, seq: int, staging: int):
+        """The rows the replay-metadata copy of step ``seq`` reads from host staging buffer
+        ``staging`` now; direct I12 check: the host has not rewritten it for a later step
+        before this copy ran (lightseekorg/tokenspeed PR #376; vllm-project/vllm PR #25279).
+        Ends the run and returns None on a violation."""
+        at, rows = dev.staging.get(staging, (None, ()))
+        if at == seq:
+            return rows
+        self.world.outcome = Outcome(
+            "invariant", f"I12 violated: rank {r}'s replay inputs of step {seq} are copied from "
+            f"host staging buffer {staging}, which the host rewrote for step {at} before the "
+            "copy ran: the step replays another step's rows", "I12", rank=r, step=seq)
+        return None
+
+    def fed_rows(self, r: int, dev: Device, seq: int, rows, feed: tuple[int, ...]):
+        """``rows`` with live row i's token replaced by the id the previous step sampled at
+        ``feed[i]``, read from the device (overlapped scheduling). Direct I20 check: those ids
+        are step ``seq - 1``'s, and ``feed[i]`` is the index of row i's own request in them
+        (sgl-project/sglang-jax #1487: a row read another request's future token). Ends the
+        run and returns None on a violation."""
+        ids = dev.device_ids
+        if ids.seq != seq - 1:
+            self.world.outcome = Outcome(
+                "invariant", f"I20 violated: rank {r}'s step {seq} feeds its rows from the ids "
+                f"{'of no step' if ids.seq is None else f'of step {ids.seq}'} on its device, not "
+                f"step {seq - 1}'s: this rank did not sample the step before", "I20",
+                rank=r, step=seq)
+            return None
+        out = list(rows)
+        for i, index in enumerate(feed):
+            row = rows[i]
+            owner = ids.requests[index] if 0 <= index < len(ids.requests) else None
+            if owner != row.request_id:
+                self.world.outcome = Outcome(
+                    "invariant", f"I20 violated: rank {r}'s step {seq} feeds request "
+                    f"{row.request_id} (row {i}) the token sampled in step {seq - 1} at index "
+                    f"{index}, which is {f'request {owner}' if owner is not None else 'no row'}'s",
+                    "I20", rank=r, step=seq)
+                return None
+            out[i] = DecodeRow(row.slot, row.request_id, ids.ids[index], row.position)
+        events = self.world.events
+        events["fed_row"] = events.get("fed_row", 0) + len(feed)
+        return tuple(out)
 
     def check_rows(self, r: int, seq: int, rows) -> bool:
         """Direct I8 check: a decode's live rows name the dense slots 0..n-1 in order and its

@@ -16,12 +16,14 @@ from typing import TYPE_CHECKING, Any
 from protocol.backend import (
     AllocateKVCache,
     AssignPages,
+    AwaitStep,
     DestroyCommunicator,
     EnqueueSample,
     FreeGraphs,
     GraphMemory,
     Instantiate,
     LaunchGraph,
+    MarkStep,
     MoveSlot,
     Op,
     Prefill,
@@ -51,6 +53,7 @@ from sim.devices import (
     PrefillKernel,
     SampleKernel,
     SetPages,
+    StepMark,
     WriteReplayMeta,
     padded_rows,
 )
@@ -135,6 +138,8 @@ class ModelledBackend:
             RunEager: self._perform_run_eager,
             EnqueueSample: self.enqueue_sample,
             ReadTokens: self.read_tokens,
+            MarkStep: self.mark_step,
+            AwaitStep: self._perform_await_step,
         }
         """Op class -> perform(r, host, op): `attempt` without ``probe`` for the ops that come
         late in its ``match`` (each case tried is a type test); the same calls as the match
@@ -179,15 +184,20 @@ class ModelledBackend:
                 return DONE if probe else self.enqueue_done(r, host, CopySlot(src, dst))
             case Prefill(admits, chunk):
                 return DONE if probe else self.prefill(r, host, admits, chunk)
-            case PrepareReplay(step):
-                return DONE if probe else self.enqueue_done(
-                    r, host, WriteReplayMeta(step.seq, self.padded(step)))
+            case PrepareReplay():
+                return DONE if probe else self._perform_prepare_replay(r, host, op)
             case RunEager(step):
                 return DONE if probe else self.run_eager(r, host, step)
             case EnqueueSample():
                 return DONE if probe else self.enqueue_sample(r, host, op)
             case ReadTokens():
                 return DONE if probe else self.read_tokens(r, host, op)
+            case MarkStep():
+                return DONE if probe else self.mark_step(r, host, op)
+            case AwaitStep(seq):
+                if self.world.devices[r].marked < seq:
+                    return BLOCKED
+                return DONE if probe else self.done(host)
             case DestroyCommunicator():
                 return self.destroy_communicator(r, host, probe)
         handler = self.world.variant.sim_ops.get(type(op))
@@ -223,7 +233,32 @@ class ModelledBackend:
         return self.prefill(r, host, op.admits, op.chunk)
 
     def _perform_prepare_replay(self, r: int, host: Host, op: PrepareReplay) -> int:
-        return self.enqueue_done(r, host, WriteReplayMeta(op.step.seq, self.padded(op.step)))
+        return self.prepare_replay(r, host, op.step, self.staging_buffer(op.step))
+
+    def _perform_await_step(self, r: int, host: Host, op: AwaitStep) -> int:
+        """`await_step` performed: done once the device ran the step's `StepMark`."""
+        if self.world.devices[r].marked < op.seq:
+            return BLOCKED
+        host.result = None
+        return DONE
+
+    @staticmethod
+    def staging_buffer(step: Step) -> int:
+        """The pinned host staging buffer the replay inputs of ``step`` are written into: one
+        per step parity under overlapped scheduling (step n+1 is written while step n's copy
+        may still wait on the stream; step n+2 only after step n completed), else one."""
+        return step.seq % 2 if step.overlap else 0
+
+    def prepare_replay(self, r: int, host: Host, step: Step, staging: int) -> int:
+        """Write ``step``'s padded rows into host staging buffer ``staging`` now and enqueue
+        their copy to the replay inputs, which reads that buffer when the device runs it."""
+        rows = self.padded(step)
+        self.world.devices[r].staging[staging] = (step.seq, rows)
+        return self.enqueue_done(r, host, WriteReplayMeta(step.seq, rows, step.feed, staging))
+
+    def mark_step(self, r: int, host: Host, op: MarkStep) -> int:
+        """Mark the end of command ``op.seq``'s device work on the main stream."""
+        return self.enqueue_done(r, host, StepMark(op.seq))
 
     def _perform_run_eager(self, r: int, host: Host, op: RunEager) -> int:
         return self.run_eager(r, host, op.step)
@@ -635,28 +670,44 @@ class ModelledBackend:
         if not self.commanded_path(r, host, None):
             return DONE
         self.enqueue(r, self.eager_sig(len(step.rows), "eager decode"))
-        return self.enqueue_done(r, host, EagerDecode(step.seq, self.padded(step)))
+        return self.enqueue_done(r, host, EagerDecode(step.seq, self.padded(step), step.feed))
+
+    @staticmethod
+    def token_buffer(step: Step) -> int:
+        """The pinned host buffer the token ids of ``step`` are copied into and read from:
+        one per step parity under overlapped scheduling (step n's copy lands while the host
+        reads step n-1's), else one."""
+        return step.seq % 2 if step.overlap else 0
 
     def enqueue_sample(self, r: int, host: Host, op: EnqueueSample) -> int:
-        """Rank 0: the sampler kernel behind the step's forward (`SampleKernel`): row i from
-        logits row i, then the admitted requests from their prefill, in slot order."""
+        """The sampler kernel behind the step's forward (`SampleKernel`): row i from logits row
+        i, then the admitted requests from their prefill, in slot order."""
         step = op.step
+        admitted = tuple(a.request_id for a in step.admits)
         return self.enqueue_done(r, host, SampleKernel(
-            step.seq, len(step.rows), tuple(a.request_id for a in step.admits)))
+            step.seq, len(step.rows), admitted, step.rows.request_ids + admitted,
+            self.token_buffer(step)))
 
     def read_tokens(self, r: int, host: Host, op: ReadTokens) -> int:
         """Rank 0: what the host sees of the step's tokens now (the step reply's token tuple):
         the sampler's copy once the device ran it, else a stale or empty buffer, whose tokens
         read as -1."""
-        step = op.step
-        sampled = self.world.devices[r].sampled
+        return self.read_token_buffer(r, host, op.step, self.token_buffer(op.step))
+
+    def read_token_buffer(self, r: int, host: Host, step: Step, buffer: int) -> int:
+        """`read_tokens` of ``step`` from pinned host buffer ``buffer``, with the direct I11
+        check that the buffer holds that step's ids (not yet copied, or overwritten by a
+        later step's copy: vllm-project/vllm PR #36013)."""
+        sampled = self.world.devices[r].host_ids[buffer]
         seq, tokens = sampled.seq, sampled.ids
         if seq != step.seq:  # direct I11 check: the copy this read needs has not happened
+            when = ("after a later step's copy overwrote them" if seq is not None and seq > step.seq
+                    else "before its device ran the step's sampler")
             self.world.outcome = Outcome(
                 "invariant", f"I11 violated: rank {r} read the token ids of step {step.seq} "
-                f"before its device ran the step's sampler (the host buffer holds "
+                f"{when} (the host buffer holds "
                 f"{'no tokens yet' if seq is None else f'the tokens of step {seq}'})", "I11",
-                rank=r, step=step.seq)
+                rank=r, step=host.cmd.seq if host.cmd is not None else step.seq)
             tokens = (-1,) * (len(step.rows) + len(step.admits))
         return self.done(host, tokens)
 

@@ -43,7 +43,7 @@ from sim.faults import FaultFamily
 from sim.scenario import TOPOLOGIES, Scenario
 
 VERDICTS = ("clean", "abort", "deadlock", "hang", "hang-at-exit", "divergence", "oom",
-            "startup-refused", "livelock") + tuple(f"invariant:I{n}" for n in range(1, 20))
+            "startup-refused", "livelock") + tuple(f"invariant:I{n}" for n in range(1, 21))
 """Verdicts a variant may expect."""
 
 
@@ -801,6 +801,7 @@ import sim.variants_comms  # noqa: E402,F401  (communicators, registrations, per
 import sim.variants_admission  # noqa: E402,F401  (batch cap and graph reserve: I7, I9)
 import sim.variants_rare  # noqa: E402,F401  (bugs that need a rare interleaving; searched with PCT)
 import sim.variants_hardware  # noqa: E402,F401  (variants whose route was measured on H200s)
+import sim.variants_overlap  # noqa: E402,F401  (overlapped scheduling: clean and known-bad, I20)
 
 SHIPPED = tuple(REGISTRY)
 """Names of the shipped variants, the correct protocol first."""

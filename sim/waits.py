@@ -13,6 +13,7 @@ import networkx as nx
 
 from protocol.backend import (
     AllocateKVCache,
+    AwaitStep,
     DestroyCommunicator,
     FreeGraphs,
     Instantiate,
@@ -85,6 +86,10 @@ def wait_edges(world) -> list[tuple[str, str, str, str | None]]:
                                                 "to go idle", "h2"))
             if busy:
                 continue
+        if isinstance(op, AwaitStep) and world.devices[r].busy():
+            edges.append((me, f"device{r}", f"rank {r}'s await_step waits for device {r} to "
+                                            f"finish command {op.seq}'s work", None))
+            continue
         if isinstance(op, DestroyCommunicator):
             edges.append((me, me, f"rank {r}'s destroy_communicator waits until every graph that "
                                   f"captured the communicator is freed, but rank {r} frees its "

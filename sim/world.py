@@ -375,6 +375,9 @@ class World:
                     if cmd.moves:
                         self.events["compaction_moves_live"] += len(cmd.moves)
                     self.events["preemption"] += len(cmd.preempts)
+                    if cmd.overlap:
+                        self.events["overlapped_step"] = self.events.get("overlapped_step", 0) + 1
+                        self.events["leftover_row"] = self.ctrl.leftover_rows
                 self.event("controller", "send", type(cmd).__name__, cmd.seq, None, _cmd_detail(cmd))
                 for host in self.hosts:
                     if host.rank not in self.dead:

@@ -54,6 +54,8 @@ class PagedBackend(FakeBackend):
         self.page_size = None
         self.kv: dict[int, dict[int, int]] = {}      # page -> {offset: token}
         self.table: dict[int, dict[int, int]] = {}   # slot -> {page index: page}
+        self.device_ids: tuple[int, ...] = ()        # overlap: the last sampled ids, on device
+        self.sampled: dict[int, tuple[int, ...]] = {}  # overlap: step seq -> its ids, unread
 
     def _write(self, slot, position, token):
         page = self.table[slot][position // self.page_size]
@@ -96,10 +98,21 @@ class PagedBackend(FakeBackend):
         elif op.name in ("run_eager", "prepare_replay"):
             step = op.args[0]
             self.out = getattr(self, "out", {}) if step.admits else {}
-            for row in step.rows:
-                self._write(row.slot, row.position, row.token)
+            for i, row in enumerate(step.rows):
+                # overlapped scheduling: the input token is the previous step's sampled id,
+                # read "on the device" at the index the step's feed names
+                token = row.token if step.feed is None else self.device_ids[step.feed[i]]
+                self._write(row.slot, row.position, token)
                 self.out[row.slot] = self._next(row.slot, row.position + 1)
+        elif op.name == "enqueue_sample" and op.args[0].overlap:
+            step, out = op.args[0], self.out
+            self.out = {}
+            self.device_ids = tuple(out[slot] for slot in range(len(out)))
+            self.sampled[step.seq] = self.device_ids
         elif op.name == "read_tokens":
+            step = op.args[0]
+            if step.overlap:
+                return self.sampled.pop(step.seq)
             out, self.out = self.out, {}
             return tuple(out[slot] for slot in range(len(out)))  # slot order
         return super().run(op)

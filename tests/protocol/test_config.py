@@ -45,7 +45,7 @@ def test_bad_buckets(buckets, match):
     ({"kv_watermark": 1}, "kv_watermark=1"),  # admission would leave every page free
     ({"memory_headroom_bytes": -5}, "memory_headroom_bytes=-5"),
     ({"kv_page_bytes": 0}, "kv_page_bytes=0"),
-    ({"decode_overlap": True}, "decode_overlap=True"),
+    ({"decode_overlap": "yes"}, "decode_overlap='yes' must be True or False"),
     ({"buckets": (8, 4)}, "ascending"),
 ])
 def test_bad_protocol_config(kwargs, match):
@@ -61,8 +61,9 @@ def test_the_smallest_valid_settings_are_accepted():
     assert ProtocolConfig(step_timeout_s=0.5, watchdog_timeout_s=0.5).step_timeout_s == 0.5
 
 
-def test_decode_overlap_allowed_without_graphs_or_tp():
-    assert ProtocolConfig(decode_overlap=True, cuda_graphs=False).decode_overlap
+def test_decode_overlap_is_accepted_with_graphs_under_tp():
+    # overlapped scheduling is modelled at every world size (every rank samples)
+    assert ProtocolConfig(decode_overlap=True, cuda_graphs=True, world_size=2).decode_overlap
     assert ProtocolConfig(decode_overlap=True, world_size=1).decode_overlap
 
 

@@ -45,6 +45,8 @@ class LoggingBackend(Backend):
     def synchronize(self): self._call("synchronize")
     def enqueue_sample(self, step): self._call("enqueue_sample", step)
     def read_tokens(self, step): self._call("read_tokens", step); return {}
+    def mark_step(self, seq): self._call("mark_step", seq)
+    def await_step(self, seq): self._call("await_step", seq)
     def destroy_communicator(self): self._call("destroy_communicator")
 
 

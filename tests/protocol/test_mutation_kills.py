@@ -53,7 +53,7 @@ def test_perform_calls_the_backend_method_of_every_op_and_returns_its_value():
     backend = Recording()
     ops = [cls for _, cls in inspect.getmembers(backend_module, inspect.isclass)
            if issubclass(cls, Op) and cls is not Op]
-    assert len(ops) == len(Backend.__abstractmethods__) == 19
+    assert len(ops) == len(Backend.__abstractmethods__) == 21
     for cls in ops:
         op = cls(*[f"arg {f.name}" for f in dataclasses.fields(cls)])
         assert perform(backend, op) == f"result of {op.name}", cls
@@ -208,7 +208,7 @@ def test_protocol_messages_and_settings_refuse_assignment():
     import protocol.memory
     import protocol.requests
 
-    mutable = {protocol.controller.Chunking}  # the controller's own progress record
+    mutable = {protocol.controller.Chunking, protocol.controller.Sampled}  # the controller's own records
     modules = (protocol.backend, protocol.commands, protocol.config, protocol.controller,
                protocol.eligibility, protocol.invariants, protocol.keys, protocol.memory,
                protocol.requests)

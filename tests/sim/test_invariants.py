@@ -75,3 +75,31 @@ def test_i9_counts_only_graphs_measured_before_the_kv_cache_was_sized():
     measured = [op(0, "record", 0, "decode@8"), op(0, "allocate_kv", 1),
                 op(0, "record", 2, "decode@8"), op(0, "upload", 2, "decode@8")]
     assert names(measured) == []
+
+
+def data_op(rank, what, seq, data):
+    return E(f"rank{rank}", "op", what, seq, rank, "", True, 0.0, data)
+
+
+def _overlapped(read_in_step_1=0, await_in_step_1=0, mark_step_0=True):
+    """Two overlapped steps on rank 0: step 0 samples and marks; step 1 enqueues, marks,
+    waits for step ``await_in_step_1`` and reads the tokens of step ``read_in_step_1``."""
+    step0 = [op(0, "launch", 0, "decode@8"), op(0, "enqueue_sample", 0)]
+    step0 += [op(0, "mark_step", 0)] if mark_step_0 else []
+    return step0 + [
+        reply(0, 0), op(0, "launch", 1, "decode@8"), op(0, "enqueue_sample", 1),
+        op(0, "mark_step", 1), data_op(0, "await_step", 1, (await_in_step_1,)),
+        data_op(0, "read_tokens", 1, (read_in_step_1,)), reply(0, 1)]
+
+
+def test_overlapped_steps_may_reply_with_their_own_marked_work_in_flight():
+    assert "I11" not in names(_overlapped())
+
+
+def test_overlap_violations_of_i11_are_named():
+    # reading the step in flight (its own tokens) before they are awaited
+    assert "I11" in names(_overlapped(read_in_step_1=1))
+    # work of step 0 never marked: the reply to step 0 leaves unmarked work in flight
+    assert "I11" in names(_overlapped(mark_step_0=False))
+    # waiting for an earlier step than the one read (-1: nothing) leaves step 0 in flight
+    assert "I11" in names(_overlapped(await_in_step_1=-1))
