@@ -71,6 +71,9 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
                    help="throughput: temperature of the sampled run (default 0.6)")
     p.add_argument("--top-p", type=float, default=0.95,
                    help="throughput: top-p of the sampled run (default 0.95)")
+    p.add_argument("--no-decode-overlap", action="store_true",
+                   help="--workload throughput: step-locked scheduling (default: overlapped "
+                        "scheduling at -tp 1, each step built while the previous one runs)")
     p.add_argument("--json", dest="json_path", default=None,
                    help="write results as JSON to this file (default: table only)")
     p.add_argument("--plot", dest="plot_path", default=None,
@@ -207,7 +210,8 @@ def run_throughput(args: argparse.Namespace) -> int:
         doc = measure_throughput(
             model_dir, opts.preset or opts.model, args.num_requests, opts.seed, opts.dtype,
             args.max_batch, args.max_model_len, args.temperature, args.top_p,
-            opts.compare == "hf", args.max_prefill_tokens, opts.tensor_parallel_size)
+            opts.compare == "hf", args.max_prefill_tokens, opts.tensor_parallel_size,
+            False if args.no_decode_overlap else None)
     doc["command"] = "lockstep bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
     print(format_table(doc), flush=True)
     if opts.json_path:

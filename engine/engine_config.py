@@ -70,6 +70,11 @@ class EngineConfig:
         graph_standin: test hook, False in normal use: with cuda_graph on CPU, the graph ops
             run through `engine.graphs.StandInGraphs` (eager replays).
         model: the model's config (read from model_dir when None).
+        decode_overlap: overlapped scheduling (`protocol.config.ProtocolConfig.decode_overlap`):
+            each step is built and launched while the previous one runs, its rows reading
+            their input tokens from the previous step's sampled ids on the device. `create`
+            defaults to on at tensor_parallel_size 1; the engine does not run it under TP
+            (its ranks other than 0 keep no sampling state, and every rank must sample).
         decode_gemm: "auto" (default): decode GEMMs of up to 64 rows use the Triton skinny GEMM
             where `engine/kernels/skinny_gemm_table.json` measured it faster than cuBLAS;
             "cublas": every GEMM through cuBLAS (the A/B baseline of `lockstep bench`).
@@ -96,6 +101,7 @@ class EngineConfig:
     graph_standin: bool = False
     model: ModelConfig | None = None
     decode_gemm: str = "auto"
+    decode_overlap: bool = False
 
     @classmethod
     def create(cls, model_dir, tensor_parallel_size: int = 1, device: str = "cpu",
@@ -105,7 +111,8 @@ class EngineConfig:
                step_timeout_s: float = 300.0, startup_timeout_s: float | None = None,
                cuda_graph: bool | None = None, gpu_memory_utilization: float = 0.9,
                progress: bool = False, record_trace: bool = False, fault=None,
-               graph_standin: bool = False) -> "EngineConfig":
+               graph_standin: bool = False,
+               decode_overlap: bool | None = None) -> "EngineConfig":
         """Check the arguments (those of `LLM`) and the model directory; resolve defaults.
 
         Raises:
@@ -120,6 +127,11 @@ class EngineConfig:
             cuda_graph = device == "cuda"
         if not isinstance(cuda_graph, bool):
             raise ParallelConfigError(f"cuda_graph = {cuda_graph!r}, expected True, False or None")
+        if decode_overlap is None:
+            decode_overlap = tensor_parallel_size == 1
+        if not isinstance(decode_overlap, bool):
+            raise ParallelConfigError(f"decode_overlap = {decode_overlap!r}, expected True, "
+                                      "False or None")
         for name, value in (("step_timeout_s", step_timeout_s),
                             ("startup_timeout_s", startup_timeout_s)):
             if value is None and name == "startup_timeout_s":
@@ -166,7 +178,7 @@ class EngineConfig:
             step_timeout_s=step_timeout_s, startup_timeout_s=startup_timeout_s,
             cuda_graph=cuda_graph, gpu_memory_utilization=gpu_memory_utilization,
             progress=progress, trace=record_trace, fault=fault, graph_standin=graph_standin,
-            model=model)
+            model=model, decode_overlap=decode_overlap)
         config.validate()
         if cuda_graph and device == "cuda":
             from engine.graphs import GraphError, check_graph_support
@@ -223,7 +235,7 @@ class EngineConfig:
             step_timeout_s=self.step_timeout_s, kv_page_bytes=self.kv_page_bytes,
             page_size=self.page_size,
             max_kv_pages=min(full, self.kv_cache_pages or full),
-            max_prefill_tokens=self.max_prefill_tokens,
+            max_prefill_tokens=self.max_prefill_tokens, decode_overlap=self.decode_overlap,
             shape=ModelShape(m.hidden_size, m.num_layers, dtype_bytes=self.dtype_bytes,
                              name=Path(self.model_dir).name))
 
@@ -244,6 +256,11 @@ class EngineConfig:
         if self.cuda_graph and self.device != "cuda" and not self.graph_standin:
             raise ParallelConfigError("cuda_graph = True needs device = 'cuda' (the CPU path "
                                       "runs eager only); pass cuda_graph=False")
+        if self.decode_overlap and self.world_size > 1:
+            raise ParallelConfigError(
+                f"decode_overlap = True with tensor_parallel_size = {self.world_size}: the "
+                "engine runs overlapped scheduling at tensor_parallel_size 1 only (its ranks "
+                "other than 0 keep no sampling state); pass decode_overlap=False")
         if self.decode_gemm not in DECODE_GEMMS:
             raise ParallelConfigError(f"decode_gemm = {self.decode_gemm!r}, expected one of "
                                       f"{DECODE_GEMMS}")

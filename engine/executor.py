@@ -94,17 +94,26 @@ class RankExecutor(Backend):
         nb = max(settings.buckets)
         # replay inputs: token ids and positions are rows of one int64 buffer, so a step's
         # rows arrive in one host-to-device copy (from a pinned staging buffer on CUDA)
-        self._replay_in = torch.zeros(3, nb, dtype=torch.long, device=self.device)
+        # (a fourth row: the feed indices of an overlapped step, `protocol.commands.Step.feed`)
+        self._replay_in = torch.zeros(4, nb, dtype=torch.long, device=self.device)
         self.input_ids = self._replay_in[0]
         self.positions = self._replay_in[1]
         self.slot_ids = torch.zeros(nb, dtype=torch.int32, device=self.device)
-        self._staging = torch.zeros(3 * nb, dtype=torch.long,
-                                    pin_memory=self.device.type == "cuda")
-        # the sampled token ids of a step's rows and admissions, copied here without blocking
-        self._sampled_host = torch.zeros(settings.max_batch, dtype=torch.int32,
-                                         pin_memory=self.device.type == "cuda")
-        self._sampled_copied = torch.cuda.Event() if self.device.type == "cuda" else None
-        self._sampled: PendingSample | None = None  # what enqueue_sample left for read_tokens
+        cuda = self.device.type == "cuda"
+        # two pinned staging buffers, by step parity: under overlapped scheduling step n+1's
+        # rows are written while step n's copy may still wait on the stream (I12)
+        self._staging = torch.zeros(2, 4 * nb, dtype=torch.long, pin_memory=cuda)
+        # the sampled token ids of a step's rows and admissions: on the device, where the next
+        # overlapped step's rows read their input tokens (I20), and copied without blocking
+        # into one of two pinned host buffers by step parity (one is read while the next
+        # step's copy lands in the other, I11)
+        self._sampled_dev = torch.zeros(settings.max_batch + 1, dtype=torch.long,
+                                        device=self.device)
+        self._sampled_host = torch.zeros(2, settings.max_batch, dtype=torch.int32,
+                                         pin_memory=cuda)
+        self._sampled_copied = [torch.cuda.Event(), torch.cuda.Event()] if cuda else None
+        self._marks: dict[int, "torch.cuda.Event"] = {}  # step seq -> the event mark_step recorded
+        self._pending: dict[int, PendingSample] = {}  # step seq -> what read_tokens takes
         self._zeros = array("q", bytes(8 * nb))
         self._slot_range = array("q", range(nb))
         # request id -> (params, seed); registered by the driver before admission
@@ -462,22 +471,32 @@ class RankExecutor(Backend):
         The step's columns (`protocol.commands.DecodeRows`) are packed into one int64 host
         array [3, bucket] (tokens, positions, slots) by C-level copies -- no Python work per
         row -- and sent in one copy (pinned staging, non-blocking, on CUDA); the slot ids are
-        then converted to int32 on the device.
+        then converted to int32 on the device. An overlapped step (``step.feed``) carries no
+        tokens: a fourth row holds the feed indices, and row i's token is gathered on the
+        device from the ids the previous step sampled (I20).
         """
         self.kv.flush_pages()
         rows, n, bucket = step.rows, len(step.rows), step.bucket
         pad = bucket - n
-        packed = array("q", rows.tokens)
+        fed = step.feed is not None
+        packed = array("q", self._zeros[:n] if fed else rows.tokens)
         packed += self._zeros[:pad]
         packed.extend(rows.positions)
         packed += self._zeros[:pad]
         packed += self._slot_range[:n]
         packed.extend(repeat(self.kv.padding_slot, pad))
+        if fed:
+            packed.extend(step.feed)
+            packed += self._zeros[:pad]
+        nrows = 4 if fed else 3
         host = torch.frombuffer(packed, dtype=torch.long)
-        if self.device.type == "cuda":
-            host = self._staging[:3 * bucket].copy_(host)
-        self._replay_in[:, :bucket].copy_(host.view(3, bucket), non_blocking=True)
+        if self.device.type == "cuda":  # the buffer of this step's parity (overlap: I12)
+            host = self._staging[step.seq % 2, :nrows * bucket].copy_(host)
+        self._replay_in[:nrows, :bucket].copy_(host.view(nrows, bucket), non_blocking=True)
         self.slot_ids[:bucket].copy_(self._replay_in[2, :bucket])
+        if fed:
+            torch.index_select(self._sampled_dev, 0, self._replay_in[3, :n],
+                               out=self.input_ids[:n])
         self._step = step
 
     @torch.no_grad()
@@ -545,13 +564,42 @@ class RankExecutor(Backend):
         tokens, logprobs = sample_batch(logits, bp, want_logprobs=self.slots.n_logprobs > 0)
         if ev is not None:
             self.phases.stop("sample", ev)
+        if step.overlap:  # the next step's rows read them here; -1 (not finite) feeds token 0
+            self._sampled_dev[:n + a].copy_(tokens.clamp(min=0))
+            if any(want for _, want in self.slots.side.values()):
+                logits = logits.clone()  # the next step's replay rewrites the graph's logits
         copied = None
         if self.device.type == "cuda":  # a non-blocking copy: complete only once synchronized
-            tokens = self._sampled_host[:n + a].copy_(tokens, non_blocking=True)
-            copied = self._sampled_copied
+            tokens = self._sampled_host[step.seq % 2, :n + a].copy_(tokens, non_blocking=True)
+            copied = self._sampled_copied[step.seq % 2]
             copied.record()
-        self._sampled = PendingSample(step.seq, tokens, logprobs, logits, copied)
+        self._pending[step.seq] = PendingSample(
+            step.seq, tokens, logprobs, logits, copied, self.slots.request_ids[:n + a],
+            dict(self.slots.side), self.phases.take() if self.phases is not None else [])
         self._decode_logits = self._prefill_logits = None
+
+    def mark_step(self, seq: int) -> None:
+        """Overlapped scheduling: record a CUDA event behind command ``seq``'s device work
+        (nothing to record off CUDA, where every call completes before it returns)."""
+        if self.device.type == "cuda":
+            event = self._marks.pop(seq - 2, None) or torch.cuda.Event()
+            event.record()
+            self._marks[seq] = event
+
+    def await_step(self, seq: int) -> None:
+        """Overlapped scheduling: block until the device work `mark_step` marked for ``seq``
+        completed; the device goes on with what was enqueued after it.
+
+        Raises:
+            RuntimeError: ``seq`` was never marked (a protocol error: the worker awaits only
+                the previous step's mark).
+        """
+        if self.device.type != "cuda":
+            return
+        event = self._marks.get(seq)
+        if event is None:
+            raise RuntimeError(f"await_step({seq}): no mark_step recorded for command {seq}")
+        event.synchronize()
 
     def read_tokens(self, step) -> tuple[int | None, ...]:
         """Rank 0, after the step's synchronize: the token ids `enqueue_sample` computed for
@@ -564,22 +612,22 @@ class RankExecutor(Backend):
                 step's synchronize), or the copy of its ids has not completed (this read came
                 before the synchronize: I11).
         """
-        pending = self._sampled
-        if pending is None or pending.seq != step.seq:
+        pending = self._pending.pop(step.seq, None)
+        if pending is None:
             raise RuntimeError(f"step {step.seq}: no sampled tokens to read; enqueue_sample "
-                               f"must run for this step first (the last sampling was for step "
-                               f"{pending.seq if pending else None})")
+                               f"must run for this step first (sampled and unread: "
+                               f"{sorted(self._pending) or 'none'})")
         if pending.copied is not None and not pending.copied.query():
+            self._pending[step.seq] = pending
             raise RuntimeError(f"step {step.seq}: the token ids' copy to the host has not "
                                "completed; read_tokens must come after the step's synchronize "
-                               "(I11)")
-        self._sampled = None
+                               "or its await_step (I11)")
         tokens, logprobs, logits = pending.tokens, pending.logprobs, pending.logits
         n, a = len(step.rows), len(step.admits)
         ids = tokens.tolist()
         if self.phases is not None:
-            self.phases.close_step(n, a)
-        rids = self.slots.request_ids
+            self.phases.close_step(n, a, pending.phases)
+        rids = pending.request_ids  # as the step had them: later steps' moves came since
         self.outputs = {}
         if -1 in ids:
             for slot in [i for i, t in enumerate(ids) if t == -1]:
@@ -588,9 +636,9 @@ class RankExecutor(Backend):
                 self.outputs[rids[slot]] = {"error": f"{bad} of the {logits.shape[-1]} logits "
                                                      "of its next token are not finite (NaN or "
                                                      "inf)"}
-        if self.slots.side:
+        if pending.side:
             lp = logprobs.tolist() if logprobs is not None else None
-            for slot, (want_lp, want_logits) in self.slots.side.items():
+            for slot, (want_lp, want_logits) in pending.side.items():
                 if slot >= n + a or ids[slot] is NO_TOKEN:
                     continue
                 out = self.outputs.setdefault(rids[slot], {})
@@ -605,14 +653,20 @@ class RankExecutor(Backend):
 class PendingSample:
     """What `RankExecutor.enqueue_sample` left for `read_tokens`: the step's sequence number,
     its token ids (int32 [rows + admits]: the pinned host buffer on CUDA, complete once
-    `copied` has), logprobs (float32, or None), the logits rows they came from, and the CUDA
-    event recorded after the copy (None off CUDA)."""
+    `copied` has), logprobs (float32, or None), the logits rows they came from, the CUDA
+    event recorded after the copy (None off CUDA), and, as they were when the step sampled,
+    the request id of each slot, the slots that want side outputs and the phases a
+    `PhaseTimer` recorded (under overlapped scheduling the next step's slot moves and phases
+    come before the read)."""
 
     seq: int
     tokens: torch.Tensor
     logprobs: torch.Tensor | None
     logits: torch.Tensor
     copied: "torch.cuda.Event | None"
+    request_ids: list
+    side: dict
+    phases: list
 
 
 class SlotSampling:
@@ -667,10 +721,10 @@ class SlotSampling:
             if p.logprobs or p.return_logits:
                 self.side[slot] = (p.logprobs, p.return_logits)
         idx = torch.tensor(slots, dtype=torch.long)
-        f = torch.tensor(fcols, dtype=torch.float32).T
-        i = torch.tensor(icols, dtype=torch.int64).T
-        if self.f.is_cuda:
-            idx, f, i = (t.to(self.device, non_blocking=False) for t in (idx, f, i))
+        f = torch.tensor(fcols, dtype=torch.float32).T.contiguous()
+        i = torch.tensor(icols, dtype=torch.int64).T.contiguous()
+        if self.f.is_cuda:  # pinned (torch's host allocator keeps it until the copy ran)
+            idx, f, i = (t.pin_memory().to(self.device, non_blocking=True) for t in (idx, f, i))
         self.f.index_copy_(1, idx, f)
         self.i.index_copy_(1, idx, i)
 
@@ -728,10 +782,16 @@ class PhaseTimer:
         end.record()
         self._open.append((phase, start, end))
 
-    def close_step(self, rows: int, admits: int) -> None:
-        """Fold the step's phases into `steps` (the events must have completed)."""
+    def take(self) -> list:
+        """The phases recorded since the last `take`, for a later `close_step`: under
+        overlapped scheduling a step's phases are read after the next step recorded its own."""
+        taken, self._open = self._open, []
+        return taken
+
+    def close_step(self, rows: int, admits: int, phases: list) -> None:
+        """Fold a step's ``phases`` (from `take`) into `steps` (their events must have
+        completed)."""
         step = {"rows": rows, "admits": admits, "prefill": 0.0, "decode": 0.0, "sample": 0.0}
-        for phase, a, b in self._open:
+        for phase, a, b in phases:
             step[phase] += a.elapsed_time(b)
         self.steps.append(step)
-        self._open = []

@@ -134,6 +134,7 @@ class LLM:
         self._first_token: dict[int, float] = {}   # request id -> perf_counter at first token
         self._finish: dict[int, float] = {}        # request id -> perf_counter at last token
         self._last_step_end = 0.0
+        self._unread_admits: tuple = ()  # overlap: admissions whose first token is unread
         # set to [] to record one (kind, rows, admits, seconds, prompt tokens, controller
         # seconds) per step: seconds from the top of the driver loop (the controller absorbing
         # the last step and building this one) to this step's last reply
@@ -219,7 +220,7 @@ class LLM:
             if isinstance(command, Step) and command.admits:
                 # a preempted request is admitted again: its extras stay until it finishes
                 extras = {a.request_id: self._extras[a.request_id] for a in command.admits}
-            if isinstance(command, Step):
+            if isinstance(command, Step) and not command.overlap:
                 for r in command.retires:  # their last token came with the previous step
                     self._finish[r.request_id] = self._last_step_end
             try:
@@ -241,7 +242,12 @@ class LLM:
                 raise
             if isinstance(command, Step):
                 now = self._last_step_end = time.perf_counter()
-                for a in command.admits:
+                admitted = command.admits
+                if command.overlap:  # this reply carries the previous step's tokens
+                    admitted, self._unread_admits = self._unread_admits, command.admits
+                    for r in command.retires:  # by now their last token came, at the latest
+                        self._finish[r.request_id] = now
+                for a in admitted:
                     self._first_token[a.request_id] = now
                 if self.step_log is not None:
                     prefills = bool(command.admits) or command.chunk is not None

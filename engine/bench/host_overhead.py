@@ -51,13 +51,17 @@ class CpuPhaseTimer:
         """Close `phase`, started at `start`."""
         self._open.append((phase, time.perf_counter() - start))
 
-    def close_step(self, rows: int, admits: int) -> None:
-        """Fold the step's phases into `steps`."""
+    def take(self) -> list:
+        """The phases recorded since the last `take` (see `PhaseTimer.take`)."""
+        taken, self._open = self._open, []
+        return taken
+
+    def close_step(self, rows: int, admits: int, phases: list) -> None:
+        """Fold a step's ``phases`` (from `take`) into `steps`."""
         step = {"rows": rows, "admits": admits, "prefill": 0.0, "decode": 0.0, "sample": 0.0}
-        for phase, sec in self._open:
+        for phase, sec in phases:
             step[phase] += 1e3 * sec
         self.steps.append(step)
-        self._open = []
 
 
 class StubModel:

@@ -224,7 +224,8 @@ def format_table(doc: dict) -> str:
             f"{'TPOT p50/p99 ms':>16} {'wall s':>7}")
     lines = [f"workload W: N={doc['n']}, prompt and output lengths uniform in [100, 1024], "
              f"seed {doc['seed']}, ignore_eos; {doc['model']} ({doc['dtype']}, "
-             f"TP {doc.get('tensor_parallel_size', 1)}), "
+             f"TP {doc.get('tensor_parallel_size', 1)}, "
+             f"{'overlapped' if doc.get('decode_overlap') else 'step-locked'} scheduling), "
              f"{doc['versions'].get('gpu')}", head, "-" * len(head)]
     for r in doc["rows"]:
         lines.append(f"{r['system']:<34} {r['output_tok_s']:>10,.0f} {r['total_tok_s']:>11,.0f} "
@@ -278,10 +279,11 @@ def write_plot(doc: dict, path: str) -> bool:
 def measure_throughput(model_dir: str, model_name: str, n: int, seed: int, dtype: str,
                        max_batch: int, max_model_len: int, temperature: float, top_p: float,
                        compare_hf: bool, max_prefill_tokens: int = 8192,
-                       tensor_parallel_size: int = 1) -> dict:
+                       tensor_parallel_size: int = 1, decode_overlap: bool | None = None) -> dict:
     """Runs of workload W through the engine (graphs on): greedy twice (the first pass meets
     every prefill shape for the first time), then sampled; host overhead at batch 1 and
-    max_batch; with compare_hf the HF run (greedy, one GPU). One document.
+    max_batch; with compare_hf the HF run (greedy, one GPU). One document. ``decode_overlap``:
+    the engine's overlapped scheduling (None: its default, on at tensor_parallel_size 1).
 
     With tensor_parallel_size > 1 the ranks run in their own processes, so the per-phase
     device times and the host overhead per step (read from rank 0's executor in this
@@ -297,7 +299,8 @@ def measure_throughput(model_dir: str, model_name: str, n: int, seed: int, dtype
     t0 = time.perf_counter()
     llm = LLM(model_dir, device="cuda", dtype=dtype, max_batch=max_batch,
               max_model_len=max_model_len, max_prefill_tokens=max_prefill_tokens,
-              tensor_parallel_size=tensor_parallel_size)
+              tensor_parallel_size=tensor_parallel_size, decode_overlap=decode_overlap)
+    doc["decode_overlap"] = llm.config.decode_overlap
     _say(f"engine ready in {time.perf_counter() - t0:.1f} s")
     try:
         warm = Workload.make(8, seed + 1, 16, 64)

@@ -1,0 +1,94 @@
+"""Overlapped scheduling in the engine (decode_overlap, I20), on CPU: each step is built while the
+previous one runs and its rows read their input tokens from the previous step's sampled ids on
+the device. Tokens, logprobs, logits and finish reasons equal the step-locked engine's, under
+stop tokens (leftover rows), preemption, chunked prefill and graph replays."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from engine.errors import ParallelConfigError
+from engine.llm import LLM
+from engine.sampling import SamplingParams
+
+pytestmark = pytest.mark.timeout(600)
+
+GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+SAMPLED = SamplingParams(max_tokens=24, temperature=0.8, top_k=50, ignore_eos=True, seed=5,
+                         logprobs=True, return_logits=True)
+
+
+def _prompts():
+    g = torch.Generator().manual_seed(7)
+    return [torch.randint(0, 512, (k,), generator=g).tolist() for k in (20, 9, 33, 14, 26, 5)]
+
+
+def _run(model_dir, params, overlap, **kw):
+    llm = LLM(model_dir, max_batch=4, max_model_len=64, decode_overlap=overlap, **kw)
+    try:
+        assert llm.controller.config.decode_overlap is overlap
+        return llm.generate(_prompts(), params), llm
+    finally:
+        llm.shutdown()
+
+
+def _same(a, b):
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+    assert [o.finish_reason for o in a] == [o.finish_reason for o in b]
+    for x, y in zip(a, b):
+        if x.logprobs is not None:
+            assert x.logprobs == pytest.approx(y.logprobs, abs=1e-5)
+        if x.logits is not None:
+            assert torch.equal(x.logits, y.logits)
+
+
+@pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("kw", [{}, {"kv_cache_pages": 4}, {"max_prefill_tokens": 12},
+                                {"cuda_graph": True, "_graph_standin": True}],
+                         ids=["roomy", "preempting", "chunked", "graphs"])
+def test_overlapped_scheduling_gives_the_step_locked_outputs(tiny_dir, params, kw):
+    locked, _ = _run(tiny_dir, params, False, **kw)
+    overlapped, llm = _run(tiny_dir, params, True, **kw)
+    _same(overlapped, locked)
+    if "kv_cache_pages" in kw:
+        assert llm.controller.preemptions > 0
+    if "cuda_graph" in kw:
+        assert llm.steps["replay"] > 0
+
+
+def test_a_stop_token_ends_the_request_with_its_leftover_row_dropped(tiny_dir):
+    first, _ = _run(tiny_dir, GREEDY, False)
+    # stop each request on the token its step-locked run produced fifth (kept in the output)
+    stops = tuple(sorted({o.token_ids[4] for o in first}))
+    params = dataclasses.replace(GREEDY, stop_token_ids=stops)
+    locked, _ = _run(tiny_dir, params, False)
+    overlapped, llm = _run(tiny_dir, params, True)
+    _same(overlapped, locked)
+    assert all(o.finish_reason == "stop" and len(o.token_ids) <= 5 for o in overlapped)
+    assert llm.controller.leftover_rows > 0
+
+
+def test_decode_overlap_defaults_to_on_at_tp1_and_off_under_tp(tiny_dir):
+    llm = LLM(tiny_dir, max_batch=2, max_model_len=32)
+    try:
+        assert llm.controller.config.decode_overlap is True
+    finally:
+        llm.shutdown()
+    llm = LLM(tiny_dir, max_batch=2, max_model_len=32, tensor_parallel_size=2)
+    try:
+        assert llm.controller.config.decode_overlap is False
+    finally:
+        llm.shutdown()
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"decode_overlap": True, "tensor_parallel_size": 2},
+     "decode_overlap = True with tensor_parallel_size = 2: the engine runs overlapped "
+     "scheduling at tensor_parallel_size 1 only"),
+    ({"decode_overlap": "yes"}, "decode_overlap = 'yes', expected True, False or None")])
+def test_bad_decode_overlap_is_refused_before_any_rank_starts(tiny_dir, kw, match):
+    with pytest.raises(ParallelConfigError, match=match):
+        LLM(tiny_dir, max_batch=2, max_model_len=32, **kw)
