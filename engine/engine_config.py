@@ -72,9 +72,10 @@ class EngineConfig:
         model: the model's config (read from model_dir when None).
         decode_overlap: overlapped scheduling (`protocol.config.ProtocolConfig.decode_overlap`):
             each step is built and launched while the previous one runs, its rows reading
-            their input tokens from the previous step's sampled ids on the device. `create`
-            defaults to on at tensor_parallel_size 1; the engine does not run it under TP
-            (its ranks other than 0 keep no sampling state, and every rank must sample).
+            their input tokens from the previous step's sampled ids on the device; every rank
+            samples (identical logits, counter-based random stream). `create` defaults to on
+            at tensor_parallel_size 1 and off under TP, where it runs when asked for but was
+            tested on CPU ranks (gloo) only.
         decode_gemm: "auto" (default): decode GEMMs of up to 64 rows use the Triton skinny GEMM
             where `engine/kernels/skinny_gemm_table.json` measured it faster than cuBLAS;
             "cublas": every GEMM through cuBLAS (the A/B baseline of `lockstep bench`).
@@ -256,11 +257,6 @@ class EngineConfig:
         if self.cuda_graph and self.device != "cuda" and not self.graph_standin:
             raise ParallelConfigError("cuda_graph = True needs device = 'cuda' (the CPU path "
                                       "runs eager only); pass cuda_graph=False")
-        if self.decode_overlap and self.world_size > 1:
-            raise ParallelConfigError(
-                f"decode_overlap = True with tensor_parallel_size = {self.world_size}: the "
-                "engine runs overlapped scheduling at tensor_parallel_size 1 only (its ranks "
-                "other than 0 keep no sampling state); pass decode_overlap=False")
         if self.decode_gemm not in DECODE_GEMMS:
             raise ParallelConfigError(f"decode_gemm = {self.decode_gemm!r}, expected one of "
                                       f"{DECODE_GEMMS}")

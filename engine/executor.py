@@ -131,6 +131,8 @@ class RankExecutor(Backend):
         self.logits_buf: torch.Tensor | None = None    # float32 [max bucket, vocab], graph output
         self._placeholder_kv = False
         self._step = None                              # the step prepare_replay set up
+        # rank 0 samples; under overlapped scheduling every rank does, for its fed rows (I20)
+        self._samples_here = tp.rank == 0 or settings.decode_overlap
 
     # -- setup --------------------------------------------------------------------------------
 
@@ -323,7 +325,7 @@ class RankExecutor(Backend):
         graphs.launch(key)
         if ev is not None:
             self.phases.stop("decode", ev)
-        if step is not None and self.tp.rank == 0:
+        if step is not None and self._samples_here:
             self._decode_logits = self.logits_buf
         return read
 
@@ -447,7 +449,7 @@ class RankExecutor(Backend):
             logits = self.model.compute_logits(hidden[last])  # collective: every rank
         for admit in admits:
             self.slot_request[admit.slot] = admit.request_id
-        if self.tp.rank == 0 and a:
+        if self._samples_here and a:
             self._prefill_logits = logits
             # a recomputed request's prompt ends with its first output_index outputs
             self.slots.admit([x.slot for x in admits], [x.request_id for x in admits],
@@ -516,7 +518,7 @@ class RankExecutor(Backend):
         logits = self.decode_forward(step.bucket)
         if ev is not None:
             self.phases.stop("decode", ev)
-        if self.tp.rank == 0:
+        if self._samples_here:
             self._decode_logits = logits
 
     def synchronize(self) -> None:

@@ -364,10 +364,12 @@ class SpawnedRanks:
                 "LLM under `if __name__ == \"__main__\":`")
 
     def send(self, command, extras: dict | None) -> None:
-        """Send `command` to every rank (extras go to rank 0 only)."""
+        """Send `command` to every rank (extras go to rank 0 only, or to every rank under
+        overlapped scheduling, where every rank samples)."""
+        everyone = self.settings.decode_overlap
         for rank, conn in enumerate(self.conns):
             try:
-                conn.send((command, extras if rank == 0 else None))
+                conn.send((command, extras if rank == 0 or everyone else None))
             except (BrokenPipeError, OSError) as exc:
                 raise RankError(rank, f"command channel closed ({exc})") from exc
 
@@ -451,7 +453,9 @@ class TorchrunRanks:
         """Broadcast the command, then run it on rank 0."""
         import torch.distributed as dist
 
-        dist.broadcast_object_list([(command, None)], src=0, group=self.control)
+        everyone = self.executor.settings.decode_overlap  # every rank samples (I20)
+        dist.broadcast_object_list([(command, extras if everyone else None)], src=0,
+                                   group=self.control)
         self._mine = execute(self.worker, self.executor, command, extras)
 
     def collect(self) -> list[tuple[Any, dict, list]]:

@@ -84,11 +84,17 @@ def test_decode_overlap_defaults_to_on_at_tp1_and_off_under_tp(tiny_dir):
         llm.shutdown()
 
 
-@pytest.mark.parametrize("kw,match", [
-    ({"decode_overlap": True, "tensor_parallel_size": 2},
-     "decode_overlap = True with tensor_parallel_size = 2: the engine runs overlapped "
-     "scheduling at tensor_parallel_size 1 only"),
-    ({"decode_overlap": "yes"}, "decode_overlap = 'yes', expected True, False or None")])
-def test_bad_decode_overlap_is_refused_before_any_rank_starts(tiny_dir, kw, match):
-    with pytest.raises(ParallelConfigError, match=match):
-        LLM(tiny_dir, max_batch=2, max_model_len=32, **kw)
+def test_bad_decode_overlap_is_refused_before_any_rank_starts(tiny_dir):
+    with pytest.raises(ParallelConfigError,
+                       match="decode_overlap = 'yes', expected True, False or None"):
+        LLM(tiny_dir, max_batch=2, max_model_len=32, decode_overlap="yes")
+
+
+def test_overlap_under_tp2_every_rank_samples_and_gives_the_step_locked_outputs(tiny_dir):
+    """Two gloo ranks: each samples the same ids from the same all-gathered logits and feeds
+    its own rows from them (I20); outputs equal TP 2 step-locked, with a preempting pool."""
+    tp2 = dict(kv_cache_pages=4, tensor_parallel_size=2)
+    locked, _ = _run(tiny_dir, SAMPLED, False, **tp2)
+    overlapped, llm = _run(tiny_dir, SAMPLED, True, **tp2)
+    assert llm.controller.preemptions > 0
+    _same(overlapped, locked)
