@@ -114,3 +114,18 @@ def test_an_overlapped_decode_step_makes_no_host_sync(model_dir):
             torch.cuda.set_sync_debug_mode(0)
         assert len(steps) > 20
         assert all(o.finish_reason == "length" for o in outs)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_overlap_under_tp2_gives_the_step_locked_tokens(model_dir):
+    """Two GPUs: every rank samples from the all-gathered logits and feeds its own rows (I20);
+    tokens and logprobs equal TP 2 step-locked (graphs on, requests ending by length)."""
+    from engine.sampling import SamplingParams
+
+    params = SamplingParams(max_tokens=32, temperature=0.7, seed=3, ignore_eos=True,
+                            logprobs=True)
+    locked, _, _, _ = _run(model_dir, params, False, tensor_parallel_size=2)
+    overlapped, replays, _, _ = _run(model_dir, params, True, tensor_parallel_size=2)
+    assert replays > 0
+    assert [o.token_ids for o in overlapped] == [o.token_ids for o in locked]
+    assert [o.logprobs for o in overlapped] == [o.logprobs for o in locked]
