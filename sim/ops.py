@@ -121,7 +121,8 @@ class ModelledBackend:
         self._scope_devices = [tuple(world.devices[d] for d in scope)
                                for scope in self._quiesce_scope]
         self.readiness = {Record: self._record_ready, Instantiate: self._quiescing_ready,
-                          Upload: self._quiescing_ready, LaunchGraph: self._launch_ready}
+                          Upload: self._quiescing_ready, LaunchGraph: self._launch_ready,
+                          AwaitStep: self._await_ready}
         """Op class -> ready(r, host, op): whether `attempt` with ``probe`` would answer
         other than BLOCKED, for the ops of the startup sweep (the most probed after
         synchronize); the same answer without the dispatch and the generic lock discipline.
@@ -241,6 +242,10 @@ class ModelledBackend:
             return BLOCKED
         host.result = None
         return DONE
+
+    def _await_ready(self, r: int, host: Host, op: AwaitStep) -> bool:
+        """`await_step` probed: ready once the device ran the step's `StepMark`."""
+        return self.world.devices[r].marked >= op.seq
 
     @staticmethod
     def staging_buffer(step: Step) -> int:
