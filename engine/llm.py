@@ -232,7 +232,11 @@ class LLM:
                     t_reply = time.perf_counter()
                     self.controller.on_reply(reply)
                     t_ctrl += time.perf_counter() - t_reply
+                    # a leftover row's token is dropped (overlap): so is what came with it
+                    dropped = self.controller.dropped_tokens() if outputs else ()
                     for rid, out in outputs.items():
+                        if rid in dropped:
+                            continue
                         side = self._side.setdefault(rid, {})
                         for k, v in out.items():
                             side.setdefault(k, []).append(v)

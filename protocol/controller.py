@@ -15,7 +15,7 @@ expired watchdog, turns into one `Abort` for every rank (I13).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any
 
@@ -121,6 +121,8 @@ class Sampled:
             preempted since still stops on the token it sampled here).
         ending: requests whose last token by length this step samples; they were retired in
             the next step and finish once this step's tokens are absorbed.
+        dropped: requests whose token of this step is dropped (leftover rows), so a driver
+            drops the side outputs (logprobs, logits) that came with it too.
     """
 
     seq: int
@@ -128,6 +130,7 @@ class Sampled:
     outs: list
     stops: dict
     ending: list
+    dropped: set = field(default_factory=set)
 
 
 class Controller:
@@ -401,6 +404,7 @@ class Controller:
         which was sent before that was known and holds a leftover row of it: the token that
         row samples is dropped (its output list there becomes a scratch list)."""
         in_flight.outs[in_flight.ids.index(request_id)] = []
+        in_flight.dropped.add(request_id)
 
     # -- internals ----------------------------------------------------------------------------
 
@@ -412,6 +416,13 @@ class Controller:
         for request_id in self.requests:
             if request_id not in self.finished:
                 self.request_errors.setdefault(request_id, error)
+
+    def dropped_tokens(self) -> frozenset[int]:
+        """Overlapped scheduling: the requests whose token in the reply now being collected is
+        dropped (leftover rows of requests that had already ended): a driver drops whatever
+        else came with that token (logprobs, logits, a sampling error). Empty otherwise."""
+        reading = self._reading if isinstance(self.current, Step) and self.current.overlap else None
+        return frozenset(reading.dropped) if reading is not None else frozenset()
 
     def request_error(self, request_id: int) -> ProtocolError | None:
         """The error request ``request_id`` ended with because the run failed, or None."""
@@ -793,13 +804,16 @@ class Controller:
 
     def _stopped(self, ids, tokens: tuple, stops: dict) -> set[int]:
         """The requests (``ids[i]`` sampled ``tokens[i]``) whose token is one of their stop
-        tokens; Python work only for the tokens in ``stops`` (those some request stops on)."""
+        tokens; Python work only for the tokens in ``stops`` (those some request stops on). A
+        request already taken (`take_finished`: under overlap, before its leftover row's token
+        came) is skipped."""
         stopped: set[int] = set()
         if stops and not stops.keys().isdisjoint(tokens):
             for token in stops.keys() & set(tokens):
                 i = tokens.index(token)
                 while True:
-                    if token in self.requests[ids[i]].stop_token_ids:
+                    request = self.requests.get(ids[i])
+                    if request is not None and token in request.stop_token_ids:
                         stopped.add(ids[i])
                     try:
                         i = tokens.index(token, i + 1)

@@ -195,8 +195,8 @@ class ModelledBackend:
                 return DONE if probe else self.read_tokens(r, host, op)
             case MarkStep():
                 return DONE if probe else self.mark_step(r, host, op)
-            case AwaitStep(seq):
-                if self.world.devices[r].marked < seq:
+            case AwaitStep():
+                if not self._await_ready(r, host, op):
                     return BLOCKED
                 return DONE if probe else self.done(host)
             case DestroyCommunicator():
@@ -238,7 +238,7 @@ class ModelledBackend:
 
     def _perform_await_step(self, r: int, host: Host, op: AwaitStep) -> int:
         """`await_step` performed: done once the device ran the step's `StepMark`."""
-        if self.world.devices[r].marked < op.seq:
+        if not self._await_ready(r, host, op):
             return BLOCKED
         host.result = None
         return DONE

@@ -35,14 +35,17 @@ def _run(model_dir, params, overlap, **kw):
         llm.shutdown()
 
 
-def _same(a, b):
+def _same(a, b, exact=True):
+    """Equal outputs; ``exact=False`` where the schedules differ (a leftover row changes a
+    step's batch, and float32 matmuls are not batch-invariant to the last bit on CPU)."""
     assert [o.token_ids for o in a] == [o.token_ids for o in b]
     assert [o.finish_reason for o in a] == [o.finish_reason for o in b]
     for x, y in zip(a, b):
         if x.logprobs is not None:
             assert x.logprobs == pytest.approx(y.logprobs, abs=1e-5)
         if x.logits is not None:
-            assert torch.equal(x.logits, y.logits)
+            assert (torch.equal(x.logits, y.logits) if exact
+                    else torch.allclose(x.logits, y.logits, atol=1e-5, rtol=0))
 
 
 @pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
@@ -59,15 +62,21 @@ def test_overlapped_scheduling_gives_the_step_locked_outputs(tiny_dir, params, k
         assert llm.steps["replay"] > 0
 
 
-def test_a_stop_token_ends_the_request_with_its_leftover_row_dropped(tiny_dir):
+@pytest.mark.parametrize("kw", [{}, {"kv_cache_pages": 4}], ids=["roomy", "preempting"])
+def test_a_stop_token_ends_the_request_with_its_leftover_row_dropped(tiny_dir, kw):
+    """The leftover row's token is dropped, and so are its logprob and logits row: one side
+    output per token, as step-locked (a reviewer's finding: they were kept)."""
     first, _ = _run(tiny_dir, GREEDY, False)
     # stop each request on the token its step-locked run produced fifth (kept in the output)
     stops = tuple(sorted({o.token_ids[4] for o in first}))
-    params = dataclasses.replace(GREEDY, stop_token_ids=stops)
-    locked, _ = _run(tiny_dir, params, False)
-    overlapped, llm = _run(tiny_dir, params, True)
-    _same(overlapped, locked)
+    params = dataclasses.replace(GREEDY, stop_token_ids=stops, logprobs=True,
+                                 return_logits=True)
+    locked, _ = _run(tiny_dir, params, False, **kw)
+    overlapped, llm = _run(tiny_dir, params, True, **kw)
+    _same(overlapped, locked, exact=False)
     assert all(o.finish_reason == "stop" and len(o.token_ids) <= 5 for o in overlapped)
+    for o in overlapped:
+        assert len(o.logprobs) == len(o.token_ids) == o.logits.shape[0]
     assert llm.controller.leftover_rows > 0
 
 

@@ -103,3 +103,12 @@ def test_overlap_violations_of_i11_are_named():
     assert "I11" in names(_overlapped(mark_step_0=False))
     # waiting for an earlier step than the one read (-1: nothing) leaves step 0 in flight
     assert "I11" in names(_overlapped(await_in_step_1=-1))
+
+
+def test_a_reply_that_skips_the_wait_for_the_previous_step_is_i11():
+    # rank 1 marks step 0, then in step 1 enqueues and marks but never awaits step 0's mark
+    events = [op(1, "launch", 0, "decode@8"), op(1, "mark_step", 0), reply(1, 0),
+              op(1, "launch", 1, "decode@8"), op(1, "mark_step", 1), reply(1, 1)]
+    assert "I11" in names(events)
+    waited = events[:5] + [data_op(1, "await_step", 1, (0,)), reply(1, 1)]
+    assert "I11" not in names(waited)
