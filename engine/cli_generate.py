@@ -65,6 +65,9 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
     p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
                    help="capture decode CUDA graphs at startup and replay them (default: on "
                         "with --device cuda, off on cpu)")
+    p.add_argument("--decode-overlap", action=argparse.BooleanOptionalAction, default=None,
+                   help="overlapped scheduling: each step built and launched while the "
+                        "previous one runs (default: on at -tp 1, off under TP)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                    help="fraction of each GPU's memory the engine may hold (default 0.9)")
     p.add_argument("--startup-timeout", type=float, default=None,
@@ -168,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
 
     llm_args = dict(tensor_parallel_size=args.tensor_parallel_size, device=args.device,
                     dtype=args.dtype, max_batch=args.max_batch, max_model_len=args.max_model_len,
-                    cuda_graph=args.cuda_graph,
+                    cuda_graph=args.cuda_graph, decode_overlap=args.decode_overlap,
                     gpu_memory_utilization=args.gpu_memory_utilization,
                     startup_timeout_s=args.startup_timeout, step_timeout_s=args.step_timeout)
     launched = torchrun_world()

@@ -135,6 +135,8 @@ class StartupReport:
             lines.append(f"captured {self.captured} decode graph(s) in "
                          f"{self.capture_s or 0:.3f} s (capture + launch barriers, all ranks); "
                          f"measuring the graph set took {self.measure_s or 0:.3f} s")
+        lines.append("scheduling: overlapped (each step built while the previous one runs)"
+                     if settings.decode_overlap else "scheduling: step-locked")
         wb = weight_bytes_per_rank(cfg, settings.world_size, settings.dtype_bytes)
         plan = controller.memory
         graphs = max(self.graph_bytes.values(), default=0)

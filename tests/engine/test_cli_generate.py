@@ -218,3 +218,15 @@ def test_a_text_prompt_too_long_is_refused_before_the_engine_starts(tiny_dir, ca
     err = capsys.readouterr().err.strip()
     assert "prompt of 3000 tokens + --max-tokens 2 exceeds the max model length" in err
     assert len(err.splitlines()) == 1
+
+
+def test_decode_overlap_can_be_switched_off_and_the_log_names_the_scheduling(tiny_dir, capsys):
+    overlapped = _tp1_tokens(tiny_dir, capsys)
+    assert main(["generate", "--model", str(tiny_dir), "--prompt-ids", "1,2,3",
+                 "--max-tokens", "5", "--no-decode-overlap"]) == 0
+    locked = capsys.readouterr()
+    assert locked.out.splitlines()[0] == overlapped
+    assert "scheduling: step-locked" in locked.err
+    assert main(["generate", "--model", str(tiny_dir), "--prompt-ids", "1,2,3",
+                 "--max-tokens", "5"]) == 0
+    assert "scheduling: overlapped" in capsys.readouterr().err
