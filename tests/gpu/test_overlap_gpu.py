@@ -57,16 +57,17 @@ def test_overlapped_graph_serving_gives_the_step_locked_tokens(model_dir, temper
 
 def test_overlapped_stops_and_preemptions_end_every_request_on_its_rule(model_dir):
     """Stop tokens (leftover rows dropped) and a preempting KV pool: each request ends on its
-    first stop token or at its length, with no token after the stop."""
+    first stop token or at its length, with no token (and no logprob) after the stop."""
     from engine.sampling import SamplingParams
 
     params = SamplingParams(max_tokens=48, temperature=0.7, seed=9, ignore_eos=True)
     locked, _, _, _ = _run(model_dir, params, False)
     stops = frozenset(o.token_ids[7] for o in locked[::3])
-    params = dataclasses.replace(params, stop_token_ids=tuple(sorted(stops)))
+    params = dataclasses.replace(params, stop_token_ids=tuple(sorted(stops)), logprobs=True)
     outs, replays, preempted, leftover = _run(model_dir, params, True, kv_cache_pages=40)
     assert replays > 0 and preempted > 0 and leftover > 0
     for o in outs:
+        assert len(o.logprobs) == len(o.token_ids)  # a leftover row's logprob is dropped too
         first = next((i for i, t in enumerate(o.token_ids) if t in stops), None)
         if first is None:
             assert o.finish_reason == "length" and len(o.token_ids) == 48
