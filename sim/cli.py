@@ -90,11 +90,11 @@ def _typed(fn, what):
 
 
 DEFAULTS = {"ranks": 2, "topology": "both", "strategy": None, "schedules": 300,
-            "fault_schedules": 25, "time_budget": 60.0, "seed": 0, "jobs": None}
+            "fault_schedules": 18, "time_budget": 60.0, "seed": 0, "jobs": None}
 """Defaults of the options that `--replay` refuses; they are None in the parser so that an
 option given on the command line can be told from one left at its default."""
 
-CLEAN_SCHEDULES = 50
+CLEAN_SCHEDULES = 35
 """Fault-free schedules of a protocol expected clean (the correct protocol, under each of its
 scenarios) when ``--schedules`` is not given; a bad variant's search, which stops at its first
 failure, may take up to ``DEFAULTS["schedules"]``. Chosen so the default check stays under 10 s on
