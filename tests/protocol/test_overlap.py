@@ -149,3 +149,46 @@ def test_rank0_reply_must_carry_the_previous_steps_token_count():
     with pytest.raises(ReplyError, match=f"must carry 2 token ids in slot order \\(step "
                                          f"{command.read}'s rows, then admissions\\), got 1"):
         c.on_reply(Reply(0, command.seq, payload=(5,)))
+
+
+def _collect_dropped(requests):
+    """Serve ``requests`` overlapped; after each reply, what `dropped_tokens` names (it must be
+    empty unless the reply being collected carries an earlier step's tokens)."""
+    from protocol.commands import AllocateKV
+    from protocol.controller import Controller, Idle
+
+    config = ProtocolConfig(world_size=1, decode_overlap=True, **SMALL)
+    ctrl = Controller(config, pages_per_seq=4)
+    worker = Worker(0, 1, GraphPlan.from_config(config), config.max_batch)
+    backend = PagedBackend(0, 64)
+    for r in requests:
+        ctrl.submit(r)
+    dropped = []
+    while not isinstance(action := ctrl.next_action(), Done):
+        if isinstance(action, Idle):
+            ctrl.shutdown()
+            continue
+        command = action.command
+        if isinstance(command, AllocateKV):
+            backend.page_size = command.page_size
+        ctrl.on_reply(worker.reply(command, [backend.run(op) for op in worker.ops_for(command)]))
+        got = ctrl.dropped_tokens()
+        if not (isinstance(command, Step) and command.read is not None):
+            assert got == frozenset(), (command, got)  # Teardown too, after the last read
+        dropped += sorted(got)
+    return ctrl, dropped
+
+
+def test_dropped_tokens_name_each_leftover_row_in_the_reply_that_carries_it():
+    requests = _stopping_workload()
+    locked, _, _, _ = _run(requests, overlap=False)
+    stopped = sorted(r.request_id for r in requests
+                     if len(locked.outputs[r.request_id]) < r.max_tokens)
+    ctrl, dropped = _collect_dropped(requests)
+    assert stopped and sorted(dropped) == stopped  # one leftover row per stopped request
+    assert ctrl.leftover_rows == len(dropped)
+    assert ctrl.outputs == locked.outputs
+    # a lone request that stops on its first token: its leftover row is the last one read
+    lone = [Request(0, (10, 11), max_tokens=9, stop_token_ids=frozenset(range(97)))]
+    ctrl, dropped = _collect_dropped(lone)
+    assert dropped == [0] and ctrl.outputs[0] == _run(lone, overlap=False)[0].outputs[0]
