@@ -573,7 +573,8 @@ def _summary(rows: list[Row]) -> str:
     compared = [r for r in rows if r.compared]
     unreachable = [r for r in compared if r.got == "not reachable here"]
     compared = [r for r in compared if r.got != "not reachable here"]
-    text = f"{sum(r.passed for r in compared)}/{len(compared)} verdicts as expected"
+    text = (f"{sum(r.passed for r in compared)}/{len(compared)} verdicts as expected"
+            if compared or unreachable else "no verdict compared with an expected one")
     if unreachable:
         text += f", {len(unreachable)} not reachable here"
     others = [r for r in rows if not r.compared]
