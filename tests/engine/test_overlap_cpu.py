@@ -107,3 +107,22 @@ def test_overlap_under_tp2_every_rank_samples_and_gives_the_step_locked_outputs(
     overlapped, llm = _run(tiny_dir, SAMPLED, True, **tp2)
     assert llm.controller.preemptions > 0
     _same(overlapped, locked)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("fault", ["raise", "kill"])
+def test_a_rank_failing_in_an_overlapped_step_is_named_and_no_rank_is_left(tiny_dir, fault):
+    """Under overlap a rank's reply to step n comes before step n's device work is done; a
+    rank that fails (raises, or is killed) in an overlapped decode step (command 8: startup is
+    commands 0-4 on CPU) still ends the run with an error naming it, and no rank process is
+    left."""
+    import multiprocessing
+
+    from engine.errors import RankError
+
+    with pytest.raises(RankError) as info:
+        with LLM(tiny_dir, tensor_parallel_size=2, max_batch=2, max_model_len=32,
+                 decode_overlap=True, _fault=(1, 8, fault)) as llm:
+            llm.generate([[1, 2, 3], [4, 5]], dataclasses.replace(GREEDY, max_tokens=20))
+    assert info.value.rank == 1, str(info.value)
+    assert multiprocessing.active_children() == []
