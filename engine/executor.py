@@ -531,11 +531,13 @@ class RankExecutor(Backend):
 
     @torch.no_grad()
     def enqueue_sample(self, step) -> None:
-        """Rank 0: enqueue the next token of every decoded and admitted request of `step`, one
-        batched pass over slots 0..rows+admits-1 (`engine.sampling.sample_batch`), behind the
-        step's forward, and the copy of the int32 token ids into a pinned host buffer. Returns
-        once the kernels are launched: their host work overlaps the forward still running, and
-        `read_tokens` takes the ids after the step's synchronize.
+        """Rank 0 (every rank under overlapped scheduling): enqueue the next token of every
+        decoded and admitted request of `step`, one batched pass over slots 0..rows+admits-1
+        (`engine.sampling.sample_batch`), behind the step's forward, and the copy of the int32
+        token ids into the pinned host buffer of the step's parity; under overlap the ids also
+        stay in `_sampled_dev` for the next step's fed rows. Returns once the kernels are
+        launched: their host work overlaps the forward still running, and `read_tokens` takes
+        the ids after the step's synchronize (or `await_step`).
 
         A request whose logit row is not finite gets -1 from the sampler's own pass (the
         finiteness test runs on the device inside the same pass).

@@ -234,7 +234,7 @@ class ModelledBackend:
         return self.prefill(r, host, op.admits, op.chunk)
 
     def _perform_prepare_replay(self, r: int, host: Host, op: PrepareReplay) -> int:
-        return self.prepare_replay(r, host, op.step, self.staging_buffer(op.step))
+        return self.prepare_replay(r, host, op.step, self.host_buffer(op.step))
 
     def _perform_await_step(self, r: int, host: Host, op: AwaitStep) -> int:
         """`await_step` performed: done once the device ran the step's `StepMark`."""
@@ -248,10 +248,12 @@ class ModelledBackend:
         return self.world.devices[r].marked >= op.seq
 
     @staticmethod
-    def staging_buffer(step: Step) -> int:
-        """The pinned host staging buffer the replay inputs of ``step`` are written into: one
-        per step parity under overlapped scheduling (step n+1 is written while step n's copy
-        may still wait on the stream; step n+2 only after step n completed), else one."""
+    def host_buffer(step: Step) -> int:
+        """Which of a rank's two pinned host buffers (staging of the replay inputs; copy of the
+        sampled ids) ``step`` uses: one per step parity under overlapped scheduling (step n+1
+        writes its inputs while step n's copy may still wait on the stream, and step n's ids
+        land while the host reads step n-1's; step n+2 comes only after step n completed),
+        else buffer 0."""
         return step.seq % 2 if step.overlap else 0
 
     def prepare_replay(self, r: int, host: Host, step: Step, staging: int) -> int:
@@ -677,27 +679,24 @@ class ModelledBackend:
         self.enqueue(r, self.eager_sig(len(step.rows), "eager decode"))
         return self.enqueue_done(r, host, EagerDecode(step.seq, self.padded(step), step.feed))
 
-    @staticmethod
-    def token_buffer(step: Step) -> int:
-        """The pinned host buffer the token ids of ``step`` are copied into and read from:
-        one per step parity under overlapped scheduling (step n's copy lands while the host
-        reads step n-1's), else one."""
-        return step.seq % 2 if step.overlap else 0
-
     def enqueue_sample(self, r: int, host: Host, op: EnqueueSample) -> int:
-        """The sampler kernel behind the step's forward (`SampleKernel`): row i from logits row
-        i, then the admitted requests from their prefill, in slot order."""
-        step = op.step
+        """The sampler kernel behind the step's forward (`SampleKernel`), copying into the
+        step's host buffer (`host_buffer`)."""
+        return self.sample_into(r, host, op.step, self.host_buffer(op.step))
+
+    def sample_into(self, r: int, host: Host, step: Step, buffer: int) -> int:
+        """Enqueue ``step``'s `SampleKernel` (row i from logits row i, then the admitted
+        requests from their prefill, in slot order), its ids copied into pinned host buffer
+        ``buffer``."""
         admitted = tuple(a.request_id for a in step.admits)
         return self.enqueue_done(r, host, SampleKernel(
-            step.seq, len(step.rows), admitted, step.rows.request_ids + admitted,
-            self.token_buffer(step)))
+            step.seq, len(step.rows), admitted, step.rows.request_ids + admitted, buffer))
 
     def read_tokens(self, r: int, host: Host, op: ReadTokens) -> int:
         """Rank 0: what the host sees of the step's tokens now (the step reply's token tuple):
         the sampler's copy once the device ran it, else a stale or empty buffer, whose tokens
         read as -1."""
-        return self.read_token_buffer(r, host, op.step, self.token_buffer(op.step))
+        return self.read_token_buffer(r, host, op.step, self.host_buffer(op.step))
 
     def read_token_buffer(self, r: int, host: Host, step: Step, buffer: int) -> int:
         """`read_tokens` of ``step`` from pinned host buffer ``buffer``, with the direct I11

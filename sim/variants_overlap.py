@@ -41,7 +41,6 @@ from protocol.commands import Step
 from protocol.controller import Controller, Sampled
 from protocol.worker import Worker
 from sim.common import DONE
-from sim.devices import SampleKernel
 from sim.scenario import Scenario
 from sim.variants import Variant, register
 
@@ -136,12 +135,7 @@ class ReadOneBuffer(Op):
 
 
 def _sim_sample_one_buffer(backend, r, host, op, probe):
-    if probe:
-        return DONE
-    step = op.step
-    admitted = tuple(a.request_id for a in step.admits)
-    return backend.enqueue_done(r, host, SampleKernel(
-        step.seq, len(step.rows), admitted, step.rows.request_ids + admitted, 0))
+    return DONE if probe else backend.sample_into(r, host, op.step, 0)
 
 
 def _sim_read_one_buffer(backend, r, host, op, probe):

@@ -123,10 +123,10 @@ PAGE_BYTES = 1000
 
 
 def drive(config, requests=(), fail=None, max_iter=10_000, backends=None, pages_per_seq=1,
-          free_bytes=10**12):
+          free_bytes=10**12, after_reply=None):
     """Run controller + workers to Done or Abort. ``fail`` = (rank, op name); ``backends``
     replaces the default `FakeBackend` per rank; ``free_bytes``: what each default rank
-    reports free."""
+    reports free; ``after_reply(ctrl, command)`` runs once every rank replied to a command."""
     ctrl = Controller(config, pages_per_seq=pages_per_seq)
     workers = [Worker(r, config.world_size, GraphPlan.from_config(config), config.max_batch)
                for r in range(config.world_size)]
@@ -156,4 +156,6 @@ def drive(config, requests=(), fail=None, max_iter=10_000, backends=None, pages_
             except ProtocolError as exc:
                 reply = w.fail(action.command, exc)
             ctrl.on_reply(reply)
+        if after_reply is not None:
+            after_reply(ctrl, action.command)
     raise AssertionError("driver did not finish")

@@ -154,28 +154,18 @@ def test_rank0_reply_must_carry_the_previous_steps_token_count():
 def _collect_dropped(requests):
     """Serve ``requests`` overlapped; after each reply, what `dropped_tokens` names (it must be
     empty unless the reply being collected carries an earlier step's tokens)."""
-    from protocol.commands import AllocateKV
-    from protocol.controller import Controller, Idle
-
-    config = ProtocolConfig(world_size=1, decode_overlap=True, **SMALL)
-    ctrl = Controller(config, pages_per_seq=4)
-    worker = Worker(0, 1, GraphPlan.from_config(config), config.max_batch)
-    backend = PagedBackend(0, 64)
-    for r in requests:
-        ctrl.submit(r)
     dropped = []
-    while not isinstance(action := ctrl.next_action(), Done):
-        if isinstance(action, Idle):
-            ctrl.shutdown()
-            continue
-        command = action.command
-        if isinstance(command, AllocateKV):
-            backend.page_size = command.page_size
-        ctrl.on_reply(worker.reply(command, [backend.run(op) for op in worker.ops_for(command)]))
+
+    def check(ctrl, command):
         got = ctrl.dropped_tokens()
         if not (isinstance(command, Step) and command.read is not None):
             assert got == frozenset(), (command, got)  # Teardown too, after the last read
-        dropped += sorted(got)
+        dropped.extend(sorted(got))
+
+    config = ProtocolConfig(world_size=1, decode_overlap=True, **SMALL)
+    ctrl, _, _, _, action = drive(config, requests, backends=[PagedBackend(0, 64)],
+                                  pages_per_seq=4, after_reply=check)
+    assert isinstance(action, Done)
     return ctrl, dropped
 
 
