@@ -133,7 +133,7 @@ def time_steps(worker, backend, steps, timer) -> list[float]:
         if not reply.ok:
             raise RuntimeError(f"bench step {step.seq} (batch {len(step.rows)}, bucket "
                                f"{step.bucket}) failed on rank {worker.rank}: {reply.error}")
-        timer.close_step(len(step.rows), 0)
+        timer.close_step(len(step.rows), 0, timer.take())
     return [s["decode"] / 1e3 for s in timer.steps[-len(steps):]] if steps else []
 
 
