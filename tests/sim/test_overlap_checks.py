@@ -47,3 +47,36 @@ def test_the_correct_overlapped_protocol_reaches_fed_and_leftover_rows():
     assert result.outcome.verdict == "clean", result.outcome.detail
     assert result.reached["fed_row"] > 0 and result.reached["leftover_row"] > 0
     assert result.reached["overlapped_step"] > 0
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_blocked_in_await_step_is_explained_as_waiting_for_its_device():
+    """The wait-for graph's await_step edge (sim.waits): a rank whose AwaitStep found its device
+    still running the previous step waits for that device, not for another rank or the lock."""
+    from protocol.backend import AwaitStep
+    from sim.waits import wait_edges
+
+    variant = REGISTRY["overlapped-scheduling"]
+    seen = []
+
+    def on_state(world):
+        if seen:
+            return
+        enabled = set(world.enabled())
+        for r, host in enumerate(world.hosts):
+            if (isinstance(host.op, AwaitStep) and f"rank{r}" not in enabled
+                    and world.devices[r].busy()):
+                seen.append((r, host.op.seq, wait_edges(world)))
+                return
+
+    for seed in range(20):
+        run_schedule(variant.scenario(default_scenario(**SMALL)), variant, RandomWalk(seed),
+                     on_state=on_state)
+        if seen:
+            break
+    assert seen, "no schedule left a rank blocked in await_step"
+    r, seq, edges = seen[0]
+    mine = [(a, b, text, hz) for a, b, text, hz in edges if a == f"rank{r}"]
+    assert mine == [(f"rank{r}", f"device{r}",
+                     f"rank {r}'s await_step waits for device {r} to finish command {seq}'s "
+                     "work", None)]
