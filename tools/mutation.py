@@ -17,6 +17,11 @@ survivor with the reason it is equivalent or the test added to kill it.
 Usage: ``python tools/mutation.py [--jobs 2] [--sample N] [--only 12,40] [--out DIR]``; ``make
 mutation`` runs it with ``nice -n 19``. ``--sample N`` takes N mutants evenly spread over the
 whole set (every k-th), ``--list`` prints the set without running anything.
+
+``--package sim --within sim/devices.py:405-490`` mutates the simulator's own checks instead
+(only the mutants on those lines; ``--within`` may be repeated): a check of the model checker
+that no test can make fire is a defect too. Its killers are the default ``lockstep check``
+(every shipped variant must still get its verdict), then the simulator tests.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGE = "protocol"
+PACKAGES = ("protocol", "sim")
 COPIED = ("protocol", "sim", "lockstep", "engine", "tests", "pyproject.toml", "README.md", "docs")
 
 WALL_LIMIT_S = 1200
@@ -147,10 +152,11 @@ def _sites(tree: ast.AST):
     return out
 
 
-def enumerate_mutants(root: Path = ROOT) -> list[Mutant]:
-    """Every mutant of every module of ``protocol/``, in a fixed order."""
+def enumerate_mutants(root: Path = ROOT, package: str = "protocol") -> list[Mutant]:
+    """Every mutant of every module of ``package`` (``protocol`` or ``sim``), in a fixed
+    order."""
     mutants = []
-    for path in sorted((root / PACKAGE).glob("*.py")):
+    for path in sorted((root / package).glob("*.py")):
         source = path.read_text()
         lines = source.splitlines()
         tree = ast.parse(source)
@@ -202,13 +208,25 @@ def mutated_source(mutant: Mutant, root: Path = ROOT) -> str:
     return ast.unparse(tree) + "\n"
 
 
-def killers(python: str) -> list[tuple[str, list[str], int]]:
+SLOW_SIM_TESTS = ("tests/sim/test_docs.py", "tests/sim/test_cli.py",
+                  "tests/sim/test_check_robustness.py", "tests/sim/test_search.py",
+                  "tests/sim/test_matrix.py")
+"""Left out of the simulator killer: walkthrough regeneration, CLI plumbing, the search's own
+reductions and hook robustness, whose minutes test no check of the model."""
+
+
+def killers(python: str, package: str = "protocol") -> list[tuple[str, list[str], int]]:
     """(name, command, CPU-second limit), fastest and most likely to kill first.
 
     The limits are CPU time (``RLIMIT_CPU``), not wall time, so a loaded machine does not turn a
     slow but correct run into a kill; each is several times what the unmutated run takes
-    (about 3 s, 16 s and 10 s)."""
+    (about 3 s, 16 s and 10 s; the simulator tests of a ``sim`` run about 70 s)."""
     pytest = [python, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider"]
+    check = ("lockstep check", [python, "-m", "lockstep", "check", "--no-progress", "--jobs", "1"],
+             120)
+    if package == "sim":
+        return [check, ("sim tests", pytest + ["tests/sim"]
+                        + [f"--ignore={t}" for t in SLOW_SIM_TESTS], 400)]
     return [("tests/protocol", pytest + ["tests/protocol"], 40),
             ("lockstep check", [python, "-m", "lockstep", "check", "--no-progress", "--jobs", "1"],
              120),
@@ -231,7 +249,7 @@ def _copy_tree(dest: Path) -> None:
             shutil.copy2(src, dest / name)
 
 
-def run_mutant(mutant: Mutant, workdir: Path, python: str) -> dict:
+def run_mutant(mutant: Mutant, workdir: Path, python: str, package: str = "protocol") -> dict:
     """Put ``mutant`` to the killers in ``workdir`` (a copy of the checkout); restores the file."""
     target = workdir / mutant.path
     original = (ROOT / mutant.path).read_text()
@@ -240,7 +258,7 @@ def run_mutant(mutant: Mutant, workdir: Path, python: str) -> dict:
     start = time.perf_counter()
     result = {"killed_by": None, "timeout": False}
     try:
-        for name, command, cpu_s in killers(python):
+        for name, command, cpu_s in killers(python, package):
             try:
                 proc = subprocess.run(command, cwd=workdir, env=env, capture_output=True,
                                       text=True, timeout=WALL_LIMIT_S,
@@ -258,6 +276,20 @@ def run_mutant(mutant: Mutant, workdir: Path, python: str) -> dict:
     return result
 
 
+def _line_range(text: str) -> tuple[str, int, int]:
+    """"sim/devices.py:405-490" -> ("sim/devices.py", 405, 490).
+
+    Raises:
+        ValueError: not FILE:FIRST-LAST with FIRST <= LAST, or no such file."""
+    path, _, lines = text.rpartition(":")
+    first, _, last = lines.partition("-")
+    if not path or not first.isdigit() or not last.isdigit() or int(first) > int(last):
+        raise ValueError(f"--within {text!r}: expected FILE:FIRST-LAST, e.g. sim/devices.py:1-80")
+    if not (ROOT / path).is_file():
+        raise ValueError(f"--within {text!r}: no file {path} in the checkout")
+    return path, int(first), int(last)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--jobs", type=int, default=2, help="mutants run at once (default 2)")
@@ -266,8 +298,17 @@ def main(argv=None) -> int:
     p.add_argument("--only", default=None, help="comma-separated mutant indices to run")
     p.add_argument("--out", default="mutation-results", help="directory for results.json")
     p.add_argument("--list", action="store_true", help="print the mutant set and exit")
+    p.add_argument("--package", choices=PACKAGES, default="protocol",
+                   help="what to mutate (default protocol)")
+    p.add_argument("--within", action="append", default=[], metavar="FILE:FIRST-LAST",
+                   help="only mutants on these lines of this module (repeatable)")
     args = p.parse_args(argv)
-    mutants = enumerate_mutants()
+    try:
+        ranges = [_line_range(w) for w in args.within]
+    except ValueError as exc:
+        p.error(str(exc))
+    mutants = [m for m in enumerate_mutants(package=args.package)
+               if not ranges or any(m.path == f and a <= m.line <= b for f, a, b in ranges)]
     if args.list:
         for m in mutants:
             print(f"{m.index:5d} {m.path}:{m.line} {m.operator}: {m.original}")
@@ -299,7 +340,7 @@ def main(argv=None) -> int:
             with lock:
                 workdir = free.pop()
             try:
-                res = run_mutant(mutant, workdir, python)
+                res = run_mutant(mutant, workdir, python, args.package)
             finally:
                 with lock:
                     free.append(workdir)
