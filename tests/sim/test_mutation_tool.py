@@ -2,6 +2,8 @@
 
 import ast
 
+import pytest
+
 from tests.tools import ROOT, load_tool
 
 mutation = load_tool("mutation")
@@ -23,3 +25,24 @@ def test_docstrings_and_messages_are_not_mutated():
     assert not any(m.original.startswith('"""') for m in mutants)
     watchdog = [m for m in mutants if m.original == "self.watchdog.disarm()"]
     assert watchdog and all(m.operator == "delete call" for m in watchdog)
+
+
+def test_the_simulators_checks_can_be_mutated_line_by_line(capsys):
+    sim = mutation.enumerate_mutants(package="sim")
+    assert sim and all(m.path.startswith("sim/") for m in sim)
+    assert mutation.main(["--list", "--package", "sim",
+                          "--within", "sim/checks.py:1-40"]) == 0
+    listed = [line for line in capsys.readouterr().out.splitlines() if " sim/" in line]
+    assert listed and all(line.split()[1].startswith("sim/checks.py:") for line in listed)
+    assert all(1 <= int(line.split()[1].split(":")[1]) <= 40 for line in listed)
+    names = [k[0] for k in mutation.killers("python", "sim")]
+    assert names == ["lockstep check", "sim tests"]
+
+
+@pytest.mark.parametrize("within", ["sim/checks.py", "sim/checks.py:9-3", "sim/nope.py:1-5"])
+def test_a_bad_line_range_is_one_line(within, capsys):
+    with pytest.raises(SystemExit) as info:
+        mutation.main(["--list", "--package", "sim", "--within", within])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert repr(within) in err
