@@ -19,6 +19,10 @@ import time
 from dataclasses import dataclass
 
 
+W_VOCAB = 10000
+"""Workload W draws prompt tokens uniform in [0, W_VOCAB) (or the model's vocabulary, if smaller)."""
+
+
 @dataclass(frozen=True)
 class Workload:
     """N requests of workload W. prompts: token-id lists; max_tokens: output length each."""
@@ -28,7 +32,7 @@ class Workload:
 
     @classmethod
     def make(cls, n: int, seed: int = 0, lo: int = 100, hi: int = 1024,
-             vocab: int = 10000) -> "Workload":
+             vocab: int = W_VOCAB) -> "Workload":
         """Prompt and output lengths uniform in [lo, hi], tokens uniform in [0, vocab)."""
         rng = random.Random(seed)
         prompts, outs = [], []
@@ -162,7 +166,8 @@ def prefill_throughput(llm, prompts: int = 64, length: int = 1024) -> dict:
 
     rng = random.Random(1)
     llm.step_log = []
-    llm.generate([[rng.randrange(10000) for _ in range(length)] for _ in range(prompts)],
+    vocab = min(W_VOCAB, llm.cfg.vocab_size)
+    llm.generate([[rng.randrange(vocab) for _ in range(length)] for _ in range(prompts)],
                  SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
     steps = [s for s in llm.step_log if s[0] == "prefill"]
     llm.step_log = None
@@ -291,7 +296,6 @@ def measure_throughput(model_dir: str, model_name: str, n: int, seed: int, dtype
     from engine.bench.report import versions
     from engine.llm import LLM
 
-    work = Workload.make(n, seed)
     doc = {"n": n, "seed": seed, "model": model_name, "dtype": dtype, "max_batch": max_batch,
            "tensor_parallel_size": tensor_parallel_size,
            "max_model_len": max_model_len, "max_prefill_tokens": max_prefill_tokens,
@@ -301,9 +305,13 @@ def measure_throughput(model_dir: str, model_name: str, n: int, seed: int, dtype
               max_model_len=max_model_len, max_prefill_tokens=max_prefill_tokens,
               tensor_parallel_size=tensor_parallel_size, decode_overlap=decode_overlap)
     doc["decode_overlap"] = llm.config.decode_overlap
+    # W's token range, cut to the vocabulary of a smaller test model (the Qwen3 ones hold 151,936)
+    vocab = min(W_VOCAB, llm.cfg.vocab_size)
+    work = Workload.make(n, seed, vocab=vocab)
+    doc["prompt_vocab"] = vocab
     _say(f"engine ready in {time.perf_counter() - t0:.1f} s")
     try:
-        warm = Workload.make(8, seed + 1, 16, 64)
+        warm = Workload.make(8, seed + 1, 16, 64, vocab=vocab)
         run_engine(llm, warm, "warm-up", 0.0, 1.0)
         run_engine(llm, warm, "warm-up", temperature, top_p)
         cold = run_engine(llm, work, "lockstep greedy, first pass", 0.0, 1.0, seed)

@@ -166,6 +166,7 @@ def test_workload_w_and_its_summary():
     w = Workload.make(50, seed=0)
     assert w == Workload.make(50, seed=0) and w != Workload.make(50, seed=1)
     assert all(100 <= len(p) <= 1024 and max(p) < 10000 for p in w.prompts)
+    assert max(max(p) for p in Workload.make(20, seed=0, vocab=512).prompts) < 512
     assert all(100 <= m <= 1024 for m in w.max_tokens)
     assert percentile([1, 2, 3, 4], 50) == 2.5 and percentile([5], 99) == 5
     row = summarize("x", 2.0, 100, 300, [0.1, 0.3], [0.01, 0.03])
