@@ -702,6 +702,16 @@ class World:
     def _in_teardown(self) -> bool:
         return any(isinstance(h.cmd, Teardown) for h in self.hosts)
 
+    def dispose(self) -> None:
+        """Drop the references that tie this finished world into cycles (its parts hold it
+        through bound methods), so that reference counting frees it at once instead of the
+        cyclic collector later; for a search done with the run. The world is unusable
+        afterwards."""
+        for part in (self.backend, self.device_model, self.ctrl, self):
+            state = getattr(part, "__dict__", None)  # a variant's controller may use slots
+            if state is not None:
+                state.clear()
+
     def fingerprint(self, symmetric: bool = False) -> tuple:
         """Hashable state of the whole world, for state hashing in exhaustive search.
 
