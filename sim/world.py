@@ -145,6 +145,7 @@ class World:
         self.host_arrivals: dict = {}  # (host group, call index) -> {rank: Signature}
         self.host_left: dict = {}  # (host group, call index) -> ranks that returned
         self.backend = ModelledBackend(self)
+        self._performers = self.backend.performers
         self.device_model = DeviceModel(self)
         self._news = True  # something arrived that the controller has not looked at
         self._sent: list[int] = []  # sequence numbers of the commands broadcast so far
@@ -558,8 +559,12 @@ class World:
             return
         op = host.run.op
         try:
-            status = (self._run_op(r, host, op, probe=False) if self.faults
-                      else self.backend.attempt(r, host, op, False))  # `_run_op` without faults
+            if self.faults:
+                status = self._run_op(r, host, op, probe=False)
+            else:  # `_run_op` without faults, and `attempt`'s table lookup without its frame
+                perform = self._performers.get(op.__class__)
+                status = (perform(r, host, op) if perform is not None
+                          else self.backend.attempt(r, host, op, False))
         except SimFault as exc:
             self.release_lock(host)
             host.run.fail(exc)
