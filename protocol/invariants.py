@@ -41,11 +41,14 @@ class Violation:
 
 def _ranks(events: Sequence[TraceEvent]) -> list[int]:
     """The ranks that act in ``events``, ascending."""
-    pairs = set(map(_ACTOR_RANK, events))  # a few distinct pairs, collected without a loop
-    return sorted({rank for actor, rank in pairs if rank is not None and actor.startswith("rank")})
+    actors = list(map(_ACTOR, events))
+    acting = {actor for actor in set(actors) if actor.startswith("rank")}  # a few distinct
+    ranks = set(map(_RANK, compress(events, map(acting.__contains__, actors))))
+    ranks.discard(None)
+    return sorted(ranks)
 
 
-_ACTOR_RANK, _KIND, _OK = attrgetter("actor", "rank"), attrgetter("kind"), attrgetter("ok")
+_ACTOR, _RANK = attrgetter("actor"), attrgetter("rank")
 
 
 def check_i1_step_lock(events: Sequence[TraceEvent],
@@ -113,12 +116,15 @@ def check_i5_warmup(events: Sequence[TraceEvent],
         if e.kind != "op" or not e.ok:
             continue
         if e.what == "warmup_collective":
-            warmed.setdefault(e.rank, set()).add(int(e.detail))
+            done = warmed.get(e.rank)
+            if done is None:
+                done = warmed[e.rank] = set()
+            done.add(int(e.detail))
         elif e.what == "record":
             size = sizes.get(e.detail)
             if size is None:
                 size = sizes[e.detail] = allreduce_bytes(int(e.detail.rsplit("@", 1)[1]))
-            if size not in warmed.get(e.rank, set()):
+            if size not in warmed.get(e.rank, _NONE):
                 return Violation("I5", f"rank {e.rank} recorded graph {e.detail} before any warm-up "
                               f"all-reduce of its message size ({size} bytes)", e.rank, e.seq)
     return None
@@ -175,25 +181,28 @@ def check_i11_reply_after_sync(events: Sequence[TraceEvent]) -> Violation | None
     overlapped scheduling -- after an `await_step` of the `mark_step` that follows it on the
     stream. A reply may leave in flight only the work of its own command, and only if that
     command marked it (an overlapped step: its reply means "enqueued, previous step done")."""
-    enqueuing = {"warmup_collective", "profile_memory", "launch", "prefill", "run_eager",
-                 "move_slot", "prepare_replay", "enqueue_sample"}
     loose: dict[int, dict[int, str]] = {}    # rank -> command -> device work no mark covers
     marked: dict[int, dict[int, str]] = {}   # rank -> mark's command -> work it covers
     for e in events:
-        if e.kind == "op" and e.ok:
-            if e.what in enqueuing or e.what.startswith("run_eager"):
-                loose.setdefault(e.rank, {})[e.seq] = e.what
-            elif e.what == "mark_step":
-                work = loose.pop(e.rank, {})
-                marked.setdefault(e.rank, {})[e.seq] = next(reversed(work.values()), "mark_step")
-            elif e.what == "synchronize":
+        kind = e.kind
+        if kind == "op" and e.ok:
+            what = e.what
+            if what in _ENQUEUING or what.startswith("run_eager"):
+                work = loose.get(e.rank)
+                if work is None:
+                    work = loose[e.rank] = {}
+                work[e.seq] = what
+            elif what == "synchronize":
                 loose.pop(e.rank, None)
                 marked.pop(e.rank, None)
-            elif e.what == "await_step":
+            elif what == "mark_step":
+                work = loose.pop(e.rank, {})
+                marked.setdefault(e.rank, {})[e.seq] = next(reversed(work.values()), "mark_step")
+            elif what == "await_step":
                 waited = e.data[0] if e.data else e.seq
                 for seq in [s for s in marked.get(e.rank, {}) if s <= waited]:
                     del marked[e.rank][seq]
-            elif e.what == "read_tokens":
+            elif what == "read_tokens":
                 read = e.data[0] if e.data else e.seq
                 pending = [(s, w) for s, w in {**marked.get(e.rank, {}),
                                                **loose.get(e.rank, {})}.items() if s <= read]
@@ -201,8 +210,9 @@ def check_i11_reply_after_sync(events: Sequence[TraceEvent]) -> Violation | None
                     return Violation("I11", f"rank {e.rank} read the tokens of step {read} before "
                                    f"its device work ({pending[0][1]} of command {pending[0][0]}) "
                                    "completed", e.rank, e.seq)
-        elif e.kind == "reply" and e.ok:
-            early = [(s, w) for s, w in marked.get(e.rank, {}).items() if s < e.seq]
+        elif kind == "reply" and e.ok:
+            covered = marked.get(e.rank)
+            early = [(s, w) for s, w in covered.items() if s < e.seq] if covered else ()
             work = loose.get(e.rank)
             if work or early:
                 s, what = next(iter(work.items())) if work else early[0]
@@ -254,56 +264,77 @@ def check_trace(events: Sequence[TraceEvent],
     """Every violation found, one per invariant, in invariant order.
 
     Each check reads only some kinds of event and skips the rest, so it is given just the
-    events of those kinds, in trace order (filtered once per kind set, in C), and finds what
-    it finds on the whole trace; the checks that count ranks get the whole trace's ranks.
+    events it may react to, in trace order (sorted out in one pass), and finds what it finds
+    on the whole trace; the checks that count ranks get the whole trace's ranks.
     """
-    kinds = list(map(_KIND, events))
-
-    def of(*wanted: str) -> list[TraceEvent]:
-        return list(compress(events, map(frozenset(wanted).__contains__, kinds)))
-
     ranks = _ranks(events)
-    ops = list(compress(events, map("op".__eq__, kinds)))
-    done_ops = list(compress(ops, map(_OK, ops)))  # the checks that skip failed ops
-    done_whats = list(map(_WHAT, done_ops))
-
-    def named(*wanted: str) -> list[TraceEvent]:
-        """The done ops called one of ``wanted`` (the only ops a check of them reacts to)."""
-        return list(compress(done_ops, map(frozenset(wanted).__contains__, done_whats)))
-
-    sends_and_ops = of("send", "op")
-    # a check that reacts only to some commands and ops (by `what`) gets those events and
-    # perhaps a few more it skips; never fewer, so it finds what it finds on the whole trace
-    steps_and = list(compress(sends_and_ops, map(_STEP_RECORD_REPLAY.__contains__,
-                                                 map(_WHAT, sends_and_ops))))
-    # I11 reacts to replies and to the ops that enqueue, synchronize or read tokens: decided once
-    # per distinct (kind, what) pair of the trace, then picked out in C
-    pairs = list(zip(kinds, map(_WHAT, events)))
-    i11 = frozenset(p for p in set(pairs) if _i11_reads(*p))
-    found = [check_i1_step_lock(of("send", "receive", "reply"), ranks),
+    # by kind and `what`; the done ops (ok) by name: a check of some ops gets those ops and
+    # perhaps a few more it skips, never fewer
+    i1, i6, i13, i11, steps_and = [], [], [], [], []
+    i4, i5, i9, i10 = [], [], [], []
+    for e in events:
+        kind = e.kind
+        if kind == "op":
+            what = e.what
+            if what in _STEP_RECORD_REPLAY:
+                steps_and.append(e)
+            if what in _I11_OPS or what.startswith("run_eager"):
+                i11.append(e)
+            if e.ok:
+                if what == "record":
+                    i5.append(e)
+                    i9.append(e)
+                    i10.append(e)
+                elif what == "upload":
+                    i4.append(e)
+                    i9.append(e)
+                elif what == "launch":
+                    i4.append(e)
+                elif what == "warmup_collective":
+                    i5.append(e)
+                elif what == "allocate_kv":
+                    i9.append(e)
+                elif what == "free_graphs" or what == "destroy_communicator":
+                    i10.append(e)
+        elif kind == "send":
+            i1.append(e)
+            i6.append(e)
+            i13.append(e)
+            if e.what in _STEP_RECORD_REPLAY:
+                steps_and.append(e)
+        elif kind == "reply":
+            i1.append(e)
+            i13.append(e)
+            i11.append(e)
+        elif kind == "receive":
+            i1.append(e)
+        elif kind == "watchdog-fire":
+            i6.append(e)
+    found = [check_i1_step_lock(i1, ranks),
              check_i3_no_serving_capture(steps_and),
-             check_i4_capture_barrier(named("upload", "launch"), ranks),
-             check_i5_warmup(named("warmup_collective", "record"), allreduce_bytes),
-             check_i6_watchdog(of("send", "watchdog-fire")),
-             check_i9_reserve_before_kv(named("allocate_kv", "record", "upload")),
-             check_i10_teardown_order(named("record", "free_graphs", "destroy_communicator")),
-             check_i11_reply_after_sync(list(compress(events, map(i11.__contains__, pairs)))),
+             check_i4_capture_barrier(i4, ranks),
+             check_i5_warmup(i5, allreduce_bytes),
+             check_i6_watchdog(i6),
+             check_i9_reserve_before_kv(i9),
+             check_i10_teardown_order(i10),
+             check_i11_reply_after_sync(i11),
              check_i12_replay_metadata(steps_and),
-             check_i13_failure_is_global(of("reply", "send"))]
+             check_i13_failure_is_global(i13)]
     return [v for v in found if v is not None]
 
 
-_WHAT = attrgetter("what")
+_NONE: frozenset = frozenset()
+_ENQUEUING = frozenset({"warmup_collective", "profile_memory", "launch", "prefill", "run_eager",
+                        "move_slot", "prepare_replay", "enqueue_sample"})
+"""The ops whose device work `check_i11_reply_after_sync` follows (and any ``run_eager*``)."""
 _STEP_RECORD_REPLAY = frozenset({"Step", "record", "prepare_replay", "launch"})
 """What `check_i3_no_serving_capture` and `check_i12_replay_metadata` react to: the first
 Step sent, and the record, prepare_replay and launch ops."""
 _I11_OPS = frozenset({"warmup_collective", "profile_memory", "launch", "prefill", "run_eager",
                       "move_slot", "prepare_replay", "synchronize", "enqueue_sample",
                       "read_tokens", "mark_step", "await_step"})
+"""The ops `check_i11_reply_after_sync` may react to (and any ``run_eager*``), beside the
+replies: those that enqueue device work, synchronize, mark or await a step, read tokens."""
 
 
-def _i11_reads(kind: str, what: str) -> bool:
-    """True for an event `check_i11_reply_after_sync` may react to: a reply, an op that
-    enqueues device work, a synchronize, a token read (any other event changes nothing
-    there)."""
-    return kind == "reply" or (kind == "op" and (what in _I11_OPS or what.startswith("run_eager")))
+

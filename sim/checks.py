@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from protocol.errors import ProtocolError, RankFailure, StartupRefused, WatchdogExpired
 from protocol.invariants import check_trace
 from sim.common import Outcome
@@ -14,15 +16,22 @@ def reference_tokens(request, vocab: int) -> list[int]:
     Each step reads the whole history (prompt, then every token generated so far), as the
     modelled model does from the request's KV slot.
     """
-    history = list(request.prompt)
+    return list(_reference(tuple(request.prompt), request.max_tokens,
+                           frozenset(request.stop_token_ids), vocab))
+
+
+@lru_cache(maxsize=4096)  # a search runs one workload's few requests thousands of times
+def _reference(prompt: tuple[int, ...], max_tokens: int, stop: frozenset[int],
+               vocab: int) -> tuple[int, ...]:
+    history = list(prompt)
     out = []
-    while len(out) < request.max_tokens:
+    while len(out) < max_tokens:
         token = next_token(history, vocab)
         out.append(token)
         history.append(token)
-        if token in request.stop_token_ids:
+        if token in stop:
             break
-    return out
+    return tuple(out)
 
 
 def token_divergence(world) -> Outcome | None:

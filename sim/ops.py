@@ -127,7 +127,11 @@ class ModelledBackend:
         other than BLOCKED, for the ops of the startup sweep (the most probed after
         synchronize); the same answer without the dispatch and the generic lock discipline.
         Only exact classes: a subclass, or any other op, is probed through `attempt`."""
-        self._performers = {
+        self.performers = {
+            Record: self._perform_record,
+            Instantiate: self._perform_instantiate,
+            LaunchGraph: self._perform_launch,
+            Upload: self._perform_upload,
             Synchronize: self._perform_synchronize,
             GraphMemory: self._perform_graph_memory,
             WarmupCollective: self._perform_warmup,
@@ -142,17 +146,17 @@ class ModelledBackend:
             MarkStep: self.mark_step,
             AwaitStep: self._perform_await_step,
         }
-        """Op class -> perform(r, host, op): `attempt` without ``probe`` for the ops that come
-        late in its ``match`` (each case tried is a type test); the same calls as the match
-        makes. Exact classes only, as `readiness`. Bound methods, not lambdas: a row's minimal
-        run (its world included) goes back from a worker process by pickle."""
+        """Op class -> perform(r, host, op): `attempt` without ``probe``, without its ``match``
+        (each case tried is a type test); the same calls as the match makes. Exact classes
+        only, as `readiness`. Bound methods, not lambdas: a row's minimal run (its world
+        included) goes back from a worker process by pickle."""
 
     # -- dispatch ---------------------------------------------------------------------------------
 
     def attempt(self, r: int, host: Host, op: Op, probe: bool) -> int:
         """Test (``probe``) or perform ``op`` on rank ``r``; BLOCKED, PROGRESS or DONE."""
         if not probe:
-            perform = self._performers.get(op.__class__)
+            perform = self.performers.get(op.__class__)
             if perform is not None:
                 return perform(r, host, op)
         match op:  # the sweep's ops first: a match tries its cases in order
@@ -206,6 +210,18 @@ class ModelledBackend:
             raise SimFault(f"the simulator models no backend op {op.name!r} "
                            f"({type(op).__name__})", kind="unmodelled")
         return handler(self, r, host, op, probe)
+
+    def _perform_record(self, r: int, host: Host, op: Record) -> int:
+        return self.record(r, host, op.key, False)
+
+    def _perform_instantiate(self, r: int, host: Host, op: Instantiate) -> int:
+        return self.graph_driver_call(r, host, op.key, False, "instantiated")
+
+    def _perform_launch(self, r: int, host: Host, op: LaunchGraph) -> int:
+        return self.launch(r, host, op.key, False)
+
+    def _perform_upload(self, r: int, host: Host, op: Upload) -> int:
+        return self.graph_driver_call(r, host, op.key, False, "uploaded")
 
     def _perform_synchronize(self, r: int, host: Host, op: Synchronize) -> int:
         """`synchronize` performed: done once the rank's streams are empty."""

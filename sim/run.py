@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from sim.guard import progress_counter
@@ -29,6 +30,25 @@ class RunResult:
     actions: int = 0
     reached: dict = field(default_factory=dict)
     world: World | None = None
+
+
+@contextmanager
+def collector_off():
+    """The cyclic collector off for a block of runs (as `run_schedule` turns it off for one).
+
+    For a search loop that calls `World.dispose` on each run it is done with: reference
+    counting then frees those worlds at once, so the collector, off between the runs too,
+    never scans a world alive (about 5% of a schedule's CPU when it did, once per run right
+    after it ended). What little stays in cycles is freed by the first collection after the
+    block.
+    """
+    automatic = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if automatic:
+            gc.enable()
 
 
 def run_schedule(scenario: Scenario, variant, chooser, on_state=None,

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sim.guard import tick, watchdog
-from sim.run import RunResult, run_schedule
+from sim.run import RunResult, collector_off, run_schedule
 from sim.scenario import Scenario
 from sim.strategies import PCT, Drawn, RandomWalk
 from sim.world import World
@@ -151,19 +151,23 @@ def _serial_runs(scenario_for, variant, acceptable, strategy, seed, lo, hi, dead
                  stop_on_failure, progress, stats: SearchStats) -> RunResult | None:
     """Runs [lo, hi) in this process, tallied into ``stats``; returns the first failing one."""
     failure = None
-    for i in range(lo, hi):
-        result = run_schedule(scenario_for(i), variant, _chooser(strategy, seed, i), deadline=deadline)
-        if result.outcome.verdict == "budget":
-            stats.add(result, True)
-            break
-        ok = _tally(stats, result, acceptable, progress)
-        if not ok and failure is None:
-            failure = result
-            if stop_on_failure:
+    with collector_off():
+        for i in range(lo, hi):
+            result = run_schedule(scenario_for(i), variant, _chooser(strategy, seed, i),
+                                  deadline=deadline)
+            if result.outcome.verdict == "budget":
+                stats.add(result, True)
                 break
-        if time.perf_counter() > deadline:
-            stats.budget_reached = i + 1 < hi
-            break
+            ok = _tally(stats, result, acceptable, progress)
+            if not ok and failure is None:
+                failure = result
+                if stop_on_failure:
+                    break
+            else:
+                result.world.dispose()
+            if time.perf_counter() > deadline:
+                stats.budget_reached = i + 1 < hi
+                break
     return failure
 
 
@@ -309,18 +313,20 @@ def _chunk(job: _SampleJob, bounds: tuple[int, int], deadline: float):
     lo, hi = bounds
     stats = SearchStats()
     first = None
-    for i in range(lo, hi):
-        result = run_schedule(job.scenario_for(i), job.variant, _chooser(job.strategy, job.seed, i),
-                              deadline=deadline)
-        if result.outcome.verdict == "budget":
-            stats.add(result, True)
-            break
-        ok = job.acceptable(result)
-        stats.add(result, ok)
-        if not ok:
-            first = i if first is None else first
-            if job.stop:
+    with collector_off():
+        for i in range(lo, hi):
+            result = run_schedule(job.scenario_for(i), job.variant,
+                                  _chooser(job.strategy, job.seed, i), deadline=deadline)
+            if result.outcome.verdict == "budget":
+                stats.add(result, True)
                 break
+            ok = job.acceptable(result)
+            stats.add(result, ok)
+            result.world.dispose()  # only the index of a failure goes back
+            if not ok:
+                first = i if first is None else first
+                if job.stop:
+                    break
     return stats, first
 
 

@@ -24,11 +24,17 @@ class RandomWalk:
 
     def __init__(self, seed: int):
         self.rng = random.Random(seed)
-        # randrange(n) for n > 0 is _randbelow(n): the same draws, without randrange's checks
-        self._below = self.rng._randbelow
+        self._bits = self.rng.getrandbits
 
     def choose(self, enabled: list[str], step: int) -> str:
-        return enabled[self._below(len(enabled))]
+        # randrange(n) for n > 0 is `Random._randbelow_with_getrandbits(n)`, written out here:
+        # the same draws, without a Python frame per choice
+        n = len(enabled)
+        k = n.bit_length()
+        r = self._bits(k)
+        while r >= n:
+            r = self._bits(k)
+        return enabled[r]
 
 
 class PCT:

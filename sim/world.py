@@ -145,6 +145,7 @@ class World:
         self.host_arrivals: dict = {}  # (host group, call index) -> {rank: Signature}
         self.host_left: dict = {}  # (host group, call index) -> ranks that returned
         self.backend = ModelledBackend(self)
+        self._performers = self.backend.performers
         self.device_model = DeviceModel(self)
         self._news = True  # something arrived that the controller has not looked at
         self._sent: list[int] = []  # sequence numbers of the commands broadcast so far
@@ -558,8 +559,12 @@ class World:
             return
         op = host.run.op
         try:
-            status = (self._run_op(r, host, op, probe=False) if self.faults
-                      else self.backend.attempt(r, host, op, False))  # `_run_op` without faults
+            if self.faults:
+                status = self._run_op(r, host, op, probe=False)
+            else:  # `_run_op` without faults, and `attempt`'s table lookup without its frame
+                perform = self._performers.get(op.__class__)
+                status = (perform(r, host, op) if perform is not None
+                          else self.backend.attempt(r, host, op, False))
         except SimFault as exc:
             self.release_lock(host)
             host.run.fail(exc)
@@ -701,6 +706,16 @@ class World:
 
     def _in_teardown(self) -> bool:
         return any(isinstance(h.cmd, Teardown) for h in self.hosts)
+
+    def dispose(self) -> None:
+        """Drop the references that tie this finished world into cycles (its parts hold it
+        through bound methods), so that reference counting frees it at once instead of the
+        cyclic collector later; for a search done with the run. The world is unusable
+        afterwards."""
+        for part in (self.backend, self.device_model, self.ctrl, self):
+            state = getattr(part, "__dict__", None)  # a variant's controller may use slots
+            if state is not None:
+                state.clear()
 
     def fingerprint(self, symmetric: bool = False) -> tuple:
         """Hashable state of the whole world, for state hashing in exhaustive search.
