@@ -199,11 +199,17 @@ def test_startup_watchdog_aborts_a_wedged_sweep(tiny_dir):
 
 
 def test_watchdog_is_disarmed_after_a_sweep_error(tiny_dir):
-    with pytest.raises(RankError, match="injected fault at command 4"):
-        LLM(tiny_dir, max_batch=2, max_model_len=32, cuda_graph=True, _graph_standin=True,
-            startup_timeout_s=1.0, _fault=(0, 4, "raise"))
+    """The watchdog's timer thread ends with the failed startup. (Its timeout is long, so a
+    loaded machine cannot make it fire and abort the test run, as a 1 s timeout once did: a
+    still-armed watchdog shows as its timer thread still waiting.)"""
     import threading
     import time
 
-    time.sleep(1.5)  # a still-armed watchdog would have aborted this process by now
+    with pytest.raises(RankError, match="injected fault at command 4"):
+        LLM(tiny_dir, max_batch=2, max_model_len=32, cuda_graph=True, _graph_standin=True,
+            startup_timeout_s=300.0, _fault=(0, 4, "raise"))
+    deadline = time.monotonic() + 5
+    while (time.monotonic() < deadline
+           and [t for t in threading.enumerate() if isinstance(t, threading.Timer)]):
+        time.sleep(0.05)
     assert not [t for t in threading.enumerate() if isinstance(t, threading.Timer)]
