@@ -91,7 +91,8 @@ def _number_checks(args: argparse.Namespace):
          "a number >= 0 (0 = greedy)"),
         ("--top-k", args.top_k, args.top_k >= -1, "-1, 0 (off) or a positive integer"),
         ("--top-p", args.top_p, 0 < args.top_p <= 1, "a number in (0, 1]"),
-        ("--seed", args.seed, args.seed is None or args.seed >= 0, "an integer >= 0"),
+        ("--seed", args.seed, args.seed is None or 0 <= args.seed < 2**64,
+         "an integer in [0, 2**64)"),
         ("--max-model-len", args.max_model_len,
          args.max_model_len is None or args.max_model_len >= 1, "at least 1"),
         ("--max-batch", args.max_batch, 1 <= args.max_batch <= 256, "an integer from 1 to 256"),
@@ -143,8 +144,9 @@ def check_before_load(args: argparse.Namespace, params) -> None:
             raise RequestError(f"text prompt given but {args.model} has no tokenizer; use --prompt-ids")
         if not args.prompt:
             raise RequestError("--prompt is empty")
-        from engine.llm import LLM
+        from engine.llm import LLM, check_text
 
+        check_text(args.prompt, "--prompt")
         # tokenized here too, so a prompt too long is refused before any rank starts
         length = len(LLM._load_tokenizer(Path(args.model)).encode(args.prompt))
     else:

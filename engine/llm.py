@@ -55,6 +55,17 @@ class RequestOutput:
     finish_time: float | None = None
 
 
+def check_text(text: str, what: str) -> None:
+    """Raises RequestError if ``text`` cannot be encoded as UTF-8 (a lone surrogate, such as
+    Python makes of non-UTF-8 bytes on the command line), naming where; the tokenizer would
+    raise a TypeError from deep inside instead."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise RequestError(f"{what} is not valid UTF-8 text: {text[exc.start:exc.end]!r} at "
+                           f"character {exc.start}") from None
+
+
 class LLM:
     """A Qwen3 model served by `tensor_parallel_size` ranks.
 
@@ -363,6 +374,7 @@ class LLM:
             if self.tokenizer is None:
                 raise RequestError(f"text prompt {prompt[:40]!r} but {self.config.model_dir} "
                                    "has no tokenizer; pass token ids")
+            check_text(prompt, "text prompt")
             return list(self.tokenizer.encode(prompt))
         if not hasattr(prompt, "__iter__") or isinstance(prompt, bytes) \
                 or getattr(prompt, "ndim", 1) != 1:

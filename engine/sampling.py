@@ -83,9 +83,9 @@ class SamplingParams:
             last kept token kept), in (0, 1].
         min_p: keep tokens whose probability is at least min_p times the most likely one's,
             in [0, 1]; 0 keeps all.
-        seed: seed of this request's sampling (any integer >= 0; its value modulo 2**64 keys
-            the random stream); None picks one per request (recorded in the output). Ignored
-            when greedy.
+        seed: seed of this request's sampling, an integer in [0, 2**64) (its 64 bits key the
+            random stream; a larger one would alias a smaller one, so it is refused); None
+            picks one per request (recorded in the output). Ignored when greedy.
         stop_token_ids: extra tokens that end the request (kept in the output).
         ignore_eos: do not stop at the model's end-of-sequence tokens.
         logprobs: return the log-probability (natural log, of the unmodified model
@@ -141,8 +141,10 @@ class SamplingParams:
         if not isinstance(self.min_p, (int, float)) or not 0 <= self.min_p <= 1:
             raise RequestError(f"min_p = {self.min_p!r}, expected a number in [0, 1]")
         if self.seed is not None and (not isinstance(self.seed, int)
-                                      or isinstance(self.seed, bool) or self.seed < 0):
-            raise RequestError(f"seed = {self.seed!r}, expected None or an integer >= 0")
+                                      or isinstance(self.seed, bool)
+                                      or not 0 <= self.seed < 2**64):
+            raise RequestError(f"seed = {self.seed!r}, expected None or an integer in "
+                               "[0, 2**64)")
         for t in self.stop_token_ids:
             i = as_token_id(t)
             if i is None:

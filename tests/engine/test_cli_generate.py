@@ -53,6 +53,7 @@ def test_generate_errors_exit_2_with_one_line(tiny_dir, capsys, argv, status, fr
     (["--top-k", "-2"], "--top-k -2 must be"),
     (["--top-k", "100000"], "--top-k 100000 is above the vocabulary size"),
     (["--seed", "-1"], "--seed -1 must be"),
+    (["--seed", str(2**64)], f"--seed {2**64} must be an integer in [0, 2**64)"),
     (["--max-batch", "0"], "--max-batch 0 must be an integer from 1 to 256"),
     (["--max-batch", "300"], "--max-batch 300 must be"),
     (["-tp", "0"], "--tensor-parallel-size 0 must be"),
@@ -217,6 +218,22 @@ def test_a_text_prompt_too_long_is_refused_before_the_engine_starts(tiny_dir, ca
                  "--max-tokens", "2", "-tp", "2", "--device", "cpu"]) == 2
     err = capsys.readouterr().err.strip()
     assert "prompt of 3000 tokens + --max-tokens 2 exceeds the max model length" in err
+    assert len(err.splitlines()) == 1
+
+
+def test_a_non_utf8_prompt_is_one_line_before_the_engine_starts(tiny_dir, capsys, monkeypatch):
+    """Non-UTF-8 bytes on the command line reach Python as lone surrogates; the tokenizer
+    raised a TypeError from deep inside (a fresh user's 19-line traceback)."""
+    import engine.llm
+
+    def started(*a, **k):
+        raise AssertionError("the engine started before the prompt was checked")
+
+    monkeypatch.setattr(engine.llm.LLM, "__init__", started)
+    prompt = b"\xff\xfehello\x80".decode("utf-8", "surrogateescape")
+    assert main(["generate", "--model", str(tiny_dir), "--prompt", prompt]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("--prompt is not valid UTF-8 text: '\\udcff\\udcfe' at character 0"), err
     assert len(err.splitlines()) == 1
 
 

@@ -103,9 +103,11 @@ def test_stop_tokens_end_a_request(model):
     ([1, 2], SamplingParams(top_p=0.0), "top_p = 0.0"),
     ([1, 2], SamplingParams(top_k=-5), "top_k = -5"),
     ([1, 2], SamplingParams(seed=-3), "seed = -3"),
+    ([1, 2], SamplingParams(seed=2**64), f"seed = {2**64}, expected None or an integer in"),
     ([1, 2], SamplingParams(stop_token_ids=(512,)), "stop token id 512"),
     ([1, 512], SamplingParams(), "prompt token id 512"),
     ([], SamplingParams(), "prompt is empty"),
+    ("hi \udcff", SamplingParams(), "text prompt is not valid UTF-8 text: '\\udcff' at character 3"),
 ])
 def test_a_bad_request_gets_its_own_error_while_others_finish(model, prompt, params, fragment):
     _, llm = model
