@@ -281,6 +281,12 @@ def _run(args, finished: _Finished | None = None) -> int:
     if args.stats and (args.matrix or args.explain or args.strategy):
         both = "--matrix" if args.matrix else "--explain" if args.explain else "--strategy"
         return _fail(f"--stats measures random and PCT search by itself; drop {both}")
+    if args.strategy == "exhaustive" and args.schedules is not None:
+        return _fail(f"--schedules {args.schedules} sets the budget of random and PCT search; "
+                     "exhaustive search runs every distinct schedule: drop --schedules")
+    if args.h2_calls not in (None, "both") and "h2" in (args.hazard_off or ()):
+        return _fail(f"--h2-calls {args.h2_calls} chooses the calls that wait under H2, but "
+                     "--hazard-off h2 switches H2 off: drop one")
     if args.stats and args.trace_out is not None:
         return _fail("--stats counts failing schedules and keeps no counterexample; drop "
                      "--trace-out")

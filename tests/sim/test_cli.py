@@ -58,6 +58,10 @@ def test_bad_arguments_exit_2_with_one_line(argv, needle, capsys):
     (["check", "--replay", "/tmp", "--variant", "correct"], "drop --variant"),
     (["check", "--variant-file", "/tmp"], "is not a file"),
     (["check", "--buckets", "100000"], "more than its 141 GiB"),
+    (["check", "--strategy", "exhaustive", "--schedules", "2"],
+     "--schedules 2 sets the budget of random and PCT search"),
+    (["check", "--h2-calls", "measured", "--hazard-off", "h2"],
+     "--h2-calls measured chooses the calls that wait under H2, but --hazard-off h2"),
 ])
 def test_bad_values_exit_2(argv, needle, capsys):
     assert main(argv) == 2
