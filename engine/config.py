@@ -43,6 +43,23 @@ class ModelConfig:
         return Path(self.model_dir) / "config.json"
 
 
+def _same_top_level_theta(theta, cfg_path: Path | None) -> None:
+    """Raises ModelDirError when config.json also holds a top-level rope_theta (the older
+    layout) that disagrees with rope_parameters' (which transformers 5 and this engine use):
+    one of the two files' authors meant the other value."""
+    if cfg_path is None:
+        return
+    import json
+
+    try:
+        top = json.loads(Path(cfg_path).read_text()).get("rope_theta")
+    except (OSError, ValueError, AttributeError):
+        return  # unreadable here means the config load itself reported it
+    if top is not None and top != theta and not (top != top and theta != theta):
+        raise ModelDirError(f"{cfg_path}: rope_theta = {top!r} disagrees with "
+                            f"rope_parameters.rope_theta = {theta!r}; keep one")
+
+
 def _rope_theta(hf, cfg_path: Path | None = None) -> float:
     params = getattr(hf, "rope_parameters", None) or {}
     kind = params.get("rope_type", "default") if isinstance(params, dict) else "default"
@@ -51,6 +68,7 @@ def _rope_theta(hf, cfg_path: Path | None = None) -> float:
                             "rope_parameters); this engine implements only the default RoPE, "
                             "and would silently compute the wrong positions")
     if isinstance(params, dict) and "rope_theta" in params:
+        _same_top_level_theta(params["rope_theta"], cfg_path)
         return float(params["rope_theta"])
     theta = getattr(hf, "rope_theta", None)
     if theta is None:

@@ -184,6 +184,8 @@ def test_a_missing_tokenizer_json_is_named_with_the_whole_reason_on_one_line(mod
      "rope_theta = nan"),
     ({"max_position_embeddings": 0}, "max_position_embeddings = 0"),
     ({"max_position_embeddings": -4}, "max_position_embeddings = -4"),
+    ({"rope_theta": -5.0, "rope_parameters": {"rope_theta": 1_000_000.0, "rope_type": "default"}},
+     "rope_theta = -5.0 disagrees with rope_parameters.rope_theta = 1000000.0"),
 ])
 def test_out_of_range_scalars_are_named_before_any_rank_starts(model_copy, fields, named):
     """Old behaviour: these passed the config check; the first token came out NaN ("512 of the
