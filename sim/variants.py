@@ -225,8 +225,9 @@ def load_variant_file(path: str | Path) -> list[Variant]:
     only imports (a shipped one it derives from, say) are not re-registered.
 
     Raises:
-        ConfigError: the file is missing or not a file, fails to import (SystemExit included),
-            defines no variant, lists something that is not a Variant, or reuses a name.
+        ConfigError: the file is missing, not a file or one of lockstep's own modules, fails
+            to import (SystemExit included), defines no variant, lists something that is not a
+            Variant, or reuses a name.
     """
     if not str(path):
         raise ConfigError("variant file '': the path is empty; name a Python file")
@@ -237,6 +238,11 @@ def load_variant_file(path: str | Path) -> list[Variant]:
         raise ConfigError(f"variant file {str(path)!r} is not a file")
     if path.suffix != ".py":
         raise ConfigError(f"variant file {str(path)!r} is not a Python file (.py)")
+    own = Path(__file__).resolve().parent
+    if path.resolve().parent in (own, own.parent / "protocol"):
+        raise ConfigError(f"variant file {str(path)!r} is one of lockstep's own modules; the "
+                          "shipped variants are registered already (`lockstep check --variant "
+                          "NAME` runs one)")
     key = str(path.resolve())
     if key in _LOADED_FILES:
         return _LOADED_FILES[key]

@@ -1,6 +1,7 @@
 """`lockstep check` from the command line: bad input exits 2 with one line; outputs are real."""
 
 import json
+from pathlib import Path
 import subprocess
 import sys
 
@@ -57,6 +58,8 @@ def test_bad_arguments_exit_2_with_one_line(argv, needle, capsys):
     (["check", "--replay", ""], "needs a trace file path"),
     (["check", "--replay", "/tmp", "--variant", "correct"], "drop --variant"),
     (["check", "--variant-file", "/tmp"], "is not a file"),
+    (["check", "--variant-file", str(Path(__file__).parents[2] / "sim" / "variants.py")],
+     "is one of lockstep's own modules; the shipped variants are registered already"),
     (["check", "--buckets", "100000"], "more than its 141 GiB"),
     (["check", "--strategy", "exhaustive", "--schedules", "2"],
      "--schedules 2 sets the budget of random and PCT search"),
