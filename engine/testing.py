@@ -49,7 +49,7 @@ def hf_logits(model, tokens):
         return model(torch.tensor([tokens])).logits[0]
 
 
-def run_in_triton_interpreter(script: str, timeout_s: float = 230):
+def run_in_triton_interpreter(script: str, timeout_s: float = 540):
     """Run ``script`` (Python source) in a fresh interpreter with TRITON_INTERPRET=1 from the
     repository root; the variable must be set before triton is imported, hence the subprocess.
 

@@ -62,7 +62,7 @@ print("ok")
 """
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(600)
 def test_triton_kernels_in_interpreter_match_float64():
     pytest.importorskip("triton")
     res = run_in_triton_interpreter(_TRITON_CHECK)
