@@ -374,8 +374,11 @@ def replay_trace(data: dict) -> tuple[RunResult | None, str | None]:
     if not isinstance(choices, list) or not all(isinstance(c, str) and _ACTOR.fullmatch(c) for c in choices):
         raise ConfigError("'choices' must be a list of actor names (controller, collectives, "
                           "rank<r>, device<r>)")
+    if "scenario" not in data:  # replaying under defaults would report a wrong verdict as fact
+        raise ConfigError("not a lockstep trace: it has no 'scenario' (the configuration its run "
+                          "was made under; `lockstep check --trace-out` writes it)")
     variant = get_variant(data["variant"])
-    spec_data = data.get("scenario", {})
+    spec_data = data["scenario"]
     if not isinstance(spec_data, dict):
         raise ConfigError("'scenario' must be an object")
     spec_data = check_scenario_json(spec_data)

@@ -177,6 +177,7 @@ def test_variant_file_may_derive_from_a_shipped_variant(tmp_path, capsys):
     (lambda d: d["scenario"].update(faults=[{"x": 1}]), "bad scenario in trace"),
     (lambda d: d["scenario"].update(faults=["boom"]), "bad scenario in trace"),
     (lambda d: d.update(format=2), "trace format 2 is not 1"),
+    (lambda d: d.pop("scenario"), "it has no 'scenario'"),
 ])
 def test_bad_trace_contents_exit_2(fused_trace, capsys, edit, needle):
     _rewrite(fused_trace, edit)
