@@ -381,7 +381,11 @@ def replay_trace(data: dict) -> tuple[RunResult | None, str | None]:
     spec_data = data["scenario"]
     if not isinstance(spec_data, dict):
         raise ConfigError("'scenario' must be an object")
+    missing = [k for k in SCENARIO_KEYS if k not in spec_data]
     spec_data = check_scenario_json(spec_data)
+    if missing:  # the defaults would stand in for them and the replay "depart" from its record
+        raise ConfigError(f"trace's 'scenario' lacks {', '.join(missing)} (`lockstep check "
+                          "--trace-out` writes every field of the configuration)")
     spec = CheckSpec(ranks=spec_data.get("ranks", 2),
                      buckets=spec_data.get("buckets"),
                      max_batch=spec_data.get("max_batch"),
@@ -522,6 +526,11 @@ def check_scenario_json(data: dict) -> dict:
             raise ConfigError(f"{where}: delay_s {delay!r} is not a finite number >= 0")
     out["faults"] = faults
     return out
+
+
+SCENARIO_KEYS = ("ranks", "buckets", "max_batch", "hazards_off", "h2_scope", "h2_calls",
+                 "topology", "faults")
+"""What `scenario_spec` writes and `replay_trace` requires."""
 
 
 def scenario_spec(spec: CheckSpec, topology: str, scenario: Scenario) -> dict:

@@ -282,11 +282,17 @@ def _run(args, finished: _Finished | None = None) -> int:
         both = "--matrix" if args.matrix else "--explain" if args.explain else "--strategy"
         return _fail(f"--stats measures random and PCT search by itself; drop {both}")
     if args.strategy == "exhaustive" and args.schedules is not None:
-        return _fail(f"--schedules {args.schedules} sets the budget of random and PCT search; "
-                     "exhaustive search runs every distinct schedule: drop --schedules")
-    if args.h2_calls not in (None, "both") and "h2" in (args.hazard_off or ()):
-        return _fail(f"--h2-calls {args.h2_calls} chooses the calls that wait under H2, but "
-                     "--hazard-off h2 switches H2 off: drop one")
+        return _fail(f"--schedules {args.schedules} sets the budget of random, PCT and "
+                     "Hypothesis search; exhaustive search runs every distinct schedule: drop "
+                     "--schedules")
+    if "h2" in (args.hazard_off or ()):
+        h2_options = [f"{opt} {value}" for opt, value in (("--h2-calls", args.h2_calls),
+                                                           ("--h2-scope", args.h2_scope))
+                      if value is not None]
+        if h2_options:
+            verb = "shapes" if len(h2_options) == 1 else "shape"
+            return _fail(f"{' and '.join(h2_options)} {verb} H2, but --hazard-off h2 switches "
+                         "H2 off: drop one")
     if args.stats and args.trace_out is not None:
         return _fail("--stats counts failing schedules and keeps no counterexample; drop "
                      "--trace-out")

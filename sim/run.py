@@ -32,20 +32,34 @@ class RunResult:
     world: World | None = None
 
 
+COLLECT_EVERY = 500
+"""Runs between the collections `collector_off` makes itself."""
+
+
 @contextmanager
 def collector_off():
-    """The cyclic collector off for a block of runs (as `run_schedule` turns it off for one).
+    """The cyclic collector off for a block of runs (as `run_schedule` turns it off for one);
+    yields ``ran()``, to be called after each run.
 
     For a search loop that calls `World.dispose` on each run it is done with: reference
     counting then frees those worlds at once, so the collector, off between the runs too,
     never scans a world alive (about 5% of a schedule's CPU when it did, once per run right
-    after it ended). What little stays in cycles is freed by the first collection after the
-    block.
+    after it ended). Faulted and failing runs still leave some cycles (exceptions with their
+    tracebacks, wait-for graphs: 9-14 KB a run), so ``ran()`` collects every `COLLECT_EVERY`
+    runs and a long serial search stays bounded.
     """
     automatic = gc.isenabled()
     gc.disable()
+    runs = 0
+
+    def ran() -> None:
+        nonlocal runs
+        runs += 1
+        if runs % COLLECT_EVERY == 0:
+            gc.collect()
+
     try:
-        yield
+        yield ran
     finally:
         if automatic:
             gc.enable()
@@ -103,12 +117,11 @@ def _run(scenario: Scenario, variant, chooser, on_state, deadline: float | None)
 def freeze_imports() -> None:
     """Leave every object alive now out of the cyclic collector's later passes.
 
-    For a process about to search, after its imports (and a user's variant files): every
-    finished run leaves its world as cyclic garbage, and the collections that free it would
-    scan the modules' objects too each time. Objects alive now are never collected
-    afterwards, so call it once per process. With the collector off during runs
-    (`run_schedule`), the default check spends about 1.1 s of its 18 s of CPU in the
-    collector instead of 2.1 s (docs/simulator-figures.md).
+    For a process about to search, after its imports (and a user's variant files): a
+    finished run that is not disposed of (`World.dispose`, which the search loops call) leaves
+    its world as cyclic garbage, and the collections that free it would scan the modules'
+    objects too each time. Objects alive now are never collected afterwards, so call it once
+    per process (docs/simulator-figures.md has the collector's share of a search).
     """
     gc.freeze()
 

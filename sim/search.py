@@ -151,7 +151,7 @@ def _serial_runs(scenario_for, variant, acceptable, strategy, seed, lo, hi, dead
                  stop_on_failure, progress, stats: SearchStats) -> RunResult | None:
     """Runs [lo, hi) in this process, tallied into ``stats``; returns the first failing one."""
     failure = None
-    with collector_off():
+    with collector_off() as ran:
         for i in range(lo, hi):
             result = run_schedule(scenario_for(i), variant, _chooser(strategy, seed, i),
                                   deadline=deadline)
@@ -165,6 +165,7 @@ def _serial_runs(scenario_for, variant, acceptable, strategy, seed, lo, hi, dead
                     break
             else:
                 result.world.dispose()
+            ran()
             if time.perf_counter() > deadline:
                 stats.budget_reached = i + 1 < hi
                 break
@@ -313,7 +314,7 @@ def _chunk(job: _SampleJob, bounds: tuple[int, int], deadline: float):
     lo, hi = bounds
     stats = SearchStats()
     first = None
-    with collector_off():
+    with collector_off() as ran:
         for i in range(lo, hi):
             result = run_schedule(job.scenario_for(i), job.variant,
                                   _chooser(job.strategy, job.seed, i), deadline=deadline)
@@ -323,6 +324,7 @@ def _chunk(job: _SampleJob, bounds: tuple[int, int], deadline: float):
             ok = job.acceptable(result)
             stats.add(result, ok)
             result.world.dispose()  # only the index of a failure goes back
+            ran()
             if not ok:
                 first = i if first is None else first
                 if job.stop:

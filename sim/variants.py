@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import importlib.util
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
@@ -238,8 +239,9 @@ def load_variant_file(path: str | Path) -> list[Variant]:
         raise ConfigError(f"variant file {str(path)!r} is not a file")
     if path.suffix != ".py":
         raise ConfigError(f"variant file {str(path)!r} is not a Python file (.py)")
-    own = Path(__file__).resolve().parent
-    if path.resolve().parent in (own, own.parent / "protocol"):
+    own = {Path(m.__file__).resolve() for name, m in list(sys.modules.items())
+           if name.split(".")[0] in ("sim", "protocol") and getattr(m, "__file__", None)}
+    if path.resolve() in own:
         raise ConfigError(f"variant file {str(path)!r} is one of lockstep's own modules; the "
                           "shipped variants are registered already (`lockstep check --variant "
                           "NAME` runs one)")

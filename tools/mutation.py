@@ -285,9 +285,10 @@ def _line_range(text: str) -> tuple[str, int, int]:
     first, _, last = lines.partition("-")
     if not path or not first.isdigit() or not last.isdigit() or int(first) > int(last):
         raise ValueError(f"--within {text!r}: expected FILE:FIRST-LAST, e.g. sim/devices.py:1-80")
-    if not (ROOT / path).is_file():
+    full = (ROOT / path).resolve()  # ./sim/x.py and an absolute path name the same module
+    if not full.is_file() or not full.is_relative_to(ROOT):
         raise ValueError(f"--within {text!r}: no file {path} in the checkout")
-    return path, int(first), int(last)
+    return full.relative_to(ROOT).as_posix(), int(first), int(last)
 
 
 def main(argv=None) -> int:
@@ -307,8 +308,15 @@ def main(argv=None) -> int:
         ranges = [_line_range(w) for w in args.within]
     except ValueError as exc:
         p.error(str(exc))
-    mutants = [m for m in enumerate_mutants(package=args.package)
+    outside = [w for w, (f, _, _) in zip(args.within, ranges)
+               if not f.startswith(args.package + "/")]
+    if outside:
+        p.error(f"--within {outside[0]!r}: the file is not in --package {args.package}")
+    every = enumerate_mutants(package=args.package)
+    mutants = [m for m in every
                if not ranges or any(m.path == f and a <= m.line <= b for f, a, b in ranges)]
+    if not mutants:
+        p.error(f"--within {' '.join(map(repr, args.within))}: no mutant on those lines")
     if args.list:
         for m in mutants:
             print(f"{m.index:5d} {m.path}:{m.line} {m.operator}: {m.original}")
@@ -351,7 +359,8 @@ def main(argv=None) -> int:
                 print(f"[{done}/{len(chosen)}] #{mutant.index} {mutant.path}:{mutant.line} "
                       f"{mutant.operator}: {status} ({res['seconds']} s)", flush=True)
                 (out / "results.json").write_text(json.dumps(
-                    {"total_mutants": len(mutants), "chosen": len(chosen),
+                    {"package": args.package, "total_mutants": len(every),
+                     "chosen": len(chosen),
                      "results": [results[k] for k in sorted(results)]}, indent=1))
 
         with ThreadPoolExecutor(max_workers=len(slots)) as pool:

@@ -119,9 +119,10 @@ def bench_worker(rank: int, settings, batch: int, captured=()):
 
 def time_steps(worker, backend, steps, timer) -> list[float]:
     """Run each of ``steps`` (protocol `Step` commands) through `run_command` on ``worker`` and
-    ``backend``; returns each step's decode time in seconds, read from ``timer``'s events
-    (an `engine.executor.PhaseTimer` the executor records into, or an object with the same
-    ``close_step``/``steps``).
+    ``backend``; returns each step's decode time in seconds, read from ``timer``'s events:
+    the executor's own timer (``executor.phases``, an `engine.executor.PhaseTimer`, or
+    `engine.bench.host_overhead.CpuPhaseTimer` on the CPU), whose ``take``, ``close_step``
+    and ``steps`` it uses; another timer would read no phases and give 0 s.
 
     Raises:
         RuntimeError: a step's reply failed (its error, which poisoned the worker).

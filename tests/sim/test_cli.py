@@ -62,9 +62,11 @@ def test_bad_arguments_exit_2_with_one_line(argv, needle, capsys):
      "is one of lockstep's own modules; the shipped variants are registered already"),
     (["check", "--buckets", "100000"], "more than its 141 GiB"),
     (["check", "--strategy", "exhaustive", "--schedules", "2"],
-     "--schedules 2 sets the budget of random and PCT search"),
+     "--schedules 2 sets the budget of random, PCT and Hypothesis search"),
     (["check", "--h2-calls", "measured", "--hazard-off", "h2"],
-     "--h2-calls measured chooses the calls that wait under H2, but --hazard-off h2"),
+     "--h2-calls measured shapes H2, but --hazard-off h2 switches H2 off"),
+    (["check", "--h2-calls", "both", "--h2-scope", "device", "--hazard-off", "h2"],
+     "--h2-calls both and --h2-scope device shape H2, but --hazard-off h2"),
 ])
 def test_bad_values_exit_2(argv, needle, capsys):
     assert main(argv) == 2
@@ -178,6 +180,8 @@ def test_variant_file_may_derive_from_a_shipped_variant(tmp_path, capsys):
     (lambda d: d["scenario"].update(faults=["boom"]), "bad scenario in trace"),
     (lambda d: d.update(format=2), "trace format 2 is not 1"),
     (lambda d: d.pop("scenario"), "it has no 'scenario'"),
+    (lambda d: d.update(scenario={}), "trace's 'scenario' lacks ranks, buckets, max_batch"),
+    (lambda d: d["scenario"].pop("h2_calls"), "trace's 'scenario' lacks h2_calls ("),
 ])
 def test_bad_trace_contents_exit_2(fused_trace, capsys, edit, needle):
     _rewrite(fused_trace, edit)

@@ -39,10 +39,17 @@ def test_the_simulators_checks_can_be_mutated_line_by_line(capsys):
     assert names == ["lockstep check", "sim tests"]
 
 
-@pytest.mark.parametrize("within", ["sim/checks.py", "sim/checks.py:9-3", "sim/nope.py:1-5"])
+def test_a_line_range_may_name_its_file_as_a_user_would(capsys):
+    for within in ("./sim/checks.py:1-40", str(ROOT / "sim" / "checks.py") + ":1-40"):
+        assert mutation.main(["--list", "--package", "sim", "--within", within]) == 0
+        assert capsys.readouterr().out.splitlines()[-1] != "0 mutants"
+
+
+@pytest.mark.parametrize("within", ["sim/checks.py", "sim/checks.py:9-3", "sim/nope.py:1-5",
+                                    "protocol/slots.py:1-40", "sim/checks.py:1-2"])
 def test_a_bad_line_range_is_one_line(within, capsys):
     with pytest.raises(SystemExit) as info:
         mutation.main(["--list", "--package", "sim", "--within", within])
     assert info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert repr(within) in err
+    assert within in err

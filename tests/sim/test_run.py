@@ -43,3 +43,22 @@ def test_a_collector_turned_off_by_the_caller_stays_off():
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_collector_off_collects_now_and_then_and_is_restored_on_error(monkeypatch):
+    """A long serial search keeps the collector off but bounded: faulted runs leave cycles."""
+    import gc
+
+    import sim.run
+
+    calls = []
+    monkeypatch.setattr(sim.run, "COLLECT_EVERY", 3)
+    monkeypatch.setattr(sim.run.gc, "collect", lambda: calls.append(1) or 0)
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError):
+        with sim.run.collector_off() as ran:
+            assert not gc.isenabled()
+            for _ in range(7):
+                ran()
+            raise RuntimeError("a run raised")
+    assert len(calls) == 2 and gc.isenabled()
