@@ -107,13 +107,18 @@ def _number_checks(args: argparse.Namespace):
 
 
 def check_flags(args: argparse.Namespace) -> None:
-    """Reject a numeric flag out of range, naming the flag (not the engine's field).
+    """Reject an empty or non-UTF-8 prompt and a numeric flag out of range, naming the flag
+    (not the engine's field); reads no file.
 
     Raises:
         RequestError: ``--FLAG VALUE must be EXPECTED``.
     """
-    from engine.errors import RequestError
+    from engine.errors import RequestError, check_text
 
+    if args.prompt is not None:  # before the model's config is read (transformers: seconds)
+        if not args.prompt:
+            raise RequestError("--prompt is empty")
+        check_text(args.prompt, "--prompt")
     for flag, value, ok, expected in _number_checks(args):
         if not ok:
             raise RequestError(f"{flag} {value:g} must be {expected}" if isinstance(value, float)
@@ -142,16 +147,11 @@ def check_before_load(args: argparse.Namespace, params) -> None:
     if args.prompt is not None:
         if not any((Path(args.model) / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
             raise RequestError(f"text prompt given but {args.model} has no tokenizer; use --prompt-ids")
-        if not args.prompt:
-            raise RequestError("--prompt is empty")
-        from engine.llm import LLM, check_text
+        from engine.llm import LLM
 
-        check_text(args.prompt, "--prompt")
         # tokenized here too, so a prompt too long is refused before any rank starts
         length = len(LLM._load_tokenizer(Path(args.model)).encode(args.prompt))
     else:
-        if not args.prompt_ids:
-            raise RequestError("--prompt-ids is empty")
         for t in args.prompt_ids:
             if not 0 <= t < cfg.vocab_size:
                 raise RequestError(f"prompt token id {t} outside the vocabulary [0, {cfg.vocab_size})")

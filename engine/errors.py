@@ -36,3 +36,14 @@ class RankError(RuntimeError):
         super().__init__(f"rank {rank} failed: {detail}")
         self.rank = rank
         self.detail = detail
+
+
+def check_text(text: str, what: str) -> None:
+    """Raises RequestError if ``text`` cannot be encoded as UTF-8 (a lone surrogate, such as
+    Python makes of non-UTF-8 bytes on the command line), naming where; the tokenizer would
+    raise a TypeError from deep inside instead."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise RequestError(f"{what} is not valid UTF-8 text: {text[exc.start:exc.end]!r} at "
+                           f"character {exc.start}") from None

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from engine.errors import ModelDirError, RankError, RequestError
+from engine.errors import ModelDirError, RankError, RequestError, check_text
 from engine.sampling import SamplingParams, as_token_id
 from engine.engine_config import EngineConfig
 from engine.startup import StartupReport, StartupWatchdog
@@ -53,17 +53,6 @@ class RequestOutput:
     arrival_time: float | None = None
     first_token_time: float | None = None
     finish_time: float | None = None
-
-
-def check_text(text: str, what: str) -> None:
-    """Raises RequestError if ``text`` cannot be encoded as UTF-8 (a lone surrogate, such as
-    Python makes of non-UTF-8 bytes on the command line), naming where; the tokenizer would
-    raise a TypeError from deep inside instead."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise RequestError(f"{what} is not valid UTF-8 text: {text[exc.start:exc.end]!r} at "
-                           f"character {exc.start}") from None
 
 
 class LLM:

@@ -221,6 +221,19 @@ def test_a_text_prompt_too_long_is_refused_before_the_engine_starts(tiny_dir, ca
     assert len(err.splitlines()) == 1
 
 
+def test_an_empty_prompt_is_refused_before_the_model_config_is_read(tiny_dir, capsys,
+                                                                   monkeypatch):
+    """A fresh user waited for transformers' config import to hear that --prompt was empty."""
+    import engine.config
+
+    def read(*a, **k):
+        raise AssertionError("the model's config was read before the prompt was checked")
+
+    monkeypatch.setattr(engine.config, "load_model_config", read)
+    assert main(["generate", "--model", str(tiny_dir), "--prompt", ""]) == 2
+    assert capsys.readouterr().err.strip() == "lockstep: error: --prompt is empty"
+
+
 def test_a_non_utf8_prompt_is_one_line_before_the_engine_starts(tiny_dir, capsys, monkeypatch):
     """Non-UTF-8 bytes on the command line reach Python as lone surrogates; the tokenizer
     raised a TypeError from deep inside (a fresh user's 19-line traceback)."""
