@@ -101,7 +101,7 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
 
 
 def _error(msg: str) -> int:
-    print(f"lockstep: error: {msg}", file=sys.stderr)
+    print(f"lockstep bench: error: {msg}", file=sys.stderr)
     return 2
 
 

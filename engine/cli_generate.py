@@ -185,29 +185,29 @@ def run(args: argparse.Namespace) -> int:
                                 ignore_eos=args.ignore_eos, logprobs=args.logprobs)
         check_before_load(args, params)
     except ValueError as exc:
-        print(f"lockstep: error: {exc}", file=sys.stderr)
+        print(f"lockstep generate: error: {exc}", file=sys.stderr)
         return 2
     try:
         llm = LLM(args.model, progress=True, **llm_args)
     except ValueError as exc:
-        print(f"lockstep: error: {exc}", file=sys.stderr)
+        print(f"lockstep generate: error: {exc}", file=sys.stderr)
         return 2
     except RankError as exc:
-        print(f"lockstep: error: {exc}", file=sys.stderr)
+        print(f"lockstep generate: error: {exc}", file=sys.stderr)
         return 1
     try:
         prompt = args.prompt if args.prompt is not None else args.prompt_ids
         out, = llm.generate([prompt], params)
     except RankError as exc:
         llm.shutdown()
-        print(f"lockstep: error: {exc}", file=sys.stderr)
+        print(f"lockstep generate: error: {exc}", file=sys.stderr)
         return 1
     except BaseException:  # Ctrl-C or SIGTERM mid-step: stop the ranks, no teardown handshake
         llm._abort()
         raise
     llm.shutdown()
     if out.error is not None:
-        print(f"lockstep: error: {out.error}", file=sys.stderr)
+        print(f"lockstep generate: error: {out.error}", file=sys.stderr)
         return 1 if out.finish_reason == "error" else 2  # the model failed, or the input
     print("token_ids:", ",".join(map(str, out.token_ids)))
     if out.text is not None:

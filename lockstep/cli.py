@@ -32,7 +32,7 @@ class _ArgumentParser(argparse.ArgumentParser):
     """argparse with one-line errors and exit status 2."""
 
     def error(self, message: str) -> None:  # noqa: D401 - argparse override
-        sys.stderr.write(f"lockstep: error: {message}\n")
+        sys.stderr.write(f"{self.prog}: error: {message}\n")  # "lockstep check: error: ..."
         raise SystemExit(2)
 
 

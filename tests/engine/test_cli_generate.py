@@ -112,7 +112,7 @@ def test_prompt_ids_with_an_empty_or_odd_item_are_refused_naming_it(tiny_dir, ca
         main(["generate", "--model", str(tiny_dir), "--prompt-ids", ids])
     err = capsys.readouterr().err.strip()
     assert info.value.code == 2 and len(err.splitlines()) == 1
-    assert err.startswith(f"lockstep: error: argument --prompt-ids: {words}")
+    assert err.startswith(f"lockstep generate: error: argument --prompt-ids: {words}")
 
 
 @pytest.mark.timeout(120)
@@ -231,7 +231,7 @@ def test_an_empty_prompt_is_refused_before_the_model_config_is_read(tiny_dir, ca
 
     monkeypatch.setattr(engine.config, "load_model_config", read)
     assert main(["generate", "--model", str(tiny_dir), "--prompt", ""]) == 2
-    assert capsys.readouterr().err.strip() == "lockstep: error: --prompt is empty"
+    assert capsys.readouterr().err.strip() == "lockstep generate: error: --prompt is empty"
 
 
 def test_a_non_utf8_prompt_is_one_line_before_the_engine_starts(tiny_dir, capsys, monkeypatch):

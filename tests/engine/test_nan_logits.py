@@ -52,5 +52,5 @@ def test_generate_cli_names_non_finite_logits_and_exits_1(nan_model, capsys):
                  "--max-tokens", "4", "--temperature", "0"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1
-    assert err[-1].startswith("lockstep: error: request 0: ") and "not finite" in err[-1]
+    assert err[-1].startswith("lockstep generate: error: request 0: ") and "not finite" in err[-1]
     assert "Traceback" not in "\n".join(err)
