@@ -268,48 +268,27 @@ def check_trace(events: Sequence[TraceEvent],
     on the whole trace; the checks that count ranks get the whole trace's ranks.
     """
     ranks = _ranks(events)
-    # by kind and `what`; the done ops (ok) by name: a check of some ops gets those ops and
-    # perhaps a few more it skips, never fewer
     i1, i6, i13, i11, steps_and = [], [], [], [], []
     i4, i5, i9, i10 = [], [], [], []
+    # who reads what: the done ops (ok) by name, the other kinds whole; a check of some ops
+    # gets those ops and perhaps a few more it skips, never fewer
+    done_ops = {"record": (i5, i9, i10), "upload": (i4, i9), "launch": (i4,),
+                "warmup_collective": (i5,), "allocate_kv": (i9,), "free_graphs": (i10,),
+                "destroy_communicator": (i10,)}
+    other_kinds = {"send": (i1, i6, i13), "reply": (i1, i13, i11), "receive": (i1,),
+                   "watchdog-fire": (i6,)}
     for e in events:
-        kind = e.kind
-        if kind == "op":
-            what = e.what
-            if what in _STEP_RECORD_REPLAY:
-                steps_and.append(e)
+        what = e.what
+        if e.kind == "op":
             if what in _I11_OPS or what.startswith("run_eager"):
                 i11.append(e)
-            if e.ok:
-                if what == "record":
-                    i5.append(e)
-                    i9.append(e)
-                    i10.append(e)
-                elif what == "upload":
-                    i4.append(e)
-                    i9.append(e)
-                elif what == "launch":
-                    i4.append(e)
-                elif what == "warmup_collective":
-                    i5.append(e)
-                elif what == "allocate_kv":
-                    i9.append(e)
-                elif what == "free_graphs" or what == "destroy_communicator":
-                    i10.append(e)
-        elif kind == "send":
-            i1.append(e)
-            i6.append(e)
-            i13.append(e)
-            if e.what in _STEP_RECORD_REPLAY:
-                steps_and.append(e)
-        elif kind == "reply":
-            i1.append(e)
-            i13.append(e)
-            i11.append(e)
-        elif kind == "receive":
-            i1.append(e)
-        elif kind == "watchdog-fire":
-            i6.append(e)
+            readers = done_ops.get(what, ()) if e.ok else ()
+        else:
+            readers = other_kinds.get(e.kind, ())
+        if what in _STEP_RECORD_REPLAY and e.kind in ("op", "send"):
+            steps_and.append(e)
+        for reader in readers:
+            reader.append(e)
     found = [check_i1_step_lock(i1, ranks),
              check_i3_no_serving_capture(steps_and),
              check_i4_capture_barrier(i4, ranks),
