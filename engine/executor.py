@@ -267,7 +267,7 @@ class RankExecutor(Backend):
 
     def _graph_forward(self, bucket: int) -> None:
         """The captured body: decode over the static buffers, logits into `logits_buf`."""
-        self.logits_buf[:bucket].copy_(self.decode_forward(bucket))
+        self.decode_forward(bucket, out=self.logits_buf[:bucket])
 
     @torch.no_grad()
     def record(self, key) -> None:
@@ -502,13 +502,14 @@ class RankExecutor(Backend):
         self._step = step
 
     @torch.no_grad()
-    def decode_forward(self, bucket: int) -> torch.Tensor:
+    def decode_forward(self, bucket: int, out: torch.Tensor | None = None) -> torch.Tensor:
         """The decode step over the first `bucket` rows of the static buffers -> float32 logits
-        [bucket, vocab]. Reads only device buffers (graph-capturable)."""
+        [bucket, vocab] (written into `out` when given). Reads only device buffers
+        (graph-capturable)."""
         ids, pos, slots = self.input_ids[:bucket], self.positions[:bucket], self.slot_ids[:bucket]
         self.kv.seq_lens.index_copy_(0, slots.long(), (pos + 1).to(torch.int32))
         hidden = self.model(ids, pos, StepContext(False, slots, self.kv, self.decode_attention))
-        return self.model.compute_logits(hidden)
+        return self.model.compute_logits(hidden, out)
 
     def run_eager(self, step) -> None:
         """Eager decode of the step's rows padded to its bucket; keeps the logits (rank 0)."""

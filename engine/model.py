@@ -127,6 +127,7 @@ class Qwen3ForCausalLM(nn.Module):
             x, residual = layer(positions, x, residual, ctx)
         return self.norm.add_forward(x, residual)[0]
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: [B, hidden] -> float32 logits [B, vocab], identical on every rank."""
-        return self.lm_head(hidden)
+    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """hidden: [B, hidden] -> float32 logits [B, vocab], identical on every rank (written
+        into `out`, float32 [B, vocab], when given)."""
+        return self.lm_head(hidden, out)

@@ -80,9 +80,10 @@ class StubModel:
 
         return torch.empty(ids.shape[0], self.hidden)
 
-    def compute_logits(self, hidden):
-        """The first len(hidden) rows of the fixed logits (a view)."""
-        return self.logits[:hidden.shape[0]]
+    def compute_logits(self, hidden, out=None):
+        """The first len(hidden) rows of the fixed logits (a view, or copied into `out`)."""
+        rows = self.logits[:hidden.shape[0]]
+        return rows if out is None else out.copy_(rows)
 
 
 def percentile(xs: list[float], q: float) -> float:

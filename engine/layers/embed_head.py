@@ -69,7 +69,18 @@ class ParallelLMHead(nn.Module):
         if not self.tied:
             self.weight.data.copy_(index.read(name, 0, self.start, self.stop))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [B, hidden] -> float32 [B, vocab] (this rank's slice, all-gathered)."""
-        logits = F.linear(x, self.weight).float()
-        return self.tp.all_gather_last_dim(logits)
+    def forward(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """x: [B, hidden] -> float32 [B, vocab] (this rank's slice, all-gathered), written into
+        `out` (float32 [B, vocab]) when given.
+
+        On CUDA a half-precision GEMM writes float32 directly (`torch.mm(out_dtype=)`, the
+        float32 accumulator unrounded): no bf16 logits and no conversion pass over them.
+        """
+        if x.is_cuda and x.dtype != torch.float32:
+            if out is not None and self.tp.world_size == 1:
+                return torch.mm(x, self.weight.t(), out_dtype=torch.float32, out=out)
+            logits = torch.mm(x, self.weight.t(), out_dtype=torch.float32)
+        else:
+            logits = F.linear(x, self.weight).float()
+        logits = self.tp.all_gather_last_dim(logits)
+        return logits if out is None else out.copy_(logits)
