@@ -42,6 +42,7 @@ import torch
 from engine.config import ModelConfig, check_parallel, load_model_config
 from engine.kernels.decode_attention import (
     SplitWorkspace,
+    longest_first,
     paged_decode_attention_torch,
     paged_decode_attention_triton,
 )
@@ -508,7 +509,9 @@ class RankExecutor(Backend):
         (graph-capturable)."""
         ids, pos, slots = self.input_ids[:bucket], self.positions[:bucket], self.slot_ids[:bucket]
         self.kv.seq_lens.index_copy_(0, slots.long(), (pos + 1).to(torch.int32))
-        hidden = self.model(ids, pos, StepContext(False, slots, self.kv, self.decode_attention))
+        order = longest_first(pos) if self.device.type == "cuda" else None
+        hidden = self.model(ids, pos, StepContext(False, slots, self.kv, self.decode_attention,
+                                                  row_order=order))
         return self.model.compute_logits(hidden, out)
 
     def run_eager(self, step) -> None:

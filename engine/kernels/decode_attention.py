@@ -16,6 +16,9 @@ Shared arguments:
                 token's own K/V included (it is written before attention runs).
     slot_ids:   int32 [B]: the slot of each batch row (padding rows use the padding slot).
     scale:      softmax scale, usually D ** -0.5.
+    row_order:  optional int64 [B], a permutation of the batch rows: the order in which the
+                Triton kernel's programs take them (`longest_first`). It changes no value;
+                the other implementations ignore it.
 Returns [B, Hq, D] in q's dtype (float64 for the reference).
 """
 
@@ -33,7 +36,7 @@ except ImportError:  # pragma: no cover - exercised only where triton is absent
 
 
 def paged_decode_attention_reference(q, k_cache, v_cache, page_table, seq_lens, slot_ids,
-                                     scale: float) -> torch.Tensor:
+                                     scale: float, row_order=None) -> torch.Tensor:
     """float64 oracle; loops over rows on the host (slow, for tests only)."""
     B, Hq, D = q.shape
     P, Hkv = k_cache.shape[1], k_cache.shape[2]
@@ -54,7 +57,7 @@ def paged_decode_attention_reference(q, k_cache, v_cache, page_table, seq_lens, 
 
 
 def paged_decode_attention_torch(q, k_cache, v_cache, page_table, seq_lens, slot_ids,
-                                 scale: float) -> torch.Tensor:
+                                 scale: float, row_order=None) -> torch.Tensor:
     """Vectorised torch implementation (float32 math); reads every page-table column and masks
     positions at or past the sequence length by selection, so stale non-finite K/V there never
     reach the output."""
@@ -97,6 +100,14 @@ NUM_STAGES = 3
 # Hkv heads below this splits each sequence's tiles over up to MAX_SPLITS programs.
 TARGET_PROGRAMS = 264
 MAX_SPLITS = 16
+# Launches of at least this many rows take them longest first (`longest_first`). The block
+# scheduler hands out programs in index order, so with rows in batch order a long sequence
+# that comes last runs alone at the end of the launch; longest first, the short ones fill the
+# tail. H200, 2026-12-01, one layer call, lengths uniform in [100, 2048] in random order:
+# 256 rows 277 -> 269 us, 96 rows 130 -> 125 us; workload W decode GPU time 5.07 -> 5.01 s.
+# Below 64 rows the launch splits the KV and the sort's own launch (once per step) would cost
+# more than it saves.
+ORDER_MIN_ROWS = 64
 
 
 def num_splits(rows: int, kv_heads: int) -> int:
@@ -111,6 +122,15 @@ def num_splits(rows: int, kv_heads: int) -> int:
     while programs * split < TARGET_PROGRAMS and split < MAX_SPLITS:
         split *= 2
     return split
+
+
+def longest_first(positions: torch.Tensor) -> torch.Tensor | None:
+    """The batch rows of a decode step, longest sequence first (int64 [B], one sort on the
+    device, graph-capturable), for `row_order`; None for launches of fewer than ORDER_MIN_ROWS
+    rows. positions: int [B], each row's position (its length - 1)."""
+    if positions.shape[0] < ORDER_MIN_ROWS:
+        return None
+    return torch.argsort(positions, descending=True)
 
 
 class SplitWorkspace:
@@ -145,17 +165,20 @@ if triton is not None:
 
     @triton.jit
     def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, lens_ptr, slots_ptr, out_ptr,
-                             acc_ptr, stats_ptr, count_ptr,
+                             acc_ptr, stats_ptr, count_ptr, order_ptr,
                              stride_qb, stride_qh, stride_kp, stride_kt, stride_kh,
                              stride_pt, stride_ob, stride_oh, scale, NUM_KV,
                              GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
                              HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
-                             SPLITS: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr):
+                             SPLITS: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr,
+                             ORDERED: tl.constexpr):
         b = tl.program_id(0)
         h = tl.program_id(1)
         split = tl.program_id(2)
         if PDL:  # see engine.kernels.pdl: wait for the previous grid before touching memory
             tl.extra.cuda.gdc_wait()
+        if ORDERED:  # programs are dispatched in index order: take the longest rows first
+            b = tl.load(order_ptr + b)
         slot = tl.load(slots_ptr + b).to(tl.int64)
         length = tl.load(lens_ptr + slot)
         g = tl.arange(0, BLOCK_G)
@@ -254,7 +277,8 @@ if triton is not None:
 
 
 def paged_decode_attention_triton(q, k_cache, v_cache, page_table, seq_lens, slot_ids,
-                                  scale: float, out: torch.Tensor | None = None,
+                                  scale: float, row_order: torch.Tensor | None = None,
+                                  out: torch.Tensor | None = None,
                                   workspace: SplitWorkspace | None = None) -> torch.Tensor:
     """Triton kernel; see the module docstring. `out` [B, Hq, D] may be given (static buffer).
 
@@ -288,10 +312,11 @@ def paged_decode_attention_triton(q, k_cache, v_cache, page_table, seq_lens, slo
     counters = workspace.counters if splits > 1 else slot_ids
     _paged_decode_kernel[(B, Hkv, splits)](
         q, k_cache, v_cache, page_table, seq_lens, slot_ids, out, acc, stats, counters,
+        row_order if row_order is not None else slot_ids,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         page_table.stride(0), out.stride(0), out.stride(1), scale, Hkv,
         GROUP=group, BLOCK_G=block_g, HEAD_DIM=D, PAGE=P,
         BLOCK_N=max(P, SPLIT_TILE_TOKENS if splits > 1 else TILE_TOKENS),
-        SPLITS=splits, IEEE=q.dtype == torch.float32, num_warps=NUM_WARPS,
-        num_stages=NUM_STAGES, **pdl_launch(q))
+        SPLITS=splits, IEEE=q.dtype == torch.float32, ORDERED=row_order is not None,
+        num_warps=NUM_WARPS, num_stages=NUM_STAGES, **pdl_launch(q))
     return out

@@ -38,6 +38,8 @@ class StepContext:
         decode_attention: one of the `engine.kernels.decode_attention` implementations.
         prefill_batch: the packed prefill's layout (prefill steps only).
         prefill_attention: one of the `engine.kernels.prefill_attention` implementations.
+        row_order: int64 [T] or None: the order in which decode attention takes the rows
+            (`engine.kernels.decode_attention.longest_first`); no value depends on it.
     """
 
     prefill: bool
@@ -46,6 +48,7 @@ class StepContext:
     decode_attention: Callable
     prefill_batch: object = None
     prefill_attention: Callable | None = None
+    row_order: torch.Tensor | None = None
 
 
 class Qwen3Attention(nn.Module):
@@ -91,5 +94,5 @@ class Qwen3Attention(nn.Module):
         else:
             o = ctx.decode_attention(q, ctx.kv.k[self.layer], ctx.kv.v[self.layer],
                                      ctx.kv.page_table, ctx.kv.seq_lens, ctx.slot_ids,
-                                     self.scale)
+                                     self.scale, ctx.row_order)
         return self.o_proj(o.reshape(T, self.nq * self.d))

@@ -69,6 +69,14 @@ for q_heads, kv_heads in [(4, 2), (8, 2), (2, 2)]:
         split = paged_decode_attention_triton(q, k, v, table, lens, slots, 0.25, workspace=ws)
         worst = max(worst, float((split.double() - ref).abs().max()))
     assert int(ws.counters.abs().sum()) == 0, "a split counter was left non-zero"
+# row_order changes which program takes which row, not a value: the same output bit for bit
+q, k, v, table, lens, slots = make_case([1, 17, 130, 65, 40], 4, 2)
+order = torch.tensor([2, 5, 3, 4, 1, 0])  # the padding row (5) among them
+for workspace in (None, ws):
+    plain = paged_decode_attention_triton(q, k, v, table, lens, slots, 0.25, workspace=workspace)
+    ordered = paged_decode_attention_triton(q, k, v, table, lens, slots, 0.25, order,
+                                            workspace=workspace)
+    assert torch.equal(plain, ordered), "row_order changed the output"
 print("worst", worst)
 assert worst < 1e-5, worst
 """
@@ -112,3 +120,14 @@ def test_torch_path_ignores_non_finite_values_past_the_length():
             k[page, stale] = float("inf")
             v[page, stale] = float("nan")
     torch.testing.assert_close(paged_decode_attention_torch(q, k, v, table, lens, slots, 0.25), clean)
+
+
+def test_longest_first_orders_rows_by_length_from_the_order_threshold_on():
+    from engine.kernels.decode_attention import ORDER_MIN_ROWS, longest_first
+
+    assert longest_first(torch.arange(ORDER_MIN_ROWS - 1)) is None
+    g = torch.Generator().manual_seed(3)
+    pos = torch.randint(0, 2048, (ORDER_MIN_ROWS + 5,), generator=g)
+    order = longest_first(pos)
+    assert sorted(order.tolist()) == list(range(len(pos)))          # a permutation of the rows
+    assert pos[order].tolist() == sorted(pos.tolist(), reverse=True)  # longest first

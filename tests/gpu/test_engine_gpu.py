@@ -50,6 +50,32 @@ def test_triton_decode_attention_long_ragged_contexts(dtype, q_heads, kv_heads, 
         assert int(ws.counters.abs().sum()) == 0, "a split counter was left non-zero"
 
 
+def test_longest_first_row_order_gives_the_same_attention_bit_for_bit():
+    """A decode launch of many rows (the ordered path) and a split launch, each with its rows
+    taken longest first: the outputs of the unordered launches, bit for bit."""
+    from engine.kernels.decode_attention import (
+        ORDER_MIN_ROWS,
+        SplitWorkspace,
+        longest_first,
+        paged_decode_attention_triton,
+    )
+    from engine.testing import make_case
+
+    g = torch.Generator().manual_seed(4)
+    lengths = torch.randint(1, 2048, (ORDER_MIN_ROWS + 15,), generator=g).tolist()
+    q, k, v, table, lens, slots = make_case(lengths, 16, 8, head_dim=128, page_size=16,
+                                            dtype=torch.bfloat16, device="cuda", seed=4)
+    order = longest_first(lens[slots.long()].long() - 1)
+    assert order is not None and int(lens[slots[order[0]]]) == max(lengths)
+    ws = SplitWorkspace.for_heads("cuda", 16, 8, 128)
+    for rows in (len(slots), 8):  # 8 rows: the split-KV path
+        args = (q[:rows], k, v, table, lens, slots[:rows], 128 ** -0.5)
+        sub = order if rows == len(slots) else torch.randperm(rows, generator=g).cuda()
+        plain = paged_decode_attention_triton(*args, workspace=ws)
+        ordered = paged_decode_attention_triton(*args, sub, workspace=ws)
+        assert torch.equal(plain, ordered), rows
+
+
 @pytest.fixture(scope="module")
 def qwen06_dir(tmp_path_factory):
     from engine.model_dir import write_model_dir
