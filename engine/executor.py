@@ -181,8 +181,14 @@ class RankExecutor(Backend):
         kv = self._scratch_kv(1)
         ids = torch.zeros(rows, dtype=torch.long, device=self.device)
         slots = torch.full((rows,), kv.padding_slot, dtype=torch.int32, device=self.device)
-        ctx = StepContext(False, slots, kv, self.decode_attention)
-        return self.model.compute_logits(self.model(ids, torch.zeros_like(ids), ctx))
+        pos = torch.zeros_like(ids)
+        return self.model.compute_logits(self.model(ids, pos, self._decode_context(slots, kv, pos)))
+
+    def _decode_context(self, slots: torch.Tensor, kv: KVCache, pos: torch.Tensor) -> StepContext:
+        """The attention context of a decode forward (the captured step and its warm-up alike,
+        so the warm-up loads the same kernels: the row sort and the ordered attention)."""
+        order = longest_first(pos) if self.device.type == "cuda" else None
+        return StepContext(False, slots, kv, self.decode_attention, row_order=order)
 
     def warmup_collective(self, nbytes: int) -> None:
         """One eager all-reduce of `nbytes` bytes (rounded up to whole elements) (I5).
@@ -509,9 +515,7 @@ class RankExecutor(Backend):
         (graph-capturable)."""
         ids, pos, slots = self.input_ids[:bucket], self.positions[:bucket], self.slot_ids[:bucket]
         self.kv.seq_lens.index_copy_(0, slots.long(), (pos + 1).to(torch.int32))
-        order = longest_first(pos) if self.device.type == "cuda" else None
-        hidden = self.model(ids, pos, StepContext(False, slots, self.kv, self.decode_attention,
-                                                  row_order=order))
+        hidden = self.model(ids, pos, self._decode_context(slots, self.kv, pos))
         return self.model.compute_logits(hidden, out)
 
     def run_eager(self, step) -> None:

@@ -74,7 +74,8 @@ class ParallelLMHead(nn.Module):
         `out` (float32 [B, vocab]) when given.
 
         On CUDA a half-precision GEMM writes float32 directly (`torch.mm(out_dtype=)`, the
-        float32 accumulator unrounded): no bf16 logits and no conversion pass over them.
+        float32 accumulator unrounded): no bf16 logits and no conversion pass over them. At
+        TP 1 it writes into `out` itself; at TP > 1 the gathered slices are copied into it.
         """
         if x.is_cuda and x.dtype != torch.float32:
             if out is not None and self.tp.world_size == 1:

@@ -126,6 +126,7 @@ def test_longest_first_orders_rows_by_length_from_the_order_threshold_on():
     from engine.kernels.decode_attention import ORDER_MIN_ROWS, longest_first
 
     assert longest_first(torch.arange(ORDER_MIN_ROWS - 1)) is None
+    assert longest_first(torch.arange(ORDER_MIN_ROWS)).tolist() == list(range(ORDER_MIN_ROWS))[::-1]
     g = torch.Generator().manual_seed(3)
     pos = torch.randint(0, 2048, (ORDER_MIN_ROWS + 5,), generator=g)
     order = longest_first(pos)

@@ -73,6 +73,34 @@ def test_replay_same_tokens_and_bit_identical_logits(runs):
 
 
 @pytest.mark.timeout(300)
+def test_bf16_replay_of_ordered_buckets_is_bit_identical_to_eager(tmp_path):
+    """bf16 (the LM head writes float32 from its GEMM) and buckets of at least ORDER_MIN_ROWS
+    rows (decode attention takes its rows longest first): replay and eager agree bit for bit."""
+    from engine.kernels.decode_attention import ORDER_MIN_ROWS
+    from engine.llm import LLM
+    from engine.model_dir import write_model_dir
+    from engine.sampling import SamplingParams
+
+    model = write_model_dir("tiny", tmp_path / "bf16", seed=2, dtype="bfloat16")
+    g = torch.Generator().manual_seed(6)
+    prompts = [torch.randint(0, 512, (int(n),), generator=g).tolist()
+               for n in torch.randint(2, 90, (100,), generator=g)]
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, return_logits=True)
+    out = {}
+    for graphs in (True, False):
+        with LLM(model, device="cuda", dtype="bfloat16", max_batch=100, max_model_len=128,
+                 cuda_graph=graphs) as llm:
+            llm.step_log = []
+            out[graphs] = llm.generate(prompts, params)
+            if graphs:
+                assert llm.steps["replay"] > 0
+                assert max(s[1] for s in llm.step_log if s[0] == "decode") >= ORDER_MIN_ROWS
+    for a, b in zip(out[True], out[False]):
+        assert a.token_ids == b.token_ids
+        assert torch.equal(a.logits, b.logits)
+
+
+@pytest.mark.timeout(300)
 def test_straddles_compaction_and_trace(runs):
     from protocol.invariants import check_trace
 
