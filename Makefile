@@ -5,11 +5,21 @@
 PY := .venv/bin/python
 TORCH_INDEX ?=
 
+# A TORCH_INDEX other than the one .venv was built from rebuilds .venv from scratch: pip would
+# keep the torch already there, since the same version from another index satisfies the pin.
+# An unset TORCH_INDEX keeps whatever .venv holds.
+BUILT_INDEX := $(shell cat .venv/torch-index 2>/dev/null)
+INDEX_CHANGED := $(if $(TORCH_INDEX),$(filter-out $(BUILT_INDEX),$(TORCH_INDEX)))
+ifneq ($(INDEX_CHANGED),)
+.PHONY: .venv/installed
+endif
+
 .venv/installed: pyproject.toml
-	python3 -m venv .venv
+	python3 -m venv $(if $(INDEX_CHANGED),--clear) .venv
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PY) -m pip install -q -e .
+	printf '%s\n' '$(TORCH_INDEX)' > .venv/torch-index
 	touch .venv/installed
 
 install: .venv/installed

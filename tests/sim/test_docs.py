@@ -48,3 +48,18 @@ def test_the_readme_counts_the_shipped_known_bad_variants():
     bad = [n for n in SHIPPED if any(v != "clean" for v in REGISTRY[n].expected.values())]
     said = re.search(r"It ships (\d+) known-bad variants", (ROOT / "README.md").read_text())
     assert said is not None and int(said.group(1)) == len(bad), (said and said.group(1), len(bad))
+
+
+def test_every_file_a_readme_command_names_is_shipped():
+    """A path argument of a README command (`--variant-file`, `--replay` of a trace that an
+    earlier line writes with `--trace-out`) names a file that exists or is written first."""
+    import re
+
+    text = (ROOT / "README.md").read_text()
+    written = set(re.findall(r"--trace-out (\S+?)/?\s", text))
+    for flag, path in re.findall(r"(--variant-file|--replay) (\S+)", text):
+        if path.upper() == path or path.startswith("PATH"):
+            continue  # a placeholder in the options list
+        if flag == "--replay" and any(path.startswith(d.rstrip("/") + "/") for d in written):
+            continue
+        assert (ROOT / path).is_file(), f"README: {flag} {path} names no shipped file"
