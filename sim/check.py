@@ -424,6 +424,42 @@ def replay_trace(data: dict) -> tuple[RunResult | None, str | None]:
     return result, None
 
 
+def check_coverage_reachable(scenario: Scenario) -> None:
+    """Refuse a configuration in which no schedule can reach what a clean row must reach
+    (`run_check`'s non-vacuity: live compactions and padded replays), so the check would call
+    the correct protocol vacuous and every bug that needs them clean.
+
+    Raises:
+        ConfigError: max batch 1 (one slot never compacts), every batch size up to max batch
+            is a bucket (no replay is ever padded), or the serving workload's steps reach
+            neither in this configuration, naming the values.
+    """
+    from protocol.eligibility import GraphPlan
+
+    cfg = scenario.config
+    if cfg.max_batch < 2:
+        raise ConfigError(f"--max-batch {cfg.max_batch}: a single slot never compacts, so no "
+                          "schedule can show slot compaction; use --max-batch 2 or more")
+    buckets = GraphPlan.from_config(cfg).buckets
+    named = f"--max-batch {cfg.max_batch} with buckets {','.join(map(str, buckets))}"
+    if all(n in buckets for n in range(1, cfg.max_batch + 1)):
+        raise ConfigError(f"{named}: every batch size is a bucket, so no replay is ever "
+                          "padded; raise --max-batch past a bucket or leave a batch size between "
+                          "two buckets")
+    # The serving steps do not depend on the schedule (the controller issues each step after
+    # every reply to the one before), so one run of the correct protocol shows what they reach.
+    from sim.strategies import RandomWalk
+    from sim.variants import CORRECT
+
+    run = run_schedule(scenario, CORRECT, RandomWalk(0))
+    missing = [e for e in ("replay", "compaction_moves_live") + CORRECT.reaches
+               if not run.reached.get(e)]
+    if run.outcome.verdict == "clean" and missing:
+        raise ConfigError(f"{named}: the serving workload's steps never reach "
+                          f"{', '.join(missing)} here, so every clean row would be vacuous; "
+                          "raise --max-batch or use more buckets")
+
+
 MIN_RANKS = 2
 """The smallest world `lockstep check` models: every hazard is between ranks."""
 

@@ -20,7 +20,8 @@ from dataclasses import fields
 from pathlib import Path
 
 from protocol.errors import ConfigError
-from sim.check import CheckSpec, Row, check_scenario_value, replay_trace, scenario_spec
+from sim.check import (CheckSpec, Row, check_coverage_reachable, check_scenario_value,
+                       replay_trace, scenario_spec)
 from sim.hazards import H2_CALLS, H2_SCOPES, RULES, HazardModel
 from sim.limits import check_limits
 from sim.progress import CheckProgress
@@ -321,7 +322,8 @@ def _run(args, finished: _Finished | None = None) -> int:
                          clean_schedules=clean_schedules, fault_schedules=args.fault_schedules, time_budget=args.time_budget,
                          seed=args.seed, hazards_off=tuple(args.hazard_off), jobs=args.jobs,
                          h2_scope=args.h2_scope or "process", h2_calls=args.h2_calls or "both")
-        spec.scenario("shared")  # validates ranks / buckets / max batch before any search
+        # validates ranks / buckets / max batch before any search
+        check_coverage_reachable(spec.scenario("shared"))
     except ConfigError as exc:
         return _fail(str(exc))
     freeze_imports()

@@ -380,6 +380,21 @@ register(Variant(
     controller_cls=LazyCaptureController, worker_cls=LazyCaptureWorker))
 
 
+@dataclass(frozen=True)
+class NeedsTwoBuckets:
+    """`Variant.unreachable` for a bug that needs the sweep to capture two buckets or more:
+    with one, ``why`` (a clause); a record, not a closure, so variants stay picklable."""
+
+    why: str
+
+    def __call__(self, sc: Scenario) -> str | None:
+        buckets = _graph_buckets(sc)
+        if len(buckets) >= 2:
+            return None
+        return (f"the sweep captures one bucket ({buckets[0]}) at max batch "
+                f"{sc.config.max_batch}: {self.why}")
+
+
 # -- local-bucket ----------------------------------------------------------------------------------
 
 class LocalBucketWorker(Worker):
@@ -406,7 +421,8 @@ register(Variant(
     source="vLLM PR #25906; SGLang #30242 / PR #30450",
     expected={"shared": "divergence", "per-rank": "divergence"},
     remedy='The controller picks the bucket and graph key and carries them in the step command; no rank derives them from its own count (I2).',
-    worker_cls=LocalBucketWorker))
+    worker_cls=LocalBucketWorker,
+    unreachable=NeedsTwoBuckets("ranks whose row counts differ still pick the same bucket")))
 
 
 # -- split-eligibility -------------------------------------------------------------------------------
@@ -478,9 +494,10 @@ def _fewer_than_two_graph_buckets(sc: Scenario) -> str | None:
     # adjusted scenario, whose cap has already removed the bucket it forbids)
     buckets = _sweep_buckets(sc.with_(config=replace(sc.config, graph_batch_cap=None)))
     if len(buckets) < 2:
-        return (f"the sweep captures {len(buckets)} bucket(s) up to max batch "
-                f"{sc.config.max_batch}; a cap that forbids some bucket while allowing another "
-                "needs at least two")
+        captured = ",".join(map(str, _graph_buckets(sc)))
+        return (f"{len(buckets)} of the captured buckets ({captured}) hold at most max batch "
+                f"{sc.config.max_batch} rows; a cap that forbids some bucket while allowing "
+                "another needs two")
     return None
 
 
@@ -510,7 +527,8 @@ register(Variant(
     source="pegainfer TP pre-capture PR; ROCm/rccl #2022",
     expected={"shared": "invariant:I5", "per-rank": "invariant:I5"},
     remedy='Before the first capture every rank runs one eager all-reduce per distinct message size the graphs use (I5).',
-    controller_cls=SingleWarmupController))
+    controller_cls=SingleWarmupController,
+    unreachable=NeedsTwoBuckets("its one warm-up size is every size the graphs use")))
 
 
 # -- uncoordinated-profile -------------------------------------------------------------------------
@@ -560,7 +578,8 @@ register(Variant(
     source="pegainfer #780 / PR #848 review; vLLM PR #30515",
     expected={"shared": "oom", "per-rank": "oom"},
     remedy='MeasureGraphs measures every graph the plan keeps and the reserve is their sum, taken before the KV cache is sized (I9).',
-    controller_cls=LargestOnlyController))
+    controller_cls=LargestOnlyController,
+    unreachable=NeedsTwoBuckets("the largest graph is the only one")))
 
 
 # -- reserve-by-requested-batch ----------------------------------------------------------------------

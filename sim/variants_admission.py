@@ -83,6 +83,17 @@ def off_stride_max_batch(sc: Scenario) -> Scenario:
     return sc.with_(config=replace(sc.config, max_batch=buckets[-1] - 1))
 
 
+def _cap_keeps_the_same_buckets(sc: Scenario) -> str | None:
+    """Why comparing the batch cap (max batch, after `off_stride_max_batch`) with bucket sizes
+    keeps the same graphs as the correct plan here, or None."""
+    plan = GraphPlan.from_config(sc.config).fitted(sc.config.max_batch)
+    if bucket_cap_plan(plan).keys() != plan.keys():
+        return None
+    return (f"at max batch {sc.config.max_batch} with buckets "
+            f"{','.join(map(str, plan.buckets))} no bucket lies between the cap and the bucket "
+            "a full batch pads to, so comparing rows with bucket sizes keeps the same graphs")
+
+
 register(Variant(
     name="row-cap-as-bucket-cap",
     summary="the fitted batch cap (rows) is compared with bucket sizes, so the bucket a full "
@@ -95,7 +106,7 @@ register(Variant(
     remedy="A batch cap counts rows: the plan keeps every bucket up to the one that holds the "
            "cap, and the reserve is measured on that set (I7, I9).",
     controller_cls=BucketCapController, worker_cls=BucketCapWorker,
-    adjust=off_stride_max_batch))
+    adjust=off_stride_max_batch, unreachable=_cap_keeps_the_same_buckets))
 
 
 # -- measure-once (I9) ----------------------------------------------------------------------------
@@ -147,6 +158,16 @@ def reserve_short_by_the_pool(sc: Scenario) -> Scenario:
     return sc.with_(memory=replace(mem, capacity=capacity))
 
 
+def _one_candidate_cap(sc: Scenario) -> str | None:
+    """Why the memory fit can keep no smaller set than the measured one here, or None."""
+    plan = GraphPlan.from_config(sc.config)
+    if len(candidate_caps(plan.buckets, sc.config.max_batch)) >= 2:
+        return None
+    return (f"at max batch {sc.config.max_batch} with buckets "
+            f"{','.join(map(str, plan.buckets))} the memory fit has one candidate cap, so the "
+            "set it keeps is the set measured")
+
+
 register(Variant(
     name="measure-once",
     summary="graphs are measured once, largest first into one pool; when the memory fit keeps "
@@ -157,7 +178,8 @@ register(Variant(
     expected={"shared": "oom", "per-rank": "oom"},
     remedy="When the fit keeps fewer graphs than were measured, MeasureGraphs runs again on the "
            "kept set and the fit is redone, capped at the first fit (I9).",
-    controller_cls=MeasureOnceController, adjust=reserve_short_by_the_pool))
+    controller_cls=MeasureOnceController, adjust=reserve_short_by_the_pool,
+    unreachable=_one_candidate_cap))
 
 
 __all__ = ["BucketCapPlan", "BucketCapController", "BucketCapWorker", "MeasureOnceController",

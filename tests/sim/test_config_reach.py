@@ -1,0 +1,59 @@
+"""What a configuration lets a check reach: `lockstep check` refuses one whose clean rows could
+only be vacuous (the serving steps do not depend on the schedule, so one run tells), and a
+variant whose bug needs two captured buckets reads "not reachable here" with one."""
+
+from __future__ import annotations
+
+import pytest
+
+from protocol.errors import ConfigError
+from sim.check import check_coverage_reachable
+from sim.run import run_schedule
+from sim.scenario import default_scenario
+from sim.strategies import PCT, RandomWalk
+from sim.variants import CORRECT, get_variant
+
+COVERAGE = ("replay", "padded_replay", "compaction_moves_live")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("buckets, max_batch", [((2,), 2), ((1, 2, 4, 8), 3), ((4, 8), 3)])
+def test_serving_steps_reach_the_same_events_whatever_the_schedule(buckets, max_batch):
+    scenario = default_scenario(buckets=buckets, max_batch=max_batch)
+    seen = set()
+    for chooser in [RandomWalk(s) for s in range(8)] + [PCT(s) for s in range(4)]:
+        run = run_schedule(scenario, CORRECT, chooser)
+        seen.add(tuple(run.reached.get(e, 0) for e in COVERAGE))
+    assert len(seen) == 1, seen
+
+
+@pytest.mark.parametrize("buckets, max_batch, needle", [
+    ((1, 2, 4, 8), 1, "a single slot never compacts"),
+    ((1, 2, 4, 8), 2, "every batch size is a bucket"),
+    ((2,), 2, "never reach padded_replay"),
+])
+def test_a_configuration_that_reaches_no_padded_replay_or_compaction_is_refused(
+        buckets, max_batch, needle):
+    with pytest.raises(ConfigError, match=needle):
+        check_coverage_reachable(default_scenario(buckets=buckets, max_batch=max_batch))
+
+
+@pytest.mark.parametrize("buckets, max_batch", [((4,), 4), ((8,), 3), ((4, 8), 3),
+                                                ((1, 2, 4, 8), 3)])
+def test_small_configurations_that_pad_and_compact_are_accepted(buckets, max_batch):
+    check_coverage_reachable(default_scenario(buckets=buckets, max_batch=max_batch))
+
+
+@pytest.mark.parametrize("name", ["local-bucket", "single-warmup", "profile-largest-only",
+                                  "measure-once", "row-cap-as-bucket-cap"])
+def test_bugs_that_need_two_buckets_are_not_reachable_with_one(name):
+    variant = get_variant(name)
+
+    def reason(scenario):
+        return variant.unreachable(variant.scenario(scenario))
+
+    for buckets, max_batch in (((4,), 4), ((8,), 3)):
+        why = reason(default_scenario(buckets=buckets, max_batch=max_batch))
+        assert why and "bucket" in why, (buckets, max_batch, why)
+    assert reason(default_scenario()) is None
+    assert reason(default_scenario(buckets=(1, 2, 4, 8), max_batch=8)) is None
