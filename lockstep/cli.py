@@ -49,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
                 continue
             raise
         module.add_parser(sub, name)
+    parser.subcommands = sub.choices  # name -> its parser, for errors in that parser's name
     return parser
 
 
@@ -82,7 +83,10 @@ def main(argv: list[str] | None = None) -> int:
 
         start_server()  # its workers' imports overlap this process's (see start_server)
     parser = build_parser()
-    args = parser.parse_args(join_negative_lists(argv))
+    args, unknown = parser.parse_known_args(join_negative_lists(argv))
+    if unknown:  # named by the subcommand's parser, so the error has its prefix
+        parser.subcommands.get(args.command, parser).error(
+            f"unrecognized arguments: {' '.join(unknown)}")
     if args.command is None:
         parser.print_help()
         return 2

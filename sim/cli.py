@@ -611,8 +611,10 @@ def _row_json(row: Row) -> dict:
 
 
 def render_table(rows: list[Row]) -> str:
-    """The verdict table: variant, topology, expected, got, schedules, states, time, minimal trace."""
-    header = ("variant", "topology", "expected", "got", "schedules", "states", "time", "min trace", "")
+    """The verdict table: variant, topology, expected, got, schedules, states, time, minimal
+    trace, and whether the row is as expected (status)."""
+    header = ("variant", "topology", "expected", "got", "schedules", "states", "time", "min trace",
+              "status")
     body = [(r.variant, r.topology, r.expected, r.got, str(r.stats.schedules), str(r.stats.actions),
              f"{r.stats.seconds:.2f}s", str(r.minimal_length or "-"), _status(r))
             for r in rows]

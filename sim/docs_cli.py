@@ -162,6 +162,8 @@ def run(args) -> int:
     if args.check:
         for path in stale:
             print(f"stale: {path}")
+        if not stale:
+            print("the generated docs are up to date")
         return 1 if stale else 0
     print(f"wrote {len(stale)} file(s)")
     return 0

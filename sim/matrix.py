@@ -73,8 +73,9 @@ def render_markdown(cells: list[Cell]) -> str:
         columns = list(dict.fromkeys((c.ranks, c.row.topology) for c in mine))
         names = list(dict.fromkeys(c.row.variant for c in mine))
         buckets, max_batch = BUCKET_SETS[name]
-        shown = ",".join(map(str, buckets)) if len(buckets) <= 8 else f"{len(buckets)} buckets"
-        out.append(f"### {name} (buckets {shown}; max batch {max_batch})\n")
+        shown = (f"buckets {','.join(map(str, buckets))}" if len(buckets) <= 8
+                 else f"{len(buckets)} buckets")
+        out.append(f"### {name} ({shown}; max batch {max_batch})\n")
         out.append("| variant | " + " | ".join(f"TP{r} {t}" for r, t in columns) + " |")
         out.append("|---" * (len(columns) + 1) + "|")
         for variant in names:

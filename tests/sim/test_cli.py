@@ -82,6 +82,20 @@ def test_bad_values_exit_2(argv, needle, capsys):
     assert needle in err and len(err.splitlines()) == 1
 
 
+@pytest.mark.parametrize("argv, prefix", [
+    (["check", "--bogus"], "lockstep check"),
+    (["make-model", "--preset", "tiny", "--out", "m", "--bogus"], "lockstep make-model"),
+    (["--bogus"], "lockstep"),
+])
+def test_an_unknown_option_is_named_by_its_subcommand(argv, prefix, capsys):
+    """It read 'lockstep: error:' whatever the subcommand, unlike every other error of it."""
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2
+    assert err[-1] == f"{prefix}: error: unrecognized arguments: --bogus"
+
+
 def test_replay_of_non_trace_json_exits_2(tmp_path, capsys):
     path = tmp_path / "x.json"
     path.write_text("[1, 2]")

@@ -63,3 +63,20 @@ def test_every_file_a_readme_command_names_is_shipped():
         if flag == "--replay" and any(path.startswith(d.rstrip("/") + "/") for d in written):
             continue
         assert (ROOT / path).is_file(), f"README: {flag} {path} names no shipped file"
+
+
+def test_docs_check_says_so_when_nothing_is_stale(tmp_path, monkeypatch, capsys):
+    """It printed nothing on success (a fresh user's finding), and names each stale file."""
+    import argparse
+
+    import sim.docs_cli as docs_cli
+
+    (tmp_path / "README.md").write_text("x")
+    fresh = tmp_path / "fresh.md"
+    fresh.write_text("same")
+    monkeypatch.setattr(docs_cli, "render", lambda root: {fresh: "same"})
+    assert docs_cli.run(argparse.Namespace(root=str(tmp_path), check=True)) == 0
+    assert capsys.readouterr().out.strip() == "the generated docs are up to date"
+    monkeypatch.setattr(docs_cli, "render", lambda root: {fresh: "changed"})
+    assert docs_cli.run(argparse.Namespace(root=str(tmp_path), check=True)) == 1
+    assert capsys.readouterr().out.strip() == f"stale: {fresh}"

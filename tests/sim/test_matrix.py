@@ -82,3 +82,4 @@ def test_markdown_has_a_table_per_bucket_set():
     cells = run_matrix([REGISTRY["single-warmup"]], SPEC, ranks=(2,), bucket_sets=tuple(BUCKET_SETS))
     text = render_markdown(cells)
     assert text.count("| variant |") == len(BUCKET_SETS) and "invariant:I5" in text
+    assert "(36 buckets; max batch 256)" in text and "buckets 36" not in text  # read twice
