@@ -16,6 +16,7 @@ import shlex
 import shutil
 import sys
 
+from engine.bench.flags import apply_workload_flags
 from engine.bench.options import BenchArgError, BenchOptions, parse_int_list, validate
 from engine.cli_args import seed as seed_arg
 from engine.presets import PRESETS
@@ -29,28 +30,33 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
     src.add_argument("--preset", choices=list(PRESETS),
                      help="random weights of a named Qwen3 shape, written to a temp dir")
     src.add_argument("--model", help="HF-layout Qwen3 directory")
-    p.add_argument("--batch-sizes", default="1,8,64,256",
-                   help="decode batch sizes, comma-separated (default 1,8,64,256)")
-    p.add_argument("--context-lens", default="128",
-                   help="cached tokens per row, comma-separated (default 128)")
+    p.add_argument("--batch-sizes", default=None,
+                   help="decode: batch sizes, comma-separated (default 1,8,64,256)")
+    p.add_argument("--context-lens", default=None,
+                   help="decode: cached tokens per row, comma-separated (default 128)")
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, help="GPUs (default 1)")
-    p.add_argument("--steps", type=int, default=200, help="timed steps per point (default 200)")
-    p.add_argument("--warmup", type=int, default=20, help="untimed steps first (default 20)")
-    p.add_argument("--no-graphs", action="store_true", help="skip the graph-replay path")
-    p.add_argument("--no-eager", action="store_true", help="skip the eager path")
-    p.add_argument("--no-capture-sweep", action="store_true",
-                   help="skip timing the capture of all 36 buckets")
-    p.add_argument("--decode-gemm", choices=["auto", "cublas"], default="auto",
-                   help="auto: Triton skinny GEMM where engine/kernels/skinny_gemm_table.json "
-                        "measured it faster (default); cublas: cuBLAS only (the A/B baseline)")
-    p.add_argument("--no-profile", action="store_true",
-                   help="skip the per-point kernel profile (kernels per step, weight-read "
+    p.add_argument("--steps", type=int, default=None,
+                   help="decode: timed steps per point (default 200)")
+    p.add_argument("--warmup", type=int, default=None,
+                   help="decode: untimed steps first (default 20)")
+    p.add_argument("--no-graphs", action="store_true", default=None,
+                   help="decode: skip the graph-replay path")
+    p.add_argument("--no-eager", action="store_true", default=None,
+                   help="decode: skip the eager path")
+    p.add_argument("--no-capture-sweep", action="store_true", default=None,
+                   help="decode: skip timing the capture of all 36 buckets")
+    p.add_argument("--decode-gemm", choices=["auto", "cublas"], default=None,
+                   help="decode: auto: Triton skinny GEMM where "
+                        "engine/kernels/skinny_gemm_table.json measured it faster (default); "
+                        "cublas: cuBLAS only (the A/B baseline)")
+    p.add_argument("--no-profile", action="store_true", default=None,
+                   help="decode: skip the per-point kernel profile (kernels per step, weight-read "
                         "bandwidth of each GEMM)")
     p.add_argument("--compare", choices=["hf"], default=None,
                    help="hf: also time HF StaticCache + torch.compile(mode='reduce-overhead') "
                         "(default: no comparison)")
     p.add_argument("--hf-batch-sizes", default=None,
-                   help="batch sizes for --compare hf (default: --batch-sizes); compiling "
+                   help="--compare hf: its batch sizes (default: --batch-sizes); compiling "
                         "takes ~40-90 s per shape")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
                    help="weights, activations and KV cache dtype (default bfloat16)")
@@ -59,19 +65,19 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
                    help="decode: time decode steps (default); throughput: serve workload W "
                         "(N requests, prompt and output lengths uniform in [100, 1024]) end to "
                         "end")
-    p.add_argument("--num-requests", "-n", type=int, default=256,
+    p.add_argument("--num-requests", "-n", type=int, default=None,
                    help="throughput: requests in workload W (default 256)")
-    p.add_argument("--max-batch", type=int, default=256,
+    p.add_argument("--max-batch", type=int, default=None,
                    help="throughput: decode slots (default 256)")
-    p.add_argument("--max-model-len", type=int, default=2048,
+    p.add_argument("--max-model-len", type=int, default=None,
                    help="throughput: longest prompt + output (default 2048)")
-    p.add_argument("--max-prefill-tokens", type=int, default=8192,
+    p.add_argument("--max-prefill-tokens", type=int, default=None,
                    help="throughput: prompt tokens prefilled per step (default 8192)")
-    p.add_argument("--temperature", type=float, default=0.6,
+    p.add_argument("--temperature", type=float, default=None,
                    help="throughput: temperature of the sampled run (default 0.6)")
-    p.add_argument("--top-p", type=float, default=0.95,
+    p.add_argument("--top-p", type=float, default=None,
                    help="throughput: top-p of the sampled run (default 0.95)")
-    p.add_argument("--no-decode-overlap", action="store_true",
+    p.add_argument("--no-decode-overlap", action="store_true", default=None,
                    help="--workload throughput: step-locked scheduling (default: overlapped "
                         "scheduling at -tp 1, each step built while the previous one runs)")
     p.add_argument("--json", dest="json_path", default=None,
@@ -83,7 +89,8 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
 
 
 def options_from_args(args: argparse.Namespace) -> BenchOptions:
-    """Build BenchOptions from parsed arguments. Raises BenchArgError (bad lists)."""
+    """Build BenchOptions from parsed arguments once `apply_workload_flags` has filled in the
+    defaults. Raises BenchArgError (bad lists)."""
     plot = args.plot_path
     if plot is None and args.json_path:
         plot = args.json_path.rsplit(".", 1)[0] + ".png"
@@ -157,12 +164,15 @@ def _model_dir(opts):
 
 def run(args: argparse.Namespace) -> int:
     """Check the arguments, measure, print the table; returns the exit status."""
+    try:
+        apply_workload_flags(args)
+    except BenchArgError as exc:
+        return _error(str(exc))
     if args.workload == "throughput":
         return run_throughput(args)
     try:
         opts = options_from_args(args)
         validate(opts)
-        check_throughput_args(args)  # unused by this workload, but a bad value is still named
     except BenchArgError as exc:
         return _error(str(exc))
     problem = _gpu_problem(opts.tensor_parallel_size)

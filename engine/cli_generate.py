@@ -137,7 +137,7 @@ def check_before_load(args: argparse.Namespace, params) -> None:
     from pathlib import Path
 
     from engine.config import load_model_config
-    from engine.errors import RequestError
+    from engine.errors import RequestError, tokens
 
     check_flags(args)
     cfg = load_model_config(args.model)
@@ -158,7 +158,7 @@ def check_before_load(args: argparse.Namespace, params) -> None:
         length = len(args.prompt_ids)
     limit = args.max_model_len if args.max_model_len is not None else min(cfg.max_position, 2048)
     if length + args.max_tokens > limit:
-        raise RequestError(f"prompt of {length} tokens + --max-tokens {args.max_tokens} exceeds "
+        raise RequestError(f"prompt of {tokens(length)} + --max-tokens {args.max_tokens} exceeds "
                            f"the max model length {limit}")
 
 

@@ -22,7 +22,8 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--seed", type=seed_arg, default=0, help="weight seed (default 0)")
     p.add_argument("--overwrite", action="store_true",
-                   help="write into a non-empty --out (model files there are replaced)")
+                   help="replace the model already in --out (a directory holding config.json); "
+                        "a non-empty directory without one is refused even so")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"],
                    help="storage dtype (default bfloat16)")
     p.set_defaults(run=run)
@@ -30,7 +31,11 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
 
 
 def _check_out(text: str, overwrite: bool = False) -> str | None:
-    """The reason ``text`` cannot be the output directory, or None; creates it if missing."""
+    """The reason ``text`` cannot be the output directory, or None; creates it if missing.
+
+    A non-empty directory must hold a model (a config.json), and is then replaced only with
+    ``overwrite``: a non-empty directory without one (``/``, ``/tmp``, a home directory) is
+    refused even with it, since the model files would be scattered among the user's files."""
     from pathlib import Path
 
     if not text.strip():
@@ -39,18 +44,16 @@ def _check_out(text: str, overwrite: bool = False) -> str | None:
     if path.exists() and not path.is_dir():
         return f"--out {text!r} exists and is not a directory"
     if path.is_dir() and any(path.iterdir()):
-        holds_model = (path / "config.json").is_file()
+        if not (path / "config.json").is_file():
+            return (f"--out {text!r} is not empty and holds no model (no config.json); "
+                    "choose a new or empty directory")
         if not overwrite:
-            if holds_model and not any(path.glob("*.safetensors")):
+            if not any(path.glob("*.safetensors")):
                 return (f"--out {text!r} holds a config.json but no weights (an interrupted "
                         "make-model?); pass --overwrite to write the model again")
-            if holds_model:
-                return (f"--out {text!r} already holds a model; pass --overwrite to replace it "
-                        "(its config and weight shards are rewritten)")
-            return (f"--out {text!r} is not empty and holds no model; pass --overwrite to write "
-                    "into it anyway")
-        if holds_model:
-            print(f"lockstep make-model: replacing the model directory {text!r}", file=sys.stderr)
+            return (f"--out {text!r} already holds a model; pass --overwrite to replace it "
+                    "(its config and weight shards are rewritten)")
+        print(f"lockstep make-model: replacing the model directory {text!r}", file=sys.stderr)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

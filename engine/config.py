@@ -10,9 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.config_json import read_config_json
 from engine.errors import ModelDirError, ParallelConfigError
-
-SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM",)
 
 
 @dataclass(frozen=True)
@@ -81,8 +80,9 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
 
     Raises:
         ModelDirError: the directory or config.json is missing or unreadable, the architecture
-            is not Qwen3ForCausalLM, a field is missing or out of range, or a setting asks for
-            arithmetic this engine does not implement (`_check_features`).
+            is not Qwen3ForCausalLM, a field is missing, of the wrong type or out of range
+            (`engine.config_json`, before transformers reads the file), or a setting asks for
+            arithmetic this engine does not implement (quantized weights, `_check_features`).
     """
     d = Path(model_dir)
     if not d.is_dir():
@@ -90,54 +90,50 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
     cfg_path = d / "config.json"
     if not cfg_path.is_file():
         raise ModelDirError(f"{cfg_path}: missing (is {str(d)!r} a Hugging Face model dir?)")
-    _require_shape_fields(cfg_path)
+    read_config_json(cfg_path)
     from transformers import AutoConfig
 
     try:
         hf = AutoConfig.from_pretrained(str(d))
     except Exception as exc:  # transformers raises several unrelated types here
-        one_line = " ".join(str(exc).split())
-        raise ModelDirError(f"{cfg_path}: cannot be read by transformers.AutoConfig: "
-                            f"{one_line}") from exc
-    archs = tuple(getattr(hf, "architectures", None) or ())
-    if not any(a in SUPPORTED_ARCHITECTURES for a in archs) or hf.model_type != "qwen3":
-        raise ModelDirError(
-            f"{cfg_path}: unsupported architecture {list(archs) or None} (model_type "
-            f"{hf.model_type!r}); this engine runs {list(SUPPORTED_ARCHITECTURES)} only")
+        raise ModelDirError(f"{cfg_path}: {_transformers_reason(exc)}") from exc
     _check_features(hf, cfg_path)
-    head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
     eos = _eos_ids(d, hf)
     cfg = ModelConfig(
         model_dir=str(d), hidden_size=hf.hidden_size, num_layers=hf.num_hidden_layers,
         num_q_heads=hf.num_attention_heads, num_kv_heads=hf.num_key_value_heads,
-        head_dim=head_dim, intermediate_size=hf.intermediate_size, vocab_size=hf.vocab_size,
+        head_dim=hf.head_dim, intermediate_size=hf.intermediate_size, vocab_size=hf.vocab_size,
         tie_word_embeddings=bool(hf.tie_word_embeddings), rope_theta=_rope_theta(hf, cfg_path),
         rms_norm_eps=float(hf.rms_norm_eps), max_position=int(hf.max_position_embeddings),
         torch_dtype=str(getattr(hf, "dtype", None) or getattr(hf, "torch_dtype", None)
                         or "bfloat16").replace("torch.", ""),
         eos_token_ids=eos,
     )
-    for field in ("hidden_size", "num_layers", "num_q_heads", "num_kv_heads", "head_dim",
-                  "intermediate_size", "vocab_size"):
-        v = getattr(cfg, field)
-        if not isinstance(v, int) or v <= 0:
-            raise ModelDirError(f"{cfg_path}: {field} = {v!r}, expected a positive integer")
-    _check_scalars(cfg, cfg_path)
+    _check_rope_theta(cfg, cfg_path)
     if cfg.num_q_heads % cfg.num_kv_heads:
         raise ModelDirError(f"{cfg_path}: num_attention_heads {cfg.num_q_heads} is not a "
                             f"multiple of num_key_value_heads {cfg.num_kv_heads}")
     return cfg
 
 
-STORAGE_DTYPES = ("float32", "bfloat16", "float16")
-"""Weight dtypes config.json may name: the loader reads floating-point tensors only."""
+def _transformers_reason(exc: Exception) -> str:
+    """transformers' error as one line; its type-check wording ("Validation error for field
+    'x': TypeError: Field 'x' expected bool, got str (value: 'yes')") as ``x = 'yes', expected
+    a bool``."""
+    import re
+
+    text = " ".join(str(exc).split())
+    m = re.search(r"Field '(\w+)' expected (\w+), got \w+ \(value: (.*)\)$", text)
+    if m:
+        return f"{m[1]} = {m[3]}, expected a {m[2]} (transformers.AutoConfig refuses it)"
+    return f"cannot be read by transformers.AutoConfig: {text}"
 
 
 def _check_features(hf, cfg_path: Path) -> None:
     """Refuse config.json settings that change the model's arithmetic in ways this engine does
     not implement (it would load and compute a different model, silently): an activation
-    other than SiLU, attention biases, sliding-window layers, or weights stored as anything
-    but a float dtype (quantized checkpoints). RoPE scaling is refused by `_rope_theta`.
+    other than SiLU, attention biases, sliding-window layers. RoPE scaling is refused by
+    `_rope_theta`, quantized or non-float weights by `engine.config_json`.
 
     Raises:
         ModelDirError: naming the field and its value.
@@ -156,48 +152,16 @@ def _check_features(hf, cfg_path: Path) -> None:
     if kinds:
         raise ModelDirError(f"{cfg_path}: layer_types holds {kinds}; this engine implements "
                             "'full_attention' layers only")
-    dtype = str(getattr(hf, "dtype", None) or getattr(hf, "torch_dtype", None)
-                or "bfloat16").replace("torch.", "")
-    if dtype not in STORAGE_DTYPES:
-        raise ModelDirError(f"{cfg_path}: dtype = {dtype!r}; this engine loads weights stored as "
-                            f"{', '.join(STORAGE_DTYPES)} only")
 
 
-def _check_scalars(cfg: ModelConfig, cfg_path: Path) -> None:
-    """The non-shape numbers a forward pass divides by or raises to a power: each must be in
-    range here, or the first token comes out NaN (a non-positive or NaN RoPE base, a negative or
-    non-finite norm epsilon) or every request is refused as too long (no positions)."""
+def _check_rope_theta(cfg: ModelConfig, cfg_path: Path) -> None:
+    """The RoPE base is divided by and raised to a power: a non-positive or NaN one makes the
+    first token NaN. (The other scalars are checked in `engine.config_json`.)"""
     import math
 
-    theta, eps, positions = cfg.rope_theta, cfg.rms_norm_eps, cfg.max_position
-    if not (math.isfinite(theta) and theta > 0):
-        raise ModelDirError(f"{cfg_path}: rope_theta = {theta!r}, expected a finite number > 0 "
-                            "(the RoPE base; Qwen3 uses 1000000.0)")
-    if not (math.isfinite(eps) and eps >= 0):
-        raise ModelDirError(f"{cfg_path}: rms_norm_eps = {eps!r}, expected a finite number >= 0 "
-                            "(Qwen3 uses 1e-06)")
-    if positions <= 0:
-        raise ModelDirError(f"{cfg_path}: max_position_embeddings = {positions!r}, expected a "
-                            "positive integer (the longest context in tokens)")
-
-
-SHAPE_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                "num_key_value_heads", "vocab_size")
-"""config.json fields that set tensor shapes: transformers fills in Qwen3 defaults for missing
-ones, which then surface as a confusing tensor-shape mismatch, so each must be present."""
-
-
-def _require_shape_fields(cfg_path: Path) -> None:
-    import json
-
-    try:
-        raw = json.loads(cfg_path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ModelDirError(f"{cfg_path}: not valid JSON: {exc}") from None
-    missing = [f for f in SHAPE_FIELDS if not isinstance(raw, dict) or f not in raw]
-    if missing:
-        raise ModelDirError(f"{cfg_path}: {', '.join(missing)} missing; the weights' shapes "
-                            "depend on it (transformers would silently use Qwen3 defaults)")
+    if not (math.isfinite(cfg.rope_theta) and cfg.rope_theta > 0):
+        raise ModelDirError(f"{cfg_path}: rope_theta = {cfg.rope_theta!r}, expected a finite "
+                            "number > 0 (the RoPE base; Qwen3 uses 1000000.0)")
 
 
 def _eos_ids(d: Path, hf) -> tuple[int, ...]:

@@ -38,6 +38,11 @@ class RankError(RuntimeError):
         self.detail = detail
 
 
+def tokens(n: int) -> str:
+    """``1 token``, ``3 tokens``: a token count as messages write it."""
+    return f"{n} token" if n == 1 else f"{n} tokens"
+
+
 def check_text(text: str, what: str) -> None:
     """Raises RequestError if ``text`` cannot be encoded as UTF-8 (a lone surrogate, such as
     Python makes of non-UTF-8 bytes on the command line), naming where; the tokenizer would

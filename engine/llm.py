@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from engine.errors import ModelDirError, RankError, RequestError, check_text
+from engine.errors import ModelDirError, RankError, RequestError, check_text, tokens
 from engine.sampling import SamplingParams, as_token_id
 from engine.engine_config import EngineConfig
 from engine.startup import StartupReport, StartupWatchdog
@@ -388,7 +388,7 @@ class LLM:
             raise RequestError("prompt is empty")
         total = len(prompt) + p.max_tokens
         if total > self.config.max_model_len:
-            raise RequestError(f"prompt of {len(prompt)} tokens + max_tokens {p.max_tokens} = "
+            raise RequestError(f"prompt of {tokens(len(prompt))} + max_tokens {p.max_tokens} = "
                                f"{total} exceeds max_model_len {self.config.max_model_len}")
 
     def shutdown(self) -> None:

@@ -1,4 +1,4 @@
-"""Benchmark options and their checks, before torch is imported or any GPU memory is touched.
+"""Benchmark options and their checks, before any GPU memory is touched.
 
 Every check raises `BenchArgError` with one line naming the bad value; the CLI prints it and
 exits with status 2.
@@ -76,24 +76,25 @@ def parse_int_list(text: str, name: str) -> list[int]:
 
 
 def model_shape(opts: BenchOptions) -> dict:
-    """The config dict of the preset or of `model`/config.json (read as JSON, no torch).
+    """The config dict of the preset or of `model`/config.json, the directory checked as
+    `lockstep generate` checks it (`engine.config.load_model_config`: transformers reads it).
 
     Raises:
-        BenchArgError: no such preset, directory or config.json, or it is unreadable.
+        BenchArgError: no such preset; the model directory's ModelDirError, in its words.
     """
     if opts.preset is not None:
         if opts.preset not in PRESETS:
             raise BenchArgError(f"--preset {opts.preset!r}: unknown; choose one of "
                                 f"{', '.join(PRESETS)}")
         return dict(PRESETS[opts.preset])
-    path = Path(opts.model) / "config.json"
-    if not Path(opts.model).is_dir():
-        raise BenchArgError(f"--model {opts.model!r}: not a directory")
+    from engine.config import load_model_config
+    from engine.errors import ModelDirError
+
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise BenchArgError(f"--model {opts.model!r}: cannot read config.json "
-                            f"({type(exc).__name__})") from None
+        cfg = load_model_config(opts.model)
+    except ModelDirError as exc:
+        raise BenchArgError(str(exc)) from None
+    return json.loads(cfg.config_path.read_text())
 
 
 def validate(opts: BenchOptions) -> dict:

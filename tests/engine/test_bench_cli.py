@@ -137,7 +137,7 @@ def test_report_prints_the_kernel_profile_of_each_point():
 def test_bad_throughput_argument_exits_2_before_cuda(argv, needle, workload, capsys,
                                                      monkeypatch):
     """With the decode workload too (found by a fresh user: `-n 0` or `--top-p 7` fell through
-    to the GPU check there, as if accepted)."""
+    to the GPU check there, as if accepted): there it is named as not applying."""
     import torch
 
     def boom(*a, **k):
@@ -147,6 +147,74 @@ def test_bad_throughput_argument_exits_2_before_cuda(argv, needle, workload, cap
     rc = main(["bench", "--preset", "tiny", "--workload", workload, *argv])
     err = capsys.readouterr().err
     assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1, err
+    if workload == "decode":
+        assert "applies to --workload throughput only" in err, err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--workload", "decode", "-n", "5"],
+     "--num-requests 5 applies to --workload throughput only (this run is --workload decode)"),
+    (["-n", "256"], "--num-requests 256 applies to --workload throughput only"),
+    (["--temperature", "0.6"], "--temperature 0.6 applies to --workload throughput only"),
+    (["--no-decode-overlap"], "--no-decode-overlap applies to --workload throughput only"),
+    (["--workload", "throughput", "--steps", "5"],
+     "--steps 5 applies to --workload decode only (this run is --workload throughput)"),
+    (["--workload", "throughput", "--batch-sizes", "1,8"],
+     "--batch-sizes '1,8' applies to --workload decode only"),
+    (["--workload", "throughput", "--decode-gemm", "cublas"],
+     "--decode-gemm 'cublas' applies to --workload decode only"),
+    (["--workload", "throughput", "--no-profile"], "--no-profile applies to --workload decode"),
+    (["--workload", "throughput", "--compare", "hf", "--hf-batch-sizes", "1"],
+     "--hf-batch-sizes '1' applies to --workload decode only"),
+    (["--hf-batch-sizes", "1,2"],
+     "--hf-batch-sizes '1,2' applies with --compare hf only; add --compare hf or drop it"),
+])
+def test_a_flag_the_run_would_ignore_is_refused_before_cuda(argv, message, capsys,
+                                                            monkeypatch):
+    """Found by a fresh user: `--hf-batch-sizes` without `--compare hf`, and `-n` with
+    `--workload decode`, were accepted and silently ignored."""
+    import torch
+
+    def boom(*a, **k):
+        raise AssertionError("touched CUDA before the argument checks")
+
+    monkeypatch.setattr(torch.cuda, "is_available", boom)
+    assert main(["bench", "--preset", "tiny", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"lockstep bench: error: {message}") and "\n" not in err, err
+
+
+@pytest.mark.parametrize("argv", [
+    ["--compare", "hf", "--hf-batch-sizes", "1", "--steps", "5", "--no-profile"],
+    ["--workload", "throughput", "-n", "4", "--top-p", "0.9", "--no-decode-overlap"],
+])
+def test_flags_of_the_chosen_workload_pass_to_the_gpu_check(argv, capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["bench", "--preset", "tiny", *argv]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def _broken_json(d):
+    (d / "config.json").write_text("{bad")
+
+
+def _no_config(d):
+    (d / "notes.txt").write_text("not a model")
+
+
+@pytest.mark.parametrize("make", [_no_config, _broken_json])
+def test_a_bad_model_dir_is_named_as_generate_names_it(make, tmp_path, capsys):
+    """Found by a fresh user: bench said "cannot read config.json (FileNotFoundError)" or
+    "(JSONDecodeError)", with no detail, where generate names the file and the reason."""
+    make(tmp_path)
+    assert main(["generate", "--model", str(tmp_path), "--prompt-ids", "1"]) == 2
+    generate = capsys.readouterr().err.strip()
+    assert main(["bench", "--model", str(tmp_path)]) == 2
+    bench = capsys.readouterr().err.strip()
+    assert generate.startswith("lockstep generate: error: ") and "\n" not in bench, bench
+    assert bench == generate.replace("lockstep generate", "lockstep bench")
 
 
 def test_throughput_tp_above_the_visible_gpus_is_one_line(capsys, monkeypatch):

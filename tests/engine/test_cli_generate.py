@@ -221,6 +221,15 @@ def test_a_text_prompt_too_long_is_refused_before_the_engine_starts(tiny_dir, ca
     assert len(err.splitlines()) == 1
 
 
+def test_a_one_token_prompt_too_long_is_named_in_the_singular(tiny_dir, capsys):
+    """Found by a fresh user: "prompt of 1 tokens"."""
+    assert main(["generate", "--model", str(tiny_dir), "--prompt-ids", "1",
+                 "--max-tokens", "2048"]) == 2
+    assert capsys.readouterr().err.strip() == ("lockstep generate: error: prompt of 1 token + "
+                                               "--max-tokens 2048 exceeds the max model length "
+                                               "2048")
+
+
 def test_an_empty_prompt_is_refused_before_the_model_config_is_read(tiny_dir, capsys,
                                                                    monkeypatch):
     """A fresh user waited for transformers' config import to hear that --prompt was empty."""

@@ -98,6 +98,7 @@ def test_stop_tokens_end_a_request(model):
 
 @pytest.mark.parametrize("prompt, params, fragment", [
     (list(range(90)), SamplingParams(max_tokens=10), "exceeds max_model_len 96"),
+    ([1], SamplingParams(max_tokens=96), "prompt of 1 token + max_tokens 96 = 97 exceeds"),
     ([1, 2], SamplingParams(temperature=-1.0), "temperature = -1.0"),
     ([1, 2], SamplingParams(max_tokens=0), "max_tokens = 0"),
     ([1, 2], SamplingParams(top_p=0.0), "top_p = 0.0"),

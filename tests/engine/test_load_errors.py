@@ -143,9 +143,10 @@ def test_weight_index_accepts_the_good_dir(tiny_dir):
 
 @pytest.mark.parametrize("field", ["hidden_size", "vocab_size", "intermediate_size",
                                    "num_hidden_layers", "num_attention_heads",
-                                   "num_key_value_heads"])
+                                   "num_key_value_heads", "head_dim"])
 def test_missing_shape_field_is_named_not_a_tensor_mismatch(model_copy, field):
-    """transformers fills in Qwen3 defaults for a missing field (issue 13, item 7)."""
+    """transformers fills in Qwen3 defaults for a missing field (issue 13, item 7; head_dim
+    defaults to 128 whatever the hidden size)."""
     cfg = json.loads((model_copy / "config.json").read_text())
     del cfg[field]
     (model_copy / "config.json").write_text(json.dumps(cfg))
@@ -230,12 +231,46 @@ def test_rope_scaling_is_refused_not_ignored(model_copy, scaling):
     ({"use_sliding_window": True, "sliding_window": 4}, "use_sliding_window = True"),
     ({"layer_types": ["sliding_attention", "full_attention"]}, "['sliding_attention']"),
     ({"dtype": "int8", "torch_dtype": "int8"}, "dtype = 'int8'"),
+    ({"torch_dtype": "int4"}, "torch_dtype = 'int4'"),
+    ({"dtype": "auto"}, "dtype = 'auto'"),
+    ({"quantization_config": {"quant_method": "awq", "bits": 4}},
+     "quantization_config (quant_method 'awq') asks for quantized weights"),
 ])
 def test_settings_the_engine_does_not_implement_are_refused_not_ignored(model_copy, fields,
                                                                         named):
     """Old behaviour (found by a fresh user): each of these loaded and generated the same
     tokens as the unmodified model, silently computing a different model than the config
-    names."""
+    names (a quantization_config, or a torch_dtype beside a float dtype, too)."""
     _edit_config(model_copy, **fields)
     msg = _rejects(model_copy, ModelDirError, "config.json", named)
     assert "\n" not in msg
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"vocab_size": 0}, "vocab_size = 0, expected a positive integer"),
+    ({"head_dim": 0}, "head_dim = 0, expected a positive integer"),
+    ({"num_attention_heads": 0}, "num_attention_heads = 0, expected a positive integer"),
+    ({"hidden_size": 64.0}, "hidden_size = 64.0, expected a positive integer"),
+    ({"head_dim": 7}, "head_dim = 7, expected an even number (RoPE rotates pairs"),
+    ({"model_type": "llama"}, "model_type = 'llama', expected 'qwen3'"),
+    ({"architectures": "Qwen3ForCausalLM"},
+     "unsupported architecture: architectures = 'Qwen3ForCausalLM'"),
+    ({"rms_norm_eps": 0}, "rms_norm_eps = 0 is an integer; expected a float such as 1e-06"),
+    ({"rms_norm_eps": None}, "rms_norm_eps = None, expected a finite number >= 0"),
+    ({"num_hidden_layers": 5},
+     "num_hidden_layers = 5 but layer_types lists 2 layers; expected one layer_types entry"),
+    ({"layer_types": "full_attention"}, "layer_types = 'full_attention', expected a list"),
+    ({"max_position_embeddings": 2048.0}, "max_position_embeddings = 2048.0, expected a "
+                                          "positive integer"),
+    ({"tie_word_embeddings": "yes"}, "tie_word_embeddings = 'yes', expected a bool"),
+])
+def test_a_broken_config_field_is_named_in_config_json(model_copy, fields, message):
+    """Found by a fresh user: vocab_size 0 was reported as generation_config.json's eos id
+    "not a token id in [0, 0)"; model_type 'llama' as "unsupported architecture
+    ['Qwen3ForCausalLM'] ... runs ['Qwen3ForCausalLM'] only"; the rest as transformers'
+    validator text ("expected float, got int", "must be equal to the number of
+    `layer_types`"), or (head_dim 0) not at all."""
+    _edit_config(model_copy, **fields)
+    msg = _rejects(model_copy, ModelDirError, message)
+    assert msg.startswith(f"{model_copy / 'config.json'}: ") and "\n" not in msg, msg
+    assert "transformers.AutoConfig:" not in msg and "generation_config" not in msg, msg

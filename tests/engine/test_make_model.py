@@ -125,10 +125,10 @@ def test_non_empty_out_needs_overwrite_and_seed_is_range_checked(tmp_path, capsy
     other = tmp_path / "notes"
     other.mkdir()
     (other / "todo.txt").write_text("keep me")
-    assert main(["make-model", "--preset", "tiny", "--out", str(other)]) == 2
-    assert "holds no model; pass --overwrite" in capsys.readouterr().err
-    assert (other / "todo.txt").read_text() == "keep me"
-    assert main(["make-model", "--preset", "tiny", "--out", str(other), "--overwrite"]) == 0
+    for extra in ([], ["--overwrite"]):  # --overwrite replaces a model, nothing else
+        assert main(["make-model", "--preset", "tiny", "--out", str(other), *extra]) == 2
+        assert "holds no model (no config.json)" in capsys.readouterr().err
+    assert [p.name for p in other.iterdir()] == ["todo.txt"]
     with pytest.raises(SystemExit) as info:
         main(["make-model", "--preset", "tiny", "--out", str(tmp_path / "n"), "--seed", str(10**20)])
     assert info.value.code == 2 and "outside [0, 2**63)" in capsys.readouterr().err
@@ -152,12 +152,43 @@ def test_replacing_a_model_leaves_no_stale_shard(tmp_path, capsys):
         assert llm.cfg.torch_dtype == "bfloat16"
 
 
-def test_unwritable_out_is_one_line(tmp_path, capsys):
+def test_unwritable_out_is_one_line(tmp_path, capsys, monkeypatch):
+    """An empty directory on a read-only mount (simulated: root may write anywhere else)."""
+    import errno
+    import tempfile
+
     from lockstep.cli import main
 
-    assert main(["make-model", "--preset", "tiny", "--out", "/proc/self", "--overwrite"]) == 2
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", read_only)
+    out = str(tmp_path / "m")
+    assert main(["make-model", "--preset", "tiny", "--out", out]) == 2
     err = capsys.readouterr().err.strip()
-    assert "--out '/proc/self' is not writable" in err and len(err.splitlines()) == 1
+    assert f"--out {out!r} is not writable: Read-only file system" in err
+    assert len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("out", ["/", "/tmp", "/proc/self", "notes"])
+def test_overwrite_never_writes_into_a_directory_that_holds_no_model(out, tmp_path, capsys,
+                                                                     monkeypatch):
+    """Found by a fresh user: `--out / --overwrite` (or /tmp) wrote the model's files into
+    /, among the system's, with exit status 0."""
+    import engine.model_dir
+
+    from lockstep.cli import main
+
+    monkeypatch.setattr(engine.model_dir, "write_model_dir",
+                        lambda *a, **k: pytest.fail(f"wrote a model into {out}"))
+    if out == "notes":
+        out = str(tmp_path / "notes")
+        (tmp_path / "notes").mkdir()
+        (tmp_path / "notes" / "todo.txt").write_text("keep me")
+    assert main(["make-model", "--preset", "tiny", "--out", out, "--overwrite"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"lockstep make-model: error: --out {out!r} is not empty and holds no model "
+                   "(no config.json); choose a new or empty directory")
 
 
 def test_write_failure_part_way_is_one_line(tmp_path, capsys, monkeypatch):

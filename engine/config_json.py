@@ -1,0 +1,115 @@
+"""Checks of config.json's raw fields, before `transformers.AutoConfig` reads the file.
+
+transformers fills in Qwen3 defaults for missing fields, ignores keys it has no use for
+(`quantization_config` on a Qwen3Config) and reports its own type and consistency checks in
+its own words ("expected float, got int"); each field the engine depends on is checked here
+first, so that the error names config.json, the field, its value and what is expected.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from engine.errors import ModelDirError
+
+SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM",)
+
+STORAGE_DTYPES = ("float32", "bfloat16", "float16")
+"""Weight dtypes config.json may name: the loader reads floating-point tensors only."""
+
+SHAPE_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "head_dim", "vocab_size")
+"""config.json fields that set tensor shapes: transformers fills in Qwen3 defaults for missing
+ones (head_dim 128 whatever the hidden size), which then surface as a confusing tensor-shape
+mismatch, so each must be present."""
+
+
+def read_config_json(cfg_path: Path) -> dict:
+    """The JSON object of ``cfg_path``, with every field the engine depends on checked.
+
+    Raises:
+        ModelDirError: not a JSON object; an architecture or model_type other than Qwen3's;
+            quantized or non-float weights; a shape field missing or not a positive integer;
+            an odd head_dim; layer_types of another length than num_hidden_layers; a
+            max_position_embeddings or rms_norm_eps of the wrong type or out of range.
+    """
+    try:
+        raw = json.loads(cfg_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelDirError(f"{cfg_path}: not valid JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ModelDirError(f"{cfg_path}: expected a JSON object, got {type(raw).__name__}")
+    _check_model_kind(raw, cfg_path)
+    _check_weight_dtype(raw, cfg_path)
+    _check_shapes(raw, cfg_path)
+    _check_scalars(raw, cfg_path)
+    return raw
+
+
+def _check_model_kind(raw: dict, cfg_path: Path) -> None:
+    archs = raw.get("architectures")
+    if not isinstance(archs, list) or not any(a in SUPPORTED_ARCHITECTURES for a in archs):
+        raise ModelDirError(f"{cfg_path}: unsupported architecture: architectures = {archs!r}; "
+                            f"this engine runs {' or '.join(SUPPORTED_ARCHITECTURES)} only")
+    if raw.get("model_type") != "qwen3":
+        raise ModelDirError(f"{cfg_path}: model_type = {raw.get('model_type')!r}, expected "
+                            "'qwen3' (the model_type of Qwen3ForCausalLM)")
+
+
+def _check_weight_dtype(raw: dict, cfg_path: Path) -> None:
+    quant = raw.get("quantization_config")
+    if quant is not None:
+        method = quant.get("quant_method") if isinstance(quant, dict) else quant
+        raise ModelDirError(f"{cfg_path}: quantization_config (quant_method {method!r}) asks "
+                            "for quantized weights; this engine loads weights stored as "
+                            f"{', '.join(STORAGE_DTYPES)} only")
+    for field in ("dtype", "torch_dtype"):  # transformers keeps one of them, the other unseen
+        value = raw.get(field)
+        if value is not None and str(value).replace("torch.", "") not in STORAGE_DTYPES:
+            raise ModelDirError(f"{cfg_path}: {field} = {value!r}; this engine loads weights "
+                                f"stored as {', '.join(STORAGE_DTYPES)} only")
+
+
+def _positive_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _check_shapes(raw: dict, cfg_path: Path) -> None:
+    missing = [f for f in SHAPE_FIELDS if f not in raw]
+    if missing:
+        raise ModelDirError(f"{cfg_path}: {', '.join(missing)} missing; the weights' shapes "
+                            "depend on it (transformers would silently use Qwen3 defaults)")
+    for field in SHAPE_FIELDS:
+        if not _positive_int(raw[field]):
+            raise ModelDirError(f"{cfg_path}: {field} = {raw[field]!r}, expected a positive "
+                                "integer")
+    if raw["head_dim"] % 2:
+        raise ModelDirError(f"{cfg_path}: head_dim = {raw['head_dim']}, expected an even number "
+                            "(RoPE rotates pairs of dimensions; Qwen3 uses 128)")
+    layers, kinds = raw["num_hidden_layers"], raw.get("layer_types")
+    if kinds is not None and not isinstance(kinds, list):
+        raise ModelDirError(f"{cfg_path}: layer_types = {kinds!r}, expected a list with one "
+                            "entry per layer")
+    if kinds is not None and len(kinds) != layers:
+        raise ModelDirError(f"{cfg_path}: num_hidden_layers = {layers} but layer_types lists "
+                            f"{len(kinds)} layers; expected one layer_types entry per layer")
+
+
+def _check_scalars(raw: dict, cfg_path: Path) -> None:
+    """max_position_embeddings (0 positions would refuse every request as too long) and
+    rms_norm_eps (a negative or non-finite epsilon makes the first token NaN; transformers
+    refuses an integer in its own words). rope_theta is checked in `engine.config`, where
+    rope_parameters and the top-level field are reconciled."""
+    if "max_position_embeddings" in raw and not _positive_int(raw["max_position_embeddings"]):
+        raise ModelDirError(f"{cfg_path}: max_position_embeddings = "
+                            f"{raw['max_position_embeddings']!r}, expected a positive integer "
+                            "(the longest context in tokens)")
+    eps = raw.get("rms_norm_eps", 1e-6)
+    if isinstance(eps, int) and not isinstance(eps, bool):
+        raise ModelDirError(f"{cfg_path}: rms_norm_eps = {eps!r} is an integer; expected a "
+                            "float such as 1e-06 (transformers reads only floats here)")
+    if not isinstance(eps, float) or not (math.isfinite(eps) and eps >= 0):
+        raise ModelDirError(f"{cfg_path}: rms_norm_eps = {eps!r}, expected a finite number >= 0 "
+                            "(Qwen3 uses 1e-06)")
