@@ -495,9 +495,9 @@ def _fewer_than_two_graph_buckets(sc: Scenario) -> str | None:
     buckets = _sweep_buckets(sc.with_(config=replace(sc.config, graph_batch_cap=None)))
     if len(buckets) < 2:
         captured = ",".join(map(str, _graph_buckets(sc)))
-        return (f"{len(buckets)} of the captured buckets ({captured}) hold at most max batch "
-                f"{sc.config.max_batch} rows; a cap that forbids some bucket while allowing "
-                "another needs two")
+        return (f"of the captured buckets ({captured}), {len(buckets)} hold(s) at most max "
+                f"batch {sc.config.max_batch} rows; a cap that forbids some bucket while "
+                "allowing another needs at least two")
     return None
 
 
