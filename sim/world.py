@@ -148,6 +148,7 @@ class World:
         self._performers = self.backend.performers
         self.device_model = DeviceModel(self)
         self._news = True  # something arrived that the controller has not looked at
+        self._controller_due = -FOREVER  # see `_due_time`
         self._sent: list[int] = []  # sequence numbers of the commands broadcast so far
         self._received: set[int] = set()  # ranks whose reply to the last command was delivered
         self._fitted_cap: int | None = None  # the batch cap AllocateKV gave every rank (I9)
@@ -160,8 +161,8 @@ class World:
         self._device_names = [f"device{r}" for r in range(self.ws)]
         # per rank, what `enabled` reads, in rank order (the lists themselves, never rebound)
         self._host_rows = tuple(zip(self.hosts, self._rank_names, self.devices))
-        self._link_rows = tuple(zip(self.transit, self._link_names))
         self._device_rows = tuple(zip(self.devices, self._device_names))
+        self._link_rows = tuple(zip(self.transit, self._link_names))
         self._stream_rows = tuple((dev.main, dev.side, name) for dev, name in self._device_rows)
         self._dispatch_table = {"controller": (self._step_controller, None),
                                 "collectives": (self.device_model.step_collective, None)}
@@ -199,19 +200,7 @@ class World:
         host threads, the links, the devices, the collectives."""
         if self.outcome is not None:
             return []
-        # `_controller_ready`, inlined: this runs once per action
-        ctrl = self.ctrl
-        if self._news or ctrl.current is None:
-            out = ["controller"]
-        else:
-            phase = ctrl.phase
-            if phase == "startup":
-                deadline = ctrl.watchdog.deadline
-                out = ["controller"] if deadline is not None and self.clock >= deadline else []
-            elif phase == "failed" or phase == "done":
-                out = ["controller"]
-            else:
-                out = ["controller"] if self.clock >= ctrl.step_deadline else []
+        out = ["controller"] if self.clock >= self._controller_due else []
         if self.faults or self.dead:
             for r, name in enumerate(self._rank_names):
                 host = self.hosts[r]
@@ -307,6 +296,7 @@ class World:
         if later:
             self.clock = min(later)
             self._news = True
+            self._controller_due = -FOREVER
             return
         verdict = "hang-at-exit" if self.exiting or self._in_teardown() else "hang"
         self.outcome = Outcome(verdict, explain_blocked(self), cycle=tuple(cycle or ()),
@@ -325,6 +315,25 @@ class World:
         if not self.arrivals and idle and not ctrl.closing:
             ctrl.shutdown()
 
+    def _due_time(self) -> float:
+        """When the controller can act next, as `enabled` reads it (``_controller_due``): -inf
+        when it can now whatever the clock (news, no command outstanding, failed or done),
+        else its startup watchdog's deadline or its step deadline (inf: not on its own).
+
+        Its inputs change only in the controller's own calls, which the world makes in
+        `_step_controller` (and `_deliver`, which ends in it), and with ``_news``; both
+        refresh it, so `enabled` asks the controller nothing per action."""
+        ctrl = self.ctrl
+        if self._news or ctrl.current is None:
+            return -FOREVER
+        phase = ctrl.phase
+        if phase == "startup":
+            deadline = ctrl.watchdog.deadline
+            return FOREVER if deadline is None else deadline
+        if phase == "failed" or phase == "done":
+            return -FOREVER
+        return ctrl.step_deadline
+
     def _controller_ready(self) -> bool:
         ctrl = self.ctrl
         if self._news or ctrl.current is None or ctrl.phase in ("failed", "done"):
@@ -335,6 +344,13 @@ class World:
         return self.clock >= ctrl.step_deadline
 
     def _step_controller(self) -> None:
+        try:
+            self._react()
+        finally:
+            self._controller_due = self._due_time()
+
+    def _react(self) -> None:
+        """The controller's action: what `next_action` answers, carried out."""
         ctrl = self.ctrl
         self._news = False
         while self._deaths and self._deaths[0][0] <= self.clock:
