@@ -309,6 +309,8 @@ class Worker:
                 payload = results[-1]
             case Teardown():
                 self.torn_down = True
+        if payload is None:
+            return _plain_reply(self.rank, command.seq)
         return Reply(rank=self.rank, seq=command.seq, ok=True, payload=payload)
 
     def fail(self, command: Command, error: BaseException) -> Reply:
@@ -346,3 +348,10 @@ def _capture_ops(key) -> tuple[Op, ...]:
 @lru_cache(maxsize=4096)
 def _launch_op(key) -> LaunchGraph:
     return LaunchGraph(key)
+
+
+@lru_cache(maxsize=4096)
+def _plain_reply(rank: int, seq: int) -> Reply:
+    """The successful reply without a payload (most of the sweep's): one frozen record per
+    (rank, seq), shared by every run."""
+    return Reply(rank=rank, seq=seq, ok=True)
