@@ -10,6 +10,7 @@ types are modelled by the handlers in its ``sim_ops``, keyed by the op class.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import lru_cache
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
@@ -72,6 +73,13 @@ ALWAYS_READY = (WarmupCollective, ProfileForward, GraphMemory, ReleaseSlot,
 
 
 _NBYTES = attrgetter("nbytes")
+
+
+@lru_cache(maxsize=4096)
+def _warmup_signature(nbytes: int) -> Signature:
+    """The warm-up all-reduce of ``nbytes`` bytes: one frozen record per size, for every rank
+    and run."""
+    return Signature("all-reduce", 1, nbytes, "warm-up")
 
 
 def _columns(rows) -> ReplayRows:
@@ -537,7 +545,7 @@ class ModelledBackend:
         if probe:
             return DONE
         self.world.connected[r].add(nbytes)
-        self.enqueue(r, Signature("all-reduce", 1, nbytes, "warm-up"))
+        self.enqueue(r, _warmup_signature(nbytes))
         return self.done(host)
 
     def profile_memory(self, r: int, host: Host, rows: int, probe: bool) -> int:
