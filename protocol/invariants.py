@@ -277,16 +277,23 @@ def check_trace(events: Sequence[TraceEvent],
                 "destroy_communicator": (i10,)}
     other_kinds = {"send": (i1, i6, i13), "reply": (i1, i13, i11), "receive": (i1,),
                    "watchdog-fire": (i6,)}
+    # an op's readers depend on its name and ok alone: worked out once per (name, ok), for
+    # the few names a trace holds
+    op_readers: dict[tuple[str, bool], tuple[list, ...]] = {}
     for e in events:
-        what = e.what
-        if e.kind == "op":
-            if what in _I11_OPS or what.startswith("run_eager"):
-                i11.append(e)
-            readers = done_ops.get(what, ()) if e.ok else ()
+        kind = e.kind
+        if kind == "op":
+            readers = op_readers.get((e.what, e.ok))
+            if readers is None:
+                what = e.what
+                readers = op_readers[(what, e.ok)] = (
+                    ((i11,) if what in _I11_OPS or what.startswith("run_eager") else ())
+                    + (done_ops.get(what, ()) if e.ok else ())
+                    + ((steps_and,) if what in _STEP_RECORD_REPLAY else ()))
         else:
-            readers = other_kinds.get(e.kind, ())
-        if what in _STEP_RECORD_REPLAY and e.kind in ("op", "send"):
-            steps_and.append(e)
+            readers = other_kinds.get(kind, ())
+            if kind == "send" and e.what in _STEP_RECORD_REPLAY:
+                steps_and.append(e)
         for reader in readers:
             reader.append(e)
     found = [check_i1_step_lock(i1, ranks),
