@@ -304,7 +304,13 @@ class DeviceModel:
         """Run the compute kernel at a stream head (or, H3 off, a lone collective)."""
         w = self.world
         dev = w.devices[r]
-        stream = dev.compute_head()
+        main, side = dev.main, dev.side  # `Device.compute_head`, inlined: once per device action
+        if main and not isinstance(main[0], Collective):
+            stream = main
+        elif side and not isinstance(side[0], Collective):
+            stream = side
+        else:
+            stream = None
         if stream is None:
             kernel = dev.collective_head().pop(0)
             dev.finish(kernel)

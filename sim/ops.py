@@ -94,6 +94,8 @@ def _columns(rows) -> ReplayRows:
         return ReplayRows((), (), ())
     last = rows[-1]
     first = rows.index(last)
+    if first == 0 and rows.count(last) == n:  # one row throughout (a sweep replay's padding)
+        return ReplayRows((last.token,) * n, (last.position,) * n, (last.slot,) * n)
     if rows.count(last) == n - first:  # every row from `first` on equals the last one
         head, run = rows[:first], n - first
         return ReplayRows(tuple([x.token for x in head]) + (last.token,) * run,
@@ -580,7 +582,7 @@ class ModelledBackend:
         self.alloc(r, nbytes, lambda: f"graph {key} (and its growth of the shared pool)")
         w.graph_pool[r] += growth
         buffers = w.devices[r].buffers
-        w.graphs[r][key] = Graph(key, nbytes, buffers=tuple(buffers[n].ref for n in CAPTURED))
+        w.graphs[r][key] = Graph(key, nbytes, buffers=tuple([buffers[n].ref for n in CAPTURED]))
         self.register(r, key, "tp", "all-reduce input")
         return self.done(host)
 

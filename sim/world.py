@@ -156,6 +156,7 @@ class World:
         self._deaths: list[tuple[float, int]] = []  # (when peers see it, rank), not yet signalled
         self._sync_after = () if self.hz.h6_async_host else ENQUEUING + tuple(
             t for t in self.variant.sim_ops if getattr(t, "enqueues", False))
+        self._ranks = list(range(self.ws))
         self._rank_names = [f"rank{r}" for r in range(self.ws)]
         self._link_names = [f"link{r}" for r in range(self.ws)]
         self._device_names = [f"device{r}" for r in range(self.ws)]
@@ -418,11 +419,11 @@ class World:
         the capture command and the rank) when they differ."""
         if not self._sent or self.ctrl.serving:
             return True
-        live = [r for r in range(self.ws) if r not in self.dead]
+        live = [r for r in range(self.ws) if r not in self.dead] if self.dead else self._ranks
         if not live:
             return True
         first = self.devices[live[0]].registered
-        if all(self.devices[r].registered == first for r in live[1:]):
+        if all([self.devices[r].registered == first for r in live[1:]]):
             return True  # equal tables count alike, whatever the graph sets (the usual case)
         # graphs some rank lacks are a captured-set difference, left to I3 at Finalize
         common = set(self.graphs[live[0]])
