@@ -216,8 +216,8 @@ class ReplayRows:
 
     def text(self) -> str:
         """``(slot, position, token)`` per row, for traces."""
-        return " ".join(f"({s},{p},{t})" for s, p, t in zip(self.slots, self.positions,
-                                                           self.tokens))
+        return " ".join([f"({s},{p},{t})" for s, p, t in zip(self.slots, self.positions,
+                                                            self.tokens)])
 
 
 @dataclass(frozen=True)

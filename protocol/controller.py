@@ -244,9 +244,14 @@ class Controller:
 
     def uncollected(self) -> tuple[int, ...]:
         """Ranks whose reply to the current command has not arrived, ascending."""
-        if self.current is None or len(self.replies) == self.world_size:
+        replies = self.replies
+        if self.current is None or len(replies) == self.world_size:
             return ()  # `on_reply` keeps one reply per rank of the world
-        return tuple([r for r in range(self.world_size) if r not in self.replies])
+        missing = []
+        for r in range(self.world_size):  # a loop, not a comprehension: after every reply
+            if r not in replies:
+                missing.append(r)
+        return tuple(missing)
 
     def on_reply(self, reply: Reply) -> None:
         """Take one rank's reply to the current command.

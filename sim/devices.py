@@ -339,7 +339,9 @@ class DeviceModel:
             case StepMark(seq=seq):
                 dev.marked = seq
             case GraphReplay(key=key, seq=seq, buffers=refs):
-                captured = {ref[0]: dev.allocations[ref].data for ref in refs}
+                captured = {}
+                for ref in refs:  # a loop, not a comprehension: once per replay
+                    captured[ref[0]] = dev.allocations[ref].data
                 rows = captured["replay-inputs"][:key.bucket]
                 self.decode(captured["kv"], captured["logits"], seq, rows)
             case PrefillKernel(seq=seq, admits=admits, chunk=chunk):

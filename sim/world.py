@@ -365,7 +365,8 @@ class World:
         self._note_watchdog(before)
         match action:
             case Broadcast(command=cmd):
-                early = [r for r in range(self.ws) if r not in self._received]
+                early = ([] if len(self._received) == self.ws else  # every reply delivered
+                         [r for r in range(self.ws) if r not in self._received])
                 if self._sent and early:
                     self.event("controller", "send", type(cmd).__name__, cmd.seq, None,
                                _cmd_detail(cmd))
@@ -423,7 +424,10 @@ class World:
         if not live:
             return True
         first = self.devices[live[0]].registered
-        if all([self.devices[r].registered == first for r in live[1:]]):
+        for r in live[1:]:
+            if self.devices[r].registered != first:
+                break
+        else:
             return True  # equal tables count alike, whatever the graph sets (the usual case)
         # graphs some rank lacks are a captured-set difference, left to I3 at Finalize
         common = set(self.graphs[live[0]])
