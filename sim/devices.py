@@ -180,7 +180,8 @@ def _padding_run(rows) -> int:
         return n
     last = rows[-1]
     start = rows.index(last)  # the first row equal to it; the run needs the very object
-    return start if all(map(is_, rows[start:], repeat(last))) else n - 1
+    tail = rows[start:] if start else rows  # no copy of a replay that is padding throughout
+    return start if all(map(is_, tail, repeat(last))) else n - 1
 
 
 @dataclass

@@ -161,7 +161,9 @@ class World:
         self._link_names = [f"link{r}" for r in range(self.ws)]
         self._device_names = [f"device{r}" for r in range(self.ws)]
         # per rank, what `enabled` reads, in rank order (the lists themselves, never rebound)
-        self._host_rows = tuple(zip(self.hosts, self._rank_names, self.devices))
+        self._host_rows = tuple(zip(range(self.ws), self.hosts, self._rank_names, self.devices))
+        self._readiness = self.backend.readiness
+        self._h3 = self.hz.h3_spinning_collectives
         self._device_rows = tuple(zip(self.devices, self._device_names))
         self._link_rows = tuple(zip(self.transit, self._link_names))
         self._stream_rows = tuple((dev.main, dev.side, name) for dev, name in self._device_rows)
@@ -208,9 +210,8 @@ class World:
                 if host.inbox if host.run is None else self._host_ready(r):
                     out.append(name)
         else:  # the common case, `_host_ready` inlined: no fault bookkeeping, nobody dead
-            attempt = self.backend.attempt
-            readiness = self.backend.readiness
-            for host, name, dev in self._host_rows:
+            readiness = self._readiness
+            for r, host, name, dev in self._host_rows:
                 run = host.run
                 if run is None:
                     if host.inbox:
@@ -225,13 +226,13 @@ class World:
                     out.append(name)
                 else:
                     ready = readiness.get(cls)  # the sweep's ops, without `attempt`'s dispatch
-                    if (ready(host.rank, host, op) if ready is not None
-                            else attempt(host.rank, host, op, True) != BLOCKED):
+                    if (ready(r, host, op) if ready is not None
+                            else self.backend.attempt(r, host, op, True) != BLOCKED):
                         out.append(name)
         for transit, name in self._link_rows:
             if transit:
                 out.append(name)
-        h3 = self.hz.h3_spinning_collectives
+        h3 = self._h3
         any_collective = False
         for main, side, name in self._stream_rows:
             # a device runs when a stream's head is a compute kernel, or (H3 off) any head
