@@ -20,6 +20,20 @@ from typing import Any, ClassVar
 from protocol.commands import Admit, Chunk, Step
 from protocol.errors import ProtocolError
 from protocol.keys import GraphKey
+from protocol.trace import describe_args
+
+
+class _Described:
+    """`Op.described`: computed on first use and kept on the op, whose instance attribute then
+    shadows this (non-data) descriptor. Ops are frozen records, and the startup sweep's are
+    built once per graph key and shared by every rank and run (`protocol.worker`), so most
+    ops are described once, not once per trace event."""
+
+    def __get__(self, op: "Op | None", owner: type | None = None):
+        if op is None:
+            return self
+        text = op.__dict__["described"] = describe_args(op.args)
+        return text
 
 
 @dataclass(frozen=True)
@@ -32,6 +46,9 @@ class Op:
     """
 
     name: ClassVar[str] = "op"
+
+    described: ClassVar[str] = _Described()
+    """The op's arguments as its trace events show them (`protocol.trace.describe_args`)."""
 
     @property
     def args(self) -> tuple[Any, ...]:
@@ -199,8 +216,8 @@ class ReplayRows:
 
     def text(self) -> str:
         """``(slot, position, token)`` per row, for traces."""
-        return " ".join(f"({s},{p},{t})" for s, p, t in zip(self.slots, self.positions,
-                                                           self.tokens))
+        return " ".join([f"({s},{p},{t})" for s, p, t in zip(self.slots, self.positions,
+                                                            self.tokens)])
 
 
 @dataclass(frozen=True)

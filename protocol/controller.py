@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import lru_cache
 from itertools import repeat
 from typing import Any
 
@@ -93,6 +94,12 @@ class Done:
 
 
 Action = Broadcast | Wait | Idle | Abort | Done
+
+
+@lru_cache(maxsize=1024)
+def _wait(ranks: tuple[int, ...]) -> Wait:
+    """`Wait` for ``ranks``: one frozen record per set of ranks (a driver asks after every reply)."""
+    return Wait(ranks)
 
 
 @dataclass
@@ -219,7 +226,7 @@ class Controller:
                 f"{', '.join(map(str, uncollected))}", (), uncollected, {},
                 step=self.current.seq, kind="timeout"))
         if uncollected:
-            return Wait(uncollected)
+            return _wait(uncollected)
         if self.current is not None:
             error = self._absorb(self.current, self.replies)
             self.current = None
@@ -237,9 +244,14 @@ class Controller:
 
     def uncollected(self) -> tuple[int, ...]:
         """Ranks whose reply to the current command has not arrived, ascending."""
-        if self.current is None:
-            return ()
-        return tuple(r for r in range(self.world_size) if r not in self.replies)
+        replies = self.replies
+        if self.current is None or len(replies) == self.world_size:
+            return ()  # `on_reply` keeps one reply per rank of the world
+        missing = []
+        for r in range(self.world_size):  # a loop, not a comprehension: after every reply
+            if r not in replies:
+                missing.append(r)
+        return tuple(missing)
 
     def on_reply(self, reply: Reply) -> None:
         """Take one rank's reply to the current command.

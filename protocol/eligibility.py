@@ -40,6 +40,10 @@ class GraphPlan:
     batch_cap: int | None = None
     paths: tuple[str, ...] = (DECODE,)
 
+    def __post_init__(self) -> None:
+        # asked for at every command of the sweep: kept on the plan, not looked up by its hash
+        object.__setattr__(self, "_keys", _keys(self))
+
     @classmethod
     def from_config(cls, config: ProtocolConfig) -> "GraphPlan":
         """Plan before memory is known: buckets up to max_batch and the numeric policy's cap."""
@@ -66,7 +70,7 @@ class GraphPlan:
 
     def keys(self) -> tuple[GraphKey, ...]:
         """Eligible keys in capture order: largest bucket first, so later graphs reuse its pool."""
-        return _keys(self)
+        return self._keys
 
     def require_eligible(self, key: GraphKey, what: str) -> None:
         """Raise EligibilityError if ``key`` is not eligible; ``what`` names the request."""

@@ -15,7 +15,7 @@ from typing import Any
 from protocol.backend import SYNC, AwaitStep, Backend, Op, ReadTokens, ReplayRows, perform
 from protocol.commands import Command, Reply, Step
 from protocol.errors import ProtocolError
-from protocol.trace import TraceEvent, describe_args
+from protocol.trace import TraceEvent
 
 _tuple_new = tuple.__new__
 
@@ -82,7 +82,7 @@ class CommandRun:
                 data = (op.seq,)
             # `_event`, inlined: one event per op
             self._record(_tuple_new(TraceEvent, (self._actor, "op", op.name, self.command.seq,
-                                                 self.worker.rank, describe_args(op.args), True,
+                                                 self.worker.rank, op.described, True,
                                                  self._clock(), data)))
         if self._extra_sync:
             self._extra_sync = False
@@ -103,7 +103,7 @@ class CommandRun:
         """The current op raised ``error``: the worker is poisoned and replies with the error."""
         op = self.op
         if op is not None:
-            self._event("op", op.name, f"{describe_args(op.args)}: {error}", False)
+            self._event("op", op.name, f"{op.described}: {error}", False)
         return self._finish(self.worker.fail(self.command, error))
 
     def _complete(self) -> None:

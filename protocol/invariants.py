@@ -48,7 +48,7 @@ def _ranks(events: Sequence[TraceEvent]) -> list[int]:
     return sorted(ranks)
 
 
-_ACTOR, _RANK = attrgetter("actor"), attrgetter("rank")
+_ACTOR, _RANK, _KIND = attrgetter("actor"), attrgetter("rank"), attrgetter("kind")
 
 
 def check_i1_step_lock(events: Sequence[TraceEvent],
@@ -56,19 +56,20 @@ def check_i1_step_lock(events: Sequence[TraceEvent],
     """I1: command N+1 is sent only after every rank replied to N. ``ranks``: the ranks of
     the whole trace, when ``events`` holds only some of its events (`check_trace`)."""
     ranks = _ranks(events) if ranks is None else ranks
-    held = "receive" if any(e.kind == "receive" for e in events) else "reply"
-    outstanding: dict[int, set[int]] = {}
+    held = "receive" if "receive" in map(_KIND, events) else "reply"
+    # the last command sent (if any was), and the ranks whose reply to it is not held yet
+    sent, seq, waiting = False, None, set()
     for e in events:
-        if e.kind == "send":
-            for seq, waiting in outstanding.items():
-                if waiting:
-                    return Violation("I1", f"command {e.seq} ({e.what}) was sent while the "
-                                           f"controller held no reply from rank(s) "
-                                           f"{sorted(waiting)} to command {seq}",
-                                     min(waiting), e.seq)
-            outstanding = {e.seq: set(ranks)}
-        elif e.kind == held and e.seq in outstanding:
-            outstanding[e.seq].discard(e.rank)
+        kind = e.kind
+        if kind == "send":
+            if waiting:
+                return Violation("I1", f"command {e.seq} ({e.what}) was sent while the "
+                                       f"controller held no reply from rank(s) "
+                                       f"{sorted(waiting)} to command {seq}",
+                                 min(waiting), e.seq)
+            sent, seq, waiting = True, e.seq, set(ranks)
+        elif kind == held and sent and e.seq == seq:
+            waiting.discard(e.rank)
     return None
 
 
@@ -88,17 +89,21 @@ def check_i4_capture_barrier(events: Sequence[TraceEvent],
                              ranks: Sequence[int] | None = None) -> Violation | None:
     """I4: no rank launches a graph for the first time before every rank uploaded it.
     ``ranks``: as for `check_i1_step_lock`."""
-    ranks = _ranks(events) if ranks is None else ranks
+    every = set(_ranks(events) if ranks is None else ranks)
     uploaded: dict[str, set[int]] = {}
     launched: set[tuple[int, str]] = set()
     for e in events:
         if e.kind != "op" or not e.ok:
             continue
-        if e.what == "upload":
-            uploaded.setdefault(e.detail, set()).add(e.rank)
-        elif e.what == "launch" and (e.rank, e.detail) not in launched:
-            launched.add((e.rank, e.detail))
-            missing = set(ranks) - uploaded.get(e.detail, set())
+        what = e.what
+        if what == "upload":
+            ranks_done = uploaded.get(e.detail)
+            if ranks_done is None:
+                ranks_done = uploaded[e.detail] = set()
+            ranks_done.add(e.rank)
+        elif what == "launch" and (first := (e.rank, e.detail)) not in launched:
+            launched.add(first)
+            missing = every - uploaded.get(e.detail, _NONE)
             if missing:
                 return Violation("I4", f"rank {e.rank} launched graph {e.detail} (command {e.seq}) before "
                               f"rank(s) {sorted(missing)} had uploaded it", e.rank, e.seq)
@@ -115,12 +120,13 @@ def check_i5_warmup(events: Sequence[TraceEvent],
     for e in events:
         if e.kind != "op" or not e.ok:
             continue
-        if e.what == "warmup_collective":
+        what = e.what
+        if what == "warmup_collective":
             done = warmed.get(e.rank)
             if done is None:
                 done = warmed[e.rank] = set()
             done.add(int(e.detail))
-        elif e.what == "record":
+        elif what == "record":
             size = sizes.get(e.detail)
             if size is None:
                 size = sizes[e.detail] = allreduce_bytes(int(e.detail.rsplit("@", 1)[1]))
@@ -149,11 +155,15 @@ def check_i9_reserve_before_kv(events: Sequence[TraceEvent]) -> Violation | None
     for e in events:
         if e.kind != "op" or not e.ok:
             continue
-        if e.what == "allocate_kv":
+        what = e.what
+        if what == "allocate_kv":
             kv_done.add(e.rank)
-        elif e.what == "record" and e.rank not in kv_done:
-            measured.setdefault(e.rank, set()).add(e.detail)
-        elif e.what == "upload" and e.rank in kv_done and e.detail not in measured.get(e.rank, set()):
+        elif what == "record" and e.rank not in kv_done:
+            keys = measured.get(e.rank)
+            if keys is None:
+                keys = measured[e.rank] = set()
+            keys.add(e.detail)
+        elif what == "upload" and e.rank in kv_done and e.detail not in measured.get(e.rank, _NONE):
             return Violation("I9", f"rank {e.rank} captured graph {e.detail} whose memory was not reserved "
                           "before the KV cache was sized", e.rank, e.seq)
     return None
@@ -187,14 +197,14 @@ def check_i11_reply_after_sync(events: Sequence[TraceEvent]) -> Violation | None
         kind = e.kind
         if kind == "op" and e.ok:
             what = e.what
-            if what in _ENQUEUING or what.startswith("run_eager"):
+            if what == "synchronize":  # the most frequent, and in neither set below
+                loose.pop(e.rank, None)
+                marked.pop(e.rank, None)
+            elif what in _ENQUEUING or what.startswith("run_eager"):
                 work = loose.get(e.rank)
                 if work is None:
                     work = loose[e.rank] = {}
                 work[e.seq] = what
-            elif what == "synchronize":
-                loose.pop(e.rank, None)
-                marked.pop(e.rank, None)
             elif what == "mark_step":
                 work = loose.pop(e.rank, {})
                 marked.setdefault(e.rank, {})[e.seq] = next(reversed(work.values()), "mark_step")
@@ -277,16 +287,23 @@ def check_trace(events: Sequence[TraceEvent],
                 "destroy_communicator": (i10,)}
     other_kinds = {"send": (i1, i6, i13), "reply": (i1, i13, i11), "receive": (i1,),
                    "watchdog-fire": (i6,)}
+    # an op's readers depend on its name and ok alone: worked out once per (name, ok), for
+    # the few names a trace holds
+    op_readers: dict[tuple[str, bool], tuple[list, ...]] = {}
     for e in events:
-        what = e.what
-        if e.kind == "op":
-            if what in _I11_OPS or what.startswith("run_eager"):
-                i11.append(e)
-            readers = done_ops.get(what, ()) if e.ok else ()
+        kind = e.kind
+        if kind == "op":
+            readers = op_readers.get((e.what, e.ok))
+            if readers is None:
+                what = e.what
+                readers = op_readers[(what, e.ok)] = (
+                    ((i11,) if what in _I11_OPS or what.startswith("run_eager") else ())
+                    + (done_ops.get(what, ()) if e.ok else ())
+                    + ((steps_and,) if what in _STEP_RECORD_REPLAY else ()))
         else:
-            readers = other_kinds.get(e.kind, ())
-        if what in _STEP_RECORD_REPLAY and e.kind in ("op", "send"):
-            steps_and.append(e)
+            readers = other_kinds.get(kind, ())
+            if kind == "send" and e.what in _STEP_RECORD_REPLAY:
+                steps_and.append(e)
         for reader in readers:
             reader.append(e)
     found = [check_i1_step_lock(i1, ranks),

@@ -11,6 +11,7 @@ later command but `Teardown`, so no rank goes on to the next collective alone (I
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import Any
 
 from protocol.backend import (
@@ -136,16 +137,16 @@ class Worker:
         raise ProtocolError(f"rank {self.rank} has no handler for {type(command).__name__}")
 
     def _ops_warmup(self, command: Warmup) -> list[Op]:
-        return [WarmupCollective(n) for n in command.sizes] + [SYNC]
+        return list(_warmup_ops(tuple(command.sizes)))
 
     def _ops_profilememory(self, command: ProfileMemory) -> list[Op]:
         return [ProfileForward(command.rows), SYNC]
 
     def _ops_measuregraphs(self, command: MeasureGraphs) -> list[Op]:
-        ops: list[Op] = [GraphMemory()]
+        ops: list[Op] = [GRAPH_MEMORY]
         for key in command.keys:
             self.plan.require_eligible(key, "memory measurement")
-            ops += [Record(key), Instantiate(key), GraphMemory()]
+            ops += _measure_ops(key)
         return ops + [FreeGraphs(), SYNC]
 
     def _ops_allocatekv(self, command: AllocateKV) -> list[Op]:
@@ -156,17 +157,16 @@ class Worker:
             raise EligibilityError(f"rank {self.rank}: capture of {command.key} after startup; "
                                    "serving under TP never captures (I3)")
         self.plan.require_eligible(command.key, "capture")
-        return [Record(command.key), Instantiate(command.key),
-                Upload(command.key), SYNC]
+        return list(_capture_ops(command.key))
 
     def _ops_launch(self, command: Launch) -> list[Op]:
         if command.key not in self.uploaded:
             raise EligibilityError(f"rank {self.rank}: launch of {command.key}, which was not "
                                    "recorded, instantiated and uploaded (I4)")
-        return [LaunchGraph(command.key), SYNC]
+        return [_launch_op(command.key), SYNC]
 
     def _ops_finalize(self, command: Finalize) -> list[Op]:
-        return [GraphMemory(), SYNC]
+        return [GRAPH_MEMORY, SYNC]
 
     def _ops_step(self, step: Step) -> list[Op]:
         ops = self.apply_slot_changes(step)
@@ -277,7 +277,7 @@ class Worker:
         if step.key not in self.captured:
             raise EligibilityError(f"rank {self.rank}: decode step {step.seq} asks to replay "
                                    f"{step.key}, which was not captured at startup (I3)")
-        return [PrepareReplay(step), LaunchGraph(step.key)]
+        return [PrepareReplay(step), _launch_op(step.key)]
 
     # -- results to replies -------------------------------------------------------------------
 
@@ -309,6 +309,8 @@ class Worker:
                 payload = results[-1]
             case Teardown():
                 self.torn_down = True
+        if payload is None:
+            return _plain_reply(self.rank, command.seq)
         return Reply(rank=self.rank, seq=command.seq, ok=True, payload=payload)
 
     def fail(self, command: Command, error: BaseException) -> Reply:
@@ -321,3 +323,35 @@ class Worker:
     def _ops_teardown(self, command: Teardown) -> list[Op]:
         self.in_flight = None
         return [SYNC, FreeGraphs(), DestroyCommunicator()]
+
+
+# The startup sweep's ops depend on the graph key (or the warm-up sizes) alone: frozen records,
+# built once and shared by every rank and run, so that each is described once (`Op.described`)
+GRAPH_MEMORY = GraphMemory()
+
+
+@lru_cache(maxsize=4096)
+def _warmup_ops(sizes: tuple[int, ...]) -> tuple[Op, ...]:
+    return tuple(WarmupCollective(n) for n in sizes) + (SYNC,)
+
+
+@lru_cache(maxsize=4096)
+def _measure_ops(key) -> tuple[Op, ...]:
+    return Record(key), Instantiate(key), GRAPH_MEMORY
+
+
+@lru_cache(maxsize=4096)
+def _capture_ops(key) -> tuple[Op, ...]:
+    return Record(key), Instantiate(key), Upload(key), SYNC
+
+
+@lru_cache(maxsize=4096)
+def _launch_op(key) -> LaunchGraph:
+    return LaunchGraph(key)
+
+
+@lru_cache(maxsize=4096)
+def _plain_reply(rank: int, seq: int) -> Reply:
+    """The successful reply without a payload (most of the sweep's): one frozen record per
+    (rank, seq), shared by every run."""
+    return Reply(rank=rank, seq=seq, ok=True)

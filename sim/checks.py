@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from protocol.commands import DecodeRows
 from protocol.errors import ProtocolError, RankFailure, StartupRefused, WatchdogExpired
 from protocol.invariants import check_trace
 from sim.common import Outcome
@@ -124,7 +125,10 @@ def _dropped_requests(world, error: ProtocolError) -> Outcome | None:
 
 def slot_divergence(world, rank: int, step) -> Outcome | None:
     """After rank ``rank`` ran ``step``: its slot map must equal the scheduler's (I8)."""
-    want = {row.slot: row.request_id for row in step.rows}
+    rows = step.rows
+    # row i holds slot i: the columns give the map without a `DecodeRow` per row
+    want = (dict(enumerate(rows.request_ids)) if rows.__class__ is DecodeRows
+            else {row.slot: row.request_id for row in rows})
     want.update({a.slot: a.request_id for a in step.admits})
     if step.chunk is not None:  # the request in chunked prefill holds the chunk slot
         want[step.chunk.slot] = step.chunk.request_id
@@ -145,6 +149,8 @@ def page_divergence(world, rank: int, step) -> Outcome | None:
     """After rank ``rank`` ran ``step``: its KV page tables must equal the controller's (I14)."""
     pool, pages = world.ctrl.pool, world.workers[rank].pages
     if pool is None or pages is None:
+        return None
+    if pool.tables == pages.tables:  # equal as they are: equal as lists too (the usual case)
         return None
     want = {r: list(p) for r, p in pool.tables.items()}
     got = {r: list(p) for r, p in pages.tables.items()}

@@ -180,7 +180,8 @@ def _padding_run(rows) -> int:
         return n
     last = rows[-1]
     start = rows.index(last)  # the first row equal to it; the run needs the very object
-    return start if all(map(is_, rows[start:], repeat(last))) else n - 1
+    tail = rows[start:] if start else rows  # no copy of a replay that is padding throughout
+    return start if all(map(is_, tail, repeat(last))) else n - 1
 
 
 @dataclass
@@ -304,7 +305,13 @@ class DeviceModel:
         """Run the compute kernel at a stream head (or, H3 off, a lone collective)."""
         w = self.world
         dev = w.devices[r]
-        stream = dev.compute_head()
+        main, side = dev.main, dev.side  # `Device.compute_head`, inlined: once per device action
+        if main and not isinstance(main[0], Collective):
+            stream = main
+        elif side and not isinstance(side[0], Collective):
+            stream = side
+        else:
+            stream = None
         if stream is None:
             kernel = dev.collective_head().pop(0)
             dev.finish(kernel)
@@ -333,7 +340,9 @@ class DeviceModel:
             case StepMark(seq=seq):
                 dev.marked = seq
             case GraphReplay(key=key, seq=seq, buffers=refs):
-                captured = {ref[0]: dev.allocations[ref].data for ref in refs}
+                captured = {}
+                for ref in refs:  # a loop, not a comprehension: once per replay
+                    captured[ref[0]] = dev.allocations[ref].data
                 rows = captured["replay-inputs"][:key.bucket]
                 self.decode(captured["kv"], captured["logits"], seq, rows)
             case PrefillKernel(seq=seq, admits=admits, chunk=chunk):

@@ -10,6 +10,7 @@ types are modelled by the handlers in its ``sim_ops``, keyed by the op class.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import lru_cache
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
@@ -74,6 +75,29 @@ ALWAYS_READY = (WarmupCollective, ProfileForward, GraphMemory, ReleaseSlot,
 _NBYTES = attrgetter("nbytes")
 
 
+@lru_cache(maxsize=4096)
+def _graph_collectives(shape, key: GraphKey) -> tuple[tuple[Signature, bool], ...]:
+    """What a replay of the default graph of ``key`` issues: its all-reduces, on the main
+    stream (one frozen record per model shape and key, for every rank and run)."""
+    sig = Signature("all-reduce", shape.allreduces_per_step, shape.allreduce_bytes(key.bucket),
+                    f"graph {key}", mode="graph")
+    return ((sig, False),)
+
+
+@lru_cache(maxsize=4096)
+def _uniform_columns(token: int, position: int, slot: int, n: int) -> ReplayRows:
+    """`ReplayRows` of ``n`` equal rows (every sweep replay reads padding only): immutable and
+    fixed by the row's fields, so one record per (row, count) serves every rank and run."""
+    return ReplayRows((token,) * n, (position,) * n, (slot,) * n)
+
+
+@lru_cache(maxsize=4096)
+def _warmup_signature(nbytes: int) -> Signature:
+    """The warm-up all-reduce of ``nbytes`` bytes: one frozen record per size, for every rank
+    and run."""
+    return Signature("all-reduce", 1, nbytes, "warm-up")
+
+
 def _columns(rows) -> ReplayRows:
     """`ReplayRows` of a list or tuple of `DecodeRow`s: tokens, positions and slots.
 
@@ -86,6 +110,8 @@ def _columns(rows) -> ReplayRows:
         return ReplayRows((), (), ())
     last = rows[-1]
     first = rows.index(last)
+    if first == 0 and rows.count(last) == n:  # one row throughout (a sweep replay's padding)
+        return _uniform_columns(last.token, last.position, last.slot, n)
     if rows.count(last) == n - first:  # every row from `first` on equals the last one
         head, run = rows[:first], n - first
         return ReplayRows(tuple([x.token for x in head]) + (last.token,) * run,
@@ -537,7 +563,7 @@ class ModelledBackend:
         if probe:
             return DONE
         self.world.connected[r].add(nbytes)
-        self.enqueue(r, Signature("all-reduce", 1, nbytes, "warm-up"))
+        self.enqueue(r, _warmup_signature(nbytes))
         return self.done(host)
 
     def profile_memory(self, r: int, host: Host, rows: int, probe: bool) -> int:
@@ -572,7 +598,7 @@ class ModelledBackend:
         self.alloc(r, nbytes, lambda: f"graph {key} (and its growth of the shared pool)")
         w.graph_pool[r] += growth
         buffers = w.devices[r].buffers
-        w.graphs[r][key] = Graph(key, nbytes, buffers=tuple(buffers[n].ref for n in CAPTURED))
+        w.graphs[r][key] = Graph(key, nbytes, buffers=tuple([buffers[n].ref for n in CAPTURED]))
         self.register(r, key, "tp", "all-reduce input")
         return self.done(host)
 
@@ -594,10 +620,8 @@ class ModelledBackend:
     def launch(self, r: int, host: Host, key: GraphKey, probe: bool) -> int:
         collectives = self._graph_collectives.get(key)
         if collectives is None:  # one frozen record per key: the same for every launch of it
-            shape = self.world.config.shape
-            sig = Signature("all-reduce", shape.allreduces_per_step,
-                            shape.allreduce_bytes(key.bucket), f"graph {key}", mode="graph")
-            collectives = self._graph_collectives[key] = ((sig, False),)
+            collectives = self._graph_collectives[key] = _graph_collectives(
+                self.world.config.shape, key)
         return self.launch_with(r, host, key, probe, collectives)
 
     def launch_with(self, r: int, host: Host, key: GraphKey, probe: bool,

@@ -45,7 +45,9 @@ class PagedKV:
     def write(self, slot: int, position: int, token: int) -> None:
         """Write ``token`` at ``position`` of ``slot``, through its page table."""
         page = self.page_of(slot, position)
-        cells = self.cells.setdefault(page, [NEVER_WRITTEN] * self.page_size)
+        cells = self.cells.get(page)
+        if cells is None:  # not `setdefault`, which would build a page of cells at every write
+            cells = self.cells[page] = [NEVER_WRITTEN] * self.page_size
         cells[position % self.page_size] = token
         self.versions[page] = self.versions.get(page, 0) + 1
 

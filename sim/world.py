@@ -148,6 +148,7 @@ class World:
         self._performers = self.backend.performers
         self.device_model = DeviceModel(self)
         self._news = True  # something arrived that the controller has not looked at
+        self._controller_due = -FOREVER  # see `_due_time`
         self._sent: list[int] = []  # sequence numbers of the commands broadcast so far
         self._received: set[int] = set()  # ranks whose reply to the last command was delivered
         self._fitted_cap: int | None = None  # the batch cap AllocateKV gave every rank (I9)
@@ -155,13 +156,16 @@ class World:
         self._deaths: list[tuple[float, int]] = []  # (when peers see it, rank), not yet signalled
         self._sync_after = () if self.hz.h6_async_host else ENQUEUING + tuple(
             t for t in self.variant.sim_ops if getattr(t, "enqueues", False))
+        self._ranks = list(range(self.ws))
         self._rank_names = [f"rank{r}" for r in range(self.ws)]
         self._link_names = [f"link{r}" for r in range(self.ws)]
         self._device_names = [f"device{r}" for r in range(self.ws)]
         # per rank, what `enabled` reads, in rank order (the lists themselves, never rebound)
-        self._host_rows = tuple(zip(self.hosts, self._rank_names, self.devices))
-        self._link_rows = tuple(zip(self.transit, self._link_names))
+        self._host_rows = tuple(zip(range(self.ws), self.hosts, self._rank_names, self.devices))
+        self._readiness = self.backend.readiness
+        self._h3 = self.hz.h3_spinning_collectives
         self._device_rows = tuple(zip(self.devices, self._device_names))
+        self._link_rows = tuple(zip(self.transit, self._link_names))
         self._stream_rows = tuple((dev.main, dev.side, name) for dev, name in self._device_rows)
         self._dispatch_table = {"controller": (self._step_controller, None),
                                 "collectives": (self.device_model.step_collective, None)}
@@ -199,28 +203,15 @@ class World:
         host threads, the links, the devices, the collectives."""
         if self.outcome is not None:
             return []
-        # `_controller_ready`, inlined: this runs once per action
-        ctrl = self.ctrl
-        if self._news or ctrl.current is None:
-            out = ["controller"]
-        else:
-            phase = ctrl.phase
-            if phase == "startup":
-                deadline = ctrl.watchdog.deadline
-                out = ["controller"] if deadline is not None and self.clock >= deadline else []
-            elif phase == "failed" or phase == "done":
-                out = ["controller"]
-            else:
-                out = ["controller"] if self.clock >= ctrl.step_deadline else []
+        out = ["controller"] if self.clock >= self._controller_due else []
         if self.faults or self.dead:
             for r, name in enumerate(self._rank_names):
                 host = self.hosts[r]
                 if host.inbox if host.run is None else self._host_ready(r):
                     out.append(name)
         else:  # the common case, `_host_ready` inlined: no fault bookkeeping, nobody dead
-            attempt = self.backend.attempt
-            readiness = self.backend.readiness
-            for host, name, dev in self._host_rows:
+            readiness = self._readiness
+            for r, host, name, dev in self._host_rows:
                 run = host.run
                 if run is None:
                     if host.inbox:
@@ -235,13 +226,13 @@ class World:
                     out.append(name)
                 else:
                     ready = readiness.get(cls)  # the sweep's ops, without `attempt`'s dispatch
-                    if (ready(host.rank, host, op) if ready is not None
-                            else attempt(host.rank, host, op, True) != BLOCKED):
+                    if (ready(r, host, op) if ready is not None
+                            else self.backend.attempt(r, host, op, True) != BLOCKED):
                         out.append(name)
         for transit, name in self._link_rows:
             if transit:
                 out.append(name)
-        h3 = self.hz.h3_spinning_collectives
+        h3 = self._h3
         any_collective = False
         for main, side, name in self._stream_rows:
             # a device runs when a stream's head is a compute kernel, or (H3 off) any head
@@ -307,6 +298,7 @@ class World:
         if later:
             self.clock = min(later)
             self._news = True
+            self._controller_due = -FOREVER
             return
         verdict = "hang-at-exit" if self.exiting or self._in_teardown() else "hang"
         self.outcome = Outcome(verdict, explain_blocked(self), cycle=tuple(cycle or ()),
@@ -325,6 +317,25 @@ class World:
         if not self.arrivals and idle and not ctrl.closing:
             ctrl.shutdown()
 
+    def _due_time(self) -> float:
+        """When the controller can act next, as `enabled` reads it (``_controller_due``): -inf
+        when it can now whatever the clock (news, no command outstanding, failed or done),
+        else its startup watchdog's deadline or its step deadline (inf: not on its own).
+
+        Its inputs change only in the controller's own calls, which the world makes in
+        `_step_controller` (and `_deliver`, which ends in it), and with ``_news``; both
+        refresh it, so `enabled` asks the controller nothing per action."""
+        ctrl = self.ctrl
+        if self._news or ctrl.current is None:
+            return -FOREVER
+        phase = ctrl.phase
+        if phase == "startup":
+            deadline = ctrl.watchdog.deadline
+            return FOREVER if deadline is None else deadline
+        if phase == "failed" or phase == "done":
+            return -FOREVER
+        return ctrl.step_deadline
+
     def _controller_ready(self) -> bool:
         ctrl = self.ctrl
         if self._news or ctrl.current is None or ctrl.phase in ("failed", "done"):
@@ -335,6 +346,13 @@ class World:
         return self.clock >= ctrl.step_deadline
 
     def _step_controller(self) -> None:
+        try:
+            self._react()
+        finally:
+            self._controller_due = self._due_time()
+
+    def _react(self) -> None:
+        """The controller's action: what `next_action` answers, carried out."""
         ctrl = self.ctrl
         self._news = False
         while self._deaths and self._deaths[0][0] <= self.clock:
@@ -348,7 +366,8 @@ class World:
         self._note_watchdog(before)
         match action:
             case Broadcast(command=cmd):
-                early = [r for r in range(self.ws) if r not in self._received]
+                early = ([] if len(self._received) == self.ws else  # every reply delivered
+                         [r for r in range(self.ws) if r not in self._received])
                 if self._sent and early:
                     self.event("controller", "send", type(cmd).__name__, cmd.seq, None,
                                _cmd_detail(cmd))
@@ -402,11 +421,14 @@ class World:
         the capture command and the rank) when they differ."""
         if not self._sent or self.ctrl.serving:
             return True
-        live = [r for r in range(self.ws) if r not in self.dead]
+        live = [r for r in range(self.ws) if r not in self.dead] if self.dead else self._ranks
         if not live:
             return True
         first = self.devices[live[0]].registered
-        if all(self.devices[r].registered == first for r in live[1:]):
+        for r in live[1:]:
+            if self.devices[r].registered != first:
+                break
+        else:
             return True  # equal tables count alike, whatever the graph sets (the usual case)
         # graphs some rank lacks are a captured-set difference, left to I3 at Finalize
         common = set(self.graphs[live[0]])
