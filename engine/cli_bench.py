@@ -134,7 +134,7 @@ def _gpu_problem(tensor_parallel_size: int) -> str | None:
     import torch
 
     if not torch.cuda.is_available():
-        return "lockstep bench needs a CUDA GPU; torch.cuda.is_available() is False"
+        return "this command needs a CUDA GPU; torch.cuda.is_available() is False"
     if torch.cuda.device_count() < tensor_parallel_size:
         return (f"--tensor-parallel-size {tensor_parallel_size}: only "
                 f"{torch.cuda.device_count()} GPU(s) visible")

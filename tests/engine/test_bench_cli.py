@@ -59,6 +59,7 @@ def test_no_cuda_is_a_one_line_error(capsys, monkeypatch):
     assert main(["bench", "--preset", "tiny"]) == 2
     err = capsys.readouterr().err.strip()
     assert "needs a CUDA GPU" in err and len(err.splitlines()) == 1
+    assert err.count("lockstep bench") == 1  # it read 'lockstep bench: error: lockstep bench needs'
 
 
 def test_model_dir_checks_read_its_config(tiny_dir):
