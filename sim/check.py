@@ -212,6 +212,10 @@ CLEAN_OR_ABORT = VerdictIn(frozenset({"clean", "abort"}))
 def check_correct(variant: Variant, spec: CheckSpec, topology: str, progress=None) -> list[Row]:
     """Rows for a protocol that must be clean, and fail loudly under faults."""
     base = variant.scenario(spec.scenario(topology))
+    reason = variant.unreachable(base) if variant.unreachable else None
+    if reason is not None:  # what the design exists for never happens in this configuration
+        return [Row(variant.name, topology, "clean", NOT_REACHABLE, SearchStats(), reason, None,
+                    base, True)]
     planned = spec.planned_clean
     result = _search(spec, Fixed(base), variant, CLEAN, planned, progress)
     rows = []
@@ -430,22 +434,28 @@ def check_coverage_reachable(scenario: Scenario) -> None:
     the correct protocol vacuous and every bug that needs them clean.
 
     Raises:
-        ConfigError: max batch 1 (one slot never compacts), every batch size up to max batch
-            is a bucket (no replay is ever padded), or the serving workload's steps reach
-            neither in this configuration, naming the values.
+        ConfigError: max batch 1 (one slot never compacts) or 2 (its one compaction is the
+            tail shift), every batch size up to max batch is a bucket (no replay is ever
+            padded), or the serving workload's steps reach neither in this configuration,
+            naming the values.
     """
     from protocol.eligibility import GraphPlan
 
     cfg = scenario.config
     if cfg.max_batch < 2:
         raise ConfigError(f"--max-batch {cfg.max_batch}: a single slot never compacts, so no "
-                          "schedule can show slot compaction; use --max-batch 2 or more")
+                          "schedule can show slot compaction; use --max-batch 3 or more")
     buckets = GraphPlan.from_config(cfg).buckets
-    named = f"--max-batch {cfg.max_batch} with buckets {','.join(map(str, buckets))}"
+    named = (f"--max-batch {cfg.max_batch} with the buckets up to the one it pads to "
+             f"({','.join(map(str, buckets))})")
     if all(n in buckets for n in range(1, cfg.max_batch + 1)):
         raise ConfigError(f"{named}: every batch size is a bucket, so no replay is ever "
-                          "padded; raise --max-batch past a bucket or leave a batch size between "
-                          "two buckets")
+                          "padded; use a --max-batch that is not a bucket, or leave a batch "
+                          "size between two buckets")
+    if cfg.max_batch < 3:
+        raise ConfigError(f"--max-batch {cfg.max_batch}: with two slots a retirement can only "
+                          "move the last slot into the freed one, so no schedule can tell one "
+                          "compaction rule from another; use --max-batch 3 or more")
     # The serving steps do not depend on the schedule (the controller issues each step after
     # every reply to the one before), so one run of the correct protocol shows what they reach.
     from sim.strategies import RandomWalk
@@ -455,9 +465,12 @@ def check_coverage_reachable(scenario: Scenario) -> None:
     missing = [e for e in ("replay", "compaction_moves_live") + CORRECT.reaches
                if not run.reached.get(e)]
     if run.outcome.verdict == "clean" and missing:
-        raise ConfigError(f"{named}: the serving workload's steps never reach "
-                          f"{', '.join(missing)} here, so every clean row would be vacuous; "
-                          "raise --max-batch or use more buckets")
+        what = {"padded_replay": "a padded graph replay", "replay": "a graph replay",
+                "compaction_moves_live": "a compaction that moves a live slot"}
+        raise ConfigError(f"{named}: no serving step of the check's workload reaches "
+                          f"{' or '.join(what.get(e, e) for e in missing)} here, so every "
+                          "clean row would be vacuous; use a --max-batch that pads into a "
+                          "larger bucket (for example a bucket set with a gap below it)")
 
 
 MIN_RANKS = 2

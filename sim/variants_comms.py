@@ -213,6 +213,20 @@ def data_parallel_lanes(sc: Scenario) -> Scenario:
     return sc.with_(data_parallel=True)
 
 
+def no_idle_lane(sc: Scenario) -> str | None:
+    """Why no serving step of ``sc`` (with lanes) leaves a rank without rows of its own, or
+    None. One run of the correct protocol tells: its serving steps do not depend on the
+    schedule (`sim.check.check_coverage_reachable`)."""
+    from sim.run import run_schedule
+    from sim.strategies import RandomWalk
+    from sim.variants import CORRECT
+
+    if run_schedule(sc, CORRECT, RandomWalk(0)).reached.get("idle_rank_step"):
+        return None
+    return (f"at max batch {sc.config.max_batch} and {sc.config.world_size} ranks no serving "
+            "step of the check's workload leaves a rank's lane without rows")
+
+
 class IdleSkipsForwardWorker(Worker):
     """A rank whose own batch is empty returns from the step without a forward: it issues none
     of the step's collectives."""
@@ -236,7 +250,8 @@ register(Variant(
     expected={"shared": "divergence", "per-rank": "divergence"},
     remedy="Every rank runs every step's forward: an idle rank runs a dummy batch padded to the "
            "step's bucket, so it issues the same collectives as the busy ranks (I2).",
-    worker_cls=IdleSkipsForwardWorker, adjust=data_parallel_lanes, symmetric=False))
+    worker_cls=IdleSkipsForwardWorker, adjust=data_parallel_lanes, symmetric=False,
+    unreachable=no_idle_lane))
 
 
 register(Variant(
@@ -248,4 +263,4 @@ register(Variant(
     expected={"shared": "clean", "per-rank": "clean"},
     remedy="Nothing to fix: this is the remedy of dp-idle-rank-skips-forward.",
     adjust=data_parallel_lanes, symmetric=False, reaches=("idle_rank_step",), schedules=2,
-    fault_schedules=0))
+    fault_schedules=0, unreachable=no_idle_lane))

@@ -72,9 +72,12 @@ def test_bad_arguments_exit_2_with_one_line(argv, needle, capsys):
     (["check", "--buckets", "1,2,4,8", "--max-batch", "1"],
      "--max-batch 1: a single slot never compacts"),
     (["check", "--buckets", "1,2,4,8", "--max-batch", "2"],
-     "--max-batch 2 with buckets 1,2: every batch size is a bucket, so no replay is ever padded"),
+     "--max-batch 2 with the buckets up to the one it pads to (1,2): every batch size is a "
+     "bucket, so no replay is ever padded"),
     (["check", "--buckets", "2", "--max-batch", "2"],
-     "--max-batch 2 with buckets 2: the serving workload's steps never reach padded_replay"),
+     "--max-batch 2: with two slots a retirement can only move the last slot"),
+    (["check", "--buckets", "1,2,4", "--max-batch", "4"],
+     "(1,2,4): no serving step of the check's workload reaches a padded graph replay here"),
 ])
 def test_bad_values_exit_2(argv, needle, capsys):
     assert main(argv) == 2
