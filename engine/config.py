@@ -123,9 +123,10 @@ def _transformers_reason(exc: Exception) -> str:
     import re
 
     text = " ".join(str(exc).split())
-    m = re.search(r"Field '(\w+)' expected (\w+), got \w+ \(value: (.*)\)$", text)
+    m = re.search(r"Field '(\w+)' expected (\w+), got \w+ \(value: ([^)]*)\)", text)
     if m:
-        return f"{m[1]} = {m[3]}, expected a {m[2]} (transformers.AutoConfig refuses it)"
+        article = "an" if m[2][:1] in "aeiou" else "a"
+        return f"{m[1]} = {m[3]}, expected {article} {m[2]} (transformers.AutoConfig refuses it)"
     return f"cannot be read by transformers.AutoConfig: {text}"
 
 

@@ -72,6 +72,10 @@ def _check_weight_dtype(raw: dict, cfg_path: Path) -> None:
                                 f"stored as {', '.join(STORAGE_DTYPES)} only")
 
 
+def _whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _positive_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
@@ -110,6 +114,11 @@ def _check_scalars(raw: dict, cfg_path: Path) -> None:
     if isinstance(eps, int) and not isinstance(eps, bool):
         raise ModelDirError(f"{cfg_path}: rms_norm_eps = {eps!r} is an integer; expected a "
                             "float such as 1e-06 (transformers reads only floats here)")
-    if not isinstance(eps, float) or not (math.isfinite(eps) and eps >= 0):
-        raise ModelDirError(f"{cfg_path}: rms_norm_eps = {eps!r}, expected a finite number >= 0 "
-                            "(Qwen3 uses 1e-06)")
+    if not isinstance(eps, float) or not (math.isfinite(eps) and eps > 0):
+        raise ModelDirError(f"{cfg_path}: rms_norm_eps = {eps!r}, expected a finite number > 0 "
+                            "(Qwen3 uses 1e-06; 0 makes an all-zero row's norm NaN)")
+    eos = raw.get("eos_token_id")
+    ids = eos if isinstance(eos, list) else [eos]
+    if eos is not None and not all(_whole(i) and 0 <= i < raw["vocab_size"] for i in ids):
+        raise ModelDirError(f"{cfg_path}: eos_token_id = {eos!r}, expected a token id or a list "
+                            f"of token ids in [0, {raw['vocab_size']})")

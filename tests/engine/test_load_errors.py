@@ -256,7 +256,16 @@ def test_settings_the_engine_does_not_implement_are_refused_not_ignored(model_co
     ({"architectures": "Qwen3ForCausalLM"},
      "unsupported architecture: architectures = 'Qwen3ForCausalLM'"),
     ({"rms_norm_eps": 0}, "rms_norm_eps = 0 is an integer; expected a float such as 1e-06"),
-    ({"rms_norm_eps": None}, "rms_norm_eps = None, expected a finite number >= 0"),
+    ({"rms_norm_eps": None}, "rms_norm_eps = None, expected a finite number > 0"),
+    # a second fresh user's findings: eps 0.0 (the float the integer 0's advice asks for) ran,
+    # and config.json's eos_token_id was not checked (generation_config.json's was)
+    ({"rms_norm_eps": 0.0}, "rms_norm_eps = 0.0, expected a finite number > 0"),
+    ({"eos_token_id": 100000}, "eos_token_id = 100000, expected a token id or a list of token "
+                               "ids in [0, 512)"),
+    ({"eos_token_id": -1}, "eos_token_id = -1, expected a token id"),
+    ({"eos_token_id": [2, 9999]}, "eos_token_id = [2, 9999], expected a token id"),
+    ({"eos_token_id": "2"}, "eos_token_id = '2', expected a token id"),
+    ({"max_window_layers": "x"}, "max_window_layers = 'x', expected an int (transformers"),
     ({"num_hidden_layers": 5},
      "num_hidden_layers = 5 but layer_types lists 2 layers; expected one layer_types entry"),
     ({"layer_types": "full_attention"}, "layer_types = 'full_attention', expected a list"),
