@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.config_json import read_config_json
+from engine.config_json import read_config_json, read_json_object
 from engine.errors import ModelDirError, ParallelConfigError
 
 
@@ -169,18 +169,10 @@ def _eos_ids(d: Path, hf) -> tuple[int, ...]:
     """The end-of-sequence ids: generation_config.json's ``eos_token_id`` when it has one, else
     config.json's; each must be a token id of the vocabulary (one that can never be sampled
     would make ``ignore_eos=False`` silently the same as True)."""
-    import json
-
     raw, where = None, d / "config.json"
     gen = d / "generation_config.json"
     if gen.is_file():
-        try:
-            data = json.loads(gen.read_text())
-        except (OSError, ValueError) as exc:
-            raise ModelDirError(f"{gen}: not valid JSON: {exc}") from exc
-        if not isinstance(data, dict):
-            raise ModelDirError(f"{gen}: expected a JSON object, got {type(data).__name__}")
-        raw, where = data.get("eos_token_id"), gen
+        raw, where = read_json_object(gen).get("eos_token_id"), gen
     if raw is None:
         raw, where = getattr(hf, "eos_token_id", None), d / "config.json"
     if raw is None:

@@ -26,6 +26,21 @@ ones (head_dim 128 whatever the hidden size), which then surface as a confusing 
 mismatch, so each must be present."""
 
 
+def read_json_object(path: Path) -> dict:
+    """The JSON object in ``path`` (a model directory's config or generation config).
+
+    Raises:
+        ModelDirError: unreadable, not valid JSON, or not an object, naming the file.
+    """
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelDirError(f"{path}: not valid JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ModelDirError(f"{path}: expected a JSON object, got {type(raw).__name__}")
+    return raw
+
+
 def read_config_json(cfg_path: Path) -> dict:
     """The JSON object of ``cfg_path``, with every field the engine depends on checked.
 
@@ -35,12 +50,7 @@ def read_config_json(cfg_path: Path) -> dict:
             an odd head_dim; layer_types of another length than num_hidden_layers; a
             max_position_embeddings or rms_norm_eps of the wrong type or out of range.
     """
-    try:
-        raw = json.loads(cfg_path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ModelDirError(f"{cfg_path}: not valid JSON: {exc}") from None
-    if not isinstance(raw, dict):
-        raise ModelDirError(f"{cfg_path}: expected a JSON object, got {type(raw).__name__}")
+    raw = read_json_object(cfg_path)
     _check_model_kind(raw, cfg_path)
     _check_weight_dtype(raw, cfg_path)
     _check_shapes(raw, cfg_path)
