@@ -456,12 +456,10 @@ def check_coverage_reachable(scenario: Scenario) -> None:
         raise ConfigError(f"--max-batch {cfg.max_batch}: with two slots a retirement can only "
                           "move the last slot into the freed one, so no schedule can tell one "
                           "compaction rule from another; use --max-batch 3 or more")
-    # The serving steps do not depend on the schedule (the controller issues each step after
-    # every reply to the one before), so one run of the correct protocol shows what they reach.
-    from sim.strategies import RandomWalk
+    from sim.run import correct_run
     from sim.variants import CORRECT
 
-    run = run_schedule(scenario, CORRECT, RandomWalk(0))
+    run = correct_run(scenario)
     missing = [e for e in ("replay", "compaction_moves_live") + CORRECT.reaches
                if not run.reached.get(e)]
     if run.outcome.verdict == "clean" and missing:

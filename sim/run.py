@@ -125,3 +125,12 @@ def freeze_imports() -> None:
     """
     gc.freeze()
 
+
+def correct_run(scenario: Scenario) -> RunResult:
+    """One fault-free run of the correct protocol under ``scenario``. Its serving steps do not
+    depend on the schedule (the controller issues each step after every reply to the one
+    before; `tests/sim/test_config_reach.py`), so what this run reaches every schedule reaches."""
+    from sim.strategies import RandomWalk
+    from sim.variants import CORRECT
+
+    return run_schedule(scenario, CORRECT, RandomWalk(0))

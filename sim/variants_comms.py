@@ -215,13 +215,10 @@ def data_parallel_lanes(sc: Scenario) -> Scenario:
 
 def no_idle_lane(sc: Scenario) -> str | None:
     """Why no serving step of ``sc`` (with lanes) leaves a rank without rows of its own, or
-    None. One run of the correct protocol tells: its serving steps do not depend on the
-    schedule (`sim.check.check_coverage_reachable`)."""
-    from sim.run import run_schedule
-    from sim.strategies import RandomWalk
-    from sim.variants import CORRECT
+    None (one run tells: `sim.run.correct_run`)."""
+    from sim.run import correct_run
 
-    if run_schedule(sc, CORRECT, RandomWalk(0)).reached.get("idle_rank_step"):
+    if correct_run(sc).reached.get("idle_rank_step"):
         return None
     return (f"at max batch {sc.config.max_batch} and {sc.config.world_size} ranks no serving "
             "step of the check's workload leaves a rank's lane without rows")
