@@ -701,7 +701,7 @@ class Controller:
         if (not rows and not admits and not retires and not preempts and chunk is None
                 and unread is None):
             return None
-        key, bucket = self.plan.key_for(len(rows), prefill=bool(admits) or chunk is not None)
+        key, bucket = self.plan.key_for(len(rows))
         self.seq += 1
         self._steps += 1
         step = Step(self.seq, retires=retires, moves=moves, admits=tuple(admits), rows=rows,

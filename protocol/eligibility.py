@@ -78,18 +78,24 @@ class GraphPlan:
             raise EligibilityError(f"{what} of graph {key} refused: the plan makes it ineligible "
                                    f"(cuda_graphs={self.cuda_graphs}, batch_cap={self.batch_cap})")
 
-    def key_for(self, decode_rows: int, prefill: bool) -> tuple[GraphKey | None, int]:
-        """(graph key or None for eager, padded bucket) of a step; a pure function of the step.
+    def key_for(self, decode_rows: int) -> tuple[GraphKey | None, int]:
+        """(graph key or None for eager, padded bucket) of a step's decode rows; a pure
+        function of their count.
 
-        A step with any prefill runs eagerly; a decode-only step of at most ``batch_cap`` rows
-        replays its bucket's graph when that key is eligible.
+        Decode rows, at most ``batch_cap`` of them, replay their bucket's graph when that key
+        is eligible, also in a mixed step: its prefill (admissions, a chunk) is a forward of
+        its own, run eagerly before the replay, and the graph covers the decode rows only. A
+        prefill counted into the graph's rows would replay without its prompt's KV writes
+        (vllm-project/vllm #53051: a batch holding prefills dispatched into the decode graph;
+        the `prefill-dispatched-into-graph` variant). Eager mixed steps cost W's 17 mixed
+        steps ~20 ms of host-bound launches each on an H200 (docs/benchmarks.md).
         """
         if decode_rows == 0:
             return None, 0
         bucket = select_bucket(decode_rows, self.buckets)
         key = GraphKey(bucket, DECODE)
         over_cap = self.batch_cap is not None and decode_rows > self.batch_cap
-        if prefill or over_cap or not self.is_eligible(key):
+        if over_cap or not self.is_eligible(key):
             return None, bucket
         return key, bucket
 

@@ -226,10 +226,13 @@ def check_correct(variant: Variant, spec: CheckSpec, topology: str, progress=Non
     elif stats.schedules == 0 or stats.budget_reached:
         got, detail, minimal = "incomplete", _incomplete(stats, planned), None
     else:
-        wanted = ("replay", "compaction_moves_live") + tuple(variant.reaches)
+        # served without graphs, the decode steps the row must have run are eager ones
+        decode = ("replay", "replays") if base.config.cuda_graphs else ("eager_decode",
+                                                                        "eager decodes")
+        wanted = (decode[0], "compaction_moves_live") + tuple(variant.reaches)
         missing = [e for e in wanted if not stats.reached.get(e)]
         got = "vacuous" if missing else "clean"
-        reached = ", ".join(("replays", "live compactions") + tuple(variant.reaches))
+        reached = ", ".join((decode[1], "live compactions") + tuple(variant.reaches))
         detail = (f"never reached: {', '.join(missing)}" if missing else
                   f"{stats.schedules} schedules clean; {reached} reached")
         minimal = None
@@ -464,6 +467,7 @@ def check_coverage_reachable(scenario: Scenario) -> None:
                if not run.reached.get(e)]
     if run.outcome.verdict == "clean" and missing:
         what = {"padded_replay": "a padded graph replay", "replay": "a graph replay",
+                "mixed_replay": "a mixed step (prefill beside decode rows) that replays",
                 "compaction_moves_live": "a compaction that moves a live slot"}
         raise ConfigError(f"{named}: no serving step of the check's workload reaches "
                           f"{' or '.join(what.get(e, e) for e in missing)} here, so every "

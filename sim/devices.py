@@ -335,7 +335,8 @@ class DeviceModel:
             case EagerDecode(seq=seq, rows=rows, feed=feed):
                 if feed is not None:
                     rows = self.fed_rows(r, dev, seq, rows, feed)
-                if rows is not None and self.check_rows(r, seq, rows):
+                if (rows is not None and self.check_rows(r, seq, rows)
+                        and self.check_continues(r, seq, dev.live("kv"), rows)):
                     self.decode(dev.live("kv"), dev.live("logits"), seq, rows)
             case StepMark(seq=seq):
                 dev.marked = seq
@@ -344,7 +345,8 @@ class DeviceModel:
                 for ref in refs:  # a loop, not a comprehension: once per replay
                     captured[ref[0]] = dev.allocations[ref].data
                 rows = captured["replay-inputs"][:key.bucket]
-                self.decode(captured["kv"], captured["logits"], seq, rows)
+                if self.check_continues(r, seq, captured["kv"], rows):
+                    self.decode(captured["kv"], captured["logits"], seq, rows)
             case PrefillKernel(seq=seq, admits=admits, chunk=chunk):
                 kv = dev.live("kv")
                 pieces = [(a.request_id, a.slot, a.start) for a in admits]
@@ -415,6 +417,28 @@ class DeviceModel:
         if run < len(rows) and rows[run] is not last_padding:  # the trailing run: one write
             row = rows[run]
             kv.write(row.slot, row.position, row.token)
+
+    def check_continues(self, r: int, seq: int, kv, rows) -> bool:
+        """Direct I21 check: every live decode row continues its slot's sequence -- the slot
+        caches exactly ``position`` tokens (the engine's ``seq_lens``) before the row writes
+        its own. A row whose slot caches fewer reads KV positions nobody wrote: its prompt was
+        never prefilled, as when a mixed step's admissions are taken into the decode graph as
+        rows (vllm-project/vllm #53051). On a violation the run ends with the step and rank."""
+        lengths = kv.lengths
+        for i in range(_padding_run(rows)):
+            row = rows[i]
+            if row.request_id == PAD_REQUEST:
+                continue
+            have = lengths.get(row.slot, 0)
+            if have != row.position:
+                self.world.outcome = Outcome(
+                    "invariant", f"I21 violated: rank {r}'s step {seq} decodes request "
+                    f"{row.request_id} at position {row.position} of slot {row.slot}, whose "
+                    f"sequence caches {have} tokens: the row reads KV nobody wrote (a prompt "
+                    "must be prefilled before its request is a decode row)", "I21",
+                    rank=r, step=seq)
+                return False
+        return True
 
     def check_chunks(self, r: int, seq: int, kv, pieces) -> bool:
         """Direct I19 check: a prefill piece -- (request, slot, start): an admission, the last

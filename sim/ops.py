@@ -649,8 +649,11 @@ class ModelledBackend:
         if w.ctrl.serving:
             w.events["replay"] += 1
             step = host.cmd
-            if isinstance(step, Step) and len(step.rows) < key.bucket:
-                w.events["padded_replay"] += 1
+            if isinstance(step, Step):
+                if len(step.rows) < key.bucket:
+                    w.events["padded_replay"] += 1
+                if step.admits or step.chunk is not None:
+                    w.events["mixed_replay"] += 1
         return self.done(host, self.replay_rows(r, graph, key.bucket))
 
     def replay_rows(self, r: int, graph: Graph, bucket: int) -> ReplayRows:
@@ -717,6 +720,7 @@ class ModelledBackend:
         if not self.commanded_path(r, host, None):
             return DONE
         self.enqueue(r, self.eager_sig(len(step.rows), "eager decode"))
+        self.world.events["eager_decode"] += 1
         return self.enqueue_done(r, host, EagerDecode(step.seq, self.padded(step), step.feed))
 
     def enqueue_sample(self, r: int, host: Host, op: EnqueueSample) -> int:

@@ -44,7 +44,7 @@ from sim.faults import FaultFamily
 from sim.scenario import TOPOLOGIES, Scenario
 
 VERDICTS = ("clean", "abort", "deadlock", "hang", "hang-at-exit", "divergence", "oom",
-            "startup-refused", "livelock") + tuple(f"invariant:I{n}" for n in range(1, 21))
+            "startup-refused", "livelock") + tuple(f"invariant:I{n}" for n in range(1, 22))
 """Verdicts a variant may expect."""
 
 
@@ -303,7 +303,22 @@ CORRECT = register(Variant(
             "one eligibility plan, measured reserve, watchdog with abort, graphs freed first",
     source="docs/design.md",
     expected=BOTH_CLEAN,
-    reaches=("padded_replay",)))
+    reaches=("padded_replay", "mixed_replay")))
+
+
+def eager_decode(sc: Scenario) -> Scenario:
+    """``sc`` served without CUDA graphs (an engine's enforce-eager mode): every decode step
+    runs eagerly. With graphs every decode step of the check's workload replays, mixed steps
+    too (I21), so the eager decode path is checked under this scenario."""
+    return sc.with_(config=replace(sc.config, cuda_graphs=False))
+
+
+register(Variant(
+    name="correct-eager",
+    summary="the protocol as specified, served without CUDA graphs: every decode step, mixed "
+            "or not, runs eagerly",
+    source="docs/design.md",
+    expected=BOTH_CLEAN, adjust=eager_decode, schedules=20, fault_schedules=10))
 
 
 # -- fused-sweep -------------------------------------------------------------------------------
@@ -736,7 +751,7 @@ register(Variant(
     source="InfiniLM PR #540",
     expected={"shared": "divergence", "per-rank": "divergence"},
     remedy='Every rank synchronizes before it samples or replies, and a row-parallel output is consumed only after its all-reduce completed (I1, I11).',
-    worker_cls=AsyncRowParallelWorker,
+    worker_cls=AsyncRowParallelWorker, adjust=eager_decode,
     sim_ops={RunEagerAsync: _sim_run_eager_async},
     sim_kernels={ConsumeAsync: _sim_consume_async}))
 

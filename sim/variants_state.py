@@ -8,11 +8,11 @@ default.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from protocol.backend import Op, PrepareReplay, RunEager
-from protocol.commands import DecodeRow, Step
+from protocol.backend import SYNC, EnqueueSample, Op, PrepareReplay, ReadTokens, RunEager
+from protocol.commands import DecodeRow, DecodeRows, Step
 from protocol.controller import Controller
 from protocol.worker import Worker
 from sim.common import DONE
@@ -153,3 +153,61 @@ register(Variant(
            "(`Controller.on_rank_dead`), and the failure names the dead rank (I13).",
     controller_cls=NoLivenessController, symmetric=False,
     fault_search=FaultFamily("die", phase="serving")))
+
+
+# -- prefill-dispatched-into-graph --------------------------------------------------------------
+
+
+def _admissions_as_rows(step: Step) -> Step:
+    """``step`` with its admissions turned into decode rows at their prompts' last positions
+    (the prompt's last token as input) and no admissions: a batch taken for uniform decode."""
+    admits = step.admits
+    rows = DecodeRows(step.rows.request_ids + tuple(a.request_id for a in admits),
+                      step.rows.tokens + tuple(a.prompt[-1] for a in admits),
+                      step.rows.positions + tuple(len(a.prompt) - 1 for a in admits))
+    return replace(step, rows=rows, admits=())
+
+
+class UniformDecodeDispatchController(Controller):
+    """Counts a step's admissions as decode rows when it picks the step's graph: the batch
+    (a prefill-only step too) is dispatched to the graph of the bucket that holds rows +
+    admissions."""
+
+    def _next_step(self):
+        step = super()._next_step()
+        if (step is None or not step.admits or step.chunk is not None
+                or any(a.start for a in step.admits)):
+            return step
+        key, bucket = self.plan.key_for(len(step.rows) + len(step.admits))
+        return step if key is None else replace(step, key=key, bucket=bucket)
+
+
+class UniformDecodeWorker(Worker):
+    """Replays a step with admissions that names a graph as one decode batch: the admitted
+    requests are rows of the replay (their slots and pages registered as usual) and are not
+    prefilled, so only their prompt's last token is written to the KV."""
+
+    def _ops_step(self, step: Step) -> list[Op]:
+        if step.key is None or not step.admits or step.overlap:
+            return super()._ops_step(step)
+        ops = self.apply_slot_changes(step) + self.apply_page_changes(step)
+        whole = _admissions_as_rows(step)
+        ops += self.forward_ops(whole)
+        if self.rank != 0:
+            return ops + [SYNC]
+        return ops + [EnqueueSample(whole), SYNC, ReadTokens(whole)]
+
+
+register(Variant(
+    name="prefill-dispatched-into-graph",
+    summary="a step's admitted prompts are dispatched into the decode CUDA graph as rows of "
+            "its replay and are never prefilled",
+    source="vllm-project/vllm #53051 (a prefill shaped like a speculative-decode batch was "
+           "dispatched into the FULL decode graph, whose replay dropped the prefill's state "
+           "writes: garbage output); guard in vllm-project/vllm PR #55123",
+    expected={"shared": "invariant:I21", "per-rank": "invariant:I21"},
+    remedy="A mixed step runs its prefill as an eager forward of its own, then replays the "
+           "graph of the bucket that holds its decode rows only; a graph never covers prompt "
+           "tokens (GraphPlan.key_for counts decode rows; I21).",
+    controller_cls=UniformDecodeDispatchController,
+    worker_cls=UniformDecodeWorker))

@@ -133,7 +133,8 @@ class World:
         self.outcome: Outcome | None = None
         self.actions = 0
         self.exiting = False
-        self.events = {"replay": 0, "padded_replay": 0, "compaction_moves_live": 0,
+        self.events = {"replay": 0, "padded_replay": 0, "mixed_replay": 0, "eager_decode": 0,
+                       "compaction_moves_live": 0,
                        "fault_fired": 0, "preemption": 0}
         for dev in self.devices:
             dev.allocate("kv", ModelledKV(cfg.max_batch + 1))  # placeholder until allocate_kv

@@ -62,15 +62,18 @@ def test_replay_serving_matches_eager_and_trace_is_clean(tiny_dir):
     params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True, return_logits=True)
               for n in (6, 2, 5, 3, 7)]  # different lengths: retirements and compactions
     with _graph_llm(tiny_dir, max_batch=4) as llm:
+        llm.step_log = []
         got = llm.generate(prompts, params)
         launches = list(llm.ranks.executor.graphs.launches)
+        kinds = [s[0] for s in llm.step_log]
     with LLM(tiny_dir, max_batch=4, max_model_len=64) as eager:
         want = eager.generate(prompts, params)
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
     for g, w in zip(got, want):
         assert (g.logits - w.logits).abs().max() < 1e-5
     steps = [e for e in llm.trace if e.kind == "send" and e.what == "Step"]
-    assert llm.steps["replay"] > 0 and llm.steps["eager"] > 0  # mixed steps run eager
+    # the fifth prompt is admitted beside decode rows: that mixed step replays too
+    assert "mixed" in kinds and llm.steps["eager"] == 0 and llm.steps["replay"] > 0
     assert len(launches) == 3 + llm.steps["replay"]  # 3 sweep launches (buckets 4, 2, 1)
     assert steps
     assert check_trace(llm.trace, llm.protocol_config.shape.allreduce_bytes) == []

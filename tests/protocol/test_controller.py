@@ -37,13 +37,24 @@ def test_startup_sweep_order_and_serving():
         assert names.index("free_graphs", len(names) - 3) < names.index("destroy_communicator")
 
 
-def test_serving_steps_replay_decode_only_and_run_mixed_eager():
+def test_serving_steps_replay_their_decode_rows_mixed_steps_too():
     config = ProtocolConfig(**SMALL)
-    _, _, _, sent, _ = drive(config, [Request(i, (1,), max_tokens=4) for i in range(3)])
+    reqs = [Request(i, (1, 2), max_tokens=4) for i in range(3)]
+    late = [Request(3, (5, 6, 7), max_tokens=2)]
+
+    def submit_late(ctrl, command):  # arrives while the first three decode
+        if isinstance(command, Step) and late:
+            ctrl.submit(late.pop())
+
+    _, _, _, sent, _ = drive(config, reqs, after_reply=submit_late)
     steps = [c for c in sent if isinstance(c, Step)]
-    assert steps[0].admits and steps[0].key is None
+    assert steps[0].admits and not steps[0].rows and steps[0].key is None  # prefill only
     decode = [s for s in steps if s.rows and not s.admits]
     assert decode and all(s.key == GraphKey(4) and s.bucket == 4 for s in decode)
+    # a mixed step replays the bucket of its decode rows; its admissions are not rows of it
+    mixed = [s for s in steps if s.rows and s.admits]
+    assert mixed and all(s.key == GraphKey(s.bucket) and s.bucket == 4 and len(s.rows) == 3
+                         for s in mixed)
 
 
 def test_admissions_per_step_respect_the_prefill_token_budget():

@@ -17,7 +17,10 @@ def test_sites_cover_every_op_of_both_phases():
     sites = fault_sites(default_scenario(**SMALL))
     serving_ops = {op for _, op, _ in sites["serving"]}
     assert {"prefill", "prepare_replay", "launch", "move_slot", "enqueue_sample",
-            "read_tokens", "run_eager"} <= serving_ops
+            "read_tokens"} <= serving_ops
+    # every decode step replays here (mixed steps too); served without graphs, each is eager
+    eager = fault_sites(default_scenario(**SMALL, cuda_graphs=False))
+    assert "run_eager" in {op for _, op, _ in eager["serving"]}
     assert {"record", "instantiate", "upload", "launch", "allocate_kv"} <= {op for _, op, _ in sites["sweep"]}
     assert max(n for _, _, n in sites["serving"]) > 10  # late occurrences, not only the first calls
 

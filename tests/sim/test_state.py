@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from protocol.commands import Step
+from protocol.commands import DecodeRow, Step
 from protocol.controller import Broadcast, Controller
 from protocol.keys import GraphKey
 from sim.check import check_bad
@@ -67,6 +67,10 @@ def test_replay_over_a_reallocated_kv_cache_is_i14_and_computes_from_stale_memor
     assert outcome.invariant == "I15" and "generation 1" in outcome.detail
     assert outcome.rank is not None and outcome.step is not None
     monkeypatch.setattr(ModelledBackend, "live_buffers", lambda self, r, host, graph: True)
+    outcome = run_schedule(sc, variant, RandomWalk(0)).outcome
+    # the stale cache's sequences are not the live ones: a row reads KV nobody wrote there
+    assert outcome.invariant == "I21" and outcome.step is not None
+    monkeypatch.setattr(DeviceModel, "check_continues", lambda self, r, seq, kv, rows: True)
     outcome = run_schedule(sc, variant, RandomWalk(0)).outcome
     assert outcome.verdict == "divergence" and "diverged at output token" in outcome.detail
 
@@ -133,3 +137,42 @@ def test_the_sampler_kernel_reads_only_what_its_own_command_computed():
     assert dev.sampled == SampledIds(6, (-1, 12, 13, -1))
     DeviceModel(world=None).execute(0, dev, SampleKernel(5, 1, (8,)))
     assert dev.sampled == SampledIds(5, (11, 14))
+
+
+@pytest.mark.timeout(60)
+def test_the_correct_protocol_replays_mixed_steps_and_matches_the_reference():
+    result = run_schedule(default_scenario(**SMALL), REGISTRY["correct"], RandomWalk(0))
+    assert result.outcome.verdict == "clean", result.outcome.detail
+    assert result.reached["mixed_replay"] > 0
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("topology", ["shared", "per-rank"])
+def test_a_prefill_dispatched_into_the_graph_is_caught_at_its_step(topology):
+    row = check_bad(REGISTRY["prefill-dispatched-into-graph"], SPEC, topology)
+    outcome = row.minimal.outcome
+    assert row.got == "invariant:I21" and outcome.step is not None and outcome.rank is not None
+    assert f"step {outcome.step} decodes request" in outcome.detail
+
+
+@pytest.mark.timeout(120)
+def test_a_prefill_dispatched_into_the_graph_corrupts_tokens_through_the_kv(monkeypatch):
+    """Without the direct I21 check the bug still shows: the admitted prompts' KV was never
+    written, so their tokens differ from running them alone."""
+    monkeypatch.setattr(DeviceModel, "check_continues", lambda self, r, seq, kv, rows: True)
+    sc = default_scenario(**SMALL)
+    outcome = run_schedule(sc, REGISTRY["prefill-dispatched-into-graph"], RandomWalk(0)).outcome
+    assert outcome.verdict == "divergence" and "diverged at output token" in outcome.detail
+
+
+def test_i21_flags_a_row_whose_slot_caches_fewer_tokens_than_its_position():
+    world = run_schedule(default_scenario(**SMALL), REGISTRY["correct"], RandomWalk(0)).world
+    world.outcome = None
+    kv = ModelledKV(9)
+    kv.write(0, 0, 5)
+    kv.lengths[0] = 1
+    row = DecodeRow(slot=0, request_id=7, token=5, position=1)
+    assert world.device_model.check_continues(0, 1, kv, [row]) and world.outcome is None
+    gap = DecodeRow(slot=0, request_id=7, token=5, position=2)  # position 1 never written
+    assert not world.device_model.check_continues(0, 1, kv, [gap])
+    assert world.outcome.invariant == "I21" and world.outcome.step == 1
