@@ -36,6 +36,14 @@ def test_numpy_and_torch_integer_ids_are_token_ids(llm):
     assert out.token_ids == want[:1] and out.finish_reason == "stop"
 
 
+def test_plain_int_prompts_are_copied_as_they_are(llm):
+    prompt = (1, 2, 3)
+    out, = llm.generate([prompt], GREEDY)
+    assert out.error is None and out.prompt_token_ids == [1, 2, 3]
+    ids = [4, 5]
+    assert llm._tokenize(ids) == ids and llm._tokenize(ids) is not ids  # a copy
+
+
 @pytest.mark.parametrize("prompt, fragment", [
     ([1.0, 2], "prompt token id 1.0 is a float"),
     ([np.float32(1)], "is a float32"),
@@ -44,6 +52,10 @@ def test_numpy_and_torch_integer_ids_are_token_ids(llm):
     ([1, "2"], "prompt token id '2' is a str"),
     ([1, None], "prompt token id None is a NoneType"),
     ([np.int64(10**6)], "outside the vocabulary"),
+    # plain ints take the C-level path; out of range they still get the per-token message
+    ([1, 2, -1], "prompt token id -1 outside the vocabulary"),
+    ((3, 10**6, 2), "prompt token id 1000000 outside the vocabulary"),
+    ([5, True], "prompt token id True is a bool"),
 ])
 def test_non_integer_ids_are_rejected_by_type(llm, prompt, fragment):
     out, = llm.generate([prompt], GREEDY)
