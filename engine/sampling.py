@@ -5,7 +5,9 @@ argmax over the kept vocabulary of logits / temperature + Gumbel noise, which dr
 softmax(logits / temperature) restricted to the kept set. The noise of vocabulary entry v for
 output index i of a request with seed s is a pure function of (s, i, v): Philox4x32-10
 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011) keyed by the seed's
-two 32-bit halves, counter (v, i, 0, 0). So a request's tokens do not depend on which other
+two 32-bit halves, counter (k, i, 0, 0), where each call's four output words serve four
+entries (`philox_counter_word`: block b of 4,096 entries takes counters b * 1024 + k, word w
+for entry b * 4096 + w * 1024 + k). So a request's tokens do not depend on which other
 requests share its batch, on its row or slot, or on the tensor-parallel size: continuous
 batching gives each request the tokens it gets alone, on CPU and GPU alike.
 
@@ -174,20 +176,39 @@ def inverse_temperature(temperature: float) -> float:
 # -- the random stream ---------------------------------------------------------------------------
 
 
+# Vocabulary entries per Philox block: one Philox4x32 call gives four 32-bit words, and block
+# b's 4 * PHILOX_GROUP entries take them all: entry b * 4G + w * G + k is word w of counter
+# b * G + k (G = PHILOX_GROUP). A race chunk (`ARGMAX_BLOCK`) is one block, so each call's four
+# words serve four entries instead of one.
+PHILOX_GROUP = 1024
+
+
+def philox_counter_word(v):
+    """(counter, word) of vocabulary entries ``v`` (int64 tensor) in the random stream."""
+    g = PHILOX_GROUP
+    return (v // (4 * g)) * g + v % g, (v % (4 * g)) // g
+
+
 def philox_uniform(seed_lo, seed_hi, index, vocab: int):
     """Uniform floats in (0, 1) for every vocabulary entry of each row.
+
+    Entry v reads word w of Philox4x32-10 at counter (k, index, 0, 0), key (seed_lo,
+    seed_hi), with (k, w) = `philox_counter_word(v)`.
 
     Args:
         seed_lo, seed_hi: int64 [B], the low and high 32 bits of each row's seed.
         index: int64 [B], each row's output index (0 for the token after the prompt).
         vocab: vocabulary size V.
     Returns:
-        float32 [B, V]: ((philox word 0 >> 8) + 0.5) / 2**24, exactly representable.
+        float32 [B, V]: ((the entry's philox word >> 8) + 0.5) / 2**24 in float32 arithmetic
+        (the Triton kernels compute the same roundings).
     """
     import torch
 
     dev = seed_lo.device
-    c0 = torch.arange(vocab, dtype=torch.int64, device=dev)[None, :].expand(len(seed_lo), -1)
+    g = PHILOX_GROUP
+    blocks = -(-vocab // (4 * g))
+    c0 = torch.arange(blocks * g, dtype=torch.int64, device=dev)[None, :].expand(len(seed_lo), -1)
     c1 = (index.to(torch.int64) & MASK32)[:, None].expand_as(c0)
     c2 = torch.zeros_like(c0)
     c3 = torch.zeros_like(c0)
@@ -201,7 +222,10 @@ def philox_uniform(seed_lo, seed_hi, index, vocab: int):
         c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
         k0 = (k0 + PHILOX_W0) & MASK32
         k1 = (k1 + PHILOX_W1) & MASK32
-    return ((c0 >> 8).to(torch.float32) + 0.5) * (1.0 / 16777216.0)
+    words = torch.stack([c0, c1, c2, c3], dim=1)            # [B, 4, blocks * G]
+    words = words.view(len(seed_lo), 4, blocks, g).transpose(1, 2)  # [B, blocks, 4, G]
+    bits = words.reshape(len(seed_lo), blocks * 4 * g)[:, :vocab]
+    return ((bits >> 8).to(torch.float32) + 0.5) * (1.0 / 16777216.0)
 
 
 def gumbel(u):
@@ -515,19 +539,21 @@ def _noisy_argmax_torch(logits, bp: BatchParams, cut):
 
 # Vocabulary entries per program of the race and mass kernels: 151,936 / 4096 = 38 programs
 # per row, enough to fill the GPU at batch 1 while keeping the cross-chunk reduction small.
-ARGMAX_BLOCK = 4096
+ARGMAX_BLOCK = 4 * PHILOX_GROUP  # 4096: one Philox block per program (`_gumbel_block`)
 
 if triton is not None:
     from triton.language.extra import libdevice
 
     @triton.jit
-    def _gumbel_score(x, v, seed_lo, seed_hi, index, ROUNDS: tl.constexpr,
-                      LIBDEVICE: tl.constexpr):
-        """x + Gumbel noise of vocabulary entries v (int32 vector) for output `index` of a
-        request with seed halves (seed_lo, seed_hi): `philox_uniform`'s bits."""
+    def _gumbel_block(x, start, seed_lo, seed_hi, index, GROUP: tl.constexpr,
+                      ROUNDS: tl.constexpr, LIBDEVICE: tl.constexpr):
+        """x + Gumbel noise of the 4 * GROUP vocabulary entries start.. (x: [4 * GROUP],
+        start a multiple of 4 * GROUP: one Philox block) for output `index` of a request with
+        seed halves (seed_lo, seed_hi): `philox_uniform`'s bits, one Philox4x32 call per
+        four entries (word w of counter k is entry w * GROUP + k of the block)."""
+        c0 = ((start // (4 * GROUP)) * GROUP + tl.arange(0, GROUP)).to(tl.uint32)
         k0 = (seed_lo & 0xFFFFFFFF).to(tl.uint32)
         k1 = (seed_hi & 0xFFFFFFFF).to(tl.uint32)
-        c0 = v.to(tl.uint32)
         c1 = (index & 0xFFFFFFFF).to(tl.uint32) + tl.zeros_like(c0)
         c2 = tl.zeros_like(c0)
         c3 = tl.zeros_like(c0)
@@ -542,7 +568,10 @@ if triton is not None:
             c3 = lo0
             k0 = k0 + 0x9E3779B9
             k1 = k1 + 0xBB67AE85
-        u = ((c0 >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+        # [GROUP, 2, 2] with [k, j, i] = word 2i + j, then [i, j, k]: entry (2i + j) * GROUP + k
+        words = tl.join(tl.join(c0, c1), tl.join(c2, c3))
+        bits = tl.reshape(tl.permute(words, (2, 1, 0)), (4 * GROUP,))
+        u = ((bits >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
         if LIBDEVICE:  # logf, as torch.log on CUDA
             g = libdevice.log(-libdevice.log(u))
         else:  # the interpreter: numpy's log
@@ -565,8 +594,9 @@ if triton is not None:
         noise = tl.load(noise_ptr + row)
         cut = tl.load(cut_ptr + row)
         if noise > 0:  # greedy rows skip the random stream
-            score = _gumbel_score(x, v, tl.load(lo_ptr + row), tl.load(hi_ptr + row),
-                                  tl.load(idx_ptr + row), ROUNDS, LIBDEVICE)
+            score = _gumbel_block(x, chunk * BLOCK, tl.load(lo_ptr + row),
+                                  tl.load(hi_ptr + row), tl.load(idx_ptr + row), BLOCK // 4,
+                                  ROUNDS, LIBDEVICE)
         else:
             score = x
         score = tl.where(mask & (x >= cut), score, float("-inf"))
@@ -793,7 +823,8 @@ if triton is not None:
             v = start + tl.arange(0, BLOCK)
             mask = v < V
             x = tl.load(base + v, mask=mask, other=0.0) * inv_t
-            score = _gumbel_score(x, v, seed_lo, seed_hi, index, ROUNDS, LIBDEVICE)
+            score = _gumbel_block(x, start, seed_lo, seed_hi, index, BLOCK // 4, ROUNDS,
+                                  LIBDEVICE)
             score = tl.where(mask & (x >= cut), score, float("-inf"))
             m = tl.max(score, 0)
             first_v = tl.min(tl.where(score == m, v, V), 0)
@@ -807,7 +838,7 @@ if triton is not None:
 # `_redraw_kernel`: vocabulary entries per block (one program per row, 16 warps), and the most
 # values of a row it copies out of the part where the top-p weight crosses (scratch [B, CAP]
 # float32: 16 MB at 256 rows; a row with more is searched in place).
-REDRAW_BLOCK = 2048
+REDRAW_BLOCK = 4 * PHILOX_GROUP  # one Philox block per iteration (`_gumbel_block`)
 REDRAW_CAP = 16384
 # `_bracket_kernel`: values that split (winner, max) into parts, and entries per inner tile
 # ([BRACKET_SUB, BRACKET_VALUES] comparisons).

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from engine.sampling import (
     BatchParams,
     SamplingParams,
+    PHILOX_GROUP,
     philox_uniform,
     sample_batch,
     sample_reference,
@@ -105,6 +106,34 @@ def test_philox_stream_is_a_function_of_seed_index_and_token():
     assert not torch.equal(u[0], u[1]) and not torch.equal(u[0], u[2])
     again = philox_uniform(lo[:1], hi[:1], torch.tensor([0]), 64)
     assert torch.equal(u[0], again[0])
+
+
+def _philox4x32_10(counter, key):
+    """Philox4x32-10 on Python ints (Salmon et al. 2011), for the stream's oracle."""
+    mask = 0xFFFFFFFF
+    c0, c1, c2, c3 = counter
+    k0, k1 = key
+    for _ in range(10):
+        p0, p1 = c0 * 0xD2511F53, c2 * 0xCD9E8D57
+        c0, c1, c2, c3 = ((p1 >> 32) ^ c1 ^ k0) & mask, p1 & mask, ((p0 >> 32) ^ c3 ^ k1) & mask, p0 & mask
+        k0, k1 = (k0 + 0x9E3779B9) & mask, (k1 + 0xBB67AE85) & mask
+    return c0, c1, c2, c3
+
+
+def test_philox_stream_takes_all_four_words_of_each_call():
+    # Random123's known answers for Philox4x32-10
+    assert _philox4x32_10((0, 0, 0, 0), (0, 0)) == (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)
+    assert _philox4x32_10((2**32 - 1,) * 4, (2**32 - 1,) * 2) == (
+        0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)
+    seed_lo, seed_hi, index, vocab = 12345, 7, 3, 9000
+    u = philox_uniform(torch.tensor([seed_lo]), torch.tensor([seed_hi]), torch.tensor([index]),
+                       vocab)[0]
+    g = PHILOX_GROUP
+    for v in (0, 1, g - 1, g, 2 * g + 5, 4 * g - 1, 4 * g, 4 * g + g + 3, vocab - 1):
+        counter, word = (v // (4 * g)) * g + v % g, (v % (4 * g)) // g
+        bits = _philox4x32_10((counter, index, 0, 0), (seed_lo, seed_hi))[word]
+        want = (torch.tensor(bits >> 8, dtype=torch.float32) + 0.5) * (1.0 / 16777216.0)
+        assert u[v].item() == want.item(), v  # the same float32 arithmetic as the kernels
 
 
 _TRITON_CHECK = r"""
