@@ -57,6 +57,22 @@ def test_serving_steps_replay_their_decode_rows_mixed_steps_too():
                          for s in mixed)
 
 
+def test_a_mixed_steps_bucket_holds_its_decode_rows_not_its_admissions():
+    """4 decode rows beside 1 admission: bucket 4 (rows only), not 8 (rows + admissions)."""
+    config = ProtocolConfig(**SMALL)
+    reqs = [Request(i, (1, 2), max_tokens=4) for i in range(4)]
+    late = [Request(4, (5, 6, 7), max_tokens=2)]
+
+    def submit_late(ctrl, command):
+        if isinstance(command, Step) and late:
+            ctrl.submit(late.pop())
+
+    _, _, _, sent, _ = drive(config, reqs, after_reply=submit_late)
+    mixed = [s for s in sent if isinstance(s, Step) and s.rows and s.admits]
+    assert mixed and all(len(s.rows) == 4 and s.key == GraphKey(4) and s.bucket == 4
+                         for s in mixed)
+
+
 def test_admissions_per_step_respect_the_prefill_token_budget():
     config = ProtocolConfig(**SMALL, max_prefill_tokens=10)
     lengths = [4, 5, 2, 12, 3, 9, 1]

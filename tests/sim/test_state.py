@@ -176,3 +176,18 @@ def test_i21_flags_a_row_whose_slot_caches_fewer_tokens_than_its_position():
     gap = DecodeRow(slot=0, request_id=7, token=5, position=2)  # position 1 never written
     assert not world.device_model.check_continues(0, 1, kv, [gap])
     assert world.outcome.invariant == "I21" and world.outcome.step == 1
+
+
+@pytest.mark.timeout(120)
+def test_overlapped_eager_decode_feeds_its_rows_and_matches_the_reference():
+    """Served without graphs, overlapped scheduling's decode steps (mixed ones too) run eagerly
+    and read their input tokens on the device (`EagerDecode.feed`). With graphs on, every decode
+    step of the check's workload replays, so no shipped row runs this path any more: a fed
+    eager decode that ignores its feed survived `lockstep check` and tests/sim."""
+    from sim.variants_overlap import overlapped
+
+    sc = overlapped(default_scenario(**SMALL, cuda_graphs=False))
+    result = run_schedule(sc, REGISTRY["correct"], RandomWalk(0))
+    assert result.outcome.verdict == "clean", result.outcome.detail
+    assert result.reached["eager_decode"] > 0 and result.reached["replay"] == 0
+    assert result.reached["fed_row"] > 0
