@@ -57,7 +57,8 @@ class EngineConfig:
             startup sweep may take, under the watchdog that aborts (I6); `create` defaults
             to step_timeout_s.
         cuda_graph: capture one decode graph per eligible bucket at startup and replay them
-            for decode-only steps (CUDA only); `create` defaults to on with CUDA.
+            for every step's decode rows, mixed steps' too (their prefill runs eagerly
+            first; I21) (CUDA only); `create` defaults to on with CUDA.
         gpu_memory_utilization: fraction (0, 1] of each GPU's memory the engine may hold
             (weights, activations, graphs, KV cache). Default 0.9.
         progress: print loading progress, capture progress and the memory report to stderr.

@@ -434,8 +434,9 @@ class DeviceModel:
                 self.world.outcome = Outcome(
                     "invariant", f"I21 violated: rank {r}'s step {seq} decodes request "
                     f"{row.request_id} at position {row.position} of slot {row.slot}, whose "
-                    f"sequence caches {have} tokens: the row reads KV nobody wrote (a prompt "
-                    "must be prefilled before its request is a decode row)", "I21",
+                    f"sequence caches {have} tokens: the row reads KV its sequence never "
+                    "wrote there (a prompt not prefilled before its request became a decode "
+                    "row, or a stale cache)", "I21",
                     rank=r, step=seq)
                 return False
         return True

@@ -42,7 +42,7 @@ from protocol.controller import Controller, Sampled
 from protocol.worker import Worker
 from sim.common import DONE
 from sim.scenario import Scenario
-from sim.variants import Variant, register
+from sim.variants import Variant, eager_decode, register
 
 STOP_EVERY = 4
 """`stopping` makes every STOP_EVERY-th token id of the vocabulary a stop token."""
@@ -74,6 +74,19 @@ register(Variant(
            "by step parity, and leftover rows' tokens are dropped (I11, I12, I20).",
     adjust=lambda sc: stopping(overlapped(sc)),
     reaches=("fed_row", "leftover_row")))
+
+
+register(Variant(
+    name="overlapped-eager",
+    summary="overlapped scheduling served without CUDA graphs: every decode step runs eagerly "
+            "and feeds its rows from the previous step's ids on the device",
+    source="the overlapped-scheduling row on the eager path (with graphs, mixed steps replay "
+           "too and no decode step of the check's workload is eager)",
+    expected={"shared": "clean", "per-rank": "clean"},
+    remedy="Nothing to fix: the eager decode gathers its fed rows exactly as the replay's "
+           "metadata copy does (I20).",
+    adjust=lambda sc: stopping(overlapped(eager_decode(sc))),
+    reaches=("fed_row", "leftover_row"), schedules=20, fault_schedules=10))
 
 
 # -- overlap-one-staging-buffer -------------------------------------------------------------------

@@ -203,8 +203,10 @@ register(Variant(
     summary="a step's admitted prompts are dispatched into the decode CUDA graph as rows of "
             "its replay and are never prefilled",
     source="vllm-project/vllm #53051 (a prefill shaped like a speculative-decode batch was "
-           "dispatched into the FULL decode graph, whose replay dropped the prefill's state "
-           "writes: garbage output); guard in vllm-project/vllm PR #55123",
+           "dispatched into the FULL decode graph, whose replay dropped the prefill's "
+           "recurrent-state writes: garbage output; dispatch-side fix PR #53059, replay-side "
+           "guard PR #55123), generalised: here the dispatch counts every admission as one "
+           "row, and the lost writes are the prompt's KV",
     expected={"shared": "invariant:I21", "per-rank": "invariant:I21"},
     remedy="A mixed step runs its prefill as an eager forward of its own, then replays the "
            "graph of the bucket that holds its decode rows only; a graph never covers prompt "

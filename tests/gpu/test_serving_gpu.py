@@ -161,7 +161,7 @@ def test_packed_prefill_logits_match_hf(model_dir):
 
 def test_chunked_prefill_equals_unchunked_with_graphs(model_dir):
     """Prompts longer than the step's prefill budget (chunked through the chunk slot, beside
-    replayed and eager decode rows) give the tokens and logits of prefilling them at once."""
+    replayed decode rows) give the tokens and logits of prefilling them at once."""
     from engine.llm import LLM
     from engine.sampling import SamplingParams
 
