@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import shlex
 import shutil
 import sys
@@ -168,6 +169,10 @@ def run(args: argparse.Namespace) -> int:
         apply_workload_flags(args)
     except BenchArgError as exc:
         return _error(str(exc))
+    if args.plot_path is not None and importlib.util.find_spec("matplotlib") is None:
+        # asked for by name: refused before the run (a plot implied by --json only notes it)
+        return _error(f"--plot {args.plot_path}: needs matplotlib, which is not installed "
+                      "(pip install matplotlib)")
     if args.workload == "throughput":
         return run_throughput(args)
     try:

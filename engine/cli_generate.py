@@ -156,6 +156,10 @@ def check_before_load(args: argparse.Namespace, params) -> None:
             if not 0 <= t < cfg.vocab_size:
                 raise RequestError(f"prompt token id {t} outside the vocabulary [0, {cfg.vocab_size})")
         length = len(args.prompt_ids)
+    if args.max_model_len is not None and args.max_model_len > cfg.max_position:
+        # named by its flag here; the engine's own check would name the field
+        raise RequestError(f"--max-model-len {args.max_model_len} exceeds the model's "
+                           f"max_position_embeddings {cfg.max_position}")
     limit = args.max_model_len if args.max_model_len is not None else min(cfg.max_position, 2048)
     if length + args.max_tokens > limit:
         raise RequestError(f"prompt of {tokens(length)} + --max-tokens {args.max_tokens} exceeds "

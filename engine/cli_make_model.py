@@ -93,8 +93,9 @@ def _check_space(text: str, preset: str, dtype: str, overwrite: bool) -> str | N
     free = shutil.disk_usage(path).free + freed
     if need * SPACE_MARGIN + (1 << 20) > free:
         return (f"--out {text!r}: the {preset} model ({dtype}) needs {need / 1e9:.2f} GB and "
-                f"its disk has {free / 1e9:.2f} GB free; choose another --out, a smaller "
-                "preset, or a 2-byte --dtype")
+                f"its disk has {free / 1e9:.2f} GB free; choose another --out"
+                + (", a smaller preset, or a 2-byte --dtype" if ITEMSIZE[dtype] > 2
+                   else " or a smaller preset"))
     return None
 
 
@@ -102,8 +103,14 @@ def _check_space(text: str, preset: str, dtype: str, overwrite: bool) -> str | N
 def run(args: argparse.Namespace) -> int:
     """Write the directory; returns the exit status (0 on success, 2 on a bad --out or one
     whose disk is too small for the model, 1 if writing fails part-way)."""
-    problem = _check_out(args.out, args.overwrite) or _check_space(args.out, args.preset,
-                                                                   args.dtype, args.overwrite)
+    from pathlib import Path
+
+    existed = Path(args.out).exists()
+    problem = _check_out(args.out, args.overwrite)
+    if problem is None:
+        problem = _check_space(args.out, args.preset, args.dtype, args.overwrite)
+        if problem is not None and not existed:  # leave no empty directory behind
+            Path(args.out).rmdir()
     if problem:
         print(f"lockstep make-model: error: {problem}", file=sys.stderr)
         return 2

@@ -209,10 +209,24 @@ CLEAN = VerdictIn(frozenset({"clean"}))
 CLEAN_OR_ABORT = VerdictIn(frozenset({"clean", "abort"}))
 
 
+def _unreachable(variant: Variant, scenario: Scenario) -> str | None:
+    """Why ``scenario`` cannot reach what ``variant`` needs (its ``unreachable`` hook), or None.
+
+    Raises:
+        ConfigError: the hook returned something other than None or a non-empty string (a
+            clean variant's row as a bad one's: a bad hook is an error, not a reason).
+    """
+    reason = variant.unreachable(scenario) if variant.unreachable else None
+    if reason is not None and not (isinstance(reason, str) and reason):
+        raise ConfigError(f"variant {variant.name!r}: unreachable returned {reason!r:.80}; "
+                          "expected None (reachable) or a non-empty reason string")
+    return reason
+
+
 def check_correct(variant: Variant, spec: CheckSpec, topology: str, progress=None) -> list[Row]:
     """Rows for a protocol that must be clean, and fail loudly under faults."""
     base = variant.scenario(spec.scenario(topology))
-    reason = variant.unreachable(base) if variant.unreachable else None
+    reason = _unreachable(variant, base)
     if reason is not None:  # what the design exists for never happens in this configuration
         return [Row(variant.name, topology, "clean", NOT_REACHABLE, SearchStats(), reason, None,
                     base, True)]
@@ -276,10 +290,7 @@ def bad_search_setup(variant: Variant, spec: CheckSpec, topology: str,
     """
     if scenario is None:
         scenario = variant.scenario(spec.scenario(topology))
-    reason = variant.unreachable(scenario) if variant.unreachable else None
-    if reason is not None and not (isinstance(reason, str) and reason):
-        raise ConfigError(f"variant {variant.name!r}: unreachable returned {reason!r:.80}; "
-                          "expected None (reachable) or a non-empty reason string")
+    reason = _unreachable(variant, scenario)
     scenario_for, acceptable = Fixed(scenario), CLEAN
     if reason is None and variant.fault_search is not None:
         faults = variant.fault_search.members(scenario, variant, spec.seed)

@@ -453,7 +453,9 @@ class DeviceModel:
                 self.world.outcome = Outcome(
                     "invariant", f"I19 violated: rank {r}'s prefill in step {seq} writes request "
                     f"{rid}'s prompt from position {start} in slot {slot}, whose sequence "
-                    f"caches {have} tokens: a chunk must continue its sequence", "I19",
+                    f"caches {have} tokens: a prefill piece must continue its slot's "
+                    "sequence (a whole prompt starts in an empty slot, a chunk right after "
+                    "the tokens cached)", "I19",
                     rank=r, step=seq)
                 return False
         return True

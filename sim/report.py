@@ -93,7 +93,8 @@ def _participant(actor: str) -> str:
 
 
 def _mermaid_text(text: str) -> str:
-    return text.replace(";", ",").replace("#", "no. ").replace(":", " -")[:160]
+    text = text.replace(";", ",").replace("#", "no. ").replace(":", " -")
+    return text if len(text) <= 160 else text[:159].rstrip() + "…"
 
 
 def mermaid(result: RunResult, limit: int = 40) -> str:

@@ -62,6 +62,21 @@ def test_no_cuda_is_a_one_line_error(capsys, monkeypatch):
     assert err.count("lockstep bench") == 1  # it read 'lockstep bench: error: lockstep bench needs'
 
 
+@pytest.mark.parametrize("workload", ["decode", "throughput"])
+def test_a_plot_without_matplotlib_is_refused_before_the_run(workload, capsys, monkeypatch):
+    """Old behaviour (a fresh user's reading): `--plot x.png` without matplotlib said
+    "no plot written" only after the whole benchmark."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    assert main(["bench", "--preset", "tiny", "--workload", workload, "--plot", "x.png"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("lockstep bench: error: --plot x.png: needs matplotlib, which is not "
+                   "installed (pip install matplotlib)")
+
+
 def test_model_dir_checks_read_its_config(tiny_dir):
     cfg = validate(BenchOptions(model=str(tiny_dir), batch_sizes=[1, 2]))
     assert cfg["num_attention_heads"] == 4

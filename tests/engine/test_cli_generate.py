@@ -61,6 +61,8 @@ def test_generate_errors_exit_2_with_one_line(tiny_dir, capsys, argv, status, fr
     (["--step-timeout", "0"], "--step-timeout 0 must be"),
     (["--step-timeout", "nan"], "--step-timeout nan must be"),
     (["--prompt-ids", "1,99999"], "prompt token id 99999 outside the vocabulary"),
+    (["--prompt-ids", "1,2", "--max-model-len", "99999999"],
+     "--max-model-len 99999999 exceeds the model's max_position_embeddings 2048"),
     (["--max-model-len", "0"], "--max-model-len 0 must be at least 1"),
 ])
 def test_bad_requests_are_refused_before_the_model_loads(tiny_dir, capsys, monkeypatch, argv, fragment):

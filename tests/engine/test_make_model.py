@@ -250,6 +250,26 @@ def test_a_disk_too_small_for_the_model_is_refused_before_writing(tmp_path, caps
     assert sorted(p.name for p in out.iterdir()) == before  # the old model is still there
 
 
+@pytest.mark.parametrize("dtype, hint", [("bfloat16", "choose another --out or a smaller preset"),
+                                         ("float32", "a smaller preset, or a 2-byte --dtype")])
+def test_a_disk_too_small_leaves_no_new_directory_behind(tmp_path, capsys, monkeypatch, dtype,
+                                                         hint):
+    """Found by a fresh user: the refusal had already created the empty --out directory, and
+    advised a 2-byte --dtype to a bfloat16 model."""
+    import collections
+    import shutil
+
+    from lockstep.cli import main
+
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10**12, 10**12 - 10**6, 10**6))
+    out = tmp_path / "new" / "m"
+    (tmp_path / "new").mkdir()
+    assert main(["make-model", "--preset", "qwen3-0.6b", "--out", str(out), "--dtype", dtype]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "GB free" in err and err.endswith(hint) and not out.exists()
+
+
 def test_a_directory_left_by_an_interrupted_make_model_is_named_as_such(tmp_path, capsys):
     """Found by a fresh user: Ctrl-C during make-model left config and tokenizer files and no
     weights; make-model then said the directory "already holds a model" while generate said

@@ -381,20 +381,25 @@ def test_a_mistake_in_a_user_variant_is_named_at_load(tmp_path, capsys, field, w
                    f"{words}" + err.split(words, 1)[1]) and err.endswith("(at mistake.py:3)")
 
 
+@pytest.mark.parametrize("expected", ["deadlock", "clean"])
 @pytest.mark.parametrize("hook, words", [
     ("adjust=lambda sc: None", "adjust returned None, not a Scenario"),
     ("unreachable=lambda sc: 5", "unreachable returned 5; expected None (reachable) or a "
                                  "non-empty reason string"),
+    ('unreachable=lambda sc: ""', "unreachable returned ''; expected None (reachable) or a "
+                                  "non-empty reason string"),
 ])
 def test_a_user_hook_returning_the_wrong_thing_is_an_error_row_naming_it(tmp_path, capsys, hook,
-                                                                         words):
+                                                                         words, expected):
     """Old behaviour: `AttributeError: 'NoneType' object has no attribute 'config' (at
-    world.py:110)`; an unreachable hook returning 5 printed `not reachable here: 5`."""
-    name = f"my-hook-{hook.split('=')[0]}"  # the registry is per process: one name per case
+    world.py:110)`; an unreachable hook returning 5 printed `not reachable here: 5`, and on a
+    variant expected clean it still did (OK 0/0, exit 0: a fresh user's finding)."""
+    # the registry is per process: one name per case
+    name = f"my-hook-{hook.split('=')[0]}-{expected}-{len(hook)}"
     path = tmp_path / "hooks.py"
     path.write_text("from sim.variants import Variant\n"
-                    f'V = Variant("{name}", "s", "t", {{"shared": "deadlock", "per-rank": "deadlock"}},'
-                    f" {hook})\n")
+                    f'V = Variant("{name}", "s", "t", {{"shared": "{expected}", '
+                    f'"per-rank": "{expected}"}}, {hook})\n')
     assert main(["check", "--variant-file", str(path), "--topology", "shared", "--no-progress",
                  "--jobs", "1"]) == 1
     out = capsys.readouterr().out
