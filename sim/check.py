@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from protocol.errors import ConfigError
+from sim.checks import attribute_divergence
 from sim.guard import Stalled, describe, locate, watchdog
 from sim.hazards import HazardModel
 from sim.reduce import reduce_schedule
@@ -237,6 +238,7 @@ def check_correct(variant: Variant, spec: CheckSpec, topology: str, progress=Non
     if result.failure is not None:
         got, detail = verdict_label(result.failure), result.failure.outcome.detail
         minimal = reduce_schedule(base, variant, result.failure, max_attempts=spec.reduce_attempts)
+        minimal = attribute_divergence(minimal.world.scenario, variant, minimal)
     elif stats.schedules == 0 or stats.budget_reached:
         got, detail, minimal = "incomplete", _incomplete(stats, planned), None
     else:
@@ -325,6 +327,7 @@ def check_bad(variant: Variant, spec: CheckSpec, topology: str, progress=None,
     attempts = spec.reduce_attempts if reduce_attempts is None else reduce_attempts
     minimal = (reduce_schedule(result.failure.world.scenario, variant, result.failure,
                                max_attempts=attempts) if reduce else result.failure)
+    minimal = attribute_divergence(minimal.world.scenario, variant, minimal)
     detail = minimal.outcome.detail
     if got.startswith("invariant:") and expected.startswith("invariant:"):
         detail = ("no deadlock or divergence manifested in this topology; the rule check flags: "

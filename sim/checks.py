@@ -35,18 +35,72 @@ def _reference(prompt: tuple[int, ...], max_tokens: int, stop: frozenset[int],
     return tuple(out)
 
 
-def token_divergence(world) -> Outcome | None:
-    """Requests whose sampled tokens differ from running them alone."""
+def first_wrong_token(world) -> tuple[int, int] | None:
+    """(request id, output index) of the first finished request's first token that differs
+    from running it alone (or where its outputs end early or run long), or None."""
     ctrl = world.ctrl
     for rid in sorted(ctrl.finished):
         got = ctrl.outputs[rid]
         want = reference_tokens(ctrl.requests[rid], world.scenario.vocab)
         if got != want:
-            first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
-            return Outcome("divergence", f"request {rid} diverged at output token {first}: sampled "
-                                         f"{got[first:first + 3]}, running alone gives {want[first:first + 3]}",
-                           "I12" if world.events["replay"] else "I11")
+            return rid, next((i for i, (a, b) in enumerate(zip(got, want)) if a != b),
+                             min(len(got), len(want)))
     return None
+
+
+def token_divergence(world) -> Outcome | None:
+    """Requests whose sampled tokens differ from running them alone."""
+    where = first_wrong_token(world)
+    if where is None:
+        return None
+    rid, first = where
+    ctrl = world.ctrl
+    got = ctrl.outputs[rid]
+    want = reference_tokens(ctrl.requests[rid], world.scenario.vocab)
+    return Outcome("divergence", f"request {rid} diverged at output token {first}: sampled "
+                                 f"{got[first:first + 3]}, running alone gives {want[first:first + 3]}",
+                   "I12" if world.events["replay"] else "I11")
+
+
+def attribute_divergence(scenario, variant, result):
+    """``result`` (a `sim.run.RunResult`) whose token divergence names the step that sampled
+    the first wrong token: the run is replayed with a watch on that request's outputs, and the
+    step is the command whose replies delivered the token (step-locked) or, for an overlapped
+    step, the step whose tokens those replies carried (`Step.read`). Other results, and a
+    divergence whose token cannot be found again, are returned unchanged. For reports: one
+    extra run."""
+    from dataclasses import replace
+
+    from protocol.commands import Step
+    from sim.run import run_schedule
+    from sim.strategies import Replay
+
+    outcome = result.outcome
+    if outcome.verdict != "divergence" or outcome.step is not None:
+        return result
+    where = first_wrong_token(result.world)
+    if where is None:
+        return result
+    rid, index = where
+    steps: dict[int, Step] = {}
+    found: list[int] = []
+
+    def watch(world) -> None:
+        current = world.ctrl.current
+        if isinstance(current, Step):
+            steps[current.seq] = current
+        if found or len(world.ctrl.outputs.get(rid, ())) <= index:
+            return
+        seq = next(e.seq for e in reversed(world.trace)
+                   if e.actor == "controller" and e.kind == "receive")
+        step = steps.get(seq)
+        found.append(step.read if step is not None and step.overlap else seq)
+
+    run_schedule(scenario, variant, Replay(result.choices), on_state=watch)
+    if not found or found[0] is None:
+        return result
+    detail = f"{outcome.detail} (the token step {found[0]} sampled)"
+    return replace(result, outcome=replace(outcome, step=found[0], detail=detail))
 
 
 def trace_violation(world) -> Outcome | None:

@@ -191,3 +191,32 @@ def test_overlapped_eager_decode_feeds_its_rows_and_matches_the_reference():
     assert result.outcome.verdict == "clean", result.outcome.detail
     assert result.reached["eager_decode"] > 0 and result.reached["replay"] == 0
     assert result.reached["fed_row"] > 0
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", ["chunk-token-kept", "overlap-keeps-leftover-token",
+                                  "async-row-parallel"])
+def test_a_token_divergence_names_the_step_that_sampled_the_wrong_token(name):
+    """Issue 10 item 1: the report points at the step that produced the wrong token, not at
+    teardown; that step (the overlapped reply's `read` step under overlap) holds a row or an
+    admission of the request."""
+    from sim.checks import first_wrong_token
+    from sim.strategies import Replay
+
+    row = check_bad(REGISTRY[name], SPEC, "shared")
+    minimal = row.minimal
+    outcome = minimal.outcome
+    assert outcome.verdict == "divergence" and outcome.step is not None
+    assert f"(the token step {outcome.step} sampled)" in outcome.detail
+    rid, _ = first_wrong_token(minimal.world)
+    steps = {}
+
+    def record(world):
+        if isinstance(world.ctrl.current, Step):
+            steps[world.ctrl.current.seq] = world.ctrl.current
+
+    run_schedule(minimal.world.scenario, REGISTRY[name], Replay(minimal.choices), on_state=record)
+    step = steps[outcome.step]
+    chunk = (step.chunk.request_id,) if step.chunk is not None else ()
+    assert rid in step.rows.request_ids + tuple(a.request_id for a in step.admits) + chunk
+    assert outcome.step < max(steps)  # not the last serving step by default, nor teardown
