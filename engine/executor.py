@@ -41,6 +41,7 @@ import torch
 
 from engine.config import ModelConfig, check_parallel, load_model_config
 from engine.kernels.decode_attention import (
+    ORDER_MIN_ROWS,
     SplitWorkspace,
     longest_first,
     paged_decode_attention_torch,
@@ -95,15 +96,18 @@ class RankExecutor(Backend):
         nb = max(settings.buckets)
         # replay inputs: token ids and positions are rows of one int64 buffer, so a step's
         # rows arrive in one host-to-device copy (from a pinned staging buffer on CUDA)
-        # (a fourth row: the feed indices of an overlapped step, `protocol.commands.Step.feed`)
-        self._replay_in = torch.zeros(4, nb, dtype=torch.long, device=self.device)
+        # (a fourth row: the feed indices of an overlapped step, `protocol.commands.Step.feed`;
+        # a fifth: the order in which decode attention takes the rows, `longest_first`, always
+        # a permutation of the first `bucket` entries, so it starts as the identity)
+        self._replay_in = torch.zeros(5, nb, dtype=torch.long, device=self.device)
+        self._replay_in[4] = torch.arange(nb, device=self.device)
         self.input_ids = self._replay_in[0]
         self.positions = self._replay_in[1]
         self.slot_ids = torch.zeros(nb, dtype=torch.int32, device=self.device)
         cuda = self.device.type == "cuda"
         # two pinned staging buffers, by step parity: under overlapped scheduling step n+1's
         # rows are written while step n's copy may still wait on the stream (I12)
-        self._staging = torch.zeros(2, 4 * nb, dtype=torch.long, pin_memory=cuda)
+        self._staging = torch.zeros(2, 5 * nb, dtype=torch.long, pin_memory=cuda)
         # the sampled token ids of a step's rows and admissions: on the device, where the next
         # overlapped step's rows read their input tokens (I20), and copied without blocking
         # into one of two pinned host buffers by step parity (one is read while the next
@@ -182,13 +186,24 @@ class RankExecutor(Backend):
         ids = torch.zeros(rows, dtype=torch.long, device=self.device)
         slots = torch.full((rows,), kv.padding_slot, dtype=torch.int32, device=self.device)
         pos = torch.zeros_like(ids)
-        return self.model.compute_logits(self.model(ids, pos, self._decode_context(slots, kv, pos)))
+        order = torch.arange(rows, device=self.device)  # the padding rows, all of one length
+        return self.model.compute_logits(
+            self.model(ids, pos, self._decode_context(slots, kv, order)))
 
-    def _decode_context(self, slots: torch.Tensor, kv: KVCache, pos: torch.Tensor) -> StepContext:
+    @staticmethod
+    def _orders_rows(bucket: int) -> bool:
+        """Whether decode attention takes a launch of `bucket` rows in `longest_first` order
+        (the Triton kernel; the CPU's torch path is handed the order too, and ignores it)."""
+        return bucket >= ORDER_MIN_ROWS
+
+    def _decode_context(self, slots: torch.Tensor, kv: KVCache,
+                        order: torch.Tensor) -> StepContext:
         """The attention context of a decode forward (the captured step and its warm-up alike,
-        so the warm-up loads the same kernels: the row sort and the ordered attention)."""
-        order = longest_first(pos) if self.device.type == "cuda" else None
-        return StepContext(False, slots, kv, self.decode_attention, row_order=order)
+        so the warm-up loads the same kernels: the ordered attention from ORDER_MIN_ROWS rows
+        on). order: int64 [rows], the row order on the device."""
+        ordered = self._orders_rows(slots.shape[0])
+        return StepContext(False, slots, kv, self.decode_attention,
+                           row_order=order if ordered else None)
 
     def warmup_collective(self, nbytes: int) -> None:
         """One eager all-reduce of `nbytes` bytes (rounded up to whole elements) (I5).
@@ -482,7 +497,10 @@ class RankExecutor(Backend):
         row -- and sent in one copy (pinned staging, non-blocking, on CUDA); the slot ids are
         then converted to int32 on the device. An overlapped step (``step.feed``) carries no
         tokens: a fourth row holds the feed indices, and row i's token is gathered on the
-        device from the ids the previous step sampled (I20).
+        device from the ids the previous step sampled (I20). A bucket of ORDER_MIN_ROWS rows
+        or more adds a fifth row: the order in which decode attention takes the rows
+        (`longest_first` of the positions, one host sort; a launch of its own on the device
+        cost more), the fourth row then zeros unless fed.
         """
         self.kv.flush_pages()
         rows, n, bucket = step.rows, len(step.rows), step.bucket
@@ -498,6 +516,12 @@ class RankExecutor(Backend):
             packed.extend(step.feed)
             packed += self._zeros[:pad]
         nrows = 4 if fed else 3
+        if self._orders_rows(bucket):  # the fifth row (the fourth unused unless fed)
+            order = longest_first(packed[bucket:2 * bucket])
+            if not fed:
+                packed += self._zeros[:bucket]
+            packed.extend(order)
+            nrows = 5
         host = torch.frombuffer(packed, dtype=torch.long)
         if self.device.type == "cuda":  # the buffer of this step's parity (overlap: I12)
             host = self._staging[step.seq % 2, :nrows * bucket].copy_(host)
@@ -515,7 +539,8 @@ class RankExecutor(Backend):
         (graph-capturable)."""
         ids, pos, slots = self.input_ids[:bucket], self.positions[:bucket], self.slot_ids[:bucket]
         self.kv.seq_lens.index_copy_(0, slots.long(), (pos + 1).to(torch.int32))
-        hidden = self.model(ids, pos, self._decode_context(slots, self.kv, pos))
+        hidden = self.model(ids, pos, self._decode_context(slots, self.kv,
+                                                           self._replay_in[4, :bucket]))
         return self.model.compute_logits(hidden, out)
 
     def run_eager(self, step) -> None:

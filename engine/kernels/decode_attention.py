@@ -105,8 +105,11 @@ MAX_SPLITS = 16
 # that comes last runs alone at the end of the launch; longest first, the short ones fill the
 # tail. H200, 2026-12-01, one layer call, lengths uniform in [100, 2048] in random order:
 # 256 rows 277 -> 269 us, 96 rows 130 -> 125 us, 64 rows no gain (88 against 90 us); workload
-# W decode GPU time 5.07 -> 5.01 s. The sort is a launch of its own (27 us, once per step),
-# so smaller launches, whose few programs finish together, go unsorted.
+# W decode GPU time 5.07 -> 5.01 s. Smaller launches, whose few programs finish together, go
+# unsorted. The order is computed on the host from the step's positions and travels with them
+# in the step's one host-to-device copy: on the device, `torch.argsort` was a launch of its
+# own inside the graph, 27-30 us per step at 256 rows (a one-launch Triton rank kernel was no
+# faster, 29 us; H200, 2026-12-01).
 ORDER_MIN_ROWS = 64
 
 
@@ -124,13 +127,14 @@ def num_splits(rows: int, kv_heads: int) -> int:
     return split
 
 
-def longest_first(positions: torch.Tensor) -> torch.Tensor | None:
-    """The batch rows of a decode step, longest sequence first (int64 [B], one sort on the
-    device, graph-capturable), for `row_order`; None for launches of fewer than ORDER_MIN_ROWS
-    rows. positions: int [B], each row's position (its length - 1)."""
-    if positions.shape[0] < ORDER_MIN_ROWS:
+def longest_first(positions) -> list[int] | None:
+    """The batch rows of a decode step, longest sequence first and rows of one length in batch
+    order (a permutation of range(B), computed on the host), for `row_order`; None for
+    launches of fewer than ORDER_MIN_ROWS rows. positions: B ints (a sequence or int array),
+    each row's position (its length - 1); padding rows' 0 puts them last."""
+    if len(positions) < ORDER_MIN_ROWS:
         return None
-    return torch.argsort(positions, descending=True)
+    return sorted(range(len(positions)), key=positions.__getitem__, reverse=True)  # stable
 
 
 class SplitWorkspace:

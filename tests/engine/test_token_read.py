@@ -49,3 +49,35 @@ def test_a_batch_with_a_host_top_k_bound_samples_the_same_tokens():
     assert torch.equal(sample_batch(logits, bound)[0], read)
     wider = BatchParams(**{**bp.__dict__, "max_top_k": 399})  # any bound >= every top_k
     assert torch.equal(sample_batch(logits, wider)[0], read)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("fed", [False, True])
+def test_a_long_bucket_sends_its_rows_longest_first_with_the_steps_rows(tiny_dir, fed):
+    """From ORDER_MIN_ROWS rows on, `prepare_replay` packs the row order (longest first,
+    padding rows last) into the step's one copy; the tokens, positions and slots stay where
+    the forward reads them."""
+    from engine.kernels.decode_attention import ORDER_MIN_ROWS, longest_first
+
+    settings = EngineConfig.create(tiny_dir, max_batch=80, max_model_len=32, page_size=16,
+                                   cuda_graph=False)
+    ex = RankExecutor(settings, SINGLE)
+    ex.load_model()
+    ex.allocate_kv(ex.pages_needed())
+    ex.assign_pages_per_slot()
+    n = ORDER_MIN_ROWS + 3
+    bucket = min(b for b in settings.buckets if b >= n)
+    assert bucket > n  # padding rows too
+    positions = [1 + (7 * s) % 30 for s in range(n)]  # ties among them
+    rows = tuple(DecodeRow(slot=s, request_id=s, token=10 + s, position=positions[s])
+                 for s in range(n))
+    feed = tuple(reversed(range(n))) if fed else None
+    ex._sampled_dev[:n] = torch.arange(100, 100 + n)
+    ex.prepare_replay(Step(seq=1, rows=rows, bucket=bucket, feed=feed))
+    order = ex._replay_in[4, :bucket].tolist()
+    assert order == longest_first(positions + [0] * (bucket - n))
+    assert sorted(order) == list(range(bucket)) and set(order[n:]) == set(range(n, bucket))
+    assert ex.positions[:bucket].tolist() == positions + [0] * (bucket - n)
+    assert ex.slot_ids[:n].tolist() == list(range(n))
+    want = [100 + f for f in feed] if fed else [10 + s for s in range(n)]
+    assert ex.input_ids[:n].tolist() == want
