@@ -77,44 +77,43 @@ def test_overlapped_stops_and_preemptions_end_every_request_on_its_rule(model_di
 
 def test_an_overlapped_decode_step_makes_no_host_sync(model_dir):
     """Under torch's sync debug mode, decode steps of an overlapped run raise on any
-    synchronizing call (the wait for the previous step is a CUDA event, which it allows)."""
+    synchronizing call (the wait for the previous step is a CUDA event, which it allows), from
+    the step's first op on: retirements and slot moves included (storing a Python scalar into
+    a slot's length through indexing once blocked the host until the stream drained)."""
+    from protocol.commands import Step
     from engine.llm import LLM
     from engine.sampling import SamplingParams
 
     with LLM(model_dir, device="cuda", max_batch=8, max_model_len=256) as llm:
         assert llm.controller.config.decode_overlap
-        params = SamplingParams(max_tokens=40, temperature=0.7, ignore_eos=True, seed=1)
+        params = [SamplingParams(max_tokens=24 + 3 * i, temperature=0.7, ignore_eos=True,
+                                 seed=i) for i in range(8)]  # they end at different steps
         llm.generate(_prompts(8), params)  # warm: every shape met once
-        executor = llm.ranks.executor
-        steps = []
-        original = executor.prepare_replay
+        strict = []
+        from engine import ranks
 
-        def strict(step):
-            if not step.admits:  # a decode-only step: from here to its reply, no sync
+        run = ranks.execute
+
+        def execute(worker, ex, command, extras):
+            decode_only = (isinstance(command, Step) and command.rows and not command.admits
+                           and command.chunk is None)
+            if decode_only:  # from its first op to its reply, no sync
+                strict.append(command)
                 torch.cuda.set_sync_debug_mode("error")
-                steps.append(step.seq)
-            return original(step)
+            try:
+                return run(worker, ex, command, extras)
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
 
-        executor.prepare_replay = strict
+        ranks.execute = execute
         try:
-            from engine import ranks
-
-            run = ranks.execute
-
-            def execute(worker, ex, command, extras):
-                try:
-                    return run(worker, ex, command, extras)
-                finally:
-                    torch.cuda.set_sync_debug_mode(0)
-
-            ranks.execute = execute
             outs = llm.generate(_prompts(8), params)
         finally:
             ranks.execute = run
-            executor.prepare_replay = original
             torch.cuda.set_sync_debug_mode(0)
-        assert len(steps) > 20
-        assert all(o.finish_reason == "length" for o in outs)
+        assert len(strict) > 20
+        assert any(s.retires for s in strict) and any(s.moves for s in strict)
+        assert [len(o.token_ids) for o in outs] == [p.max_tokens for p in params]
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
