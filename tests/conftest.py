@@ -1,6 +1,8 @@
-"""Test-wide settings: Hypothesis profiles ``ci`` (default, bounded) and ``thorough``."""
+"""Test-wide settings: Hypothesis profiles ``ci`` (default, bounded) and ``thorough``; SIGINT
+handled even when the suite was started as a background job."""
 
 import os
+import signal
 
 from hypothesis import HealthCheck, settings
 
@@ -9,6 +11,13 @@ settings.register_profile("ci", max_examples=30, deadline=None, derandomize=True
 settings.register_profile("thorough", max_examples=500, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+# A suite started as a background job (`make test &`) inherits SIGINT ignored, and so would
+# every command a test starts: Python then never raises KeyboardInterrupt, and the Ctrl-C
+# tests (`lockstep check`, TP 2 `generate`) saw the command run to its end. A caught signal is
+# reset to its default in an exec'd child, so handling it here restores it there.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_unconfigure(config):

@@ -181,10 +181,7 @@ def test_a_signal_stops_tp2_generate_with_one_line_and_no_rank_traceback(tiny_di
                              "--max-tokens", "2000", "--ignore-eos"],
                             cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True,
-                            # a suite started as a background job inherits SIGINT ignored,
-                            # and Python then never raises KeyboardInterrupt: the default back
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            start_new_session=True)
     lines = []
     for line in proc.stderr:  # wait until serving
         lines.append(line)
