@@ -398,7 +398,11 @@ def replay_trace(data: dict) -> tuple[RunResult | None, str | None]:
     if "scenario" not in data:  # replaying under defaults would report a wrong verdict as fact
         raise ConfigError("not a lockstep trace: it has no 'scenario' (the configuration its run "
                           "was made under; `lockstep check --trace-out` writes it)")
-    variant = get_variant(data["variant"])
+    try:
+        variant = get_variant(data["variant"])
+    except ConfigError as exc:  # a user's variant is known only once its file is loaded
+        raise ConfigError(f"{exc}; a trace of a variant from a file replays with that file: "
+                          "--replay TRACE --variant-file PATH") from None
     spec_data = data["scenario"]
     if not isinstance(spec_data, dict):
         raise ConfigError("'scenario' must be an object")

@@ -252,6 +252,14 @@ def test_user_variant_trace_replays_with_its_file(tmp_path, capsys):
     trace = out / "no-sync-launch.shared.json"
     assert main(["check", "--replay", str(trace), "--variant-file", "docs/examples/my_variant.py"]) == 0
     assert "replayed" in capsys.readouterr().out
+    # without its file (a new process: this one registered the file's variants) the variant
+    # is unknown, and the error says how to replay it
+    res = subprocess.run([sys.executable, "-m", "lockstep", "check", "--replay", str(trace)],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2, res.stderr
+    err = res.stderr
+    assert "unknown variant 'no-sync-launch'" in err and "--variant-file PATH" in err
+    assert len(err.strip().splitlines()) == 1
 
 
 def test_trace_with_unknown_actor_names_is_bad_input(fused_trace, capsys):
