@@ -100,7 +100,8 @@ class RankExecutor(Backend):
         # a fifth: the order in which decode attention takes the rows, `longest_first`, always
         # a permutation of the first `bucket` entries, so it starts as the identity)
         self._replay_in = torch.zeros(5, nb, dtype=torch.long, device=self.device)
-        self._replay_in[4] = torch.arange(nb, device=self.device)
+        self._identity = torch.arange(nb, device=self.device)
+        self._replay_in[4].copy_(self._identity)
         self.input_ids = self._replay_in[0]
         self.positions = self._replay_in[1]
         self.slot_ids = torch.zeros(nb, dtype=torch.int32, device=self.device)
@@ -486,6 +487,7 @@ class RankExecutor(Backend):
         self.input_ids[:bucket].zero_()
         self.positions[:bucket].zero_()
         self.slot_ids[:bucket].fill_(pad)
+        self._replay_in[4, :bucket].copy_(self._identity[:bucket])  # after a larger bucket's order
 
     def prepare_replay(self, step) -> None:
         """Write the step's tokens, positions and slots into the static buffers (I12); rows
@@ -516,16 +518,19 @@ class RankExecutor(Backend):
             packed.extend(step.feed)
             packed += self._zeros[:pad]
         nrows = 4 if fed else 3
-        if self._orders_rows(bucket):  # the fifth row (the fourth unused unless fed)
-            order = longest_first(packed[bucket:2 * bucket])
+        ordered = self._orders_rows(bucket)
+        if ordered:  # a fifth row, the order, written below (the fourth zeros unless fed)
             if not fed:
                 packed += self._zeros[:bucket]
-            packed.extend(order)
+            packed += self._zeros[:bucket]
             nrows = 5
         host = torch.frombuffer(packed, dtype=torch.long)
         if self.device.type == "cuda":  # the buffer of this step's parity (overlap: I12)
             host = self._staging[step.seq % 2, :nrows * bucket].copy_(host)
-        self._replay_in[:nrows, :bucket].copy_(host.view(nrows, bucket), non_blocking=True)
+        host = host.view(nrows, bucket)
+        if ordered:
+            longest_first(host[1], out=host[4])
+        self._replay_in[:nrows, :bucket].copy_(host, non_blocking=True)
         self.slot_ids[:bucket].copy_(self._replay_in[2, :bucket])
         if fed:
             torch.index_select(self._sampled_dev, 0, self._replay_in[3, :n],

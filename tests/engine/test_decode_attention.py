@@ -123,18 +123,17 @@ def test_torch_path_ignores_non_finite_values_past_the_length():
 
 
 def test_longest_first_orders_rows_by_length_from_the_order_threshold_on():
-    from array import array
-
     from engine.kernels.decode_attention import ORDER_MIN_ROWS, longest_first
 
-    assert longest_first(list(range(ORDER_MIN_ROWS - 1))) is None
-    assert longest_first(list(range(ORDER_MIN_ROWS))) == list(range(ORDER_MIN_ROWS))[::-1]
+    assert longest_first(torch.arange(ORDER_MIN_ROWS - 1)) is None
+    assert longest_first(torch.arange(ORDER_MIN_ROWS)).tolist() == list(range(ORDER_MIN_ROWS))[::-1]
     g = torch.Generator().manual_seed(3)
-    pos = torch.randint(0, 2048, (ORDER_MIN_ROWS + 5,), generator=g).tolist()
-    order = longest_first(array("q", pos))                       # the executor passes an array
-    assert sorted(order) == list(range(len(pos)))                # a permutation of the rows
-    assert [pos[i] for i in order] == sorted(pos, reverse=True)  # longest first
+    pos = torch.randint(0, 2048, (ORDER_MIN_ROWS + 5,), generator=g)
+    out = torch.full_like(pos, -1)
+    order = longest_first(pos, out=out)                          # the executor's staging row
+    assert order is out and sorted(order.tolist()) == list(range(len(pos)))  # a permutation
+    assert pos[order].tolist() == sorted(pos.tolist(), reverse=True)         # longest first
     ties = [5, 7, 5, 7, 0] * 13                                  # 0: padding rows, last
-    assert longest_first(ties) == ([i for i, p in enumerate(ties) if p == 7]
-                                   + [i for i, p in enumerate(ties) if p == 5]
-                                   + [i for i, p in enumerate(ties) if p == 0])
+    assert longest_first(torch.tensor(ties)).tolist() == (
+        [i for i, p in enumerate(ties) if p == 7] + [i for i, p in enumerate(ties) if p == 5]
+        + [i for i, p in enumerate(ties) if p == 0])

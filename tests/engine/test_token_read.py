@@ -75,9 +75,30 @@ def test_a_long_bucket_sends_its_rows_longest_first_with_the_steps_rows(tiny_dir
     ex._sampled_dev[:n] = torch.arange(100, 100 + n)
     ex.prepare_replay(Step(seq=1, rows=rows, bucket=bucket, feed=feed))
     order = ex._replay_in[4, :bucket].tolist()
-    assert order == longest_first(positions + [0] * (bucket - n))
+    assert order == longest_first(torch.tensor(positions + [0] * (bucket - n))).tolist()
     assert sorted(order) == list(range(bucket)) and set(order[n:]) == set(range(n, bucket))
     assert ex.positions[:bucket].tolist() == positions + [0] * (bucket - n)
     assert ex.slot_ids[:n].tolist() == list(range(n))
     want = [100 + f for f in feed] if fed else [10 + s for s in range(n)]
     assert ex.input_ids[:n].tolist() == want
+    # the forward hands that row to decode attention (the CPU's torch path ignores it)
+    seen = []
+    attention = ex.decode_attention
+
+    def spy(*args):
+        seen.append(args[-1])  # row_order, the last positional argument
+        return attention(*args)
+
+    ex.decode_attention = spy
+    ex.decode_forward(bucket)
+    assert seen and all(o is not None and o.data_ptr() == ex._replay_in[4].data_ptr()
+                        and o.tolist() == order for o in seen)
+    # padding launches after the long step: an ordered bucket below it reads the identity
+    # (not the long step's order, whose indices run past it), a short one no order at all
+    assert ORDER_MIN_ROWS in settings.buckets and ORDER_MIN_ROWS < bucket
+    for rows, want_order in ((ORDER_MIN_ROWS, list(range(ORDER_MIN_ROWS))),
+                             (min(settings.buckets), None)):
+        seen.clear()
+        ex._pad_rows(rows)
+        ex.decode_forward(rows)
+        assert seen and all((o.tolist() if o is not None else None) == want_order for o in seen)

@@ -65,9 +65,9 @@ def test_longest_first_row_order_gives_the_same_attention_bit_for_bit():
     lengths = torch.randint(1, 2048, (ORDER_MIN_ROWS + 15,), generator=g).tolist()
     q, k, v, table, lens, slots = make_case(lengths, 16, 8, head_dim=128, page_size=16,
                                             dtype=torch.bfloat16, device="cuda", seed=4)
-    order = longest_first((lens[slots.long()].long() - 1).tolist())
-    assert order is not None and int(lens[slots[order[0]]]) == max(lengths)
-    order = torch.tensor(order, device="cuda")
+    order = longest_first((lens[slots.long()].long() - 1).cpu())  # sorted on the host
+    assert order is not None and int(lens[slots[int(order[0])]]) == max(lengths)
+    order = order.cuda()
     ws = SplitWorkspace.for_heads("cuda", 16, 8, 128)
     for rows in (len(slots), 8):  # 8 rows: the split-KV path
         args = (q[:rows], k, v, table, lens, slots[:rows], 128 ** -0.5)
