@@ -91,7 +91,8 @@ def test_a_variant_whose_hook_fails_gets_one_error_line(bad_hooks, name, words, 
     spec = CheckSpec(schedules=40, time_budget=5, jobs=jobs)
     start = time.perf_counter()
     rows = check_variant(REGISTRY[name], spec, "shared")
-    assert time.perf_counter() - start < spec.time_budget + 10  # CPU-time watchdog; loaded CI
+    # a CPU-time watchdog: on a loaded machine it fires later in wall time (18 s seen at load 4)
+    assert time.perf_counter() - start < spec.time_budget + 30
     assert [r.got for r in rows] == ["error"] and not rows[0].passed
     assert rows[0].detail.startswith(f"variant {name!r}: ") and words in rows[0].detail
     assert "\n" not in rows[0].detail
