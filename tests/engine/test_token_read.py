@@ -13,14 +13,20 @@ from engine.parallel import SINGLE
 from protocol.commands import DecodeRow, Step
 
 
-@pytest.mark.timeout(120)
-def test_read_tokens_returns_the_enqueued_steps_ids_once(tiny_dir):
-    settings = EngineConfig.create(tiny_dir, max_batch=4, max_model_len=32, page_size=16,
-                                   cuda_graph=False)
+def _executor(tiny_dir, max_batch: int) -> RankExecutor:
+    """A CPU executor of the tiny model, eager, each slot on pages of its own."""
+    settings = EngineConfig.create(tiny_dir, max_batch=max_batch, max_model_len=32,
+                                   page_size=16, cuda_graph=False)
     ex = RankExecutor(settings, SINGLE)
     ex.load_model()
     ex.allocate_kv(ex.pages_needed())
     ex.assign_pages_per_slot()
+    return ex
+
+
+@pytest.mark.timeout(120)
+def test_read_tokens_returns_the_enqueued_steps_ids_once(tiny_dir):
+    ex = _executor(tiny_dir, max_batch=4)
     step = Step(seq=3, rows=tuple(DecodeRow(slot=s, request_id=s, token=10 + s, position=5)
                                   for s in range(2)), bucket=2)
     ex.slots.f[0, :2] = 1.0  # inverse temperature 1, no noise: greedy rows
@@ -59,12 +65,8 @@ def test_a_long_bucket_sends_its_rows_longest_first_with_the_steps_rows(tiny_dir
     the forward reads them."""
     from engine.kernels.decode_attention import ORDER_MIN_ROWS, longest_first
 
-    settings = EngineConfig.create(tiny_dir, max_batch=80, max_model_len=32, page_size=16,
-                                   cuda_graph=False)
-    ex = RankExecutor(settings, SINGLE)
-    ex.load_model()
-    ex.allocate_kv(ex.pages_needed())
-    ex.assign_pages_per_slot()
+    ex = _executor(tiny_dir, max_batch=80)
+    settings = ex.settings
     n = ORDER_MIN_ROWS + 3
     bucket = min(b for b in settings.buckets if b >= n)
     assert bucket > n  # padding rows too
