@@ -125,7 +125,8 @@ def check_throughput_args(args: argparse.Namespace) -> None:
     if args.max_prefill_tokens < 1:
         raise BenchArgError(f"--max-prefill-tokens {args.max_prefill_tokens}: expected >= 1")
     if not (args.temperature > 0 and args.temperature < float("inf")):
-        raise BenchArgError(f"--temperature {args.temperature}: expected a finite number > 0")
+        raise BenchArgError(f"--temperature {args.temperature}: expected a finite number > 0 "
+                            "(the sampled pass's; the greedy passes always run)")
     if not 0 < args.top_p <= 1:
         raise BenchArgError(f"--top-p {args.top_p}: expected a number in (0, 1]")
 

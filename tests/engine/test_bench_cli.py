@@ -141,12 +141,22 @@ def test_report_prints_the_kernel_profile_of_each_point():
         BenchOptions(preset="qwen3-4b"), [_fake_rank()], [], "lockstep bench"))
 
 
+def test_bench_temperature_zero_says_greedy_already_runs(capsys):
+    """The sampled pass needs a temperature > 0; the error says why 0 is not a greedy run."""
+    from lockstep.cli import main
+
+    assert main(["bench", "--preset", "tiny", "--workload", "throughput", "--temperature", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("lockstep bench: error: --temperature 0.0: expected a finite number > 0 (the "
+                   "sampled pass's; the greedy passes always run)")
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["--num-requests", "0"], "--num-requests 0"),
     (["--max-batch", "300"], "--max-batch 300"),
     (["--max-model-len", "1000"], "--max-model-len 1000"),
     (["--max-prefill-tokens", "0"], "--max-prefill-tokens 0"),
-    (["--temperature", "0"], "--temperature 0"),
+    (["--temperature", "0"], "--temperature 0.0"),
     (["--top-p", "1.5"], "--top-p 1.5"),
 ])
 @pytest.mark.parametrize("workload", ["throughput", "decode"])
