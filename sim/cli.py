@@ -141,11 +141,13 @@ def add_parser(subparsers, name: str) -> None:
                         f"{DEFAULTS['fault_schedules']}; 0 skips)")
     p.add_argument("--time-budget", type=_typed(_bounded(_positive_float, "time_budget"), "--time-budget"), default=None,
                    help="seconds per search, for each variant and topology (default 60)")
-    p.add_argument("--seed", type=_typed(_int, "--seed"), default=None, help="search seed (default 0)")
+    p.add_argument("--seed", type=_typed(lambda t: _int(t, 0), "--seed"), default=None,
+                   help="search seed, an integer >= 0 (default 0)")
     p.add_argument("--jobs", type=_typed(_bounded(_positive_int, "jobs"), "--jobs"), default=None,
                    help=f"worker processes for random and PCT search (default: the CPU count, "
                         f"{os.cpu_count() or 1} here)")
     p.add_argument("--hazard-off", action="append", default=[], choices=RULES, metavar="HAZARD",
+                   type=str.lower,  # the docs write H2; the rules are named h1..h9
                    help=f"switch a hazard rule off (repeatable): {HAZARD_HELP} (docs/hazards.md); "
                         "bad variants' verdicts are then reported, not compared")
     p.add_argument("--h2-scope", choices=H2_SCOPES, default=None,
@@ -312,6 +314,10 @@ def _run(args, finished: _Finished | None = None) -> int:
     for key, value in DEFAULTS.items():
         if getattr(args, key) is None:
             setattr(args, key, value if key != "jobs" else os.cpu_count() or 1)
+    largest = max(args.buckets) if args.buckets is not None else None
+    if args.max_batch is not None and largest is not None and args.max_batch > largest:
+        return _fail(f"--max-batch {args.max_batch} exceeds the largest of --buckets "
+                     f"{','.join(map(str, args.buckets))}; add a bucket or lower --max-batch")
     try:
         loaded = list(dict.fromkeys(v.name for path in args.variant_file
                                     for v in load_variant_file(path)))  # a file given twice: once

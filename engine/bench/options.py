@@ -106,9 +106,11 @@ def validate(opts: BenchOptions) -> dict:
     if (opts.preset is None) == (opts.model is None):
         raise BenchArgError("give exactly one of --preset NAME or --model DIR")
     cfg = model_shape(opts)
-    for b in opts.batch_sizes + (opts.hf_batch_sizes or []):
-        if not 1 <= b <= MAX_BATCH:
-            raise BenchArgError(f"batch size {b}: expected 1..{MAX_BATCH}")
+    for flag, sizes in (("--batch-sizes", opts.batch_sizes),
+                        ("--hf-batch-sizes", opts.hf_batch_sizes or [])):
+        for b in sizes:
+            if not 1 <= b <= MAX_BATCH:
+                raise BenchArgError(f"{flag}: batch size {b}: expected 1..{MAX_BATCH}")
     if not opts.batch_sizes:
         raise BenchArgError("--batch-sizes is empty")
     max_pos = int(cfg.get("max_position_embeddings", 0) or 0)

@@ -13,7 +13,9 @@ from lockstep.cli import main
 
 @pytest.mark.parametrize("argv, needle", [
     (["--preset", "tiny", "--batch-sizes", "1,x"], "'x' is not an integer"),
-    (["--preset", "tiny", "--batch-sizes", "0"], "batch size 0"),
+    (["--preset", "tiny", "--batch-sizes", "0"], "--batch-sizes: batch size 0"),
+    (["--preset", "tiny", "--compare", "hf", "--hf-batch-sizes", "0"],
+     "--hf-batch-sizes: batch size 0"),
     (["--preset", "tiny", "--batch-sizes", "1,300"], "batch size 300"),
     (["--preset", "tiny", "--context-lens", "0"], "context length 0"),
     (["--preset", "tiny", "--context-lens", "5000"], "context length 5000"),

@@ -32,6 +32,8 @@ def _rewrite(trace, edit):
     (["check", "--buckets", "1,,2"], "empty item"),
     (["check", "--fault-schedules", "-1"], "-1 must be at least 0"),
     (["check", "--seed", "1.5"], "--seed: '1.5' is not an integer"),
+    # a fresh user's finding: a negative seed was accepted (generate and make-model refuse one)
+    (["check", "--seed", "-1"], "--seed: -1 must be at least 0"),
     (["check", "--trace-out", ""], "--trace-out: the directory name is empty"),
     (["check", "--buckets", "8,4"], "ascending"),
     (["check", "--buckets", "a,b"], "'a,b' is not a comma-separated"),
@@ -353,3 +355,18 @@ def test_a_list_option_starting_with_a_negative_number_names_it(argv, needle, ca
     assert code == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and len(err.splitlines()) == 1, err
+
+
+def test_max_batch_past_the_buckets_names_both_flags(capsys):
+    """A fresh user's finding: the error used the Python name (max_batch=100)."""
+    assert main(["check", "--buckets", "1,2,4,8", "--max-batch", "100"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "lockstep check: error: --max-batch 100 exceeds the largest of --buckets 1,2,4,8; add a "
+        "bucket or lower --max-batch")
+
+
+def test_hazard_off_accepts_the_docs_spelling(capsys):
+    """The docs write H2; the option's values are h1..h9."""
+    assert main(["check", "--variant", "fused-sweep", "--topology", "shared", "--hazard-off",
+                 "H2", "--schedules", "5", "--no-progress", "--jobs", "1"]) == 0
+    assert "hazards switched off: h2" in capsys.readouterr().out
