@@ -446,6 +446,8 @@ def replay_trace(data: dict) -> tuple[RunResult | None, str | None]:
             return result, f"replayed trace differs from the recording at event {first}"
     if data.get("actions", result.actions) != result.actions:
         return result, f"replay took {result.actions} actions, the recording says {data.get('actions')}"
+    with watchdog():  # a token divergence names its step, as in the report it was written from
+        result = attribute_divergence(scenario, variant, result)
     return result, None
 
 

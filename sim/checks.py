@@ -63,7 +63,7 @@ def token_divergence(world) -> Outcome | None:
     want = reference_tokens(ctrl.requests[rid], world.scenario.vocab)
     return Outcome("divergence", f"request {rid} diverged at output token {first}: sampled "
                                  f"{got[first:first + 3]}, running alone gives {want[first:first + 3]}",
-                   None)
+                   check="tokens")
 
 
 def attribute_divergence(scenario, variant, result):
@@ -125,7 +125,7 @@ def final_checks(world) -> Outcome:
             return outcome
     unfinished = [r for r in world.ctrl.requests if r not in world.ctrl.finished]
     if unfinished:
-        return Outcome("divergence", f"requests {unfinished} never finished")
+        return Outcome("divergence", f"requests {unfinished} never finished", check="unfinished")
     return Outcome("clean", f"{len(world.ctrl.finished)} requests served, teardown completed")
 
 

@@ -19,6 +19,7 @@ import time
 from dataclasses import fields
 from pathlib import Path
 
+from protocol.buckets import DEFAULT_DECODE_BUCKETS
 from protocol.errors import ConfigError
 from sim.check import (CheckSpec, Row, check_coverage_reachable, check_scenario_value,
                        replay_trace, scenario_spec)
@@ -41,6 +42,13 @@ def _int(text: str, minimum: int | None = None) -> int:
     if minimum is not None and value < minimum:
         raise ValueError(f"{value} must be at least {minimum}")
     return value
+
+
+def _hazard(text: str) -> str:
+    """A hazard rule name, in either case (the docs write H2; the rules are h1..h9)."""
+    if text.lower() not in RULES:
+        raise ValueError(f"invalid choice: {text!r} (choose from {', '.join(RULES)})")
+    return text.lower()
 
 
 def _positive_int(text: str) -> int:
@@ -146,8 +154,8 @@ def add_parser(subparsers, name: str) -> None:
     p.add_argument("--jobs", type=_typed(_bounded(_positive_int, "jobs"), "--jobs"), default=None,
                    help=f"worker processes for random and PCT search (default: the CPU count, "
                         f"{os.cpu_count() or 1} here)")
-    p.add_argument("--hazard-off", action="append", default=[], choices=RULES, metavar="HAZARD",
-                   type=str.lower,  # the docs write H2; the rules are named h1..h9
+    p.add_argument("--hazard-off", action="append", default=[], metavar="HAZARD",
+                   type=_typed(_hazard, "--hazard-off"),
                    help=f"switch a hazard rule off (repeatable): {HAZARD_HELP} (docs/hazards.md); "
                         "bad variants' verdicts are then reported, not compared")
     p.add_argument("--h2-scope", choices=H2_SCOPES, default=None,
@@ -314,10 +322,13 @@ def _run(args, finished: _Finished | None = None) -> int:
     for key, value in DEFAULTS.items():
         if getattr(args, key) is None:
             setattr(args, key, value if key != "jobs" else os.cpu_count() or 1)
-    largest = max(args.buckets) if args.buckets is not None else None
-    if args.max_batch is not None and largest is not None and args.max_batch > largest:
-        return _fail(f"--max-batch {args.max_batch} exceeds the largest of --buckets "
-                     f"{','.join(map(str, args.buckets))}; add a bucket or lower --max-batch")
+    if args.max_batch is not None:
+        buckets = args.buckets or DEFAULT_DECODE_BUCKETS
+        if args.max_batch > max(buckets):
+            where = (f"the largest of --buckets {','.join(map(str, buckets))}"
+                     if args.buckets else f"the largest default bucket {max(buckets)}")
+            return _fail(f"--max-batch {args.max_batch} exceeds {where}; add a bucket "
+                         "(--buckets) or lower --max-batch")
     try:
         loaded = list(dict.fromkeys(v.name for path in args.variant_file
                                     for v in load_variant_file(path)))  # a file given twice: once
@@ -676,7 +687,8 @@ def _replay(path: str, as_json: bool, trace_out: Path | None = None) -> int:
         sys.stderr.write(f"lockstep check: replayed trace written to {written['json'].parent}\n")
     if as_json:
         print(json.dumps({"verdict": result.outcome.verdict, "invariant": result.outcome.invariant,
-                          "detail": result.outcome.detail, "actions": result.actions}))
+                          "step": result.outcome.step, "detail": result.outcome.detail,
+                          "actions": result.actions}))
     else:
         print(f"replayed {result.actions} actions exactly: {result.outcome.verdict}")
         print(narrative(result))

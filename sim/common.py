@@ -35,6 +35,10 @@ class Outcome:
         cycle: wait-for cycle as (node, sentence) pairs, for deadlocks.
         rank: the rank the verdict blames, when one is to blame.
         step: the command sequence number at which the failure happened, when known.
+        check: for a verdict that names no invariant, the end-of-run check that found it
+            (``"tokens"``: a sampled token differs from running its request alone;
+            ``"unfinished"``: a request never finished); "" otherwise. The reducer keeps it
+            (`sim.reduce.same_failure`), so one kind of divergence is never reduced to another.
     """
 
     verdict: str
@@ -43,6 +47,7 @@ class Outcome:
     cycle: tuple = ()
     rank: int | None = None
     step: int | None = None
+    check: str = ""
 
     @property
     def kind(self) -> str:

@@ -27,8 +27,9 @@ def switch_points(choices: list[str]) -> dict[int, str]:
 
 
 def same_failure(a: RunResult, b: RunResult) -> bool:
-    """Same verdict and same invariant."""
-    return a.outcome.verdict == b.outcome.verdict and a.outcome.invariant == b.outcome.invariant
+    """Same verdict, same invariant and, for a verdict no invariant names, the same check."""
+    x, y = a.outcome, b.outcome
+    return x.verdict == y.verdict and x.invariant == y.invariant and x.check == y.check
 
 
 def reduce_schedule(scenario: Scenario, variant, failing: RunResult,

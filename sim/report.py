@@ -145,6 +145,7 @@ def to_json(result: RunResult, variant_name: str, scenario_spec: dict) -> dict:
         "scenario": scenario_spec,
         "verdict": result.outcome.verdict,
         "invariant": result.outcome.invariant,
+        "check": result.outcome.check,
         "detail": result.outcome.detail,
         "cycle": [list(edge) for edge in result.outcome.cycle],
         "actions": result.actions,

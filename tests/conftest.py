@@ -12,10 +12,11 @@ settings.register_profile("thorough", max_examples=500, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
-# A suite started as a background job (`make test &`) inherits SIGINT ignored, and so would
-# every command a test starts: Python then never raises KeyboardInterrupt, and the Ctrl-C
-# tests (`lockstep check`, TP 2 `generate`) saw the command run to its end. A caught signal is
-# reset to its default in an exec'd child, so handling it here restores it there.
+# A suite started in the background by a shell without job control (`make test &` in a script)
+# inherits SIGINT ignored, and so would every command a test starts: Python then never raises
+# KeyboardInterrupt, and the Ctrl-C tests (`lockstep check`, TP 2 `generate`) saw the command
+# run to its end. A caught signal is reset to its default in an exec'd child, so handling it
+# here restores it there. The suite itself then stops on a Ctrl-C sent to it.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 

@@ -116,9 +116,9 @@ def validate(opts: BenchOptions) -> dict:
     max_pos = int(cfg.get("max_position_embeddings", 0) or 0)
     for c in opts.context_lens:
         if c < 1:
-            raise BenchArgError(f"context length {c}: expected >= 1")
+            raise BenchArgError(f"--context-lens: context length {c}: expected >= 1")
         if max_pos and c + 1 > max_pos:
-            raise BenchArgError(f"context length {c}: the model holds at most "
+            raise BenchArgError(f"--context-lens: context length {c}: the model holds at most "
                                 f"{max_pos - 1} cached tokens (max_position_embeddings "
                                 f"{max_pos})")
     if not opts.context_lens:

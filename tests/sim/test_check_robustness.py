@@ -166,11 +166,16 @@ def test_interrupt_prints_one_line_and_leaves_no_worker(how, code, line):
     time.sleep(0.5)
     workers = _descendants(proc.pid)
     assert len(workers) >= 3
-    if how == "ctrl-c":
-        os.killpg(proc.pid, signal.SIGINT)  # the terminal sends it to the whole group
-    else:
-        proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=30)
+    try:
+        if how == "ctrl-c":
+            os.killpg(proc.pid, signal.SIGINT)  # the terminal sends it to the whole group
+        else:
+            proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:  # a check that ignored the signal must not outlive the test, nor its workers
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
     assert proc.returncode == code
     assert err.decode().strip() == line and out == b""
     time.sleep(1.0)

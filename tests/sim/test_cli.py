@@ -55,7 +55,7 @@ def test_bad_arguments_exit_2_with_one_line(argv, needle, capsys):
     (["check", "--variant", "nope"], "unknown variant 'nope'; "),
     (["check", "--variant", "early-token-reed"], "did you mean early-token-read"),
     (["check", "--variant-file", "/nonexistent.py"], "does not exist"),
-    (["check", "--max-batch", "300"], "max_batch=300 exceeds the largest bucket 256"),
+    (["check", "--max-batch", "300"], "--max-batch 300 exceeds the largest default bucket 256"),
     (["check", "--replay", "/nonexistent.json"], "does not exist"),
     (["check", "--replay", ""], "needs a trace file path"),
     (["check", "--replay", "/tmp", "--variant", "correct"], "drop --variant"),
@@ -357,16 +357,38 @@ def test_a_list_option_starting_with_a_negative_number_names_it(argv, needle, ca
     assert needle in err and len(err.splitlines()) == 1, err
 
 
-def test_max_batch_past_the_buckets_names_both_flags(capsys):
+@pytest.mark.parametrize("argv, where", [
+    (["--buckets", "1,2,4,8", "--max-batch", "100"], "the largest of --buckets 1,2,4,8"),
+    (["--max-batch", "300"], "the largest default bucket 256"),
+])
+def test_max_batch_past_the_buckets_names_its_flags(argv, where, capsys):
     """A fresh user's finding: the error used the Python name (max_batch=100)."""
-    assert main(["check", "--buckets", "1,2,4,8", "--max-batch", "100"]) == 2
+    assert main(["check", *argv]) == 2
     assert capsys.readouterr().err.strip() == (
-        "lockstep check: error: --max-batch 100 exceeds the largest of --buckets 1,2,4,8; add a "
-        "bucket or lower --max-batch")
+        f"lockstep check: error: --max-batch {argv[-1]} exceeds {where}; add a bucket "
+        "(--buckets) or lower --max-batch")
 
 
 def test_hazard_off_accepts_the_docs_spelling(capsys):
-    """The docs write H2; the option's values are h1..h9."""
+    """The docs write H2; the option's values are h1..h9. A bad value is named as given."""
     assert main(["check", "--variant", "fused-sweep", "--topology", "shared", "--hazard-off",
                  "H2", "--schedules", "5", "--no-progress", "--jobs", "1"]) == 0
     assert "hazards switched off: h2" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as info:
+        main(["check", "--hazard-off", "X9"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("argument --hazard-off: invalid choice: 'X9' (choose from h1, h2, h3, "
+                        "h4, h5, h6, h7, h8, h9)") and len(err.splitlines()) == 1
+
+
+def test_replay_of_a_token_divergence_names_the_step_that_sampled_it(tmp_path, capsys):
+    """As the report the trace was written from: the replay attributes the wrong token."""
+    out = tmp_path / "t"
+    assert main(["check", "--variant", "chunk-token-kept", "--topology", "shared",
+                 "--no-progress", "--jobs", "1", "--trace-out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["check", "--replay", str(out / "chunk-token-kept.shared.json"), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["verdict"] == "divergence" and got["invariant"] is None
+    assert isinstance(got["step"], int) and f"(the token step {got['step']} sampled)" in got["detail"]
