@@ -41,11 +41,11 @@ import torch
 
 from engine.config import ModelConfig, check_parallel, load_model_config
 from engine.kernels.decode_attention import (
-    ORDER_MIN_ROWS,
     SplitWorkspace,
     longest_first,
     paged_decode_attention_torch,
     paged_decode_attention_triton,
+    takes_rows_in_order,
 )
 from engine.kernels.prefill_attention import (
     PrefillBatch,
@@ -191,20 +191,14 @@ class RankExecutor(Backend):
         return self.model.compute_logits(
             self.model(ids, pos, self._decode_context(slots, kv, order)))
 
-    @staticmethod
-    def _orders_rows(bucket: int) -> bool:
-        """Whether decode attention takes a launch of `bucket` rows in `longest_first` order
-        (the Triton kernel; the CPU's torch path is handed the order too, and ignores it)."""
-        return bucket >= ORDER_MIN_ROWS
-
     def _decode_context(self, slots: torch.Tensor, kv: KVCache,
                         order: torch.Tensor) -> StepContext:
         """The attention context of a decode forward (the captured step and its warm-up alike,
         so the warm-up loads the same kernels: the ordered attention from ORDER_MIN_ROWS rows
         on). order: int64 [rows], the row order on the device."""
-        ordered = self._orders_rows(slots.shape[0])
+        # the CPU's torch path is handed the order too, and ignores it
         return StepContext(False, slots, kv, self.decode_attention,
-                           row_order=order if ordered else None)
+                           row_order=order if takes_rows_in_order(slots.shape[0]) else None)
 
     def warmup_collective(self, nbytes: int) -> None:
         """One eager all-reduce of `nbytes` bytes (rounded up to whole elements) (I5).
@@ -518,7 +512,7 @@ class RankExecutor(Backend):
             packed.extend(step.feed)
             packed += self._zeros[:pad]
         nrows = 4 if fed else 3
-        ordered = self._orders_rows(bucket)
+        ordered = takes_rows_in_order(bucket)
         if ordered:  # a fifth row, the order, written below (the fourth zeros unless fed)
             if not fed:
                 packed += self._zeros[:bucket]

@@ -128,6 +128,12 @@ def num_splits(rows: int, kv_heads: int) -> int:
     return split
 
 
+def takes_rows_in_order(rows: int) -> bool:
+    """Whether a decode-attention launch of `rows` rows takes them in `longest_first` order
+    (from ORDER_MIN_ROWS rows on)."""
+    return rows >= ORDER_MIN_ROWS
+
+
 def longest_first(positions: torch.Tensor,
                   out: torch.Tensor | None = None) -> torch.Tensor | None:
     """The batch rows of a decode step, longest sequence first and rows of one length in batch
@@ -141,7 +147,7 @@ def longest_first(positions: torch.Tensor,
     Returns:
         The order (``out`` when given), int64 [B].
     """
-    if positions.shape[0] < ORDER_MIN_ROWS:
+    if not takes_rows_in_order(positions.shape[0]):
         return None
     if out is None:
         out = torch.empty_like(positions)
