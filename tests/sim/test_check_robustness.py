@@ -89,10 +89,9 @@ def test_a_search_that_explored_nothing_is_incomplete_not_clean():
                                          ("hook-sleeps", "of wall time (a hook that blocks")])
 def test_a_variant_whose_hook_fails_gets_one_error_line(bad_hooks, name, words, jobs):
     spec = CheckSpec(schedules=40, time_budget=5, jobs=jobs)
-    start = time.perf_counter()
+    # the test's own timeout bounds the run; a wall-clock assertion on a CPU-time watchdog
+    # only measured the machine's load (18 s seen at load 4)
     rows = check_variant(REGISTRY[name], spec, "shared")
-    # a CPU-time watchdog: on a loaded machine it fires later in wall time (18 s seen at load 4)
-    assert time.perf_counter() - start < spec.time_budget + 30
     assert [r.got for r in rows] == ["error"] and not rows[0].passed
     assert rows[0].detail.startswith(f"variant {name!r}: ") and words in rows[0].detail
     assert "\n" not in rows[0].detail
