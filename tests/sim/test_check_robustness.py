@@ -113,16 +113,19 @@ def test_other_rows_are_kept_when_a_variant_errs(bad_hooks, capsys):
 @pytest.mark.timeout(120)
 def test_a_sleeping_hook_in_the_main_process_ends_within_the_budget(bad_hooks, capsys):
     """Old behaviour: a hook that sleeps ran in this process (a user's variant always does)
-    and `lockstep check` hung past --time-budget: the CPU-time watchdog never fired."""
-    start = time.perf_counter()
+    and `lockstep check` hung past --time-budget: the CPU-time watchdog never fired. The
+    hook sleeps an hour; the test's timeout bounds a hang, and each row's error says the
+    wall-clock watchdog stopped the hook inside its sleep."""
     code = main(["check", "--variant-file", str(bad_hooks), "--variant", "hook-sleeps",
                  "--variant", "fused-sweep", "--time-budget", "2", "--no-progress", "--jobs", "1"])
     out = capsys.readouterr().out
-    assert code == 1 and time.perf_counter() - start < 60
+    assert code == 1
     assert "fused-sweep  shared    deadlock" in out
     errors = [line for line in out.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 2 and all("variant 'hook-sleeps': no simulated action" in line
-                                    and "sleeps" in line for line in errors)
+    assert [line.split(": ")[1] for line in errors] == ["hook-sleeps / shared",
+                                                        "hook-sleeps / per-rank"]
+    assert all("variant 'hook-sleeps': no simulated action for 5 s of wall time (a hook that "
+               "blocks" in line and "stopped at bad_hooks.py:" in line for line in errors)
 
 
 def _descendants(root: int) -> list[int]:
@@ -219,12 +222,12 @@ def test_replay_honours_trace_out(tmp_path, capsys):
     assert replayed["choices"] == original["choices"] and replayed["trace"] == original["trace"]
 
 
+@pytest.mark.timeout(30)
 @pytest.mark.parametrize("target", ["/proc/self", "/dev/null/traces"])
-def test_unwritable_trace_dir_is_refused_before_the_search(target, capsys):
-    start = time.perf_counter()
+def test_unwritable_trace_dir_is_refused_before_the_search(target, capsys, no_simulation):
     with pytest.raises(SystemExit) as info:
         main(["check", "--trace-out", target])
-    assert info.value.code == 2 and time.perf_counter() - start < 5
+    assert info.value.code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and target in err and "--trace-out" in err
 
@@ -345,14 +348,15 @@ def test_replay_checks_the_scenario_as_the_command_line_checks_options(fused_tra
                                             (["--matrix", "--explain", "--trace-out", "T"],
                                              "drop --explain, --trace-out"),
                                             (["--stats", "--trace-out", "T"], "drop --trace-out")])
-def test_matrix_and_stats_refuse_options_they_would_ignore(extra, dropped, tmp_path, capsys):
+@pytest.mark.timeout(30)
+def test_matrix_and_stats_refuse_options_they_would_ignore(extra, dropped, tmp_path, capsys,
+                                                          no_simulation):
     """Old behaviour: `--matrix --explain --trace-out DIR` ran the whole matrix (13 minutes)
     and printed no attribution and wrote no trace."""
     extra = [str(tmp_path / x) if x == "T" else x for x in extra]
-    start = time.perf_counter()
     assert main(["check", *extra, "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and dropped in err and time.perf_counter() - start < 5
+    assert len(err.splitlines()) == 1 and dropped in err
 
 
 FIELD_MISTAKES = [

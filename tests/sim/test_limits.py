@@ -1,7 +1,6 @@
 """Absurd sizes are refused in one line naming the value, before any search (issue 13)."""
 
 import json
-import time
 
 import pytest
 
@@ -23,14 +22,13 @@ from sim.limits import MAX_BUCKET, MAX_BUCKETS, MAX_JOBS, MAX_RANKS, MAX_SCHEDUL
     (["--jobs", "100000"], "--jobs: jobs 100000 is above 256"),
     (["--time-budget", "1e300"], "--time-budget: time budget 1e+300 is above 86400"),
 ])
-def test_huge_values_are_refused_at_once(argv, needle, capsys):
-    start = time.perf_counter()
+def test_huge_values_are_refused_at_once(argv, needle, capsys, no_simulation):
+    """Refused, not started: no simulated world is built (`no_simulation`)."""
     with pytest.raises(SystemExit) as info:
         main(["check", "--no-progress", *argv])
     assert info.value.code == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and len(err.splitlines()) == 1, err
-    assert time.perf_counter() - start < 5  # refused, not started
 
 
 @pytest.mark.parametrize("field,value", [
