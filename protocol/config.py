@@ -113,27 +113,34 @@ class ProtocolConfig:
             _positive_int("max_kv_pages", self.max_kv_pages)
         if (not isinstance(self.kv_watermark, (int, float)) or isinstance(self.kv_watermark, bool)
                 or not 0 <= self.kv_watermark < 1):
-            raise ConfigError(f"kv_watermark={self.kv_watermark!r} must be a fraction in [0, 1)")
+            raise ConfigError(f"kv_watermark={self.kv_watermark!r} must be a fraction in [0, 1)",
+                              fields=("kv_watermark",))
         _positive_int("max_prefill_tokens", self.max_prefill_tokens)
         if self.max_batch > self.buckets[-1]:
-            raise ConfigError(
-                f"max_batch={self.max_batch} exceeds the largest bucket {self.buckets[-1]}; "
-                "add a bucket or lower max_batch")
+            largest = (f"the largest default bucket {self.buckets[-1]}"
+                       if self.buckets == DEFAULT_DECODE_BUCKETS
+                       else f"the largest of buckets {','.join(map(str, self.buckets))}")
+            raise ConfigError(f"max_batch={self.max_batch} exceeds {largest}; add a bucket "
+                              "(buckets) or lower max_batch", fields=("max_batch", "buckets"))
         if self.graph_batch_cap is not None:
             _positive_int("graph_batch_cap", self.graph_batch_cap)
         if not isinstance(self.watchdog_timeout_s, (int, float)) or self.watchdog_timeout_s <= 0:
             raise ConfigError(
-                f"watchdog_timeout_s={self.watchdog_timeout_s!r} must be a positive number of seconds")
+                f"watchdog_timeout_s={self.watchdog_timeout_s!r} must be a positive number of seconds",
+                fields=("watchdog_timeout_s",))
         if not isinstance(self.step_timeout_s, (int, float)) or self.step_timeout_s <= 0:
             raise ConfigError(
-                f"step_timeout_s={self.step_timeout_s!r} must be a positive number of seconds")
+                f"step_timeout_s={self.step_timeout_s!r} must be a positive number of seconds",
+                fields=("step_timeout_s",))
         if not isinstance(self.memory_headroom_bytes, int) or self.memory_headroom_bytes < 0:
             raise ConfigError(
-                f"memory_headroom_bytes={self.memory_headroom_bytes!r} must be a non-negative integer")
+                f"memory_headroom_bytes={self.memory_headroom_bytes!r} must be a non-negative integer",
+                fields=("memory_headroom_bytes",))
         if not isinstance(self.decode_overlap, bool):
-            raise ConfigError(f"decode_overlap={self.decode_overlap!r} must be True or False")
+            raise ConfigError(f"decode_overlap={self.decode_overlap!r} must be True or False",
+                              fields=("decode_overlap",))
 
 
 def _positive_int(name: str, value: object) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ConfigError(f"{name}={value!r} must be a positive integer")
+        raise ConfigError(f"{name}={value!r} must be a positive integer", fields=(name,))

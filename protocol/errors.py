@@ -44,9 +44,22 @@ def _rebuild(cls: type, args: tuple, state: dict) -> ProtocolError:
 
 
 class ConfigError(ProtocolError, ValueError):
-    """A configuration value is invalid; raised before any rank starts or memory is allocated."""
+    """A configuration value is invalid; raised before any rank starts or memory is allocated.
+
+    Attributes:
+        fields: the configuration fields whose Python names the message uses (``max_batch``
+            in ``max_batch=300 exceeds ...``), the bad one first; empty when it names none. A
+            command line whose options set those fields spells them as its flags instead
+            (`lockstep check` does), so the error names what its user typed.
+    """
 
     kind = "config"
+    fields: tuple[str, ...] = ()
+
+    def __init__(self, message: str = "", *, fields: tuple[str, ...] = (), **kwargs):
+        super().__init__(message, **kwargs)
+        if fields:
+            self.fields = tuple(fields)
 
 
 class StartupRefused(ConfigError):

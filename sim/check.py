@@ -85,7 +85,7 @@ class CheckSpec:
         if need > mem.capacity:
             raise ConfigError(f"buckets up to {largest} need {need / 2**30:.0f} GiB per rank in the "
                               f"modelled memory, more than its {mem.capacity / 2**30:.0f} GiB; "
-                              "use smaller buckets")
+                              "use smaller buckets", fields=("buckets",))
         return sc
 
     @property
@@ -460,25 +460,27 @@ def check_coverage_reachable(scenario: Scenario) -> None:
         ConfigError: max batch 1 (one slot never compacts) or 2 (its one compaction is the
             tail shift), every batch size up to max batch is a bucket (no replay is ever
             padded), or the serving workload's steps reach neither in this configuration,
-            naming the values.
+            naming the values (and ``max_batch`` among its ``fields``).
     """
     from protocol.eligibility import GraphPlan
 
     cfg = scenario.config
     if cfg.max_batch < 2:
-        raise ConfigError(f"--max-batch {cfg.max_batch}: a single slot never compacts, so no "
-                          "schedule can show slot compaction; use --max-batch 3 or more")
+        raise ConfigError(f"max_batch={cfg.max_batch}: a single slot never compacts, so no "
+                          "schedule can show slot compaction; use max_batch 3 or more",
+                          fields=("max_batch",))
     buckets = GraphPlan.from_config(cfg).buckets
-    named = (f"--max-batch {cfg.max_batch} with the buckets up to the one it pads to "
+    named = (f"max_batch={cfg.max_batch} with the buckets up to the one it pads to "
              f"({','.join(map(str, buckets))})")
     if all(n in buckets for n in range(1, cfg.max_batch + 1)):
         raise ConfigError(f"{named}: every batch size is a bucket, so no replay is ever "
-                          "padded; use a --max-batch that is not a bucket, or leave a batch "
-                          "size between two buckets")
+                          "padded; use a max_batch that is not a bucket, or leave a batch "
+                          "size between two buckets", fields=("max_batch",))
     if cfg.max_batch < 3:
-        raise ConfigError(f"--max-batch {cfg.max_batch}: with two slots a retirement can only "
+        raise ConfigError(f"max_batch={cfg.max_batch}: with two slots a retirement can only "
                           "move the last slot into the freed one, so no schedule can tell one "
-                          "compaction rule from another; use --max-batch 3 or more")
+                          "compaction rule from another; use max_batch 3 or more",
+                          fields=("max_batch",))
     from sim.run import correct_run
     from sim.variants import CORRECT
 
@@ -491,8 +493,9 @@ def check_coverage_reachable(scenario: Scenario) -> None:
                 "compaction_moves_live": "a compaction that moves a live slot"}
         raise ConfigError(f"{named}: no serving step of the check's workload reaches "
                           f"{' or '.join(what.get(e, e) for e in missing)} here, so every "
-                          "clean row would be vacuous; use a --max-batch that pads into a "
-                          "larger bucket (for example a bucket set with a gap below it)")
+                          "clean row would be vacuous; use a max_batch that pads into a "
+                          "larger bucket (for example a bucket set with a gap below it)",
+                          fields=("max_batch",))
 
 
 MIN_RANKS = 2

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -19,7 +20,6 @@ import time
 from dataclasses import fields
 from pathlib import Path
 
-from protocol.buckets import DEFAULT_DECODE_BUCKETS
 from protocol.errors import ConfigError
 from sim.check import (CheckSpec, Row, check_coverage_reachable, check_scenario_value,
                        replay_trace, scenario_spec)
@@ -206,6 +206,24 @@ def _trace_dir(text: str) -> Path:
     return path
 
 
+CONFIG_FLAGS = {"world_size": "--ranks", "buckets": "--buckets", "max_batch": "--max-batch"}
+"""The option that sets each configuration field `lockstep check` passes to the protocol's
+config and the simulator's scenario; `flag_names` spells a `ConfigError`'s fields with them."""
+
+
+def flag_names(error: ConfigError) -> str:
+    """``error``'s message with each configuration field it names (``error.fields``) spelled as
+    the option that sets it: ``max_batch=300 exceeds ...; lower max_batch`` reads
+    ``--max-batch 300 exceeds ...; lower --max-batch``. A field no option sets is left as is."""
+    text = str(error)
+    for name in error.fields:
+        flag = CONFIG_FLAGS.get(name)
+        if flag is not None:
+            text = re.sub(rf"\b{name}=", f"{flag} ", text)
+            text = re.sub(rf"(?<!-)\b{name}\b", flag, text)
+    return text
+
+
 def _fail(message: str) -> int:
     sys.stderr.write(f"lockstep check: error: {message}\n")
     return 2
@@ -322,13 +340,6 @@ def _run(args, finished: _Finished | None = None) -> int:
     for key, value in DEFAULTS.items():
         if getattr(args, key) is None:
             setattr(args, key, value if key != "jobs" else os.cpu_count() or 1)
-    if args.max_batch is not None:
-        buckets = args.buckets or DEFAULT_DECODE_BUCKETS
-        if args.max_batch > max(buckets):
-            where = (f"the largest of --buckets {','.join(map(str, buckets))}"
-                     if args.buckets else f"the largest default bucket {max(buckets)}")
-            return _fail(f"--max-batch {args.max_batch} exceeds {where}; add a bucket "
-                         "(--buckets) or lower --max-batch")
     try:
         loaded = list(dict.fromkeys(v.name for path in args.variant_file
                                     for v in load_variant_file(path)))  # a file given twice: once
@@ -342,7 +353,7 @@ def _run(args, finished: _Finished | None = None) -> int:
         # validates ranks / buckets / max batch before any search
         check_coverage_reachable(spec.scenario("shared"))
     except ConfigError as exc:
-        return _fail(str(exc))
+        return _fail(flag_names(exc))
     freeze_imports()
     cpus = os.cpu_count() or 1
     if args.jobs > cpus and args.strategy in (None, "random", "pct"):
@@ -695,4 +706,4 @@ def _replay(path: str, as_json: bool, trace_out: Path | None = None) -> int:
     return 0
 
 
-__all__ = ["add_parser", "run", "render_table", "REGISTRY"]
+__all__ = ["add_parser", "run", "render_table", "flag_names", "CONFIG_FLAGS", "REGISTRY"]

@@ -369,6 +369,49 @@ def test_max_batch_past_the_buckets_names_its_flags(argv, where, capsys):
         "(--buckets) or lower --max-batch")
 
 
+@pytest.mark.timeout(60)
+def test_a_scenario_past_the_modelled_memory_names_the_buckets_flag(capsys, no_simulation):
+    """It ended "use smaller buckets", the simulator's field name, not the option."""
+    assert main(["check", "--buckets", "100000"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "lockstep check: error: --buckets up to 100000 need 205 GiB per rank in the modelled "
+        "memory, more than its 141 GiB; use smaller --buckets")
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"world_size": 0}, "--ranks 0 must be a positive integer"),
+    ({"max_batch": 0}, "--max-batch 0 must be a positive integer"),
+    ({"buckets": (1, 2, 4, 8), "max_batch": 100},
+     "--max-batch 100 exceeds the largest of --buckets 1,2,4,8; add a bucket (--buckets) or "
+     "lower --max-batch"),
+    ({"page_size": 0}, "page_size=0 must be a positive integer"),  # no option sets it
+])
+def test_the_protocols_config_errors_name_the_check_flags(config, message):
+    """The protocol names its fields; `lockstep check` spells them as the options that set
+    them, one mapping for every error (it re-checked --max-batch itself to name its flags)."""
+    from protocol.config import ProtocolConfig
+    from protocol.errors import ConfigError
+    from sim.cli import flag_names
+
+    with pytest.raises(ConfigError) as info:
+        ProtocolConfig(**config)
+    assert flag_names(info.value) == message
+
+
+def test_coverage_errors_name_the_field_in_the_library_and_the_flag_on_the_command_line(capsys):
+    from protocol.errors import ConfigError
+    from sim.check import check_coverage_reachable
+    from sim.scenario import default_scenario
+
+    with pytest.raises(ConfigError) as info:
+        check_coverage_reachable(default_scenario(buckets=(1, 2, 4, 8), max_batch=1))
+    assert str(info.value).startswith("max_batch=1: a single slot never compacts")
+    assert main(["check", "--buckets", "1,2,4,8", "--max-batch", "1"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "lockstep check: error: --max-batch 1: a single slot never compacts, so no schedule can "
+        "show slot compaction; use --max-batch 3 or more")
+
+
 def test_hazard_off_accepts_the_docs_spelling(capsys):
     """The docs write H2; the option's values are h1..h9. A bad value is named as given."""
     assert main(["check", "--variant", "fused-sweep", "--topology", "shared", "--hazard-off",
