@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import NamedTuple
 
 from protocol.commands import DecodeRows
 from protocol.errors import ProtocolError, RankFailure, StartupRefused, WatchdogExpired
@@ -35,16 +36,34 @@ def _reference(prompt: tuple[int, ...], max_tokens: int, stop: frozenset[int],
     return tuple(out)
 
 
-def first_wrong_token(world) -> tuple[int, int] | None:
-    """(request id, output index) of the first finished request's first token that differs
-    from running it alone (or where its outputs end early or run long), or None."""
+class WrongToken(NamedTuple):
+    """Where a request's sampled tokens first differ from running it alone.
+
+    Attributes:
+        request: the request id.
+        index: the output index of its first wrong token (or where its outputs end early or
+            run long).
+        got: the tokens it was sampled.
+        want: the tokens running it alone gives (`reference_tokens`).
+    """
+
+    request: int
+    index: int
+    got: list[int]
+    want: list[int]
+
+
+def first_wrong_token(world) -> WrongToken | None:
+    """The first finished request (by id) whose tokens differ from running it alone, with
+    its first wrong token, or None."""
     ctrl = world.ctrl
     for rid in sorted(ctrl.finished):
         got = ctrl.outputs[rid]
         want = reference_tokens(ctrl.requests[rid], world.scenario.vocab)
         if got != want:
-            return rid, next((i for i, (a, b) in enumerate(zip(got, want)) if a != b),
-                             min(len(got), len(want)))
+            index = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b),
+                         min(len(got), len(want)))
+            return WrongToken(rid, index, got, want)
     return None
 
 
@@ -54,13 +73,10 @@ def token_divergence(world) -> Outcome | None:
     it (the direct checks name theirs at the step that breaks it); `attribute_divergence`
     then names the step that sampled the token. It used to name I12 whenever a replay had run
     and I11 otherwise, a guess that misnamed chunked-prefill and overlap bugs."""
-    where = first_wrong_token(world)
-    if where is None:
+    wrong = first_wrong_token(world)
+    if wrong is None:
         return None
-    rid, first = where
-    ctrl = world.ctrl
-    got = ctrl.outputs[rid]
-    want = reference_tokens(ctrl.requests[rid], world.scenario.vocab)
+    rid, first, got, want = wrong
     return Outcome("divergence", f"request {rid} diverged at output token {first}: sampled "
                                  f"{got[first:first + 3]}, running alone gives {want[first:first + 3]}",
                    check="tokens")
@@ -82,10 +98,10 @@ def attribute_divergence(scenario, variant, result):
     outcome = result.outcome
     if outcome.verdict != "divergence" or outcome.step is not None:
         return result
-    where = first_wrong_token(result.world)
-    if where is None:
+    wrong = first_wrong_token(result.world)
+    if wrong is None:
         return result
-    rid, index = where
+    rid, index = wrong.request, wrong.index
     steps: dict[int, Step] = {}
     found: list[int] = []
 

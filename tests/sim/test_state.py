@@ -209,7 +209,7 @@ def test_a_token_divergence_names_the_step_that_sampled_the_wrong_token(name):
     assert outcome.verdict == "divergence" and outcome.step is not None
     assert outcome.invariant is None and outcome.check == "tokens"  # it does not know the rule
     assert f"(the token step {outcome.step} sampled)" in outcome.detail
-    rid, _ = first_wrong_token(minimal.world)
+    rid = first_wrong_token(minimal.world).request
     steps = {}
 
     def record(world):
