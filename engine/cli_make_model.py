@@ -19,7 +19,8 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
                               description=__doc__.splitlines()[0])
     p.add_argument("--preset", required=True, choices=list(PRESETS),
                    help="named configuration (real Qwen3 shapes, or tiny for tests)")
-    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--out", required=True,
+                   help="output directory, created if missing (its parent must exist)")
     p.add_argument("--seed", type=seed_arg, default=0, help="weight seed (default 0)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the model already in --out (a directory holding config.json); "
@@ -33,7 +34,9 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
 def _check_out(text: str, overwrite: bool = False) -> str | None:
     """The reason ``text`` cannot be the output directory, or None; creates it if missing.
 
-    A non-empty directory must hold a model (a config.json), and is then replaced only with
+    Only the directory itself is created: a missing parent is refused, since a mistyped
+    ``--out`` would otherwise leave a tree of new directories wherever the typo pointed. A
+    non-empty directory must hold a model (a config.json), and is then replaced only with
     ``overwrite``: a non-empty directory without one (``/``, ``/tmp``, a home directory) is
     refused even with it, since the model files would be scattered among the user's files."""
     from pathlib import Path
@@ -43,6 +46,12 @@ def _check_out(text: str, overwrite: bool = False) -> str | None:
     path = Path(text)
     if path.exists() and not path.is_dir():
         return f"--out {text!r} exists and is not a directory"
+    if not path.exists() and path.parent.exists() and not path.parent.is_dir():
+        return (f"--out {text!r}: its parent {str(path.parent)!r} is not a directory; choose "
+                "another --out")
+    if not path.exists() and not path.parent.exists():
+        return (f"--out {text!r}: its parent {str(path.parent)!r} does not exist; create it "
+                "first or choose another --out")
     if path.is_dir() and any(path.iterdir()):
         if not (path / "config.json").is_file():
             return (f"--out {text!r} is not empty and holds no model (no config.json); "
@@ -55,7 +64,7 @@ def _check_out(text: str, overwrite: bool = False) -> str | None:
                     "(its config and weight shards are rewritten)")
         print(f"lockstep make-model: replacing the model directory {text!r}", file=sys.stderr)
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        path.mkdir(exist_ok=True)
     except OSError as exc:
         return f"--out {text!r} cannot be created: {exc.strerror}"
     import tempfile

@@ -91,11 +91,32 @@ def test_bad_out_is_rejected_before_writing(tmp_path, capsys, monkeypatch, kind,
         out = str(tmp_path / "afile")
         (tmp_path / "afile").write_text("x")
     else:
-        out = "/proc/lockstep-no/such"
+        out = "/proc/lockstep-no-such"
     assert main(["make-model", "--preset", "tiny", "--out", out]) == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and len(err.splitlines()) == 1
     assert not list(tmp_path.glob("*.safetensors"))
+
+
+@pytest.mark.parametrize("parent, words", [("a/b", "does not exist; create it first"),
+                                           ("afile", "is not a directory; choose another --out")])
+def test_out_under_a_missing_parent_is_refused_and_nothing_is_created(parent, words, tmp_path,
+                                                                      capsys, monkeypatch):
+    """`--out a/b/c` created a and a/b unasked (and a full disk then removed only c)."""
+    import engine.model_dir
+
+    from lockstep.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("x")
+    monkeypatch.setattr(engine.model_dir, "write_model_dir",
+                        lambda *a, **k: pytest.fail("wrote a model under a missing parent"))
+    out = f"{parent}/c"
+    assert main(["make-model", "--preset", "tiny", "--out", out]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"lockstep make-model: error: --out {out!r}: its parent {parent!r} {words}"
+        + (" or choose another --out" if parent == "a/b" else ""))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
 
 
 def test_shards_are_world_readable_like_other_files(tmp_path):
