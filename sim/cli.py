@@ -21,8 +21,8 @@ from dataclasses import fields
 from pathlib import Path
 
 from protocol.errors import ConfigError
-from sim.check import (CheckSpec, Row, check_coverage_reachable, check_scenario_value,
-                       replay_trace, scenario_spec)
+from sim.check import (NOT_REACHABLE, CheckSpec, Row, check_coverage_reachable,
+                       check_scenario_value, replay_trace, scenario_spec)
 from sim.hazards import H2_CALLS, H2_SCOPES, RULES, HazardModel
 from sim.limits import check_limits
 from sim.progress import CheckProgress
@@ -640,11 +640,14 @@ def _row_json(row: Row) -> dict:
 
 def render_table(rows: list[Row]) -> str:
     """The verdict table: variant, topology, expected, got, schedules, states, time, minimal
-    trace, and whether the row is as expected (status)."""
+    trace, and whether the row is as expected (status). A row whose bug this configuration
+    cannot reach was checked against no verdict: its expected column reads ``-``, as its
+    status reads ``n/a``."""
     header = ("variant", "topology", "expected", "got", "schedules", "states", "time", "min trace",
               "status")
-    body = [(r.variant, r.topology, r.expected, r.got, str(r.stats.schedules), str(r.stats.actions),
-             f"{r.stats.seconds:.2f}s", str(r.minimal_length or "-"), _status(r))
+    body = [(r.variant, r.topology, "-" if r.got == NOT_REACHABLE else r.expected, r.got,
+             str(r.stats.schedules), str(r.stats.actions), f"{r.stats.seconds:.2f}s",
+             str(r.minimal_length or "-"), _status(r))
             for r in rows]
     widths = [max(len(x[i]) for x in [header] + body) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in [header] + body]

@@ -412,6 +412,19 @@ def test_coverage_errors_name_the_field_in_the_library_and_the_flag_on_the_comma
         "show slot compaction; use --max-batch 3 or more")
 
 
+@pytest.mark.timeout(60)
+def test_a_row_not_reachable_here_expects_no_verdict(capsys):
+    """A row whose bug the configuration cannot reach was checked against nothing; its
+    expected column read `clean` (a clean-in-this-topology bad variant) or the bug's verdict."""
+    assert main(["check", "--variant", "warmup-scratch-free", "--variant", "local-bucket",
+                 "--buckets", "8", "--max-batch", "3", "--topology", "per-rank",
+                 "--no-progress", "--jobs", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split() for line in lines[2:4]] == [
+        [name, "per-rank", "-", "not", "reachable", "here", "0", "0", "0.00s", "-", "n/a"]
+        for name in ("warmup-scratch-free", "local-bucket")]
+
+
 def test_hazard_off_accepts_the_docs_spelling(capsys):
     """The docs write H2; the option's values are h1..h9. A bad value is named as given."""
     assert main(["check", "--variant", "fused-sweep", "--topology", "shared", "--hazard-off",
