@@ -257,27 +257,50 @@ def run(args) -> int:
 class _Finished:
     """The rows a check has finished so far, printed if Ctrl-C or SIGTERM ends it early.
 
+    Its line counts table rows, the unit the final summary counts (``N/M verdicts as
+    expected``): the rows of the checks that finished, of those plus the rows planned for the
+    checks that did not (a protocol expected clean plans two, the fault-free one and the
+    faulted one).
+
     Attributes:
         render: () -> the text (table or JSON) of the finished rows, or None before any finished.
-        done, total: checks finished and planned, counted in ``unit``: a variant in one
-            topology (one or two table rows), a matrix configuration, or a --stats line.
+        planned: rows planned for each check (a variant in one topology, a matrix
+            configuration, a --stats line), in order.
+        unit: what a row is, in the singular (``verdict``; ``row`` for --stats).
     """
 
     def __init__(self):
         self.render = None
-        self.done = 0
-        self.total = 0
-        self.unit = "variant / topology checks"
+        self.planned: list[int] = []
+        self.unit = "verdict"
+        self._rows: dict[int, int] = {}  # check index -> rows it gave
+
+    def finish(self, check: int, rows: int) -> None:
+        """Check ``check`` (an index into ``planned``) finished with ``rows`` rows."""
+        self._rows[check] = rows
+
+    @property
+    def done(self) -> int:
+        """Rows of the finished checks."""
+        return sum(self._rows.values())
+
+    @property
+    def total(self) -> int:
+        """Rows finished, plus those planned for the checks not finished."""
+        return self.done + sum(n for i, n in enumerate(self.planned) if i not in self._rows)
+
+    def _count(self, n: int) -> str:
+        return f"{n} {self.unit}{'s' * (n != 1)}"
 
     def report(self, how: str, code: int) -> int:
         text = self.render() if self.render is not None and self.done else None
-        if text and self.done >= self.total:  # stopped in what follows the rows
+        if text and len(self._rows) == len(self.planned):  # stopped in what follows the rows
             print(text, flush=True)
-            sys.stderr.write(f"lockstep check: {how}; all {self.total} {self.unit} finished "
+            sys.stderr.write(f"lockstep check: {how}; all {self._count(self.total)} finished "
                              "(above), what follows them (--explain, traces) did not\n")
         elif text:
             print(text, flush=True)
-            sys.stderr.write(f"lockstep check: {how}; {self.done} of {self.total} {self.unit} "
+            sys.stderr.write(f"lockstep check: {how}; {self.done} of {self._count(self.total)} "
                              f"finished (above), the other {self.total - self.done} did not\n")
         else:
             sys.stderr.write(f"lockstep check: {how}\n")
@@ -377,7 +400,7 @@ def _run(args, finished: _Finished | None = None) -> int:
     rows: list[Row] = []
     start = time.perf_counter()
     plan = [(f"{v.name} / {t}", spec.planned_clean + spec.fault_schedules if _correct(v) else spec.schedules,
-             2 if _correct(v) and spec.fault_schedules else 1)
+             _planned_rows(v, spec))
             for v in variants for t in topologies]
     order = {(v.name, t): i for i, (v, t) in enumerate((v, t) for v in variants for t in topologies)}
     done: dict[int, list[Row]] = {}
@@ -389,12 +412,13 @@ def _run(args, finished: _Finished | None = None) -> int:
                                "rows": [_row_json(r) for r in rows_so_far]}, indent=1)
         return "\n".join([render_table(rows_so_far)] + _row_notes(rows_so_far))
 
-    finished.render, finished.total = partial, len(order)
+    finished.render, finished.planned = partial, [n for _, _, n in plan]
     with CheckProgress(plan, spec.time_budget, disable=args.no_progress or None) as bar:
         def on_rows(new: list[Row], planned: int) -> None:
             bar.next_row()  # tops the row up to its planned schedules
-            done[order[new[0].variant, new[0].topology]] = new
-            finished.done = len(done)
+            index = order[new[0].variant, new[0].topology]
+            done[index] = new
+            finished.finish(index, len(new))
 
         for variant, new in zip((v for v in variants for _ in topologies),
                                 check_rows(variants, topologies, spec, on_rows, bar.step)):
@@ -454,12 +478,12 @@ def _run_matrix(variants, spec: CheckSpec, args, finished: _Finished) -> int:
                                           **_row_json(c.row)} for c in cells]}, indent=1)
         return render_markdown(cells)
 
-    finished.render, finished.unit = partial, "matrix configurations"
-    finished.total = len(BUCKET_SETS) * len(RANKS) * len(variants) * len(TOPOLOGIES)
     plan = [(f"{v.name} / TP{r} {b} / {t}",
              spec.schedules + (spec.fault_schedules if _correct(v) else 0),
-             2 if _correct(v) and spec.fault_schedules else 1)
+             _planned_rows(v, spec))
             for b in BUCKET_SETS for r in RANKS for v in variants for t in TOPOLOGIES]
+    finished.render, finished.planned = partial, [n for _, _, n in plan]
+    checked = 0
     with CheckProgress(plan, spec.time_budget, disable=args.no_progress or None) as bar:
         def progress(n):
             bar.step(n)
@@ -467,8 +491,10 @@ def _run_matrix(variants, spec: CheckSpec, args, finished: _Finished) -> int:
             for r in RANKS:
                 for v in variants:
                     for t in TOPOLOGIES:
-                        cells += run_matrix([v], spec, (r,), (b,), (t,), progress)
-                        finished.done += 1
+                        new = run_matrix([v], spec, (r,), (b,), (t,), progress)
+                        cells += new
+                        finished.finish(checked, len(new))
+                        checked += 1
                         bar.next_row()
     elapsed = time.perf_counter() - start
     rows = [c.row for c in cells]
@@ -507,15 +533,15 @@ def _run_stats(variants, spec: CheckSpec, args, finished: _Finished) -> int:
                                "rows": [s.__dict__ for s in shares]}, indent=1)
         return render_table(shares)
 
-    finished.render, finished.total = partial, len(bad) * len(topologies)
-    finished.unit = "variant / topology measurements"
+    finished.render, finished.planned = partial, [1] * (len(bad) * len(topologies))
+    finished.unit = "row"
     plan = [(f"{v.name} / {t}", spec.schedules * len(STATS_STRATEGIES), 1)
             for v in bad for t in topologies]
     with CheckProgress(plan, spec.time_budget, disable=args.no_progress or None) as bar:
         for variant in bad:
             for topology in topologies:
                 shares.append(failing_shares(variant, spec, topology, bar.step))
-                finished.done += 1
+                finished.finish(len(shares) - 1, 1)
                 bar.next_row()
     elapsed = time.perf_counter() - start
     if args.json:
@@ -551,6 +577,12 @@ def _explain(rows: list[Row], variants, spec: CheckSpec) -> dict:
 
 def _correct(variant) -> bool:
     return all(v == "clean" for v in variant.expected.values())
+
+
+def _planned_rows(variant, spec: CheckSpec) -> int:
+    """Table rows (and searches) a check of ``variant`` in one topology plans: a protocol
+    expected clean is searched without faults and, unless ``--fault-schedules 0``, with them."""
+    return 2 if _correct(variant) and spec.fault_schedules else 1
 
 
 def _write_traces(directory: Path, rows: list[Row], spec: CheckSpec) -> None:

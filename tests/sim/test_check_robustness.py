@@ -292,8 +292,10 @@ def test_an_interrupted_check_prints_the_rows_it_finished(monkeypatch, capsys, h
             "correct", "--topology", "shared", "--no-progress", "--jobs", "1"]
     assert main(args + (["--json"] if as_json else [])) == code
     captured = capsys.readouterr()
-    assert captured.err == (f"lockstep check: {how}; 2 of 3 variant / topology checks finished "
-                            "(above), the other 1 did not\n")
+    # the unit of the final summary: rows (verdicts), two of them planned for the correct
+    # protocol (fault-free and faulted); it counted variant / topology checks (2 of 3)
+    assert captured.err == (f"lockstep check: {how}; 2 of 4 verdicts finished (above), the "
+                            "other 2 did not\n")
     if as_json:
         data = json.loads(captured.out)
         assert data["interrupted"] is True
@@ -303,6 +305,74 @@ def test_an_interrupted_check_prints_the_rows_it_finished(monkeypatch, capsys, h
         assert lines[2][:4] == ["fused-sweep", "shared", "deadlock", "deadlock"]
         assert lines[3][:4] == ["local-bucket", "shared", "divergence", "divergence"]
         assert len(lines) == 4 and "correct" not in captured.out
+
+
+@pytest.mark.timeout(120)
+def test_an_interrupted_check_counts_the_unit_its_final_summary_counts(monkeypatch, capsys):
+    """The Ctrl-C line counted variant / topology checks ("1 of 2"), the summary verdicts
+    ("3/3"): the correct protocol's one check is two rows. Both now count rows."""
+    import sim.rows
+
+    args = ["check", "--variant", "correct", "--variant", "fused-sweep", "--topology", "shared",
+            "--schedules", "5", "--fault-schedules", "2", "--no-progress", "--jobs", "1"]
+    assert main(args) == 0
+    assert "OK: 3/3 verdicts as expected" in capsys.readouterr().out
+    real = sim.rows.check_variant
+
+    def stops_at_fused_sweep(variant, spec, topology, progress=None):
+        if variant.name == "fused-sweep":
+            raise KeyboardInterrupt()
+        return real(variant, spec, topology, progress)
+
+    monkeypatch.setattr(sim.rows, "check_variant", stops_at_fused_sweep)
+    assert main(args) == 130
+    captured = capsys.readouterr()
+    assert captured.err == ("lockstep check: interrupted; 2 of 3 verdicts finished (above), the "
+                            "other 1 did not\n")
+    assert [line.split()[0] for line in captured.out.splitlines()[2:]] == ["correct",
+                                                                           "correct+faults"]
+
+
+@pytest.mark.timeout(120)
+def test_an_interrupted_matrix_counts_verdicts_as_its_summary_does(monkeypatch, capsys):
+    """It counted matrix configurations; the summary counts verdicts (cells)."""
+    import sim.matrix
+
+    real, calls = sim.matrix.run_matrix, []
+
+    def stops_at_the_second(*args, **kwargs):
+        calls.append(args)
+        if len(calls) == 2:
+            raise KeyboardInterrupt()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sim.matrix, "run_matrix", stops_at_the_second)
+    assert main(["check", "--matrix", "--variant", "correct", "--schedules", "2",
+                 "--fault-schedules", "1", "--no-progress", "--jobs", "1"]) == 130
+    configurations = len(sim.matrix.BUCKET_SETS) * len(sim.matrix.RANKS) * 2  # x topologies
+    planned = 2 * configurations  # clean and faulted, in each
+    assert capsys.readouterr().err == (f"lockstep check: interrupted; 2 of {planned} verdicts "
+                                       f"finished (above), the other {planned - 2} did not\n")
+
+
+@pytest.mark.timeout(120)
+def test_an_interrupted_stats_run_counts_rows_as_its_summary_does(monkeypatch, capsys):
+    """--stats ends "N rows, ..."; its Ctrl-C line said "variant / topology measurements"."""
+    import sim.stats
+
+    real, calls = sim.stats.failing_shares, []
+
+    def stops_at_the_second(*args, **kwargs):
+        calls.append(args)
+        if len(calls) == 2:
+            raise KeyboardInterrupt()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sim.stats, "failing_shares", stops_at_the_second)
+    assert main(["check", "--stats", "--variant", "fused-sweep", "--variant", "local-bucket",
+                 "--topology", "shared", "--schedules", "2", "--no-progress", "--jobs", "1"]) == 130
+    assert capsys.readouterr().err == ("lockstep check: interrupted; 1 of 2 rows finished "
+                                       "(above), the other 1 did not\n")
 
 
 @pytest.fixture(scope="module")
@@ -550,8 +620,8 @@ def test_an_interrupt_during_explain_prints_every_row_and_says_what_did_not_fini
     captured = capsys.readouterr()
     assert captured.out.splitlines()[2].split()[:4] == ["fused-sweep", "shared", "deadlock",
                                                         "deadlock"]
-    assert captured.err == ("lockstep check: interrupted; all 1 variant / topology checks "
-                            "finished (above), what follows them (--explain, traces) did not\n")
+    assert captured.err == ("lockstep check: interrupted; all 1 verdict finished (above), what "
+                            "follows them (--explain, traces) did not\n")
 
 
 SLOW_HOOK = '''
