@@ -17,6 +17,8 @@ from sim.run import RunResult
 TRACE_FORMAT = 1
 NOISY_OPS = {"graph_memory", "release_slot", "move_slot", "prepare_replay"}
 _GAP = "     ... (events in between left out)"
+EARLIER = "earlier"
+"""`_window`'s first item when it starts after the run's first event: the story is a tail."""
 DEVICE_OPS = ("launch", "warmup_collective", "run_eager", "prefill", "enqueue_sample")
 """Ops drawn as an arrow to the rank's device in the sequence diagrams (they enqueue its work)."""
 
@@ -24,7 +26,8 @@ DEVICE_OPS = ("launch", "warmup_collective", "run_eager", "prefill", "enqueue_sa
 def _window(events: list[TraceEvent], limit: int, step: int | None = None) -> list:
     """The events since the command before the last one, at most ``limit`` of them.
 
-    When the verdict names the command ``step`` at which a rule broke and none of that
+    The window starts with `EARLIER` when it leaves out events before its first one. When
+    the verdict names the command ``step`` at which a rule broke and none of that
     command's events is in the tail (a trace check at the end of the run flags a step of the
     sweep, say), the window starts with that command's events -- up to half of ``limit``, its
     last ones, which end with the breaking event -- then a None marking the events left out,
@@ -35,17 +38,15 @@ def _window(events: list[TraceEvent], limit: int, step: int | None = None) -> li
     start = sends[-2] if len(sends) >= 2 else 0
     tail_start = max(start, len(keep) - limit)
     tail = keep[tail_start:]
-    if step is None or any(e.seq == step for e in tail):
-        return tail
-    head = [i for i, e in enumerate(keep[:tail_start]) if e.seq == step]
-    if not head:
-        return tail
+    head = [i for i, e in enumerate(keep[:tail_start]) if e.seq == step] if step is not None else []
+    if not head or any(e.seq == step for e in tail):
+        return ([EARLIER] if tail_start > 0 else []) + tail
     first = next((i for i in head if keep[i].kind == "send"), head[0])
     head = [i for i in head if i >= first][-(limit // 2):]
     if keep[first] is not keep[head[0]]:
         head = [first] + head[1:]  # the command's send stays first: what was asked
     tail = tail[-(limit - len(head)):]
-    return [keep[i] for i in head] + [None] + tail
+    return ([EARLIER] if head[0] > 0 else []) + [keep[i] for i in head] + [None] + tail
 
 
 def _sentence(e: TraceEvent) -> str:
@@ -63,16 +64,27 @@ def _sentence(e: TraceEvent) -> str:
     return f"{e.actor} {e.kind}" + (f": {e.detail}" if e.detail else "")
 
 
+def _kept_before(trace: list[TraceEvent], window: list) -> int:
+    """How many story events (those `_window` keeps) come before the window's first event."""
+    first = next(e for e in window if e is not EARLIER and e is not None)
+    return sum(1 for e in trace[:trace.index(first)]
+               if e.kind != "kernel" and not (e.kind == "op" and e.what in NOISY_OPS))
+
+
 def narrative(result: RunResult, limit: int = 40) -> str:
     """Numbered story of the failure's last steps, then the verdict's explanation."""
     outcome = result.outcome
     events = _window(result.world.trace, limit, outcome.step)
-    lines = []
+    lines, number = [], 0
     for e in events:
-        if e is None:
+        if e is EARLIER:
+            lines.append(f"     ... (the run's first {_kept_before(result.world.trace, events)} "
+                         "events left out; the story is its last ones)")
+        elif e is None:
             lines.append(_GAP)
         else:
-            lines.append(f"{len(lines) + 1 - lines.count(_GAP):>3}. t={e.time:g}s {_sentence(e)}")
+            number += 1
+            lines.append(f"{number:>3}. t={e.time:g}s {_sentence(e)}")
     lines.append(f"==> {outcome.verdict}" + (f" ({outcome.invariant})" if outcome.invariant else ""))
     if outcome.cycle:
         for node, why in outcome.cycle:
@@ -107,7 +119,9 @@ def mermaid(result: RunResult, limit: int = 40) -> str:
     for r in ranks:
         lines.append(f"    participant D{r} as device {r}")
     for e in _window(world.trace, limit, result.outcome.step):
-        if e is None:
+        if e is EARLIER:
+            lines.append("    Note over C: ... earlier events left out")
+        elif e is None:
             lines.append("    Note over C: ... events in between left out")
         elif e.kind == "send":
             for r in ranks:

@@ -35,4 +35,30 @@ def test_failure_in_the_tail_has_no_gap():
     row = check_bad(REGISTRY["local-bucket"], SPEC, "shared")
     story = narrative(row.minimal)
     assert f"command {row.minimal.outcome.step}" in story
-    assert "left out" not in story
+    assert "events in between left out" not in story
+
+
+def test_a_story_that_starts_mid_run_says_how_much_it_left_out():
+    """Before, a tail of a 365-event run was numbered from 1 with nothing above it, so it read
+    as the whole run. The marker's count and the numbered events add up to the run's story
+    events, and the numbering starts at 1 after the marker."""
+    from sim.report import NOISY_OPS
+
+    result = check_bad(REGISTRY["local-bucket"], SPEC, "shared").minimal
+    kept = [e for e in result.world.trace
+            if e.kind != "kernel" and not (e.kind == "op" and e.what in NOISY_OPS)]
+    assert len(kept) > 12
+    lines = narrative(result, limit=10).split("==> ")[0].splitlines()
+    assert lines[0].startswith(f"     ... (the run's first {len(kept) - 10} events left out")
+    numbered = [line for line in lines if line[:3].strip().isdigit()]
+    assert len(numbered) == 10 and numbered[0].startswith("  1. ")
+    assert "earlier events left out" in mermaid(result, limit=10)
+
+
+def test_a_story_that_starts_at_the_first_event_has_no_marker():
+    from sim.report import EARLIER, _window
+
+    result = check_bad(REGISTRY["local-bucket"], SPEC, "shared").minimal
+    first_events = [e for e in result.world.trace if e.kind != "kernel"][:3]
+    window = _window(first_events, 10)
+    assert window == first_events and EARLIER not in window
