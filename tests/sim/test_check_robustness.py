@@ -180,7 +180,9 @@ def test_interrupt_prints_one_line_and_leaves_no_worker(how, code, line):
             proc.wait()
     assert proc.returncode == code
     assert err.decode().strip() == line and out == b""
-    time.sleep(1.0)
+    deadline = time.monotonic() + 20  # an orphaned worker would still run at the deadline
+    while any(_running(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert [pid for pid in workers if _running(pid)] == []
 
 
