@@ -314,10 +314,13 @@ class DeviceModel:
             stream = None
         if stream is None:
             kernel = dev.collective_head().pop(0)
+            w.queued -= 1
             dev.finish(kernel)
             w.event(f"device{r}", "collective", kernel.sig.label, rank=r, detail=sig_text(kernel))
             return
-        self.execute(r, dev, stream.pop(0))
+        kernel = stream.pop(0)
+        w.queued -= 1
+        self.execute(r, dev, kernel)
 
     def execute(self, r: int, dev: Device, kernel: Any) -> None:
         """What a compute kernel does to the device's buffers."""
@@ -567,11 +570,12 @@ class DeviceModel:
         cached = self._ready
         if cached is not None and all(map(is_, heads_now, cached[0])):
             return cached[1]
-        found = self._find_ready_collective()
+        found = self.find_ready_collective()
         self._ready = (heads_now, found)  # holds the head objects, so identity stays meaningful
         return found
 
-    def _find_ready_collective(self):
+    def find_ready_collective(self):
+        """`ready_collective` computed afresh, without its cache."""
         w = self.world
         h9 = w.hz.h9_one_in_flight
         heads: dict[str, dict[int, list]] = {}
@@ -644,6 +648,7 @@ class DeviceModel:
         first = streams[0][0]
         for stream in streams:
             kernel = stream.pop(0)
+            w.queued -= 1
             for dev in w.devices:
                 if dev.main is stream or dev.side is stream:
                     dev.finish(kernel)

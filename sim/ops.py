@@ -363,7 +363,8 @@ class ModelledBackend:
             ConfigError: the signature names a communicator the scenario lacks, a host group,
                 a communicator rank ``r`` is not a member of, or a send/receive peer outside it.
         """
-        dev = self.world.devices[r]
+        w = self.world
+        dev = w.devices[r]
         if isinstance(kernel, Signature):
             sig = kernel
             if (sig.comm, sig.peer, r) not in self._checked_calls:
@@ -376,6 +377,7 @@ class ModelledBackend:
             kernel = Collective(index, sig, order)
             dev.enqueued_collectives += 1
         (dev.side if side else dev.main).append(kernel)
+        w.queued += 1
 
     def _check_call(self, r: int, sig: Signature) -> None:
         """Raise ConfigError if rank ``r`` may not enqueue ``sig`` (see `enqueue`); remember a
