@@ -286,13 +286,17 @@ class Device:
                 self.device_ids, self.marked)
 
 
+_STALE = object()
+"""`DeviceModel.ready_collective` has no answer kept."""
+
+
 class DeviceModel:
     """The device and collective actors of one world."""
 
     def __init__(self, world: World):
         self.world = world
         self._members: dict[str, tuple[int, ...]] = {}
-        self._ready = None  # (stream-head collectives, `ready_collective`'s answer for them)
+        self._ready = _STALE  # `ready_collective`'s answer, until a stream head moves
 
     def device_ready(self, r: int) -> bool:
         """True if device ``r`` can run a kernel now."""
@@ -312,6 +316,7 @@ class DeviceModel:
             stream = side
         else:
             stream = None
+        self.heads_moved()  # a head leaves below
         if stream is None:
             kernel = dev.collective_head().pop(0)
             w.queued -= 1
@@ -558,21 +563,19 @@ class DeviceModel:
         or None. A call waits behind an earlier call of its communicator still queued on the
         other stream; a wedged communicator (H9, `wedges`) completes nothing on that device.
 
-        The answer depends only on the collectives at the stream heads (a device's completed
-        counts change only as a collective leaves a head), so it is kept until one of those
-        heads is another object: the scheduler asks again after every action.
+        The answer depends only on what is at the stream heads (a device's completed counts
+        change only as a collective leaves a head), so it is kept until a head moves
+        (`heads_moved`): the scheduler asks again after every action.
         """
-        heads_now = []
-        for dev in self.world.devices:
-            main, side = dev.main, dev.side
-            heads_now.append(main[0] if main and main[0].__class__ is Collective else None)
-            heads_now.append(side[0] if side and side[0].__class__ is Collective else None)
-        cached = self._ready
-        if cached is not None and all(map(is_, heads_now, cached[0])):
-            return cached[1]
-        found = self.find_ready_collective()
-        self._ready = (heads_now, found)  # holds the head objects, so identity stays meaningful
+        found = self._ready
+        if found is _STALE:
+            found = self._ready = self.find_ready_collective()
         return found
+
+    def heads_moved(self) -> None:
+        """A stream's head changed (a kernel left it, or one arrived on an empty stream):
+        `ready_collective` must look again."""
+        self._ready = _STALE
 
     def find_ready_collective(self):
         """`ready_collective` computed afresh, without its cache."""
@@ -646,6 +649,7 @@ class DeviceModel:
             return
         _, comm, streams = found
         first = streams[0][0]
+        self.heads_moved()
         for stream in streams:
             kernel = stream.pop(0)
             w.queued -= 1

@@ -376,7 +376,10 @@ class ModelledBackend:
             dev.issued[sig.comm] = order + 1
             kernel = Collective(index, sig, order)
             dev.enqueued_collectives += 1
-        (dev.side if side else dev.main).append(kernel)
+        stream = dev.side if side else dev.main
+        if not stream:  # the kernel becomes the stream's head
+            w.device_model.heads_moved()
+        stream.append(kernel)
         w.queued += 1
 
     def _check_call(self, r: int, sig: Signature) -> None:

@@ -712,6 +712,7 @@ class World:
             self.queued -= len(dev.main) + len(dev.side)
             dev.main.clear()
             dev.side.clear()
+            self.device_model.heads_moved()
             self._in_flight -= len(self.transit[q])
             self.transit[q].clear()
             self.dead.add(q)
