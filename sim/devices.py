@@ -343,9 +343,11 @@ class DeviceModel:
             case EagerDecode(seq=seq, rows=rows, feed=feed):
                 if feed is not None:
                     rows = self.fed_rows(r, dev, seq, rows, feed)
-                if (rows is not None and self.check_rows(r, seq, rows)
-                        and self.check_continues(r, seq, dev.live("kv"), rows)):
-                    self.decode(dev.live("kv"), dev.live("logits"), seq, rows)
+                if rows is not None and self.check_rows(r, seq, rows):
+                    padding = _padding_run(rows)  # read twice below: found once
+                    if self.check_continues(r, seq, dev.live("kv"), rows, padding):
+                        self.decode(dev.live("kv"), dev.live("logits"), seq, rows,
+                                    padding=padding)
             case StepMark(seq=seq):
                 dev.marked = seq
             case GraphReplay(key=key, seq=seq, buffers=refs):
@@ -353,8 +355,9 @@ class DeviceModel:
                 for ref in refs:  # a loop, not a comprehension: once per replay
                     captured[ref[0]] = dev.allocations[ref].data
                 rows = captured["replay-inputs"][:key.bucket]
-                if self.check_continues(r, seq, captured["kv"], rows):
-                    self.decode(captured["kv"], captured["logits"], seq, rows)
+                padding = _padding_run(rows)  # read twice below: found once
+                if self.check_continues(r, seq, captured["kv"], rows, padding):
+                    self.decode(captured["kv"], captured["logits"], seq, rows, padding=padding)
             case PrefillKernel(seq=seq, admits=admits, chunk=chunk):
                 kv = dev.live("kv")
                 pieces = [(a.request_id, a.slot, a.start) for a in admits]
@@ -403,13 +406,15 @@ class DeviceModel:
         """The modelled vocabulary size."""
         return self.world.scenario.vocab
 
-    def decode(self, kv: ModelledKV, logits: dict, seq: int, rows, corrupt: bool = False) -> None:
+    def decode(self, kv: ModelledKV, logits: dict, seq: int, rows, corrupt: bool = False,
+               padding: int | None = None) -> None:
         """Run decode rows: row i writes its token at its position of its slot, reads the
         slot's positions 0..p, and leaves (seq, next token) in logits row i. With ``corrupt``
-        the logits are off by one (a partial all-reduce sum)."""
+        the logits are off by one (a partial all-reduce sum). ``padding``: where the rows'
+        trailing padding run starts (`_padding_run`), if the caller found it already."""
         vocab = self.vocab
         last_padding = None  # padding rows repeat one row object: write it once
-        run = _padding_run(rows)
+        run = _padding_run(rows) if padding is None else padding
         for i in range(run):
             row = rows[i]
             if row.request_id == PAD_REQUEST:
@@ -426,14 +431,15 @@ class DeviceModel:
             row = rows[run]
             kv.write(row.slot, row.position, row.token)
 
-    def check_continues(self, r: int, seq: int, kv, rows) -> bool:
+    def check_continues(self, r: int, seq: int, kv, rows, padding: int | None = None) -> bool:
         """Direct I21 check: every live decode row continues its slot's sequence -- the slot
         caches exactly ``position`` tokens (the engine's ``seq_lens``) before the row writes
         its own. A row whose slot caches fewer reads KV positions nobody wrote: its prompt was
         never prefilled, as when a mixed step's admissions are taken into the decode graph as
-        rows (vllm-project/vllm #53051). On a violation the run ends with the step and rank."""
+        rows (vllm-project/vllm #53051). On a violation the run ends with the step and rank.
+        ``padding`` as for `decode`."""
         lengths = kv.lengths
-        for i in range(_padding_run(rows)):
+        for i in range(_padding_run(rows) if padding is None else padding):
             row = rows[i]
             if row.request_id == PAD_REQUEST:
                 continue
