@@ -258,7 +258,7 @@ class Device:
 
     def collective_heads(self) -> list:
         """The streams whose head is a collective (main first)."""
-        return [s for s in (self.main, self.side) if s and s[0].__class__ is Collective]
+        return [s for s in (self.main, self.side) if s and type(s[0]) is Collective]
 
     def next_of(self, kernel: Collective) -> bool:
         """True if ``kernel`` is the next call its communicator runs on this device."""
@@ -554,7 +554,7 @@ class DeviceModel:
             if not (main and side):
                 continue
             a, b = main[0], side[0]
-            if a.__class__ is not Collective or b.__class__ is not Collective:
+            if type(a) is not Collective or type(b) is not Collective:
                 continue
             if a.sig.comm != b.sig.comm:
                 continue
@@ -590,8 +590,8 @@ class DeviceModel:
         heads: dict[str, dict[int, list]] = {}
         for r, dev in enumerate(w.devices):
             main, side = dev.main, dev.side
-            a = main[0] if main and main[0].__class__ is Collective else None
-            b = side[0] if side and side[0].__class__ is Collective else None
+            a = main[0] if main and type(main[0]) is Collective else None
+            b = side[0] if side and type(side[0]) is Collective else None
             if a is None:
                 if b is None:
                     continue

@@ -182,7 +182,7 @@ class ModelledBackend:
     def attempt(self, r: int, host: Host, op: Op, probe: bool) -> int:
         """Test (``probe``) or perform ``op`` on rank ``r``; BLOCKED, PROGRESS or DONE."""
         if not probe:
-            perform = self.performers.get(op.__class__)
+            perform = self.performers.get(type(op))
             if perform is not None:
                 return perform(r, host, op)
         match op:  # the sweep's ops first: a match tries its cases in order

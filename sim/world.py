@@ -225,7 +225,7 @@ class World:
                         out.append(name)
                     continue
                 op = run.op
-                cls = op.__class__
+                cls = type(op)
                 if cls is Synchronize:  # the most frequent probe: a rank waiting for its device
                     if not (dev.main or dev.side):
                         out.append(name)
@@ -247,16 +247,16 @@ class World:
         for main, side, name in self._stream_rows:
             # a device runs when a stream's head is a compute kernel, or (H3 off) any head
             if main:
-                if main[0].__class__ is Collective:
+                if type(main[0]) is Collective:
                     any_collective = True
-                    if not h3 or (side and side[0].__class__ is not Collective):
+                    if not h3 or (side and type(side[0]) is not Collective):
                         out.append(name)
                 else:
                     out.append(name)
-                    if side and side[0].__class__ is Collective:
+                    if side and type(side[0]) is Collective:
                         any_collective = True
             elif side:
-                if side[0].__class__ is Collective:
+                if type(side[0]) is Collective:
                     any_collective = True
                     if not h3:
                         out.append(name)
@@ -590,7 +590,7 @@ class World:
             return False
         op = host.run.op
         if not self.faults:  # the common case: no fault bookkeeping at all
-            cls = op.__class__
+            cls = type(op)
             if cls is Synchronize:  # the most frequent probe: a rank waiting for its device
                 return not (self.devices[r].main or self.devices[r].side)
             return cls in _ALWAYS_READY or self.backend.attempt(r, host, op, True) != BLOCKED
@@ -615,7 +615,7 @@ class World:
             if self.faults:
                 status = self._run_op(r, host, op, probe=False)
             else:  # `_run_op` without faults, and `attempt`'s table lookup without its frame
-                perform = self._performers.get(op.__class__)
+                perform = self._performers.get(type(op))
                 status = (perform(r, host, op) if perform is not None
                           else self.backend.attempt(r, host, op, False))
         except SimFault as exc:
