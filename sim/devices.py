@@ -345,7 +345,7 @@ class DeviceModel:
                     rows = self.fed_rows(r, dev, seq, rows, feed)
                 if rows is not None and self.check_rows(r, seq, rows):
                     padding = _padding_run(rows)  # read twice below: found once
-                    if self.check_continues(r, seq, dev.live("kv"), rows, padding):
+                    if self.check_continues(r, seq, dev.live("kv"), rows, padding=padding):
                         self.decode(dev.live("kv"), dev.live("logits"), seq, rows,
                                     padding=padding)
             case StepMark(seq=seq):
@@ -356,7 +356,7 @@ class DeviceModel:
                     captured[ref[0]] = dev.allocations[ref].data
                 rows = captured["replay-inputs"][:key.bucket]
                 padding = _padding_run(rows)  # read twice below: found once
-                if self.check_continues(r, seq, captured["kv"], rows, padding):
+                if self.check_continues(r, seq, captured["kv"], rows, padding=padding):
                     self.decode(captured["kv"], captured["logits"], seq, rows, padding=padding)
             case PrefillKernel(seq=seq, admits=admits, chunk=chunk):
                 kv = dev.live("kv")
