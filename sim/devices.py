@@ -286,17 +286,14 @@ class Device:
                 self.device_ids, self.marked)
 
 
-_STALE = object()
-"""`DeviceModel.ready_collective` has no answer kept."""
-
-
 class DeviceModel:
     """The device and collective actors of one world."""
 
     def __init__(self, world: World):
         self.world = world
         self._members: dict[str, tuple[int, ...]] = {}
-        self._ready = _STALE  # `ready_collective`'s answer, until a stream head moves
+        self._ready = None  # `ready_collective`'s answer, kept while `_ready_kept`
+        self._ready_kept = False  # until a stream head moves (`heads_moved`)
 
     def device_ready(self, r: int) -> bool:
         """True if device ``r`` can run a kernel now."""
@@ -573,15 +570,15 @@ class DeviceModel:
         change only as a collective leaves a head), so it is kept until a head moves
         (`heads_moved`): the scheduler asks again after every action.
         """
-        found = self._ready
-        if found is _STALE:
-            found = self._ready = self.find_ready_collective()
-        return found
+        if not self._ready_kept:
+            self._ready = self.find_ready_collective()
+            self._ready_kept = True
+        return self._ready
 
     def heads_moved(self) -> None:
         """A stream's head changed (a kernel left it, or one arrived on an empty stream):
         `ready_collective` must look again."""
-        self._ready = _STALE
+        self._ready_kept = False
 
     def find_ready_collective(self):
         """`ready_collective` computed afresh, without its cache."""

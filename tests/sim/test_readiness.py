@@ -3,6 +3,7 @@ controller's due time, a readiness table, the collectives' cache); after every a
 runs its answer must equal a probe of every actor (`World.enabled_by_full_probe`), and a
 shortcut whose update is dropped must be caught by that comparison."""
 
+import pickle
 import re
 from dataclasses import replace
 
@@ -111,9 +112,9 @@ def _keep_answer(monkeypatch, cls, method: str, model) -> None:
 
     def forgetful(self, *args, **kwargs):
         holder = model(self)
-        kept = holder._ready
+        kept = holder._ready, holder._ready_kept
         original(self, *args, **kwargs)
-        holder._ready = kept
+        holder._ready, holder._ready_kept = kept
 
     monkeypatch.setattr(cls, method, forgetful)
 
@@ -156,3 +157,21 @@ def test_a_dropped_update_at_a_death_is_caught(checked, monkeypatch, dropped):
             assert re.search("counted queued|kept answer|a full probe", str(exc))
             caught += 1
     assert caught
+
+
+def test_a_pickled_world_keeps_its_counts_and_answers():
+    """A bad row's counterexample world comes back from its worker process by pickle; a copy
+    made after any action answers as the world does."""
+    variant = get_variant("correct")
+    for seed in range(3):
+        world = World(variant.scenario(SPEC.scenario("shared")), variant)
+        chooser = _chooser("random", SPEC.seed, seed)
+        while world.outcome is None:
+            copy = pickle.loads(pickle.dumps(world))  # before anything asked the world
+            enabled = world.enabled()
+            assert copy.enabled() == enabled == copy.enabled_by_full_probe()
+            assert (copy.queued, copy._in_flight) == (world.queued, world._in_flight)
+            if not enabled:
+                world.settle()
+                continue
+            world.step(enabled[0] if len(enabled) == 1 else chooser.choose(enabled, world.actions))
