@@ -76,9 +76,9 @@ class CommandRun:
                 if self.command.feed is not None:  # fed tokens: checked on the device (I20)
                     read = ReplayRows(self.command.rows.tokens, read.positions, read.slots)
                 data = (ReplayRows.of_step(self.command).text(), read.text())
-            elif op.__class__ is ReadTokens and op.step.seq != self.command.seq:
+            elif type(op) is ReadTokens and op.step.seq != self.command.seq:
                 data = (op.step.seq,)  # an earlier step's tokens (overlapped scheduling, I11)
-            elif op.__class__ is AwaitStep:  # the step whose device work it waited for (I11)
+            elif type(op) is AwaitStep:  # the step whose device work it waited for (I11)
                 data = (op.seq,)
             # `_event`, inlined: one event per op
             self._record(_tuple_new(TraceEvent, (self._actor, "op", op.name, self.command.seq,

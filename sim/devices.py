@@ -258,7 +258,7 @@ class Device:
 
     def collective_heads(self) -> list:
         """The streams whose head is a collective (main first)."""
-        return [s for s in (self.main, self.side) if s and s[0].__class__ is Collective]
+        return [s for s in (self.main, self.side) if s and type(s[0]) is Collective]
 
     def next_of(self, kernel: Collective) -> bool:
         """True if ``kernel`` is the next call its communicator runs on this device."""
@@ -292,7 +292,8 @@ class DeviceModel:
     def __init__(self, world: World):
         self.world = world
         self._members: dict[str, tuple[int, ...]] = {}
-        self._ready = None  # (stream-head collectives, `ready_collective`'s answer for them)
+        self._ready = None  # `ready_collective`'s answer, kept while `_ready_kept`
+        self._ready_kept = False  # until a stream head moves (`heads_moved`)
 
     def device_ready(self, r: int) -> bool:
         """True if device ``r`` can run a kernel now."""
@@ -312,12 +313,16 @@ class DeviceModel:
             stream = side
         else:
             stream = None
+        self.heads_moved()  # a head leaves below
         if stream is None:
             kernel = dev.collective_head().pop(0)
+            w.queued -= 1
             dev.finish(kernel)
             w.event(f"device{r}", "collective", kernel.sig.label, rank=r, detail=sig_text(kernel))
             return
-        self.execute(r, dev, stream.pop(0))
+        kernel = stream.pop(0)
+        w.queued -= 1
+        self.execute(r, dev, kernel)
 
     def execute(self, r: int, dev: Device, kernel: Any) -> None:
         """What a compute kernel does to the device's buffers."""
@@ -335,9 +340,11 @@ class DeviceModel:
             case EagerDecode(seq=seq, rows=rows, feed=feed):
                 if feed is not None:
                     rows = self.fed_rows(r, dev, seq, rows, feed)
-                if (rows is not None and self.check_rows(r, seq, rows)
-                        and self.check_continues(r, seq, dev.live("kv"), rows)):
-                    self.decode(dev.live("kv"), dev.live("logits"), seq, rows)
+                if rows is not None and self.check_rows(r, seq, rows):
+                    padding = _padding_run(rows)  # read twice below: found once
+                    if self.check_continues(r, seq, dev.live("kv"), rows, padding=padding):
+                        self.decode(dev.live("kv"), dev.live("logits"), seq, rows,
+                                    padding=padding)
             case StepMark(seq=seq):
                 dev.marked = seq
             case GraphReplay(key=key, seq=seq, buffers=refs):
@@ -345,8 +352,9 @@ class DeviceModel:
                 for ref in refs:  # a loop, not a comprehension: once per replay
                     captured[ref[0]] = dev.allocations[ref].data
                 rows = captured["replay-inputs"][:key.bucket]
-                if self.check_continues(r, seq, captured["kv"], rows):
-                    self.decode(captured["kv"], captured["logits"], seq, rows)
+                padding = _padding_run(rows)  # read twice below: found once
+                if self.check_continues(r, seq, captured["kv"], rows, padding=padding):
+                    self.decode(captured["kv"], captured["logits"], seq, rows, padding=padding)
             case PrefillKernel(seq=seq, admits=admits, chunk=chunk):
                 kv = dev.live("kv")
                 pieces = [(a.request_id, a.slot, a.start) for a in admits]
@@ -395,13 +403,15 @@ class DeviceModel:
         """The modelled vocabulary size."""
         return self.world.scenario.vocab
 
-    def decode(self, kv: ModelledKV, logits: dict, seq: int, rows, corrupt: bool = False) -> None:
+    def decode(self, kv: ModelledKV, logits: dict, seq: int, rows, corrupt: bool = False,
+               padding: int | None = None) -> None:
         """Run decode rows: row i writes its token at its position of its slot, reads the
         slot's positions 0..p, and leaves (seq, next token) in logits row i. With ``corrupt``
-        the logits are off by one (a partial all-reduce sum)."""
+        the logits are off by one (a partial all-reduce sum). ``padding``: where the rows'
+        trailing padding run starts (`_padding_run`), if the caller found it already."""
         vocab = self.vocab
         last_padding = None  # padding rows repeat one row object: write it once
-        run = _padding_run(rows)
+        run = _padding_run(rows) if padding is None else padding
         for i in range(run):
             row = rows[i]
             if row.request_id == PAD_REQUEST:
@@ -418,14 +428,15 @@ class DeviceModel:
             row = rows[run]
             kv.write(row.slot, row.position, row.token)
 
-    def check_continues(self, r: int, seq: int, kv, rows) -> bool:
+    def check_continues(self, r: int, seq: int, kv, rows, padding: int | None = None) -> bool:
         """Direct I21 check: every live decode row continues its slot's sequence -- the slot
         caches exactly ``position`` tokens (the engine's ``seq_lens``) before the row writes
         its own. A row whose slot caches fewer reads KV positions nobody wrote: its prompt was
         never prefilled, as when a mixed step's admissions are taken into the decode graph as
-        rows (vllm-project/vllm #53051). On a violation the run ends with the step and rank."""
+        rows (vllm-project/vllm #53051). On a violation the run ends with the step and rank.
+        ``padding`` as for `decode`."""
         lengths = kv.lengths
-        for i in range(_padding_run(rows)):
+        for i in range(_padding_run(rows) if padding is None else padding):
             row = rows[i]
             if row.request_id == PAD_REQUEST:
                 continue
@@ -540,7 +551,7 @@ class DeviceModel:
             if not (main and side):
                 continue
             a, b = main[0], side[0]
-            if a.__class__ is not Collective or b.__class__ is not Collective:
+            if type(a) is not Collective or type(b) is not Collective:
                 continue
             if a.sig.comm != b.sig.comm:
                 continue
@@ -555,30 +566,29 @@ class DeviceModel:
         or None. A call waits behind an earlier call of its communicator still queued on the
         other stream; a wedged communicator (H9, `wedges`) completes nothing on that device.
 
-        The answer depends only on the collectives at the stream heads (a device's completed
-        counts change only as a collective leaves a head), so it is kept until one of those
-        heads is another object: the scheduler asks again after every action.
+        The answer depends only on what is at the stream heads (a device's completed counts
+        change only as a collective leaves a head), so it is kept until a head moves
+        (`heads_moved`): the scheduler asks again after every action.
         """
-        heads_now = []
-        for dev in self.world.devices:
-            main, side = dev.main, dev.side
-            heads_now.append(main[0] if main and main[0].__class__ is Collective else None)
-            heads_now.append(side[0] if side and side[0].__class__ is Collective else None)
-        cached = self._ready
-        if cached is not None and all(map(is_, heads_now, cached[0])):
-            return cached[1]
-        found = self._find_ready_collective()
-        self._ready = (heads_now, found)  # holds the head objects, so identity stays meaningful
-        return found
+        if not self._ready_kept:
+            self._ready = self.find_ready_collective()
+            self._ready_kept = True
+        return self._ready
 
-    def _find_ready_collective(self):
+    def heads_moved(self) -> None:
+        """A stream's head changed (a kernel left it, or one arrived on an empty stream):
+        `ready_collective` must look again."""
+        self._ready_kept = False
+
+    def find_ready_collective(self):
+        """`ready_collective` computed afresh, without its cache."""
         w = self.world
         h9 = w.hz.h9_one_in_flight
         heads: dict[str, dict[int, list]] = {}
         for r, dev in enumerate(w.devices):
             main, side = dev.main, dev.side
-            a = main[0] if main and main[0].__class__ is Collective else None
-            b = side[0] if side and side[0].__class__ is Collective else None
+            a = main[0] if main and type(main[0]) is Collective else None
+            b = side[0] if side and type(side[0]) is Collective else None
             if a is None:
                 if b is None:
                     continue
@@ -642,8 +652,10 @@ class DeviceModel:
             return
         _, comm, streams = found
         first = streams[0][0]
+        self.heads_moved()
         for stream in streams:
             kernel = stream.pop(0)
+            w.queued -= 1
             for dev in w.devices:
                 if dev.main is stream or dev.side is stream:
                     dev.finish(kernel)

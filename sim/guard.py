@@ -45,6 +45,7 @@ _WALL_POLL_S = 0.25
 
 _LAZY = ("sim.waits", "sim.checks", "networkx")
 _TICKS = [0]
+_RUN: list[list] = [[]]  # the choice list of the run in progress (`counting_choices`)
 _PAUSED = [0]
 
 
@@ -53,10 +54,22 @@ def tick() -> None:
     _TICKS[0] += 1
 
 
-def progress_counter() -> list[int]:
-    """The one-element list `tick` increments, for a loop that counts its actions inline
-    (``counter[0] += 1`` is `tick` without the call)."""
-    return _TICKS
+def progress() -> int:
+    """Simulated actions so far (what the watchdog watches): every `tick`, and the choices of
+    the run in progress."""
+    return _TICKS[0] + len(_RUN[0])
+
+
+@contextmanager
+def counting_choices(choices: list):
+    """While a run lasts, count the entries of its choice list (one per action) as its
+    progress, so that the run loop needs no `tick` per action; they become ticks when it ends."""
+    previous, _RUN[0] = _RUN[0], choices
+    try:
+        yield
+    finally:
+        _TICKS[0] += len(choices)
+        _RUN[0] = previous
 
 
 class Stalled(BaseException):
@@ -152,28 +165,28 @@ def watchdog():
         except ImportError:
             pass
     old_handler = signal.getsignal(signal.SIGPROF)
-    seen = [_TICKS[0]]
+    seen = [progress()]
     wall_stalled = [False]
 
     def fire(signum, frame):
         wall = wall_stalled[0]
-        if wall or (seen[0] == _TICKS[0] and not _PAUSED[0]):
+        if wall or (seen[0] == progress() and not _PAUSED[0]):
             signal.setitimer(signal.ITIMER_PROF, 0)
             wall_stalled[0] = False
             where = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}" if frame else "?"
             raise Stalled(where, wall=wall)
-        seen[0] = _TICKS[0]
+        seen[0] = progress()
 
     stop = threading.Event()
     lock = threading.Lock()  # no SIGPROF is sent once the handler is being restored
     main = threading.main_thread().ident
 
     def watch_wall():
-        last, since, since_cpu = _TICKS[0], time.monotonic(), time.process_time()
+        last, since, since_cpu = progress(), time.monotonic(), time.process_time()
         while not stop.wait(_WALL_POLL_S):
             now, cpu = time.monotonic(), time.process_time()
-            if _TICKS[0] != last or _PAUSED[0] or cpu - since_cpu >= BLOCKED_CPU_S:
-                last, since, since_cpu = _TICKS[0], now, cpu  # progress, or computing
+            if progress() != last or _PAUSED[0] or cpu - since_cpu >= BLOCKED_CPU_S:
+                last, since, since_cpu = progress(), now, cpu  # progress, or computing
             elif now - since > WALL_S:
                 with lock:
                     if stop.is_set():
@@ -196,4 +209,4 @@ def watchdog():
         signal.signal(signal.SIGPROF, old_handler)
 
 
-__all__ = ["tick", "progress_counter", "watchdog", "paused", "resumed", "describe", "locate", "Stalled", "VariantCodeError", "CHECK_S", "WALL_S", "BLOCKED_CPU_S"]
+__all__ = ["tick", "progress", "counting_choices", "watchdog", "paused", "resumed", "describe", "locate", "Stalled", "VariantCodeError", "CHECK_S", "WALL_S", "BLOCKED_CPU_S"]

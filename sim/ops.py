@@ -182,7 +182,7 @@ class ModelledBackend:
     def attempt(self, r: int, host: Host, op: Op, probe: bool) -> int:
         """Test (``probe``) or perform ``op`` on rank ``r``; BLOCKED, PROGRESS or DONE."""
         if not probe:
-            perform = self.performers.get(op.__class__)
+            perform = self.performers.get(type(op))
             if perform is not None:
                 return perform(r, host, op)
         match op:  # the sweep's ops first: a match tries its cases in order
@@ -363,7 +363,8 @@ class ModelledBackend:
             ConfigError: the signature names a communicator the scenario lacks, a host group,
                 a communicator rank ``r`` is not a member of, or a send/receive peer outside it.
         """
-        dev = self.world.devices[r]
+        w = self.world
+        dev = w.devices[r]
         if isinstance(kernel, Signature):
             sig = kernel
             if (sig.comm, sig.peer, r) not in self._checked_calls:
@@ -375,7 +376,11 @@ class ModelledBackend:
             dev.issued[sig.comm] = order + 1
             kernel = Collective(index, sig, order)
             dev.enqueued_collectives += 1
-        (dev.side if side else dev.main).append(kernel)
+        stream = dev.side if side else dev.main
+        if not stream:  # the kernel becomes the stream's head
+            w.device_model.heads_moved()
+        stream.append(kernel)
+        w.queued += 1
 
     def _check_call(self, r: int, sig: Signature) -> None:
         """Raise ConfigError if rank ``r`` may not enqueue ``sig`` (see `enqueue`); remember a

@@ -7,7 +7,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from sim.guard import progress_counter
+from sim.guard import counting_choices
 from sim.scenario import Scenario
 from sim.world import Outcome, World
 
@@ -93,24 +93,24 @@ def _run(scenario: Scenario, variant, chooser, on_state, deadline: float | None)
     choices: list[str] = []
     # bound once: this loop runs once per action
     enabled_now, advance, record, choose = world.enabled, world.step, choices.append, chooser.choose
-    ticks = progress_counter()
     now = time.perf_counter
-    # checked before every action: a variant's hook may take seconds per action (every 1024th
-    # action let a 0.7 s hook overrun a 5 s budget by 35 s)
-    while world.outcome is None:
-        if deadline is not None and now() > deadline:
-            world.outcome = Outcome("budget", f"time budget ended the run after {len(choices)} actions")
-            break
-        enabled = enabled_now()
-        if not enabled:
-            world.settle()
-            continue
-        actor = enabled[0] if len(enabled) == 1 else choose(enabled, len(choices))
-        record(actor)
-        advance(actor)
-        ticks[0] += 1  # `sim.guard.tick`, inlined
-        if on_state is not None:
-            on_state(world)
+    with counting_choices(choices):  # the watchdog's progress: one choice per action
+        # checked before every action: a variant's hook may take seconds per action (every
+        # 1024th action let a 0.7 s hook overrun a 5 s budget by 35 s)
+        while world.outcome is None:
+            if deadline is not None and now() > deadline:
+                world.outcome = Outcome("budget",
+                                        f"time budget ended the run after {len(choices)} actions")
+                break
+            enabled = enabled_now()
+            if not enabled:
+                world.settle()
+                continue
+            actor = enabled[0] if len(enabled) == 1 else choose(enabled, len(choices))
+            record(actor)
+            advance(actor)
+            if on_state is not None:
+                on_state(world)
     return RunResult(world.outcome, choices, world.actions, dict(world.events), world)
 
 

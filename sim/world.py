@@ -102,6 +102,10 @@ class World:
         backend: the modelled backend of every rank (`sim.ops.ModelledBackend`).
         device_model: the device and collective actors (`sim.devices.DeviceModel`).
         transit: per rank, replies sent and not yet handed to the controller.
+        queued: kernels and collectives on all the devices' streams together, so that
+            `enabled` skips the devices when every stream is empty. Kept by the only code that
+            changes a stream: `ModelledBackend.enqueue`, the device and collectives actors, and
+            a process's death; a variant enqueues through `ModelledBackend.enqueue` too.
         trace: the `TraceEvent`s of the run.
     """
 
@@ -121,7 +125,9 @@ class World:
         self.locks: list[int | None] = [None] * len(self.procs)
         self.hosts = [Host(r, self.proc_of[r]) for r in range(self.ws)]
         self.devices = [Device(r) for r in range(self.ws)]
+        self.queued = 0  # kernels on every device's streams together (see the class docstring)
         self.transit: list[list[Reply]] = [[] for _ in range(self.ws)]
+        self._in_flight = 0  # replies in all of `transit`: `enabled` skips the links when none
         self.connected = [set() for _ in range(self.ws)]
         self.used = [sc.memory.weights + sc.memory.overhead(r) for r in range(self.ws)]
         self.graphs: list[dict[GraphKey, Graph]] = [{} for _ in range(self.ws)]
@@ -219,7 +225,7 @@ class World:
                         out.append(name)
                     continue
                 op = run.op
-                cls = op.__class__
+                cls = type(op)
                 if cls is Synchronize:  # the most frequent probe: a rank waiting for its device
                     if not (dev.main or dev.side):
                         out.append(name)
@@ -230,30 +236,53 @@ class World:
                     if (ready(r, host, op) if ready is not None
                             else self.backend.attempt(r, host, op, True) != BLOCKED):
                         out.append(name)
-        for transit, name in self._link_rows:
-            if transit:
-                out.append(name)
+        if self._in_flight:  # most actions find no reply in flight
+            for transit, name in self._link_rows:
+                if transit:
+                    out.append(name)
+        if not self.queued:  # every stream empty (most actions): no device or collective runs
+            return out
         h3 = self._h3
         any_collective = False
         for main, side, name in self._stream_rows:
             # a device runs when a stream's head is a compute kernel, or (H3 off) any head
             if main:
-                if main[0].__class__ is Collective:
+                if type(main[0]) is Collective:
                     any_collective = True
-                    if not h3 or (side and side[0].__class__ is not Collective):
+                    if not h3 or (side and type(side[0]) is not Collective):
                         out.append(name)
                 else:
                     out.append(name)
-                    if side and side[0].__class__ is Collective:
+                    if side and type(side[0]) is Collective:
                         any_collective = True
             elif side:
-                if side[0].__class__ is Collective:
+                if type(side[0]) is Collective:
                     any_collective = True
                     if not h3:
                         out.append(name)
                 else:
                     out.append(name)
         if any_collective and h3 and self.device_model.ready_collective() is not None:
+            out.append("collectives")
+        return out
+
+    def enabled_by_full_probe(self) -> list[str]:
+        """What `enabled` must answer, from a probe of every actor that reads none of its
+        shortcuts: not the counts of replies in flight and kernels queued, the controller's
+        due time, the readiness table by op class or the collectives' cached answer. For tests
+        that check those shortcuts after every action (tests/sim/test_readiness.py); it asks
+        the same probes as `enabled`, so it changes nothing a run does."""
+        if self.outcome is not None:
+            return []
+        out = ["controller"] if self._controller_ready() else []
+        for r, host in enumerate(self.hosts):  # every op through `attempt`, faults included
+            if (host.inbox if host.run is None else r not in self.dead
+                    and self._run_op(r, host, host.run.op, probe=True) != BLOCKED):
+                out.append(self._rank_names[r])
+        out += [name for transit, name in self._link_rows if transit]
+        out += [name for r, name in enumerate(self._device_names)
+                if self.device_model.device_ready(r)]
+        if self._h3 and self.device_model.find_ready_collective() is not None:
             out.append("collectives")
         return out
 
@@ -534,6 +563,7 @@ class World:
     def _deliver(self, r: int) -> None:
         """Hand rank ``r``'s oldest reply in flight to the controller."""
         reply = self.transit[r].pop(0)
+        self._in_flight -= 1
         self.event("controller", "receive", "Reply", reply.seq, r, "", reply.ok)
         if self._sent and reply.seq == self._sent[-1]:
             self._received.add(r)
@@ -560,7 +590,7 @@ class World:
             return False
         op = host.run.op
         if not self.faults:  # the common case: no fault bookkeeping at all
-            cls = op.__class__
+            cls = type(op)
             if cls is Synchronize:  # the most frequent probe: a rank waiting for its device
                 return not (self.devices[r].main or self.devices[r].side)
             return cls in _ALWAYS_READY or self.backend.attempt(r, host, op, True) != BLOCKED
@@ -585,7 +615,7 @@ class World:
             if self.faults:
                 status = self._run_op(r, host, op, probe=False)
             else:  # `_run_op` without faults, and `attempt`'s table lookup without its frame
-                perform = self._performers.get(op.__class__)
+                perform = self._performers.get(type(op))
                 status = (perform(r, host, op) if perform is not None
                           else self.backend.attempt(r, host, op, False))
         except SimFault as exc:
@@ -618,6 +648,7 @@ class World:
                                    rank=r, step=reply.seq)
             return
         self.transit[r].append(reply)
+        self._in_flight += 1
 
     def release_lock(self, host: Host) -> None:
         """Drop the driver lock if ``host`` holds it."""
@@ -678,8 +709,11 @@ class World:
             host, dev = self.hosts[q], self.devices[q]
             self.release_lock(host)
             host.run, host.inbox, host.fault_armed, host.ready_at = None, [], None, None
+            self.queued -= len(dev.main) + len(dev.side)
             dev.main.clear()
             dev.side.clear()
+            self.device_model.heads_moved()
+            self._in_flight -= len(self.transit[q])
             self.transit[q].clear()
             self.dead.add(q)
             self._deaths.append((self.clock + self.scenario.death_detect_s, q))

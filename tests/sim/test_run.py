@@ -62,3 +62,14 @@ def test_collector_off_collects_now_and_then_and_is_restored_on_error(monkeypatc
                 ran()
             raise RuntimeError("a run raised")
     assert len(calls) == 2 and gc.isenabled()
+
+
+def test_the_watchdog_sees_every_action_of_a_run_as_progress():
+    from sim import guard
+
+    seen = []
+    start = guard.progress()
+    result = run_schedule(default_scenario(**TINY), REGISTRY["correct"], RandomWalk(0),
+                          on_state=lambda world: seen.append(guard.progress()))
+    assert seen == list(range(start + 1, start + 1 + result.actions))
+    assert guard.progress() == start + result.actions  # counted once the run is over, too

@@ -70,7 +70,8 @@ def test_replay_over_a_reallocated_kv_cache_is_i14_and_computes_from_stale_memor
     outcome = run_schedule(sc, variant, RandomWalk(0)).outcome
     # the stale cache's sequences are not the live ones: a row reads KV nobody wrote there
     assert outcome.invariant == "I21" and outcome.step is not None
-    monkeypatch.setattr(DeviceModel, "check_continues", lambda self, r, seq, kv, rows: True)
+    monkeypatch.setattr(DeviceModel, "check_continues",
+                        lambda self, r, seq, kv, rows, padding=None: True)
     outcome = run_schedule(sc, variant, RandomWalk(0)).outcome
     assert outcome.verdict == "divergence" and "diverged at output token" in outcome.detail
 
@@ -159,7 +160,8 @@ def test_a_prefill_dispatched_into_the_graph_is_caught_at_its_step(topology):
 def test_a_prefill_dispatched_into_the_graph_corrupts_tokens_through_the_kv(monkeypatch):
     """Without the direct I21 check the bug still shows: the admitted prompts' KV was never
     written, so their tokens differ from running them alone."""
-    monkeypatch.setattr(DeviceModel, "check_continues", lambda self, r, seq, kv, rows: True)
+    monkeypatch.setattr(DeviceModel, "check_continues",
+                        lambda self, r, seq, kv, rows, padding=None: True)
     sc = default_scenario(**SMALL)
     outcome = run_schedule(sc, REGISTRY["prefill-dispatched-into-graph"], RandomWalk(0)).outcome
     assert outcome.verdict == "divergence" and "diverged at output token" in outcome.detail
