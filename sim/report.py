@@ -72,19 +72,23 @@ def _kept_before(trace: list[TraceEvent], window: list) -> int:
 
 
 def narrative(result: RunResult, limit: int = 40) -> str:
-    """Numbered story of the failure's last steps, then the verdict's explanation."""
+    """Numbered story of the failure's last steps, then the verdict's explanation. Each event
+    shows its simulated time when the story's times differ (a watchdog or a timeout moved the
+    clock), and none when they are all equal."""
     outcome = result.outcome
     events = _window(result.world.trace, limit, outcome.step)
+    shown = [e for e in events if e is not EARLIER and e is not None]
+    timed = len({e.time for e in shown}) > 1  # simulated time that never moves says nothing
     lines, number = [], 0
     for e in events:
         if e is EARLIER:
-            lines.append(f"     ... (the run's first {_kept_before(result.world.trace, events)} "
-                         "events left out; the story is its last ones)")
+            lines.append(f"     ... ({_kept_before(result.world.trace, events)} earlier story "
+                         "events left out; the story is the run's last ones)")
         elif e is None:
             lines.append(_GAP)
         else:
             number += 1
-            lines.append(f"{number:>3}. t={e.time:g}s {_sentence(e)}")
+            lines.append(f"{number:>3}. " + (f"t={e.time:g}s " if timed else "") + _sentence(e))
     lines.append(f"==> {outcome.verdict}" + (f" ({outcome.invariant})" if outcome.invariant else ""))
     if outcome.cycle:
         for node, why in outcome.cycle:

@@ -49,7 +49,7 @@ def test_a_story_that_starts_mid_run_says_how_much_it_left_out():
             if e.kind != "kernel" and not (e.kind == "op" and e.what in NOISY_OPS)]
     assert len(kept) > 12
     lines = narrative(result, limit=10).split("==> ")[0].splitlines()
-    assert lines[0].startswith(f"     ... (the run's first {len(kept) - 10} events left out")
+    assert lines[0].startswith(f"     ... ({len(kept) - 10} earlier story events left out")
     numbered = [line for line in lines if line[:3].strip().isdigit()]
     assert len(numbered) == 10 and numbered[0].startswith("  1. ")
     assert "earlier events left out" in mermaid(result, limit=10)
@@ -62,3 +62,13 @@ def test_a_story_that_starts_at_the_first_event_has_no_marker():
     first_events = [e for e in result.world.trace if e.kind != "kernel"][:3]
     window = _window(first_events, 10)
     assert window == first_events and EARLIER not in window
+
+
+def test_times_show_only_when_the_clock_moved_in_the_story():
+    """Before, every line of most stories read t=0s: noise that looked like a measurement."""
+    still = narrative(check_bad(REGISTRY["local-bucket"], SPEC, "shared").minimal)
+    assert " t=" not in still.split("==> ")[0]
+    moving = narrative(check_bad(REGISTRY["exit-on-timeout"], SPEC, "shared").minimal)
+    times = {line.split(" t=")[1].split("s ")[0] for line in moving.split("==> ")[0].splitlines()
+             if " t=" in line}
+    assert len(times) > 1, moving
