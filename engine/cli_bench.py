@@ -18,7 +18,8 @@ import shutil
 import sys
 
 from engine.bench.flags import apply_workload_flags
-from engine.bench.options import BenchArgError, BenchOptions, parse_int_list, validate
+from engine.bench.options import (BenchArgError, BenchOptions, parse_int_list, validate,
+                                  write_output)
 from engine.cli_args import seed as seed_arg
 from engine.presets import PRESETS
 
@@ -67,7 +68,7 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
                         "(N requests, prompt and output lengths uniform in [100, 1024]) end to "
                         "end")
     p.add_argument("--num-requests", "-n", type=int, default=None,
-                   help="throughput: requests in workload W (default 256)")
+                   help=f"throughput: requests in workload W, 1..{MAX_REQUESTS} (default 256)")
     p.add_argument("--max-batch", type=int, default=None,
                    help="throughput: decode slots (default 256)")
     p.add_argument("--max-model-len", type=int, default=None,
@@ -103,7 +104,7 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
         graphs=not args.no_graphs, eager=not args.no_eager,
         capture_sweep=not args.no_capture_sweep and not args.no_graphs, compare=args.compare,
         hf_batch_sizes=(parse_int_list(args.hf_batch_sizes, "--hf-batch-sizes")
-                        if args.hf_batch_sizes else None),
+                        if args.hf_batch_sizes is not None else None),  # '' is refused too
         json_path=args.json_path, plot_path=plot, dtype=args.dtype, seed=args.seed,
         decode_gemm=args.decode_gemm, profile=not args.no_profile)
 
@@ -113,15 +114,26 @@ def _error(msg: str) -> int:
     return 2
 
 
-def check_throughput_args(args: argparse.Namespace) -> None:
-    """The throughput workload's own checks (before torch). Raises BenchArgError."""
-    if args.num_requests < 1:
-        raise BenchArgError(f"--num-requests {args.num_requests}: expected >= 1")
+MAX_REQUESTS = 65536
+"""The most requests (``-n``) of workload W: each holds up to 2048 tokens of prompt and output,
+so this many is already hours of serving and a token list of over 10**8 ids on the host."""
+
+
+def check_throughput_args(args: argparse.Namespace, cfg: dict | None = None) -> None:
+    """The throughput workload's own checks (before torch); ``cfg``, the model's config dict
+    (`engine.bench.options.validate`), bounds ``--max-model-len`` by its
+    max_position_embeddings. Raises BenchArgError."""
+    if not 1 <= args.num_requests <= MAX_REQUESTS:
+        raise BenchArgError(f"--num-requests {args.num_requests}: expected 1..{MAX_REQUESTS}")
     if not 1 <= args.max_batch <= 256:
         raise BenchArgError(f"--max-batch {args.max_batch}: expected 1..256")
     if args.max_model_len < 2048:
         raise BenchArgError(f"--max-model-len {args.max_model_len}: workload W needs 2048 "
                             "(prompts and outputs up to 1024 tokens each)")
+    max_pos = int((cfg or {}).get("max_position_embeddings", 0) or 0)
+    if max_pos and args.max_model_len > max_pos:
+        raise BenchArgError(f"--max-model-len {args.max_model_len}: the model holds at most "
+                            f"{max_pos} tokens (max_position_embeddings {max_pos})")
     if args.max_prefill_tokens < 1:
         raise BenchArgError(f"--max-prefill-tokens {args.max_prefill_tokens}: expected >= 1")
     if not (args.temperature > 0 and args.temperature < float("inf")):
@@ -200,19 +212,16 @@ def run(args: argparse.Namespace) -> int:
         if len(sys.argv) > 2 else "lockstep bench"
     doc = build_document(opts, ranks, hf, command)
     print(format_table(doc), flush=True)
-    if opts.json_path:
-        write_json(doc, opts.json_path)
-    if opts.plot_path and not write_plot(doc, opts.plot_path):
-        print("bench: matplotlib not installed; no plot written", file=sys.stderr)
-    return 0
+    return _write_outputs(opts, lambda path: write_json(doc, path),
+                          lambda path: write_plot(doc, path))
 
 
 def run_throughput(args: argparse.Namespace) -> int:
     """`--workload throughput`: check, serve workload W, print the table; exit status."""
     try:
         opts = options_from_args(args)
-        validate(opts)
-        check_throughput_args(args)
+        cfg = validate(opts)
+        check_throughput_args(args, cfg)
     except BenchArgError as exc:
         return _error(str(exc))
     problem = _gpu_problem(opts.tensor_parallel_size)
@@ -230,9 +239,27 @@ def run_throughput(args: argparse.Namespace) -> int:
             False if args.no_decode_overlap else None)
     doc["command"] = "lockstep bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
     print(format_table(doc), flush=True)
-    if opts.json_path:
-        with open(opts.json_path, "w") as f:
+
+    def write_doc(path):
+        with open(path, "w") as f:
             json.dump(doc, f, indent=1, default=str)
-    if opts.plot_path and not write_plot(doc, opts.plot_path):
-        print("bench: matplotlib not installed; no plot written", file=sys.stderr)
+
+    return _write_outputs(opts, write_doc, lambda path: write_plot(doc, path))
+
+
+def _write_outputs(opts, write_doc, write_plot) -> int:
+    """Write the --json document and the plot once the table is printed; the exit status: 0,
+    or 2 with one line naming the output that could not be written (the table above stands).
+    ``write_plot(path)`` returns False without matplotlib."""
+    if opts.json_path:
+        problem = write_output("--json", opts.json_path, write_doc)
+        if problem:
+            return _error(problem)
+    if opts.plot_path:
+        drawn = []
+        problem = write_output("--plot", opts.plot_path, lambda path: drawn.append(write_plot(path)))
+        if problem:
+            return _error(problem)
+        if not drawn[0]:
+            print("bench: matplotlib not installed; no plot written", file=sys.stderr)
     return 0

@@ -88,7 +88,7 @@ def _number_checks(args: argparse.Namespace):
          "an integer >= 1"),
         ("--max-tokens", args.max_tokens, args.max_tokens >= 1, "an integer >= 1"),
         ("--temperature", args.temperature, finite(args.temperature) and args.temperature >= 0,
-         "a number >= 0 (0 = greedy)"),
+         "a finite number >= 0 (0 = greedy)"),
         ("--top-k", args.top_k, args.top_k >= -1, "-1, 0 (off) or a positive integer"),
         ("--top-p", args.top_p, 0 < args.top_p <= 1, "a number in (0, 1]"),
         ("--seed", args.seed, args.seed is None or 0 <= args.seed < 2**64,
@@ -115,6 +115,8 @@ def check_flags(args: argparse.Namespace) -> None:
     """
     from engine.errors import RequestError, check_text
 
+    if not args.model.strip():  # else read as '.', the current directory
+        raise RequestError("--model is empty; name the model directory")
     if args.prompt is not None:  # before the model's config is read (transformers: seconds)
         if not args.prompt:
             raise RequestError("--prompt is empty")

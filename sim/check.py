@@ -9,6 +9,7 @@ schedule is reduced to a minimal one.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from dataclasses import dataclass, field, replace
@@ -255,7 +256,7 @@ def check_correct(variant: Variant, spec: CheckSpec, topology: str, progress=Non
     expected = variant.expected.get(topology, "clean")
     rows.append(Row(variant.name, topology, expected, got, stats, detail, minimal, base,
                     got == expected))
-    if spec.fault_schedules and expected == "clean":
+    if has_faulted_row(variant, spec) and expected == "clean":
         fres = sample_search(WithRandomFault(base, spec.seed), variant, CLEAN_OR_ABORT, "random", spec.fault_schedules,
                              spec.time_budget, spec.seed, progress=progress, jobs=spec.jobs)
         fstats = fres.stats
@@ -342,6 +343,27 @@ def _incomplete(stats: SearchStats, planned: int) -> str:
     return f"the time budget ended the search after {explored}, with no failure in them"
 
 
+def variant_spec(variant: Variant, spec: CheckSpec) -> CheckSpec:
+    """``spec`` under ``variant``'s own caps on its schedules and faulted schedules (its
+    ``schedules`` and ``fault_schedules`` fields): the search settings its rows run with."""
+    if variant.schedules is not None:
+        spec = replace(spec, schedules=min(spec.schedules, variant.schedules),
+                       clean_schedules=min(spec.planned_clean, variant.schedules))
+    if variant.fault_schedules is not None:
+        spec = replace(spec, fault_schedules=min(spec.fault_schedules, variant.fault_schedules))
+    return spec
+
+
+def has_faulted_row(variant: Variant, spec: CheckSpec) -> bool:
+    """Whether a check of ``variant`` under ``spec`` gives a ``+faults`` row besides its
+    fault-free one (where what the design exists for is reachable): a protocol expected clean
+    with faulted schedules left once its own cap applies (``--fault-schedules 0``, or a
+    design whose faults are not modelled, ``fault_schedules=0``, gives none). The one rule
+    both `check_correct` and the planned row count of `lockstep check` follow."""
+    return (all(v == "clean" for v in variant.expected.values())
+            and variant_spec(variant, spec).fault_schedules > 0)
+
+
 def check_variant(variant: Variant, spec: CheckSpec, topology: str, progress=None) -> list[Row]:
     """Rows for one variant in one topology.
 
@@ -350,11 +372,7 @@ def check_variant(variant: Variant, spec: CheckSpec, topology: str, progress=Non
     """
     from sim.workers import WorkerError
 
-    if variant.schedules is not None:
-        spec = replace(spec, schedules=min(spec.schedules, variant.schedules),
-                       clean_schedules=min(spec.planned_clean, variant.schedules))
-    if variant.fault_schedules is not None:
-        spec = replace(spec, fault_schedules=min(spec.fault_schedules, variant.fault_schedules))
+    spec = variant_spec(variant, spec)
     try:
         with watchdog():
             if all(v == "clean" for v in variant.expected.values()):
@@ -395,6 +413,9 @@ def replay_trace(data: dict) -> tuple[RunResult | None, str | None]:
     if not isinstance(choices, list) or not all(isinstance(c, str) and _ACTOR.fullmatch(c) for c in choices):
         raise ConfigError("'choices' must be a list of actor names (controller, collectives, "
                           "rank<r>, device<r>)")
+    if not isinstance(data["variant"], str):  # a name; get_variant's close-match lookup needs one
+        raise ConfigError(f"'variant' must be a string (a variant name), not "
+                          f"{json.dumps(data['variant'])}")
     if "scenario" not in data:  # replaying under defaults would report a wrong verdict as fact
         raise ConfigError("not a lockstep trace: it has no 'scenario' (the configuration its run "
                           "was made under; `lockstep check --trace-out` writes it)")

@@ -22,12 +22,13 @@ from pathlib import Path
 
 from protocol.errors import ConfigError
 from sim.check import (NOT_REACHABLE, CheckSpec, Row, check_coverage_reachable,
-                       check_scenario_value, replay_trace, scenario_spec)
+                       check_scenario_value, has_faulted_row, replay_trace, scenario_spec,
+                       verdict_label)
 from sim.hazards import H2_CALLS, H2_SCOPES, RULES, HazardModel
 from sim.limits import check_limits
 from sim.progress import CheckProgress
 from sim.report import narrative, write_trace
-from sim.rows import check_rows
+from sim.rows import check_rows, planned_schedules
 from sim.run import freeze_imports
 from sim.scenario import TOPOLOGIES
 from sim.strategies import STRATEGIES
@@ -61,7 +62,7 @@ def _positive_float(text: str) -> float:
     except ValueError:
         raise ValueError(f"{text!r} is not a number") from None
     if not value > 0 or value == float("inf"):
-        raise ValueError(f"{text} must be a positive number of seconds")
+        raise ValueError(f"{text} must be a finite, positive number of seconds")
     return value
 
 
@@ -183,26 +184,35 @@ def add_parser(subparsers, name: str) -> None:
                    help="replay a recorded trace exactly (takes its scenario from the trace; "
                         "combines only with --json, --trace-out and --variant-file)")
     p.add_argument("--trace-out", metavar="DIR", type=_typed(_trace_dir, "--trace-out"),
-                   help="write each counterexample as .txt, .mmd, .json (created if missing)")
+                   help="write each counterexample as .txt, .mmd, .json (created, with its "
+                        "parents, when the traces are written)")
     p.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(run=run)
 
 
 def _trace_dir(text: str) -> Path:
-    """The --trace-out directory, created if missing and checked writable before any search."""
+    """The --trace-out directory, checked writable before any search but not created: a command
+    refused after its arguments are parsed must leave nothing behind. A missing directory is
+    created when the traces are written (`sim.report.write_trace`); until then the test write
+    goes to its nearest existing ancestor."""
     if not text:
         raise ValueError("the directory name is empty")
     path = Path(text)
     if path.exists() and not path.is_dir():
         raise ValueError(f"{text!r} exists and is not a directory")
+    existing = path.absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValueError(f"cannot create {text!r}: {str(existing)!r} is not a directory")
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):
+        with tempfile.TemporaryFile(dir=existing):
             pass
     except OSError as exc:
-        what = "create" if not path.is_dir() else "write to"
-        raise ValueError(f"cannot {what} {text!r}: {exc.strerror or exc}") from None
+        what = f"write to {text!r}" if existing == path.absolute() else (
+            f"create {text!r} (in {str(existing)!r})")
+        raise ValueError(f"cannot {what}: {exc.strerror or exc}") from None
     return path
 
 
@@ -399,8 +409,7 @@ def _run(args, finished: _Finished | None = None) -> int:
                    and args.h2_scope in (None, "process"))  # other models: report, not compare
     rows: list[Row] = []
     start = time.perf_counter()
-    plan = [(f"{v.name} / {t}", spec.planned_clean + spec.fault_schedules if _correct(v) else spec.schedules,
-             _planned_rows(v, spec))
+    plan = [(f"{v.name} / {t}", planned_schedules(v, spec), _planned_rows(v, spec))
             for v in variants for t in topologies]
     order = {(v.name, t): i for i, (v, t) in enumerate((v, t) for v in variants for t in topologies)}
     done: dict[int, list[Row]] = {}
@@ -580,9 +589,9 @@ def _correct(variant) -> bool:
 
 
 def _planned_rows(variant, spec: CheckSpec) -> int:
-    """Table rows (and searches) a check of ``variant`` in one topology plans: a protocol
-    expected clean is searched without faults and, unless ``--fault-schedules 0``, with them."""
-    return 2 if _correct(variant) and spec.fault_schedules else 1
+    """Table rows (and searches) a check of ``variant`` in one topology plans: one, and a
+    ``+faults`` row where `sim.check.has_faulted_row` says the check gives one."""
+    return 1 + has_faulted_row(variant, spec)
 
 
 def _write_traces(directory: Path, rows: list[Row], spec: CheckSpec) -> None:
@@ -736,7 +745,7 @@ def _replay(path: str, as_json: bool, trace_out: Path | None = None) -> int:
                           "step": result.outcome.step, "detail": result.outcome.detail,
                           "actions": result.actions}))
     else:
-        print(f"replayed {result.actions} actions exactly: {result.outcome.verdict}")
+        print(f"replayed {result.actions} actions exactly: {verdict_label(result)}")
         print(narrative(result))
     return 0
 

@@ -8,6 +8,7 @@ if the committed ones are stale. The README's inline diagram is the fused-sweep 
 from __future__ import annotations
 
 import sys
+import tempfile
 from pathlib import Path
 
 from sim.check import CheckSpec, check_bad
@@ -110,6 +111,64 @@ def walkthrough(name: str) -> tuple[str, str, str]:
     return "\n".join(lines), diagram, ending
 
 
+CHECKOUT_MARKS = ("README.md", "sim/__init__.py", "protocol/__init__.py")
+"""Files that make a directory a lockstep checkout: the README (whose diagram block is
+regenerated) and the simulator's and protocol's packages. A README.md alone is in nearly every
+project, and the README's wording may change; these packages are what the pages come from."""
+
+
+def _walkthrough_names() -> list[str]:
+    """The shipped variants that get a page: every one not expected clean everywhere."""
+    return [name for name in SHIPPED
+            if not all(v == "clean" for v in REGISTRY[name].expected.values())]
+
+
+def output_paths(root: Path) -> list[Path]:
+    """Every file `render` may write under ``root``, known before anything is rendered."""
+    pages = root / "docs" / "walkthroughs"
+    return ([pages / f"{name}.md" for name in _walkthrough_names()]
+            + [pages / "README.md", root / "README.md"])
+
+
+def check_root(text: str, write: bool = True) -> str | None:
+    """The one-line reason ``--root text`` cannot take the generated docs, or None; checked
+    before the ~20 s of rendering. Reads the README (it must be UTF-8) and, when ``write``,
+    test-writes where the pages go (creating nothing that is not there)."""
+    if not text.strip():
+        return "--root is empty; name the checkout (e.g. --root .)"
+    root = Path(text)
+    if not root.is_dir():
+        return f"--root {text!r} is not a directory"
+    missing = [m for m in CHECKOUT_MARKS if not (root / m).is_file()]
+    if missing:
+        return (f"--root {text!r} is not a lockstep checkout: it lacks {', '.join(missing)} (a "
+                "checkout holds README.md and the sim/ and protocol/ packages)")
+    try:
+        (root / "README.md").read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        return f"--root {text!r}: README.md is not UTF-8 text"
+    except OSError as exc:
+        return f"--root {text!r}: cannot read README.md: {exc.strerror or exc}"
+    for d in (root / "docs", root / "docs" / "walkthroughs"):
+        if d.exists() and not d.is_dir():
+            return f"--root {text!r}: {str(d)!r} exists and is not a directory"
+    for path in output_paths(root):
+        if path.is_dir():
+            return f"--root {text!r}: {str(path)!r} is a directory, not a generated page"
+    if write:
+        existing = root / "docs" / "walkthroughs"
+        while not existing.exists():
+            existing = existing.parent
+        try:
+            with tempfile.TemporaryFile(dir=existing):
+                pass
+            with open(root / "README.md", "a"):
+                pass
+        except OSError as exc:
+            return f"--root {text!r}: cannot write the docs: {exc.strerror or exc}"
+    return None
+
+
 def render(root: Path) -> dict[Path, str]:
     """Every generated file under ``root`` (a checkout) -> its content."""
     files: dict[Path, str] = {}
@@ -117,16 +176,14 @@ def render(root: Path) -> dict[Path, str]:
              "One page per known-bad variant: what it does, the minimal counterexample the "
              "simulator finds, and why the correct protocol avoids it.", ""]
     readme_block = ""
-    for name in SHIPPED:
-        if all(v == "clean" for v in REGISTRY[name].expected.values()):
-            continue  # the correct protocol, under its own or a harder scenario
+    for name in _walkthrough_names():  # not the correct protocol, under any scenario
         page, diagram, ending = walkthrough(name)
         files[root / "docs" / "walkthroughs" / f"{name}.md"] = page
         index.append(f"- [{name}]({name}.md): {REGISTRY[name].summary}")
         if name == "fused-sweep":
             readme_block = f"```\n{ending}\n```\n\n```mermaid\n{diagram.rstrip()}\n```"
     files[root / "docs" / "walkthroughs" / "README.md"] = "\n".join(index) + "\n"
-    readme = (root / "README.md").read_text()
+    readme = (root / "README.md").read_text(encoding="utf-8")
     if README_BEGIN in readme and README_END in readme:
         head, rest = readme.split(README_BEGIN, 1)
         _, tail = rest.split(README_END, 1)
@@ -139,26 +196,35 @@ def add_parser(subparsers, name: str) -> None:
     """Register `lockstep docs`."""
     p = subparsers.add_parser(name, help="regenerate docs/walkthroughs from simulator traces",
                               description=__doc__)
-    p.add_argument("--root", default=".", help="checkout to write into (default: .)")
+    p.add_argument("--root", default=".",
+                   help="lockstep checkout to write into: a directory holding README.md and the "
+                        "sim/ and protocol/ packages (default: .)")
     p.add_argument("--check", action="store_true",
                    help="write nothing; exit 1 if any generated file is stale")
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
-    """Write (or with --check, compare) the generated files."""
-    root = Path(args.root)
-    if not (root / "README.md").is_file():
-        sys.stderr.write(f"lockstep docs: error: {str(root)!r} is not a lockstep checkout (no README.md)\n")
+    """Write (or with --check, compare) the generated files; 2 with one line for a --root
+    that cannot take them, found before rendering."""
+    problem = check_root(args.root, write=not args.check)
+    if problem:
+        sys.stderr.write(f"lockstep docs: error: {problem}\n")
         return 2
+    root = Path(args.root)
     stale = []
-    for path, content in render(root).items():
-        current = path.read_text() if path.exists() else None
-        if current != content:
-            stale.append(path)
-            if not args.check:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(content)
+    try:
+        for path, content in render(root).items():
+            current = path.read_bytes() if path.exists() else None
+            if current != content.encode("utf-8"):
+                stale.append(path)
+                if not args.check:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    path.write_text(content, encoding="utf-8")
+    except OSError as exc:  # changed under us since check_root (a full disk, a removed dir)
+        sys.stderr.write(f"lockstep docs: error: cannot write {str(exc.filename)!r}: "
+                         f"{exc.strerror or exc}\n")
+        return 2
     if args.check:
         for path in stale:
             print(f"stale: {path}")

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from sim.check import CheckSpec, Row, check_variant
+from sim.check import CheckSpec, Row, check_variant, variant_spec
 from sim.variants import REGISTRY, SHIPPED, Variant, get_variant
 
 
@@ -63,11 +63,13 @@ def check_rows(variants: list[Variant], topologies: tuple[str, ...], spec: Check
         if i not in results:
             results[i] = check_variant(variant, spec, topology, progress)
             if on_rows is not None:
-                on_rows(results[i], _planned(variant, spec))
+                on_rows(results[i], planned_schedules(variant, spec))
     return [results[i] for i in range(len(tasks))]
 
 
-def _planned(variant: Variant, spec: CheckSpec) -> int:
+def planned_schedules(variant: Variant, spec: CheckSpec) -> int:
+    """Schedules a check of ``variant`` in one topology plans, under its own caps."""
+    spec = variant_spec(variant, spec)
     return spec.planned_clean + spec.fault_schedules if expects_clean(variant) else spec.schedules
 
 
@@ -91,9 +93,9 @@ def _pool_rows(tasks, pooled: list[int], spec: CheckSpec, results: dict, on_rows
                 i = order[position]
                 results[i] = rows
                 if on_rows is not None:
-                    on_rows(rows, _planned(tasks[i][0], spec))
+                    on_rows(rows, planned_schedules(tasks[i][0], spec))
         except WorkerError:
             return  # the rest run serially, where an error becomes that row's own error row
 
 
-__all__ = ["check_rows", "expects_clean"]
+__all__ = ["check_rows", "expects_clean", "planned_schedules"]

@@ -7,7 +7,6 @@ exits with status 2.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -82,6 +81,8 @@ def model_shape(opts: BenchOptions) -> dict:
     Raises:
         BenchArgError: no such preset; the model directory's ModelDirError, in its words.
     """
+    if opts.model is not None and not opts.model.strip():
+        raise BenchArgError("--model is empty; name the model directory")
     if opts.preset is not None:
         if opts.preset not in PRESETS:
             raise BenchArgError(f"--preset {opts.preset!r}: unknown; choose one of "
@@ -149,16 +150,44 @@ def validate(opts: BenchOptions) -> dict:
 
 def check_output_path(flag: str, p: str) -> None:
     """Check, before a run, that the output file ``p`` given as ``flag`` can be written: not a
-    directory, in a directory that exists and is writable.
+    directory, in a directory that exists, and writable there.
+
+    Writability is tested by creating and removing a temporary file in the target directory
+    (and, where ``p`` exists, opening it for appending without changing it), not with
+    ``os.access``: that is true for root everywhere, ``/proc`` and ``/sys`` included, where the
+    write at the end of the run would then fail.
 
     Raises:
         BenchArgError: naming the flag and the path.
     """
+    import tempfile
+
     if not p:
         raise BenchArgError(f"{flag} '': give a file path")
-    if Path(p).is_dir():
+    path = Path(p)
+    if path.is_dir():
         raise BenchArgError(f"{flag} {p!r} is a directory; give a file path")
-    parent = Path(p).resolve().parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK):
+    parent = path.resolve().parent
+    if not parent.is_dir():
         raise BenchArgError(f"{flag} {p!r}: directory {str(parent)!r} does not exist "
                             "or is not writable")
+    try:
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+        if path.exists():
+            with open(path, "a"):
+                pass
+    except OSError as exc:
+        raise BenchArgError(f"{flag} {p!r}: cannot write in directory {str(parent)!r}: "
+                            f"{exc.strerror or exc}") from None
+
+
+def write_output(flag: str, path: str, write) -> str | None:
+    """Call ``write(path)``; the one-line reason it failed (naming ``flag`` and ``path``), or
+    None. The checks before the run cannot rule out every failure at its end (a disk that
+    filled, a directory removed meanwhile), and none may end a finished run in a traceback."""
+    try:
+        write(path)
+    except OSError as exc:
+        return f"{flag} {path!r}: cannot write it: {exc.strerror or exc}"
+    return None

@@ -27,6 +27,17 @@ from lockstep.cli import main
     (["--preset", "tiny", "--compare", "hf", "--hf-batch-sizes", "9999"], "batch size 9999"),
     (["--preset", "tiny", "--json", "/nonexistent-dir/x.json"], "--json"),
     (["--preset", "tiny", "--json", "/tmp"], "is a directory"),
+    # os.access says yes to root here; only a test write tells (a fresh user's finding)
+    (["--preset", "tiny", "--json", "/proc/x.json"], "cannot write in directory '/proc'"),
+    (["--preset", "tiny", "--json", "/sys/x.json"], "cannot write in directory '/sys'"),
+    (["--preset", "tiny", "--workload", "throughput", "--json", "/proc/x.json"],
+     "cannot write in directory '/proc'"),
+    # empty strings are not defaults (a fresh user's finding: '' fell back to --batch-sizes,
+    # and `--model ''` read '.')
+    (["--preset", "tiny", "--compare", "hf", "--hf-batch-sizes", ""],
+     "--hf-batch-sizes '': '' is not an integer"),
+    (["--preset", "tiny", "--batch-sizes", ""], "--batch-sizes '': '' is not an integer"),
+    (["--model", ""], "--model is empty; name the model directory"),
     (["--preset", "tiny", "--seed", "-1"], "outside [0, 2**63)"),
     (["--model", "/nonexistent-model-dir"], "/nonexistent-model-dir"),
     (["--preset", "nope"], "nope"),
@@ -180,6 +191,24 @@ def test_bad_throughput_argument_exits_2_before_cuda(argv, needle, workload, cap
 
 
 @pytest.mark.parametrize("argv, message", [
+    (["--num-requests", "99999999"], "--num-requests 99999999: expected 1..65536"),
+    # checked against the model, as --context-lens is (a fresh user's finding: it passed
+    # every check before the GPU's)
+    (["--max-model-len", "99999999"], "--max-model-len 99999999: the model holds at most 2048 "
+                                      "tokens (max_position_embeddings 2048)"),
+])
+def test_throughput_bounds_are_checked_before_cuda(argv, message, capsys, monkeypatch):
+    import torch
+
+    def boom(*a, **k):
+        raise AssertionError("touched CUDA before the argument checks")
+
+    monkeypatch.setattr(torch.cuda, "is_available", boom)
+    assert main(["bench", "--preset", "tiny", "--workload", "throughput", *argv]) == 2
+    assert capsys.readouterr().err.strip() == f"lockstep bench: error: {message}"
+
+
+@pytest.mark.parametrize("argv, message", [
     (["--workload", "decode", "-n", "5"],
      "--num-requests 5 applies to --workload throughput only (this run is --workload decode)"),
     (["-n", "256"], "--num-requests 256 applies to --workload throughput only"),
@@ -222,6 +251,33 @@ def test_flags_of_the_chosen_workload_pass_to_the_gpu_check(argv, capsys, monkey
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert main(["bench", "--preset", "tiny", *argv]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_an_output_that_fails_after_the_run_is_one_line(tmp_path, capsys):
+    """The checks before the run cannot rule out every failure at its end (the directory removed
+    meanwhile, a full disk): the final writes end in one line, not a traceback."""
+    from engine.bench.options import BenchOptions
+    from engine.cli_bench import _write_outputs
+
+    gone = str(tmp_path / "gone" / "x.json")
+    opts = BenchOptions(preset="tiny", json_path=gone)
+
+    def write_doc(path):
+        with open(path, "w") as f:
+            f.write("{}")
+
+    assert _write_outputs(opts, write_doc, lambda path: True) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"lockstep bench: error: --json {gone!r}: cannot write it: No such file or "
+                   "directory"), err
+
+    def full(path):
+        raise OSError(28, "No space left on device")
+
+    png = str(tmp_path / "x.png")
+    assert _write_outputs(BenchOptions(preset="tiny", plot_path=png), write_doc, full) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"lockstep bench: error: --plot {png!r}: cannot write it: No space left on device"
 
 
 def _broken_json(d):

@@ -49,6 +49,7 @@ def test_generate_errors_exit_2_with_one_line(tiny_dir, capsys, argv, status, fr
     (["--max-tokens", "0"], "--max-tokens 0 must be"),
     (["--temperature", "-1"], "--temperature -1 must be"),
     (["--temperature", "nan"], "--temperature nan must be"),
+    (["--temperature", "inf"], "--temperature inf must be a finite number >= 0"),
     (["--top-p", "2"], "--top-p 2 must be"),
     (["--top-k", "-2"], "--top-k -2 must be"),
     (["--top-k", "100000"], "--top-k 100000 is above the vocabulary size"),
@@ -159,6 +160,14 @@ def test_more_bad_generate_inputs_exit_2(tiny_dir, capsys, argv, fragment):
         base += ["--prompt-ids", "1,2"]
     assert main(base + argv) == 2
     assert fragment in capsys.readouterr().err
+
+
+def test_an_empty_model_is_named_empty_not_read_as_the_current_directory(capsys):
+    """Found by a fresh user: `--model ''` said "config.json: missing (is '.' a Hugging Face
+    model dir?)"; make-model says "--out is empty"."""
+    assert main(["generate", "--model", "", "--prompt-ids", "1"]) == 2
+    assert capsys.readouterr().err.strip() == ("lockstep generate: error: --model is empty; "
+                                               "name the model directory")
 
 
 def _rank_pids(parent: int) -> list[int]:

@@ -234,6 +234,29 @@ def test_unwritable_trace_dir_is_refused_before_the_search(target, capsys, no_si
     assert len(err.splitlines()) == 1 and target in err and "--trace-out" in err
 
 
+@pytest.mark.timeout(300)
+def test_the_interrupt_lines_planned_total_is_the_row_count(monkeypatch, capsys):
+    """A fresh user's finding: a Ctrl-C'd full check said "12 of 112 verdicts" of a table of
+    108 rows: the plan gave every clean design a +faults row, some have none. The plan now
+    follows `sim.check.has_faulted_row`, the rule the rows follow."""
+    import sim.cli as cli
+
+    made = []
+
+    class Recording(cli._Finished):
+        def __init__(self):
+            super().__init__()
+            made.append(self)
+
+    monkeypatch.setattr(cli, "_Finished", Recording)
+    main(["check", "--json", "--no-progress", "--schedules", "2", "--fault-schedules", "1"])
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    names = {r["variant"] for r in rows}
+    assert "overlap-two-communicators" in names and "correct+faults" in names
+    assert "overlap-two-communicators+faults" not in names  # a clean design without one
+    assert made[0].total == sum(made[0].planned) == len(rows)
+
+
 def test_more_jobs_than_cpus_is_warned(capsys):
     jobs = str((os.cpu_count() or 1) * 32)
     assert main(["check", "--variant", "single-warmup", "--topology", "shared", "--jobs", jobs,

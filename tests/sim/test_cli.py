@@ -38,7 +38,9 @@ def _rewrite(trace, edit):
     (["check", "--buckets", "8,4"], "ascending"),
     (["check", "--buckets", "a,b"], "'a,b' is not a comma-separated"),
     (["check", "--schedules", "x"], "--schedules: 'x' is not an integer"),
-    (["check", "--time-budget", "-1"], "--time-budget: -1 must be a positive number"),
+    (["check", "--time-budget", "-1"], "--time-budget: -1 must be a finite, positive number"),
+    # a fresh user's finding: inf was said not to be positive
+    (["check", "--time-budget", "inf"], "--time-budget: inf must be a finite, positive number"),
     (["check", "--strategy", "magic"], "invalid choice: 'magic'"),
     (["check", "--topology", "ring"], "invalid choice: 'ring'"),
 ])
@@ -210,11 +212,69 @@ def test_variant_file_may_derive_from_a_shipped_variant(tmp_path, capsys):
     (lambda d: d.pop("scenario"), "it has no 'scenario'"),
     (lambda d: d.update(scenario={}), "trace's 'scenario' lacks ranks, buckets, max_batch"),
     (lambda d: d["scenario"].pop("h2_calls"), "trace's 'scenario' lacks h2_calls ("),
+    # a fresh user's finding: these leaked "TypeError ... (at difflib.py:280)", exit 1
+    (lambda d: d.update(variant=None), "'variant' must be a string (a variant name), not null"),
+    (lambda d: d.update(variant=5), "'variant' must be a string (a variant name), not 5"),
+    (lambda d: d.update(variant=["x"]), "'variant' must be a string (a variant name), not [\"x\"]"),
 ])
 def test_bad_trace_contents_exit_2(fused_trace, capsys, edit, needle):
     _rewrite(fused_trace, edit)
     assert main(["check", "--replay", str(fused_trace)]) == 2
-    assert needle in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert needle in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_replay_names_the_invariant_as_the_table_does(tmp_path, capsys):
+    """A fresh user's finding: the table said `invariant:I5`, the replay "exactly: invariant"."""
+    out = tmp_path / "t"
+    assert main(["check", "--variant", "single-warmup", "--topology", "shared", "--schedules",
+                 "20", "--no-progress", "--jobs", "1", "--trace-out", str(out)]) == 0
+    assert "invariant:I5" in capsys.readouterr().out
+    assert main(["check", "--replay", str(out / "single-warmup.shared.json")]) == 0
+    assert capsys.readouterr().out.splitlines()[0].endswith(" actions exactly: invariant:I5")
+
+
+@pytest.mark.parametrize("argv", [
+    ["--matrix"],  # refused after parsing
+    ["--variant", "nope"],  # refused after parsing
+    ["--ranks", "1"],  # refused while parsing, after --trace-out
+    ["--stats"],
+])
+def test_a_refused_command_creates_no_trace_directory(tmp_path, capsys, argv, no_simulation):
+    """A fresh user's finding: --trace-out created the directory and its parents while the
+    arguments were parsed, even for a command then refused."""
+    target = tmp_path / "x" / "a" / "b"
+    with pytest.raises(SystemExit) if "--ranks" in argv else _nullctx():
+        assert main(["check", "--trace-out", str(target), *argv]) == 2
+    assert "error:" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+class _nullctx:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_trace_out_is_created_with_its_parents_when_traces_are_written(tmp_path, capsys):
+    target = tmp_path / "x" / "a"
+    assert main(["check", "--variant", "fused-sweep", "--topology", "shared", "--schedules",
+                 "20", "--no-progress", "--jobs", "1", "--trace-out", str(target)]) == 0
+    assert (target / "fused-sweep.shared.json").is_file()
+
+
+@pytest.mark.parametrize("target, words", [
+    ("/proc/newdir/a", "cannot create '/proc/newdir/a' (in '/proc')"),
+    ("/dev/null/traces", "cannot create '/dev/null/traces': '/dev/null' is not a directory"),
+])
+def test_a_trace_out_that_cannot_be_created_is_refused_without_creating(target, words, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["check", "--trace-out", target])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert words in err and "\n" not in err, err
 
 
 def test_edited_trace_is_nondeterminism_not_silence(fused_trace, capsys):

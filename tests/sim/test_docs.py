@@ -71,7 +71,7 @@ def test_docs_check_says_so_when_nothing_is_stale(tmp_path, monkeypatch, capsys)
 
     import sim.docs_cli as docs_cli
 
-    (tmp_path / "README.md").write_text("x")
+    _checkout(tmp_path)
     fresh = tmp_path / "fresh.md"
     fresh.write_text("same")
     monkeypatch.setattr(docs_cli, "render", lambda root: {fresh: "same"})
@@ -80,3 +80,107 @@ def test_docs_check_says_so_when_nothing_is_stale(tmp_path, monkeypatch, capsys)
     monkeypatch.setattr(docs_cli, "render", lambda root: {fresh: "changed"})
     assert docs_cli.run(argparse.Namespace(root=str(tmp_path), check=True)) == 1
     assert capsys.readouterr().out.strip() == f"stale: {fresh}"
+
+
+def _checkout(root: Path) -> Path:
+    """The least `lockstep docs` takes for a checkout: README.md, sim/ and protocol/."""
+    (root / "README.md").write_text("# lockstep\n")
+    for package in ("sim", "protocol"):
+        (root / package).mkdir(exist_ok=True)
+        (root / package / "__init__.py").write_text("")
+    return root
+
+
+def _not_a_checkout(root):
+    (root / "README.md").write_text("# some other project\n")
+
+
+def _non_utf8_readme(root):
+    _checkout(root)
+    (root / "README.md").write_bytes(b"# lockstep \xff\xfe\n")
+
+
+def _docs_a_file(root):
+    _checkout(root)
+    (root / "docs").write_text("")
+
+
+def _walkthroughs_a_file(root):
+    _checkout(root)
+    (root / "docs").mkdir()
+    (root / "docs" / "walkthroughs").write_text("")
+
+
+def _page_a_directory(root):
+    _checkout(root)
+    (root / "docs" / "walkthroughs" / "fused-sweep.md").mkdir(parents=True)
+
+
+@pytest.mark.parametrize("make, words", [
+    (_not_a_checkout, "is not a lockstep checkout: it lacks sim/__init__.py, "
+                      "protocol/__init__.py (a checkout holds README.md and the sim/ and "
+                      "protocol/ packages)"),
+    (_non_utf8_readme, "README.md is not UTF-8 text"),
+    (_docs_a_file, "docs' exists and is not a directory"),
+    (_walkthroughs_a_file, "walkthroughs' exists and is not a directory"),
+    (_page_a_directory, "fused-sweep.md' is a directory, not a generated page"),
+])
+@pytest.mark.parametrize("check", [False, True])
+def test_a_root_that_cannot_take_the_docs_is_one_line_before_rendering(
+        make, words, check, tmp_path, monkeypatch, capsys):
+    """A fresh user's finding: these were a UnicodeDecodeError, NotADirectoryError or
+    FileExistsError traceback after ~20 s of rendering, and any directory with a README.md
+    was taken for a checkout (docs/walkthroughs written into it)."""
+    import sim.docs_cli as docs_cli
+    from lockstep.cli import main
+
+    def rendered(root):
+        raise AssertionError("rendered before the --root checks")
+
+    monkeypatch.setattr(docs_cli, "render", rendered)
+    make(tmp_path)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    assert main(["docs", "--root", str(tmp_path), *(["--check"] if check else [])]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"lockstep docs: error: --root {str(tmp_path)!r}") and words in err, err
+    assert "\n" not in err
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+def test_an_empty_root_is_refused_not_read_as_the_current_directory(monkeypatch, capsys):
+    import sim.docs_cli as docs_cli
+    from lockstep.cli import main
+
+    monkeypatch.setattr(docs_cli, "render", lambda root: pytest.fail("rendered"))
+    assert main(["docs", "--root", ""]) == 2
+    assert capsys.readouterr().err.strip() == ("lockstep docs: error: --root is empty; name the "
+                                               "checkout (e.g. --root .)")
+
+
+def test_an_unwritable_root_is_refused_before_rendering(monkeypatch, capsys):
+    """os.access is true for root; the test write is not (here: /proc cannot hold files)."""
+    import sim.docs_cli as docs_cli
+
+    monkeypatch.setattr(docs_cli, "CHECKOUT_MARKS", ())
+    monkeypatch.setattr(docs_cli, "render", lambda root: pytest.fail("rendered"))
+    monkeypatch.setattr(Path, "read_bytes", lambda self: b"")
+    problem = docs_cli.check_root("/proc")
+    assert problem.startswith("--root '/proc': cannot write the docs: "), problem
+
+
+def test_a_write_that_fails_after_rendering_is_one_line(tmp_path, monkeypatch, capsys):
+    import argparse
+
+    import sim.docs_cli as docs_cli
+
+    _checkout(tmp_path)
+    page = tmp_path / "docs" / "walkthroughs" / "x.md"
+
+    def full(self, *a, **k):
+        raise OSError(28, "No space left on device", str(self))
+
+    monkeypatch.setattr(docs_cli, "render", lambda root: {page: "new"})
+    monkeypatch.setattr(Path, "write_text", full)
+    assert docs_cli.run(argparse.Namespace(root=str(tmp_path), check=False)) == 2
+    assert capsys.readouterr().err.strip() == (f"lockstep docs: error: cannot write {str(page)!r}: "
+                                               "No space left on device")
