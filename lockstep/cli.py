@@ -36,10 +36,21 @@ class _ArgumentParser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+def _version() -> str:
+    """The installed distribution's version; "unknown" when run from a checkout not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("lockstep")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Build the top-level parser; subcommands whose module is missing are skipped."""
     parser = _ArgumentParser(prog="lockstep", description="\n\n".join(__doc__.split("\n\n")[:2]),
                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"lockstep {_version()}")
     sub = parser.add_subparsers(dest="command", parser_class=_ArgumentParser)
     for name, module_name in SUBCOMMANDS.items():
         try:

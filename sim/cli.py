@@ -186,9 +186,30 @@ def add_parser(subparsers, name: str) -> None:
     p.add_argument("--trace-out", metavar="DIR", type=_typed(_trace_dir, "--trace-out"),
                    help="write each counterexample as .txt, .mmd, .json (created, with its "
                         "parents, when the traces are written)")
+    p.add_argument("--list", action="store_true",
+                   help="print the variants (shipped, or those of --variant-file / --variant) "
+                        "with their expected verdicts and one-line summaries, and check nothing")
     p.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(run=run)
+
+
+def _variant_list(variants, as_json: bool) -> str:
+    """`--list`: one line per variant (name, expected verdict per topology, summary), or the
+    same as a JSON list."""
+    rows = [{"variant": v.name, **{t: v.expected.get(t) for t in TOPOLOGIES},
+             "summary": v.summary} for v in variants]
+    if as_json:
+        return json.dumps(rows, indent=1)
+    width = max(len(r["variant"]) for r in rows)
+    verdicts = {t: max(len(t), *(len(str(r[t])) for r in rows)) for t in TOPOLOGIES}
+    head = f"{'variant':<{width}}  " + "  ".join(f"{t:<{verdicts[t]}}" for t in TOPOLOGIES)
+    lines = [head + "  summary"]
+    for r in rows:
+        lines.append(f"{r['variant']:<{width}}  "
+                     + "  ".join(f"{str(r[t]):<{verdicts[t]}}" for t in TOPOLOGIES)
+                     + f"  {r['summary']}")
+    return "\n".join(lines)
 
 
 def _trace_dir(text: str) -> Path:
@@ -340,6 +361,12 @@ def _run(args, finished: _Finished | None = None) -> int:
         except ConfigError as exc:
             return _fail(str(exc))
         return _replay(args.replay, args.json, args.trace_out)
+    if args.list:
+        given = [opt for opt, value in (("--replay", args.replay), ("--matrix", args.matrix),
+                                        ("--stats", args.stats), ("--explain", args.explain),
+                                        ("--trace-out", args.trace_out)) if value]
+        if given:
+            return _fail(f"--list checks nothing; drop {', '.join(given)}")
     if args.stats and (args.matrix or args.explain or args.strategy):
         both = "--matrix" if args.matrix else "--explain" if args.explain else "--strategy"
         return _fail(f"--stats measures random and PCT search by itself; drop {both}")
@@ -378,6 +405,9 @@ def _run(args, finished: _Finished | None = None) -> int:
                                     for v in load_variant_file(path)))  # a file given twice: once
         names = list(dict.fromkeys(args.variant)) or loaded or list(SHIPPED)
         variants = [get_variant(n) for n in names]
+        if args.list:
+            print(_variant_list(variants, args.json))
+            return 0
         spec = CheckSpec(ranks=args.ranks, buckets=args.buckets, max_batch=args.max_batch,
                          strategy=args.strategy, schedules=args.schedules,
                          clean_schedules=clean_schedules, fault_schedules=args.fault_schedules, time_budget=args.time_budget,

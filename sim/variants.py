@@ -216,7 +216,7 @@ def get_variant(name: str) -> Variant:
         close = difflib.get_close_matches(name, list(REGISTRY), n=3, cutoff=0.5)
         hint = f"did you mean {', '.join(close)}? " if close else ""
         raise ConfigError(f"unknown variant {name!r}; {hint}{len(REGISTRY)} are known: "
-                          "docs/variants.md lists them, `lockstep check` runs them all") from None
+                          "`lockstep check --list` prints them, docs/variants.md describes them") from None
 
 
 def load_variant_file(path: str | Path) -> list[Variant]:

@@ -55,6 +55,8 @@ def test_bad_arguments_exit_2_with_one_line(argv, needle, capsys):
 
 @pytest.mark.parametrize("argv,needle", [
     (["check", "--variant", "nope"], "unknown variant 'nope'; "),
+    (["check", "--list", "--matrix"], "--list checks nothing; drop --matrix"),
+    (["check", "--list", "--variant", "nope"], "`lockstep check --list` prints them"),
     (["check", "--variant", "early-token-reed"], "did you mean early-token-read"),
     (["check", "--variant-file", "/nonexistent.py"], "does not exist"),
     (["check", "--max-batch", "300"], "--max-batch 300 exceeds the largest default bucket 256"),
@@ -508,3 +510,27 @@ def test_replay_of_a_token_divergence_names_the_step_that_sampled_it(tmp_path, c
     got = json.loads(capsys.readouterr().out)
     assert got["verdict"] == "divergence" and got["invariant"] is None
     assert isinstance(got["step"], int) and f"(the token step {got['step']} sampled)" in got["detail"]
+
+
+def test_list_prints_every_variant_with_its_expected_verdicts(capsys):
+    """A fresh user found no way to list variant names but docs/variants.md."""
+    from sim.variants import SHIPPED, get_variant
+
+    assert main(["check", "--list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["variant", "shared", "per-rank", "summary"]
+    assert [line.split()[0] for line in lines[1:]] == list(SHIPPED)
+    fused = next(line for line in lines if line.startswith("fused-sweep "))
+    assert fused.split()[1:3] == [get_variant("fused-sweep").expected["shared"],
+                                  get_variant("fused-sweep").expected["per-rank"]]
+    assert main(["check", "--list", "--json", "--variant-file",
+                 "docs/examples/my_variant.py"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["variant"] for r in rows] == ["no-sync-launch"] and rows[0]["summary"]
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.startswith("lockstep ")
