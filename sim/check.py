@@ -391,6 +391,23 @@ def check_variant(variant: Variant, spec: CheckSpec, topology: str, progress=Non
                 describe(variant.name, problem))]
 
 
+def _check_recorded_run(data: dict, choices: list[str], ranks: int) -> None:
+    """What a trace file must hold for its replay to mean anything: choices that name only
+    actors of its scenario, and a list of trace events. Without this a hand-edited file reads
+    as the simulator's nondeterminism.
+
+    Raises:
+        ConfigError: naming the bad choice or field.
+    """
+    for i, choice in enumerate(choices):
+        numbered = re.fullmatch(r"[a-z]+(\d+)", choice)
+        if numbered and int(numbered.group(1)) >= ranks:
+            raise ConfigError(f"'choices'[{i}] is {choice!r}, but the trace's scenario has "
+                              f"{ranks} ranks (0-{ranks - 1})")
+    if not isinstance(data.get("trace", []), list):
+        raise ConfigError(f"'trace' must be a list of events, not {json.dumps(data['trace']):.40}")
+
+
 def replay_trace(data: dict) -> tuple[RunResult | None, str | None]:
     """Re-run a recorded trace JSON exactly; returns (result, nondeterminism message or None).
 
@@ -445,6 +462,7 @@ def replay_trace(data: dict) -> tuple[RunResult | None, str | None]:
         raise ConfigError(f"bad scenario in trace: {exc}") from None
     if faults:
         scenario = scenario.with_(faults=faults)
+    _check_recorded_run(data, choices, spec.ranks)
     try:
         with watchdog():  # the variant's hooks are user code, as in a search
             result = run_schedule(scenario, variant, Replay(list(choices)))

@@ -215,6 +215,10 @@ def test_variant_file_may_derive_from_a_shipped_variant(tmp_path, capsys):
     (lambda d: d.update(scenario={}), "trace's 'scenario' lacks ranks, buckets, max_batch"),
     (lambda d: d["scenario"].pop("h2_calls"), "trace's 'scenario' lacks h2_calls ("),
     # a fresh user's finding: these leaked "TypeError ... (at difflib.py:280)", exit 1
+    # a fresh user's finding: hand-edited traces read as the simulator's NONDETERMINISM
+    (lambda d: d["choices"].__setitem__(0, "rank7"),
+     "'choices'[0] is 'rank7', but the trace's scenario has 2 ranks (0-1)"),
+    (lambda d: d.update(trace="x"), "'trace' must be a list of events, not \"x\""),
     (lambda d: d.update(variant=None), "'variant' must be a string (a variant name), not null"),
     (lambda d: d.update(variant=5), "'variant' must be a string (a variant name), not 5"),
     (lambda d: d.update(variant=["x"]), "'variant' must be a string (a variant name), not [\"x\"]"),
