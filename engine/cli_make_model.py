@@ -32,6 +32,15 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
 
 
 def _check_out(text: str, overwrite: bool = False) -> str | None:
+    """`_checked_out`, with a path that cannot even be looked at (a PermissionError from
+    ``Path.exists`` for a directory the user may not enter) as one more reason."""
+    try:
+        return _checked_out(text, overwrite)
+    except OSError as exc:
+        return f"--out {text!r} cannot be used: {exc.strerror or exc}"
+
+
+def _checked_out(text: str, overwrite: bool = False) -> str | None:
     """The reason ``text`` cannot be the output directory, or None; creates it if missing.
 
     Only the directory itself is created: a missing parent is refused, since a mistyped

@@ -197,7 +197,7 @@ def add_parser(subparsers, name: str) -> None:
 def _variant_list(variants, as_json: bool) -> str:
     """`--list`: one line per variant (name, expected verdict per topology, summary), or the
     same as a JSON list."""
-    rows = [{"variant": v.name, **{t: v.expected.get(t) for t in TOPOLOGIES},
+    rows = [{"variant": v.name, **{t: v.expected.get(t, "-") for t in TOPOLOGIES},
              "summary": v.summary} for v in variants]
     if as_json:
         return json.dumps(rows, indent=1)
@@ -216,7 +216,19 @@ def _trace_dir(text: str) -> Path:
     """The --trace-out directory, checked writable before any search but not created: a command
     refused after its arguments are parsed must leave nothing behind. A missing directory is
     created when the traces are written (`sim.report.write_trace`); until then the test write
-    goes to its nearest existing ancestor."""
+    goes to its nearest existing ancestor.
+
+    Raises:
+        ValueError: the one-line reason, a path that cannot even be looked at included (a
+            PermissionError from ``Path.exists`` for a directory the user may not enter).
+    """
+    try:
+        return _checked_trace_dir(text)
+    except OSError as exc:
+        raise ValueError(f"cannot use {text!r}: {exc.strerror or exc}") from None
+
+
+def _checked_trace_dir(text: str) -> Path:
     if not text:
         raise ValueError("the directory name is empty")
     path = Path(text)
@@ -342,6 +354,18 @@ def _run(args, finished: _Finished | None = None) -> int:
     finished = finished or _Finished()
     if args.hazard_off:  # one switch per hazard, however often it was named
         args.hazard_off = list(dict.fromkeys(args.hazard_off))
+    if args.list:  # it reads only which variants: every other option would be ignored
+        given = [f"--{k.replace('_', '-')}" for k in DEFAULTS if getattr(args, k) is not None]
+        given += [opt for opt, value in (("--buckets", args.buckets),
+                                         ("--max-batch", args.max_batch),
+                                         ("--hazard-off", args.hazard_off),
+                                         ("--h2-scope", args.h2_scope),
+                                         ("--h2-calls", args.h2_calls),
+                                         ("--replay", args.replay), ("--matrix", args.matrix),
+                                         ("--stats", args.stats), ("--explain", args.explain),
+                                         ("--trace-out", args.trace_out)) if value]
+        if given:
+            return _fail(f"--list checks nothing; drop {', '.join(given)}")
     if args.replay is not None:
         given = [f"--{k.replace('_', '-')}" for k in DEFAULTS if getattr(args, k) is not None]
         given += [opt for opt, value in (("--variant", args.variant), ("--buckets", args.buckets),
@@ -361,12 +385,6 @@ def _run(args, finished: _Finished | None = None) -> int:
         except ConfigError as exc:
             return _fail(str(exc))
         return _replay(args.replay, args.json, args.trace_out)
-    if args.list:
-        given = [opt for opt, value in (("--replay", args.replay), ("--matrix", args.matrix),
-                                        ("--stats", args.stats), ("--explain", args.explain),
-                                        ("--trace-out", args.trace_out)) if value]
-        if given:
-            return _fail(f"--list checks nothing; drop {', '.join(given)}")
     if args.stats and (args.matrix or args.explain or args.strategy):
         both = "--matrix" if args.matrix else "--explain" if args.explain else "--strategy"
         return _fail(f"--stats measures random and PCT search by itself; drop {both}")

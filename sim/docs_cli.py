@@ -133,7 +133,15 @@ def output_paths(root: Path) -> list[Path]:
 def check_root(text: str, write: bool = True) -> str | None:
     """The one-line reason ``--root text`` cannot take the generated docs, or None; checked
     before the ~20 s of rendering. Reads the README (it must be UTF-8) and, when ``write``,
-    test-writes where the pages go (creating nothing that is not there)."""
+    test-writes where the pages go (creating nothing that is not there). A path that cannot
+    even be looked at (a PermissionError from ``Path.is_dir``) is one more reason."""
+    try:
+        return _root_problem(text, write)
+    except OSError as exc:
+        return f"--root {text!r} cannot be used: {exc.strerror or exc}"
+
+
+def _root_problem(text: str, write: bool) -> str | None:
     if not text.strip():
         return "--root is empty; name the checkout (e.g. --root .)"
     root = Path(text)

@@ -158,8 +158,16 @@ def check_output_path(flag: str, p: str) -> None:
     write at the end of the run would then fail.
 
     Raises:
-        BenchArgError: naming the flag and the path.
+        BenchArgError: naming the flag and the path, a path that cannot even be looked at (a
+            PermissionError from ``Path.is_dir``) included.
     """
+    try:
+        _check_output_path(flag, p)
+    except OSError as exc:
+        raise BenchArgError(f"{flag} {p!r} cannot be used: {exc.strerror or exc}") from None
+
+
+def _check_output_path(flag: str, p: str) -> None:
     import tempfile
 
     if not p:

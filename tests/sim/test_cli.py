@@ -56,6 +56,9 @@ def test_bad_arguments_exit_2_with_one_line(argv, needle, capsys):
 @pytest.mark.parametrize("argv,needle", [
     (["check", "--variant", "nope"], "unknown variant 'nope'; "),
     (["check", "--list", "--matrix"], "--list checks nothing; drop --matrix"),
+    (["check", "--list", "--max-batch", "300", "--schedules", "5"],
+     "--list checks nothing; drop --schedules, --max-batch"),
+    (["check", "--replay", "/nonexistent.json", "--list"], "--list checks nothing; drop --replay"),
     (["check", "--list", "--variant", "nope"], "`lockstep check --list` prints them"),
     (["check", "--variant", "early-token-reed"], "did you mean early-token-read"),
     (["check", "--variant-file", "/nonexistent.py"], "does not exist"),
