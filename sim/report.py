@@ -23,6 +23,11 @@ DEVICE_OPS = ("launch", "warmup_collective", "run_eager", "prefill", "enqueue_sa
 """Ops drawn as an arrow to the rank's device in the sequence diagrams (they enqueue its work)."""
 
 
+def _is_story_event(e: TraceEvent) -> bool:
+    """Whether the story tells ``e``: kernels and bookkeeping ops (`NOISY_OPS`) it leaves out."""
+    return e.kind != "kernel" and not (e.kind == "op" and e.what in NOISY_OPS)
+
+
 def _window(events: list[TraceEvent], limit: int, step: int | None = None) -> list:
     """The events since the command before the last one, at most ``limit`` of them.
 
@@ -33,7 +38,7 @@ def _window(events: list[TraceEvent], limit: int, step: int | None = None) -> li
     last ones, which end with the breaking event -- then a None marking the events left out,
     then the tail, so the story always shows the step that broke the rule.
     """
-    keep = [e for e in events if e.kind != "kernel" and not (e.kind == "op" and e.what in NOISY_OPS)]
+    keep = [e for e in events if _is_story_event(e)]
     sends = [i for i, e in enumerate(keep) if e.kind == "send"]
     start = sends[-2] if len(sends) >= 2 else 0
     tail_start = max(start, len(keep) - limit)
@@ -67,8 +72,8 @@ def _sentence(e: TraceEvent) -> str:
 def _kept_before(trace: list[TraceEvent], window: list) -> int:
     """How many story events (those `_window` keeps) come before the window's first event."""
     first = next(e for e in window if e is not EARLIER and e is not None)
-    return sum(1 for e in trace[:trace.index(first)]
-               if e.kind != "kernel" and not (e.kind == "op" and e.what in NOISY_OPS))
+    before = next(i for i, e in enumerate(trace) if e is first)  # by identity: events may repeat
+    return sum(map(_is_story_event, trace[:before]))
 
 
 def narrative(result: RunResult, limit: int = 40) -> str:
@@ -83,7 +88,7 @@ def narrative(result: RunResult, limit: int = 40) -> str:
     for e in events:
         if e is EARLIER:
             lines.append(f"     ... ({_kept_before(result.world.trace, events)} earlier story "
-                         "events left out; the story is the run's last ones)")
+                         "events left out)")
         elif e is None:
             lines.append(_GAP)
         else:

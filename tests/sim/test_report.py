@@ -42,11 +42,10 @@ def test_a_story_that_starts_mid_run_says_how_much_it_left_out():
     """Before, a tail of a 365-event run was numbered from 1 with nothing above it, so it read
     as the whole run. The marker's count and the numbered events add up to the run's story
     events, and the numbering starts at 1 after the marker."""
-    from sim.report import NOISY_OPS
+    from sim.report import _is_story_event
 
     result = check_bad(REGISTRY["local-bucket"], SPEC, "shared").minimal
-    kept = [e for e in result.world.trace
-            if e.kind != "kernel" and not (e.kind == "op" and e.what in NOISY_OPS)]
+    kept = [e for e in result.world.trace if _is_story_event(e)]
     assert len(kept) > 12
     lines = narrative(result, limit=10).split("==> ")[0].splitlines()
     assert lines[0].startswith(f"     ... ({len(kept) - 10} earlier story events left out")
