@@ -489,11 +489,13 @@ def _run(args, finished: _Finished | None = None) -> int:
         sys.stderr.write("lockstep check: --explain: no counterexample to explain (only a bad "
                          "variant's failing row has one)\n")
     elapsed = time.perf_counter() - start
+    trace_error = None  # reported after the table: a failed write must not lose the verdicts
     if args.trace_out is not None:
         try:
             _write_traces(args.trace_out, rows, spec)
         except OSError as exc:
-            return _fail(f"cannot write traces to {str(args.trace_out)!r}: {exc.strerror or exc}")
+            trace_error = (f"cannot write traces to {str(args.trace_out)!r}: "
+                           f"{exc.strerror or exc}")
     ok = all(row.passed for row in rows)
     if args.json:
         out = []
@@ -519,6 +521,8 @@ def _run(args, finished: _Finished | None = None) -> int:
                 print(f"  the counterexample above also goes through a hazard this verdict does "
                       f"not need; with only {needed} on the search finds:\n"
                       + story[story.index("==> "):])
+    if trace_error is not None:
+        return _fail(trace_error)
     return 0 if ok else 1
 
 

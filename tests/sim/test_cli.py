@@ -541,3 +541,21 @@ def test_version(capsys):
         main(["--version"])
     assert exit_.value.code == 0
     assert capsys.readouterr().out.startswith("lockstep ")
+
+
+def test_a_trace_write_that_fails_after_the_search_keeps_the_table(tmp_path, monkeypatch, capsys):
+    """A reviewer's finding: the failed write returned before the verdict table was printed."""
+    import errno
+
+    import sim.cli
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(sim.cli, "write_trace", full_disk)
+    code = main(["check", "--variant", "fused-sweep", "--topology", "shared", "--schedules", "5",
+                 "--jobs", "1", "--no-progress", "--trace-out", str(tmp_path / "t")])
+    out, err = capsys.readouterr()
+    assert code == 2
+    assert "fused-sweep" in out and "OK:" in out
+    assert err.strip().splitlines()[-1].endswith("No space left on device")
