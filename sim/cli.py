@@ -28,7 +28,7 @@ from sim.hazards import H2_CALLS, H2_SCOPES, RULES, HazardModel
 from sim.limits import check_limits
 from sim.progress import CheckProgress
 from sim.report import narrative, write_trace
-from sim.rows import check_rows, planned_schedules
+from sim.rows import check_rows, expects_clean, planned_schedules
 from sim.run import freeze_imports
 from sim.scenario import TOPOLOGIES
 from sim.strategies import STRATEGIES
@@ -443,7 +443,7 @@ def _run(args, finished: _Finished | None = None) -> int:
     if args.matrix:
         return _run_matrix(variants, spec, args, finished)
     if args.stats:
-        clean = [v.name for v in variants if _correct(v)]
+        clean = [v.name for v in variants if expects_clean(v)]
         if len(clean) == len(variants):
             return _fail(f"--stats measures how often a bad variant's schedules fail; "
                          f"{', '.join(clean)} {'is' if len(clean) == 1 else 'are'} expected "
@@ -479,7 +479,7 @@ def _run(args, finished: _Finished | None = None) -> int:
 
         for variant, new in zip((v for v in variants for _ in topologies),
                                 check_rows(variants, topologies, spec, on_rows, bar.step)):
-            if not compare_bad and not _correct(variant):
+            if not compare_bad and not expects_clean(variant):
                 for row in new:
                     row.passed = row.got != "error"
                     row.compared = False
@@ -540,7 +540,7 @@ def _run_matrix(variants, spec: CheckSpec, args, finished: _Finished) -> int:
         return render_markdown(cells)
 
     plan = [(f"{v.name} / TP{r} {b} / {t}",
-             spec.schedules + (spec.fault_schedules if _correct(v) else 0),
+             spec.schedules + (spec.fault_schedules if expects_clean(v) else 0),
              _planned_rows(v, spec))
             for b in BUCKET_SETS for r in RANKS for v in variants for t in TOPOLOGIES]
     finished.render, finished.planned = partial, [n for _, _, n in plan]
@@ -584,7 +584,7 @@ def _run_stats(variants, spec: CheckSpec, args, finished: _Finished) -> int:
 
     start = time.perf_counter()
     topologies = TOPOLOGIES if args.topology == "both" else (args.topology,)
-    bad = [v for v in variants if not _correct(v)]
+    bad = [v for v in variants if not expects_clean(v)]
     shares = []
 
     def partial() -> str:
@@ -628,16 +628,12 @@ def _explain(rows: list[Row], variants, spec: CheckSpec) -> dict:
     out = {}
     for row in rows:
         variant = by_name.get(row.variant)
-        if variant is None or _correct(variant) or row.minimal is None:
+        if variant is None or expects_clean(variant) or row.minimal is None:
             continue
         with watchdog():  # an ablation whose hook stalls is that ablation's error
             out[row.variant, row.topology] = attribute(variant, spec, row.topology, row.got,
                                                        story=row.minimal)
     return out
-
-
-def _correct(variant) -> bool:
-    return all(v == "clean" for v in variant.expected.values())
 
 
 def _planned_rows(variant, spec: CheckSpec) -> int:
