@@ -18,8 +18,8 @@ import shutil
 import sys
 
 from engine.bench.flags import apply_workload_flags
-from engine.bench.options import (BenchArgError, BenchOptions, parse_int_list, validate,
-                                  write_output)
+from engine.bench.options import (BenchArgError, BenchOptions, max_positions, parse_int_list,
+                                  validate)
 from engine.cli_args import seed as seed_arg
 from engine.presets import PRESETS
 
@@ -130,7 +130,7 @@ def check_throughput_args(args: argparse.Namespace, cfg: dict | None = None) -> 
     if args.max_model_len < 2048:
         raise BenchArgError(f"--max-model-len {args.max_model_len}: workload W needs 2048 "
                             "(prompts and outputs up to 1024 tokens each)")
-    max_pos = int((cfg or {}).get("max_position_embeddings", 0) or 0)
+    max_pos = max_positions(cfg or {})
     if max_pos and args.max_model_len > max_pos:
         raise BenchArgError(f"--max-model-len {args.max_model_len}: the model holds at most "
                             f"{max_pos} tokens (max_position_embeddings {max_pos})")
@@ -251,15 +251,17 @@ def _write_outputs(opts, write_doc, write_plot) -> int:
     """Write the --json document and the plot once the table is printed; the exit status: 0,
     or 2 with one line naming the output that could not be written (the table above stands).
     ``write_plot(path)`` returns False without matplotlib."""
-    if opts.json_path:
-        problem = write_output("--json", opts.json_path, write_doc)
-        if problem:
-            return _error(problem)
-    if opts.plot_path:
-        drawn = []
-        problem = write_output("--plot", opts.plot_path, lambda path: drawn.append(write_plot(path)))
-        if problem:
-            return _error(problem)
-        if not drawn[0]:
-            print("bench: matplotlib not installed; no plot written", file=sys.stderr)
+    drawn = True
+    for flag, path, write in (("--json", opts.json_path, write_doc),
+                              ("--plot", opts.plot_path, write_plot)):
+        if not path:
+            continue
+        try:
+            result = write(path)
+        except OSError as exc:
+            return _error(f"{flag} {path!r}: cannot write it: {exc.strerror or exc}")
+        if flag == "--plot":
+            drawn = result
+    if not drawn:
+        print("bench: matplotlib not installed; no plot written", file=sys.stderr)
     return 0

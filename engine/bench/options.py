@@ -114,7 +114,7 @@ def validate(opts: BenchOptions) -> dict:
                 raise BenchArgError(f"{flag}: batch size {b}: expected 1..{MAX_BATCH}")
     if not opts.batch_sizes:
         raise BenchArgError("--batch-sizes is empty")
-    max_pos = int(cfg.get("max_position_embeddings", 0) or 0)
+    max_pos = max_positions(cfg)
     for c in opts.context_lens:
         if c < 1:
             raise BenchArgError(f"--context-lens: context length {c}: expected >= 1")
@@ -146,6 +146,20 @@ def validate(opts: BenchOptions) -> dict:
         if p is not None:
             check_output_path(flag, p)
     return cfg
+
+
+def max_positions(cfg: dict) -> int:
+    """The model's max_position_embeddings (the config dict `validate` returns), 0 if unset.
+
+    Raises:
+        BenchArgError: the value is not an integer (a hand-edited config.json).
+    """
+    value = cfg.get("max_position_embeddings", 0) or 0
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise BenchArgError(f"max_position_embeddings {value!r} in the model's config: "
+                            "expected an integer") from None
 
 
 def check_output_path(flag: str, p: str) -> None:
@@ -188,14 +202,3 @@ def _check_output_path(flag: str, p: str) -> None:
     except OSError as exc:
         raise BenchArgError(f"{flag} {p!r}: cannot write in directory {str(parent)!r}: "
                             f"{exc.strerror or exc}") from None
-
-
-def write_output(flag: str, path: str, write) -> str | None:
-    """Call ``write(path)``; the one-line reason it failed (naming ``flag`` and ``path``), or
-    None. The checks before the run cannot rule out every failure at its end (a disk that
-    filled, a directory removed meanwhile), and none may end a finished run in a traceback."""
-    try:
-        write(path)
-    except OSError as exc:
-        return f"{flag} {path!r}: cannot write it: {exc.strerror or exc}"
-    return None

@@ -368,3 +368,12 @@ def test_attention_sweep_checks_its_output_path_before_the_run(monkeypatch, caps
         sweep.main()
     assert info.value.code == 2
     assert "OUT.json '/nonexistent-dir/a.json': directory" in capsys.readouterr().err
+
+
+def test_max_positions_reads_the_config_once_and_names_a_bad_value():
+    from engine.bench.options import BenchArgError, max_positions
+
+    assert max_positions({"max_position_embeddings": 40960}) == 40960
+    assert max_positions({}) == 0
+    with pytest.raises(BenchArgError, match="max_position_embeddings 'x' in the model's config"):
+        max_positions({"max_position_embeddings": "x"})
