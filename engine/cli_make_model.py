@@ -76,14 +76,10 @@ def _checked_out(text: str, overwrite: bool = False) -> str | None:
         path.mkdir(exist_ok=True)
     except OSError as exc:
         return f"--out {text!r} cannot be created: {exc.strerror}"
-    import tempfile
+    from lockstep.paths import write_refused
 
-    try:  # the one test that holds for root, read-only mounts and /proc alike
-        with tempfile.TemporaryFile(dir=path):
-            pass
-    except OSError as exc:
-        return f"--out {text!r} is not writable: {exc.strerror}"
-    return None
+    refused = write_refused(path)
+    return None if refused is None else f"--out {text!r} is not writable: {refused}"
 
 
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}

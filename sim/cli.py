@@ -14,12 +14,12 @@ import os
 import re
 import signal
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import fields
 from pathlib import Path
 
+from lockstep.paths import nearest_existing, write_refused
 from protocol.errors import ConfigError
 from sim.check import (NOT_REACHABLE, CheckSpec, Row, check_coverage_reachable,
                        check_scenario_value, has_faulted_row, replay_trace, scenario_spec,
@@ -234,18 +234,14 @@ def _checked_trace_dir(text: str) -> Path:
     path = Path(text)
     if path.exists() and not path.is_dir():
         raise ValueError(f"{text!r} exists and is not a directory")
-    existing = path.absolute()
-    while not existing.exists():
-        existing = existing.parent
+    existing = nearest_existing(path)
     if not existing.is_dir():
         raise ValueError(f"cannot create {text!r}: {str(existing)!r} is not a directory")
-    try:
-        with tempfile.TemporaryFile(dir=existing):
-            pass
-    except OSError as exc:
+    refused = write_refused(existing)
+    if refused:
         what = f"write to {text!r}" if existing == path.absolute() else (
             f"create {text!r} (in {str(existing)!r})")
-        raise ValueError(f"cannot {what}: {exc.strerror or exc}") from None
+        raise ValueError(f"cannot {what}: {refused}")
     return path
 
 

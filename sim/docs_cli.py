@@ -8,9 +8,9 @@ if the committed ones are stale. The README's inline diagram is the fused-sweep 
 from __future__ import annotations
 
 import sys
-import tempfile
 from pathlib import Path
 
+from lockstep.paths import nearest_existing, write_refused
 from sim.check import CheckSpec, check_bad
 from sim.limits import MAX_TIME_BUDGET
 from sim.reduce import reduce_schedule
@@ -164,16 +164,14 @@ def _root_problem(text: str, write: bool) -> str | None:
         if path.is_dir():
             return f"--root {text!r}: {str(path)!r} is a directory, not a generated page"
     if write:
-        existing = root / "docs" / "walkthroughs"
-        while not existing.exists():
-            existing = existing.parent
+        refused = write_refused(nearest_existing(root / "docs" / "walkthroughs"))
         try:
-            with tempfile.TemporaryFile(dir=existing):
-                pass
             with open(root / "README.md", "a"):
                 pass
         except OSError as exc:
-            return f"--root {text!r}: cannot write the docs: {exc.strerror or exc}"
+            refused = refused or exc.strerror or str(exc)
+        if refused:
+            return f"--root {text!r}: cannot write the docs: {refused}"
     return None
 
 

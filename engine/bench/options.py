@@ -182,7 +182,7 @@ def check_output_path(flag: str, p: str) -> None:
 
 
 def _check_output_path(flag: str, p: str) -> None:
-    import tempfile
+    from lockstep.paths import write_refused
 
     if not p:
         raise BenchArgError(f"{flag} '': give a file path")
@@ -193,12 +193,13 @@ def _check_output_path(flag: str, p: str) -> None:
     if not parent.is_dir():
         raise BenchArgError(f"{flag} {p!r}: directory {str(parent)!r} does not exist "
                             "or is not writable")
-    try:
-        with tempfile.TemporaryFile(dir=parent):
-            pass
-        if path.exists():
+    refused = write_refused(parent)
+    if refused is None and path.exists():
+        try:
             with open(path, "a"):
                 pass
-    except OSError as exc:
+        except OSError as exc:
+            refused = exc.strerror or str(exc)
+    if refused:
         raise BenchArgError(f"{flag} {p!r}: cannot write in directory {str(parent)!r}: "
-                            f"{exc.strerror or exc}") from None
+                            f"{refused}")
