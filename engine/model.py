@@ -2,15 +2,32 @@
 
 Embedding (vocab parallel) -> N x [RMSNorm, attention, residual, RMSNorm, SwiGLU MLP
 (column-parallel gate_up, row-parallel down), residual] -> RMSNorm -> LM head (vocab
-parallel, all-gathered). Each residual add is fused into the norm after it
-(`RMSNorm.add_forward`), so a decode layer is 8 launches on CUDA where the skinny GEMM serves
-its bucket (add+norm, QKV GEMM, q/k norm+RoPE+KV write, attention, o_proj, add+norm, gate_up
-GEMM with the SwiGLU epilogue, down_proj) and 9 with cuBLAS (SwiGLU its own launch, plus any
-split-K reduce cuBLAS adds). Two all-reduces per layer (o_proj, down_proj) plus one in the
+parallel, all-gathered). Two all-reduces per layer (o_proj, down_proj) plus one in the
 embedding when world_size > 1.
+
+A layer runs in one of two forms, chosen by the step's row count alone (so the eager step
+and the graph captured at a bucket run the same kernels):
+
+* fused (world size 1, CUDA, bfloat16, rows <= 64, the skinny GEMM table measured every
+  weight shape at that row count): 6 launches, QKV GEMM, q/k norm+RoPE+KV write, attention,
+  o_proj, gate_up with SwiGLU, down_proj. o_proj and down_proj add their output into the
+  residual in their epilogue and leave each row's sum of squares in the GEMM workspace; QKV
+  and gate_up read the residual itself and scale each output row by 1 / rms, their weights
+  having the norm weights folded in at load (`skinny_gemm.fold_norm_weight`). Layer 0 has no
+  statistics yet and normalises its input in a launch of its own.
+* unfused (everything else, prefill included): each residual add is fused into the norm after
+  it (`RMSNorm.add_forward`): 8 launches where the skinny GEMM serves the bucket (add+norm,
+  QKV, q/k norm+RoPE+KV, attention, o_proj, add+norm, gate_up with SwiGLU, down_proj), 9
+  with cuBLAS (SwiGLU its own launch, plus any split-K reduce cuBLAS adds). When the model's
+  norm weights are folded, these norms have weight 1 and the GEMMs use the folded weights.
+
+`LOCKSTEP_FUSED_NORM=0` in the environment keeps every step unfused and the weights as
+loaded (the A/B baseline of the benchmarks).
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 from torch import nn
@@ -18,7 +35,14 @@ from torch import nn
 from engine.config import ModelConfig
 from engine.layers.attention import Qwen3Attention, StepContext
 from engine.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
-from engine.layers.linear import ColumnParallelLinear, DecodeGemm, RowParallelLinear
+from engine.kernels import skinny_gemm
+from engine.layers.linear import (
+    ColumnParallelLinear,
+    DecodeGemm,
+    FusedLayerPlan,
+    LayerShapes,
+    RowParallelLinear,
+)
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
 from engine.parallel import TPGroup
@@ -75,6 +99,42 @@ class Qwen3DecoderLayer(nn.Module):
         h, residual = self.post_attention_layernorm.add_forward(h, residual)
         return self.mlp(h), residual
 
+    def shapes(self) -> LayerShapes:
+        """This rank's (N, K, swiglu) of the layer's four weights."""
+        def of(linear, swiglu=False):
+            return (*linear.weight.shape, swiglu)
+
+        return LayerShapes(of(self.self_attn.qkv_proj), of(self.self_attn.o_proj),
+                           of(self.mlp.gate_up_proj, True), of(self.mlp.down_proj))
+
+    def fold_norms(self) -> None:
+        """Fold both norms' weights into the GEMMs after them and set the norms' weights to 1
+        (world size 1 only: the row-parallel outputs are then complete per rank)."""
+        for norm, linear in ((self.input_layernorm, self.self_attn.qkv_proj),
+                             (self.post_attention_layernorm, self.mlp.gate_up_proj)):
+            w = linear.weight.data
+            for start in range(0, w.shape[0], 1024):  # bounded float32 temporaries
+                skinny_gemm.fold_norm_weight(w[start:start + 1024], norm.weight.data)
+            norm.weight.data.fill_(1)
+
+    def forward_fused(self, positions, residual, stats, ctx: StepContext, gemm: DecodeGemm,
+                      plan: FusedLayerPlan):
+        """The fused form (module docstring): residual [T, hidden] is the running sum, updated
+        in place; stats the `skinny_gemm.RowStats` of its rows (None at layer 0). Returns the
+        statistics of the updated residual."""
+        attn, mlp = self.self_attn, self.mlp
+        if stats is None:
+            h, _ = self.input_layernorm.add_forward(residual, None)
+            qkv = gemm.tile(h, attn.qkv_proj.weight, plan.qkv)
+        else:
+            qkv = gemm.normed(residual, attn.qkv_proj.weight, plan.qkv, stats,
+                              self.input_layernorm.eps)
+        o = attn.attend(positions, qkv, ctx)
+        stats = gemm.add_residual(o, attn.o_proj.weight, residual, plan.o_proj)
+        act = gemm.normed(residual, mlp.gate_up_proj.weight, plan.gate_up, stats,
+                          self.post_attention_layernorm.eps, swiglu=True)
+        return gemm.add_residual(act, mlp.down_proj.weight, residual, plan.down)
+
 
 class Qwen3ForCausalLM(nn.Module):
     """One rank's shard of a Qwen3 dense model.
@@ -103,6 +163,19 @@ class Qwen3ForCausalLM(nn.Module):
         for module in self.modules():
             if isinstance(module, (ColumnParallelLinear, RowParallelLinear)):
                 module.gemm = gemm
+        self.decode_gemm = gemm
+        self.norms_folded = (gemm is not None and tp.world_size == 1
+                             and os.environ.get("LOCKSTEP_FUSED_NORM", "1") != "0")
+        self._plans: dict[int, FusedLayerPlan | None] = {}
+
+    def fused_plan(self, rows: int) -> FusedLayerPlan | None:
+        """The tiles of the fused layer form at `rows` rows, or None where the step runs
+        unfused (module docstring). Every layer has the same shapes, so one plan serves all."""
+        if not self.norms_folded:
+            return None
+        if rows not in self._plans:
+            self._plans[rows] = self.decode_gemm.fused_layer_plan(self.layers[0].shapes(), rows)
+        return self._plans[rows]
 
     @torch.no_grad()
     def load_weights(self, index: WeightIndex, progress=None) -> None:
@@ -118,11 +191,20 @@ class Qwen3ForCausalLM(nn.Module):
                 progress(i + 1, len(self.layers))
         self.norm.load(index, "model.norm.weight")
         self.lm_head.load(index, "lm_head.weight")
+        if self.norms_folded:
+            for layer in self.layers:
+                layer.fold_norms()
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 ctx: StepContext) -> torch.Tensor:
         """input_ids: int64 [T], positions: int [T] -> final hidden states [T, hidden]."""
         x, residual = self.embed_tokens(input_ids), None
+        plan = self.fused_plan(x.shape[0])
+        if plan is not None:
+            stats = None
+            for layer in self.layers:
+                stats = layer.forward_fused(positions, x, stats, ctx, self.decode_gemm, plan)
+            return self.norm.add_forward(x, None)[0]
         for layer in self.layers:
             x, residual = layer(positions, x, residual, ctx)
         return self.norm.add_forward(x, residual)[0]

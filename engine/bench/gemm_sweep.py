@@ -12,7 +12,9 @@ step; the time per call is the replay time over the copies (median of `repeats` 
     python -m engine.bench.gemm_sweep --presets qwen3-4b --table engine/kernels/skinny_gemm_table.json
 
 `--table` writes the per-shape choice the engine reads (`engine.kernels.skinny_gemm.load_table`):
-the fastest Triton configuration per (shape, M) when it beats cuBLAS, else cuBLAS.
+the fastest Triton configuration per (shape, M) and the times of it and cuBLAS; the engine
+takes cuBLAS where it was faster unless the layer is fused (`engine.model`). `--from-json`
+rewrites the table from an earlier `--json` without timing anything.
 """
 
 from __future__ import annotations
@@ -111,14 +113,14 @@ def sweep_shape(n: int, k: int, swiglu: bool, rows, workspace, repeats: int, log
 
 
 def to_table(results: list[dict]) -> dict:
-    """The engine's choice per shape: {shape_key: {M: config dict or None (cuBLAS)}}."""
+    """The table the engine reads: {shape_key: {M: {"skinny": fastest tile, "skinny_us",
+    "cublas_us"}}}; `engine.kernels.skinny_gemm.choose` takes the faster of the two."""
     table = {}
     for r in results:
         key = shape_key(r["N"], r["K"], r["swiglu"])
-        table[key] = {}
-        for m, e in r["rows"].items():
-            best = e["best"]
-            table[key][str(m)] = best["config"] if best and best["us"] < e["cublas_us"] else None
+        table[key] = {str(m): {"skinny": e["best"]["config"], "skinny_us": e["best"]["us"],
+                               "cublas_us": e["cublas_us"]}
+                      for m, e in r["rows"].items() if e["best"]}
     return table
 
 
@@ -130,7 +132,11 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--json", help="write every measurement here")
     p.add_argument("--table", help="write the engine's per-shape choice here")
+    p.add_argument("--from-json", metavar="JSON",
+                   help="write --table from this earlier --json instead of timing")
     args = p.parse_args(argv)
+    if args.from_json is not None:
+        return _table_from_json(args.from_json, args.table)
     from engine.bench.options import BenchArgError, check_output_path, parse_int_list
 
     try:  # every argument before the GPU is touched, the output paths before the run
@@ -174,6 +180,29 @@ def main(argv=None) -> int:
     if args.table:
         with open(args.table, "w") as f:
             json.dump(to_table(results), f, indent=1, sort_keys=True)
+    return 0
+
+
+def _table_from_json(source: str, table_path: str | None) -> int:
+    from engine.bench.options import BenchArgError, check_output_path
+
+    try:
+        if table_path is None:
+            raise BenchArgError("--from-json needs --table (where to write the table)")
+        check_output_path("--table", table_path)
+        try:
+            with open(source) as f:
+                results = json.load(f)["results"]
+            table = to_table(results)
+        except OSError as exc:
+            raise BenchArgError(f"--from-json {source}: {exc.strerror}") from None
+        except (ValueError, KeyError, TypeError) as exc:
+            raise BenchArgError(f"--from-json {source}: not a sweep's --json ({exc!r})") from None
+    except BenchArgError as exc:
+        print(f"gemm_sweep: error: {exc}", file=sys.stderr)
+        return 2
+    with open(table_path, "w") as f:
+        json.dump(table, f, indent=1, sort_keys=True)
     return 0
 
 

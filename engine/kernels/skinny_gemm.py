@@ -76,6 +76,9 @@ class Workspace:
     One workspace serves every skinny GEMM of a model: launches on one stream run one after
     another and each leaves its counters at zero.
 
+    It also holds the row statistics (`RowStats`) a residual launch leaves for the next norm:
+    float32 [max_blocks, MAX_ROWS] sums of squares.
+
     Args:
         device: CUDA device. max_n: widest partial row any launch writes (2 x width for a
             SwiGLU launch). max_split: most K splits. max_blocks: most column blocks.
@@ -89,6 +92,7 @@ class Workspace:
         self.partials = torch.empty(max_split * MAX_ROWS * max_n, dtype=torch.float32,
                                     device=device)
         self.counters = torch.zeros(max_blocks, dtype=torch.int32, device=device)
+        self.stats = torch.zeros(max_blocks * MAX_ROWS, dtype=torch.float32, device=device)
 
     def fits(self, n: int, split: int, blocks: int) -> bool:
         """Whether a launch of `split` K splits writing `n` partial columns fits."""
@@ -109,11 +113,13 @@ def skinny_gemm_torch(x: torch.Tensor, w: torch.Tensor, swiglu: bool = False) ->
 if triton is not None:
 
     @triton.jit
-    def _skinny_gemm_kernel(x_ptr, w_ptr, out_ptr, part_ptr, count_ptr, M, N_OUT, K, HALF,
-                            stride_xm, stride_wn, stride_om,
+    def _skinny_gemm_kernel(x_ptr, w_ptr, out_ptr, part_ptr, count_ptr, stats_ptr, M, N_OUT,
+                            K, HALF, stride_xm, stride_wn, stride_om, STATS_IN, eps,
                             SWIGLU: tl.constexpr, BLOCK_M: tl.constexpr,
                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                             SPLIT_K: tl.constexpr, K_SPLIT,
+                            NORM_IN: tl.constexpr, STATS_BLOCK: tl.constexpr,
+                            RESIDUAL: tl.constexpr, STATS_STRIDE: tl.constexpr,
                             UPCAST: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr):
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
@@ -128,6 +134,12 @@ if triton is not None:
         x_rows = x_ptr + m[:, None] * stride_xm
         if PDL:  # nothing before this line reads or writes memory another kernel touches
             tl.extra.cuda.gdc_wait()
+        rstd = tl.zeros([BLOCK_M], tl.float32)
+        if NORM_IN:  # issued before the main loop so that its latency hides behind the weights'
+            b = tl.arange(0, STATS_BLOCK)
+            ss = tl.load(stats_ptr + b[:, None] * STATS_STRIDE + m[None, :],
+                         mask=(b[:, None] < STATS_IN) & mmask[None, :], other=0.0)
+            rstd = 1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps)
         k_begin = pid_k * K_SPLIT
         for k0 in range(k_begin, k_begin + K_SPLIT, BLOCK_K):
             k = k0 + kk
@@ -167,9 +179,11 @@ if triton is not None:
                         acc_up += tl.load(p + N_OUT, mask=mmask[:, None] & nmask[None, :],
                                           other=0.0, cache_modifier=".cg")
                 tl.store(count_ptr + pid_n, 0)
-                _skinny_epilogue(acc, acc_up, out_ptr, m, n, mmask, nmask, stride_om, SWIGLU)
+                _skinny_epilogue(acc, acc_up, rstd, out_ptr, stats_ptr, pid_n, m, n, mmask,
+                                 nmask, stride_om, SWIGLU, NORM_IN, RESIDUAL, STATS_STRIDE)
         else:
-            _skinny_epilogue(acc, acc_up, out_ptr, m, n, mmask, nmask, stride_om, SWIGLU)
+            _skinny_epilogue(acc, acc_up, rstd, out_ptr, stats_ptr, pid_n, m, n, mmask, nmask,
+                             stride_om, SWIGLU, NORM_IN, RESIDUAL, STATS_STRIDE)
 
     @triton.jit
     def _dot(a, b, IEEE: tl.constexpr):
@@ -178,9 +192,15 @@ if triton is not None:
         return tl.dot(a, b)
 
     @triton.jit
-    def _skinny_epilogue(acc, acc_up, out_ptr, m, n, mmask, nmask, stride_om,
-                         SWIGLU: tl.constexpr):
+    def _skinny_epilogue(acc, acc_up, rstd, out_ptr, stats_ptr, pid_n, m, n, mmask, nmask,
+                         stride_om, SWIGLU: tl.constexpr, NORM_IN: tl.constexpr,
+                         RESIDUAL: tl.constexpr, STATS_STRIDE: tl.constexpr):
         dtype = out_ptr.dtype.element_ty
+        mask = mmask[:, None] & nmask[None, :]
+        offs = out_ptr + m[:, None] * stride_om + n[None, :]
+        if NORM_IN:  # x @ (W * norm_weight)^T scaled per row: the RMSNorm folded in
+            acc = acc * rstd[:, None]
+            acc_up = acc_up * rstd[:, None]
         if SWIGLU:
             # the same roundings as cuBLAS output + `fused.silu_mul`: gate and up rounded to
             # the dtype, silu(gate) rounded, then the product
@@ -190,26 +210,83 @@ if triton is not None:
             y = a * u
         else:
             y = acc
-        tl.store(out_ptr + m[:, None] * stride_om + n[None, :], y.to(dtype),
-                 mask=mmask[:, None] & nmask[None, :])
+        if RESIDUAL:
+            # residual <- GEMM output + residual, rounded as `fused.add_rms_norm` rounds them;
+            # this block's sum of squares of the new residual is the next norm's partial
+            r = tl.load(offs, mask=mask, other=0.0).to(tl.float32)
+            y = (y.to(dtype).to(tl.float32) + r).to(dtype).to(tl.float32)
+            tl.store(stats_ptr + pid_n * STATS_STRIDE + m, tl.sum(y * y, axis=1), mask=mmask)
+        tl.store(offs, y.to(dtype), mask=mask)
+
+
+@dataclass(frozen=True)
+class RowStats:
+    """What `skinny_gemm_add_residual` left in the workspace: for each row m of its launch,
+    `partials` float32 partial sums of squares of the new residual row (one per column block,
+    at `Workspace.stats[b, m]`), which the next `skinny_gemm(..., row_stats=...)` adds up in a
+    fixed order for its RMSNorm. Valid until the next residual launch on the device."""
+
+    partials: int
 
 
 def skinny_gemm(x: torch.Tensor, w: torch.Tensor, workspace: Workspace,
                 config: TileConfig | None = None, swiglu: bool = False,
-                out: torch.Tensor | None = None) -> torch.Tensor:
+                out: torch.Tensor | None = None, row_stats: RowStats | None = None,
+                eps: float = 0.0) -> torch.Tensor:
     """Triton skinny GEMM; the same function as `skinny_gemm_torch`.
+
+    With `row_stats`, x is the un-normalised residual stream and w a weight with the RMSNorm
+    weight folded in (`fold_norm_weight`): each output row is scaled by
+    1 / sqrt(mean(x_m^2) + eps), the mean formed from the partials the producing
+    `skinny_gemm_add_residual` left, so the RMSNorm before the GEMM costs no launch.
 
     Args:
         x: [M, K], M <= MAX_ROWS, last dim contiguous. w: [N, K] contiguous, x's dtype.
         workspace: this device's `Workspace` (used when the config splits K).
         config: launch shape (None: `default_config`). swiglu: w is [gate | up].
         out: optional [M, N] (or [M, N / 2] with swiglu) buffer.
+        row_stats: the sums of squares of x's rows in the workspace; eps: the norm's epsilon.
     Returns:
         [M, N] or [M, N / 2] in x's dtype.
     Raises:
         RuntimeError: Triton is not installed.
         ValueError: M above MAX_ROWS, mismatched K, or a split the workspace cannot hold.
     """
+    n_out = w.shape[0] // 2 if swiglu else w.shape[0]
+    if out is None:
+        out = torch.empty(x.shape[0], n_out, dtype=x.dtype, device=x.device)
+    _launch(x, w, out, workspace, config, swiglu, row_stats, eps, residual=False)
+    return out
+
+
+def skinny_gemm_add_residual(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor,
+                             workspace: Workspace, config: TileConfig | None = None
+                             ) -> RowStats:
+    """residual <- x @ w^T + residual, in place, with the sums of squares of the new residual
+    rows left in the workspace for the next norm (`RowStats`); one launch.
+
+    Rounds as `skinny_gemm` followed by `engine.kernels.fused.add_rms_norm` does: the product
+    to the dtype, then the sum.
+
+    Args:
+        x: [M, K], M <= MAX_ROWS, last dim contiguous. w: [N, K] contiguous, x's dtype.
+        residual: [M, N] in x's dtype, last dim contiguous; overwritten.
+        workspace / config: as `skinny_gemm`.
+    Returns:
+        RowStats naming how many partials each row's sum has.
+    Raises:
+        RuntimeError / ValueError: as `skinny_gemm`; ValueError also for a residual of
+            another shape or more column blocks than the workspace's stats hold.
+    """
+    if tuple(residual.shape) != (x.shape[0], w.shape[0]) or residual.stride(-1) != 1:
+        raise ValueError(f"skinny_gemm_add_residual: residual {tuple(residual.shape)} for "
+                         f"x {tuple(x.shape)} / w {tuple(w.shape)}")
+    return RowStats(_launch(x, w, residual, workspace, config, False, None, 0.0,
+                            residual=True))
+
+
+def _launch(x, w, out, workspace, config, swiglu, row_stats, eps, residual) -> int:
+    """Check the shapes, launch the kernel; returns the number of column blocks."""
     if triton is None:
         raise RuntimeError("skinny_gemm needs triton (pip install triton)")
     M, K = x.shape
@@ -226,18 +303,35 @@ def skinny_gemm(x: torch.Tensor, w: torch.Tensor, workspace: Workspace,
         raise ValueError(f"skinny_gemm: split {split} x {N} columns x {blocks} blocks exceed "
                          f"the workspace ({workspace.max_split} x {workspace.max_n} x "
                          f"{workspace.max_blocks})")
-    if out is None:
-        out = torch.empty(M, n_out, dtype=x.dtype, device=x.device)
+    if residual and blocks > workspace.max_blocks:
+        raise ValueError(f"skinny_gemm_add_residual: {blocks} column blocks exceed the "
+                         f"workspace's {workspace.max_blocks} rows of statistics")
+    stats_in = row_stats.partials if row_stats is not None else 0
     block_m = max(16, triton.next_power_of_2(M))
     _skinny_gemm_kernel[(blocks, split)](
-        x, w, out, workspace.partials, workspace.counters, M, n_out, K, n_out,
-        x.stride(0), w.stride(0), out.stride(0),
+        x, w, out, workspace.partials, workspace.counters, workspace.stats, M, n_out, K,
+        n_out, x.stride(0), w.stride(0), out.stride(0), stats_in, eps,
         SWIGLU=swiglu, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         SPLIT_K=split, K_SPLIT=k_split,
+        NORM_IN=row_stats is not None, STATS_BLOCK=triton.next_power_of_2(max(stats_in, 1)),
+        RESIDUAL=residual, STATS_STRIDE=MAX_ROWS,
         UPCAST=_INTERPRETED and x.dtype != torch.float32,
         IEEE=x.dtype == torch.float32,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(x))
-    return out
+    return blocks
+
+
+def fold_norm_weight(w: torch.Tensor, norm_weight: torch.Tensor) -> None:
+    """w[n, k] <- w[n, k] * norm_weight[k] in place, the product in float32 rounded once to
+    w's dtype: RMSNorm(x) @ w^T = (x / rms(x)) @ (w * norm_weight)^T, so a GEMM over the
+    folded weight needs only each row's 1 / rms, not the normalised row. The same transform
+    transform SliceGPT applies before rotating a model's weights ("computational invariance",
+    arXiv:2401.15024: the RMSNorm scale absorbed into the next linear layer).
+
+    Args:
+        w: [N, K] weight. norm_weight: [K].
+    """
+    w.copy_((w.float() * norm_weight.float()[None, :]).to(w.dtype))
 
 
 def shape_key(n: int, k: int, swiglu: bool) -> str:
@@ -248,9 +342,23 @@ def shape_key(n: int, k: int, swiglu: bool) -> str:
 TABLE_PATH = os.path.join(os.path.dirname(__file__), "skinny_gemm_table.json")
 
 
-def load_table(path: str = TABLE_PATH) -> dict[str, dict[int, TileConfig | None]]:
-    """The measured choice per shape (`python -m engine.bench.gemm_sweep --table`):
-    {shape_key: {M: TileConfig, or None where cuBLAS was faster}}; {} when the file is absent.
+@dataclass(frozen=True)
+class TableEntry:
+    """One measured (shape, M) of the table: the fastest skinny tile and both times (us per
+    call in a CUDA graph, weights from HBM; cuBLAS's includes the SwiGLU launch for gate_up)."""
+
+    config: TileConfig
+    skinny_us: float
+    cublas_us: float
+
+    @property
+    def skinny_wins(self) -> bool:
+        return self.skinny_us < self.cublas_us
+
+
+def load_table(path: str = TABLE_PATH) -> dict[str, dict[int, TableEntry]]:
+    """The measurements per shape (`python -m engine.bench.gemm_sweep --table`):
+    {shape_key: {M: TableEntry}}; {} when the file is absent.
 
     Raises:
         ValueError: the file is not a table written by the sweep.
@@ -262,17 +370,33 @@ def load_table(path: str = TABLE_PATH) -> dict[str, dict[int, TileConfig | None]
     with open(path) as f:
         raw = json.load(f)
     try:
-        return {key: {int(m): (None if c is None else TileConfig(**c)) for m, c in rows.items()}
+        return {key: {int(m): TableEntry(TileConfig(**e["skinny"]), float(e["skinny_us"]),
+                                         float(e["cublas_us"]))
+                      for m, e in rows.items()}
                 for key, rows in raw.items()}
-    except (AttributeError, TypeError, ValueError) as exc:
-        raise ValueError(f"{path}: not a skinny GEMM table ({exc})") from None
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{path}: not a skinny GEMM table ({exc!r})") from None
 
 
-def choose(table: dict, n: int, k: int, swiglu: bool, m: int) -> TileConfig | None:
-    """The configuration for M rows of an [n, k] weight: the table's entry for the smallest
-    measured row count >= m; None (use cuBLAS) for M > MAX_ROWS or a shape the table lacks."""
+def _entry(table: dict, n: int, k: int, swiglu: bool, m: int) -> TableEntry | None:
     rows = table.get(shape_key(n, k, swiglu))
     if m > MAX_ROWS or not rows:
         return None
     fits = [r for r in rows if r >= m]
     return rows[min(fits)] if fits else None
+
+
+def choose(table: dict, n: int, k: int, swiglu: bool, m: int) -> TileConfig | None:
+    """The configuration for M rows of an [n, k] weight: the table's entry for the smallest
+    measured row count >= m when the skinny GEMM beat cuBLAS there; None (use cuBLAS) where
+    cuBLAS won, for M > MAX_ROWS or a shape the table lacks."""
+    entry = _entry(table, n, k, swiglu, m)
+    return entry.config if entry is not None and entry.skinny_wins else None
+
+
+def choose_skinny(table: dict, n: int, k: int, swiglu: bool, m: int) -> TileConfig | None:
+    """The fastest skinny tile for M rows of an [n, k] weight even where cuBLAS was faster
+    (a fused layer needs the skinny GEMM's epilogues); None past MAX_ROWS or for a shape or
+    row count the table lacks."""
+    entry = _entry(table, n, k, swiglu, m)
+    return entry.config if entry is not None else None

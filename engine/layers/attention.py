@@ -79,14 +79,19 @@ class Qwen3Attention(nn.Module):
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         """x: [T, hidden], positions: int [T] -> [T, hidden] (all-reduced over ranks)."""
-        T = x.shape[0]
-        qkv = self.qkv_proj(x)
+        return self.o_proj(self.attend(positions, self.qkv_proj(x), ctx))
+
+    def attend(self, positions: torch.Tensor, qkv: torch.Tensor, ctx: StepContext
+               ) -> torch.Tensor:
+        """qkv: [T, (nq + 2 nkv) * head_dim] this rank's projection -> [T, nq * head_dim], the
+        attention output before o_proj; K and V are written into the layer's cache."""
+        T = qkv.shape[0]
         # fused q/k norm + RoPE + KV write, then attention over the paged cache
         args = (qkv, self.q_norm.weight, self.k_norm.weight, self.rotary.cos,
                 self.rotary.sin, positions, ctx.slot_ids, ctx.kv.page_table,
                 ctx.kv.k[self.layer], ctx.kv.v[self.layer], self.nq, self.nkv,
                 self.q_norm.eps)
-        q = (fused.qk_norm_rope_kv(*args) if x.is_cuda and fused.triton is not None
+        q = (fused.qk_norm_rope_kv(*args) if qkv.is_cuda and fused.triton is not None
              else fused.qk_norm_rope_kv_torch(*args))
         if ctx.prefill:
             o = ctx.prefill_attention(q, ctx.kv.k[self.layer], ctx.kv.v[self.layer],
@@ -95,4 +100,4 @@ class Qwen3Attention(nn.Module):
             o = ctx.decode_attention(q, ctx.kv.k[self.layer], ctx.kv.v[self.layer],
                                      ctx.kv.page_table, ctx.kv.seq_lens, ctx.slot_ids,
                                      self.scale, ctx.row_order)
-        return self.o_proj(o.reshape(T, self.nq * self.d))
+        return o.reshape(T, self.nq * self.d)

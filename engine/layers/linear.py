@@ -8,6 +8,8 @@ is returned (I11). Weights are read per rank as slices of the checkpoint tensors
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -57,12 +59,59 @@ class DecodeGemm:
                                           -(-widest // min(c.block_n for c in configs)))
         return cls(table, workspace)
 
+    def fused_layer_plan(self, shapes: "LayerShapes", rows: int) -> "FusedLayerPlan | None":
+        """The skinny tiles of a fused decoder layer at `rows` rows (`engine.model`): None
+        where the table lacks one of the four shapes at that row count or rows > MAX_ROWS.
+        The fastest skinny tile is taken even where cuBLAS alone was faster, since only the
+        skinny GEMM carries the residual and norm epilogues."""
+        tiles = [skinny_gemm.choose_skinny(self.table, n, k, sw, rows)
+                 for n, k, sw in (shapes.qkv, shapes.o_proj, shapes.gate_up, shapes.down)]
+        if any(t is None for t in tiles):
+            return None
+        return FusedLayerPlan(*tiles)
+
+    def normed(self, x: torch.Tensor, w: torch.Tensor, config: "skinny_gemm.TileConfig",
+               stats: "skinny_gemm.RowStats", eps: float, swiglu: bool = False) -> torch.Tensor:
+        """RMSNorm(x) @ w^T for a norm-folded w (`skinny_gemm.skinny_gemm` with row_stats)."""
+        return skinny_gemm.skinny_gemm(x, w, self.workspace, config, swiglu=swiglu,
+                                       row_stats=stats, eps=eps)
+
+    def add_residual(self, x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor,
+                     config: "skinny_gemm.TileConfig") -> "skinny_gemm.RowStats":
+        """residual += x @ w^T in place; the new rows' statistics stay in the workspace."""
+        return skinny_gemm.skinny_gemm_add_residual(x, w, residual, self.workspace, config)
+
+    def tile(self, x: torch.Tensor, w: torch.Tensor, config: "skinny_gemm.TileConfig",
+             swiglu: bool = False) -> torch.Tensor:
+        """x @ w^T with the given skinny tile."""
+        return skinny_gemm.skinny_gemm(x, w, self.workspace, config, swiglu=swiglu)
+
     def linear(self, x: torch.Tensor, w: torch.Tensor, swiglu: bool = False) -> torch.Tensor:
         """x: [T, K] @ w[N, K]^T -> [T, N]; with swiglu (w = [gate | up]) -> [T, N / 2]."""
         config = skinny_gemm.choose(self.table, w.shape[0], w.shape[1], swiglu, x.shape[0])
         if config is not None and x.stride(-1) == 1:
             return skinny_gemm.skinny_gemm(x, w, self.workspace, config, swiglu=swiglu)
         return _linear(x, w, swiglu)
+
+
+@dataclass(frozen=True)
+class LayerShapes:
+    """(N, K, swiglu) of a decoder layer's four weights on this rank."""
+
+    qkv: tuple[int, int, bool]
+    o_proj: tuple[int, int, bool]
+    gate_up: tuple[int, int, bool]
+    down: tuple[int, int, bool]
+
+
+@dataclass(frozen=True)
+class FusedLayerPlan:
+    """The skinny tile of each GEMM of a fused decoder layer at one row count."""
+
+    qkv: "skinny_gemm.TileConfig"
+    o_proj: "skinny_gemm.TileConfig"
+    gate_up: "skinny_gemm.TileConfig"
+    down: "skinny_gemm.TileConfig"
 
 
 def _linear(x: torch.Tensor, w: torch.Tensor, swiglu: bool) -> torch.Tensor:

@@ -58,28 +58,64 @@ def test_torch_path_swiglu_matches_its_definition():
 def test_table_round_trip_and_choice(tmp_path):
     path = tmp_path / "table.json"
     cfg = {"block_n": 32, "block_k": 128, "split_k": 4, "num_warps": 4, "num_stages": 4}
-    path.write_text(json.dumps({sg.shape_key(1024, 2048, False): {"1": cfg, "8": None,
-                                                                   "64": cfg}}))
+    other = dict(cfg, block_n=64)
+    path.write_text(json.dumps({sg.shape_key(1024, 2048, False): {
+        "1": {"skinny": cfg, "skinny_us": 4.0, "cublas_us": 5.0},
+        "8": {"skinny": other, "skinny_us": 6.0, "cublas_us": 5.0},
+        "64": {"skinny": cfg, "skinny_us": 4.0, "cublas_us": 5.0}}}))
     table = sg.load_table(str(path))
     want = sg.TileConfig(**cfg)
     assert sg.choose(table, 1024, 2048, False, 1) == want
     assert sg.choose(table, 1024, 2048, False, 5) is None      # 8's entry: cuBLAS won there
+    assert sg.choose_skinny(table, 1024, 2048, False, 5) == sg.TileConfig(**other)
     assert sg.choose(table, 1024, 2048, False, 9) == want      # served by the 64 entry
     assert sg.choose(table, 1024, 2048, False, 65) is None     # past MAX_ROWS
+    assert sg.choose_skinny(table, 1024, 2048, False, 65) is None
     assert sg.choose(table, 1024, 2048, True, 1) is None       # SwiGLU is another shape
     assert sg.choose(table, 999, 2048, False, 1) is None       # not measured
+    assert sg.choose_skinny(table, 999, 2048, False, 1) is None
 
 
 def test_shipped_table_parses_and_names_real_configs():
     table = sg.load_table()
     assert table, "engine/kernels/skinny_gemm_table.json is missing or empty"
     for rows in table.values():
-        assert all(c is None or (c.split_k >= 1 and c.block_n >= 16) for c in rows.values())
+        assert all(e.config.split_k >= 1 and e.config.block_n >= 16 and e.skinny_us > 0
+                   and e.cublas_us > 0 for e in rows.values())
+
+
+def test_shipped_table_is_the_sweep_json_in_docs(tmp_path):
+    """The table is rebuilt from the sweep's measurements in docs by `--from-json`."""
+    from engine.bench import gemm_sweep
+
+    out = tmp_path / "t.json"
+    assert gemm_sweep.main(["--from-json", "docs/benchmarks-gemm-sweep-h200.json",
+                            "--table", str(out)]) == 0
+    assert sg.load_table(str(out)) == sg.load_table()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--from-json", "docs/benchmarks-gemm-sweep-h200.json"], "--from-json needs --table"),
+    (["--from-json", "no/such.json", "--table", "{tmp}/t.json"], "no/such.json: No such file"),
+    (["--from-json", "README.md", "--table", "{tmp}/t.json"], "README.md: not a sweep's --json"),
+])
+def test_table_from_json_bad_input_is_one_line(tmp_path, capsys, argv, message):
+    from engine.bench import gemm_sweep
+
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    assert gemm_sweep.main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+    assert not (tmp_path / "t.json").exists()
 
 
 def test_a_corrupt_table_is_one_error_naming_the_file(tmp_path):
     path = tmp_path / "bad.json"
-    path.write_text(json.dumps({"1024x2048": {"1": {"block_n": 32, "colour": 3}}}))
+    path.write_text(json.dumps({"1024x2048": {"1": {"skinny": {"block_n": 32, "colour": 3},
+                                                     "skinny_us": 1, "cublas_us": 2}}}))
+    with pytest.raises(ValueError, match="bad.json: not a skinny GEMM table"):
+        sg.load_table(str(path))
+    path.write_text(json.dumps({"1024x2048": {"1": None}}))  # the format before the times
     with pytest.raises(ValueError, match="bad.json: not a skinny GEMM table"):
         sg.load_table(str(path))
 
@@ -118,3 +154,70 @@ def test_programmatic_dependent_launch_is_off_on_cpu_and_when_disabled(monkeypat
     monkeypatch.setenv("LOCKSTEP_PDL", "0")
     assert pdl.use_pdl(torch.zeros(1)) is False
 
+
+
+_RESIDUAL_NORM_CHECK = r"""
+import os, sys
+os.environ["TRITON_INTERPRET"] = "1"
+import torch
+sys.path.insert(0, os.getcwd())
+from engine.kernels import skinny_gemm as sg
+torch.manual_seed(0)
+ws = sg.Workspace("cpu", 1024, 8, 64)
+eps = 1e-6
+# (M, hidden, K of the producer, N of the consumer, swiglu, producer tile, consumer tile)
+cases = [(1, 96, 256, 80, False, sg.TileConfig(16, 64, 4), sg.TileConfig(16, 32, 2)),
+         (5, 200, 300, 96, True, sg.TileConfig(32, 64, 1), sg.TileConfig(16, 64, 3)),
+         (17, 64, 128, 48, False, None, None)]
+for M, H, K, N, swiglu, pcfg, ccfg in cases:
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
+        a = torch.randn(M, K, dtype=dtype)
+        wo = torch.randn(H, K, dtype=dtype) / K ** 0.5
+        res0 = torch.randn(M, H, dtype=dtype)
+        norm_w = 1.0 + 0.1 * torch.randn(H, dtype=dtype)
+        wq = torch.randn(2 * N if swiglu else N, H, dtype=dtype) / H ** 0.5
+        folded = wq.clone()
+        sg.fold_norm_weight(folded, norm_w)
+        for _ in range(2):  # the second launch needs the counters the first left at zero
+            res = res0.clone()
+            stats = sg.skinny_gemm_add_residual(a, wo, res, ws, pcfg)
+            want_res = a.double() @ wo.double().T + res0.double()
+            err = ((res.double() - want_res).norm() / want_res.norm()).item()
+            assert err < tol, ("residual", M, dtype, err)
+            sums = ws.stats.view(-1, sg.MAX_ROWS)[:stats.partials, :M].double().sum(0)
+            want_sums = res.double().pow(2).sum(1)
+            assert torch.allclose(sums, want_sums, rtol=1e-5), ("stats", sums, want_sums)
+            y = sg.skinny_gemm(res, folded, ws, ccfg, swiglu=swiglu, row_stats=stats, eps=eps)
+            r64 = res.double()
+            normed = r64 * torch.rsqrt(r64.pow(2).mean(-1, keepdim=True) + eps) * norm_w.double()
+            ref = sg.skinny_gemm_torch(normed, wq.double(), swiglu)
+            err = ((y.double() - ref).norm() / ref.norm()).item()
+            assert y.shape == ref.shape and y.dtype == dtype, (y.shape, ref.shape)
+            assert err < tol, ("norm in", M, swiglu, dtype, err)
+        assert int(ws.counters.abs().sum()) == 0, "a counter was left non-zero"
+print("ok", len(cases))
+"""
+
+
+def test_residual_epilogue_and_folded_norm_in_interpreter_match_float64():
+    """A residual launch (o_proj / down) updates the residual and leaves its rows' sums of
+    squares; the next launch over the norm-folded weight (QKV / gate_up, with and without
+    SwiGLU, split-K on either side) equals RMSNorm then GEMM in float64."""
+    res = run_in_triton_interpreter(_RESIDUAL_NORM_CHECK)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "ok 3" in res.stdout
+
+
+def test_fold_norm_weight_scales_columns_in_float32():
+    w = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], dtype=torch.bfloat16)
+    sg.fold_norm_weight(w, torch.tensor([0.5, 1.0, 2.0], dtype=torch.bfloat16))
+    assert w.tolist() == [[0.5, 2.0, 6.0], [2.0, 5.0, 12.0]]
+
+
+def test_residual_launch_rejects_a_residual_of_another_shape():
+    if sg.triton is None:
+        pytest.skip("needs triton for the argument check")
+    ws = sg.Workspace("cpu", 64, 1, 4)
+    with pytest.raises(ValueError, match=r"residual \(2, 63\)"):
+        sg.skinny_gemm_add_residual(torch.zeros(2, 32), torch.zeros(64, 32),
+                                    torch.zeros(2, 63), ws)

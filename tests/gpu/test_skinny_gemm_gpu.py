@@ -1,6 +1,7 @@
-"""Skinny decode GEMM on the GPU: every configuration of the shipped table at its real shape
-against a float64 oracle, bit-identical across launches and inside a CUDA graph, counters
-left at zero."""
+"""Skinny decode GEMM on the GPU: every configuration of the shipped table (the fastest tile
+of each measured shape and M, also where cuBLAS won, since a fused layer uses it) at its real
+shape against a float64 oracle, bit-identical across launches and inside a CUDA graph,
+counters left at zero; the residual and folded-norm epilogues at the real shapes."""
 
 from __future__ import annotations
 
@@ -16,9 +17,8 @@ def _cases():
 
     for key, rows in sorted(sg.load_table().items()):
         n, k = (int(v) for v in key.split()[0].split("x"))
-        for m, cfg in sorted(rows.items()):
-            if cfg is not None:
-                yield pytest.param(n, k, "swiglu" in key, m, cfg, id=f"{key}-M{m}")
+        for m, entry in sorted(rows.items()):
+            yield pytest.param(n, k, "swiglu" in key, m, entry.config, id=f"{key}-M{m}")
 
 
 @pytest.mark.parametrize("n, k, swiglu, m, cfg", list(_cases()))
@@ -98,3 +98,74 @@ def test_programmatic_dependent_launch_only_for_decode_sized_launches():
         pytest.skip("PDL needs compute capability 9.0")
     assert pdl.use_pdl(torch.zeros(pdl.MAX_ROWS, 8, device="cuda"))
     assert not pdl.use_pdl(torch.zeros(pdl.MAX_ROWS + 1, 8, device="cuda"))
+
+
+def _fused_cases():
+    from engine.kernels import skinny_gemm as sg
+
+    table = sg.load_table()
+    for name, hidden, q_out, inter in (("0.6b", 1024, 4096, 3072), ("4b", 2560, 6144, 9728)):
+        o_in = 2048 if name == "0.6b" else 4096
+        for m in (1, 8, 64):
+            tiles = [sg.choose_skinny(table, n, k, sw, m) for n, k, sw in
+                     ((q_out, hidden, False), (hidden, o_in, False),
+                      (2 * inter, hidden, True), (hidden, inter, False))]
+            if all(tiles):
+                yield pytest.param(hidden, q_out, o_in, inter, m, tiles, id=f"{name}-M{m}")
+
+
+@pytest.mark.parametrize("hidden, q_out, o_in, inter, m, tiles", list(_fused_cases()))
+def test_fused_layer_chain_matches_float64_and_replays_identically(hidden, q_out, o_in, inter,
+                                                                   m, tiles):
+    """o_proj with the residual epilogue -> gate_up over the folded norm -> down with the
+    residual epilogue -> QKV over the folded norm, at a real layer's shapes and the table's
+    tiles: against float64, and bit-identical in a CUDA graph (PDL on where supported)."""
+    from engine.kernels import skinny_gemm as sg
+
+    qkv_t, o_t, gu_t, down_t = tiles
+    torch.manual_seed(m)
+    eps = 1e-6
+    dev = dict(dtype=torch.bfloat16, device="cuda")
+    ws = sg.Workspace("cuda", 2 * inter, 8, 2 * inter // 16)
+    attn = torch.randn(m, o_in, **dev)
+    res0 = torch.randn(m, hidden, **dev)
+    w_o = torch.randn(hidden, o_in, **dev) / o_in ** 0.5
+    w_gu = torch.randn(2 * inter, hidden, **dev) / hidden ** 0.5
+    w_down = torch.randn(hidden, inter, **dev) / inter ** 0.5
+    w_qkv = torch.randn(q_out, hidden, **dev) / hidden ** 0.5
+    n1, n2 = (1 + 0.1 * torch.randn(hidden, **dev) for _ in range(2))
+    f_gu, f_qkv = w_gu.clone(), w_qkv.clone()
+    sg.fold_norm_weight(f_gu, n1)
+    sg.fold_norm_weight(f_qkv, n2)
+
+    def chain(res):
+        s = sg.skinny_gemm_add_residual(attn, w_o, res, ws, o_t)
+        act = sg.skinny_gemm(res, f_gu, ws, gu_t, swiglu=True, row_stats=s, eps=eps)
+        s = sg.skinny_gemm_add_residual(act, w_down, res, ws, down_t)
+        return act, sg.skinny_gemm(res, f_qkv, ws, qkv_t, row_stats=s, eps=eps)
+
+    def rms(x, w):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w.double()
+
+    res = res0.clone()
+    act, qkv = chain(res)
+    # float64 oracle fed with the kernel's own bf16 intermediates, so each step is judged alone
+    r1 = attn.double() @ w_o.double().T + res0.double()
+    want_act = sg.skinny_gemm_torch(rms(r1, n1), w_gu.double(), True)
+    r2 = act.double() @ w_down.double().T + r1
+    want_qkv = rms(res.double(), n2) @ w_qkv.double().T
+    for got, want, what in ((act, want_act, "gate_up"), (res, r2, "residual"),
+                            (qkv, want_qkv, "qkv")):
+        err = ((got.double() - want).norm() / want.norm()).item()
+        assert err < 1e-2, (what, err)
+    g = torch.cuda.CUDAGraph()
+    graph_res = res0.clone()
+    with torch.cuda.graph(g):
+        out = chain(graph_res)
+    for _ in range(2):
+        graph_res.copy_(res0)
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out[0], act) and torch.equal(out[1], qkv)
+        assert torch.equal(graph_res, res)
+    assert int(ws.counters.abs().sum()) == 0
