@@ -49,9 +49,18 @@ class DecodeGemm:
                 or skinny_gemm.triton is None or not linears
                 or linears[0].weight.dtype != torch.bfloat16):
             return None
-        table = skinny_gemm.load_table()
-        widths = [m.weight.shape[0] for m in linears]
-        configs = [c for rows in table.values() for c in rows.values() if c is not None]
+        return cls.from_table(skinny_gemm.load_table(), [m.weight.shape[0] for m in linears],
+                              device)
+
+    @classmethod
+    def from_table(cls, table: dict, widths: list[int], device) -> "DecodeGemm | None":
+        """A chooser over `table` with a workspace that holds any of its tiles for weights of
+        up to max(widths) rows; None for an empty table or no widths.
+
+        Raises:
+            torch.OutOfMemoryError: the workspace does not fit.
+        """
+        configs = [e.config for rows in table.values() for e in rows.values()]
         if not widths or not configs:
             return None
         widest = max(widths)

@@ -35,7 +35,7 @@ def for_model(cls, model, device, mode="auto"):
               if isinstance(m, (linear.ColumnParallelLinear, linear.RowParallelLinear))}
     table = {sg.shape_key(n, k, sw): {64: sg.TableEntry(tile, 1.0, 2.0)}
              for n, k in shapes for sw in (False, True)}
-    gemm = cls(table, sg.Workspace("cpu", max(n for n, _ in shapes), 2, 64))
+    gemm = cls.from_table(table, [n for n, _ in shapes], "cpu")
     built.append(model)
     return gemm
 

@@ -146,6 +146,20 @@ def test_decode_gemm_is_cublas_off_cuda_and_when_asked(tiny_dir):
     assert linears and all(m.gemm is None for m in linears)
 
 
+def test_decode_gemm_workspace_holds_every_tile_of_the_shipped_table():
+    from engine.layers.linear import DecodeGemm
+
+    table = sg.load_table()
+    widths = [int(key.split("x")[0]) for key in table]
+    gemm = DecodeGemm.from_table(table, widths, "cpu")
+    for key, rows in table.items():
+        n = int(key.split("x")[0])
+        for e in rows.values():
+            blocks = -(-(n // 2 if "swiglu" in key else n) // e.config.block_n)
+            assert gemm.workspace.fits(n, e.config.split_k, blocks), (key, e)
+    assert DecodeGemm.from_table({}, widths, "cpu") is None
+
+
 def test_programmatic_dependent_launch_is_off_on_cpu_and_when_disabled(monkeypatch):
     from engine.kernels import pdl
 
