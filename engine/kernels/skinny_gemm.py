@@ -134,12 +134,17 @@ if triton is not None:
         x_rows = x_ptr + m[:, None] * stride_xm
         if PDL:  # nothing before this line reads or writes memory another kernel touches
             tl.extra.cuda.gdc_wait()
-        rstd = tl.zeros([BLOCK_M], tl.float32)
-        if NORM_IN:  # issued before the main loop so that its latency hides behind the weights'
+        # the epilogues' inputs are loaded before the main loop and used after it, so that
+        # their latency hides behind the weight loads instead of following them
+        ss = tl.zeros([STATS_BLOCK, BLOCK_M], tl.float32)
+        if NORM_IN:
             b = tl.arange(0, STATS_BLOCK)
             ss = tl.load(stats_ptr + b[:, None] * STATS_STRIDE + m[None, :],
                          mask=(b[:, None] < STATS_IN) & mmask[None, :], other=0.0)
-            rstd = 1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps)
+        res = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        if RESIDUAL:  # only this column block's fix-up program writes it, after every load
+            res = tl.load(out_ptr + m[:, None] * stride_om + n[None, :],
+                          mask=mmask[:, None] & nmask[None, :], other=0.0).to(tl.float32)
         k_begin = pid_k * K_SPLIT
         for k0 in range(k_begin, k_begin + K_SPLIT, BLOCK_K):
             k = k0 + kk
@@ -179,11 +184,12 @@ if triton is not None:
                         acc_up += tl.load(p + N_OUT, mask=mmask[:, None] & nmask[None, :],
                                           other=0.0, cache_modifier=".cg")
                 tl.store(count_ptr + pid_n, 0)
-                _skinny_epilogue(acc, acc_up, rstd, out_ptr, stats_ptr, pid_n, m, n, mmask,
-                                 nmask, stride_om, SWIGLU, NORM_IN, RESIDUAL, STATS_STRIDE)
+                _skinny_epilogue(acc, acc_up, ss, res, K, eps, out_ptr, stats_ptr, pid_n, m, n,
+                                 mmask, nmask, stride_om, SWIGLU, NORM_IN, RESIDUAL,
+                                 STATS_STRIDE)
         else:
-            _skinny_epilogue(acc, acc_up, rstd, out_ptr, stats_ptr, pid_n, m, n, mmask, nmask,
-                             stride_om, SWIGLU, NORM_IN, RESIDUAL, STATS_STRIDE)
+            _skinny_epilogue(acc, acc_up, ss, res, K, eps, out_ptr, stats_ptr, pid_n, m, n,
+                             mmask, nmask, stride_om, SWIGLU, NORM_IN, RESIDUAL, STATS_STRIDE)
 
     @triton.jit
     def _dot(a, b, IEEE: tl.constexpr):
@@ -192,13 +198,14 @@ if triton is not None:
         return tl.dot(a, b)
 
     @triton.jit
-    def _skinny_epilogue(acc, acc_up, rstd, out_ptr, stats_ptr, pid_n, m, n, mmask, nmask,
-                         stride_om, SWIGLU: tl.constexpr, NORM_IN: tl.constexpr,
+    def _skinny_epilogue(acc, acc_up, ss, res, K, eps, out_ptr, stats_ptr, pid_n, m, n, mmask,
+                         nmask, stride_om, SWIGLU: tl.constexpr, NORM_IN: tl.constexpr,
                          RESIDUAL: tl.constexpr, STATS_STRIDE: tl.constexpr):
         dtype = out_ptr.dtype.element_ty
         mask = mmask[:, None] & nmask[None, :]
         offs = out_ptr + m[:, None] * stride_om + n[None, :]
         if NORM_IN:  # x @ (W * norm_weight)^T scaled per row: the RMSNorm folded in
+            rstd = 1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps)
             acc = acc * rstd[:, None]
             acc_up = acc_up * rstd[:, None]
         if SWIGLU:
@@ -213,8 +220,7 @@ if triton is not None:
         if RESIDUAL:
             # residual <- GEMM output + residual, rounded as `fused.add_rms_norm` rounds them;
             # this block's sum of squares of the new residual is the next norm's partial
-            r = tl.load(offs, mask=mask, other=0.0).to(tl.float32)
-            y = (y.to(dtype).to(tl.float32) + r).to(dtype).to(tl.float32)
+            y = (y.to(dtype).to(tl.float32) + res).to(dtype).to(tl.float32)
             tl.store(stats_ptr + pid_n * STATS_STRIDE + m, tl.sum(y * y, axis=1), mask=mmask)
         tl.store(offs, y.to(dtype), mask=mask)
 
@@ -378,7 +384,9 @@ def load_table(path: str = TABLE_PATH) -> dict[str, dict[int, TableEntry]]:
         raise ValueError(f"{path}: not a skinny GEMM table ({exc!r})") from None
 
 
-def _entry(table: dict, n: int, k: int, swiglu: bool, m: int) -> TableEntry | None:
+def table_entry(table: dict, n: int, k: int, swiglu: bool, m: int) -> TableEntry | None:
+    """The measurement that serves M rows of an [n, k] weight: the entry of the smallest
+    measured row count >= m; None past MAX_ROWS or for a shape or row count the table lacks."""
     rows = table.get(shape_key(n, k, swiglu))
     if m > MAX_ROWS or not rows:
         return None
@@ -390,7 +398,7 @@ def choose(table: dict, n: int, k: int, swiglu: bool, m: int) -> TileConfig | No
     """The configuration for M rows of an [n, k] weight: the table's entry for the smallest
     measured row count >= m when the skinny GEMM beat cuBLAS there; None (use cuBLAS) where
     cuBLAS won, for M > MAX_ROWS or a shape the table lacks."""
-    entry = _entry(table, n, k, swiglu, m)
+    entry = table_entry(table, n, k, swiglu, m)
     return entry.config if entry is not None and entry.skinny_wins else None
 
 
@@ -398,5 +406,5 @@ def choose_skinny(table: dict, n: int, k: int, swiglu: bool, m: int) -> TileConf
     """The fastest skinny tile for M rows of an [n, k] weight even where cuBLAS was faster
     (a fused layer needs the skinny GEMM's epilogues); None past MAX_ROWS or for a shape or
     row count the table lacks."""
-    entry = _entry(table, n, k, swiglu, m)
+    entry = table_entry(table, n, k, swiglu, m)
     return entry.config if entry is not None else None

@@ -69,15 +69,21 @@ class DecodeGemm:
         return cls(table, workspace)
 
     def fused_layer_plan(self, shapes: "LayerShapes", rows: int) -> "FusedLayerPlan | None":
-        """The skinny tiles of a fused decoder layer at `rows` rows (`engine.model`): None
-        where the table lacks one of the four shapes at that row count or rows > MAX_ROWS.
-        The fastest skinny tile is taken even where cuBLAS alone was faster, since only the
-        skinny GEMM carries the residual and norm epilogues."""
-        tiles = [skinny_gemm.choose_skinny(self.table, n, k, sw, rows)
-                 for n, k, sw in (shapes.qkv, shapes.o_proj, shapes.gate_up, shapes.down)]
-        if any(t is None for t in tiles):
+        """The skinny tiles of a fused decoder layer at `rows` rows (`engine.model`), or None
+        (run the layer unfused): rows > MAX_ROWS, a shape the table lacks at that row count, or
+        a layer whose GEMMs would lose more to cuBLAS than the fusion saves.
+
+        The fused layer needs the skinny GEMM's epilogues, so it takes the fastest skinny tile
+        even where cuBLAS was faster; the table's times say by how much (summed over the four
+        GEMMs) and the fusion is kept while that is below `FUSED_LAYER_SAVING_US`.
+        """
+        entries = [skinny_gemm.table_entry(self.table, n, k, sw, rows)
+                   for n, k, sw in (shapes.qkv, shapes.o_proj, shapes.gate_up, shapes.down)]
+        if any(e is None for e in entries):
             return None
-        return FusedLayerPlan(*tiles)
+        if sum(max(0.0, e.skinny_us - e.cublas_us) for e in entries) >= FUSED_LAYER_SAVING_US:
+            return None
+        return FusedLayerPlan(*(e.config for e in entries))
 
     def normed(self, x: torch.Tensor, w: torch.Tensor, config: "skinny_gemm.TileConfig",
                stats: "skinny_gemm.RowStats", eps: float, swiglu: bool = False) -> torch.Tensor:
@@ -101,6 +107,14 @@ class DecodeGemm:
         if config is not None and x.stride(-1) == 1:
             return skinny_gemm.skinny_gemm(x, w, self.workspace, config, swiglu=swiglu)
         return _linear(x, w, swiglu)
+
+
+FUSED_LAYER_SAVING_US = 2.0
+"""What the fused layer form saves per layer and step (us): the two add + RMSNorm launches it
+removes, less its epilogues. H200, 2026-12-02, decode step in CUDA graphs with every layer
+fused against none (same run): Qwen3-0.6B 2.1 us per layer at 8 rows and 2.9 at 64, Qwen3-4B
+3.3 at 1 row, where no GEMM loses to cuBLAS; at 64 rows the 4B layer, whose skinny GEMMs
+lose 4.3 us to cuBLAS by the table, ran 1.6 us per layer slower (docs/benchmarks.md)."""
 
 
 @dataclass(frozen=True)

@@ -235,3 +235,31 @@ def test_residual_launch_rejects_a_residual_of_another_shape():
     with pytest.raises(ValueError, match=r"residual \(2, 63\)"):
         sg.skinny_gemm_add_residual(torch.zeros(2, 32), torch.zeros(64, 32),
                                     torch.zeros(2, 63), ws)
+
+
+def test_fused_layer_plan_weighs_the_table_times_against_the_fusion_saving():
+    """A layer fuses while its skinny GEMMs lose less to cuBLAS, summed, than the fusion saves;
+    a missing shape or row count means unfused."""
+    from engine.layers.linear import FUSED_LAYER_SAVING_US, DecodeGemm, LayerShapes
+
+    tile = sg.TileConfig(32, 128, 1)
+    shapes = LayerShapes((96, 64, False), (64, 80, False), (256, 64, True), (64, 128, False))
+    loss = FUSED_LAYER_SAVING_US / 4
+
+    def table(extra_loss):
+        out = {}
+        for i, (n, k, sw) in enumerate((shapes.qkv, shapes.o_proj, shapes.gate_up, shapes.down)):
+            lost = loss + (extra_loss if i == 3 else 0.0)
+            out[sg.shape_key(n, k, sw)] = {8: sg.TableEntry(tile, 5.0 + lost, 5.0),
+                                           64: sg.TableEntry(tile, 4.0, 5.0)}
+        return out
+
+    plan = DecodeGemm(table(-0.01), None).fused_layer_plan(shapes, 8)
+    assert plan is not None and plan.down == tile
+    at_saving = DecodeGemm(table(0.0), None)
+    assert at_saving.fused_layer_plan(shapes, 8) is None
+    assert at_saving.fused_layer_plan(shapes, 9) is not None   # the 64 entry: skinny wins
+    assert at_saving.fused_layer_plan(shapes, 65) is None
+    missing = table(-1.0)
+    del missing[sg.shape_key(*shapes.down)]
+    assert DecodeGemm(missing, None).fused_layer_plan(shapes, 1) is None
