@@ -117,23 +117,24 @@ class Qwen3DecoderLayer(nn.Module):
                 skinny_gemm.fold_norm_weight(w[start:start + 1024], norm.weight.data)
             norm.weight.data.fill_(1)
 
-    def forward_fused(self, positions, residual, stats, ctx: StepContext, gemm: DecodeGemm,
+    def forward_fused(self, positions, residual, stats, ctx: StepContext,
                       plan: FusedLayerPlan):
         """The fused form (module docstring): residual [T, hidden] is the running sum, updated
         in place; stats the `skinny_gemm.RowStats` of its rows (None at layer 0). Returns the
         statistics of the updated residual."""
+        # every GEMM goes through its module, so profilers see one call per module
         attn, mlp = self.self_attn, self.mlp
         if stats is None:
             h, _ = self.input_layernorm.add_forward(residual, None)
-            qkv = gemm.tile(h, attn.qkv_proj.weight, plan.qkv)
+            qkv = attn.qkv_proj(h, tile=plan.qkv)
         else:
-            qkv = gemm.normed(residual, attn.qkv_proj.weight, plan.qkv, stats,
-                              self.input_layernorm.eps)
+            qkv = attn.qkv_proj(residual, tile=plan.qkv, row_stats=stats,
+                                eps=self.input_layernorm.eps)
         o = attn.attend(positions, qkv, ctx)
-        stats = gemm.add_residual(o, attn.o_proj.weight, residual, plan.o_proj)
-        act = gemm.normed(residual, mlp.gate_up_proj.weight, plan.gate_up, stats,
-                          self.post_attention_layernorm.eps, swiglu=True)
-        return gemm.add_residual(act, mlp.down_proj.weight, residual, plan.down)
+        stats = attn.o_proj(o, residual=residual, tile=plan.o_proj)
+        act = mlp.gate_up_proj(residual, swiglu=True, tile=plan.gate_up, row_stats=stats,
+                               eps=self.post_attention_layernorm.eps)
+        return mlp.down_proj(act, residual=residual, tile=plan.down)
 
 
 class Qwen3ForCausalLM(nn.Module):
@@ -203,7 +204,7 @@ class Qwen3ForCausalLM(nn.Module):
         if plan is not None:
             stats = None
             for layer in self.layers:
-                stats = layer.forward_fused(positions, x, stats, ctx, self.decode_gemm, plan)
+                stats = layer.forward_fused(positions, x, stats, ctx, plan)
             return self.norm.add_forward(x, None)[0]
         for layer in self.layers:
             x, residual = layer(positions, x, residual, ctx)

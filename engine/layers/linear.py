@@ -176,9 +176,20 @@ class ColumnParallelLinear(nn.Module):
             self.weight.data[row:row + part].copy_(index.read(name, 0, start, start + part))
             row += part
 
-    def forward(self, x: torch.Tensor, swiglu: bool = False) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, swiglu: bool = False,
+                tile: "skinny_gemm.TileConfig | None" = None,
+                row_stats: "skinny_gemm.RowStats | None" = None, eps: float = 0.0
+                ) -> torch.Tensor:
         """x: [T, in] -> [T, sum(out_parts)], same dtype; with swiglu (two fused parts
-        [gate | up]) -> [T, out_parts[0]] = silu(gate) * up."""
+        [gate | up]) -> [T, out_parts[0]] = silu(gate) * up.
+
+        The fused layer form (`engine.model`) names the skinny `tile`, and with `row_stats`
+        passes the un-normalised residual as x: the output is RMSNorm(x) @ W^T over the
+        norm-folded weight (`DecodeGemm.normed`)."""
+        if tile is not None:
+            if row_stats is not None:
+                return self.gemm.normed(x, self.weight, tile, row_stats, eps, swiglu)
+            return self.gemm.tile(x, self.weight, tile, swiglu)
         if self.gemm is not None:
             return self.gemm.linear(x, self.weight, swiglu)
         return _linear(x, self.weight, swiglu)
@@ -220,7 +231,14 @@ class RowParallelLinear(nn.Module):
         start = self.tp.rank * self.in_part
         self.weight.data.copy_(index.read(name, 1, start, start + self.in_part))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [T, in / world_size] -> [T, out], summed over ranks (complete on return)."""
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None,
+                tile: "skinny_gemm.TileConfig | None" = None):
+        """x: [T, in / world_size] -> [T, out], summed over ranks (complete on return).
+
+        The fused layer form (`engine.model`, world size 1) passes `residual` [T, out] and the
+        skinny `tile`: the product is added into the residual in place and the call returns
+        the new rows' `skinny_gemm.RowStats` instead (`DecodeGemm.add_residual`)."""
+        if residual is not None:
+            return self.gemm.add_residual(x, self.weight, residual, tile)
         y = self.gemm.linear(x, self.weight) if self.gemm is not None else F.linear(x, self.weight)
         return self.tp.all_reduce(y)
