@@ -9,13 +9,15 @@ A layer runs in one of two forms, chosen by the step's row count alone (so the e
 and the graph captured at a bucket run the same kernels):
 
 * fused (world size 1, CUDA, bfloat16, rows <= 64, the skinny GEMM table measured every
-  weight shape at that row count): 6 launches, QKV GEMM, q/k norm+RoPE+KV write, attention,
+  weight shape at that row count and its skinny tiles lose less than
+  `engine.layers.linear.FUSED_LAYER_SAVING_US` to cuBLAS there; decode steps and short
+  prefills alike): 6 launches, QKV GEMM, q/k norm+RoPE+KV write, attention,
   o_proj, gate_up with SwiGLU, down_proj. o_proj and down_proj add their output into the
   residual in their epilogue and leave each row's sum of squares in the GEMM workspace; QKV
   and gate_up read the residual itself and scale each output row by 1 / rms, their weights
   having the norm weights folded in at load (`skinny_gemm.fold_norm_weight`). Layer 0 has no
   statistics yet and normalises its input in a launch of its own.
-* unfused (everything else, prefill included): each residual add is fused into the norm after
+* unfused (everything else: longer prefills, larger buckets, TP > 1): each residual add is fused into the norm after
   it (`RMSNorm.add_forward`): 8 launches where the skinny GEMM serves the bucket (add+norm,
   QKV, q/k norm+RoPE+KV, attention, o_proj, add+norm, gate_up with SwiGLU, down_proj), 9
   with cuBLAS (SwiGLU its own launch, plus any split-K reduce cuBLAS adds). When the model's
@@ -165,8 +167,10 @@ class Qwen3ForCausalLM(nn.Module):
             if isinstance(module, (ColumnParallelLinear, RowParallelLinear)):
                 module.gemm = gemm
         self.decode_gemm = gemm
-        self.norms_folded = (gemm is not None and tp.world_size == 1
-                             and os.environ.get("LOCKSTEP_FUSED_NORM", "1") != "0")
+        # intent at construction; the fused form runs only once load_weights has folded
+        self.fuse_norms = (gemm is not None and tp.world_size == 1
+                           and os.environ.get("LOCKSTEP_FUSED_NORM", "1") != "0")
+        self.norms_folded = False
         self._plans: dict[int, FusedLayerPlan | None] = {}
 
     def fused_plan(self, rows: int) -> FusedLayerPlan | None:
@@ -192,9 +196,10 @@ class Qwen3ForCausalLM(nn.Module):
                 progress(i + 1, len(self.layers))
         self.norm.load(index, "model.norm.weight")
         self.lm_head.load(index, "lm_head.weight")
-        if self.norms_folded:
+        if self.fuse_norms:
             for layer in self.layers:
                 layer.fold_norms()
+            self.norms_folded = True
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 ctx: StepContext) -> torch.Tensor:

@@ -114,13 +114,17 @@ def sweep_shape(n: int, k: int, swiglu: bool, rows, workspace, repeats: int, log
 
 def to_table(results: list[dict]) -> dict:
     """The table the engine reads: {shape_key: {M: {"skinny": fastest tile, "skinny_us",
-    "cublas_us"}}}; `engine.kernels.skinny_gemm.choose` takes the faster of the two."""
+    "cublas_us"}}}; `engine.kernels.skinny_gemm.choose` takes the faster of the two. A row
+    count where no tile ran has "skinny": null (cuBLAS, and no fused layer, there)."""
     table = {}
     for r in results:
-        key = shape_key(r["N"], r["K"], r["swiglu"])
-        table[key] = {str(m): {"skinny": e["best"]["config"], "skinny_us": e["best"]["us"],
-                               "cublas_us": e["cublas_us"]}
-                      for m, e in r["rows"].items() if e["best"]}
+        key = shape_key(int(r["N"]), int(r["K"]), bool(r["swiglu"]))
+        table[key] = {}
+        for m, e in r["rows"].items():
+            best = e["best"]
+            table[key][str(int(m))] = {"skinny": best["config"] if best else None,
+                                       "skinny_us": best["us"] if best else None,
+                                       "cublas_us": e["cublas_us"]}
     return table
 
 
@@ -136,7 +140,7 @@ def main(argv=None) -> int:
                    help="write --table from this earlier --json instead of timing")
     args = p.parse_args(argv)
     if args.from_json is not None:
-        return _table_from_json(args.from_json, args.table)
+        return _table_from_json(args, p)
     from engine.bench.options import BenchArgError, check_output_path, parse_int_list
 
     try:  # every argument before the GPU is touched, the output paths before the run
@@ -183,26 +187,51 @@ def main(argv=None) -> int:
     return 0
 
 
-def _table_from_json(source: str, table_path: str | None) -> int:
-    from engine.bench.options import BenchArgError, check_output_path
+def _table_from_json(args, parser) -> int:
+    """`--from-json`: the table from an earlier sweep's measurements, written atomically."""
+    import os
+    import tempfile
 
+    from engine.bench.options import BenchArgError, check_output_path
+    from engine.kernels.skinny_gemm import parse_table
+
+    source, table_path = args.from_json, args.table
     try:
+        timing = [f"--{name.replace('_', '-')}" for name in ("presets", "tp", "rows", "repeats",
+                                                            "json")
+                  if getattr(args, name) != parser.get_default(name)]
+        if timing:
+            raise BenchArgError(f"--from-json times nothing; {timing[0]} does not apply")
         if table_path is None:
             raise BenchArgError("--from-json needs --table (where to write the table)")
         check_output_path("--table", table_path)
+        if os.path.exists(table_path) and os.path.samefile(source, table_path):
+            raise BenchArgError(f"--table {table_path}: is the --from-json file itself")
         try:
             with open(source) as f:
                 results = json.load(f)["results"]
             table = to_table(results)
+            parse_table(table, source)
         except OSError as exc:
             raise BenchArgError(f"--from-json {source}: {exc.strerror}") from None
-        except (ValueError, KeyError, TypeError) as exc:
-            raise BenchArgError(f"--from-json {source}: not a sweep's --json ({exc!r})") from None
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+            raise BenchArgError(f"--from-json {source}: not a sweep's --json ({exc!r})"[:300]
+                                ) from None
+        if not table:
+            raise BenchArgError(f"--from-json {source}: the sweep measured no shape")
+        # a temporary file beside the table, then a rename: no half-written table on failure
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(table_path)),
+                                   suffix=".json")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(table, f, indent=1, sort_keys=True)
+            os.replace(tmp, table_path)
+        except OSError as exc:
+            os.unlink(tmp)
+            raise BenchArgError(f"--table {table_path}: {exc.strerror}") from None
     except BenchArgError as exc:
         print(f"gemm_sweep: error: {exc}", file=sys.stderr)
         return 2
-    with open(table_path, "w") as f:
-        json.dump(table, f, indent=1, sort_keys=True)
     return 0
 
 

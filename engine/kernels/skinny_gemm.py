@@ -77,7 +77,7 @@ class Workspace:
     another and each leaves its counters at zero.
 
     It also holds the row statistics (`RowStats`) a residual launch leaves for the next norm:
-    float32 [max_blocks, MAX_ROWS] sums of squares.
+    `stats`, float32 [max_blocks * MAX_ROWS], sums of squares at [block * MAX_ROWS + row].
 
     Args:
         device: CUDA device. max_n: widest partial row any launch writes (2 x width for a
@@ -227,12 +227,14 @@ if triton is not None:
 
 @dataclass(frozen=True)
 class RowStats:
-    """What `skinny_gemm_add_residual` left in the workspace: for each row m of its launch,
+    """What `skinny_gemm_add_residual` left in its workspace: for each of its `rows` rows m,
     `partials` float32 partial sums of squares of the new residual row (one per column block,
-    at `Workspace.stats[b, m]`), which the next `skinny_gemm(..., row_stats=...)` adds up in a
-    fixed order for its RMSNorm. Valid until the next residual launch on the device."""
+    at `Workspace.stats.view(-1, MAX_ROWS)[b, m]`), which the next
+    `skinny_gemm(..., row_stats=...)` adds up in a fixed order for its RMSNorm. Valid until the
+    next residual launch on that workspace."""
 
     partials: int
+    rows: int
 
 
 def skinny_gemm(x: torch.Tensor, w: torch.Tensor, workspace: Workspace,
@@ -248,15 +250,18 @@ def skinny_gemm(x: torch.Tensor, w: torch.Tensor, workspace: Workspace,
 
     Args:
         x: [M, K], M <= MAX_ROWS, last dim contiguous. w: [N, K] contiguous, x's dtype.
-        workspace: this device's `Workspace` (used when the config splits K).
+        workspace: this device's `Workspace` (its partials when the config splits K, its
+            statistics with row_stats).
         config: launch shape (None: `default_config`). swiglu: w is [gate | up].
         out: optional [M, N] (or [M, N / 2] with swiglu) buffer.
-        row_stats: the sums of squares of x's rows in the workspace; eps: the norm's epsilon.
+        row_stats: the sums of squares of x's rows in the workspace; eps: the norm's epsilon
+            (unused without row_stats).
     Returns:
         [M, N] or [M, N / 2] in x's dtype.
     Raises:
         RuntimeError: Triton is not installed.
-        ValueError: M above MAX_ROWS, mismatched K, or a split the workspace cannot hold.
+        ValueError: M above MAX_ROWS, mismatched K, a split the workspace cannot hold, or
+            row_stats of another row count.
     """
     n_out = w.shape[0] // 2 if swiglu else w.shape[0]
     if out is None:
@@ -284,11 +289,13 @@ def skinny_gemm_add_residual(x: torch.Tensor, w: torch.Tensor, residual: torch.T
         RuntimeError / ValueError: as `skinny_gemm`; ValueError also for a residual of
             another shape or more column blocks than the workspace's stats hold.
     """
-    if tuple(residual.shape) != (x.shape[0], w.shape[0]) or residual.stride(-1) != 1:
-        raise ValueError(f"skinny_gemm_add_residual: residual {tuple(residual.shape)} for "
-                         f"x {tuple(x.shape)} / w {tuple(w.shape)}")
+    if (tuple(residual.shape) != (x.shape[0], w.shape[0]) or residual.stride(-1) != 1
+            or residual.dtype != x.dtype):
+        raise ValueError(f"skinny_gemm_add_residual: residual {tuple(residual.shape)} "
+                         f"{residual.dtype} for x {tuple(x.shape)} {x.dtype} / w "
+                         f"{tuple(w.shape)}")
     return RowStats(_launch(x, w, residual, workspace, config, False, None, 0.0,
-                            residual=True))
+                            residual=True), x.shape[0])
 
 
 def _launch(x, w, out, workspace, config, swiglu, row_stats, eps, residual) -> int:
@@ -309,6 +316,8 @@ def _launch(x, w, out, workspace, config, swiglu, row_stats, eps, residual) -> i
         raise ValueError(f"skinny_gemm: split {split} x {N} columns x {blocks} blocks exceed "
                          f"the workspace ({workspace.max_split} x {workspace.max_n} x "
                          f"{workspace.max_blocks})")
+    if row_stats is not None and row_stats.rows != M:
+        raise ValueError(f"skinny_gemm: row statistics of {row_stats.rows} rows for x of {M}")
     if residual and blocks > workspace.max_blocks:
         raise ValueError(f"skinny_gemm_add_residual: {blocks} column blocks exceed the "
                          f"workspace's {workspace.max_blocks} rows of statistics")
@@ -329,13 +338,16 @@ def _launch(x, w, out, workspace, config, swiglu, row_stats, eps, residual) -> i
 
 def fold_norm_weight(w: torch.Tensor, norm_weight: torch.Tensor) -> None:
     """w[n, k] <- w[n, k] * norm_weight[k] in place, the product in float32 rounded once to
-    w's dtype: RMSNorm(x) @ w^T = (x / rms(x)) @ (w * norm_weight)^T, so a GEMM over the
-    folded weight needs only each row's 1 / rms, not the normalised row. The same transform
-    transform SliceGPT applies before rotating a model's weights ("computational invariance",
-    arXiv:2401.15024: the RMSNorm scale absorbed into the next linear layer).
+    w's dtype. RMSNorm(x) @ w^T = (x / rms(x)) @ (w * norm_weight)^T, so a GEMM over the
+    folded weight needs only each row's 1 / rms, not the normalised row. Apply it once: a
+    second call multiplies by the norm weight again. SliceGPT applies the same transform
+    before rotating a model's weights ("computational invariance", arXiv:2401.15024: the
+    RMSNorm scale absorbed into the next linear layer).
 
     Args:
         w: [N, K] weight. norm_weight: [K].
+    Raises:
+        RuntimeError: norm_weight's length is not K (torch's broadcasting error).
     """
     w.copy_((w.float() * norm_weight.float()[None, :]).to(w.dtype))
 
@@ -351,15 +363,16 @@ TABLE_PATH = os.path.join(os.path.dirname(__file__), "skinny_gemm_table.json")
 @dataclass(frozen=True)
 class TableEntry:
     """One measured (shape, M) of the table: the fastest skinny tile and both times (us per
-    call in a CUDA graph, weights from HBM; cuBLAS's includes the SwiGLU launch for gate_up)."""
+    call in a CUDA graph, weights from HBM; cuBLAS's includes the SwiGLU launch for gate_up).
+    config None (skinny_us inf): no tile ran at that shape and M."""
 
-    config: TileConfig
+    config: TileConfig | None
     skinny_us: float
     cublas_us: float
 
     @property
     def skinny_wins(self) -> bool:
-        return self.skinny_us < self.cublas_us
+        return self.config is not None and self.skinny_us < self.cublas_us
 
 
 def load_table(path: str = TABLE_PATH) -> dict[str, dict[int, TableEntry]]:
@@ -375,13 +388,26 @@ def load_table(path: str = TABLE_PATH) -> dict[str, dict[int, TableEntry]]:
 
     with open(path) as f:
         raw = json.load(f)
+    return parse_table(raw, path)
+
+
+def parse_table(raw, source: str) -> dict[str, dict[int, TableEntry]]:
+    """The table in `raw` (the JSON object `load_table` reads), checked entry by entry.
+
+    Raises:
+        ValueError: "<source>: not a skinny GEMM table (...)" for anything else.
+    """
     try:
-        return {key: {int(m): TableEntry(TileConfig(**e["skinny"]), float(e["skinny_us"]),
-                                         float(e["cublas_us"]))
-                      for m, e in rows.items()}
+        return {str(key): {int(m): _parse_entry(e) for m, e in rows.items()}
                 for key, rows in raw.items()}
     except (AttributeError, KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"{path}: not a skinny GEMM table ({exc!r})") from None
+        raise ValueError(f"{source}: not a skinny GEMM table ({exc!r})") from None
+
+
+def _parse_entry(e: dict) -> TableEntry:
+    if e["skinny"] is None:
+        return TableEntry(None, float("inf"), float(e["cublas_us"]))
+    return TableEntry(TileConfig(**e["skinny"]), float(e["skinny_us"]), float(e["cublas_us"]))
 
 
 def table_entry(table: dict, n: int, k: int, swiglu: bool, m: int) -> TableEntry | None:
@@ -407,4 +433,4 @@ def choose_skinny(table: dict, n: int, k: int, swiglu: bool, m: int) -> TileConf
     (a fused layer needs the skinny GEMM's epilogues); None past MAX_ROWS or for a shape or
     row count the table lacks."""
     entry = table_entry(table, n, k, swiglu, m)
-    return entry.config if entry is not None else None
+    return entry.config if entry is not None else None  # None also where no tile ran

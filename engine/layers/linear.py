@@ -60,7 +60,8 @@ class DecodeGemm:
         Raises:
             torch.OutOfMemoryError: the workspace does not fit.
         """
-        configs = [e.config for rows in table.values() for e in rows.values()]
+        configs = [e.config for rows in table.values() for e in rows.values()
+                   if e.config is not None]
         if not widths or not configs:
             return None
         widest = max(widths)
@@ -79,7 +80,7 @@ class DecodeGemm:
         """
         entries = [skinny_gemm.table_entry(self.table, n, k, sw, rows)
                    for n, k, sw in (shapes.qkv, shapes.o_proj, shapes.gate_up, shapes.down)]
-        if any(e is None for e in entries):
+        if any(e is None or e.config is None for e in entries):
             return None
         if sum(max(0.0, e.skinny_us - e.cublas_us) for e in entries) >= FUSED_LAYER_SAVING_US:
             return None
@@ -109,12 +110,14 @@ class DecodeGemm:
         return _linear(x, w, swiglu)
 
 
-FUSED_LAYER_SAVING_US = 2.0
-"""What the fused layer form saves per layer and step (us): the two add + RMSNorm launches it
-removes, less its epilogues. H200, 2026-12-02, decode step in CUDA graphs with every layer
-fused against none (same run): Qwen3-0.6B 2.1 us per layer at 8 rows and 2.9 at 64, Qwen3-4B
-3.3 at 1 row, where no GEMM loses to cuBLAS; at 64 rows the 4B layer, whose skinny GEMMs
-lose 4.3 us to cuBLAS by the table, ran 1.6 us per layer slower (docs/benchmarks.md)."""
+FUSED_LAYER_SAVING_US = 0.8
+"""The least the fused layer form was measured to save per layer and step (us), before the
+losses of its skinny GEMMs to cuBLAS: the two add + RMSNorm launches it removes, less its
+epilogues. H200, 2026-12-02, decode step in CUDA graphs with every layer fused against none
+(same run; docs/benchmarks.md): the step's gain per layer plus the table's loss was 0.8 us
+for Qwen3-0.6B at 1 row, 2.1 at 8 and 3.0 at 64; 3.3 for Qwen3-4B at 1 row, 1.0 at 8 and 2.7
+at 64, where the 4B layer's skinny GEMMs lose 4.3 us to cuBLAS and the fused step was
+slower. A layer fuses only while its loss stays below the smallest of these savings."""
 
 
 @dataclass(frozen=True)
@@ -237,8 +240,16 @@ class RowParallelLinear(nn.Module):
 
         The fused layer form (`engine.model`, world size 1) passes `residual` [T, out] and the
         skinny `tile`: the product is added into the residual in place and the call returns
-        the new rows' `skinny_gemm.RowStats` instead (`DecodeGemm.add_residual`)."""
+        the new rows' `skinny_gemm.RowStats` instead (`DecodeGemm.add_residual`).
+
+        Raises:
+            ValueError: `residual` given at world size > 1 (the partial products would be
+                added before their all-reduce).
+        """
         if residual is not None:
+            if self.tp.world_size != 1:
+                raise ValueError(f"RowParallelLinear: a residual epilogue at world size "
+                                 f"{self.tp.world_size}; it needs the all-reduced output")
             return self.gemm.add_residual(x, self.weight, residual, tile)
         y = self.gemm.linear(x, self.weight) if self.gemm is not None else F.linear(x, self.weight)
         return self.tp.all_reduce(y)

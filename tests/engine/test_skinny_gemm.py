@@ -98,15 +98,34 @@ def test_shipped_table_is_the_sweep_json_in_docs(tmp_path):
     (["--from-json", "docs/benchmarks-gemm-sweep-h200.json"], "--from-json needs --table"),
     (["--from-json", "no/such.json", "--table", "{tmp}/t.json"], "no/such.json: No such file"),
     (["--from-json", "README.md", "--table", "{tmp}/t.json"], "README.md: not a sweep's --json"),
+    (["--from-json", "{tmp}/rows.json", "--table", "{tmp}/t.json"], "rows.json: not a sweep's"),
+    (["--from-json", "{tmp}/nan.json", "--table", "{tmp}/t.json"], "nan.json: not a sweep's"),
+    (["--from-json", "{tmp}/empty.json", "--table", "{tmp}/t.json"], "measured no shape"),
+    (["--from-json", "{tmp}/deep.json", "--table", "{tmp}/t.json"], "deep.json: not a sweep's"),
+    (["--from-json", "{tmp}/t.json", "--table", "{tmp}/t.json"], "is the --from-json file"),
+    (["--from-json", "{tmp}/empty.json", "--table", "{tmp}/t.json", "--rows", "1"],
+     "--rows does not apply"),
 ])
 def test_table_from_json_bad_input_is_one_line(tmp_path, capsys, argv, message):
     from engine.bench import gemm_sweep
 
+    good = json.load(open("docs/benchmarks-gemm-sweep-h200.json"))
+    (tmp_path / "rows.json").write_text(json.dumps({"results": [dict(good["results"][0],
+                                                                     rows=[1])]}))
+    bad_tile = json.loads(json.dumps(good))
+    bad_tile["results"][0]["rows"]["1"]["best"] = {"config": {"bogus": 1}, "us": "fast"}
+    (tmp_path / "nan.json").write_text(json.dumps(bad_tile))
+    (tmp_path / "empty.json").write_text(json.dumps({"results": []}))
+    (tmp_path / "deep.json").write_text('{"results": ' + "[" * 100000 + "]" * 100000 + "}")
     argv = [a.format(tmp=tmp_path) for a in argv]
+    if "is the --from-json file" in message:
+        (tmp_path / "t.json").write_text(json.dumps(good))
+    before = (tmp_path / "t.json").read_text() if (tmp_path / "t.json").exists() else None
     assert gemm_sweep.main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1, err
-    assert not (tmp_path / "t.json").exists()
+    after = (tmp_path / "t.json").read_text() if (tmp_path / "t.json").exists() else None
+    assert after == before  # nothing written, nothing destroyed
 
 
 def test_a_corrupt_table_is_one_error_naming_the_file(tmp_path):
@@ -175,6 +194,7 @@ import os, sys
 os.environ["TRITON_INTERPRET"] = "1"
 import torch
 sys.path.insert(0, os.getcwd())
+from engine.kernels import fused
 from engine.kernels import skinny_gemm as sg
 torch.manual_seed(0)
 ws = sg.Workspace("cpu", 1024, 8, 64)
@@ -194,7 +214,14 @@ for M, H, K, N, swiglu, pcfg, ccfg in cases:
         sg.fold_norm_weight(folded, norm_w)
         for _ in range(2):  # the second launch needs the counters the first left at zero
             res = res0.clone()
+            ws.stats.fill_(float("nan"))  # partials past the producer's must never be read
             stats = sg.skinny_gemm_add_residual(a, wo, res, ws, pcfg)
+            assert stats.rows == M
+            # the same roundings as the unfused pair, both in the interpreter (which rounds to
+            # bf16 its own way): the product to the dtype, then the sum
+            _, unfused = fused.add_rms_norm(sg.skinny_gemm(a, wo, ws, pcfg), res0.clone(),
+                                            norm_w, eps)
+            assert torch.equal(res, unfused), ("residual rounding", M, dtype)
             want_res = a.double() @ wo.double().T + res0.double()
             err = ((res.double() - want_res).norm() / want_res.norm()).item()
             assert err < tol, ("residual", M, dtype, err)
@@ -209,6 +236,12 @@ for M, H, K, N, swiglu, pcfg, ccfg in cases:
             assert y.shape == ref.shape and y.dtype == dtype, (y.shape, ref.shape)
             assert err < tol, ("norm in", M, swiglu, dtype, err)
         assert int(ws.counters.abs().sum()) == 0, "a counter was left non-zero"
+try:
+    sg.skinny_gemm(res[:1], folded, ws, ccfg, row_stats=stats, eps=eps)
+except ValueError as exc:
+    assert "row statistics of 17 rows for x of 1" in str(exc), exc
+else:
+    raise AssertionError("row statistics of another row count were accepted")
 print("ok", len(cases))
 """
 
@@ -235,6 +268,21 @@ def test_residual_launch_rejects_a_residual_of_another_shape():
     with pytest.raises(ValueError, match=r"residual \(2, 63\)"):
         sg.skinny_gemm_add_residual(torch.zeros(2, 32), torch.zeros(64, 32),
                                     torch.zeros(2, 63), ws)
+    with pytest.raises(ValueError, match=r"residual \(2, 64\) torch.float64"):
+        sg.skinny_gemm_add_residual(torch.zeros(2, 32), torch.zeros(64, 32),
+                                    torch.zeros(2, 64, dtype=torch.float64), ws)
+    with pytest.raises(ValueError, match="8 column blocks exceed the workspace's 4 rows"):
+        sg.skinny_gemm_add_residual(torch.zeros(2, 32), torch.zeros(128, 32),
+                                    torch.zeros(2, 128), ws, sg.TileConfig(16, 32, 1))
+
+
+def test_residual_epilogue_refuses_an_unreduced_row_parallel_output():
+    from engine.layers.linear import RowParallelLinear
+    from engine.parallel import TPGroup
+
+    layer = RowParallelLinear(64, 32, TPGroup(rank=0, world_size=2), torch.float32)
+    with pytest.raises(ValueError, match="residual epilogue at world size 2"):
+        layer(torch.zeros(1, 32), residual=torch.zeros(1, 32), tile=sg.TileConfig(16, 32, 1))
 
 
 def test_fused_layer_plan_weighs_the_table_times_against_the_fusion_saving():
@@ -263,3 +311,12 @@ def test_fused_layer_plan_weighs_the_table_times_against_the_fusion_saving():
     missing = table(-1.0)
     del missing[sg.shape_key(*shapes.down)]
     assert DecodeGemm(missing, None).fused_layer_plan(shapes, 1) is None
+    offset = table(0.0)  # a big skinny win on QKV does not pay for the others' losses
+    offset[sg.shape_key(*shapes.qkv)][8] = sg.TableEntry(tile, 1.0, 5.0)
+    assert DecodeGemm(offset, None).fused_layer_plan(shapes, 8) is not None  # 3 x loss left
+    offset[sg.shape_key(*shapes.down)][8] = sg.TableEntry(tile, 5.0 + FUSED_LAYER_SAVING_US, 5.0)
+    assert DecodeGemm(offset, None).fused_layer_plan(shapes, 8) is None
+    untimed = table(-1.0)  # no tile ran at 8 rows for one shape
+    untimed[sg.shape_key(*shapes.o_proj)][8] = sg.TableEntry(None, float("inf"), 5.0)
+    assert DecodeGemm(untimed, None).fused_layer_plan(shapes, 8) is None
+    assert sg.choose(untimed, *shapes.o_proj, 8) is None
