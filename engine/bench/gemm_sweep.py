@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import sys
 
 import torch
@@ -129,7 +130,8 @@ def to_table(results: list[dict]) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m engine.bench.gemm_sweep",
+                                description=__doc__.splitlines()[0])
     p.add_argument("--presets", default="qwen3-0.6b,qwen3-4b,qwen3-8b")
     p.add_argument("--tp", default="1,2", help="tensor-parallel sizes whose per-rank shapes to time")
     p.add_argument("--rows", default=",".join(map(str, ROWS)))
@@ -159,6 +161,10 @@ def main(argv=None) -> int:
         for flag, path in (("--json", args.json), ("--table", args.table)):
             if path is not None:
                 check_output_path(flag, path)
+        if (args.json and args.table and os.path.realpath(args.json)
+                == os.path.realpath(args.table)):
+            raise BenchArgError(f"--json and --table name one file {args.table!r}; the table "
+                                "would overwrite the measurements")
     except BenchArgError as exc:
         print(f"gemm_sweep: error: {exc}", file=sys.stderr)
         return 2
@@ -182,16 +188,48 @@ def main(argv=None) -> int:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "results": results}, f, indent=1)
     if args.table:
-        with open(args.table, "w") as f:
-            json.dump(to_table(results), f, indent=1, sort_keys=True)
+        from engine.bench.options import BenchArgError
+
+        try:
+            _replace_file(os.path.realpath(args.table),
+                          json.dumps(to_table(results), indent=1, sort_keys=True))
+        except BenchArgError as exc:
+            print(f"gemm_sweep: error: {exc}", file=sys.stderr)
+            return 2
     return 0
+
+
+def _replace_file(target: str, text: str) -> None:
+    """Write `text` to a temporary file beside `target`, then rename it over `target`, so
+    that a failed write leaves no half-written file; the file keeps the mode it had (a new
+    one gets the umask's).
+
+    Raises:
+        BenchArgError: the write failed (the OS's words).
+    """
+    import tempfile
+
+    from engine.bench.options import BenchArgError
+
+    try:
+        mode = os.stat(target).st_mode & 0o7777
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(target), suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, mode)
+        os.replace(tmp, target)
+    except OSError as exc:
+        os.unlink(tmp)
+        raise BenchArgError(f"--table {target}: {exc.strerror}") from None
 
 
 def _table_from_json(args, parser) -> int:
     """`--from-json`: the table from an earlier sweep's measurements, written atomically."""
-    import os
-    import tempfile
-
     from engine.bench.options import BenchArgError, check_output_path
     from engine.kernels.skinny_gemm import parse_table
 
@@ -205,8 +243,6 @@ def _table_from_json(args, parser) -> int:
         if table_path is None:
             raise BenchArgError("--from-json needs --table (where to write the table)")
         check_output_path("--table", table_path)
-        if os.path.exists(table_path) and os.path.samefile(source, table_path):
-            raise BenchArgError(f"--table {table_path}: is the --from-json file itself")
         try:
             with open(source) as f:
                 results = json.load(f)["results"]
@@ -219,16 +255,11 @@ def _table_from_json(args, parser) -> int:
                                 ) from None
         if not table:
             raise BenchArgError(f"--from-json {source}: the sweep measured no shape")
-        # a temporary file beside the table, then a rename: no half-written table on failure
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(table_path)),
-                                   suffix=".json")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(table, f, indent=1, sort_keys=True)
-            os.replace(tmp, table_path)
-        except OSError as exc:
-            os.unlink(tmp)
-            raise BenchArgError(f"--table {table_path}: {exc.strerror}") from None
+        target = os.path.realpath(table_path)  # through a symlink to the file it names
+        if os.path.exists(target) and os.path.samefile(source, target):
+            raise BenchArgError(f"--table {table_path}: is the --from-json file itself")
+        _replace_file(target, json.dumps(table, indent=1, sort_keys=True))
+        print(f"gemm_sweep: wrote {len(table)} shapes to {table_path}")
     except BenchArgError as exc:
         print(f"gemm_sweep: error: {exc}", file=sys.stderr)
         return 2

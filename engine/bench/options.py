@@ -164,7 +164,8 @@ def max_positions(cfg: dict) -> int:
 
 def check_output_path(flag: str, p: str) -> None:
     """Check, before a run, that the output file ``p`` given as ``flag`` can be written: not a
-    directory, in a directory that exists, and writable there.
+    directory or another non-regular file (a device, a FIFO), in a directory that exists, and
+    writable there.
 
     Writability is tested by creating and removing a temporary file in the target directory
     (and, where ``p`` exists, opening it for appending without changing it), not with
@@ -189,6 +190,8 @@ def _check_output_path(flag: str, p: str) -> None:
     path = Path(p)
     if path.is_dir():
         raise BenchArgError(f"{flag} {p!r} is a directory; give a file path")
+    if path.exists() and not path.is_file():  # a FIFO would block the test-open below
+        raise BenchArgError(f"{flag} {p!r} is not a regular file; give a file path")
     parent = path.resolve().parent
     if not parent.is_dir():
         raise BenchArgError(f"{flag} {p!r}: directory {str(parent)!r} does not exist "

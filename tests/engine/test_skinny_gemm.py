@@ -5,6 +5,8 @@ the per-call choice, and the engine setting that turns it off."""
 from __future__ import annotations
 
 import json
+import os
+import stat
 
 import pytest
 import torch
@@ -105,6 +107,10 @@ def test_shipped_table_is_the_sweep_json_in_docs(tmp_path):
     (["--from-json", "{tmp}/t.json", "--table", "{tmp}/t.json"], "is the --from-json file"),
     (["--from-json", "{tmp}/empty.json", "--table", "{tmp}/t.json", "--rows", "1"],
      "--rows does not apply"),
+    (["--from-json", "{tmp}/nope.json", "--table", "{tmp}/t.json"], "nope.json: No such file"),
+    (["--from-json", "{tmp}/t.json", "--table", "{tmp}/link.json"], "is the --from-json file"),
+    (["--from-json", "docs/benchmarks-gemm-sweep-h200.json", "--table", "{tmp}/fifo"],
+     "is not a regular file"),
 ])
 def test_table_from_json_bad_input_is_one_line(tmp_path, capsys, argv, message):
     from engine.bench import gemm_sweep
@@ -118,14 +124,38 @@ def test_table_from_json_bad_input_is_one_line(tmp_path, capsys, argv, message):
     (tmp_path / "empty.json").write_text(json.dumps({"results": []}))
     (tmp_path / "deep.json").write_text('{"results": ' + "[" * 100000 + "]" * 100000 + "}")
     argv = [a.format(tmp=tmp_path) for a in argv]
-    if "is the --from-json file" in message:
-        (tmp_path / "t.json").write_text(json.dumps(good))
+    (tmp_path / "t.json").write_text(json.dumps(good))  # an existing file, never damaged
+    (tmp_path / "link.json").symlink_to(tmp_path / "t.json")
+    os.mkfifo(tmp_path / "fifo")
     before = (tmp_path / "t.json").read_text() if (tmp_path / "t.json").exists() else None
     assert gemm_sweep.main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1, err
     after = (tmp_path / "t.json").read_text() if (tmp_path / "t.json").exists() else None
     assert after == before  # nothing written, nothing destroyed
+
+
+def test_table_from_json_writes_through_a_symlink_and_keeps_the_mode(tmp_path, capsys):
+    from engine.bench import gemm_sweep
+
+    target = tmp_path / "real.json"
+    target.write_text("{}")
+    target.chmod(0o644)
+    (tmp_path / "link.json").symlink_to(target)
+    assert gemm_sweep.main(["--from-json", "docs/benchmarks-gemm-sweep-h200.json",
+                            "--table", str(tmp_path / "link.json")]) == 0
+    assert "wrote 8 shapes" in capsys.readouterr().out
+    assert (tmp_path / "link.json").is_symlink()
+    assert stat.S_IMODE(target.stat().st_mode) == 0o644
+    assert sg.load_table(str(target)) == sg.load_table()
+
+
+def test_sweep_refuses_one_file_for_measurements_and_table(tmp_path, capsys):
+    from engine.bench import gemm_sweep
+
+    out = str(tmp_path / "x.json")
+    assert gemm_sweep.main(["--json", out, "--table", out]) == 2
+    assert "--json and --table name one file" in capsys.readouterr().err
 
 
 def test_a_corrupt_table_is_one_error_naming_the_file(tmp_path):
