@@ -27,8 +27,9 @@ import sys
 
 import torch
 
+from engine.bench.options import BenchArgError, check_output_path, parse_int_list
 from engine.kernels import fused
-from engine.kernels.skinny_gemm import TileConfig, Workspace, shape_key, skinny_gemm
+from engine.kernels.skinny_gemm import TileConfig, Workspace, parse_table, shape_key, skinny_gemm
 from engine.presets import PRESETS
 
 ROWS = (1, 8, 16, 32, 64)
@@ -143,8 +144,6 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.from_json is not None:
         return _table_from_json(args, p)
-    from engine.bench.options import BenchArgError, check_output_path, parse_int_list
-
     try:  # every argument before the GPU is touched, the output paths before the run
         rows = tuple(parse_int_list(args.rows, "--rows"))
         tps = parse_int_list(args.tp, "--tp")
@@ -188,8 +187,6 @@ def main(argv=None) -> int:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "results": results}, f, indent=1)
     if args.table:
-        from engine.bench.options import BenchArgError
-
         try:
             _replace_file(os.path.realpath(args.table),
                           json.dumps(to_table(results), indent=1, sort_keys=True))
@@ -208,8 +205,6 @@ def _replace_file(target: str, text: str) -> None:
         BenchArgError: the write failed (the OS's words).
     """
     import tempfile
-
-    from engine.bench.options import BenchArgError
 
     try:
         mode = os.stat(target).st_mode & 0o7777
@@ -230,8 +225,6 @@ def _replace_file(target: str, text: str) -> None:
 
 def _table_from_json(args, parser) -> int:
     """`--from-json`: the table from an earlier sweep's measurements, written atomically."""
-    from engine.bench.options import BenchArgError, check_output_path
-    from engine.kernels.skinny_gemm import parse_table
 
     source, table_path = args.from_json, args.table
     try:

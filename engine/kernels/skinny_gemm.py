@@ -426,11 +426,3 @@ def choose(table: dict, n: int, k: int, swiglu: bool, m: int) -> TileConfig | No
     cuBLAS won, for M > MAX_ROWS or a shape the table lacks."""
     entry = table_entry(table, n, k, swiglu, m)
     return entry.config if entry is not None and entry.skinny_wins else None
-
-
-def choose_skinny(table: dict, n: int, k: int, swiglu: bool, m: int) -> TileConfig | None:
-    """The fastest skinny tile for M rows of an [n, k] weight even where cuBLAS was faster
-    (a fused layer needs the skinny GEMM's epilogues); None past MAX_ROWS or for a shape or
-    row count the table lacks."""
-    entry = table_entry(table, n, k, swiglu, m)
-    return entry.config if entry is not None else None  # None also where no tile ran

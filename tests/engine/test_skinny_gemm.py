@@ -69,13 +69,13 @@ def test_table_round_trip_and_choice(tmp_path):
     want = sg.TileConfig(**cfg)
     assert sg.choose(table, 1024, 2048, False, 1) == want
     assert sg.choose(table, 1024, 2048, False, 5) is None      # 8's entry: cuBLAS won there
-    assert sg.choose_skinny(table, 1024, 2048, False, 5) == sg.TileConfig(**other)
+    assert sg.table_entry(table, 1024, 2048, False, 5).config == sg.TileConfig(**other)
     assert sg.choose(table, 1024, 2048, False, 9) == want      # served by the 64 entry
     assert sg.choose(table, 1024, 2048, False, 65) is None     # past MAX_ROWS
-    assert sg.choose_skinny(table, 1024, 2048, False, 65) is None
+    assert sg.table_entry(table, 1024, 2048, False, 65) is None
     assert sg.choose(table, 1024, 2048, True, 1) is None       # SwiGLU is another shape
     assert sg.choose(table, 999, 2048, False, 1) is None       # not measured
-    assert sg.choose_skinny(table, 999, 2048, False, 1) is None
+    assert sg.table_entry(table, 999, 2048, False, 1) is None
 
 
 def test_shipped_table_parses_and_names_real_configs():

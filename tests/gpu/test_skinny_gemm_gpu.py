@@ -109,9 +109,10 @@ def _fused_cases():
     for name, hidden, q_out, inter in (("0.6b", 1024, 4096, 3072), ("4b", 2560, 6144, 9728)):
         o_in = 2048 if name == "0.6b" else 4096
         for m in (1, 8, 64):
-            tiles = [sg.choose_skinny(table, n, k, sw, m) for n, k, sw in
-                     ((q_out, hidden, False), (hidden, o_in, False),
-                      (2 * inter, hidden, True), (hidden, inter, False))]
+            entries = [sg.table_entry(table, n, k, sw, m) for n, k, sw in
+                       ((q_out, hidden, False), (hidden, o_in, False),
+                        (2 * inter, hidden, True), (hidden, inter, False))]
+            tiles = [e.config if e is not None else None for e in entries]
             if all(tiles):
                 yield pytest.param(hidden, q_out, o_in, inter, m, tiles, id=f"{name}-M{m}")
 
