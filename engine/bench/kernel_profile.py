@@ -183,3 +183,60 @@ def format_profile(point: dict, num_layers: int) -> list[str]:
                      f"{g['us']:8.1f} us  {g['GBps']:7.0f} GB/s  "
                      f"{100 * g['of_read_bandwidth']:5.1f}% of read bandwidth")
     return lines
+
+
+def step_timeline(kernels, steps: int) -> dict:
+    """Where a captured step's time goes, kernel by kernel, from the device timeline of
+    `steps` back-to-back replays.
+
+    A kernel's *exposed* time is how far it moves the end of the step: its end minus the end
+    of the kernel before it in the step (its start, for the step's first kernel). The exposed
+    times of one step add up to the step's span, so they say which kernels the step waits on;
+    a kernel launched with PDL starts before its predecessor ends, and its *overlap* is how
+    long before.
+
+    Args:
+        kernels: [(name, start_us, end_us)] of the replays' kernels, any order; every step
+            launches the same kernels in the same order.
+        steps: how many steps the kernels span.
+    Returns:
+        dict: ``span_us`` (median first start to last end of a step), ``launches`` (kernels
+        per step) and ``rows``: [{"name", "calls" (per step), "exposed_us" (per step, median
+        over steps), "busy_us" (summed durations per step), "overlap_us" (summed per step)}],
+        largest exposed time first.
+    Raises:
+        ValueError: steps < 1, or the kernels do not split into `steps` equal steps.
+    """
+    if steps < 1:
+        raise ValueError(f"steps = {steps}, expected >= 1")
+    ordered = sorted(kernels, key=lambda k: k[1])
+    if not ordered or len(ordered) % steps:
+        raise ValueError(f"{len(ordered)} kernels do not split into {steps} equal steps")
+    per_step = len(ordered) // steps
+    spans: list[float] = []
+    totals: dict[str, list[list[float]]] = {}
+    for s in range(steps):
+        step = ordered[s * per_step:(s + 1) * per_step]
+        names = [k[0] for k in step]
+        if s and names != first_names:
+            raise ValueError(f"step {s} launches other kernels than step 0")
+        if not s:
+            first_names = names
+        spans.append(max(k[2] for k in step) - step[0][1])
+        sums: dict[str, list[float]] = {}
+        prev_end = step[0][1]
+        for name, start, end in step:
+            t = sums.setdefault(name, [0.0, 0.0, 0.0, 0])
+            t[0] += end - prev_end
+            t[1] += end - start
+            t[2] += max(0.0, prev_end - start)
+            t[3] += 1
+            prev_end = max(prev_end, end)
+        for name, t in sums.items():
+            totals.setdefault(name, []).append(t)
+    rows = [{"name": name, "calls": ts[0][3],
+             "exposed_us": statistics.median(t[0] for t in ts),
+             "busy_us": statistics.median(t[1] for t in ts),
+             "overlap_us": statistics.median(t[2] for t in ts)} for name, ts in totals.items()]
+    rows.sort(key=lambda r: -r["exposed_us"])
+    return {"span_us": statistics.median(spans), "launches": per_step, "rows": rows}

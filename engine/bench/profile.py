@@ -3,7 +3,10 @@
     PYTHONPATH=. python3 -m engine.bench.profile --preset qwen3-4b --batch 1
 
 prints the kernels of the captured decode step with their share of device time, and the
-number of launches per step, so the gap to the HBM floor can be attributed.
+number of launches per step, so the gap to the HBM floor can be attributed. With
+`--timeline` it prints instead how far each kernel moves the end of the step
+(`kernel_profile.step_timeline`): with PDL the kernels overlap, and summed device time
+overstates the step.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ def main(argv=None) -> int:
     p.add_argument("--context", type=int, default=128)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--rows", type=int, default=25, help="kernels to list")
+    p.add_argument("--timeline", action="store_true",
+                   help="exposed time per kernel (end minus the previous kernel's end)")
     args = p.parse_args(argv)
 
     import torch
@@ -61,6 +66,9 @@ def main(argv=None) -> int:
                 ex.prepare_replay(step)
                 ex.launch(key)
             torch.cuda.synchronize()
+        if args.timeline:
+            print_timeline(prof.events(), args, ex.cfg.num_layers)
+            return 0
         rows = {}
         for e in prof.events():
             if e.device_type.name != "CUDA":
@@ -78,6 +86,46 @@ def main(argv=None) -> int:
     finally:
         shutil.rmtree(d, ignore_errors=True)
     return 0
+
+
+def layer_labels(names: list[str], num_layers: int) -> list[str]:
+    """Each kernel name of one step with its call index within the layer appended when the
+    kernel runs a multiple of `num_layers` times per step (the skinny GEMM's four calls per
+    layer become "name[0]".."name[3]": QKV, o_proj, gate_up, down)."""
+    counts: dict[str, int] = {}
+    for n in names:
+        counts[n] = counts.get(n, 0) + 1
+    seen: dict[str, int] = {}
+    out = []
+    for n in names:
+        per_layer = counts[n] // num_layers if counts[n] % num_layers == 0 else 0
+        i = seen.get(n, 0)
+        seen[n] = i + 1
+        out.append(f"{n}[{i % per_layer}]" if per_layer > 1 else n)
+    return out
+
+
+def print_timeline(events, args, num_layers: int) -> None:
+    """Print `step_timeline` of the profiled replays (kernels labelled by `layer_labels`)."""
+    from engine.bench.kernel_profile import step_timeline
+
+    kernels = sorted((e.name, e.time_range.start, e.time_range.end) for e in events
+                     if e.device_type.name == "CUDA" and not e.name.startswith(("Memcpy",
+                                                                                "Memset")))
+    kernels.sort(key=lambda k: k[1])
+    per_step = len(kernels) // args.steps
+    labelled = []
+    for s in range(args.steps):
+        step = kernels[s * per_step:(s + 1) * per_step]
+        names = layer_labels([k[0] for k in step], num_layers)
+        labelled += [(n, k[1], k[2]) for n, k in zip(names, step)]
+    t = step_timeline(labelled, args.steps)
+    print(f"{args.preset} batch {args.batch} ctx {args.context}: {t['launches']} kernels per "
+          f"step, span {t['span_us']:.1f} us (median of {args.steps} replays)")
+    print(f"{'exposed us':>10} {'busy us':>9} {'overlap us':>10} {'calls':>5}  kernel")
+    for r in t["rows"][:args.rows]:
+        print(f"{r['exposed_us']:10.1f} {r['busy_us']:9.1f} {r['overlap_us']:10.1f} "
+              f"{r['calls']:5d}  {r['name'][:90]}")
 
 
 if __name__ == "__main__":

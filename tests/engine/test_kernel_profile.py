@@ -103,3 +103,39 @@ def test_a_gemm_range_counts_the_kernels_inside_it_on_the_device_not_its_gaps():
     assert kernel_time_in_ranges(events, "gemm:") == {"gate_up_proj": [9.0], "down_proj": [8.0]}
     cpu_only = [e for e in events if e.device_type.name == "CPU"]
     assert kernel_time_in_ranges(cpu_only, "gemm:") == {"gate_up_proj": [7.0]}
+
+
+def test_step_timeline_splits_exposed_time_by_kernel():
+    from engine.bench.kernel_profile import step_timeline
+
+    # two steps: a (0-10), b overlaps a by 4 and ends at 15, c (15-16); then again from 100
+    one = [("a", 0.0, 10.0), ("b", 6.0, 15.0), ("c", 15.0, 16.0)]
+    two = [(n, s + 100, e + 100) for n, s, e in one]
+    t = step_timeline(two + one, steps=2)
+    assert t["span_us"] == 16.0 and t["launches"] == 3
+    rows = {r["name"]: r for r in t["rows"]}
+    assert [r["name"] for r in t["rows"]] == ["a", "b", "c"]
+    assert rows["a"]["exposed_us"] == 10.0 and rows["b"]["exposed_us"] == 5.0
+    assert rows["b"]["busy_us"] == 9.0 and rows["b"]["overlap_us"] == 4.0
+    assert sum(r["exposed_us"] for r in t["rows"]) == t["span_us"]
+
+
+def test_step_timeline_refuses_steps_that_differ():
+    import pytest
+
+    from engine.bench.kernel_profile import step_timeline
+
+    with pytest.raises(ValueError, match="do not split into 2"):
+        step_timeline([("a", 0.0, 1.0)], steps=2)
+    with pytest.raises(ValueError, match="step 1 launches other kernels"):
+        step_timeline([("a", 0.0, 1.0), ("b", 2.0, 3.0)], steps=2)
+    with pytest.raises(ValueError, match="steps = 0"):
+        step_timeline([("a", 0.0, 1.0)], steps=0)
+
+
+def test_layer_labels_number_the_calls_of_a_kernel_within_a_layer():
+    from engine.bench.profile import layer_labels
+
+    names = ["embed"] + ["gemm", "attn", "gemm"] * 3 + ["head"]
+    assert layer_labels(names, num_layers=3) == (
+        ["embed"] + ["gemm[0]", "attn", "gemm[1]"] * 3 + ["head"])
