@@ -160,9 +160,6 @@ if triton is not None:
         # one program: token t, heads hb * HB .. hb * HB + HB - 1 of [q heads | k heads | v heads]
         t = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1) * HB + tl.arange(0, HB)
-        if PDL:  # see engine.kernels.pdl: wait for the previous grid before touching memory
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
         d = tl.arange(0, D)
         HALF: tl.constexpr = D // 2
         rot = (d + HALF) % D
@@ -170,14 +167,25 @@ if triton is not None:
         is_k = (h >= NQ) & (h < NQ + NKV)
         is_v = (h >= NQ + NKV) & (h < NQ + 2 * NKV)
         normed = (is_q | is_k)[:, None]
-        base = qkv_ptr + t * stride_qkv + h[:, None] * D
-        x = tl.load(base + d[None, :], mask=(normed | is_v[:, None]), other=0.0)
-        xr = tl.load(base + rot[None, :], mask=normed, other=0.0)
-        pos = tl.load(pos_ptr + t).to(tl.int64)
+        # Before the PDL wait only what the launch just before does not write: the step's
+        # positions and slots, the page table, the weights and the cos/sin tables, through L2
+        # (".cg"); see engine.kernels.pdl. The qkv row is read after the wait.
+        pos = tl.load(pos_ptr + t, cache_modifier=".cg").to(tl.int64)
+        slot = tl.load(slot_ptr + t, cache_modifier=".cg").to(tl.int64)
+        page = tl.load(pt_ptr + slot * stride_pt + pos // PAGE,
+                       cache_modifier=".cg").to(tl.int64)
         w = tl.where(is_q[:, None], tl.load(qw_ptr + d).to(tl.float32)[None, :],
                      tl.load(kw_ptr + d).to(tl.float32)[None, :])
         wr = tl.where(is_q[:, None], tl.load(qw_ptr + rot).to(tl.float32)[None, :],
                       tl.load(kw_ptr + rot).to(tl.float32)[None, :])
+        c = tl.load(cos_ptr + pos * stride_cos + d)
+        s = tl.load(sin_ptr + pos * stride_cos + d)
+        if PDL:  # see engine.kernels.pdl: wait for the previous grid
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+        base = qkv_ptr + t * stride_qkv + h[:, None] * D
+        x = tl.load(base + d[None, :], mask=(normed | is_v[:, None]), other=0.0)
+        xr = tl.load(base + rot[None, :], mask=normed, other=0.0)
         xf = x.to(tl.float32)
         rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=1) / D + eps)
         xn = (xf * rstd[:, None]).to(x.dtype).to(tl.float32) * w
@@ -185,14 +193,10 @@ if triton is not None:
         xrn = (xr.to(tl.float32) * rstd[:, None]).to(x.dtype).to(tl.float32) * wr
         xrn = xrn.to(x.dtype).to(tl.float32)
         sign = tl.where(d < HALF, -1.0, 1.0)
-        c = tl.load(cos_ptr + pos * stride_cos + d)
-        s = tl.load(sin_ptr + pos * stride_cos + d)
         y = (xn * c[None, :] + sign[None, :] * xrn * s[None, :]).to(x.dtype)
         y = tl.where(normed, y, x)  # V passes through unchanged
         tl.store(q_ptr + t * stride_qt + h[:, None] * stride_qh + d[None, :],
                  y.to(q_ptr.dtype.element_ty), mask=is_q[:, None])
-        slot = tl.load(slot_ptr + t).to(tl.int64)
-        page = tl.load(pt_ptr + slot * stride_pt + pos // PAGE).to(tl.int64)
         off = page * stride_kp + (pos % PAGE) * stride_kt + d[None, :]
         tl.store(kc_ptr + off + (h - NQ)[:, None] * stride_kh, y.to(kc_ptr.dtype.element_ty),
                  mask=is_k[:, None])

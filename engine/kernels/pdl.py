@@ -9,6 +9,17 @@ decode step is a chain of ~250 small kernels). Every kernel that takes a `PDL` f
 dependency as a programmatic graph edge, so replays keep it. CUDA Programming Guide,
 "Programmatic Dependent Launch and Synchronization".
 
+Reading before the wait. A kernel may load, before `gdc_wait`, what no kernel writes (weights,
+the cos/sin tables) and what was written two or more launches back (the step's positions and
+slots, the page table). Every kernel here calls `gdc_wait` before `gdc_launch_dependents`,
+and a kernel launched without PDL starts only after its predecessor completes, so by the time
+a kernel's programs start, every launch before its immediate predecessor has completed and
+flushed its writes. Such loads go through L2 (`cache_modifier=".cg"`), which is coherent; only
+what the immediate predecessor writes must wait. `skinny_gemm` loads a one-tile program's
+weights this way and `fused.qk_norm_rope_kv` its positions, slots, page-table entries, norm
+weights and cos/sin rows (H200, 2026-12-02, Qwen3-0.6B graph step at batch 1 / 8: 0.878 ->
+0.845 ms and 0.900 -> 0.860 ms, docs/benchmarks.md).
+
 Only for launches of at most MAX_ROWS rows (decode buckets up to 64): measured on the H200,
 PDL made Qwen3-0.6B's step faster at 1-64 rows (batch 1: 1.195 -> 1.122 ms in one run) and
 slower at 256 (2.662 -> 2.827 ms), where the kernels run several waves of programs and the

@@ -120,7 +120,8 @@ if triton is not None:
                             SPLIT_K: tl.constexpr, K_SPLIT,
                             NORM_IN: tl.constexpr, STATS_BLOCK: tl.constexpr,
                             RESIDUAL: tl.constexpr, STATS_STRIDE: tl.constexpr,
-                            UPCAST: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr):
+                            UPCAST: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr,
+                            ONE_TILE: tl.constexpr):
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         m = tl.arange(0, BLOCK_M)
@@ -132,7 +133,18 @@ if triton is not None:
         acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         w_cols = w_ptr + n.to(tl.int64)[None, :] * stride_wn
         x_rows = x_ptr + m[:, None] * stride_xm
-        if PDL:  # nothing before this line reads or writes memory another kernel touches
+        k_begin = pid_k * K_SPLIT
+        if ONE_TILE:
+            # This program's whole K range is one tile: its weights (never written by a
+            # kernel) are loaded before the PDL wait, behind the previous kernel's tail.
+            k = k_begin + kk
+            kmask = k < K
+            wt = tl.load(w_cols + k[:, None], mask=kmask[:, None] & nmask[None, :], other=0.0)
+            ut = wt
+            if SWIGLU:
+                ut = tl.load(w_cols + HALF * stride_wn + k[:, None],
+                             mask=kmask[:, None] & nmask[None, :], other=0.0)
+        if PDL:  # nothing before this line reads memory another kernel writes
             tl.extra.cuda.gdc_wait()
         # the epilogues' inputs are loaded before the main loop and used after it, so that
         # their latency hides behind the weight loads instead of following them
@@ -145,22 +157,33 @@ if triton is not None:
         if RESIDUAL:  # only this column block's fix-up program writes it, after every load
             res = tl.load(out_ptr + m[:, None] * stride_om + n[None, :],
                           mask=mmask[:, None] & nmask[None, :], other=0.0).to(tl.float32)
-        k_begin = pid_k * K_SPLIT
-        for k0 in range(k_begin, k_begin + K_SPLIT, BLOCK_K):
-            k = k0 + kk
-            kmask = k < K
+        if ONE_TILE:
             xt = tl.load(x_rows + k[None, :], mask=mmask[:, None] & kmask[None, :], other=0.0)
-            wt = tl.load(w_cols + k[:, None], mask=kmask[:, None] & nmask[None, :], other=0.0)
             if UPCAST:
                 xt = xt.to(tl.float32)
                 wt = wt.to(tl.float32)
+                ut = ut.to(tl.float32)
             acc += _dot(xt, wt, IEEE)
             if SWIGLU:
-                ut = tl.load(w_cols + HALF * stride_wn + k[:, None],
-                             mask=kmask[:, None] & nmask[None, :], other=0.0)
-                if UPCAST:
-                    ut = ut.to(tl.float32)
                 acc_up += _dot(xt, ut, IEEE)
+        else:
+            for k0 in range(k_begin, k_begin + K_SPLIT, BLOCK_K):
+                k = k0 + kk
+                kmask = k < K
+                xt = tl.load(x_rows + k[None, :], mask=mmask[:, None] & kmask[None, :],
+                             other=0.0)
+                wt = tl.load(w_cols + k[:, None], mask=kmask[:, None] & nmask[None, :],
+                             other=0.0)
+                if UPCAST:
+                    xt = xt.to(tl.float32)
+                    wt = wt.to(tl.float32)
+                acc += _dot(xt, wt, IEEE)
+                if SWIGLU:
+                    ut = tl.load(w_cols + HALF * stride_wn + k[:, None],
+                                 mask=kmask[:, None] & nmask[None, :], other=0.0)
+                    if UPCAST:
+                        ut = ut.to(tl.float32)
+                    acc_up += _dot(xt, ut, IEEE)
         if PDL:  # the next kernel may start launching; it waits for this grid's completion
             tl.extra.cuda.gdc_launch_dependents()
         if SPLIT_K > 1:
@@ -332,6 +355,7 @@ def _launch(x, w, out, workspace, config, swiglu, row_stats, eps, residual) -> i
         RESIDUAL=residual, STATS_STRIDE=MAX_ROWS,
         UPCAST=_INTERPRETED and x.dtype != torch.float32,
         IEEE=x.dtype == torch.float32,
+        ONE_TILE=k_split <= cfg.block_k,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(x))
     return blocks
 

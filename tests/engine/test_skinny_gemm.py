@@ -27,7 +27,12 @@ ws = sg.Workspace("cpu", 512, 8, 64)
 cases = [(1, 96, 512, False, sg.TileConfig(16, 64, 4)),    # split-K fix-up, M = 1
          (5, 200, 300, True, sg.TileConfig(16, 64, 2)),    # SwiGLU + split, ragged N and K
          (17, 64, 128, False, None),                       # default config, BLOCK_M 32
-         (3, 48, 1000, False, sg.TileConfig(32, 128, 3))]  # odd split count
+         (3, 48, 1000, False, sg.TileConfig(32, 128, 3)),  # odd split count
+         # one tile per program (weights loaded before the PDL wait): split, ragged, SwiGLU
+         (1, 96, 512, False, sg.TileConfig(16, 128, 4)),
+         (2, 80, 300, False, sg.TileConfig(16, 64, 5)),
+         (5, 200, 256, True, sg.TileConfig(16, 128, 2)),
+         (4, 64, 100, True, sg.TileConfig(32, 128, 1))]
 for M, N, K, swiglu, cfg in cases:
     for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
         x = torch.randn(M, K, dtype=dtype)
@@ -46,7 +51,7 @@ print("ok", len(cases))
 def test_triton_kernel_in_interpreter_matches_float64():
     res = run_in_triton_interpreter(_TRITON_CHECK)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert "ok 4" in res.stdout
+    assert "ok 8" in res.stdout
 
 
 def test_torch_path_swiglu_matches_its_definition():
@@ -232,7 +237,9 @@ eps = 1e-6
 # (M, hidden, K of the producer, N of the consumer, swiglu, producer tile, consumer tile)
 cases = [(1, 96, 256, 80, False, sg.TileConfig(16, 64, 4), sg.TileConfig(16, 32, 2)),
          (5, 200, 300, 96, True, sg.TileConfig(32, 64, 1), sg.TileConfig(16, 64, 3)),
-         (17, 64, 128, 48, False, None, None)]
+         # one tile per program on both sides (the weights loaded before the PDL wait)
+         (3, 96, 256, 80, True, sg.TileConfig(16, 64, 4), sg.TileConfig(16, 128, 1)),
+         (17, 64, 128, 48, False, None, None)]  # last: the row-count check below uses it
 for M, H, K, N, swiglu, pcfg, ccfg in cases:
     for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
         a = torch.randn(M, K, dtype=dtype)
@@ -282,7 +289,7 @@ def test_residual_epilogue_and_folded_norm_in_interpreter_match_float64():
     SwiGLU, split-K on either side) equals RMSNorm then GEMM in float64."""
     res = run_in_triton_interpreter(_RESIDUAL_NORM_CHECK)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert "ok 3" in res.stdout
+    assert "ok 4" in res.stdout
 
 
 def test_fold_norm_weight_scales_columns_in_float32():
