@@ -1,0 +1,148 @@
+"""What a Triton kernel of the engine touches before and after its PDL wait, read from its
+source (Python's `ast`; nothing is compiled or run).
+
+`engine.kernels.pdl` states the rule: before `gdc_wait` a kernel may load only what the launch
+just before it does not write, and it must wait before it calls `gdc_launch_dependents`.
+`memory_order` lists, per pointer parameter, where the kernel loads and stores it, so a test
+can hand the kernels of a decode layer, in launch order, to `sim.launch_chain.check_chain` and
+have every order the hardware allows searched for a stale read. Moving a load above the wait
+in the source changes what this module reports, so the check follows the code.
+
+The reading is conservative: a pointer counts as loaded where any `tl.load` (or atomic) names
+it or a variable derived from it, in either arm of an `if` and in any loop; a store is any
+`tl.store` or atomic.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+from dataclasses import dataclass
+
+_LOADS = {"load"}
+_STORES = {"store"}
+_ATOMICS = {"atomic_add", "atomic_cas", "atomic_xchg", "atomic_max", "atomic_min",
+            "atomic_and", "atomic_or", "atomic_xor"}
+
+
+@dataclass(frozen=True)
+class MemoryOrder:
+    """Pointer parameters of one kernel by where it uses them.
+
+    Attributes:
+        loads_before_wait / loads_after_wait: parameters loaded before / after the first
+            `gdc_wait` in source order (a kernel without a wait loads everything "before":
+            launched with PDL, nothing orders its loads after the previous kernel).
+        stores: parameters stored or updated atomically anywhere.
+        stores_before_wait: those stored before the wait (the rule allows none).
+        trigger: "before wait", "after wait" or "at exit" (no `gdc_launch_dependents`), the
+            names `sim.launch_chain` uses.
+        waits: whether the kernel calls `gdc_wait` at all.
+    """
+
+    loads_before_wait: frozenset[str]
+    loads_after_wait: frozenset[str]
+    stores: frozenset[str]
+    stores_before_wait: frozenset[str]
+    trigger: str
+    waits: bool
+
+
+def memory_order(kernel) -> MemoryOrder:
+    """Read `kernel`'s source (a `triton.jit` function, a plain function or source text).
+
+    Raises:
+        ValueError: the source holds no function definition.
+    """
+    src = kernel if isinstance(kernel, str) else inspect.getsource(getattr(kernel, "fn", kernel))
+    tree = ast.parse(textwrap.dedent(src))
+    fn = next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)), None)
+    if fn is None:
+        raise ValueError("no function definition in the kernel source")
+    pointers = {a.arg for a in fn.args.args if a.arg.endswith("_ptr")}
+    walker = _Walker(pointers)
+    for stmt in fn.body:
+        walker.visit(stmt)
+    before = frozenset(p for p, waited in walker.loads if not waited)
+    after = frozenset(p for p, waited in walker.loads if waited)
+    stores = frozenset(p for p, _ in walker.stores)
+    early_stores = frozenset(p for p, waited in walker.stores if not waited)
+    if walker.trigger_waited is None:
+        trigger = "at exit"
+    else:
+        trigger = "after wait" if walker.trigger_waited else "before wait"
+    return MemoryOrder(before, after, stores, early_stores, trigger, walker.waited)
+
+
+def _call_name(node: ast.Call) -> str:
+    return node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+
+
+class _Walker(ast.NodeVisitor):
+    """Visits statements in source order, tracking which variables derive from which
+    pointer parameters and whether the wait has been passed."""
+
+    def __init__(self, pointers: set[str]):
+        self.derived = {p: {p} for p in pointers}
+        self.waited = False
+        self.trigger_waited: bool | None = None
+        self.loads: list[tuple[str, bool]] = []
+        self.stores: list[tuple[str, bool]] = []
+
+    def _sources(self, node) -> set[str]:
+        """Pointer parameters an expression's address derives from. A loaded value is data,
+        not an address, so nothing inside a load counts (``tl.load(slots_ptr + b)`` used as an
+        index derives from no pointer)."""
+        if isinstance(node, ast.Call) and _call_name(node) in _LOADS | _ATOMICS:
+            return set()
+        if isinstance(node, ast.Name):
+            return set(self.derived.get(node.id, ()))
+        out: set[str] = set()
+        for child in ast.iter_child_nodes(node):
+            out |= self._sources(child)
+        return out
+
+    def visit_Assign(self, node):
+        self.visit(node.value)
+        sources = self._sources(node.value)
+        for target in node.targets:
+            for sub in ast.walk(target):
+                if isinstance(sub, ast.Name):
+                    self.derived[sub.id] = set(sources) if sources else set()
+                    if not sources:
+                        del self.derived[sub.id]
+
+    def visit_AugAssign(self, node):
+        self.visit(node.value)
+        if isinstance(node.target, ast.Name):
+            sources = self._sources(node.value) | self.derived.get(node.target.id, set())
+            if sources:
+                self.derived[node.target.id] = sources
+
+    def visit_Call(self, node):
+        self.visit(node.func)  # a method call on a load: ``tl.load(...).to(tl.int64)``
+        for arg in node.args:
+            self.visit(arg)
+        for kw in node.keywords:
+            self.visit(kw.value)
+        name = _call_name(node)
+        if isinstance(node.func, ast.Name) and name not in _LOADS | _STORES | _ATOMICS:
+            # a helper of the kernel (`_skinny_epilogue(...)`): whatever pointer it is handed
+            # it may load and store, at this point of the caller
+            for arg in list(node.args) + [kw.value for kw in node.keywords]:
+                for p in self._sources(arg):
+                    self.loads.append((p, self.waited))
+                    self.stores.append((p, self.waited))
+            return
+        if name == "gdc_wait":
+            self.waited = True
+        elif name == "gdc_launch_dependents":
+            if self.trigger_waited is None:
+                self.trigger_waited = self.waited
+        elif node.args and name in _LOADS | _STORES | _ATOMICS:
+            for p in self._sources(node.args[0]):
+                if name in _LOADS or name in _ATOMICS:
+                    self.loads.append((p, self.waited))
+                if name in _STORES or name in _ATOMICS:
+                    self.stores.append((p, self.waited))

@@ -1,0 +1,154 @@
+"""The decode layer's kernels, read from their source (`engine.kernels.pdl_order`), obey the
+PDL rule of `engine.kernels.pdl` in every order the hardware allows (`sim.launch_chain`); a
+kernel mutated to load its predecessor's output before its wait is caught."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from engine.kernels import decode_attention, fused, pdl_order, skinny_gemm
+from sim.launch_chain import AT_EXIT, KernelSpec, check_chain
+
+# Each launch of the fused decode layer (engine.model.Qwen3DecoderLayer.forward_fused): the
+# kernel and what buffer each pointer parameter is at that call site.
+GEMM_WS = {"part_ptr": "gemm partials", "count_ptr": "gemm counters", "stats_ptr": "row stats"}
+ATTN_WS = {"acc_ptr": "split partials", "stats_ptr": "split stats", "count_ptr": "split counters"}
+
+
+def layer(i: int) -> list[tuple[str, object, dict]]:
+    # layer 0 normalises the embedding first; later layers' QKV folds the norm in
+    first = [(f"input norm {i}", fused._add_rms_norm_kernel,
+              {"x_ptr": "residual", "res_ptr": "residual", "w_ptr": f"input_norm {i}",
+               "out_ptr": "normed"})] if i == 0 else []
+    return first + [
+        (f"qkv {i}", skinny_gemm._skinny_gemm_kernel,
+         {"x_ptr": "normed" if i == 0 else "residual", "w_ptr": f"w_qkv {i}", "out_ptr": "qkv",
+          **GEMM_WS}),
+        (f"q/k norm {i}", fused._qk_norm_rope_kv_kernel,
+         {"qkv_ptr": "qkv", "qw_ptr": f"q_norm {i}", "kw_ptr": f"k_norm {i}", "cos_ptr": "cos",
+          "sin_ptr": "sin", "pos_ptr": "positions", "slot_ptr": "slot_ids",
+          "pt_ptr": "page_table", "kc_ptr": f"k_cache {i}", "vc_ptr": f"v_cache {i}",
+          "q_ptr": "q"}),
+        (f"attention {i}", decode_attention._paged_decode_kernel,
+         {"q_ptr": "q", "k_ptr": f"k_cache {i}", "v_ptr": f"v_cache {i}",
+          "pt_ptr": "page_table", "lens_ptr": "seq_lens", "slots_ptr": "slot_ids",
+          "out_ptr": "attn_out", "order_ptr": "row_order", **ATTN_WS}),
+        (f"o_proj {i}", skinny_gemm._skinny_gemm_kernel,
+         {"x_ptr": "attn_out", "w_ptr": f"w_o {i}", "out_ptr": "residual", **GEMM_WS}),
+        (f"gate_up {i}", skinny_gemm._skinny_gemm_kernel,
+         {"x_ptr": "residual", "w_ptr": f"w_gate_up {i}", "out_ptr": "act", **GEMM_WS}),
+        (f"down {i}", skinny_gemm._skinny_gemm_kernel,
+         {"x_ptr": "act", "w_ptr": f"w_down {i}", "out_ptr": "residual", **GEMM_WS}),
+    ]
+
+
+# Before layer 0: the step's host-to-device copy and torch's kernels, launched without PDL and
+# never triggering early (a kernel that does not call launch_dependents triggers at exit).
+STEP_START = [
+    KernelSpec("copy replay inputs", pdl=False, trigger=AT_EXIT,
+               writes=frozenset({"input_ids", "positions", "slot_ids", "row_order",
+                                 "page_table"})),
+    KernelSpec("seq_lens index_copy", pdl=False, trigger=AT_EXIT,
+               reads_after_wait=frozenset({"positions", "slot_ids"}),
+               writes=frozenset({"seq_lens"})),
+    KernelSpec("embedding", pdl=False, trigger=AT_EXIT, reads_after_wait=frozenset({"input_ids"}),
+               writes=frozenset({"residual"})),
+]
+
+
+def spec(name: str, order: pdl_order.MemoryOrder, buffers: dict) -> KernelSpec:
+    def named(params):
+        missing = set(params) - set(buffers)
+        assert not missing, f"{name}: no buffer named for {sorted(missing)}"
+        return frozenset(buffers[p] for p in params)
+
+    return KernelSpec(name, True, named(order.loads_before_wait),
+                      named(order.loads_after_wait), named(order.stores - order.stores_before_wait),
+                      order.trigger, named(order.stores_before_wait))
+
+
+def decode_chain(sources: dict | None = None) -> list[KernelSpec]:
+    """Step start, then two fused layers; `sources` replaces a kernel's source text."""
+    sources = sources or {}
+    chain = list(STEP_START)
+    for name, kernel, buffers in layer(0) + layer(1):
+        order = pdl_order.memory_order(sources.get(kernel, kernel))
+        chain.append(spec(name, order, buffers))
+    return chain
+
+
+def source(kernel) -> str:
+    return inspect.getsource(kernel.fn)
+
+
+def test_every_pdl_kernel_of_the_decode_layer_waits_before_it_triggers():
+    for kernel in (skinny_gemm._skinny_gemm_kernel, fused._qk_norm_rope_kv_kernel,
+                   decode_attention._paged_decode_kernel, fused._add_rms_norm_kernel,
+                   fused._silu_mul_kernel):
+        order = pdl_order.memory_order(kernel)
+        assert order.waits and order.trigger == "after wait", (kernel.fn.__name__, order)
+
+
+def test_the_shipped_decode_layer_has_no_stale_read_in_any_order():
+    chain = decode_chain()
+    # what the shipped kernels load before their wait, as read from the source
+    by_name = {k.name: k for k in chain}
+    assert by_name["q/k norm 0"].reads_before_wait == {
+        "positions", "slot_ids", "page_table", "q_norm 0", "k_norm 0", "cos", "sin"}
+    assert by_name["o_proj 0"].reads_before_wait == {"w_o 0"}
+    assert by_name["attention 0"].reads_before_wait == frozenset()
+    res = check_chain(chain)
+    assert res.stale is None, str(res.stale)
+    assert res.overlapped and res.states > len(chain)
+
+
+@pytest.mark.parametrize("kernel, mutate, reader, buffer", [
+    # q loaded before the wait: q/k norm, the launch just before, writes it
+    (decode_attention._paged_decode_kernel,
+     lambda s: s.replace("        b = tl.program_id(0)\n",
+                         "        b = tl.program_id(0)\n        _q = tl.load(q_ptr)\n", 1),
+     "attention 0", "q"),
+    # no wait at all: the skinny GEMM's x is the previous launch's output (the first one hit
+    # is layer 0's QKV over the input norm's output)
+    (skinny_gemm._skinny_gemm_kernel,
+     lambda s: s.replace("tl.extra.cuda.gdc_wait()", "pass"), "qkv 0", "normed"),
+    # the qkv row read before the wait
+    (fused._qk_norm_rope_kv_kernel,
+     lambda s: s.replace("        d = tl.arange(0, D)\n",
+                         "        d = tl.arange(0, D)\n        _x = tl.load(qkv_ptr + t)\n", 1),
+     "q/k norm 0", "qkv"),
+])
+def test_a_load_of_the_previous_launchs_output_moved_before_the_wait_is_caught(
+        kernel, mutate, reader, buffer):
+    mutated = mutate(source(kernel))
+    assert mutated != source(kernel), "the mutation did not apply"
+    res = check_chain(decode_chain({kernel: mutated}))
+    assert res.stale is not None, "the mutant survived"
+    assert (res.stale.reader, res.stale.buffer) == (reader, buffer), str(res.stale)
+
+
+def test_a_trigger_moved_before_the_wait_is_reported_by_the_reading():
+    src = source(fused._qk_norm_rope_kv_kernel).replace(
+        "            tl.extra.cuda.gdc_wait()\n            tl.extra.cuda.gdc_launch_dependents()\n",
+        "            tl.extra.cuda.gdc_launch_dependents()\n            tl.extra.cuda.gdc_wait()\n")
+    assert pdl_order.memory_order(src).trigger == "before wait"
+
+
+def test_memory_order_follows_addresses_not_loaded_values():
+    src = '''
+def kern(a_ptr, b_ptr, c_ptr, PDL):
+    i = tl.load(a_ptr)            # a value: an index, not an address
+    p = b_ptr + i
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+    x = tl.load(p).to(tl.float32)
+    helper(c_ptr, x)              # a helper may load and store what it is handed
+'''
+    order = pdl_order.memory_order(src)
+    assert order.loads_before_wait == {"a_ptr"}
+    assert order.loads_after_wait == {"b_ptr", "c_ptr"}
+    assert order.stores == {"c_ptr"} and order.trigger == "at exit"
+    with pytest.raises(ValueError, match="no function definition"):
+        pdl_order.memory_order("x = 1")
