@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import sys
 
 
 def main(argv=None) -> int:
@@ -26,6 +27,17 @@ def main(argv=None) -> int:
     p.add_argument("--timeline", action="store_true",
                    help="exposed time per kernel (end minus the previous kernel's end)")
     args = p.parse_args(argv)
+    from engine.presets import PRESETS
+
+    if args.preset not in PRESETS:
+        print(f"profile: error: --preset {args.preset!r}: choose from "
+              f"{', '.join(sorted(PRESETS))}", file=sys.stderr)
+        return 2
+    for flag, value in (("--batch", args.batch), ("--context", args.context),
+                        ("--steps", args.steps), ("--rows", args.rows)):
+        if value < 1:
+            print(f"profile: error: {flag} {value}: expected >= 1", file=sys.stderr)
+            return 2
 
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -109,10 +121,12 @@ def print_timeline(events, args, num_layers: int) -> None:
     """Print `step_timeline` of the profiled replays (kernels labelled by `layer_labels`)."""
     from engine.bench.kernel_profile import step_timeline
 
-    kernels = sorted((e.name, e.time_range.start, e.time_range.end) for e in events
-                     if e.device_type.name == "CUDA" and not e.name.startswith(("Memcpy",
-                                                                                "Memset")))
-    kernels.sort(key=lambda k: k[1])
+    kernels = sorted(((e.name, e.time_range.start, e.time_range.end) for e in events
+                      if e.device_type.name == "CUDA"
+                      and not e.name.startswith(("Memcpy", "Memset"))), key=lambda k: k[1])
+    if len(kernels) % args.steps:
+        raise SystemExit(f"profile: {len(kernels)} kernels over {args.steps} replays: the "
+                         "profiler lost some; run again")
     per_step = len(kernels) // args.steps
     labelled = []
     for s in range(args.steps):

@@ -139,3 +139,18 @@ def test_layer_labels_number_the_calls_of_a_kernel_within_a_layer():
     names = ["embed"] + ["gemm", "attn", "gemm"] * 3 + ["head"]
     assert layer_labels(names, num_layers=3) == (
         ["embed"] + ["gemm[0]", "attn", "gemm[1]"] * 3 + ["head"])
+
+
+def test_profile_refuses_bad_arguments_in_one_line_before_touching_a_gpu(capsys):
+    import pytest
+
+    from engine.bench import profile
+
+    for argv, message in ((["--preset", "qwen9"], "--preset 'qwen9': choose from"),
+                          (["--preset", "tiny", "--steps", "0"], "--steps 0: expected >= 1"),
+                          (["--preset", "tiny", "--batch", "-2"], "--batch -2: expected >= 1")):
+        assert profile.main(argv) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+    with pytest.raises(SystemExit):
+        profile.main(["--preset", "tiny", "--steps", "x"])  # argparse's own usage error
