@@ -189,21 +189,22 @@ def step_timeline(kernels, steps: int) -> dict:
     """Where a captured step's time goes, kernel by kernel, from the device timeline of
     `steps` back-to-back replays.
 
-    A kernel's *exposed* time is how far it moves the end of the step: its end minus the end
-    of the kernel before it in the step (its start, for the step's first kernel). The exposed
-    times of one step add up to the step's span, so they say which kernels the step waits on;
-    a kernel launched with PDL starts before its predecessor ends, and its *overlap* is how
-    long before.
+    A kernel's *exposed* time is how far it moves the end of the step: how far its end lies
+    past the latest end of the kernels before it in the step (its start, for the step's first
+    kernel), never less than 0. The exposed times of one step add up to the step's span, so
+    they say which kernels the step waits on; a kernel launched with PDL starts before its
+    predecessor ends, and its *overlap* is the part of it that runs before that latest end.
+    The rows give medians over steps, so their sum is the span only when the steps agree.
 
     Args:
-        kernels: [(name, start_us, end_us)] of the replays' kernels, any order; every step
-            launches the same kernels in the same order.
+        kernels: (name, start_us, end_us) tuples of the replays' kernels, any order; every
+            step launches the same kernels in the same order.
         steps: how many steps the kernels span.
     Returns:
         dict: ``span_us`` (median first start to last end of a step), ``launches`` (kernels
-        per step) and ``rows``: [{"name", "calls" (per step), "exposed_us" (per step, median
-        over steps), "busy_us" (summed durations per step), "overlap_us" (summed per step)}],
-        largest exposed time first.
+        per step) and ``rows``: [{"name", "calls" (per step), "exposed_us", "busy_us"
+        (summed durations), "overlap_us"}], each per step and the median over steps, largest
+        exposed time first.
     Raises:
         ValueError: steps < 1, or the kernels do not split into `steps` equal steps.
     """
@@ -214,29 +215,31 @@ def step_timeline(kernels, steps: int) -> dict:
         raise ValueError(f"{len(ordered)} kernels do not split into {steps} equal steps")
     per_step = len(ordered) // steps
     spans: list[float] = []
-    totals: dict[str, list[list[float]]] = {}
+    per_name: dict[str, list[dict]] = {}
+    first_names = None
     for s in range(steps):
         step = ordered[s * per_step:(s + 1) * per_step]
-        names = [k[0] for k in step]
-        if s and names != first_names:
-            raise ValueError(f"step {s} launches other kernels than step 0")
-        if not s:
+        names = [name for name, _, _ in step]
+        if first_names is None:
             first_names = names
-        spans.append(max(k[2] for k in step) - step[0][1])
-        sums: dict[str, list[float]] = {}
-        prev_end = step[0][1]
+        elif names != first_names:
+            raise ValueError(f"step {s} launches other kernels than step 0")
+        spans.append(max(end for _, _, end in step) - step[0][1])
+        sums: dict[str, dict] = {}
+        latest_end = step[0][1]
         for name, start, end in step:
-            t = sums.setdefault(name, [0.0, 0.0, 0.0, 0])
-            t[0] += end - prev_end
-            t[1] += end - start
-            t[2] += max(0.0, prev_end - start)
-            t[3] += 1
-            prev_end = max(prev_end, end)
+            t = sums.setdefault(name, {"exposed": 0.0, "busy": 0.0, "overlap": 0.0, "calls": 0})
+            t["exposed"] += max(0.0, end - latest_end)
+            t["busy"] += end - start
+            t["overlap"] += max(0.0, min(latest_end, end) - start)
+            t["calls"] += 1
+            latest_end = max(latest_end, end)
         for name, t in sums.items():
-            totals.setdefault(name, []).append(t)
-    rows = [{"name": name, "calls": ts[0][3],
-             "exposed_us": statistics.median(t[0] for t in ts),
-             "busy_us": statistics.median(t[1] for t in ts),
-             "overlap_us": statistics.median(t[2] for t in ts)} for name, ts in totals.items()]
+            per_name.setdefault(name, []).append(t)
+    rows = [{"name": name, "calls": ts[0]["calls"],
+             "exposed_us": statistics.median(t["exposed"] for t in ts),
+             "busy_us": statistics.median(t["busy"] for t in ts),
+             "overlap_us": statistics.median(t["overlap"] for t in ts)}
+            for name, ts in per_name.items()]
     rows.sort(key=lambda r: -r["exposed_us"])
     return {"span_us": statistics.median(spans), "launches": per_step, "rows": rows}

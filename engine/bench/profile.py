@@ -103,7 +103,16 @@ def main(argv=None) -> int:
 def layer_labels(names: list[str], num_layers: int) -> list[str]:
     """Each kernel name of one step with its call index within the layer appended when the
     kernel runs a multiple of `num_layers` times per step (the skinny GEMM's four calls per
-    layer become "name[0]".."name[3]": QKV, o_proj, gate_up, down)."""
+    layer become "name[0]".."name[3]": QKV, o_proj, gate_up, down). A kernel whose count is
+    not such a multiple (it also runs outside the layers) keeps its bare name on every call.
+
+    Args:
+        names: kernel names of one step in launch order. num_layers: the model's layers.
+    Raises:
+        ValueError: num_layers < 1.
+    """
+    if num_layers < 1:
+        raise ValueError(f"num_layers = {num_layers}, expected >= 1")
     counts: dict[str, int] = {}
     for n in names:
         counts[n] = counts.get(n, 0) + 1

@@ -168,8 +168,8 @@ if triton is not None:
         is_v = (h >= NQ + NKV) & (h < NQ + 2 * NKV)
         normed = (is_q | is_k)[:, None]
         # Before the PDL wait only what the launch just before does not write: the step's
-        # positions and slots, the page table, the weights and the cos/sin tables, through L2
-        # (".cg"); see engine.kernels.pdl. The qkv row is read after the wait.
+        # positions and slots and the page table (through L2, ".cg"), the norm weights and the
+        # cos/sin tables; see engine.kernels.pdl. The qkv row is read after the wait.
         pos = tl.load(pos_ptr + t, cache_modifier=".cg").to(tl.int64)
         slot = tl.load(slot_ptr + t, cache_modifier=".cg").to(tl.int64)
         page = tl.load(pt_ptr + slot * stride_pt + pos // PAGE,

@@ -1,21 +1,25 @@
 """Programmatic dependent launch (PDL) for the engine's Triton kernels on Hopper.
 
 A kernel launched with PDL may be scheduled while the kernel before it on the stream is still
-running; it executes `griddepcontrol.wait` (`tl.extra.cuda.gdc_wait`) before touching any
-memory, which returns once the previous grid has completed and its writes are visible. So
-ordering is unchanged and only the launch latency between dependent kernels overlaps (the
-decode step is a chain of ~250 small kernels). Every kernel that takes a `PDL` flag calls
-`gdc_wait` first and `gdc_launch_dependents` after its main loop. Stream capture records the
+running; it executes `griddepcontrol.wait` (`tl.extra.cuda.gdc_wait`), which returns once the
+previous grid has completed and its writes are visible, before it touches anything that grid
+writes (the rule below says what may come before). So ordering is unchanged and the launch
+latency between dependent kernels overlaps (the decode step is a chain of ~180 small
+kernels). Every kernel that takes a `PDL` flag calls `gdc_wait` before
+`gdc_launch_dependents`. Stream capture records the
 dependency as a programmatic graph edge, so replays keep it. CUDA Programming Guide,
 "Programmatic Dependent Launch and Synchronization".
 
-Reading before the wait. A kernel may load, before `gdc_wait`, what no kernel writes (weights,
-the cos/sin tables) and what was written two or more launches back (the step's positions and
-slots, the page table). Every kernel here calls `gdc_wait` before `gdc_launch_dependents`,
+Reading before the wait. A kernel may load, before `gdc_wait`, only what the launch just before
+it does not write: weights and the cos/sin tables (written at load, not during steps; a caller
+that writes a weight must not make that the launch right before the GEMM) and what was written
+two or more launches back (the step's positions and slots, the page table). Every kernel here calls `gdc_wait` before `gdc_launch_dependents`,
 and a kernel launched without PDL starts only after its predecessor completes, so by the time
 a kernel's programs start, every launch before its immediate predecessor has completed and
-flushed its writes. Such loads go through L2 (`cache_modifier=".cg"`), which is coherent; only
-what the immediate predecessor writes must wait. `skinny_gemm` loads a one-tile program's
+flushed its writes. Loads of what changes between steps (positions, slots, page-table entries)
+go through L2 (`cache_modifier=".cg"`), which is coherent; only what the immediate predecessor
+writes must wait. `sim.launch_chain` searches a real step's kernels for a break of this rule
+(`tests/engine/test_pdl_order.py`). `skinny_gemm` loads a one-tile program's
 weights this way and `fused.qk_norm_rope_kv` its positions, slots, page-table entries, norm
 weights and cos/sin rows (H200, 2026-12-02, Qwen3-0.6B graph step at batch 1 / 8: 0.878 ->
 0.845 ms and 0.900 -> 0.860 ms, docs/benchmarks.md).

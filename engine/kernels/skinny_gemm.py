@@ -135,8 +135,9 @@ if triton is not None:
         x_rows = x_ptr + m[:, None] * stride_xm
         k_begin = pid_k * K_SPLIT
         if ONE_TILE:
-            # This program's whole K range is one tile: its weights (never written by a
-            # kernel) are loaded before the PDL wait, behind the previous kernel's tail.
+            # This program's whole K range is one tile: its weights (written at load, never by
+            # the launch just before: engine.kernels.pdl) are loaded before the PDL wait,
+            # behind the previous kernel's tail.
             k = k_begin + kk
             kmask = k < K
             wt = tl.load(w_cols + k[:, None], mask=kmask[:, None] & nmask[None, :], other=0.0)

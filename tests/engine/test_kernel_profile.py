@@ -120,6 +120,16 @@ def test_step_timeline_splits_exposed_time_by_kernel():
     assert sum(r["exposed_us"] for r in t["rows"]) == t["span_us"]
 
 
+def test_step_timeline_counts_a_kernel_nested_in_an_earlier_one_as_not_exposed():
+    from engine.bench.kernel_profile import step_timeline
+
+    # b runs inside a (a side stream); exposed times still add up to the span
+    t = step_timeline([("a", 0.0, 10.0), ("b", 2.0, 5.0), ("c", 10.0, 11.0)], steps=1)
+    rows = {r["name"]: r for r in t["rows"]}
+    assert rows["b"]["exposed_us"] == 0.0 and rows["b"]["overlap_us"] == 3.0
+    assert sum(r["exposed_us"] for r in t["rows"]) == t["span_us"] == 11.0
+
+
 def test_step_timeline_refuses_steps_that_differ():
     import pytest
 

@@ -29,8 +29,10 @@ def test_table_config_matches_float64_and_replays_identically(n, k, swiglu, m, c
 
     torch.manual_seed(m)
     ws = sg.Workspace("cuda", n, cfg.split_k, -(-n // cfg.block_n))
-    x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+    # w first: a one-tile program loads its weights before the PDL wait, so the launch just
+    # before the GEMM must not be the one that writes them (engine.kernels.pdl)
     w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") / k ** 0.5
+    x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
     y = sg.skinny_gemm(x, w, ws, cfg, swiglu=swiglu)
     ref = sg.skinny_gemm_torch(x.double(), w.double(), swiglu)
     err = ((y.double() - ref).norm() / ref.norm()).item()
@@ -70,7 +72,8 @@ def test_programmatic_dependent_launch_changes_no_result(monkeypatch):
 
     def chain():
         h = sg.skinny_gemm(x, w1, ws, sg.TileConfig(32, 128, 4))
-        a = sg.skinny_gemm(h[:, :1024].contiguous(), w2, ws, sg.TileConfig(32, 128, 2),
+        # one tile per program (K 1024 / split 4 = block_k): weights loaded before the wait
+        a = sg.skinny_gemm(h[:, :1024].contiguous(), w2, ws, sg.TileConfig(32, 256, 4),
                            swiglu=True)
         o = da.paged_decode_attention_triton(q + a[: q.shape[0], :1].unsqueeze(-1), k, v,
                                              table, lens, slots, 0.1, workspace=aws)
