@@ -471,8 +471,10 @@ def replay_trace(data: dict) -> tuple[RunResult | None, str | None]:
     if result.choices != choices:
         first = next((i for i, (a, b) in enumerate(zip(result.choices, choices)) if a != b),
                      min(len(result.choices), len(choices)))
-        return result, (f"replay departed from its recording at action {first}: the run took "
-                        f"{len(result.choices)} actions, the recording has {len(choices)}")
+        where = (f"it took {result.choices[first]!r} where the recording has {choices[first]!r}"
+                 if first < min(len(result.choices), len(choices)) else
+                 f"the run took {len(result.choices)} actions, the recording has {len(choices)}")
+        return result, f"replay departed from its recording at action {first}: {where}"
     if result.outcome.verdict != data.get("verdict"):
         return result, (f"replay gave verdict {result.outcome.verdict}, the recording "
                         f"{data.get('verdict')}")

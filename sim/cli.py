@@ -660,7 +660,8 @@ def _print_text(rows: list[Row], ok: bool, elapsed: float, args, n_variants: int
         print(f"H2 calls: {args.h2_calls} (bad variants' verdicts are reported, not compared)")
     if args.hazard_off:
         print(f"hazards switched off: {', '.join(args.hazard_off)} (bad variants' verdicts are "
-              "reported, not compared with the full model's)")
+              "reported, not held to their expected verdicts; the status column compares them "
+              "with the full model's)")
     print(render_table(rows))
     for line in _row_notes(rows):
         print(line)

@@ -10,7 +10,8 @@ in the source changes what this module reports, so the check follows the code.
 
 The reading is conservative: a pointer counts as loaded where any `tl.load` (or atomic) names
 it or a variable derived from it, in either arm of an `if` and in any loop; a store is any
-`tl.store` or atomic.
+`tl.store` or atomic. Pointer parameters are those named `*_ptr` (the engine's convention); a
+load or store whose address derives from none of them is refused rather than skipped.
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ def memory_order(kernel) -> MemoryOrder:
     """Read `kernel`'s source (a `triton.jit` function, a plain function or source text).
 
     Raises:
-        ValueError: the source holds no function definition.
+        ValueError: the source holds no function definition, or a load or store whose address
+            derives from no `*_ptr` parameter.
     """
     src = kernel if isinstance(kernel, str) else inspect.getsource(getattr(kernel, "fn", kernel))
     tree = ast.parse(textwrap.dedent(src))
@@ -140,8 +142,15 @@ class _Walker(ast.NodeVisitor):
         elif name == "gdc_launch_dependents":
             if self.trigger_waited is None:
                 self.trigger_waited = self.waited
-        elif node.args and name in _LOADS | _STORES | _ATOMICS:
-            for p in self._sources(node.args[0]):
+        elif name in _LOADS | _STORES | _ATOMICS and isinstance(node.func, ast.Attribute):
+            address = node.args[0] if node.args else next(
+                (kw.value for kw in node.keywords if kw.arg == "pointer"), None)
+            sources = self._sources(address) if address is not None else set()
+            if not sources:
+                raise ValueError(f"line {node.lineno}: tl.{name} of an address that derives "
+                                 f"from no pointer parameter named *_ptr; name it so that the "
+                                 f"order can be read")
+            for p in sources:
                 if name in _LOADS or name in _ATOMICS:
                     self.loads.append((p, self.waited))
                 if name in _STORES or name in _ATOMICS:

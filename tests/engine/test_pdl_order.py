@@ -93,15 +93,15 @@ def test_every_pdl_kernel_of_the_decode_layer_waits_before_it_triggers():
 
 def test_the_shipped_decode_layer_has_no_stale_read_in_any_order():
     chain = decode_chain()
+    res = check_chain(chain)
+    assert res.stale is None, str(res.stale)
+    assert res.overlapped and res.states > len(chain)
     # what the shipped kernels load before their wait, as read from the source
     by_name = {k.name: k for k in chain}
     assert by_name["q/k norm 0"].reads_before_wait == {
         "positions", "slot_ids", "page_table", "q_norm 0", "k_norm 0", "cos", "sin"}
     assert by_name["o_proj 0"].reads_before_wait == {"w_o 0"}
     assert by_name["attention 0"].reads_before_wait == frozenset()
-    res = check_chain(chain)
-    assert res.stale is None, str(res.stale)
-    assert res.overlapped and res.states > len(chain)
 
 
 @pytest.mark.parametrize("kernel, mutate, reader, buffer", [
@@ -152,3 +152,19 @@ def kern(a_ptr, b_ptr, c_ptr, PDL):
     assert order.stores == {"c_ptr"} and order.trigger == "at exit"
     with pytest.raises(ValueError, match="no function definition"):
         pdl_order.memory_order("x = 1")
+
+
+def test_memory_order_reads_keyword_addresses_and_refuses_unnamed_pointers():
+    """A fresh user's findings: `tl.load(pointer=...)` was invisible, and a pointer parameter
+    not named *_ptr was skipped."""
+    src = """
+def kern(q_ptr, o_ptr, PDL):
+    x = tl.load(pointer=q_ptr + 1)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+    tl.store(pointer=o_ptr, value=x)
+"""
+    order = pdl_order.memory_order(src)
+    assert order.loads_before_wait == {"q_ptr"} and order.stores == {"o_ptr"}
+    with pytest.raises(ValueError, match="line 2: tl.load of an address that derives from no"):
+        pdl_order.memory_order("def kern(Q, o_ptr):\n    x = tl.load(Q)\n")

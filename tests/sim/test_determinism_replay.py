@@ -60,3 +60,22 @@ def test_reports_render():
     for line in diagram.splitlines()[1:]:
         assert line.startswith("    "), line
         assert "#" not in line and ";" not in line
+
+
+def test_a_replay_that_takes_another_actor_names_both_actions():
+    """A fresh user's finding: with equal lengths the message said only the two counts."""
+    spec = CheckSpec(schedules=50, fault_schedules=0)
+    row = check_bad(REGISTRY["fused-sweep"], spec, "shared")
+    data = to_json(row.minimal, "fused-sweep", scenario_spec(spec, "shared", row.minimal.world.scenario))
+    choices = data["choices"]
+    problems = []
+    for i in range(len(choices) - 1):
+        if choices[i] != choices[i + 1]:
+            tampered = json.loads(json.dumps(data))
+            tampered["choices"][i], tampered["choices"][i + 1] = choices[i + 1], choices[i]
+            _, problem = replay_trace(tampered)
+            if problem and "where the recording has" in problem:
+                problems.append(problem)
+                break
+    assert problems, "no swap of two actions gave a replay that took another actor"
+    assert "it took '" in problems[0]
