@@ -47,7 +47,8 @@ class KernelSpec:
         trigger: where it lets the next kernel start: `BEFORE_WAIT`, `AFTER_WAIT` or
             `AT_EXIT` (no `launch_dependents`: at completion).
     Raises:
-        ValueError: an unknown trigger, or a trigger before the wait of a kernel without one.
+        ValueError: an unknown trigger, or reads or writes before the wait of a kernel
+            launched without PDL (it has no wait).
     """
 
     name: str
@@ -128,31 +129,37 @@ def check_chain(chain: list[KernelSpec] | tuple[KernelSpec, ...]) -> ChainResult
                 if event == "start" and i and phases[i - 1] != _DONE:
                     overlapped = True
                 step = trace + (f"{event} {spec.name}",)
-                reads = (spec.reads_before_wait if event == "start" else
-                         spec.reads_after_wait if event == "wait" else ())
-                for buffer in sorted(reads):
-                    for j in range(i):
-                        if buffer in chain[j].writes and phases[j] != _DONE:
-                            return ChainResult(StaleRead(spec.name, chain[j].name, buffer, step),
-                                               len(seen), overlapped)
-                early = spec.writes_before_wait if event == "start" else ()
-                for buffer in sorted(early):
-                    for j in range(i):
-                        other = chain[j]
-                        uses = other.writes | other.reads_before_wait | other.reads_after_wait
-                        if buffer in uses and phases[j] != _DONE:
-                            return ChainResult(StaleRead(spec.name, other.name, buffer, step,
-                                                         early_write=True),
-                                               len(seen), overlapped)
+                conflict = _conflict(chain, i, event, phases)
+                if conflict is not None:
+                    other, buffer, early_write = conflict
+                    return ChainResult(StaleRead(spec.name, other.name, buffer, step,
+                                                 early_write), len(seen), overlapped)
                 if new not in seen:
                     seen.add(new)
                     queue.append((new, step))
     return ChainResult(None, len(seen), overlapped)
 
 
+def _conflict(chain, i, event, phases):
+    """(earlier kernel, buffer, early write?) of the first access kernel i makes at `event`
+    while an earlier kernel that writes (for a read) or uses (for a write) the buffer has not
+    completed; None when there is none."""
+    spec = chain[i]
+    reads = (spec.reads_before_wait if event == "start" else
+             spec.reads_after_wait if event == "wait" else ())
+    writes = spec.writes_before_wait if event == "start" else ()
+    for accessed, early_write in ((reads, False), (writes, True)):
+        for buffer in sorted(accessed):
+            for other, phase in zip(chain[:i], phases):
+                uses = other.writes if not early_write else (
+                    other.writes | other.reads_before_wait | other.reads_after_wait)
+                if buffer in uses and phase != _DONE:
+                    return other, buffer, early_write
+    return None
+
+
 def _events(chain, i, phases, triggered):
     """The events kernel i can take from this state, each with the state after it."""
-    n = len(chain)
     spec = chain[i]
     phase = phases[i]
     prev_done = i == 0 or phases[i - 1] == _DONE
@@ -173,5 +180,4 @@ def _events(chain, i, phases, triggered):
         out.append(("wait", moved(_WAITED, True if spec.trigger == AFTER_WAIT else None)))
     elif phase == _WAITED:
         out.append(("complete", moved(_DONE, True)))
-    assert len(phases) == n
     return out

@@ -53,6 +53,11 @@ def labelled_gemms(model):
             del module.forward
 
 
+def is_kernel_event(e) -> bool:
+    """Whether a profiler event is a kernel on the device (not a memcpy or memset)."""
+    return e.device_type.name == "CUDA" and not e.name.startswith(("Memcpy", "Memset"))
+
+
 def launches_per_step(replay, steps: int = 10) -> dict:
     """Kernels a step launches: torch profiler (CUDA activity) over `steps` calls of
     `replay()` (one decode step each, e.g. a graph replay).
@@ -76,8 +81,7 @@ def launches_per_step(replay, steps: int = 10) -> dict:
         torch.cuda.synchronize()
     kernels: dict[str, list] = {}
     for e in prof.events():
-        if e.device_type.name == "CUDA" and not e.name.startswith("Memcpy") \
-                and not e.name.startswith("Memset"):
+        if is_kernel_event(e):
             k = kernels.setdefault(e.name, [0, 0.0])
             k[0] += 1
             k[1] += e.device_time

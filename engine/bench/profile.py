@@ -128,11 +128,10 @@ def layer_labels(names: list[str], num_layers: int) -> list[str]:
 
 def print_timeline(events, args, num_layers: int) -> None:
     """Print `step_timeline` of the profiled replays (kernels labelled by `layer_labels`)."""
-    from engine.bench.kernel_profile import step_timeline
+    from engine.bench.kernel_profile import is_kernel_event, step_timeline
 
     kernels = sorted(((e.name, e.time_range.start, e.time_range.end) for e in events
-                      if e.device_type.name == "CUDA"
-                      and not e.name.startswith(("Memcpy", "Memset"))), key=lambda k: k[1])
+                      if is_kernel_event(e)), key=lambda k: k[1])
     if len(kernels) % args.steps:
         raise SystemExit(f"profile: {len(kernels)} kernels over {args.steps} replays: the "
                          "profiler lost some; run again")

@@ -111,9 +111,10 @@ class _Walker(ast.NodeVisitor):
         for target in node.targets:
             for sub in ast.walk(target):
                 if isinstance(sub, ast.Name):
-                    self.derived[sub.id] = set(sources) if sources else set()
-                    if not sources:
-                        del self.derived[sub.id]
+                    if sources:
+                        self.derived[sub.id] = set(sources)
+                    else:  # rebound to data: no longer an address
+                        self.derived.pop(sub.id, None)
 
     def visit_AugAssign(self, node):
         self.visit(node.value)
