@@ -126,13 +126,13 @@ class Qwen3DecoderLayer(nn.Module):
         statistics of the updated residual."""
         # every GEMM goes through its module, so profilers see one call per module
         attn, mlp = self.self_attn, self.mlp
+        x = residual
         if stats is None:
-            h, _ = self.input_layernorm.add_forward(residual, None)
-            qkv = attn.qkv_proj(h, tile=plan.qkv)
-        else:
-            qkv = attn.qkv_proj(residual, tile=plan.qkv, row_stats=stats,
-                                eps=self.input_layernorm.eps)
-        o = attn.attend(positions, qkv, ctx)
+            x, _ = self.input_layernorm.add_forward(residual, None)
+        rope = attn.rope_kv(positions, ctx) if plan.rope else None
+        qkv = attn.qkv_proj(x, tile=plan.qkv, row_stats=stats, eps=self.input_layernorm.eps,
+                            rope=rope)
+        o = attn.attend_rotated(qkv, ctx) if plan.rope else attn.attend(positions, qkv, ctx)
         stats = attn.o_proj(o, residual=residual, tile=plan.o_proj)
         act = mlp.gate_up_proj(residual, swiglu=True, tile=plan.gate_up, row_stats=stats,
                                eps=self.post_attention_layernorm.eps)

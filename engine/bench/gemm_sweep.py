@@ -36,6 +36,8 @@ ROWS = (1, 8, 16, 32, 64)
 SPACE = dict(block_n=(16, 32, 64), block_k=(128, 256), split_k=(1, 2, 4, 8),
              num_stages=(4,))
 COPIES_BYTES = 128 * 1024**2
+ROPE_MAX_SPLIT = 20
+"""Most K splits `rope_space` names."""
 
 
 def layer_shapes(preset: str, tp: int) -> list[tuple[str, int, int, bool]]:
@@ -114,13 +116,97 @@ def sweep_shape(n: int, k: int, swiglu: bool, rows, workspace, repeats: int, log
     return out
 
 
+def rope_space(k: int, half: int) -> list[TileConfig]:
+    """Tiles of a `skinny_gemm_qkv_rope` launch over K = k: block_n is the half head; each
+    (block_k, split) whose splits are one or two block_k tiles long, or one unsplit loop;
+    4 and 8 warps. Splits that round to the same K ranges appear once."""
+    seen, out = set(), []
+    for bk in (128, 256, 512):
+        for split in (1, 2, 4, 5, 8, 10, 16, 20):
+            k_split = -(-(-(-k // split)) // bk) * bk
+            tiles = k_split // bk
+            if -(-k // k_split) != split or (split > 1 and tiles > 2) or (bk, split) in seen:
+                continue
+            seen.add((bk, split))
+            out += [TileConfig(half, bk, split, warps, 4) for warps in (4, 8)]
+    return out
+
+
+def sweep_rope_shape(preset: str, tp: int, rows, workspace, repeats: int, log) -> dict:
+    """Times `skinny_gemm_qkv_rope` at every `rope_space` tile against the two launches it
+    replaces in a fused layer (the QKV tile the shipped table names, which the fused layer
+    takes even where cuBLAS was faster; cuBLAS where it names none; then
+    `fused.qk_norm_rope_kv`) at each row count, checking that both write the same q and
+    cache entries; per-call microseconds, weights from HBM as in `sweep_shape`."""
+    from engine.kernels.skinny_gemm import RopeKV, load_table, skinny_gemm_qkv_rope, table_entry
+
+    c = PRESETS[preset]
+    d, nq, nkv = c["head_dim"], c["num_attention_heads"] // tp, c["num_key_value_heads"] // tp
+    n, k = (nq + 2 * nkv) * d, c["hidden_size"]
+    dev, page = "cuda", 16
+    copies = max(2, -(-COPIES_BYTES // (n * k * 2)))
+    ws = [torch.randn(n, k, dtype=torch.bfloat16, device=dev) / k ** 0.5 for _ in range(copies)]
+    qw, kw = (1 + 0.1 * torch.randn(d, device=dev)).bfloat16(), (1 + 0.1 * torch.randn(
+        d, device=dev)).bfloat16()
+    inv = 1.0 / (c["rope_theta"] ** (torch.arange(0, d, 2, device=dev).float() / d))
+    angles = torch.outer(torch.arange(4096, device=dev).float(), inv).repeat(1, 2)
+    cos, sin = angles.cos().contiguous(), angles.sin().contiguous()
+    table = load_table()
+    out = {"N": n, "K": k, "swiglu": False, "rope": True, "weight_bytes": n * k * 2,
+           "rows": {}}
+    for m in rows:
+        x = torch.randn(m, k, dtype=torch.bfloat16, device=dev)
+        pos = torch.randint(0, 4096, (m,), device=dev)
+        slots = torch.arange(m, dtype=torch.int32, device=dev)
+        pt = torch.randperm(m * 4096 // page, device=dev).to(torch.int32).view(m, -1)
+        caches = [torch.zeros(m * 4096 // page + 1, page, nkv, d, dtype=torch.bfloat16,
+                              device=dev) for _ in range(4)]
+        base_rope = RopeKV(qw, kw, cos, sin, pos, slots, pt, caches[0], caches[1], nq, nkv, 1e-6)
+        rope = RopeKV(qw, kw, cos, sin, pos, slots, pt, caches[2], caches[3], nq, nkv, 1e-6)
+        plain = table_entry(table, n, k, False, m)
+        qkv_cfg = plain.config if plain is not None else None
+
+        def two_launches(w):
+            y = (skinny_gemm(x, w, workspace, qkv_cfg) if qkv_cfg is not None
+                 else torch.nn.functional.linear(x, w))
+            return fused.qk_norm_rope_kv(y, qw, kw, cos, sin, pos, slots, pt, caches[0],
+                                         caches[1], nq, nkv, 1e-6)
+
+        q_ref = two_launches(ws[0])
+        entry = {"cublas_us": time_graph(lambda: [two_launches(w) for w in ws], repeats)
+                 * 1e3 / copies, "baseline": qkv_cfg.__dict__ if qkv_cfg else "cublas",
+                 "triton": []}
+        for cfg in rope_space(k, d // 2):
+            try:
+                q = skinny_gemm_qkv_rope(x, ws[0], workspace, cfg, rope)
+                two_launches(ws[0])
+                err = max(((q.float() - q_ref.float()).norm() / q_ref.norm()).item(),
+                          *(((a.float() - b.float()).norm() / b.float().norm()).item()
+                            for a, b in ((caches[2], caches[0]), (caches[3], caches[1]))))
+                if not err < 2e-2:
+                    raise AssertionError(f"relative error {err} against the two launches")
+                us = time_graph(lambda: [skinny_gemm_qkv_rope(x, w, workspace, cfg, rope)
+                                         for w in ws], repeats) * 1e3 / copies
+            except Exception as exc:  # noqa: BLE001 - a config that fails is recorded, not fatal
+                entry["triton"].append({"config": cfg.__dict__, "error": str(exc)[:200]})
+                continue
+            entry["triton"].append({"config": cfg.__dict__, "us": us})
+        best = min((t for t in entry["triton"] if "us" in t), key=lambda t: t["us"], default=None)
+        entry["best"] = best
+        out["rows"][m] = entry
+        log(f"rope N={n} K={k} M={m}: two launches {entry['cublas_us']:.2f} us, one "
+            f"{best['us'] if best else float('nan'):.2f} us {best['config'] if best else ''}")
+    del ws
+    return out
+
+
 def to_table(results: list[dict]) -> dict:
     """The table the engine reads: {shape_key: {M: {"skinny": fastest tile, "skinny_us",
     "cublas_us"}}}; `engine.kernels.skinny_gemm.choose` takes the faster of the two. A row
     count where no tile ran has "skinny": null (cuBLAS, and no fused layer, there)."""
     table = {}
     for r in results:
-        key = shape_key(int(r["N"]), int(r["K"]), bool(r["swiglu"]))
+        key = shape_key(int(r["N"]), int(r["K"]), bool(r["swiglu"]), bool(r.get("rope")))
         table[key] = {}
         for m, e in r["rows"].items():
             best = e["best"]
@@ -137,6 +223,10 @@ def main(argv=None) -> int:
     p.add_argument("--tp", default="1,2", help="tensor-parallel sizes whose per-rank shapes to time")
     p.add_argument("--rows", default=",".join(map(str, ROWS)))
     p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--kinds", default="gemm,rope",
+                   help="what to time: gemm (each linear shape against cuBLAS), rope (the QKV "
+                        "GEMM with the q/k norm + RoPE + KV-write epilogue against the two "
+                        "launches it replaces)")
     p.add_argument("--json", help="write every measurement here")
     p.add_argument("--table", help="write the engine's per-shape choice here")
     p.add_argument("--from-json", metavar="JSON",
@@ -157,6 +247,10 @@ def main(argv=None) -> int:
                                 f"choose from {', '.join(sorted(PRESETS))}")
         if args.repeats < 1:
             raise BenchArgError(f"--repeats {args.repeats}: expected >= 1")
+        kinds = [x.strip() for x in args.kinds.split(",")]
+        if not kinds or any(x not in ("gemm", "rope") for x in kinds):
+            raise BenchArgError(f"--kinds {args.kinds!r}: expected gemm, rope or both, "
+                                "comma-separated")
         for flag, path in (("--json", args.json), ("--table", args.table)):
             if path is not None:
                 check_output_path(flag, path)
@@ -176,11 +270,23 @@ def main(argv=None) -> int:
             for name, n, k, sw in layer_shapes(preset, tp):
                 shapes.setdefault((n, k, sw), []).append(f"{preset} tp{tp} {name}")
     max_n = max(n for n, _, _ in shapes)
-    workspace = Workspace("cuda", max_n, max(SPACE["split_k"]), -(-max_n // min(SPACE["block_n"])))
+    workspace = Workspace("cuda", max_n, max(max(SPACE["split_k"]), ROPE_MAX_SPLIT),
+                          -(-max_n // min(SPACE["block_n"])))
     results = []
-    for (n, k, sw), names in shapes.items():
+    log = lambda s: print(s, flush=True)  # noqa: E731
+    for (n, k, sw), names in shapes.items() if "gemm" in kinds else ():
         print(f"-- {', '.join(names)}", flush=True)
-        r = sweep_shape(n, k, sw, rows, workspace, args.repeats, lambda s: print(s, flush=True))
+        r = sweep_shape(n, k, sw, rows, workspace, args.repeats, log)
+        r["layers"] = names
+        results.append(r)
+    rope_shapes = {}
+    for preset in presets if "rope" in kinds else ():
+        for tp in tps:
+            n, k = layer_shapes(preset, tp)[0][1:3]
+            rope_shapes.setdefault((n, k), (preset, tp, []))[2].append(f"{preset} tp{tp} qkv")
+    for preset, tp, names in rope_shapes.values():
+        print(f"-- rope: {', '.join(names)}", flush=True)
+        r = sweep_rope_shape(preset, tp, rows, workspace, args.repeats, log)
         r["layers"] = names
         results.append(r)
     if args.json:
@@ -196,7 +302,7 @@ def main(argv=None) -> int:
     return 0
 
 
-def _replace_file(target: str, text: str) -> None:
+def _replace_file(target: str, text: str, flag: str = "--table") -> None:
     """Write `text` to a temporary file beside `target`, then rename it over `target`, so
     that a failed write leaves no half-written file; the file keeps the mode it had (a new
     one gets the umask's).
@@ -220,7 +326,7 @@ def _replace_file(target: str, text: str) -> None:
         os.replace(tmp, target)
     except OSError as exc:
         os.unlink(tmp)
-        raise BenchArgError(f"--table {target}: {exc.strerror}") from None
+        raise BenchArgError(f"{flag} {target}: {exc.strerror}") from None
 
 
 def _table_from_json(args, parser) -> int:
@@ -229,7 +335,7 @@ def _table_from_json(args, parser) -> int:
     source, table_path = args.from_json, args.table
     try:
         timing = [f"--{name.replace('_', '-')}" for name in ("presets", "tp", "rows", "repeats",
-                                                            "json")
+                                                            "kinds", "json")
                   if getattr(args, name) != parser.get_default(name)]
         if timing:
             raise BenchArgError(f"--from-json times nothing; {timing[0]} does not apply")

@@ -121,11 +121,18 @@ if triton is not None:
                             NORM_IN: tl.constexpr, STATS_BLOCK: tl.constexpr,
                             RESIDUAL: tl.constexpr, STATS_STRIDE: tl.constexpr,
                             UPCAST: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr,
-                            ONE_TILE: tl.constexpr):
+                            ONE_TILE: tl.constexpr, PAIRED: tl.constexpr,
+                            ROW_STEP: tl.constexpr,
+                            qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, pt_ptr, kc_ptr,
+                            vc_ptr, stride_cos, stride_pt, stride_kp, stride_kt, stride_kh,
+                            stride_qh, qk_eps, HEADS: tl.constexpr, NQ: tl.constexpr,
+                            NKV: tl.constexpr, PAGE: tl.constexpr):
+        # PAIRED: two accumulators over weight rows n and n + HALF (SwiGLU's gate and up, or
+        # HEADS' two rotate-half halves of head pid_n, whose rows start at pid_n * ROW_STEP)
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         m = tl.arange(0, BLOCK_M)
-        n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        n = pid_n * ROW_STEP + tl.arange(0, BLOCK_N)
         kk = tl.arange(0, BLOCK_K)
         mmask = m < M
         nmask = n < N_OUT
@@ -142,9 +149,28 @@ if triton is not None:
             kmask = k < K
             wt = tl.load(w_cols + k[:, None], mask=kmask[:, None] & nmask[None, :], other=0.0)
             ut = wt
-            if SWIGLU:
+            if PAIRED:
                 ut = tl.load(w_cols + HALF * stride_wn + k[:, None],
                              mask=kmask[:, None] & nmask[None, :], other=0.0)
+        if HEADS:
+            # the epilogue's per-row inputs: the step's positions, slots and page-table entries
+            # (written two or more launches back, read through L2), the norm weights and the
+            # cos/sin rows (written at load); see engine.kernels.pdl
+            hd = tl.arange(0, BLOCK_N)
+            pos = tl.load(pos_ptr + m, mask=mmask, other=0, cache_modifier=".cg").to(tl.int64)
+            slot = tl.load(slot_ptr + m, mask=mmask, other=0, cache_modifier=".cg").to(tl.int64)
+            page = tl.load(pt_ptr + slot * stride_pt + pos // PAGE, mask=mmask, other=0,
+                           cache_modifier=".cg").to(tl.int64)
+            is_q = pid_n < NQ
+            w_lo = tl.where(is_q, tl.load(qw_ptr + hd).to(tl.float32),
+                            tl.load(kw_ptr + hd).to(tl.float32))
+            w_hi = tl.where(is_q, tl.load(qw_ptr + BLOCK_N + hd).to(tl.float32),
+                            tl.load(kw_ptr + BLOCK_N + hd).to(tl.float32))
+            rows = pos[:, None] * stride_cos + hd[None, :]
+            c_lo = tl.load(cos_ptr + rows, mask=mmask[:, None], other=0.0)
+            c_hi = tl.load(cos_ptr + rows + BLOCK_N, mask=mmask[:, None], other=0.0)
+            s_lo = tl.load(sin_ptr + rows, mask=mmask[:, None], other=0.0)
+            s_hi = tl.load(sin_ptr + rows + BLOCK_N, mask=mmask[:, None], other=0.0)
         if PDL:  # nothing before this line reads memory another kernel writes
             tl.extra.cuda.gdc_wait()
         # the epilogues' inputs are loaded before the main loop and used after it, so that
@@ -165,7 +191,7 @@ if triton is not None:
                 wt = wt.to(tl.float32)
                 ut = ut.to(tl.float32)
             acc += _dot(xt, wt, IEEE)
-            if SWIGLU:
+            if PAIRED:
                 acc_up += _dot(xt, ut, IEEE)
         else:
             for k0 in range(k_begin, k_begin + K_SPLIT, BLOCK_K):
@@ -179,7 +205,7 @@ if triton is not None:
                     xt = xt.to(tl.float32)
                     wt = wt.to(tl.float32)
                 acc += _dot(xt, wt, IEEE)
-                if SWIGLU:
+                if PAIRED:
                     ut = tl.load(w_cols + HALF * stride_wn + k[:, None],
                                  mask=kmask[:, None] & nmask[None, :], other=0.0)
                     if UPCAST:
@@ -193,8 +219,8 @@ if triton is not None:
             width = N_OUT * (2 if SWIGLU else 1)
             part = part_ptr + (pid_k * BLOCK_M + m)[:, None] * width + n[None, :]
             tl.store(part, acc, mask=mmask[:, None] & nmask[None, :])
-            if SWIGLU:
-                tl.store(part + N_OUT, acc_up, mask=mmask[:, None] & nmask[None, :])
+            if PAIRED:
+                tl.store(part + HALF, acc_up, mask=mmask[:, None] & nmask[None, :])
             tl.debug_barrier()
             arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel")
             if arrived == SPLIT_K - 1:
@@ -204,13 +230,24 @@ if triton is not None:
                     p = part_ptr + (s * BLOCK_M + m)[:, None] * width + n[None, :]
                     acc += tl.load(p, mask=mmask[:, None] & nmask[None, :], other=0.0,
                                    cache_modifier=".cg")
-                    if SWIGLU:
-                        acc_up += tl.load(p + N_OUT, mask=mmask[:, None] & nmask[None, :],
+                    if PAIRED:
+                        acc_up += tl.load(p + HALF, mask=mmask[:, None] & nmask[None, :],
                                           other=0.0, cache_modifier=".cg")
                 tl.store(count_ptr + pid_n, 0)
-                _skinny_epilogue(acc, acc_up, ss, res, K, eps, out_ptr, stats_ptr, pid_n, m, n,
-                                 mmask, nmask, stride_om, SWIGLU, NORM_IN, RESIDUAL,
-                                 STATS_STRIDE)
+                if HEADS:
+                    _heads_epilogue(acc, acc_up, ss, K, eps, out_ptr, kc_ptr, vc_ptr, pid_n, m,
+                                    hd, mmask, pos, page, w_lo, w_hi, c_lo, c_hi, s_lo, s_hi,
+                                    stride_om, stride_qh, stride_kp, stride_kt, stride_kh,
+                                    qk_eps, NORM_IN, NQ, NKV, PAGE, BLOCK_N)
+                else:
+                    _skinny_epilogue(acc, acc_up, ss, res, K, eps, out_ptr, stats_ptr, pid_n,
+                                     m, n, mmask, nmask, stride_om, SWIGLU, NORM_IN, RESIDUAL,
+                                     STATS_STRIDE)
+        elif HEADS:
+            _heads_epilogue(acc, acc_up, ss, K, eps, out_ptr, kc_ptr, vc_ptr, pid_n, m, hd,
+                            mmask, pos, page, w_lo, w_hi, c_lo, c_hi, s_lo, s_hi, stride_om,
+                            stride_qh, stride_kp, stride_kt, stride_kh, qk_eps, NORM_IN, NQ,
+                            NKV, PAGE, BLOCK_N)
         else:
             _skinny_epilogue(acc, acc_up, ss, res, K, eps, out_ptr, stats_ptr, pid_n, m, n,
                              mmask, nmask, stride_om, SWIGLU, NORM_IN, RESIDUAL, STATS_STRIDE)
@@ -247,6 +284,47 @@ if triton is not None:
             y = (y.to(dtype).to(tl.float32) + res).to(dtype).to(tl.float32)
             tl.store(stats_ptr + pid_n * STATS_STRIDE + m, tl.sum(y * y, axis=1), mask=mmask)
         tl.store(offs, y.to(dtype), mask=mask)
+
+    @triton.jit
+    def _heads_epilogue(acc, acc_up, ss, K, eps, out_ptr, kc_ptr, vc_ptr, head, m, hd, mmask,
+                        pos, page, w_lo, w_hi, c_lo, c_hi, s_lo, s_hi, stride_om, stride_qh,
+                        stride_kp, stride_kt, stride_kh, qk_eps, NORM_IN: tl.constexpr,
+                        NQ: tl.constexpr, NKV: tl.constexpr, PAGE: tl.constexpr,
+                        HALF: tl.constexpr):
+        # acc / acc_up: the two rotate-half halves [BLOCK_M, HALF] of one head's projection.
+        # The roundings of the QKV GEMM's output followed by `fused.qk_norm_rope_kv`: the
+        # projection to the dtype, the normalised head to the dtype before and after its norm
+        # weight, the rotated head to the dtype.
+        dtype = out_ptr.dtype.element_ty
+        if NORM_IN:
+            rstd_in = 1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps)
+            acc = acc * rstd_in[:, None]
+            acc_up = acc_up * rstd_in[:, None]
+        lo = acc.to(dtype).to(tl.float32)
+        hi = acc_up.to(dtype).to(tl.float32)
+        mask = mmask[:, None]
+        cache_row = page[:, None] * stride_kp + (pos % PAGE)[:, None] * stride_kt + hd[None, :]
+        if head < NQ + NKV:
+            rstd = 1.0 / tl.sqrt((tl.sum(lo * lo, axis=1) + tl.sum(hi * hi, axis=1))
+                                 / (2 * HALF) + qk_eps)
+            n_lo = ((lo * rstd[:, None]).to(dtype).to(tl.float32) * w_lo[None, :])
+            n_lo = n_lo.to(dtype).to(tl.float32)
+            n_hi = ((hi * rstd[:, None]).to(dtype).to(tl.float32) * w_hi[None, :])
+            n_hi = n_hi.to(dtype).to(tl.float32)
+            y_lo = n_lo * c_lo - n_hi * s_lo
+            y_hi = n_hi * c_hi + n_lo * s_hi
+            if head < NQ:
+                q_row = out_ptr + m[:, None] * stride_om + head * stride_qh + hd[None, :]
+                tl.store(q_row, y_lo.to(dtype), mask=mask)
+                tl.store(q_row + HALF, y_hi.to(dtype), mask=mask)
+            else:
+                k_row = kc_ptr + cache_row + (head - NQ) * stride_kh
+                tl.store(k_row, y_lo.to(dtype).to(kc_ptr.dtype.element_ty), mask=mask)
+                tl.store(k_row + HALF, y_hi.to(dtype).to(kc_ptr.dtype.element_ty), mask=mask)
+        else:
+            v_row = vc_ptr + cache_row + (head - NQ - NKV) * stride_kh
+            tl.store(v_row, lo.to(vc_ptr.dtype.element_ty), mask=mask)
+            tl.store(v_row + HALF, hi.to(vc_ptr.dtype.element_ty), mask=mask)
 
 
 @dataclass(frozen=True)
@@ -322,7 +400,95 @@ def skinny_gemm_add_residual(x: torch.Tensor, w: torch.Tensor, residual: torch.T
                             residual=True), x.shape[0])
 
 
-def _launch(x, w, out, workspace, config, swiglu, row_stats, eps, residual) -> int:
+@dataclass(frozen=True)
+class RopeKV:
+    """What `skinny_gemm_qkv_rope`'s epilogue needs of one layer's attention: the arguments of
+    `engine.kernels.fused.qk_norm_rope_kv` after its qkv.
+
+    Attributes:
+        q_weight, k_weight: [D] per-head norm weights (model dtype).
+        cos, sin: float32 [max_position, D] RoPE tables ("rotate half" layout), same strides.
+        positions: int [T] token positions. slot_ids: int32 [T].
+        page_table: int32 [slots + 1, pages_per_seq]; k_cache, v_cache: one layer's
+            [num_pages + 1, page_size, nkv, D] cache, same strides, last dim contiguous.
+        nq, nkv: this rank's query and kv heads. eps: the q/k norms' epsilon.
+    """
+
+    q_weight: torch.Tensor
+    k_weight: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+    positions: torch.Tensor
+    slot_ids: torch.Tensor
+    page_table: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    nq: int
+    nkv: int
+    eps: float
+
+
+def skinny_gemm_qkv_rope(x: torch.Tensor, w: torch.Tensor, workspace: Workspace,
+                         config: TileConfig, rope: RopeKV, row_stats: RowStats | None = None,
+                         eps: float = 0.0, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The QKV projection with `fused.qk_norm_rope_kv` as its epilogue, one launch: each
+    program's columns are one head's two rotate-half halves, so the head's RMSNorm and RoPE
+    need nothing outside the program. Rounds as the two launches do (`skinny_gemm` then
+    `qk_norm_rope_kv`), except the head's sum of squares, which adds its halves' sums.
+
+    Args:
+        x: [T, K], T <= MAX_ROWS (with row_stats the un-normalised residual, as `skinny_gemm`).
+        w: [(nq + 2 nkv) * D, K], rows [q heads | k heads | v heads] (the QKV weight).
+        workspace / row_stats / eps: as `skinny_gemm`.
+        config: block_n must be D / 2 (one head per column block); block_k, split_k, warps
+            and stages as for any tile.
+        rope: the layer's norms, tables, step positions and caches (`RopeKV`).
+        out: optional [T, nq, D] buffer for q.
+    Returns:
+        q [T, nq, D], normalised and rotated; K (normalised, rotated) and V are stored at
+        page_table[slot, pos // page_size], row pos % page_size of the caches.
+    Raises:
+        RuntimeError: Triton is not installed.
+        ValueError: as `skinny_gemm`; also block_n != D / 2, or w's rows not
+            (nq + 2 nkv) * D.
+    """
+    D = rope.q_weight.shape[0]
+    if config.block_n * 2 != D or w.shape[0] != (rope.nq + 2 * rope.nkv) * D:
+        raise ValueError(f"skinny_gemm_qkv_rope: block_n {config.block_n} and w "
+                         f"{tuple(w.shape)} for {rope.nq} + 2 x {rope.nkv} heads of {D}: "
+                         f"expected block_n = {D // 2} and {(rope.nq + 2 * rope.nkv) * D} rows")
+    kc = rope.k_cache
+    if kc.stride() != rope.v_cache.stride() or kc.stride(-1) != 1 or \
+            rope.cos.stride() != rope.sin.stride() or rope.cos.stride(-1) != 1:
+        raise ValueError("skinny_gemm_qkv_rope: the caches (and the cos/sin tables) need equal "
+                         "strides and a contiguous last dim")
+    if out is None:
+        out = torch.empty(x.shape[0], rope.nq, D, dtype=x.dtype, device=x.device)
+    _launch(x, w, out, workspace, config, False, row_stats, eps, residual=False, rope=rope)
+    return out
+
+
+_HEAD_NAMES = ("qw_ptr", "kw_ptr", "cos_ptr", "sin_ptr", "pos_ptr", "slot_ptr", "pt_ptr",
+               "kc_ptr", "vc_ptr", "stride_cos", "stride_pt", "stride_kp", "stride_kt",
+               "stride_kh", "stride_qh", "qk_eps")
+
+
+def _head_args(rope: RopeKV | None, w: torch.Tensor, out: torch.Tensor) -> dict:
+    """The kernel's HEADS arguments by name. Without a rope epilogue the pointers are the
+    weight, which no launch of a step writes, so a conservative reading of the kernel's PDL
+    order (`engine.kernels.pdl_order`) sees no hazard in them."""
+    if rope is None:
+        values = (w,) * 9 + (0,) * 6 + (0.0,)
+        return dict(zip(_HEAD_NAMES, values), HEADS=False, NQ=1, NKV=1, PAGE=1)
+    kc = rope.k_cache
+    values = (rope.q_weight, rope.k_weight, rope.cos, rope.sin, rope.positions, rope.slot_ids,
+              rope.page_table, kc, rope.v_cache, rope.cos.stride(0), rope.page_table.stride(0),
+              kc.stride(0), kc.stride(1), kc.stride(2), out.stride(1), rope.eps)
+    return dict(zip(_HEAD_NAMES, values), HEADS=True, NQ=rope.nq, NKV=rope.nkv,
+                PAGE=kc.shape[1])
+
+
+def _launch(x, w, out, workspace, config, swiglu, row_stats, eps, residual, rope=None) -> int:
     """Check the shapes, launch the kernel; returns the number of column blocks."""
     if triton is None:
         raise RuntimeError("skinny_gemm needs triton (pip install triton)")
@@ -333,7 +499,8 @@ def _launch(x, w, out, workspace, config, swiglu, row_stats, eps, residual) -> i
                          f"M <= {MAX_ROWS}, equal K, last dims contiguous")
     n_out = N // 2 if swiglu else N
     cfg = config or default_config(n_out, K)
-    blocks = triton.cdiv(n_out, cfg.block_n)
+    row_step = 2 * cfg.block_n if rope is not None else cfg.block_n
+    blocks = triton.cdiv(n_out, row_step)
     k_split = triton.cdiv(triton.cdiv(K, cfg.split_k), cfg.block_k) * cfg.block_k
     split = triton.cdiv(K, k_split)
     if split > 1 and not workspace.fits(N, split, blocks):
@@ -349,14 +516,16 @@ def _launch(x, w, out, workspace, config, swiglu, row_stats, eps, residual) -> i
     block_m = max(16, triton.next_power_of_2(M))
     _skinny_gemm_kernel[(blocks, split)](
         x, w, out, workspace.partials, workspace.counters, workspace.stats, M, n_out, K,
-        n_out, x.stride(0), w.stride(0), out.stride(0), stats_in, eps,
+        cfg.block_n if rope is not None else n_out, x.stride(0), w.stride(0), out.stride(0),
+        stats_in, eps,
         SWIGLU=swiglu, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         SPLIT_K=split, K_SPLIT=k_split,
         NORM_IN=row_stats is not None, STATS_BLOCK=triton.next_power_of_2(max(stats_in, 1)),
         RESIDUAL=residual, STATS_STRIDE=MAX_ROWS,
         UPCAST=_INTERPRETED and x.dtype != torch.float32,
         IEEE=x.dtype == torch.float32,
-        ONE_TILE=k_split <= cfg.block_k,
+        ONE_TILE=k_split <= cfg.block_k, PAIRED=swiglu or rope is not None,
+        ROW_STEP=row_step, **_head_args(rope, w, out),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(x))
     return blocks
 
@@ -377,9 +546,10 @@ def fold_norm_weight(w: torch.Tensor, norm_weight: torch.Tensor) -> None:
     w.copy_((w.float() * norm_weight.float()[None, :]).to(w.dtype))
 
 
-def shape_key(n: int, k: int, swiglu: bool) -> str:
-    """Table key of a weight shape: "N x K" plus " swiglu" for a fused gate_up."""
-    return f"{n}x{k}" + (" swiglu" if swiglu else "")
+def shape_key(n: int, k: int, swiglu: bool, rope: bool = False) -> str:
+    """Table key of a weight shape: "N x K" plus " swiglu" for a fused gate_up, " rope" for a
+    QKV weight with the q/k norm + RoPE + KV-write epilogue (`skinny_gemm_qkv_rope`)."""
+    return f"{n}x{k}" + (" swiglu" if swiglu else "") + (" rope" if rope else "")
 
 
 TABLE_PATH = os.path.join(os.path.dirname(__file__), "skinny_gemm_table.json")
@@ -389,6 +559,8 @@ TABLE_PATH = os.path.join(os.path.dirname(__file__), "skinny_gemm_table.json")
 class TableEntry:
     """One measured (shape, M) of the table: the fastest skinny tile and both times (us per
     call in a CUDA graph, weights from HBM; cuBLAS's includes the SwiGLU launch for gate_up).
+    For a " rope" shape, cublas_us is the two launches it replaces: the QKV GEMM the table
+    chose (cuBLAS or skinny) and `fused.qk_norm_rope_kv`.
     config None (skinny_us inf): no tile ran at that shape and M."""
 
     config: TileConfig | None
@@ -435,10 +607,12 @@ def _parse_entry(e: dict) -> TableEntry:
     return TableEntry(TileConfig(**e["skinny"]), float(e["skinny_us"]), float(e["cublas_us"]))
 
 
-def table_entry(table: dict, n: int, k: int, swiglu: bool, m: int) -> TableEntry | None:
-    """The measurement that serves M rows of an [n, k] weight: the entry of the smallest
-    measured row count >= m; None past MAX_ROWS or for a shape or row count the table lacks."""
-    rows = table.get(shape_key(n, k, swiglu))
+def table_entry(table: dict, n: int, k: int, swiglu: bool, m: int,
+                rope: bool = False) -> TableEntry | None:
+    """The measurement that serves M rows of an [n, k] weight (with `rope`, of its
+    `skinny_gemm_qkv_rope` launch): the entry of the smallest measured row count >= m; None
+    past MAX_ROWS or for a shape or row count the table lacks."""
+    rows = table.get(shape_key(n, k, swiglu, rope))
     if m > MAX_ROWS or not rows:
         return None
     fits = [r for r in rows if r >= m]

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from engine.config import ModelConfig
-from engine.kernels import fused
+from engine.kernels import fused, skinny_gemm
 from engine.kv_cache import KVCache
 from engine.layers.linear import QKVParallelLinear, RowParallelLinear
 from engine.layers.norm import RMSNorm
@@ -85,14 +85,25 @@ class Qwen3Attention(nn.Module):
                ) -> torch.Tensor:
         """qkv: [T, (nq + 2 nkv) * head_dim] this rank's projection -> [T, nq * head_dim], the
         attention output before o_proj; K and V are written into the layer's cache."""
-        T = qkv.shape[0]
         # fused q/k norm + RoPE + KV write, then attention over the paged cache
-        args = (qkv, self.q_norm.weight, self.k_norm.weight, self.rotary.cos,
-                self.rotary.sin, positions, ctx.slot_ids, ctx.kv.page_table,
-                ctx.kv.k[self.layer], ctx.kv.v[self.layer], self.nq, self.nkv,
-                self.q_norm.eps)
+        rope = self.rope_kv(positions, ctx)
+        args = (qkv, rope.q_weight, rope.k_weight, rope.cos, rope.sin, rope.positions,
+                rope.slot_ids, rope.page_table, rope.k_cache, rope.v_cache, rope.nq, rope.nkv,
+                rope.eps)
         q = (fused.qk_norm_rope_kv(*args) if qkv.is_cuda and fused.triton is not None
              else fused.qk_norm_rope_kv_torch(*args))
+        return self.attend_rotated(q, ctx)
+
+    def rope_kv(self, positions: torch.Tensor, ctx: StepContext) -> "skinny_gemm.RopeKV":
+        """What the q/k norm + RoPE + KV write of this layer reads besides the projection."""
+        return skinny_gemm.RopeKV(self.q_norm.weight, self.k_norm.weight, self.rotary.cos,
+                                  self.rotary.sin, positions, ctx.slot_ids, ctx.kv.page_table,
+                                  ctx.kv.k[self.layer], ctx.kv.v[self.layer], self.nq,
+                                  self.nkv, self.q_norm.eps)
+
+    def attend_rotated(self, q: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        """q: [T, nq, head_dim] normalised and rotated, this step's K and V already in the
+        cache -> [T, nq * head_dim], the attention output before o_proj."""
         if ctx.prefill:
             o = ctx.prefill_attention(q, ctx.kv.k[self.layer], ctx.kv.v[self.layer],
                                       ctx.kv.page_table, ctx.prefill_batch, self.scale)
@@ -100,4 +111,4 @@ class Qwen3Attention(nn.Module):
             o = ctx.decode_attention(q, ctx.kv.k[self.layer], ctx.kv.v[self.layer],
                                      ctx.kv.page_table, ctx.kv.seq_lens, ctx.slot_ids,
                                      self.scale, ctx.row_order)
-        return o.reshape(T, self.nq * self.d)
+        return o.reshape(q.shape[0], self.nq * self.d)

@@ -76,7 +76,9 @@ class DecodeGemm:
 
         The fused layer needs the skinny GEMM's epilogues, so it takes the fastest skinny tile
         even where cuBLAS was faster; the table's times say by how much (summed over the four
-        GEMMs) and the fusion is kept while that is below `FUSED_LAYER_SAVING_US`.
+        GEMMs) and the fusion is kept while that is below `FUSED_LAYER_SAVING_US`. Where the
+        table's " rope" entry for the QKV shape beat the two launches it replaces, the QKV
+        GEMM also does the q/k norm + RoPE + KV write (`skinny_gemm.skinny_gemm_qkv_rope`).
         """
         entries = [skinny_gemm.table_entry(self.table, n, k, sw, rows)
                    for n, k, sw in (shapes.qkv, shapes.o_proj, shapes.gate_up, shapes.down)]
@@ -84,6 +86,9 @@ class DecodeGemm:
             return None
         if sum(max(0.0, e.skinny_us - e.cublas_us) for e in entries) >= FUSED_LAYER_SAVING_US:
             return None
+        rope = skinny_gemm.table_entry(self.table, *shapes.qkv, rows, rope=True)
+        if rope is not None and rope.skinny_wins:
+            return FusedLayerPlan(rope.config, *(e.config for e in entries[1:]), rope=True)
         return FusedLayerPlan(*(e.config for e in entries))
 
     def normed(self, x: torch.Tensor, w: torch.Tensor, config: "skinny_gemm.TileConfig",
@@ -96,6 +101,14 @@ class DecodeGemm:
                      config: "skinny_gemm.TileConfig") -> "skinny_gemm.RowStats":
         """residual += x @ w^T in place; the new rows' statistics stay in the workspace."""
         return skinny_gemm.skinny_gemm_add_residual(x, w, residual, self.workspace, config)
+
+    def qkv_rope(self, x: torch.Tensor, w: torch.Tensor, config: "skinny_gemm.TileConfig",
+                 rope: "skinny_gemm.RopeKV", stats: "skinny_gemm.RowStats | None",
+                 eps: float) -> torch.Tensor:
+        """q [T, nq, D] of the QKV projection with the q/k norm + RoPE + KV write in its
+        epilogue (`skinny_gemm.skinny_gemm_qkv_rope`); `stats` None: x is already normalised."""
+        return skinny_gemm.skinny_gemm_qkv_rope(x, w, self.workspace, config, rope,
+                                                row_stats=stats, eps=eps)
 
     def tile(self, x: torch.Tensor, w: torch.Tensor, config: "skinny_gemm.TileConfig",
              swiglu: bool = False) -> torch.Tensor:
@@ -132,12 +145,15 @@ class LayerShapes:
 
 @dataclass(frozen=True)
 class FusedLayerPlan:
-    """The skinny tile of each GEMM of a fused decoder layer at one row count."""
+    """The skinny tile of each GEMM of a fused decoder layer at one row count; with `rope`,
+    qkv is a `skinny_gemm.skinny_gemm_qkv_rope` tile (the q/k norm + RoPE + KV write in the
+    QKV GEMM's epilogue: 5 launches per layer instead of 6)."""
 
     qkv: "skinny_gemm.TileConfig"
     o_proj: "skinny_gemm.TileConfig"
     gate_up: "skinny_gemm.TileConfig"
     down: "skinny_gemm.TileConfig"
+    rope: bool = False
 
 
 def _linear(x: torch.Tensor, w: torch.Tensor, swiglu: bool) -> torch.Tensor:
@@ -181,14 +197,18 @@ class ColumnParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor, swiglu: bool = False,
                 tile: "skinny_gemm.TileConfig | None" = None,
-                row_stats: "skinny_gemm.RowStats | None" = None, eps: float = 0.0
-                ) -> torch.Tensor:
+                row_stats: "skinny_gemm.RowStats | None" = None, eps: float = 0.0,
+                rope: "skinny_gemm.RopeKV | None" = None) -> torch.Tensor:
         """x: [T, in] -> [T, sum(out_parts)], same dtype; with swiglu (two fused parts
         [gate | up]) -> [T, out_parts[0]] = silu(gate) * up.
 
         The fused layer form (`engine.model`) names the skinny `tile`, and with `row_stats`
         passes the un-normalised residual as x: the output is RMSNorm(x) @ W^T over the
-        norm-folded weight (`DecodeGemm.normed`)."""
+        norm-folded weight (`DecodeGemm.normed`). With `rope` (a QKV weight, a
+        `FusedLayerPlan.rope` tile) it returns q [T, nq, D] and writes K and V into the
+        cache (`DecodeGemm.qkv_rope`)."""
+        if rope is not None:
+            return self.gemm.qkv_rope(x, self.weight, tile, rope, row_stats, eps)
         if tile is not None:
             if row_stats is not None:
                 return self.gemm.normed(x, self.weight, tile, row_stats, eps, swiglu)

@@ -1,7 +1,8 @@
 """The fused decoder-layer form (engine.model: residual add and RMSNorm carried by the skinny
 GEMM's epilogues, the norm weights folded into QKV and gate_up) against the unfused form on
 the same weights: whole generations on the CPU with the skinny GEMM in Triton's interpreter.
-A prompt longer than the fused row limit runs its prefill unfused over the folded weights."""
+A prompt longer than the fused row limit runs its prefill unfused over the folded weights. A
+third run puts the q/k norm + RoPE + KV write in the QKV GEMM's epilogue."""
 
 from __future__ import annotations
 
@@ -34,12 +35,16 @@ plain = run()
 def tile(k):
     return sg.TileConfig(32, 32, 2) if k == 128 else sg.TileConfig(16, 32, 2)
 built = []
+rope_tiles = []  # set below: the QKV GEMM also does the q/k norm + RoPE + KV write
 
 def for_model(cls, model, device, mode="auto"):
     shapes = {(m.weight.shape[0], m.weight.shape[1]) for m in model.modules()
               if isinstance(m, (linear.ColumnParallelLinear, linear.RowParallelLinear))}
     table = {sg.shape_key(n, k, sw): {64: sg.TableEntry(tile(k), 1.0, 2.0)}
              for n, k in shapes for sw in (False, True)}
+    qkv = model.layers[0].self_attn.qkv_proj.weight.shape
+    for cfg in rope_tiles:
+        table[sg.shape_key(*qkv, False, rope=True)] = {64: sg.TableEntry(cfg, 1.0, 2.0)}
     gemm = cls.from_table(table, [n for n, _ in shapes], "cpu")
     built.append(model)
     return gemm
@@ -63,6 +68,15 @@ for a, b in zip(plain, fused):
     assert a.token_ids == b.token_ids, (a.token_ids, b.token_ids)
     scale = float(a.logits.abs().max())
     worst = max(worst, float((a.logits - b.logits).abs().max()) / scale)
+head_dim = model.layers[0].self_attn.d
+rope_tiles.append(sg.TileConfig(head_dim // 2, 32, 2))  # split-K: the fix-up runs the epilogue
+with_rope = run()
+assert built[-1].fused_plan(4).rope and built[-1].fused_plan(65) is None
+for a, b in zip(plain, with_rope):
+    assert a.token_ids == b.token_ids, (a.token_ids, b.token_ids)
+    scale = float(a.logits.abs().max())
+    worst = max(worst, float((a.logits - b.logits).abs().max()) / scale)
+rope_tiles.clear()
 os.environ["LOCKSTEP_FUSED_NORM"] = "0"  # the A/B baseline: skinny GEMMs, nothing fused
 calls.clear()
 baseline = run()

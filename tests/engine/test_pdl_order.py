@@ -17,30 +17,45 @@ GEMM_WS = {"part_ptr": "gemm partials", "count_ptr": "gemm counters", "stats_ptr
 ATTN_WS = {"acc_ptr": "split partials", "stats_ptr": "split stats", "count_ptr": "split counters"}
 
 
-def layer(i: int) -> list[tuple[str, object, dict]]:
-    # layer 0 normalises the embedding first; later layers' QKV folds the norm in
+HEAD_PTRS = ("qw_ptr", "kw_ptr", "cos_ptr", "sin_ptr", "pos_ptr", "slot_ptr", "pt_ptr",
+             "kc_ptr", "vc_ptr")
+
+
+def gemm(x: str, w: str, out: str) -> dict:
+    """A skinny GEMM launch without the rope epilogue: its head pointers are the weight
+    (`skinny_gemm._head_args`)."""
+    return {"x_ptr": x, "w_ptr": w, "out_ptr": out, **GEMM_WS, **dict.fromkeys(HEAD_PTRS, w)}
+
+
+def rope_buffers(i: int) -> dict:
+    return {"qw_ptr": f"q_norm {i}", "kw_ptr": f"k_norm {i}", "cos_ptr": "cos",
+            "sin_ptr": "sin", "pos_ptr": "positions", "slot_ptr": "slot_ids",
+            "pt_ptr": "page_table", "kc_ptr": f"k_cache {i}", "vc_ptr": f"v_cache {i}"}
+
+
+def layer(i: int, rope: bool = False) -> list[tuple[str, object, dict]]:
+    # layer 0 normalises the embedding first; later layers' QKV folds the norm in. With
+    # `rope` the QKV GEMM also does the q/k norm + RoPE + KV write (FusedLayerPlan.rope).
     first = [(f"input norm {i}", fused._add_rms_norm_kernel,
               {"x_ptr": "residual", "res_ptr": "residual", "w_ptr": f"input_norm {i}",
                "out_ptr": "normed"})] if i == 0 else []
-    return first + [
-        (f"qkv {i}", skinny_gemm._skinny_gemm_kernel,
-         {"x_ptr": "normed" if i == 0 else "residual", "w_ptr": f"w_qkv {i}", "out_ptr": "qkv",
-          **GEMM_WS}),
-        (f"q/k norm {i}", fused._qk_norm_rope_kv_kernel,
-         {"qkv_ptr": "qkv", "qw_ptr": f"q_norm {i}", "kw_ptr": f"k_norm {i}", "cos_ptr": "cos",
-          "sin_ptr": "sin", "pos_ptr": "positions", "slot_ptr": "slot_ids",
-          "pt_ptr": "page_table", "kc_ptr": f"k_cache {i}", "vc_ptr": f"v_cache {i}",
-          "q_ptr": "q"}),
+    x = "normed" if i == 0 else "residual"
+    if rope:
+        qkv = [(f"qkv {i}", skinny_gemm._skinny_gemm_kernel,
+                {"x_ptr": x, "w_ptr": f"w_qkv {i}", "out_ptr": "q", **GEMM_WS,
+                 **rope_buffers(i)})]
+    else:
+        qkv = [(f"qkv {i}", skinny_gemm._skinny_gemm_kernel, gemm(x, f"w_qkv {i}", "qkv")),
+               (f"q/k norm {i}", fused._qk_norm_rope_kv_kernel,
+                {"qkv_ptr": "qkv", "q_ptr": "q", **rope_buffers(i)})]
+    return first + qkv + [
         (f"attention {i}", decode_attention._paged_decode_kernel,
          {"q_ptr": "q", "k_ptr": f"k_cache {i}", "v_ptr": f"v_cache {i}",
           "pt_ptr": "page_table", "lens_ptr": "seq_lens", "slots_ptr": "slot_ids",
           "out_ptr": "attn_out", "order_ptr": "row_order", **ATTN_WS}),
-        (f"o_proj {i}", skinny_gemm._skinny_gemm_kernel,
-         {"x_ptr": "attn_out", "w_ptr": f"w_o {i}", "out_ptr": "residual", **GEMM_WS}),
-        (f"gate_up {i}", skinny_gemm._skinny_gemm_kernel,
-         {"x_ptr": "residual", "w_ptr": f"w_gate_up {i}", "out_ptr": "act", **GEMM_WS}),
-        (f"down {i}", skinny_gemm._skinny_gemm_kernel,
-         {"x_ptr": "act", "w_ptr": f"w_down {i}", "out_ptr": "residual", **GEMM_WS}),
+        (f"o_proj {i}", skinny_gemm._skinny_gemm_kernel, gemm("attn_out", f"w_o {i}", "residual")),
+        (f"gate_up {i}", skinny_gemm._skinny_gemm_kernel, gemm("residual", f"w_gate_up {i}", "act")),
+        (f"down {i}", skinny_gemm._skinny_gemm_kernel, gemm("act", f"w_down {i}", "residual")),
     ]
 
 
@@ -69,11 +84,12 @@ def spec(name: str, order: pdl_order.MemoryOrder, buffers: dict) -> KernelSpec:
                       order.trigger, named(order.stores_before_wait))
 
 
-def decode_chain(sources: dict | None = None) -> list[KernelSpec]:
-    """Step start, then two fused layers; `sources` replaces a kernel's source text."""
+def decode_chain(sources: dict | None = None, rope: bool = False) -> list[KernelSpec]:
+    """Step start, then two fused layers (with `rope`, in their 5-launch form); `sources`
+    replaces a kernel's source text."""
     sources = sources or {}
     chain = list(STEP_START)
-    for name, kernel, buffers in layer(0) + layer(1):
+    for name, kernel, buffers in layer(0, rope) + layer(1, rope):
         order = pdl_order.memory_order(sources.get(kernel, kernel))
         chain.append(spec(name, order, buffers))
     return chain
@@ -102,6 +118,35 @@ def test_the_shipped_decode_layer_has_no_stale_read_in_any_order():
         "positions", "slot_ids", "page_table", "q_norm 0", "k_norm 0", "cos", "sin"}
     assert by_name["o_proj 0"].reads_before_wait == {"w_o 0"}
     assert by_name["attention 0"].reads_before_wait == frozenset()
+
+
+def test_the_five_launch_layer_has_no_stale_read_in_any_order():
+    """The QKV GEMM with the q/k norm + RoPE + KV write in its epilogue loads, before its
+    wait, what the q/k norm kernel did, and the attention right after it waits for its q and
+    cache entries."""
+    chain = decode_chain(rope=True)
+    res = check_chain(chain)
+    assert res.stale is None, str(res.stale)
+    assert res.overlapped and res.states > len(chain)
+    by_name = {k.name: k for k in chain}
+    assert "q/k norm 0" not in by_name
+    assert by_name["qkv 1"].reads_before_wait == {
+        "w_qkv 1", "positions", "slot_ids", "page_table", "q_norm 1", "k_norm 1", "cos", "sin"}
+    assert {"q", "k_cache 1", "v_cache 1"} <= by_name["qkv 1"].writes
+
+
+def test_a_rope_epilogue_reading_the_row_statistics_before_the_wait_is_caught():
+    """The statistics a normed GEMM reads are the previous launch's (o_proj's or down's
+    residual epilogue): a load of them among the rope epilogue's loads before the wait is a
+    stale read. The reading does not resolve constexpr branches, so the first launch hit is
+    the first normed GEMM after a residual one (gate_up 0), HEADS or not."""
+    src = source(skinny_gemm._skinny_gemm_kernel)
+    mutated = src.replace("            is_q = pid_n < NQ\n",
+                          "            is_q = pid_n < NQ\n            _s = tl.load(stats_ptr)\n", 1)
+    assert mutated != src, "the mutation did not apply"
+    res = check_chain(decode_chain({skinny_gemm._skinny_gemm_kernel: mutated}, rope=True))
+    assert res.stale is not None, "the mutant survived"
+    assert (res.stale.reader, res.stale.buffer) == ("gate_up 0", "row stats"), str(res.stale)
 
 
 @pytest.mark.parametrize("kernel, mutate, reader, buffer", [

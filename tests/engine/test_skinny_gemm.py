@@ -149,7 +149,7 @@ def test_table_from_json_writes_through_a_symlink_and_keeps_the_mode(tmp_path, c
     (tmp_path / "link.json").symlink_to(target)
     assert gemm_sweep.main(["--from-json", "docs/benchmarks-gemm-sweep-h200.json",
                             "--table", str(tmp_path / "link.json")]) == 0
-    assert "wrote 8 shapes" in capsys.readouterr().out
+    assert f"wrote {len(sg.load_table())} shapes" in capsys.readouterr().out
     assert (tmp_path / "link.json").is_symlink()
     assert stat.S_IMODE(target.stat().st_mode) == 0o644
     assert sg.load_table(str(target)) == sg.load_table()
@@ -288,6 +288,90 @@ def test_residual_epilogue_and_folded_norm_in_interpreter_match_float64():
     squares; the next launch over the norm-folded weight (QKV / gate_up, with and without
     SwiGLU, split-K on either side) equals RMSNorm then GEMM in float64."""
     res = run_in_triton_interpreter(_RESIDUAL_NORM_CHECK)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "ok 4" in res.stdout
+
+
+_ROPE_CHECK = r"""
+import os, sys
+os.environ["TRITON_INTERPRET"] = "1"
+import torch
+sys.path.insert(0, os.getcwd())
+from engine.kernels import fused
+from engine.kernels import skinny_gemm as sg
+torch.manual_seed(0)
+ws = sg.Workspace("cpu", 1024, 8, 64)
+D, P, eps = 32, 4, 1e-6
+inv = 1.0 / (10000 ** (torch.arange(0, D, 2).float() / D))
+angles = torch.outer(torch.arange(64).float(), inv).repeat(1, 2)
+cos, sin = angles.cos(), angles.sin()
+# (M, nq, nkv, K, tile, normed input): split-K fix-up, one unsplit loop, one tile per program
+cases = [(1, 4, 2, 128, sg.TileConfig(16, 32, 4), False),
+         (5, 2, 1, 96, sg.TileConfig(16, 64, 1), True),
+         (3, 4, 2, 64, sg.TileConfig(16, 64, 1), False),
+         (2, 2, 2, 128, sg.TileConfig(16, 64, 2), True)]
+for M, nq, nkv, K, cfg, normed in cases:
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
+        N = (nq + 2 * nkv) * D
+        x = torch.randn(M, K, dtype=dtype)
+        w = torch.randn(N, K, dtype=dtype) / K ** 0.5
+        qw, kw = (1 + 0.1 * torch.randn(2, D)).to(dtype)
+        pos = torch.tensor([5, 17, 0, 31, 9][:M])
+        slots = torch.randperm(8)[:M].to(torch.int32)
+        pt = torch.randperm(64).to(torch.int32).reshape(8, 8)
+        def caches():  # entries a launch does not write stay NaN
+            return [torch.full((65, P, nkv, D), float("nan"), dtype=dtype) for _ in range(2)]
+        stats = None
+        if normed:  # x is the residual; its sums of squares come from a residual launch
+            res = torch.randn(M, K, dtype=dtype)
+            stats = sg.skinny_gemm_add_residual(torch.randn(M, 48, dtype=dtype),
+                                                torch.randn(K, 48, dtype=dtype) / 7, res, ws,
+                                                sg.TileConfig(16, 32, 2))
+            x = res
+        k1, v1 = caches()
+        y = (sg.skinny_gemm(x, w, ws, sg.TileConfig(16, 32, 1), row_stats=stats, eps=eps)
+             if normed else sg.skinny_gemm(x, w, ws, sg.TileConfig(16, 32, 1)))
+        q1 = fused.qk_norm_rope_kv(y, qw, kw, cos, sin, pos, slots, pt, k1, v1, nq, nkv, eps)
+        k2, v2 = caches()
+        rope = sg.RopeKV(qw, kw, cos, sin, pos, slots, pt, k2, v2, nq, nkv, eps)
+        for _ in range(2):  # the second launch needs the counters the first left at zero
+            q2 = sg.skinny_gemm_qkv_rope(x, w, ws, cfg, rope, row_stats=stats, eps=eps)
+            assert q2.shape == (M, nq, D) and q2.dtype == dtype
+            # the same entries written, to what the two launches write (the halves' sums of
+            # squares may round differently in float32)
+            for a, b in ((q2, q1), (k2, k1), (v2, v1)):
+                assert torch.equal(a.isnan(), b.isnan()), "another cache entry was written"
+                diff = (a.double() - b.double()).nan_to_num().abs().max().item()
+                assert diff <= (1e-5 if dtype == torch.float32 else 0.0), (M, dtype, diff)
+        # float64 oracle: GEMM (after the input RMSNorm) then the torch q/k norm + RoPE
+        x64 = x.double()
+        if normed:
+            x64 = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps)
+        k3, v3 = [c.double() for c in caches()]
+        q3 = fused.qk_norm_rope_kv_torch(x64 @ w.double().T, qw.double(), kw.double(),
+                                         cos.double(), sin.double(), pos, slots, pt, k3, v3,
+                                         nq, nkv, eps)
+        for a, b in ((q2, q3), (k2, k3), (v2, v3)):
+            a, b = a.double().nan_to_num(), b.nan_to_num()
+            err = ((a - b).norm() / b.norm()).item()
+            assert err < tol, (M, nq, nkv, dtype, err)
+        assert int(ws.counters.abs().sum()) == 0, "a counter was left non-zero"
+try:
+    sg.skinny_gemm_qkv_rope(x, w, ws, sg.TileConfig(32, 64, 1), rope)
+except ValueError as exc:
+    assert "block_n 32" in str(exc) and "expected block_n = 16" in str(exc), exc
+else:
+    raise AssertionError("a tile of another width than half a head was accepted")
+print("ok", len(cases))
+"""
+
+
+def test_qkv_rope_epilogue_in_interpreter_matches_the_two_launches_and_float64():
+    """`skinny_gemm_qkv_rope` (the QKV GEMM doing the q/k norm + RoPE + KV write) writes q and
+    exactly the cache entries `skinny_gemm` then `fused.qk_norm_rope_kv` write, bit for bit in
+    bfloat16, with and without the folded input norm and split-K; and equals the float64
+    oracle. A tile whose block_n is not half a head is refused."""
+    res = run_in_triton_interpreter(_ROPE_CHECK)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "ok 4" in res.stdout
 

@@ -1,7 +1,8 @@
 """Skinny decode GEMM on the GPU: every configuration of the shipped table (the fastest tile
 of each measured shape and M, also where cuBLAS won, since a fused layer uses it) at its real
 shape against a float64 oracle, bit-identical across launches and inside a CUDA graph,
-counters left at zero; the residual and folded-norm epilogues at the real shapes."""
+counters left at zero; the residual and folded-norm epilogues at the real shapes; the QKV GEMM
+with the q/k norm + RoPE + KV-write epilogue against the two launches it replaces."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ def _cases():
     from engine.kernels import skinny_gemm as sg
 
     for key, rows in sorted(sg.load_table().items()):
+        if key.endswith(" rope"):  # the QKV GEMM with its rope epilogue: tested below
+            continue
         n, k = (int(v) for v in key.split()[0].split("x"))
         for m, entry in sorted(rows.items()):
             if entry.config is not None:
@@ -174,4 +177,95 @@ def test_fused_layer_chain_matches_float64_and_replays_identically(hidden, q_out
         torch.cuda.synchronize()
         assert torch.equal(out[0], act) and torch.equal(out[1], qkv)
         assert torch.equal(graph_res, res)
+    assert int(ws.counters.abs().sum()) == 0
+
+
+def _rope_cases():
+    from engine.kernels import skinny_gemm as sg
+
+    table = sg.load_table()
+    for name, hidden, nq, nkv in (("0.6b", 1024, 16, 8), ("4b", 2560, 32, 8)):
+        n = (nq + 2 * nkv) * 128
+        for m in (1, 8, 64):
+            entry = sg.table_entry(table, n, hidden, False, m, rope=True)
+            tiles = {sg.TileConfig(64, 256, hidden // 256), sg.TileConfig(64, 128, 1)}
+            if entry is not None and entry.config is not None:
+                tiles.add(entry.config)
+            for t in sorted(tiles, key=str):
+                yield pytest.param(hidden, nq, nkv, m, t,
+                                   id=f"{name}-M{m}-{t.block_k}x{t.split_k}w{t.num_warps}")
+
+
+@pytest.mark.parametrize("hidden, nq, nkv, m, tile", list(_rope_cases()))
+def test_qkv_rope_epilogue_matches_the_two_launches_and_replays_identically(hidden, nq, nkv,
+                                                                            m, tile):
+    """down's residual epilogue -> the QKV GEMM over the folded norm with the q/k norm, RoPE
+    and KV write in its epilogue, at a real layer's shapes (PDL on where supported): q and
+    the cache entries against `skinny_gemm` + `fused.qk_norm_rope_kv` and float64, nothing
+    else in the caches written, bit-identical in a CUDA graph."""
+    from engine.kernels import fused
+    from engine.kernels import skinny_gemm as sg
+
+    torch.manual_seed(m)
+    d, page, eps, inter = 128, 16, 1e-6, 3 * hidden
+    dev = dict(dtype=torch.bfloat16, device="cuda")
+    ws = sg.Workspace("cuda", (nq + 2 * nkv) * d, 16, 256)
+    w_down = torch.randn(hidden, inter, **dev) / inter ** 0.5
+    w_qkv = torch.randn((nq + 2 * nkv) * d, hidden, **dev) / hidden ** 0.5
+    qw, kw = 1 + 0.1 * torch.randn(2, d, **dev)
+    angles = torch.outer(torch.arange(4096, device="cuda").float(),
+                         1e-6 ** (torch.arange(0, d, 2, device="cuda").float() / d)).repeat(1, 2)
+    cos, sin = angles.cos().contiguous(), angles.sin().contiguous()
+    act = torch.randn(m, inter, **dev)
+    res0 = torch.randn(m, hidden, **dev)
+    pos = torch.randint(0, 4096, (m,), device="cuda")
+    slots = torch.randperm(m, device="cuda").to(torch.int32)
+    pt = torch.randperm(m * 256, device="cuda").to(torch.int32).view(m, 256)
+
+    def caches():
+        return [torch.full((m * 256 + 1, page, nkv, d), float("nan"), **dev) for _ in range(2)]
+
+    def down(res):
+        return sg.skinny_gemm_add_residual(act, w_down, res, ws, sg.TileConfig(32, 128, 4))
+
+    k1, v1 = caches()
+    res = res0.clone()
+    s = down(res)
+    y = sg.skinny_gemm(res, w_qkv, ws, sg.TileConfig(32, 256, 1), row_stats=s, eps=eps)
+    q1 = fused.qk_norm_rope_kv(y, qw, kw, cos, sin, pos, slots, pt, k1, v1, nq, nkv, eps)
+    k2, v2 = caches()
+    rope = sg.RopeKV(qw, kw, cos, sin, pos, slots, pt, k2, v2, nq, nkv, eps)
+
+    def chain(r):
+        return sg.skinny_gemm_qkv_rope(r, w_qkv, ws, tile, rope, row_stats=down(r), eps=eps)
+
+    res = res0.clone()
+    q2 = chain(res)
+    r64 = res.double()
+    x64 = r64 * torch.rsqrt(r64.pow(2).mean(-1, keepdim=True) + eps)
+    k3, v3 = [c.double() for c in caches()]
+    q3 = fused.qk_norm_rope_kv_torch(x64 @ w_qkv.double().T, qw.double(), kw.double(),
+                                     cos.double(), sin.double(), pos, slots, pt, k3, v3, nq,
+                                     nkv, eps)
+    for got, two, want, what in ((q2, q1, q3, "q"), (k2, k1, k3, "k"), (v2, v1, v3, "v")):
+        assert torch.equal(got.isnan(), two.isnan()), f"{what}: other cache entries written"
+        got, two = got.double().nan_to_num(), two.double().nan_to_num()
+        err = ((got - want.nan_to_num()).norm() / want.nan_to_num().norm()).item()
+        assert err < 1e-2, (what, err)
+        assert ((got - two).norm() / two.norm()).item() < 1e-2, what
+    eager_k, eager_v = k2.clone(), v2.clone()
+    g = torch.cuda.CUDAGraph()
+    graph_res = res0.clone()
+    with torch.cuda.graph(g):
+        out = chain(graph_res)
+    for _ in range(2):
+        graph_res.copy_(res0)
+        k2.fill_(float("nan"))
+        v2.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, q2) and torch.equal(graph_res, res)
+        for got, want in ((k2, eager_k), (v2, eager_v)):
+            assert torch.equal(got.isnan(), want.isnan())
+            assert torch.equal(got.nan_to_num(), want.nan_to_num())
     assert int(ws.counters.abs().sum()) == 0
