@@ -182,6 +182,20 @@ class Qwen3ForCausalLM(nn.Module):
             self._plans[rows] = self.decode_gemm.fused_layer_plan(self.layers[0].shapes(), rows)
         return self._plans[rows]
 
+    def set_fused_plan(self, rows: int, plan: FusedLayerPlan) -> None:
+        """Run the fused layer form at `rows` rows with `plan`'s tiles from the next forward
+        on (a graph captured before keeps its own): how `engine.bench.step_tune` times a
+        candidate plan. The workspace must hold the plan's tiles (`DecodeGemm.from_table`'s
+        `extra`).
+
+        Raises:
+            ValueError: the norms are not folded (the model does not run the fused form).
+        """
+        if not self.norms_folded:
+            raise ValueError("set_fused_plan: this model runs unfused (cuBLAS, TP > 1, or "
+                             "LOCKSTEP_FUSED_NORM=0)")
+        self._plans[rows] = plan
+
     @torch.no_grad()
     def load_weights(self, index: WeightIndex, progress=None) -> None:
         """Read this rank's slice of every tensor from the checkpoint.

@@ -8,6 +8,9 @@ is returned (I11). Weights are read per rank as slices of the checkpoint tensors
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
 from dataclasses import dataclass
 
 import torch
@@ -28,10 +31,13 @@ class DecodeGemm:
     Args:
         table: `skinny_gemm.load_table()` ({} : always cuBLAS).
         workspace: the device's `skinny_gemm.Workspace` (None when the table is empty).
+        plans: `load_fused_plans()`: fused-layer tiles chosen by timing whole steps, which
+            take precedence over the table's per-GEMM choice ({} or None: none).
     """
 
-    def __init__(self, table: dict, workspace: "skinny_gemm.Workspace | None"):
-        self.table, self.workspace = table, workspace
+    def __init__(self, table: dict, workspace: "skinny_gemm.Workspace | None",
+                 plans: dict | None = None):
+        self.table, self.workspace, self.plans = table, workspace, plans or {}
 
     @classmethod
     def for_model(cls, model: nn.Module, device, mode: str = "auto") -> "DecodeGemm | None":
@@ -50,12 +56,14 @@ class DecodeGemm:
                 or linears[0].weight.dtype != torch.bfloat16):
             return None
         return cls.from_table(skinny_gemm.load_table(), [m.weight.shape[0] for m in linears],
-                              device)
+                              device, load_fused_plans())
 
     @classmethod
-    def from_table(cls, table: dict, widths: list[int], device) -> "DecodeGemm | None":
-        """A chooser over `table` with a workspace that holds any of its tiles for weights of
-        up to max(widths) rows; None for an empty table or no widths.
+    def from_table(cls, table: dict, widths: list[int], device, plans: dict | None = None,
+                   extra: tuple = ()) -> "DecodeGemm | None":
+        """A chooser over `table` (and `plans`) with a workspace that holds any of their tiles,
+        and of the `extra` tiles, for weights of up to max(widths) rows; None for an empty
+        table or no widths.
 
         Raises:
             torch.OutOfMemoryError: the workspace does not fit.
@@ -64,10 +72,12 @@ class DecodeGemm:
                    if e.config is not None]
         if not widths or not configs:
             return None
+        configs += [c for rows in (plans or {}).values() for p in rows.values()
+                    for c in (p.qkv, p.o_proj, p.gate_up, p.down)] + list(extra)
         widest = max(widths)
         workspace = skinny_gemm.Workspace(device, widest, max(c.split_k for c in configs),
                                           -(-widest // min(c.block_n for c in configs)))
-        return cls(table, workspace)
+        return cls(table, workspace, plans)
 
     def fused_layer_plan(self, shapes: "LayerShapes", rows: int) -> "FusedLayerPlan | None":
         """The skinny tiles of a fused decoder layer at `rows` rows (`engine.model`), or None
@@ -76,9 +86,11 @@ class DecodeGemm:
 
         The fused layer needs the skinny GEMM's epilogues, so it takes the fastest skinny tile
         even where cuBLAS was faster; the table's times say by how much (summed over the four
-        GEMMs) and the fusion is kept while that is below `FUSED_LAYER_SAVING_US`. Where the
-        table's " rope" entry for the QKV shape beat the two launches it replaces, the QKV
-        GEMM also does the q/k norm + RoPE + KV write (`skinny_gemm.skinny_gemm_qkv_rope`).
+        GEMMs) and the fusion is kept while that is below `FUSED_LAYER_SAVING_US`. The tiles
+        are then the step-tuned plan (`load_fused_plans`) of the smallest tuned row count
+        >= rows where there is one; else the table's, and where the table's " rope" entry for
+        the QKV shape beat the two launches it replaces, the QKV GEMM also does the q/k norm +
+        RoPE + KV write (`skinny_gemm.skinny_gemm_qkv_rope`).
         """
         entries = [skinny_gemm.table_entry(self.table, n, k, sw, rows)
                    for n, k, sw in (shapes.qkv, shapes.o_proj, shapes.gate_up, shapes.down)]
@@ -86,6 +98,10 @@ class DecodeGemm:
             return None
         if sum(max(0.0, e.skinny_us - e.cublas_us) for e in entries) >= FUSED_LAYER_SAVING_US:
             return None
+        tuned = self.plans.get(layer_key(shapes), {})
+        fits = [m for m in tuned if m >= rows]
+        if fits:
+            return tuned[min(fits)]
         rope = skinny_gemm.table_entry(self.table, *shapes.qkv, rows, rope=True)
         if rope is not None and rope.skinny_wins:
             return FusedLayerPlan(rope.config, *(e.config for e in entries[1:]), rope=True)
@@ -154,6 +170,46 @@ class FusedLayerPlan:
     gate_up: "skinny_gemm.TileConfig"
     down: "skinny_gemm.TileConfig"
     rope: bool = False
+
+
+ROLES = ("qkv", "o_proj", "gate_up", "down")
+
+
+def layer_key(shapes: LayerShapes) -> str:
+    """Key of a layer's four weight shapes in the fused-plan file, e.g.
+    "qkv 4096x1024, o_proj 1024x2048, gate_up 6144x1024, down 1024x3072" (weight rows x K;
+    gate_up's rows are gate and up together)."""
+    return ", ".join(f"{role} {n}x{k}" for role, (n, k, _) in
+                     zip(ROLES, (shapes.qkv, shapes.o_proj, shapes.gate_up, shapes.down)))
+
+
+FUSED_PLANS_PATH = os.path.join(os.path.dirname(__file__), "fused_plans.json")
+
+
+def plan_to_json(plan: FusedLayerPlan) -> dict:
+    """{"qkv": tile fields, ..., "rope": bool}: the form `load_fused_plans` reads."""
+    return {**{r: dataclasses.asdict(getattr(plan, r)) for r in ROLES}, "rope": plan.rope}
+
+
+def load_fused_plans(path: str = FUSED_PLANS_PATH) -> dict[str, dict[int, FusedLayerPlan]]:
+    """Fused-layer plans chosen by timing whole decode steps (`python -m
+    engine.bench.step_tune --plans`): {layer_key: {rows: FusedLayerPlan}}; {} when the file is
+    absent.
+
+    Raises:
+        ValueError: "<path>: not a fused-plan file (...)" for anything else.
+    """
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        try:
+            raw = json.load(f)
+            return {str(key): {int(m): FusedLayerPlan(
+                        *(skinny_gemm.TileConfig(**p[r]) for r in ROLES), rope=bool(p["rope"]))
+                        for m, p in rows.items()}
+                    for key, rows in raw.items()}
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{path}: not a fused-plan file ({exc!r})") from None
 
 
 def _linear(x: torch.Tensor, w: torch.Tensor, swiglu: bool) -> torch.Tensor:

@@ -1,0 +1,425 @@
+"""Fused-layer tiles chosen by timing the whole decode step, not one GEMM alone.
+
+The GEMM sweep (`engine.bench.gemm_sweep`) times one shape repeated in a CUDA graph, and in the
+decode step tiles rank otherwise: on the H200 a table of the sweep's faster one-tile tiles made
+the Qwen3-0.6B step slower (docs/benchmarks.md, 2026-12-02). This tool starts at each row
+count from the plan the table gives the fused layer (`engine.layers.linear.FusedLayerPlan`),
+then for each GEMM in turn (QKV, o_proj, gate_up, down) swaps in each of the sweep's `--top`
+fastest tiles for that shape and row count (for QKV also the fastest tiles of the launch with
+the q/k norm + RoPE + KV-write epilogue) and keeps a swap when the captured step replays at
+least `MIN_GAIN` faster: one pass of coordinate descent, the step's graph recaptured per trial,
+the median of `--steps` replays timed by CUDA events as `lockstep bench` times them. A trial's
+logits are checked against the starting plan's before it is timed.
+
+    python -m engine.bench.step_tune --preset qwen3-0.6b --rows 1,8 --json out.json \\
+        --plans engine/layers/fused_plans.json
+
+`--plans` merges the winners into the file the engine reads (`load_fused_plans`); `--from-json`
+rewrites it from an earlier `--json` without timing anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+
+from engine.bench.options import BenchArgError, check_output_path, parse_int_list
+from engine.kernels.skinny_gemm import MAX_ROWS, TileConfig
+from engine.layers.linear import (FUSED_PLANS_PATH, ROLES, FusedLayerPlan, load_fused_plans,
+                                  plan_to_json)
+from engine.presets import PRESETS
+
+SWEEP_JSON = "docs/benchmarks-gemm-sweep-h200.json"
+MIN_GAIN = 0.002
+"""Least relative step-time gain for which a trial's tile replaces the current one: the
+spread of one plan's median over repeated runs in one process is about 0.1% (H200)."""
+LOGITS_RTOL = 0.1
+"""Largest max-abs logit difference, relative to the largest logit, a trial may show against
+the starting plan. Another tile adds in another order and rounds otherwise: on the H200 such
+trials differed by 0.02-0.045 of the largest logit in random-weight Qwen3-0.6B and 4B (a first
+run with 0.02 refused most of them; docs/benchmarks-step-tune-h200.json); a tile that drops or
+repeats part of the sum differs by the order of the logits themselves. The kernels' own
+correctness is the tests' (float64 oracles)."""
+
+
+def sweep_options(results: list[dict], shapes, rows: int, top: int
+                  ) -> dict[str, list[tuple[TileConfig, bool]]]:
+    """Each GEMM's candidate tiles at `rows` from sweep results (`gemm_sweep --json`'s
+    "results"): the `top` fastest the sweep timed at that row count, by shape; for "qkv" also
+    the `top` fastest of the rope epilogue's sweep, with rope=True. A shape or row count the
+    sweep lacks gives no candidates.
+
+    Args:
+        shapes: the layer's `engine.layers.linear.LayerShapes`.
+    Returns:
+        {role: [(tile, rope), ...]} in sweep order (fastest first).
+    """
+    def fastest(n, k, swiglu, rope):
+        for r in results:
+            if (int(r["N"]), int(r["K"]), bool(r["swiglu"]), bool(r.get("rope"))) == (
+                    n, k, swiglu, rope):
+                entry = r["rows"].get(str(rows)) or {}
+                timed = sorted((t for t in entry.get("triton", ()) if "us" in t),
+                               key=lambda t: t["us"])
+                return [TileConfig(**t["config"]) for t in timed[:top]]
+        return []
+
+    out = {role: [(t, False) for t in fastest(*getattr(shapes, role), False)] for role in ROLES}
+    out["qkv"] += [(t, True) for t in fastest(*shapes.qkv, True)]
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Trial:
+    """One timed plan: the GEMM it changed ("start" for the starting plan, "confirm" for the
+    start and the winner timed again at the end), the plan, its step median ms (None when it
+    failed) and the error or logit mismatch that ruled it out."""
+
+    role: str
+    plan: FusedLayerPlan
+    ms: float | None
+    error: str | None = None
+
+
+def descend(start: FusedLayerPlan, options: dict, time_plan) -> tuple[FusedLayerPlan, list]:
+    """One pass of coordinate descent over the GEMMs in `ROLES` order.
+
+    Args:
+        start: the first plan. options: `sweep_options`' {role: [(tile, rope)]}.
+        time_plan: plan -> step median in ms; raises (ValueError, RuntimeError) for a plan
+            that cannot run or computes wrong logits.
+    Returns:
+        (the fastest plan found, every `Trial` in order).
+    Raises:
+        ValueError / RuntimeError: the starting plan itself failed.
+    """
+    best, best_ms = start, time_plan(start)
+    trials = [Trial("start", start, best_ms)]
+    for role in ROLES:
+        for tile, rope in options.get(role, ()):
+            changes = {role: tile, **({"rope": rope} if role == "qkv" else {})}
+            plan = dataclasses.replace(best, **changes)
+            if plan == best or any(t.plan == plan for t in trials):
+                continue
+            try:
+                ms = time_plan(plan)
+            except (ValueError, RuntimeError) as exc:
+                trials.append(Trial(role, plan, None, str(exc).splitlines()[0][:200]))
+                continue
+            trials.append(Trial(role, plan, ms))
+            if ms < best_ms * (1 - MIN_GAIN):
+                best, best_ms = plan, ms
+    return best, trials
+
+
+class StepTimer:
+    """Times fused-layer plans of one model on one GPU: each plan's decode step captured into
+    a CUDA graph at a bucket and replayed through the protocol's reference driver, as
+    `engine.bench.decode` does.
+
+    Args:
+        model_dir: HF-layout directory. buckets: the decode buckets to time (<= MAX_ROWS).
+        context: tokens cached per row. steps / warmup: timed / untimed replays per plan.
+        extra_tiles: every tile a plan may name (the split-K workspace is sized for them).
+    Raises:
+        ValueError: the model does not run the fused layer form (TP > 1, float32, no table).
+    """
+
+    def __init__(self, model_dir: str, buckets: list[int], context: int, steps: int,
+                 warmup: int, extra_tiles: list[TileConfig], seed: int = 0):
+        import torch
+
+        from engine.bench.decode import HOLD_CYCLES, PAGE_SIZE, BenchBackend
+        from engine.engine_config import EngineConfig
+        from engine.executor import RankExecutor
+        from engine.layers.linear import ColumnParallelLinear, DecodeGemm, RowParallelLinear
+        from engine.parallel import TPGroup
+        from protocol.buckets import DEFAULT_DECODE_BUCKETS
+
+        top = max(buckets)
+        self.settings = EngineConfig(
+            model_dir=str(model_dir), world_size=1, device="cuda", dtype="bfloat16",
+            max_batch=top, max_model_len=context + 1, page_size=PAGE_SIZE,
+            buckets=tuple(b for b in DEFAULT_DECODE_BUCKETS if b <= top), cuda_graph=True)
+        self.settings.validate()
+        ex = self.ex = RankExecutor(self.settings, TPGroup(0, 1))
+        ex.load_model()
+        ex.allocate_kv(ex.pages_needed())
+        ex.assign_pages_per_slot()
+        model = self.model = ex.model
+        if model.fused_plan(1) is None:
+            raise ValueError(f"{model_dir}: the model runs no fused layer form at 1 row")
+        gen = torch.Generator(device=ex.device).manual_seed(seed + 1)
+        for layer in range(ex.cfg.num_layers):  # random K/V everywhere, as the bench does
+            ex.kv.k[layer].normal_(generator=gen)
+            ex.kv.v[layer].normal_(generator=gen)
+        widths = [m.weight.shape[0] for m in model.modules()
+                  if isinstance(m, (ColumnParallelLinear, RowParallelLinear))]
+        gemm = model.decode_gemm
+        gemm.workspace = DecodeGemm.from_table(gemm.table, widths, ex.device, gemm.plans,
+                                               extra=tuple(extra_tiles)).workspace
+        self.context, self.steps, self.warmup = context, steps, warmup
+        self.backend = BenchBackend(ex, lambda: torch.cuda._sleep(HOLD_CYCLES))
+        self._rng = torch.Generator().manual_seed(seed + 3)
+        self._check: dict[int, tuple] = {}  # per bucket: the logit check's step, its logits
+
+    def shapes(self):
+        """The layer's `LayerShapes` on this rank."""
+        return self.model.layers[0].shapes()
+
+    def start_plan(self, bucket: int) -> FusedLayerPlan | None:
+        """The plan the engine runs at `bucket` rows now (plans file, else the table); None
+        where the layer runs unfused."""
+        return self.model.decode_gemm.fused_layer_plan(self.shapes(), bucket)
+
+    def _steps(self, bucket: int, count: int) -> list:
+        import torch
+
+        from protocol.commands import DecodeRow, Step
+        from protocol.keys import GraphKey
+
+        ids = torch.randint(0, self.ex.cfg.vocab_size, (count, bucket),
+                            generator=self._rng).tolist()
+        return [Step(seq=i, rows=tuple(DecodeRow(slot=r, request_id=r, token=t,
+                                                 position=self.context - 1)
+                                       for r, t in enumerate(row)), bucket=bucket,
+                     key=GraphKey(bucket)) for i, row in enumerate(ids)]
+
+    def time(self, bucket: int, plan: FusedLayerPlan) -> float:
+        """Median ms of the graph-replayed step at `bucket` rows with `plan`.
+
+        Raises:
+            RuntimeError: the plan's logits differ from the first plan's timed at this
+                bucket by more than `LOGITS_RTOL`, or a step failed.
+        """
+        import torch
+
+        from engine.bench.decode import bench_worker, time_steps
+        from engine.executor import PhaseTimer
+        from protocol.keys import GraphKey
+
+        ex, key = self.ex, GraphKey(bucket)
+        self.model.set_fused_plan(bucket, plan)
+        ex.free_graphs()
+        if bucket not in self._check:
+            self._check[bucket] = (self._steps(bucket, 1)[0], None)
+        check, ref = self._check[bucket]
+        ex.prepare_replay(check)
+        ex._step = None
+        logits = ex.graphs.on_stream(lambda: ex.decode_forward(bucket))[:bucket].float()
+        if ref is None:
+            ref = logits.clone()
+            self._check[bucket] = (check, ref)
+        diff = float((logits - ref).abs().max()) / float(ref.abs().max())
+        if not diff <= LOGITS_RTOL:
+            raise RuntimeError(f"logits differ from the starting plan's by {diff:.3g} of the "
+                               "largest")
+        ex.record(key)
+        ex.instantiate(key)
+        ex.upload(key)
+        torch.cuda.synchronize()
+        steps = self._steps(bucket, self.warmup + self.steps)
+        worker = bench_worker(0, self.settings, bucket, {key})
+        ex.phases = PhaseTimer()
+        try:
+            times = time_steps(worker, self.backend, steps, ex.phases)
+        finally:
+            ex.phases = None
+        times = sorted(times[self.warmup:])
+        return 1e3 * times[len(times) // 2]
+
+
+def tune(timer: StepTimer, results: list[dict], rows: list[int], top: int, log) -> dict:
+    """`descend` at each row count, then the starting plan and the winner timed again, one
+    after the other. Returns the --json record: {"layer": layer_key, "rows": {m: {"start",
+    "best", "start_ms", "best_ms", "confirm_start_ms", "confirm_best_ms", "trials"}}}."""
+    from engine.layers.linear import layer_key
+
+    shapes = timer.shapes()
+    out = {"layer": layer_key(shapes), "rows": {}}
+    for m in rows:
+        start = timer.start_plan(m)
+        if start is None:
+            log(f"rows {m}: the layer runs unfused there; nothing to tune")
+            continue
+        best, trials = descend(start, sweep_options(results, shapes, m, top),
+                               lambda p, m=m: timer.time(m, p))
+        again_start, again_best = timer.time(m, start), timer.time(m, best)
+        out["rows"][str(m)] = {
+            "start": plan_to_json(start), "best": plan_to_json(best),
+            "start_ms": trials[0].ms, "best_ms": min(t.ms for t in trials if t.ms is not None),
+            "confirm_start_ms": again_start, "confirm_best_ms": again_best,
+            "trials": [{"role": t.role, "plan": plan_to_json(t.plan), "ms": t.ms,
+                        "error": t.error} for t in trials]}
+        log(f"rows {m}: start {trials[0].ms:.4f} ms -> best {again_best:.4f} ms (start again "
+            f"{again_start:.4f}); {len(trials)} trials; best {plan_to_json(best)}")
+    return out
+
+
+def plans_from_records(records: list[dict]) -> dict:
+    """The plans file's content from --json records: per layer and row count, the winner
+    where its confirming time beat the start's by at least `MIN_GAIN`, else the start (a
+    plan at every tuned row count, so the file says what was decided there)."""
+    plans: dict = {}
+    for rec in records:
+        for m, r in rec["rows"].items():
+            won = r["confirm_best_ms"] < r["confirm_start_ms"] * (1 - MIN_GAIN)
+            plans.setdefault(rec["layer"], {})[str(int(m))] = r["best"] if won else r["start"]
+    return plans
+
+
+def write_plans(path: str, plans: dict) -> None:
+    """Merge `plans` into the plans file at `path` (its other layers and row counts kept),
+    written atomically; the merged file must load (`load_fused_plans`).
+
+    Raises:
+        BenchArgError: the existing file is not a plans file, or the write failed.
+    """
+    from engine.bench.gemm_sweep import _replace_file
+
+    merged: dict = {}
+    if os.path.exists(path):
+        try:
+            load_fused_plans(path)
+        except ValueError as exc:
+            raise BenchArgError(f"--plans {path}: {exc}") from None
+        with open(path) as f:
+            merged = json.load(f)
+    for layer, rows in plans.items():
+        merged.setdefault(layer, {}).update(rows)
+    _replace_file(os.path.realpath(path), json.dumps(merged, indent=1, sort_keys=True) + "\n",
+                  flag="--plans")
+
+
+def _load_sweep(path: str) -> list[dict]:
+    try:
+        with open(path) as f:
+            results = json.load(f)["results"]
+        if not isinstance(results, list):
+            raise TypeError("results is not a list")
+        return results
+    except OSError as exc:
+        raise BenchArgError(f"--sweep {path}: {exc.strerror}") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise BenchArgError(f"--sweep {path}: not a gemm_sweep --json ({exc!r})"[:300]) from None
+
+
+def main(argv=None) -> int:
+    from protocol.buckets import DEFAULT_DECODE_BUCKETS
+
+    p = argparse.ArgumentParser(prog="python -m engine.bench.step_tune",
+                                description=__doc__.splitlines()[0])
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--preset", help=f"random weights of a preset ({', '.join(PRESETS)})")
+    src.add_argument("--model", help="HF-layout Qwen3 directory")
+    p.add_argument("--rows", default="1,8,16,32,64",
+                   help="row counts (decode buckets <= 64) to tune, as the table's")
+    p.add_argument("--top", type=int, default=4, help="sweep tiles tried per GEMM")
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--context", type=int, default=128)
+    p.add_argument("--sweep", default=SWEEP_JSON, help="gemm_sweep --json with the candidates")
+    p.add_argument("--json", help="write every trial here")
+    p.add_argument("--plans", help=f"merge the winners into this plans file (the engine's: "
+                                   f"{os.path.relpath(FUSED_PLANS_PATH)})")
+    p.add_argument("--from-json", metavar="JSON",
+                   help="write --plans from this earlier --json instead of timing")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    try:
+        if args.from_json is not None:
+            return _plans_from_json(args, p)
+        if (args.preset is None) == (args.model is None):
+            raise BenchArgError("give --preset or --model")
+        if args.preset is not None and args.preset not in PRESETS:
+            raise BenchArgError(f"--preset {args.preset!r}: unknown; choose from "
+                                f"{', '.join(sorted(PRESETS))}")
+        if args.model is not None and not os.path.isdir(args.model):
+            raise BenchArgError(f"--model {args.model!r}: not a directory")
+        rows = parse_int_list(args.rows, "--rows")
+        bad = [r for r in rows if r > MAX_ROWS or r not in DEFAULT_DECODE_BUCKETS]
+        if bad:
+            raise BenchArgError(f"--rows {args.rows}: {bad[0]} is not a decode bucket <= "
+                                f"{MAX_ROWS}")
+        for flag, value, least in (("--top", args.top, 1), ("--steps", args.steps, 1),
+                                   ("--warmup", args.warmup, 0), ("--context", args.context, 1)):
+            if value < least:
+                raise BenchArgError(f"{flag} {value}: expected >= {least}")
+        results = _load_sweep(args.sweep)
+        for flag, path in (("--json", args.json), ("--plans", args.plans)):
+            if path is not None:
+                check_output_path(flag, path)
+        if args.plans is not None and os.path.exists(args.plans):
+            try:
+                load_fused_plans(args.plans)
+            except ValueError as exc:
+                raise BenchArgError(f"--plans {args.plans}: {exc}") from None
+    except BenchArgError as exc:
+        print(f"step_tune: error: {exc}", file=sys.stderr)
+        return 2
+    import torch
+
+    if not torch.cuda.is_available():
+        print("step_tune: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    model_dir, tmp = args.model, None
+    if args.preset is not None:
+        import shutil
+
+        from engine.bench.modeldir import write_random_model_fast
+
+        tmp = model_dir = str(write_random_model_fast(args.preset, "bfloat16", args.seed))
+    try:
+        t0 = time.perf_counter()
+        tiles = [TileConfig(**t["config"]) for r in results for e in r["rows"].values()
+                 for t in e.get("triton", ()) if "us" in t]
+        timer = StepTimer(model_dir, rows, args.context, args.steps, args.warmup, tiles,
+                          args.seed)
+        record = tune(timer, results, rows, args.top, lambda s: print(s, flush=True))
+        record.update(preset=args.preset, model=args.model, context=args.context,
+                      steps=args.steps, device=torch.cuda.get_device_name(),
+                      seconds=time.perf_counter() - t0)
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"records": [record]}, f, indent=1)
+        if args.plans:
+            write_plans(args.plans, plans_from_records([record]))
+    except BenchArgError as exc:
+        print(f"step_tune: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _plans_from_json(args, parser) -> int:
+    """`--from-json`: the plans file from earlier --json records (merged), nothing timed."""
+    timing = [f"--{n}" for n in ("preset", "model", "rows", "top", "steps", "warmup",
+                                 "context", "json") if getattr(args, n) != parser.get_default(n)]
+    if timing:
+        raise BenchArgError(f"--from-json times nothing; {timing[0]} does not apply")
+    if args.plans is None:
+        raise BenchArgError("--from-json needs --plans (where to write the plans)")
+    check_output_path("--plans", args.plans)
+    try:
+        with open(args.from_json) as f:
+            plans = plans_from_records(json.load(f)["records"])
+    except OSError as exc:
+        raise BenchArgError(f"--from-json {args.from_json}: {exc.strerror}") from None
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise BenchArgError(f"--from-json {args.from_json}: not a step_tune --json "
+                            f"({exc!r})"[:300]) from None
+    write_plans(args.plans, plans)
+    print(f"step_tune: wrote plans for {sum(len(r) for r in plans.values())} row counts to "
+          f"{args.plans}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

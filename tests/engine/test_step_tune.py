@@ -1,0 +1,159 @@
+"""Step-tuned fused-layer plans (engine.bench.step_tune, engine.layers.linear.load_fused_plans):
+the coordinate descent against a stand-in step timer, the candidates read from a sweep, the
+plans file's round trip and merge, the engine taking a tuned plan over the table's, and the
+command line's one-line refusals. The GPU timing itself runs in the benchmarks."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine.bench import step_tune
+from engine.kernels import skinny_gemm as sg
+from engine.layers import linear
+from engine.layers.linear import FusedLayerPlan, LayerShapes
+
+SHAPES = LayerShapes((96, 64, False), (64, 32, False), (256, 64, True), (64, 128, False))
+A, B, C, D = (sg.TileConfig(16, 32, s) for s in (1, 2, 4, 8))
+
+
+def test_descend_keeps_only_swaps_that_beat_the_current_plan_by_the_margin():
+    start = FusedLayerPlan(A, A, A, A)
+    # the step time of a plan: fixed costs per (role, tile); B on o_proj saves less than the
+    # margin, C on gate_up saves 5%, the rope QKV 2%; D on down fails to run
+    cost = {("o_proj", B): -0.0005, ("gate_up", C): -0.05, ("qkv", "rope"): -0.02}
+
+    def time_plan(plan):
+        if plan.down == D:
+            raise RuntimeError("logits differ from the starting plan's by 0.5")
+        ms = 1.0 + cost.get(("o_proj", plan.o_proj), 0) + cost.get(("gate_up", plan.gate_up), 0)
+        return ms + (cost[("qkv", "rope")] if plan.rope else 0)
+
+    options = {"qkv": [(A, False), (B, True)], "o_proj": [(B, False)],
+               "gate_up": [(B, False), (C, False)], "down": [(D, False)]}
+    best, trials = step_tune.descend(start, options, time_plan)
+    assert best == FusedLayerPlan(B, A, C, A, rope=True)
+    assert [t.role for t in trials] == ["start", "qkv", "o_proj", "gate_up", "gate_up", "down"]
+    assert trials[0].ms == 1.0 and trials[-1].ms is None
+    assert trials[-1].error.startswith("logits differ")
+    with pytest.raises(RuntimeError):  # a starting plan that fails is not a result
+        step_tune.descend(FusedLayerPlan(A, A, A, D), options, time_plan)
+
+
+def _sweep():
+    def shape(n, k, swiglu, rope=False, tiles=()):
+        return {"N": n, "K": k, "swiglu": swiglu, "rope": rope, "rows": {"8": {"triton": [
+            {"config": t.__dict__, "us": us} for t, us in tiles] + [
+            {"config": D.__dict__, "error": "OutOfResources"}]}}}
+
+    return [shape(96, 64, False, tiles=[(B, 3.0), (A, 2.0), (C, 4.0)]),
+            shape(96, 64, False, rope=True, tiles=[(C, 5.0)]),
+            shape(256, 64, True, tiles=[(D, 1.0)]),
+            shape(64, 128, False, tiles=[(B, 1.0)])]
+
+
+def test_sweep_options_are_the_fastest_timed_tiles_per_shape_and_the_rope_launch():
+    opts = step_tune.sweep_options(_sweep(), SHAPES, 8, top=2)
+    assert opts["qkv"] == [(A, False), (B, False), (C, True)]
+    assert opts["o_proj"] == []                      # a shape the sweep lacks
+    assert opts["gate_up"] == [(D, False)]           # swiglu is its own shape
+    assert opts["down"] == [(B, False)]
+    assert step_tune.sweep_options(_sweep(), SHAPES, 1, top=2)["qkv"] == []  # no such rows
+
+
+def _record(start_ms, best_ms):
+    start, best = FusedLayerPlan(A, A, A, A), FusedLayerPlan(B, A, C, A, rope=True)
+    return {"layer": linear.layer_key(SHAPES), "rows": {"8": {
+        "start": linear.plan_to_json(start), "best": linear.plan_to_json(best),
+        "confirm_start_ms": start_ms, "confirm_best_ms": best_ms}}}
+
+
+def test_plans_file_round_trip_merge_and_confirmation(tmp_path):
+    path = tmp_path / "plans.json"
+    path.write_text(json.dumps({"other layer": {"1": linear.plan_to_json(
+        FusedLayerPlan(D, D, D, D))}}))
+    step_tune.write_plans(str(path), step_tune.plans_from_records([_record(1.0, 0.9)]))
+    plans = linear.load_fused_plans(str(path))
+    assert plans[linear.layer_key(SHAPES)] == {8: FusedLayerPlan(B, A, C, A, rope=True)}
+    assert plans["other layer"] == {1: FusedLayerPlan(D, D, D, D)}   # kept
+    # a winner that did not beat the start again by the margin is not taken
+    unconfirmed = step_tune.plans_from_records([_record(1.0, 0.9995)])
+    assert unconfirmed[linear.layer_key(SHAPES)]["8"] == linear.plan_to_json(
+        FusedLayerPlan(A, A, A, A))
+
+
+def test_a_bad_plans_file_is_one_error_naming_it(tmp_path):
+    path = tmp_path / "plans.json"
+    path.write_text('{"layer": {"8": {"qkv": {"block_n": 16}}}}')
+    with pytest.raises(ValueError, match="plans.json: not a fused-plan file"):
+        linear.load_fused_plans(str(path))
+    with pytest.raises(step_tune.BenchArgError, match="--plans .*not a fused-plan file"):
+        step_tune.write_plans(str(path), {})
+    assert linear.load_fused_plans(str(tmp_path / "absent.json")) == {}
+
+
+def test_the_engine_takes_the_tuned_plan_of_the_smallest_tuned_row_count_at_or_above():
+    table = {sg.shape_key(n, k, sw): {64: sg.TableEntry(A, 1.0, 2.0)}
+             for n, k, sw in (SHAPES.qkv, SHAPES.o_proj, SHAPES.gate_up, SHAPES.down)}
+    tuned = FusedLayerPlan(B, C, D, B, rope=True)
+    gemm = linear.DecodeGemm.from_table(table, [256], "cpu",
+                                        {linear.layer_key(SHAPES): {8: tuned}})
+    assert gemm.fused_layer_plan(SHAPES, 8) == tuned
+    assert gemm.fused_layer_plan(SHAPES, 3) == tuned               # 8 serves 2..8
+    assert gemm.fused_layer_plan(SHAPES, 9) == FusedLayerPlan(A, A, A, A)   # the table's
+    assert gemm.workspace.max_split == 8                           # D's split fits
+    # a layer the table does not fuse stays unfused whatever the plans say
+    slow = {k: {64: sg.TableEntry(A, 9.0, 2.0)} for k in table}
+    assert linear.DecodeGemm.from_table(slow, [256], "cpu", {linear.layer_key(SHAPES): {
+        8: tuned}}).fused_layer_plan(SHAPES, 8) is None
+
+
+def test_the_shipped_plans_file_is_the_step_tune_json_in_docs(tmp_path):
+    """The engine's plans are rebuilt from the tuner's records in docs by `--from-json`, and
+    name real layers of the presets they were tuned on."""
+    out = tmp_path / "p.json"
+    assert step_tune.main(["--from-json", "docs/benchmarks-step-tune-h200.json",
+                           "--plans", str(out)]) == 0
+    shipped = linear.load_fused_plans()
+    assert shipped and linear.load_fused_plans(str(out)) == shipped
+    for rows in shipped.values():
+        assert all(1 <= m <= sg.MAX_ROWS for m in rows)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--preset", "qwen3-0.6b", "--rows", "3"], "--rows 3: 3 is not a decode bucket <= 64"),
+    (["--preset", "qwen3-0.6b", "--rows", "128"], "128 is not a decode bucket"),
+    (["--preset", "qwen3-0.6b", "--rows", "x"], "--rows"),
+    (["--preset", "qwen3-9b"], "--preset 'qwen3-9b': unknown"),
+    (["--model", "{tmp}/none"], "--model '{tmp}/none': not a directory"),
+    ([], "give --preset or --model"),
+    (["--preset", "qwen3-0.6b", "--top", "0"], "--top 0: expected >= 1"),
+    (["--preset", "qwen3-0.6b", "--steps", "0"], "--steps 0: expected >= 1"),
+    (["--preset", "qwen3-0.6b", "--sweep", "{tmp}/none.json"], "none.json: No such file"),
+    (["--preset", "qwen3-0.6b", "--sweep", "README.md"], "README.md: not a gemm_sweep --json"),
+    (["--preset", "qwen3-0.6b", "--plans", "{tmp}/bad.json"], "not a fused-plan file"),
+    (["--preset", "qwen3-0.6b", "--json", "{tmp}"], "--json"),
+    (["--from-json", "{tmp}/r.json"], "--from-json needs --plans"),
+    (["--from-json", "{tmp}/r.json", "--plans", "{tmp}/p.json", "--rows", "1"],
+     "--rows does not apply"),
+    (["--from-json", "README.md", "--plans", "{tmp}/p.json"], "not a step_tune --json"),
+    (["--from-json", "{tmp}/none.json", "--plans", "{tmp}/p.json"], "No such file"),
+])
+def test_bad_arguments_are_one_line_before_any_gpu_work(tmp_path, capsys, argv, message):
+    (tmp_path / "bad.json").write_text("[1]")
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    assert step_tune.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("step_tune: error: ") and len(err.splitlines()) == 1, err
+    assert message.replace("{tmp}", str(tmp_path)) in err, err
+
+
+def test_from_json_rebuilds_the_plans_file(tmp_path, capsys):
+    src = tmp_path / "r.json"
+    src.write_text(json.dumps({"records": [_record(1.0, 0.9)]}))
+    out = tmp_path / "p.json"
+    assert step_tune.main(["--from-json", str(src), "--plans", str(out)]) == 0
+    assert linear.load_fused_plans(str(out)) == {
+        linear.layer_key(SHAPES): {8: FusedLayerPlan(B, A, C, A, rope=True)}}
+    assert "wrote plans for 1 row counts" in capsys.readouterr().out
