@@ -20,8 +20,8 @@ flushed its writes. Loads of what changes between steps (positions, slots, page-
 go through L2 (`cache_modifier=".cg"`), which is coherent; only what the immediate predecessor
 writes must wait. `sim.launch_chain` searches a real step's kernels for a break of this rule
 (`tests/engine/test_pdl_order.py`). `skinny_gemm` loads a one-tile program's
-weights this way and `fused.qk_norm_rope_kv` its positions, slots, page-table entries, norm
-weights and cos/sin rows (H200, 2026-12-02, Qwen3-0.6B graph step at batch 1 / 8: 0.878 ->
+weights this way, and `fused.qk_norm_rope_kv` (and the skinny GEMM's rope epilogue, which
+replaces it) its positions, slots, page-table entries, norm weights and cos/sin rows (H200, 2026-12-02, Qwen3-0.6B graph step at batch 1 / 8: 0.878 ->
 0.845 ms and 0.900 -> 0.860 ms, docs/benchmarks.md).
 
 Only for launches of at most MAX_ROWS rows (decode buckets up to 64): measured on the H200,

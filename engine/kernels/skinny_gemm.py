@@ -8,10 +8,13 @@ BLOCK_K chunks, and when N alone gives too few programs to fill the GPU splits K
 SPLIT_K programs whose fp32 partial sums the last-arriving program of each column block adds
 in a fixed order (a serial fix-up: deterministic, no second launch). An optional SwiGLU
 epilogue computes silu(gate) * up of a fused [gate | up] weight in the same launch, so the
-MLP's activation costs no launch of its own.
+MLP's activation costs no launch of its own; the same pairing of two accumulators gives a QKV
+launch whose programs each hold one head's two rotate-half halves and do the q/k RMSNorm, RoPE
+and KV-cache write in the epilogue (`skinny_gemm_qkv_rope`).
 
     `skinny_gemm(x, w, plan, swiglu=False)`   the Triton kernel (CUDA).
     `skinny_gemm_torch(x, w, swiglu=False)`   the same function in torch (CPU path, oracle).
+    `skinny_gemm_qkv_rope(x, w, ws, tile, rope)`   QKV with the q/k norm + RoPE + KV write.
 
 Graph safety (I12): the kernel reads no host value that changes between steps; the split-K
 partials and arrival counters live in a `Workspace` allocated before capture, and the last
