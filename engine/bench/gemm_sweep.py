@@ -120,14 +120,13 @@ def rope_space(k: int, half: int) -> list[TileConfig]:
     """Tiles of a `skinny_gemm_qkv_rope` launch over K = k: block_n is the half head; each
     (block_k, split) whose splits are one or two block_k tiles long, or one unsplit loop;
     4 and 8 warps. Splits that round to the same K ranges appear once."""
-    seen, out = set(), []
+    out = []
     for bk in (128, 256, 512):
         for split in (1, 2, 4, 5, 8, 10, 16, 20):
             k_split = -(-(-(-k // split)) // bk) * bk
             tiles = k_split // bk
-            if -(-k // k_split) != split or (split > 1 and tiles > 2) or (bk, split) in seen:
+            if -(-k // k_split) != split or (split > 1 and tiles > 2):
                 continue
-            seen.add((bk, split))
             out += [TileConfig(half, bk, split, warps, 4) for warps in (4, 8)]
     return out
 
@@ -136,8 +135,9 @@ def sweep_rope_shape(preset: str, tp: int, rows, workspace, repeats: int, log) -
     """Times `skinny_gemm_qkv_rope` at every `rope_space` tile against the two launches it
     replaces in a fused layer (the QKV tile the shipped table names, which the fused layer
     takes even where cuBLAS was faster; cuBLAS where it names none; then
-    `fused.qk_norm_rope_kv`) at each row count, checking that both write the same q and
-    cache entries; per-call microseconds, weights from HBM as in `sweep_shape`."""
+    `fused.qk_norm_rope_kv`) at each row count; a tile whose q or caches differ from the two
+    launches' by more than 2% (relative norm) is recorded as an error. Per-call microseconds,
+    weights from HBM as in `sweep_shape`."""
     from engine.kernels.skinny_gemm import RopeKV, load_table, skinny_gemm_qkv_rope, table_entry
 
     c = PRESETS[preset]

@@ -27,9 +27,11 @@ import os
 import sys
 import time
 
-from engine.bench.options import BenchArgError, check_output_path, parse_int_list
-from engine.kernels.skinny_gemm import MAX_ROWS, TileConfig
-from engine.layers.linear import (FUSED_PLANS_PATH, ROLES, FusedLayerPlan, load_fused_plans,
+from engine.bench.options import (BenchArgError, BenchOptions, check_output_path,
+                                  max_positions, model_shape, parse_int_list)
+from engine.kernels.skinny_gemm import TileConfig, load_table, shape_key
+from engine.layers.linear import (FUSED_PLANS_PATH, ROLES, DecodeGemm, FusedLayerPlan,
+                                  LayerShapes, layer_key, load_fused_plans, parse_fused_plans,
                                   plan_to_json)
 from engine.presets import PRESETS
 
@@ -75,9 +77,8 @@ def sweep_options(results: list[dict], shapes, rows: int, top: int
 
 @dataclasses.dataclass(frozen=True)
 class Trial:
-    """One timed plan: the GEMM it changed ("start" for the starting plan, "confirm" for the
-    start and the winner timed again at the end), the plan, its step median ms (None when it
-    failed) and the error or logit mismatch that ruled it out."""
+    """One timed plan: the GEMM it changed ("start" for the starting plan), the plan, its step
+    median ms (None when it failed) and the error or logit mismatch that ruled it out."""
 
     role: str
     plan: FusedLayerPlan
@@ -126,7 +127,8 @@ class StepTimer:
         context: tokens cached per row. steps / warmup: timed / untimed replays per plan.
         extra_tiles: every tile a plan may name (the split-K workspace is sized for them).
     Raises:
-        ValueError: the model does not run the fused layer form (TP > 1, float32, no table).
+        ValueError: the model runs no fused layer form at 1 row (a shape the table lacks, its
+            tiles too slow there: `DecodeGemm.fused_layer_plan`; or LOCKSTEP_FUSED_NORM=0).
     """
 
     def __init__(self, model_dir: str, buckets: list[int], context: int, steps: int,
@@ -193,8 +195,9 @@ class StepTimer:
         """Median ms of the graph-replayed step at `bucket` rows with `plan`.
 
         Raises:
-            RuntimeError: the plan's logits differ from the first plan's timed at this
-                bucket by more than `LOGITS_RTOL`, or a step failed.
+            RuntimeError: the plan's eager logits differ from the first plan's timed at this
+                bucket by more than `LOGITS_RTOL`, its graph replay's from its eager step at
+                all, or a step failed.
         """
         import torch
 
@@ -221,7 +224,12 @@ class StepTimer:
         ex.record(key)
         ex.instantiate(key)
         ex.upload(key)
+        ex.prepare_replay(check)
+        ex.launch(key)
         torch.cuda.synchronize()
+        ex._decode_logits = None  # nothing is sampled
+        if not torch.equal(ex.logits_buf[:bucket].float(), logits):
+            raise RuntimeError("the graph replay's logits differ from the eager step's")
         steps = self._steps(bucket, self.warmup + self.steps)
         worker = bench_worker(0, self.settings, bucket, {key})
         ex.phases = PhaseTimer()
@@ -233,25 +241,34 @@ class StepTimer:
         return 1e3 * times[len(times) // 2]
 
 
-def tune(timer: StepTimer, results: list[dict], rows: list[int], top: int, log) -> dict:
-    """`descend` at each row count, then the starting plan and the winner timed again, one
-    after the other. Returns the --json record: {"layer": layer_key, "rows": {m: {"start",
-    "best", "start_ms", "best_ms", "confirm_start_ms", "confirm_best_ms", "trials"}}}."""
-    from engine.layers.linear import layer_key
+CONFIRM_ROUNDS = 2
+"""Times the start and the winner are each timed again at the end, alternating."""
 
+
+def tune(timer: StepTimer, results: list[dict], rows: list[int], top: int, log) -> dict:
+    """`descend` at each row count, then the starting plan and the winner timed again,
+    alternating `CONFIRM_ROUNDS` times (their means are the confirming times). Returns the
+    --json record: {"layer": layer_key, "rows": {m: {"start", "best", "start_ms", "best_ms",
+    "confirm_start_ms", "confirm_best_ms", "trials"}}}.
+
+    Raises:
+        ValueError: a row count where the layer runs unfused (`StepTimer.start_plan` None).
+        RuntimeError: the starting plan failed (`descend`).
+    """
     shapes = timer.shapes()
     out = {"layer": layer_key(shapes), "rows": {}}
     for m in rows:
         start = timer.start_plan(m)
         if start is None:
-            log(f"rows {m}: the layer runs unfused there; nothing to tune")
-            continue
+            raise ValueError(f"the layer runs unfused at {m} rows; nothing to tune there")
         best, trials = descend(start, sweep_options(results, shapes, m, top),
                                lambda p, m=m: timer.time(m, p))
-        again_start, again_best = timer.time(m, start), timer.time(m, best)
+        pairs = [(timer.time(m, start), timer.time(m, best)) for _ in range(CONFIRM_ROUNDS)]
+        again_start = sum(a for a, _ in pairs) / len(pairs)
+        again_best = sum(b for _, b in pairs) / len(pairs)
         out["rows"][str(m)] = {
             "start": plan_to_json(start), "best": plan_to_json(best),
-            "start_ms": trials[0].ms, "best_ms": min(t.ms for t in trials if t.ms is not None),
+            "start_ms": trials[0].ms, "best_ms": next(t.ms for t in trials if t.plan == best),
             "confirm_start_ms": again_start, "confirm_best_ms": again_best,
             "trials": [{"role": t.role, "plan": plan_to_json(t.plan), "ms": t.ms,
                         "error": t.error} for t in trials]}
@@ -291,26 +308,70 @@ def write_plans(path: str, plans: dict) -> None:
             merged = json.load(f)
     for layer, rows in plans.items():
         merged.setdefault(layer, {}).update(rows)
+    try:
+        parse_fused_plans(merged, f"--plans {path}")
+    except ValueError as exc:
+        raise BenchArgError(f"{exc}; nothing written") from None
     _replace_file(os.path.realpath(path), json.dumps(merged, indent=1, sort_keys=True) + "\n",
                   flag="--plans")
 
 
 def _load_sweep(path: str) -> list[dict]:
+    """The sweep's "results", each with the fields `sweep_options` and the workspace read."""
     try:
         with open(path) as f:
             results = json.load(f)["results"]
         if not isinstance(results, list):
             raise TypeError("results is not a list")
+        for r in results:
+            int(r["N"]), int(r["K"]), bool(r["swiglu"])
+            for entry in r["rows"].values():
+                for t in entry.get("triton", ()):
+                    if "us" in t:
+                        TileConfig(**t["config"]), float(t["us"])
         return results
     except OSError as exc:
         raise BenchArgError(f"--sweep {path}: {exc.strerror}") from None
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise BenchArgError(f"--sweep {path}: not a gemm_sweep --json ({exc!r})"[:300]) from None
 
 
-def main(argv=None) -> int:
-    from protocol.buckets import DEFAULT_DECODE_BUCKETS
+def layer_shapes(cfg: dict) -> LayerShapes:
+    """The TP 1 `LayerShapes` of a model's config dict (a preset or config.json)."""
+    h, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
+    d = int(cfg.get("head_dim") or h // heads)
+    q, kv, inter = heads * d, int(cfg["num_key_value_heads"]) * d, int(cfg["intermediate_size"])
+    return LayerShapes((q + 2 * kv, h, False), (h, q, False), (2 * inter, h, True),
+                       (h, inter, False))
 
+
+def check_rows(cfg: dict, rows: list[int], flag: str = "--rows") -> None:
+    """Each row count must be one the table measured for the layer's QKV shape, where the
+    engine runs the layer fused (so a plan there is ever used).
+
+    Raises:
+        BenchArgError: naming the first row count that is not.
+    """
+    shapes = layer_shapes(cfg)
+    table = load_table()
+    key = shape_key(*shapes.qkv)
+    measured = sorted(table.get(key, {}))
+    if not measured:
+        raise BenchArgError(f"the skinny GEMM table has no entry for this model's QKV shape "
+                            f"{key}: the engine runs its layers unfused (time the shape with "
+                            "python -m engine.bench.gemm_sweep first)")
+    chooser = DecodeGemm(table, None)
+    for m in rows:
+        if m not in measured:
+            raise BenchArgError(f"{flag} {m}: the table measured this layer at row counts "
+                                f"{', '.join(map(str, measured))} only")
+        if chooser.fused_layer_plan(shapes, m) is None:
+            raise BenchArgError(f"{flag} {m}: the engine runs this layer unfused at {m} rows "
+                                "(engine.layers.linear.DecodeGemm.fused_layer_plan); "
+                                "nothing to tune there")
+
+
+def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m engine.bench.step_tune",
                                 description=__doc__.splitlines()[0])
     src = p.add_mutually_exclusive_group()
@@ -340,15 +401,18 @@ def main(argv=None) -> int:
                                 f"{', '.join(sorted(PRESETS))}")
         if args.model is not None and not os.path.isdir(args.model):
             raise BenchArgError(f"--model {args.model!r}: not a directory")
+        cfg = model_shape(BenchOptions(preset=args.preset, model=args.model))
         rows = parse_int_list(args.rows, "--rows")
-        bad = [r for r in rows if r > MAX_ROWS or r not in DEFAULT_DECODE_BUCKETS]
-        if bad:
-            raise BenchArgError(f"--rows {args.rows}: {bad[0]} is not a decode bucket <= "
-                                f"{MAX_ROWS}")
+        check_rows(cfg, rows)
         for flag, value, least in (("--top", args.top, 1), ("--steps", args.steps, 1),
                                    ("--warmup", args.warmup, 0), ("--context", args.context, 1)):
             if value < least:
                 raise BenchArgError(f"{flag} {value}: expected >= {least}")
+        max_pos = max_positions(cfg)
+        if max_pos and args.context + 1 > max_pos:
+            raise BenchArgError(f"--context {args.context}: the model holds at most "
+                                f"{max_pos - 1} cached tokens (max_position_embeddings "
+                                f"{max_pos})")
         results = _load_sweep(args.sweep)
         for flag, path in (("--json", args.json), ("--plans", args.plans)):
             if path is not None:
@@ -383,13 +447,18 @@ def main(argv=None) -> int:
         record.update(preset=args.preset, model=args.model, context=args.context,
                       steps=args.steps, device=torch.cuda.get_device_name(),
                       seconds=time.perf_counter() - t0)
+    except (ValueError, RuntimeError) as exc:
+        print(f"step_tune: error: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 1
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
+    from engine.bench.gemm_sweep import _replace_file
+
     try:
         if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"records": [record]}, f, indent=1)
+            _replace_file(os.path.realpath(args.json), json.dumps({"records": [record]},
+                                                                  indent=1), flag="--json")
         if args.plans:
             write_plans(args.plans, plans_from_records([record]))
     except BenchArgError as exc:
@@ -401,7 +470,8 @@ def main(argv=None) -> int:
 def _plans_from_json(args, parser) -> int:
     """`--from-json`: the plans file from earlier --json records (merged), nothing timed."""
     timing = [f"--{n}" for n in ("preset", "model", "rows", "top", "steps", "warmup",
-                                 "context", "json") if getattr(args, n) != parser.get_default(n)]
+                                 "context", "sweep", "json", "seed")
+              if getattr(args, n) != parser.get_default(n)]
     if timing:
         raise BenchArgError(f"--from-json times nothing; {timing[0]} does not apply")
     if args.plans is None:

@@ -452,21 +452,31 @@ def skinny_gemm_qkv_rope(x: torch.Tensor, w: torch.Tensor, workspace: Workspace,
         page_table[slot, pos // page_size], row pos % page_size of the caches.
     Raises:
         RuntimeError: Triton is not installed.
-        ValueError: as `skinny_gemm`; also block_n != D / 2, or w's rows not
-            (nq + 2 nkv) * D.
+        ValueError: as `skinny_gemm`; also block_n != D / 2, w's rows not (nq + 2 nkv) * D,
+            fewer positions or slots than rows, cos/sin not D wide, caches or tables of
+            unequal strides or a strided last dim, or `out` not [T, nq, D] with a contiguous
+            last dim.
     """
     D = rope.q_weight.shape[0]
     if config.block_n * 2 != D or w.shape[0] != (rope.nq + 2 * rope.nkv) * D:
         raise ValueError(f"skinny_gemm_qkv_rope: block_n {config.block_n} and w "
                          f"{tuple(w.shape)} for {rope.nq} + 2 x {rope.nkv} heads of {D}: "
                          f"expected block_n = {D // 2} and {(rope.nq + 2 * rope.nkv) * D} rows")
+    T = x.shape[0]
+    if rope.positions.shape[0] < T or rope.slot_ids.shape[0] < T or rope.cos.shape[1] != D:
+        raise ValueError(f"skinny_gemm_qkv_rope: {rope.positions.shape[0]} positions, "
+                         f"{rope.slot_ids.shape[0]} slots and cos/sin {tuple(rope.cos.shape)} "
+                         f"for {T} rows of heads of {D}")
     kc = rope.k_cache
     if kc.stride() != rope.v_cache.stride() or kc.stride(-1) != 1 or \
             rope.cos.stride() != rope.sin.stride() or rope.cos.stride(-1) != 1:
         raise ValueError("skinny_gemm_qkv_rope: the caches (and the cos/sin tables) need equal "
                          "strides and a contiguous last dim")
     if out is None:
-        out = torch.empty(x.shape[0], rope.nq, D, dtype=x.dtype, device=x.device)
+        out = torch.empty(T, rope.nq, D, dtype=x.dtype, device=x.device)
+    elif tuple(out.shape) != (T, rope.nq, D) or out.stride(-1) != 1:
+        raise ValueError(f"skinny_gemm_qkv_rope: out {tuple(out.shape)} for q of "
+                         f"{(T, rope.nq, D)}, last dim contiguous")
     _launch(x, w, out, workspace, config, False, row_stats, eps, residual=False, rope=rope)
     return out
 

@@ -86,10 +86,10 @@ class Qwen3Attention(nn.Module):
         """qkv: [T, (nq + 2 nkv) * head_dim] this rank's projection -> [T, nq * head_dim], the
         attention output before o_proj; K and V are written into the layer's cache."""
         # fused q/k norm + RoPE + KV write, then attention over the paged cache
-        rope = self.rope_kv(positions, ctx)
-        args = (qkv, rope.q_weight, rope.k_weight, rope.cos, rope.sin, rope.positions,
-                rope.slot_ids, rope.page_table, rope.k_cache, rope.v_cache, rope.nq, rope.nkv,
-                rope.eps)
+        args = (qkv, self.q_norm.weight, self.k_norm.weight, self.rotary.cos,
+                self.rotary.sin, positions, ctx.slot_ids, ctx.kv.page_table,
+                ctx.kv.k[self.layer], ctx.kv.v[self.layer], self.nq, self.nkv,
+                self.q_norm.eps)
         q = (fused.qk_norm_rope_kv(*args) if qkv.is_cuda and fused.triton is not None
              else fused.qk_norm_rope_kv_torch(*args))
         return self.attend_rotated(q, ctx)

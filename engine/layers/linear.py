@@ -87,8 +87,8 @@ class DecodeGemm:
         The fused layer needs the skinny GEMM's epilogues, so it takes the fastest skinny tile
         even where cuBLAS was faster; the table's times say by how much (summed over the four
         GEMMs) and the fusion is kept while that is below `FUSED_LAYER_SAVING_US`. The tiles
-        are then the step-tuned plan (`load_fused_plans`) of the smallest tuned row count
-        >= rows where there is one; else the table's, and where the table's " rope" entry for
+        are then the step-tuned plan (`load_fused_plans`) of the table's row count that serves
+        `rows` (its smallest measured row count >= rows) where there is one; else the table's, and where the table's " rope" entry for
         the QKV shape beat the two launches it replaces, the QKV GEMM also does the q/k norm +
         RoPE + KV write (`skinny_gemm.skinny_gemm_qkv_rope`).
         """
@@ -98,10 +98,10 @@ class DecodeGemm:
             return None
         if sum(max(0.0, e.skinny_us - e.cublas_us) for e in entries) >= FUSED_LAYER_SAVING_US:
             return None
-        tuned = self.plans.get(layer_key(shapes), {})
-        fits = [m for m in tuned if m >= rows]
-        if fits:
-            return tuned[min(fits)]
+        served_by = min(m for m in self.table[skinny_gemm.shape_key(*shapes.qkv)] if m >= rows)
+        tuned = self.plans.get(layer_key(shapes), {}).get(served_by)
+        if tuned is not None:
+            return tuned
         rope = skinny_gemm.table_entry(self.table, *shapes.qkv, rows, rope=True)
         if rope is not None and rope.skinny_wins:
             return FusedLayerPlan(rope.config, *(e.config for e in entries[1:]), rope=True)
@@ -204,12 +204,27 @@ def load_fused_plans(path: str = FUSED_PLANS_PATH) -> dict[str, dict[int, FusedL
     with open(path) as f:
         try:
             raw = json.load(f)
-            return {str(key): {int(m): FusedLayerPlan(
-                        *(skinny_gemm.TileConfig(**p[r]) for r in ROLES), rope=bool(p["rope"]))
-                        for m, p in rows.items()}
-                    for key, rows in raw.items()}
-        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        except ValueError as exc:
             raise ValueError(f"{path}: not a fused-plan file ({exc!r})") from None
+    return parse_fused_plans(raw, path)
+
+
+def parse_fused_plans(raw, source: str) -> dict[str, dict[int, FusedLayerPlan]]:
+    """The plans in `raw` (the JSON object `load_fused_plans` reads), checked entry by entry.
+
+    Raises:
+        ValueError: "<source>: not a fused-plan file (...)" for anything else.
+    """
+    def plan(p: dict) -> FusedLayerPlan:
+        if not isinstance(p["rope"], bool):
+            raise TypeError(f"rope {p['rope']!r} is not true or false")
+        return FusedLayerPlan(*(skinny_gemm.TileConfig(**p[r]) for r in ROLES), rope=p["rope"])
+
+    try:
+        return {str(key): {int(m): plan(p) for m, p in rows.items()}
+                for key, rows in raw.items()}
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{source}: not a fused-plan file ({exc!r})") from None
 
 
 def _linear(x: torch.Tensor, w: torch.Tensor, swiglu: bool) -> torch.Tensor:

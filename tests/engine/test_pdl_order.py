@@ -149,8 +149,8 @@ def test_a_rope_epilogue_reading_the_row_statistics_before_the_wait_is_caught():
     assert (res.stale.reader, res.stale.buffer) == ("gate_up 0", "row stats"), str(res.stale)
 
 
-@pytest.mark.parametrize("kernel, mutate, reader, buffer", [
-    # q loaded before the wait: q/k norm, the launch just before, writes it
+MUTANTS = [
+    # q loaded before the wait: q/k norm (the rope QKV GEMM), the launch just before, writes it
     (decode_attention._paged_decode_kernel,
      lambda s: s.replace("        b = tl.program_id(0)\n",
                          "        b = tl.program_id(0)\n        _q = tl.load(q_ptr)\n", 1),
@@ -164,12 +164,18 @@ def test_a_rope_epilogue_reading_the_row_statistics_before_the_wait_is_caught():
      lambda s: s.replace("        d = tl.arange(0, D)\n",
                          "        d = tl.arange(0, D)\n        _x = tl.load(qkv_ptr + t)\n", 1),
      "q/k norm 0", "qkv"),
-])
+]
+
+
+@pytest.mark.parametrize("kernel, mutate, reader, buffer, rope", [
+    pytest.param(*m, rope, id=f"{m[2]}-{5 if rope else 6} launches")
+    for m in MUTANTS for rope in (False, True)
+    if not (rope and m[0] is fused._qk_norm_rope_kv_kernel)])  # not in the 5-launch layer
 def test_a_load_of_the_previous_launchs_output_moved_before_the_wait_is_caught(
-        kernel, mutate, reader, buffer):
+        kernel, mutate, reader, buffer, rope):
     mutated = mutate(source(kernel))
     assert mutated != source(kernel), "the mutation did not apply"
-    res = check_chain(decode_chain({kernel: mutated}))
+    res = check_chain(decode_chain({kernel: mutated}, rope=rope))
     assert res.stale is not None, "the mutant survived"
     assert (res.stale.reader, res.stale.buffer) == (reader, buffer), str(res.stale)
 

@@ -309,7 +309,8 @@ cos, sin = angles.cos(), angles.sin()
 cases = [(1, 4, 2, 128, sg.TileConfig(16, 32, 4), False),
          (5, 2, 1, 96, sg.TileConfig(16, 64, 1), True),
          (3, 4, 2, 64, sg.TileConfig(16, 64, 1), False),
-         (2, 2, 2, 128, sg.TileConfig(16, 64, 2), True)]
+         (2, 2, 2, 128, sg.TileConfig(16, 64, 2), True),
+         (2, 2, 1, 128, sg.TileConfig(16, 32, 2), False)]  # two tiles in each split
 for M, nq, nkv, K, cfg, normed in cases:
     for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
         N = (nq + 2 * nkv) * D
@@ -373,7 +374,7 @@ def test_qkv_rope_epilogue_in_interpreter_matches_the_two_launches_and_float64()
     oracle. A tile whose block_n is not half a head is refused."""
     res = run_in_triton_interpreter(_ROPE_CHECK)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert "ok 4" in res.stdout
+    assert "ok 5" in res.stdout
 
 
 def test_fold_norm_weight_scales_columns_in_float32():

@@ -13,6 +13,7 @@ from engine.bench import step_tune
 from engine.kernels import skinny_gemm as sg
 from engine.layers import linear
 from engine.layers.linear import FusedLayerPlan, LayerShapes
+from engine.presets import PRESETS
 
 SHAPES = LayerShapes((96, 64, False), (64, 32, False), (256, 64, True), (64, 128, False))
 A, B, C, D = (sg.TileConfig(16, 32, s) for s in (1, 2, 4, 8))
@@ -88,25 +89,48 @@ def test_a_bad_plans_file_is_one_error_naming_it(tmp_path):
     path.write_text('{"layer": {"8": {"qkv": {"block_n": 16}}}}')
     with pytest.raises(ValueError, match="plans.json: not a fused-plan file"):
         linear.load_fused_plans(str(path))
+    as_text = linear.plan_to_json(FusedLayerPlan(A, A, A, A)) | {"rope": "false"}
+    with pytest.raises(ValueError, match="rope 'false' is not true or false"):
+        linear.parse_fused_plans({"layer": {"8": as_text}}, "x")
     with pytest.raises(step_tune.BenchArgError, match="--plans .*not a fused-plan file"):
         step_tune.write_plans(str(path), {})
     assert linear.load_fused_plans(str(tmp_path / "absent.json")) == {}
 
 
 def test_the_engine_takes_the_tuned_plan_of_the_smallest_tuned_row_count_at_or_above():
-    table = {sg.shape_key(n, k, sw): {64: sg.TableEntry(A, 1.0, 2.0)}
+    table = {sg.shape_key(n, k, sw): {8: sg.TableEntry(A, 1.0, 2.0),
+                                      64: sg.TableEntry(A, 1.0, 2.0)}
              for n, k, sw in (SHAPES.qkv, SHAPES.o_proj, SHAPES.gate_up, SHAPES.down)}
     tuned = FusedLayerPlan(B, C, D, B, rope=True)
     gemm = linear.DecodeGemm.from_table(table, [256], "cpu",
                                         {linear.layer_key(SHAPES): {8: tuned}})
     assert gemm.fused_layer_plan(SHAPES, 8) == tuned
-    assert gemm.fused_layer_plan(SHAPES, 3) == tuned               # 8 serves 2..8
+    assert gemm.fused_layer_plan(SHAPES, 3) == tuned               # 8 serves 1..8
     assert gemm.fused_layer_plan(SHAPES, 9) == FusedLayerPlan(A, A, A, A)   # the table's
+    # a plan tuned at 64 rows serves only what the table's 64 entry serves, not 1..8
+    only64 = linear.DecodeGemm.from_table(table, [256], "cpu",
+                                          {linear.layer_key(SHAPES): {64: tuned}})
+    assert only64.fused_layer_plan(SHAPES, 1) == FusedLayerPlan(A, A, A, A)
+    assert only64.fused_layer_plan(SHAPES, 33) == tuned
     assert gemm.workspace.max_split == 8                           # D's split fits
     # a layer the table does not fuse stays unfused whatever the plans say
     slow = {k: {64: sg.TableEntry(A, 9.0, 2.0)} for k in table}
     assert linear.DecodeGemm.from_table(slow, [256], "cpu", {linear.layer_key(SHAPES): {
         8: tuned}}).fused_layer_plan(SHAPES, 8) is None
+
+
+def test_without_plans_the_table_says_whether_the_qkv_gemm_takes_the_rope_epilogue():
+    table = {sg.shape_key(n, k, sw): {8: sg.TableEntry(A, 1.0, 2.0)}
+             for n, k, sw in (SHAPES.qkv, SHAPES.o_proj, SHAPES.gate_up, SHAPES.down)}
+    rope_key = sg.shape_key(*SHAPES.qkv, rope=True)
+
+    def plan(rope_entry):
+        t = dict(table, **({rope_key: {8: rope_entry}} if rope_entry else {}))
+        return linear.DecodeGemm.from_table(t, [256], "cpu").fused_layer_plan(SHAPES, 8)
+
+    assert plan(None) == FusedLayerPlan(A, A, A, A)                          # no entry
+    assert plan(sg.TableEntry(C, 3.0, 2.0)) == FusedLayerPlan(A, A, A, A)    # it lost
+    assert plan(sg.TableEntry(C, 1.0, 2.0)) == FusedLayerPlan(C, A, A, A, rope=True)
 
 
 def test_the_shipped_plans_file_is_the_step_tune_json_in_docs(tmp_path):
@@ -117,13 +141,23 @@ def test_the_shipped_plans_file_is_the_step_tune_json_in_docs(tmp_path):
                            "--plans", str(out)]) == 0
     shipped = linear.load_fused_plans()
     assert shipped and linear.load_fused_plans(str(out)) == shipped
+    records = json.load(open("docs/benchmarks-step-tune-h200.json"))["records"]
+    for rec in records:  # the key each record wrote is the one the engine computes
+        assert rec["layer"] == linear.layer_key(step_tune.layer_shapes(PRESETS[rec["preset"]]))
+        assert rec["layer"] in shipped
     for rows in shipped.values():
         assert all(1 <= m <= sg.MAX_ROWS for m in rows)
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--preset", "qwen3-0.6b", "--rows", "3"], "--rows 3: 3 is not a decode bucket <= 64"),
-    (["--preset", "qwen3-0.6b", "--rows", "128"], "128 is not a decode bucket"),
+    (["--preset", "qwen3-0.6b", "--rows", "3"],
+     "--rows 3: the table measured this layer at row counts 1, 8, 16, 32, 64 only"),
+    (["--preset", "qwen3-0.6b", "--rows", "128"], "--rows 128: the table measured"),
+    (["--preset", "qwen3-4b", "--rows", "1,32"],
+     "--rows 32: the engine runs this layer unfused at 32 rows"),
+    (["--preset", "qwen3-8b"], "no entry for this model's QKV shape 6144x4096"),
+    (["--preset", "qwen3-0.6b", "--context", "40960"],
+     "--context 40960: the model holds at most 40959 cached tokens"),
     (["--preset", "qwen3-0.6b", "--rows", "x"], "--rows"),
     (["--preset", "qwen3-9b"], "--preset 'qwen3-9b': unknown"),
     (["--model", "{tmp}/none"], "--model '{tmp}/none': not a directory"),
@@ -139,9 +173,18 @@ def test_the_shipped_plans_file_is_the_step_tune_json_in_docs(tmp_path):
      "--rows does not apply"),
     (["--from-json", "README.md", "--plans", "{tmp}/p.json"], "not a step_tune --json"),
     (["--from-json", "{tmp}/none.json", "--plans", "{tmp}/p.json"], "No such file"),
+    (["--from-json", "{tmp}/r.json", "--plans", "{tmp}/p.json", "--sweep", "x.json"],
+     "--sweep does not apply"),
+    (["--from-json", "{tmp}/badrec.json", "--plans", "{tmp}/p.json"],
+     "--plans {tmp}/p.json: not a fused-plan file"),
+    (["--preset", "qwen3-0.6b", "--sweep", "{tmp}/badsweep.json"], "not a gemm_sweep --json"),
 ])
 def test_bad_arguments_are_one_line_before_any_gpu_work(tmp_path, capsys, argv, message):
     (tmp_path / "bad.json").write_text("[1]")
+    bad_record = _record(1.0, 0.9)
+    bad_record["rows"]["8"]["best"] = {"foo": 1}  # a record whose plan is not a plan
+    (tmp_path / "badrec.json").write_text(json.dumps({"records": [bad_record]}))
+    (tmp_path / "badsweep.json").write_text(json.dumps({"results": [{}]}))
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
     assert step_tune.main(argv) == 2
     err = capsys.readouterr().err.strip()
