@@ -8,8 +8,10 @@ then for each GEMM in turn (QKV, o_proj, gate_up, down) swaps in each of the swe
 fastest tiles for that shape and row count (for QKV also the fastest tiles of the launch with
 the q/k norm + RoPE + KV-write epilogue) and keeps a swap when the captured step replays at
 least `MIN_GAIN` faster: one pass of coordinate descent, the step's graph recaptured per trial,
-the median of `--steps` replays timed by CUDA events as `lockstep bench` times them. A trial's
-logits are checked against the starting plan's before it is timed.
+the median of `--steps` replays timed by CUDA events as `lockstep bench` times them. Before a
+trial is timed, its eager logits are checked against the starting plan's (`LOGITS_RTOL`) and
+its graph replay's against its eager step's (bit for bit). The start and the winner are then
+timed again, alternating (`CONFIRM_ROUNDS`), and the winner is kept only if it still wins.
 
     python -m engine.bench.step_tune --preset qwen3-0.6b --rows 1,8 --json out.json \\
         --plans engine/layers/fused_plans.json
