@@ -70,6 +70,25 @@ def time_graph(fn, repeats: int) -> float:
     return times[len(times) // 2]
 
 
+def time_tiles(entry: dict, configs, check, launch, weights: list, repeats: int):
+    """Time each tile: `check(cfg)` first (it raises on a wrong result), then a graph of
+    `launch(cfg, w)` over every weight copy; us per call. Appends {"config", "us"} or
+    {"config", "error"} to entry["triton"], sets and returns entry["best"] (None when no tile
+    ran)."""
+    for cfg in configs:
+        try:
+            check(cfg)
+            us = time_graph(lambda: [launch(cfg, w) for w in weights], repeats) * 1e3 / len(
+                weights)
+        except Exception as exc:  # noqa: BLE001 - a config that fails is recorded, not fatal
+            entry["triton"].append({"config": cfg.__dict__, "error": str(exc)[:200]})
+            continue
+        entry["triton"].append({"config": cfg.__dict__, "us": us})
+    entry["best"] = min((t for t in entry["triton"] if "us" in t), key=lambda t: t["us"],
+                        default=None)
+    return entry["best"]
+
+
 def sweep_shape(n: int, k: int, swiglu: bool, rows, workspace, repeats: int, log) -> dict:
     """Times cuBLAS and every Triton configuration at each row count; per-call microseconds."""
     dev = "cuda"
@@ -88,24 +107,20 @@ def sweep_shape(n: int, k: int, swiglu: bool, rows, workspace, repeats: int, log
 
         entry = {"cublas_us": time_graph(cublas, repeats) * 1e3 / copies, "triton": []}
         ref = torch.nn.functional.linear(x.float(), ws[0].float())
-        for bn, bk, sk, st in itertools.product(*SPACE.values()):
-            if sk > 1 and k // sk < bk:
-                continue
-            cfg = TileConfig(bn, bk, sk, 4, st)
-            try:
-                y = skinny_gemm(x, ws[0], workspace, cfg, swiglu=swiglu)
-                if not swiglu:
-                    err = ((y.float() - ref).norm() / ref.norm()).item()
-                    if not err < 2e-2:
-                        raise AssertionError(f"relative error {err}")
-                us = time_graph(lambda: [skinny_gemm(x, w, workspace, cfg, swiglu=swiglu)
-                                         for w in ws], repeats) * 1e3 / copies
-            except Exception as exc:  # noqa: BLE001 - a config that fails is recorded, not fatal
-                entry["triton"].append({"config": cfg.__dict__, "error": str(exc)[:200]})
-                continue
-            entry["triton"].append({"config": cfg.__dict__, "us": us})
-        best = min((t for t in entry["triton"] if "us" in t), key=lambda t: t["us"], default=None)
-        entry["best"] = best
+
+        def check(cfg):
+            y = skinny_gemm(x, ws[0], workspace, cfg, swiglu=swiglu)
+            if not swiglu:
+                err = ((y.float() - ref).norm() / ref.norm()).item()
+                if not err < 2e-2:
+                    raise AssertionError(f"relative error {err}")
+
+        configs = [TileConfig(bn, bk, sk, 4, st)
+                   for bn, bk, sk, st in itertools.product(*SPACE.values())
+                   if not (sk > 1 and k // sk < bk)]
+        best = time_tiles(entry, configs, check,
+                          lambda cfg, w: skinny_gemm(x, w, workspace, cfg, swiglu=swiglu),
+                          ws, repeats)
         entry["read_GBps_cublas"] = wbytes / entry["cublas_us"] / 1e3
         if best:
             entry["read_GBps_triton"] = wbytes / best["us"] / 1e3
@@ -176,23 +191,18 @@ def sweep_rope_shape(preset: str, tp: int, rows, workspace, repeats: int, log) -
         entry = {"cublas_us": time_graph(lambda: [two_launches(w) for w in ws], repeats)
                  * 1e3 / copies, "baseline": qkv_cfg.__dict__ if qkv_cfg else "cublas",
                  "triton": []}
-        for cfg in rope_space(k, d // 2):
-            try:
-                q = skinny_gemm_qkv_rope(x, ws[0], workspace, cfg, rope)
-                two_launches(ws[0])
-                err = max(((q.float() - q_ref.float()).norm() / q_ref.norm()).item(),
-                          *(((a.float() - b.float()).norm() / b.float().norm()).item()
-                            for a, b in ((caches[2], caches[0]), (caches[3], caches[1]))))
-                if not err < 2e-2:
-                    raise AssertionError(f"relative error {err} against the two launches")
-                us = time_graph(lambda: [skinny_gemm_qkv_rope(x, w, workspace, cfg, rope)
-                                         for w in ws], repeats) * 1e3 / copies
-            except Exception as exc:  # noqa: BLE001 - a config that fails is recorded, not fatal
-                entry["triton"].append({"config": cfg.__dict__, "error": str(exc)[:200]})
-                continue
-            entry["triton"].append({"config": cfg.__dict__, "us": us})
-        best = min((t for t in entry["triton"] if "us" in t), key=lambda t: t["us"], default=None)
-        entry["best"] = best
+        def check(cfg):
+            q = skinny_gemm_qkv_rope(x, ws[0], workspace, cfg, rope)
+            two_launches(ws[0])
+            err = max(((q.float() - q_ref.float()).norm() / q_ref.norm()).item(),
+                      *(((a.float() - b.float()).norm() / b.float().norm()).item()
+                        for a, b in ((caches[2], caches[0]), (caches[3], caches[1]))))
+            if not err < 2e-2:
+                raise AssertionError(f"relative error {err} against the two launches")
+
+        best = time_tiles(entry, rope_space(k, d // 2), check,
+                          lambda cfg, w: skinny_gemm_qkv_rope(x, w, workspace, cfg, rope),
+                          ws, repeats)
         out["rows"][m] = entry
         log(f"rope N={n} K={k} M={m}: two launches {entry['cublas_us']:.2f} us, one "
             f"{best['us'] if best else float('nan'):.2f} us {best['config'] if best else ''}")

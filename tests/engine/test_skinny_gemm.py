@@ -442,3 +442,31 @@ def test_fused_layer_plan_weighs_the_table_times_against_the_fusion_saving():
     untimed[sg.shape_key(*shapes.o_proj)][8] = sg.TableEntry(None, float("inf"), 5.0)
     assert DecodeGemm(untimed, None).fused_layer_plan(shapes, 8) is None
     assert sg.choose(untimed, *shapes.o_proj, 8) is None
+
+
+def test_sweep_time_tiles_records_failures_and_keeps_the_fastest(monkeypatch):
+    """The sweep's per-tile loop (gemm and rope kinds): a tile whose check raises is recorded
+    with its error, the others with their time per call (graph time over the copies)."""
+    from engine.bench import gemm_sweep
+
+    tiles = [sg.TileConfig(16, 64, s) for s in (1, 2, 4)]
+    launched = []
+
+    def fake_graph(fn, repeats):
+        fn()
+        return {1: 0.006, 4: 0.003}[launched[-1][0].split_k]  # ms for both copies
+
+    monkeypatch.setattr(gemm_sweep, "time_graph", fake_graph)
+
+    def check(cfg):
+        if cfg.split_k == 2:
+            raise AssertionError("relative error 0.5")
+
+    entry = {"triton": []}
+    best = gemm_sweep.time_tiles(entry, tiles, check, lambda cfg, w: launched.append((cfg, w)),
+                                 ["w0", "w1"], repeats=3)
+    assert best == entry["best"] == {"config": tiles[2].__dict__, "us": 1.5}
+    assert entry["triton"][1] == {"config": tiles[1].__dict__, "error": "relative error 0.5"}
+    assert entry["triton"][0]["us"] == 3.0
+    assert [w for _, w in launched] == ["w0", "w1", "w0", "w1"]
+    assert gemm_sweep.time_tiles({"triton": []}, tiles[1:2], check, None, [], 1) is None
