@@ -55,6 +55,18 @@ class TileConfig:
     num_warps: int = 4
     num_stages: int = 4
 
+    def __post_init__(self):
+        """Raises ValueError naming the first field that is not a positive int, or not a power
+        of two where Triton needs one (block_n and block_k are `tl.arange` lengths; num_warps
+        a warp count): a table or plans file from elsewhere is checked on load, before any
+        launch divides by it or compiles it."""
+        for name in ("block_n", "block_k", "split_k", "num_warps", "num_stages"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise ValueError(f"tile {name} {value!r}: expected a positive integer")
+            if name in ("block_n", "block_k", "num_warps") and value & (value - 1):
+                raise ValueError(f"tile {name} {value}: expected a power of two")
+
 
 def default_config(n_out: int, k: int, sms: int = 132) -> TileConfig:
     """Heuristic tile for an [n_out, k] weight read: the fewest K splits that give at least
@@ -597,7 +609,10 @@ def load_table(path: str = TABLE_PATH) -> dict[str, dict[int, TableEntry]]:
     import json
 
     with open(path) as f:
-        raw = json.load(f)
+        try:
+            raw = json.load(f)
+        except (ValueError, RecursionError) as exc:
+            raise ValueError(f"{path}: not a skinny GEMM table ({exc!r})"[:300]) from None
     return parse_table(raw, path)
 
 
@@ -610,14 +625,23 @@ def parse_table(raw, source: str) -> dict[str, dict[int, TableEntry]]:
     try:
         return {str(key): {int(m): _parse_entry(e) for m, e in rows.items()}
                 for key, rows in raw.items()}
-    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+    except (AttributeError, KeyError, TypeError, ValueError, RecursionError) as exc:
         raise ValueError(f"{source}: not a skinny GEMM table ({exc!r})") from None
 
 
 def _parse_entry(e: dict) -> TableEntry:
+    cublas_us = _time_us(e["cublas_us"], "cublas_us")
     if e["skinny"] is None:
-        return TableEntry(None, float("inf"), float(e["cublas_us"]))
-    return TableEntry(TileConfig(**e["skinny"]), float(e["skinny_us"]), float(e["cublas_us"]))
+        return TableEntry(None, float("inf"), cublas_us)
+    return TableEntry(TileConfig(**e["skinny"]), _time_us(e["skinny_us"], "skinny_us"),
+                      cublas_us)
+
+
+def _time_us(value, name: str) -> float:
+    us = float(value)
+    if not 0 < us < float("inf"):
+        raise ValueError(f"{name} {value!r} is not a positive finite time")
+    return us
 
 
 def table_entry(table: dict, n: int, k: int, swiglu: bool, m: int,

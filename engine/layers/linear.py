@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from dataclasses import dataclass
 
 import torch
@@ -204,8 +205,8 @@ def load_fused_plans(path: str = FUSED_PLANS_PATH) -> dict[str, dict[int, FusedL
     with open(path) as f:
         try:
             raw = json.load(f)
-        except ValueError as exc:
-            raise ValueError(f"{path}: not a fused-plan file ({exc!r})") from None
+        except (ValueError, RecursionError) as exc:
+            raise ValueError(f"{path}: not a fused-plan file ({exc!r})"[:300]) from None
     return parse_fused_plans(raw, path)
 
 
@@ -220,11 +221,25 @@ def parse_fused_plans(raw, source: str) -> dict[str, dict[int, FusedLayerPlan]]:
             raise TypeError(f"rope {p['rope']!r} is not true or false")
         return FusedLayerPlan(*(skinny_gemm.TileConfig(**p[r]) for r in ROLES), rope=p["rope"])
 
+    def layer(key) -> str:
+        if not isinstance(key, str) or not _LAYER_KEY.fullmatch(key):
+            raise ValueError(f"layer {key!r} is not a layer_key")
+        return key
+
+    def row_count(m) -> int:
+        rows = int(m)
+        if not 1 <= rows <= skinny_gemm.MAX_ROWS:
+            raise ValueError(f"row count {m!r} is not in 1..{skinny_gemm.MAX_ROWS}")
+        return rows
+
     try:
-        return {str(key): {int(m): plan(p) for m, p in rows.items()}
+        return {layer(key): {row_count(m): plan(p) for m, p in rows.items()}
                 for key, rows in raw.items()}
-    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+    except (AttributeError, KeyError, TypeError, ValueError, RecursionError) as exc:
         raise ValueError(f"{source}: not a fused-plan file ({exc!r})") from None
+
+
+_LAYER_KEY = re.compile(", ".join(rf"{role} \d+x\d+" for role in ROLES))
 
 
 def _linear(x: torch.Tensor, w: torch.Tensor, swiglu: bool) -> torch.Tensor:
