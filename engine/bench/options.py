@@ -62,15 +62,19 @@ class BenchOptions:
 
 
 def parse_int_list(text: str, name: str) -> list[int]:
-    """"1,8,64" -> [1, 8, 64]. Raises BenchArgError naming `name` and the bad item."""
+    """"1,8,64" -> [1, 8, 64]. Raises BenchArgError naming `name` and the bad item, or the
+    first value given twice."""
     items = [t.strip() for t in str(text).split(",")]
     out = []
     for t in items:
         try:
-            out.append(int(t))
+            value = int(t)
         except ValueError:
             raise BenchArgError(f"{name} {text!r}: {t!r} is not an integer "
                                 "(expected comma-separated integers, e.g. 1,8,64)") from None
+        if value in out:
+            raise BenchArgError(f"{name} {text!r}: {value} is given twice")
+        out.append(value)
     return out
 
 

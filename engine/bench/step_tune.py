@@ -37,7 +37,10 @@ from engine.layers.linear import (FUSED_PLANS_PATH, ROLES, DecodeGemm, FusedLaye
                                   plan_to_json)
 from engine.presets import PRESETS
 
-SWEEP_JSON = "docs/benchmarks-gemm-sweep-h200.json"
+SWEEP_JSON = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "docs", "benchmarks-gemm-sweep-h200.json")
+"""The shipped sweep, found beside the package (a source checkout), whatever the cwd."""
+MAX_STEPS, MAX_WARMUP, MAX_SEED = 10_000, 1_000, 2**32 - 1
 MIN_GAIN = 0.002
 """Least relative step-time gain for which a trial's tile replaces the current one: the
 spread of one plan's median over repeated runs in one process is about 0.1% (H200)."""
@@ -286,9 +289,18 @@ def plans_from_records(records: list[dict]) -> dict:
     plans: dict = {}
     for rec in records:
         for m, r in rec["rows"].items():
-            won = r["confirm_best_ms"] < r["confirm_start_ms"] * (1 - MIN_GAIN)
+            best, start = (_time_ms(r[f"confirm_{n}_ms"], f"confirm_{n}_ms")
+                           for n in ("best", "start"))
+            won = best < start * (1 - MIN_GAIN)
             plans.setdefault(rec["layer"], {})[str(int(m))] = r["best"] if won else r["start"]
     return plans
+
+
+def _time_ms(value, name: str) -> float:
+    ms = float(value)
+    if not 0 < ms < float("inf"):
+        raise ValueError(f"{name} {value!r} is not a positive finite time")
+    return ms
 
 
 def write_plans(path: str, plans: dict) -> None:
@@ -305,7 +317,7 @@ def write_plans(path: str, plans: dict) -> None:
         try:
             load_fused_plans(path)
         except ValueError as exc:
-            raise BenchArgError(f"--plans {path}: {exc}") from None
+            raise BenchArgError(f"--plans {exc}") from None
         with open(path) as f:
             merged = json.load(f)
     for layer, rows in plans.items():
@@ -325,6 +337,8 @@ def _load_sweep(path: str) -> list[dict]:
             results = json.load(f)["results"]
         if not isinstance(results, list):
             raise TypeError("results is not a list")
+        if not results:
+            raise ValueError("it measured no shape")
         for r in results:
             int(r["N"]), int(r["K"]), bool(r["swiglu"])
             for entry in r["rows"].values():
@@ -334,7 +348,7 @@ def _load_sweep(path: str) -> list[dict]:
         return results
     except OSError as exc:
         raise BenchArgError(f"--sweep {path}: {exc.strerror}") from None
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         raise BenchArgError(f"--sweep {path}: not a gemm_sweep --json ({exc!r})"[:300]) from None
 
 
@@ -347,12 +361,15 @@ def layer_shapes(cfg: dict) -> LayerShapes:
                        (h, inter, False))
 
 
-def check_rows(cfg: dict, rows: list[int], flag: str = "--rows") -> None:
+def check_rows(cfg: dict, rows: list[int] | None, flag: str = "--rows") -> list[int]:
     """Each row count must be one the table measured for the layer's QKV shape, where the
-    engine runs the layer fused (so a plan there is ever used).
+    engine runs the layer fused (so a plan there is ever used). `rows` None: every such row
+    count.
 
+    Returns:
+        the row counts to tune.
     Raises:
-        BenchArgError: naming the first row count that is not.
+        BenchArgError: naming the first row count that is not; for None, where there is none.
     """
     shapes = layer_shapes(cfg)
     table = load_table()
@@ -363,6 +380,13 @@ def check_rows(cfg: dict, rows: list[int], flag: str = "--rows") -> None:
                             f"{key}: the engine runs its layers unfused (time the shape with "
                             "python -m engine.bench.gemm_sweep first)")
     chooser = DecodeGemm(table, None)
+    if rows is None:
+        rows = [m for m in measured if chooser.fused_layer_plan(shapes, m) is not None]
+        if not rows:
+            raise BenchArgError(f"the engine runs this layer unfused at every row count the "
+                                f"table measured ({', '.join(map(str, measured))}); nothing "
+                                "to tune")
+        return rows
     for m in rows:
         if m not in measured:
             raise BenchArgError(f"{flag} {m}: the table measured this layer at row counts "
@@ -371,6 +395,7 @@ def check_rows(cfg: dict, rows: list[int], flag: str = "--rows") -> None:
             raise BenchArgError(f"{flag} {m}: the engine runs this layer unfused at {m} rows "
                                 "(engine.layers.linear.DecodeGemm.fused_layer_plan); "
                                 "nothing to tune there")
+    return rows
 
 
 def main(argv=None) -> int:
@@ -379,19 +404,25 @@ def main(argv=None) -> int:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--preset", help=f"random weights of a preset ({', '.join(PRESETS)})")
     src.add_argument("--model", help="HF-layout Qwen3 directory")
-    p.add_argument("--rows", default="1,8,16,32,64",
-                   help="row counts (decode buckets <= 64) to tune, as the table's")
+    p.add_argument("--rows", help="row counts to tune, comma-separated: row counts the GEMM "
+                                  "table measured where the engine fuses the layer (default: "
+                                  "every such row count)")
     p.add_argument("--top", type=int, default=4, help="sweep tiles tried per GEMM")
-    p.add_argument("--steps", type=int, default=100)
-    p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--context", type=int, default=128)
-    p.add_argument("--sweep", default=SWEEP_JSON, help="gemm_sweep --json with the candidates")
+    p.add_argument("--steps", type=int, default=100,
+                   help=f"timed replays per plan (1..{MAX_STEPS})")
+    p.add_argument("--warmup", type=int, default=10,
+                   help=f"untimed replays per plan before them (0..{MAX_WARMUP})")
+    p.add_argument("--context", type=int, default=128, help="tokens cached per row")
+    p.add_argument("--sweep", default=SWEEP_JSON,
+                   help="gemm_sweep --json with the candidates (default: the shipped H200 "
+                        "sweep, docs/benchmarks-gemm-sweep-h200.json)")
     p.add_argument("--json", help="write every trial here")
     p.add_argument("--plans", help=f"merge the winners into this plans file (the engine's: "
                                    f"{os.path.relpath(FUSED_PLANS_PATH)})")
     p.add_argument("--from-json", metavar="JSON",
                    help="write --plans from this earlier --json instead of timing")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the random weights, K/V and tokens")
     args = p.parse_args(argv)
     try:
         if args.from_json is not None:
@@ -403,13 +434,20 @@ def main(argv=None) -> int:
                                 f"{', '.join(sorted(PRESETS))}")
         if args.model is not None and not os.path.isdir(args.model):
             raise BenchArgError(f"--model {args.model!r}: not a directory")
+        if os.environ.get("LOCKSTEP_FUSED_NORM", "1") == "0":
+            raise BenchArgError("LOCKSTEP_FUSED_NORM=0 keeps every layer unfused; there is no "
+                                "fused-layer plan to tune (unset it)")
         cfg = model_shape(BenchOptions(preset=args.preset, model=args.model))
-        rows = parse_int_list(args.rows, "--rows")
-        check_rows(cfg, rows)
-        for flag, value, least in (("--top", args.top, 1), ("--steps", args.steps, 1),
-                                   ("--warmup", args.warmup, 0), ("--context", args.context, 1)):
-            if value < least:
+        rows = check_rows(cfg, None if args.rows is None else parse_int_list(args.rows,
+                                                                               "--rows"))
+        for flag, value, least, most in (
+                ("--top", args.top, 1, None), ("--steps", args.steps, 1, MAX_STEPS),
+                ("--warmup", args.warmup, 0, MAX_WARMUP), ("--context", args.context, 1, None),
+                ("--seed", args.seed, 0, MAX_SEED)):
+            if most is None and value < least:
                 raise BenchArgError(f"{flag} {value}: expected >= {least}")
+            if most is not None and not least <= value <= most:
+                raise BenchArgError(f"{flag} {value}: expected {least}..{most}")
         max_pos = max_positions(cfg)
         if max_pos and args.context + 1 > max_pos:
             raise BenchArgError(f"--context {args.context}: the model holds at most "
@@ -419,11 +457,13 @@ def main(argv=None) -> int:
         for flag, path in (("--json", args.json), ("--plans", args.plans)):
             if path is not None:
                 check_output_path(flag, path)
+        _check_distinct((("--sweep", args.sweep), ("--json", args.json),
+                         ("--plans", args.plans)))
         if args.plans is not None and os.path.exists(args.plans):
             try:
                 load_fused_plans(args.plans)
             except ValueError as exc:
-                raise BenchArgError(f"--plans {args.plans}: {exc}") from None
+                raise BenchArgError(f"--plans {exc}") from None
     except BenchArgError as exc:
         print(f"step_tune: error: {exc}", file=sys.stderr)
         return 2
@@ -432,6 +472,9 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("step_tune: needs a CUDA GPU", file=sys.stderr)
         return 2
+    if args.json is None and args.plans is None:
+        print("step_tune: note: without --json or --plans the results are only printed",
+              file=sys.stderr)
     model_dir, tmp = args.model, None
     if args.preset is not None:
         import shutil
@@ -482,15 +525,31 @@ def _plans_from_json(args, parser) -> int:
     try:
         with open(args.from_json) as f:
             plans = plans_from_records(json.load(f)["records"])
+        parse_fused_plans(plans, "its plans")
     except OSError as exc:
         raise BenchArgError(f"--from-json {args.from_json}: {exc.strerror}") from None
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         raise BenchArgError(f"--from-json {args.from_json}: not a step_tune --json "
                             f"({exc!r})"[:300]) from None
+    _check_distinct((("--from-json", args.from_json), ("--plans", args.plans)))
     write_plans(args.plans, plans)
-    print(f"step_tune: wrote plans for {sum(len(r) for r in plans.values())} row counts to "
+    count = sum(len(r) for r in plans.values())
+    print(f"step_tune: wrote plans for {count} row count{'s' if count != 1 else ''} to "
           f"{args.plans}")
     return 0
+
+
+def _check_distinct(paths) -> None:
+    """Raises BenchArgError when two of the (flag, path) pairs name one file (the later
+    write would replace the earlier file or an input)."""
+    seen: dict[str, str] = {}
+    for flag, path in paths:
+        if path is None:
+            continue
+        real = os.path.realpath(path)
+        if real in seen:
+            raise BenchArgError(f"{seen[real]} and {flag} name one file {path!r}")
+        seen[real] = flag
 
 
 if __name__ == "__main__":

@@ -72,12 +72,13 @@ def _record(start_ms, best_ms):
 
 def test_plans_file_round_trip_merge_and_confirmation(tmp_path):
     path = tmp_path / "plans.json"
-    path.write_text(json.dumps({"other layer": {"1": linear.plan_to_json(
-        FusedLayerPlan(D, D, D, D))}}))
+    other = linear.layer_key(LayerShapes(*[(n * 2, k, sw) for n, k, sw in (
+        SHAPES.qkv, SHAPES.o_proj, SHAPES.gate_up, SHAPES.down)]))
+    path.write_text(json.dumps({other: {"1": linear.plan_to_json(FusedLayerPlan(D, D, D, D))}}))
     step_tune.write_plans(str(path), step_tune.plans_from_records([_record(1.0, 0.9)]))
     plans = linear.load_fused_plans(str(path))
     assert plans[linear.layer_key(SHAPES)] == {8: FusedLayerPlan(B, A, C, A, rope=True)}
-    assert plans["other layer"] == {1: FusedLayerPlan(D, D, D, D)}   # kept
+    assert plans[other] == {1: FusedLayerPlan(D, D, D, D)}   # kept
     # a winner that did not beat the start again by the margin is not taken
     unconfirmed = step_tune.plans_from_records([_record(1.0, 0.9995)])
     assert unconfirmed[linear.layer_key(SHAPES)]["8"] == linear.plan_to_json(
@@ -89,9 +90,32 @@ def test_a_bad_plans_file_is_one_error_naming_it(tmp_path):
     path.write_text('{"layer": {"8": {"qkv": {"block_n": 16}}}}')
     with pytest.raises(ValueError, match="plans.json: not a fused-plan file"):
         linear.load_fused_plans(str(path))
-    as_text = linear.plan_to_json(FusedLayerPlan(A, A, A, A)) | {"rope": "false"}
-    with pytest.raises(ValueError, match="rope 'false' is not true or false"):
-        linear.parse_fused_plans({"layer": {"8": as_text}}, "x")
+    good = linear.plan_to_json(FusedLayerPlan(A, A, A, A))
+    key = linear.layer_key(SHAPES)
+    for raw, message in (
+            ({key: {"8": good | {"rope": "false"}}}, "rope 'false' is not true or false"),
+            ({"layer": {"8": good}}, "layer 'layer' is not a layer_key"),
+            ({key: {"0": good}}, "row count '0' is not in 1..64"),
+            ({key: {"65": good}}, "row count '65' is not in 1..64"),
+            ({key: {"eight": good}}, "invalid literal"),
+            ({key: {"8": good | {"down": dict(good["down"], block_n=0)}}},
+             "tile block_n 0: expected a positive integer"),
+            ({key: {"8": good | {"down": dict(good["down"], block_n="64")}}},
+             "tile block_n '64': expected a positive integer"),
+            ({key: {"8": good | {"down": dict(good["down"], block_k=96)}}},
+             "tile block_k 96: expected a power of two"),
+            ({key: {"8": good | {"down": dict(good["down"], split_k=-2)}}},
+             "tile split_k -2: expected a positive integer"),
+            ({key: {"8": good | {"down": dict(good["down"], num_warps=True)}}},
+             "tile num_warps True: expected a positive integer")):
+        with pytest.raises(ValueError, match=f"x: not a fused-plan file .*{message}"):
+            linear.parse_fused_plans(raw, "x")
+    assert linear.parse_fused_plans({key: {"8": good}}, "x") == {
+        key: {8: FusedLayerPlan(A, A, A, A)}}
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100000 + "]" * 100000)
+    with pytest.raises(ValueError, match="deep.json: not a fused-plan file"):
+        linear.load_fused_plans(str(deep))
     with pytest.raises(step_tune.BenchArgError, match="--plans .*not a fused-plan file"):
         step_tune.write_plans(str(path), {})
     assert linear.load_fused_plans(str(tmp_path / "absent.json")) == {}
@@ -163,7 +187,27 @@ def test_the_shipped_plans_file_is_the_step_tune_json_in_docs(tmp_path):
     (["--model", "{tmp}/none"], "--model '{tmp}/none': not a directory"),
     ([], "give --preset or --model"),
     (["--preset", "qwen3-0.6b", "--top", "0"], "--top 0: expected >= 1"),
-    (["--preset", "qwen3-0.6b", "--steps", "0"], "--steps 0: expected >= 1"),
+    (["--preset", "qwen3-0.6b", "--steps", "0"], "--steps 0: expected 1..10000"),
+    (["--preset", "qwen3-0.6b", "--steps", "10001"], "--steps 10001: expected 1..10000"),
+    (["--preset", "qwen3-0.6b", "--warmup", "1001"], "--warmup 1001: expected 0..1000"),
+    (["--preset", "qwen3-0.6b", "--seed", "-1"], "--seed -1: expected 0..4294967295"),
+    (["--preset", "qwen3-0.6b", "--seed", str(2**64)], f"--seed {2**64}: expected 0.."),
+    (["--preset", "qwen3-0.6b", "--rows", "1,8,1"], "--rows '1,8,1': 1 is given twice"),
+    (["--preset", "qwen3-0.6b", "--json", "{tmp}/o.json", "--plans", "{tmp}/o.json"],
+     "--json and --plans name one file"),
+    (["--preset", "qwen3-0.6b", "--sweep", "{tmp}/sweep.json", "--json", "{tmp}/sweep.json"],
+     "--sweep and --json name one file"),
+    (["--preset", "qwen3-0.6b", "--sweep", "{tmp}/emptysweep.json"], "measured no shape"),
+    (["--preset", "qwen3-0.6b", "--sweep", "{tmp}/zerotile.json"],
+     "tile block_n 0: expected a positive integer"),
+    (["--preset", "qwen3-0.6b", "--sweep", "{tmp}/deep.json"], "not a gemm_sweep --json"),
+    (["--from-json", "{tmp}/deep.json", "--plans", "{tmp}/p.json"], "not a step_tune --json"),
+    (["--from-json", "{tmp}/nanrec.json", "--plans", "{tmp}/p.json"],
+     "confirm_best_ms nan is not a positive finite time"),
+    (["--from-json", "{tmp}/keyrec.json", "--plans", "{tmp}/p.json"],
+     "--from-json {tmp}/keyrec.json: not a step_tune --json"),
+    (["--from-json", "{tmp}/r.json", "--plans", "{tmp}/r.json"],
+     "--from-json and --plans name one file"),
     (["--preset", "qwen3-0.6b", "--sweep", "{tmp}/none.json"], "none.json: No such file"),
     (["--preset", "qwen3-0.6b", "--sweep", "README.md"], "README.md: not a gemm_sweep --json"),
     (["--preset", "qwen3-0.6b", "--plans", "{tmp}/bad.json"], "not a fused-plan file"),
@@ -176,7 +220,7 @@ def test_the_shipped_plans_file_is_the_step_tune_json_in_docs(tmp_path):
     (["--from-json", "{tmp}/r.json", "--plans", "{tmp}/p.json", "--sweep", "x.json"],
      "--sweep does not apply"),
     (["--from-json", "{tmp}/badrec.json", "--plans", "{tmp}/p.json"],
-     "--plans {tmp}/p.json: not a fused-plan file"),
+     "--from-json {tmp}/badrec.json: not a step_tune --json"),
     (["--preset", "qwen3-0.6b", "--sweep", "{tmp}/badsweep.json"], "not a gemm_sweep --json"),
 ])
 def test_bad_arguments_are_one_line_before_any_gpu_work(tmp_path, capsys, argv, message):
@@ -185,6 +229,16 @@ def test_bad_arguments_are_one_line_before_any_gpu_work(tmp_path, capsys, argv, 
     bad_record["rows"]["8"]["best"] = {"foo": 1}  # a record whose plan is not a plan
     (tmp_path / "badrec.json").write_text(json.dumps({"records": [bad_record]}))
     (tmp_path / "badsweep.json").write_text(json.dumps({"results": [{}]}))
+    (tmp_path / "emptysweep.json").write_text(json.dumps({"results": []}))
+    zero = {"results": [{"N": 96, "K": 64, "swiglu": False, "rows": {"1": {"triton": [
+        {"config": {"block_n": 0, "block_k": 32, "split_k": 1}, "us": 1.0}]}}}]}
+    (tmp_path / "zerotile.json").write_text(json.dumps(zero))
+    (tmp_path / "sweep.json").write_text(json.dumps({"results": _sweep()}))
+    (tmp_path / "deep.json").write_text('{"results": ' + "[" * 100000 + "]" * 100000 + "}")
+    (tmp_path / "r.json").write_text(json.dumps({"records": [_record(1.0, 0.9)]}))
+    (tmp_path / "nanrec.json").write_text(json.dumps({"records": [_record(1.0, float("nan"))]}))
+    (tmp_path / "keyrec.json").write_text(json.dumps({"records": [
+        dict(_record(1.0, 0.9), layer="qkv everything")]}))
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
     assert step_tune.main(argv) == 2
     err = capsys.readouterr().err.strip()
@@ -199,4 +253,26 @@ def test_from_json_rebuilds_the_plans_file(tmp_path, capsys):
     assert step_tune.main(["--from-json", str(src), "--plans", str(out)]) == 0
     assert linear.load_fused_plans(str(out)) == {
         linear.layer_key(SHAPES): {8: FusedLayerPlan(B, A, C, A, rope=True)}}
-    assert "wrote plans for 1 row counts" in capsys.readouterr().out
+    assert "wrote plans for 1 row count to" in capsys.readouterr().out
+
+
+def test_default_rows_are_those_the_engine_fuses():
+    rows = step_tune.check_rows(PRESETS["qwen3-4b"], None)
+    table = sg.load_table()
+    shapes = step_tune.layer_shapes(PRESETS["qwen3-4b"])
+    measured = sorted(table[sg.shape_key(*shapes.qkv)])
+    chooser = linear.DecodeGemm(table, None)
+    assert rows and set(rows) < set(measured)  # the shipped 4B table fuses some, not all
+    assert all(chooser.fused_layer_plan(shapes, m) is not None for m in rows)
+    assert all(chooser.fused_layer_plan(shapes, m) is None for m in set(measured) - set(rows))
+
+
+def test_an_unfused_engine_is_refused_before_any_gpu_work(monkeypatch, capsys):
+    monkeypatch.setenv("LOCKSTEP_FUSED_NORM", "0")
+    assert step_tune.main(["--preset", "qwen3-0.6b"]) == 2
+    assert "LOCKSTEP_FUSED_NORM=0 keeps every layer unfused" in capsys.readouterr().err
+
+
+def test_the_default_sweep_is_found_from_any_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert step_tune._load_sweep(step_tune.SWEEP_JSON)
