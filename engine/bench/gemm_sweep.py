@@ -11,10 +11,13 @@ step; the time per call is the replay time over the copies (median of `repeats` 
     python -m engine.bench.gemm_sweep --presets qwen3-0.6b,qwen3-4b --json out.json
     python -m engine.bench.gemm_sweep --presets qwen3-4b --table engine/kernels/skinny_gemm_table.json
 
-`--table` writes the per-shape choice the engine reads (`engine.kernels.skinny_gemm.load_table`):
-the fastest Triton configuration per (shape, M) and the times of it and cuBLAS; the engine
-takes cuBLAS where it was faster unless the layer is fused (`engine.model`). `--from-json`
-rewrites the table from an earlier `--json` without timing anything.
+`--table` merges the per-shape choice the engine reads (`engine.kernels.skinny_gemm.load_table`)
+into that file: the fastest Triton configuration per (shape, M) and the times of it and
+cuBLAS, replacing the entries of the shapes and row counts timed and keeping the rest; the
+engine takes cuBLAS where it was faster unless the layer is fused (`engine.model`).
+`--from-json` does the same from an earlier `--json` without timing anything. The rope kind
+is timed at TP 1 only: the fused layer form, the only user of its launch, runs at world size
+1 (`engine.layers.linear.RowParallelLinear`).
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ import torch
 
 from engine.bench.options import BenchArgError, check_output_path, parse_int_list
 from engine.kernels import fused
-from engine.kernels.skinny_gemm import TileConfig, Workspace, parse_table, shape_key, skinny_gemm
+from engine.kernels.skinny_gemm import (MAX_ROWS, TileConfig, Workspace, parse_table, shape_key,
+                                        skinny_gemm)
 from engine.presets import PRESETS
 
 ROWS = (1, 8, 16, 32, 64)
@@ -152,7 +156,9 @@ def sweep_rope_shape(preset: str, tp: int, rows, workspace, repeats: int, log) -
     takes even where cuBLAS was faster; cuBLAS where it names none; then
     `fused.qk_norm_rope_kv`) at each row count; a tile whose q or caches differ from the two
     launches' by more than 2% (relative norm) is recorded as an error. Per-call microseconds,
-    weights from HBM as in `sweep_shape`."""
+    weights from HBM as in `sweep_shape`. The two launches' time is stored as "cublas_us",
+    the table's field for what the skinny launch must beat (`TableEntry.skinny_wins`), even
+    where their GEMM is a skinny tile ("baseline" names which)."""
     from engine.kernels.skinny_gemm import RopeKV, load_table, skinny_gemm_qkv_rope, table_entry
 
     c = PRESETS[preset]
@@ -210,6 +216,48 @@ def sweep_rope_shape(preset: str, tp: int, rows, workspace, repeats: int, log) -
     return out
 
 
+def merge_table(path: str, table: dict) -> dict:
+    """The table file at `path` (absent: {}) with `table`'s (shape, row count) entries put in
+    place of its own; the result must parse (`parse_table`).
+
+    Raises:
+        BenchArgError: the file is not a table, or the merged table is not.
+    """
+    from engine.kernels.skinny_gemm import load_table
+
+    merged: dict = {}
+    if os.path.exists(path):
+        try:
+            load_table(path)
+        except ValueError as exc:
+            raise BenchArgError(f"--table {exc}"[:300]) from None
+        with open(path) as f:
+            merged = json.load(f)
+    for key, rows in table.items():
+        merged.setdefault(key, {}).update(rows)
+    try:
+        parse_table(merged, f"--table {path}")
+    except ValueError as exc:
+        raise BenchArgError(f"{exc}; nothing written"[:300]) from None
+    return merged
+
+
+def check_tp(presets: list[str], tps: list[int]) -> None:
+    """Each TP size must split every preset's heads and MLP width evenly, as the engine
+    requires (`engine.config.check_parallel`).
+
+    Raises:
+        BenchArgError: naming the first TP size and preset that do not.
+    """
+    for tp in tps:
+        for preset in presets:
+            c = PRESETS[preset]
+            for field in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
+                if c[field] % tp:
+                    raise BenchArgError(f"--tp {tp}: {preset}'s {field} {c[field]} is not "
+                                        "divisible by it")
+
+
 def to_table(results: list[dict]) -> dict:
     """The table the engine reads: {shape_key: {M: {"skinny": fastest tile, "skinny_us",
     "cublas_us"}}}; `engine.kernels.skinny_gemm.choose` takes the faster of the two. A row
@@ -238,7 +286,7 @@ def main(argv=None) -> int:
                         "GEMM with the q/k norm + RoPE + KV-write epilogue against the two "
                         "launches it replaces)")
     p.add_argument("--json", help="write every measurement here")
-    p.add_argument("--table", help="write the engine's per-shape choice here")
+    p.add_argument("--table", help="merge the engine's per-shape choice into this file")
     p.add_argument("--from-json", metavar="JSON",
                    help="write --table from this earlier --json instead of timing")
     args = p.parse_args(argv)
@@ -250,17 +298,24 @@ def main(argv=None) -> int:
         for flag, values in (("--rows", rows), ("--tp", tps)):
             if any(v < 1 for v in values):
                 raise BenchArgError(f"{flag} {','.join(map(str, values))}: each must be >= 1")
+        if max(rows) > MAX_ROWS:
+            raise BenchArgError(f"--rows {max(rows)}: the skinny GEMM serves at most "
+                                f"{MAX_ROWS} rows")
         presets = [x.strip() for x in args.presets.split(",")]
         unknown = [x for x in presets if x not in PRESETS]
         if unknown:
             raise BenchArgError(f"--presets {args.presets!r}: unknown preset {unknown[0]!r}; "
                                 f"choose from {', '.join(sorted(PRESETS))}")
-        if args.repeats < 1:
-            raise BenchArgError(f"--repeats {args.repeats}: expected >= 1")
         kinds = [x.strip() for x in args.kinds.split(",")]
         if not kinds or any(x not in ("gemm", "rope") for x in kinds):
             raise BenchArgError(f"--kinds {args.kinds!r}: expected gemm, rope or both, "
                                 "comma-separated")
+        check_tp(presets, tps)
+        if kinds == ["rope"] and 1 not in tps:
+            raise BenchArgError(f"--kinds rope --tp {args.tp}: the rope launch is timed at TP 1 "
+                                "only (the fused layer runs at world size 1)")
+        if args.repeats < 1:
+            raise BenchArgError(f"--repeats {args.repeats}: expected >= 1")
         for flag, path in (("--json", args.json), ("--table", args.table)):
             if path is not None:
                 check_output_path(flag, path)
@@ -268,6 +323,8 @@ def main(argv=None) -> int:
                 == os.path.realpath(args.table)):
             raise BenchArgError(f"--json and --table name one file {args.table!r}; the table "
                                 "would overwrite the measurements")
+        if args.table is not None:
+            merge_table(args.table, {})  # an existing --table must be a table
     except BenchArgError as exc:
         print(f"gemm_sweep: error: {exc}", file=sys.stderr)
         return 2
@@ -291,7 +348,7 @@ def main(argv=None) -> int:
         results.append(r)
     rope_shapes = {}
     for preset in presets if "rope" in kinds else ():
-        for tp in tps:
+        for tp in (1,) if 1 in tps else ():
             n, k = layer_shapes(preset, tp)[0][1:3]
             rope_shapes.setdefault((n, k), (preset, tp, []))[2].append(f"{preset} tp{tp} qkv")
     for preset, tp, names in rope_shapes.values():
@@ -304,8 +361,9 @@ def main(argv=None) -> int:
             json.dump({"device": torch.cuda.get_device_name(), "results": results}, f, indent=1)
     if args.table:
         try:
+            merged = merge_table(args.table, to_table(results))
             _replace_file(os.path.realpath(args.table),
-                          json.dumps(to_table(results), indent=1, sort_keys=True))
+                          json.dumps(merged, indent=1, sort_keys=True))
         except BenchArgError as exc:
             print(f"gemm_sweep: error: {exc}", file=sys.stderr)
             return 2
@@ -367,8 +425,11 @@ def _table_from_json(args, parser) -> int:
         target = os.path.realpath(table_path)  # through a symlink to the file it names
         if os.path.exists(target) and os.path.samefile(source, target):
             raise BenchArgError(f"--table {table_path}: is the --from-json file itself")
-        _replace_file(target, json.dumps(table, indent=1, sort_keys=True))
-        print(f"gemm_sweep: wrote {len(table)} shapes to {table_path}")
+        merged = merge_table(target, table)
+        _replace_file(target, json.dumps(merged, indent=1, sort_keys=True))
+        kept = len(merged) - len(table)
+        print(f"gemm_sweep: wrote {len(table)} shapes to {table_path}"
+              + (f" (kept {kept} other shape{'s' if kept != 1 else ''} it held)" if kept else ""))
     except BenchArgError as exc:
         print(f"gemm_sweep: error: {exc}", file=sys.stderr)
         return 2

@@ -163,6 +163,45 @@ def test_sweep_refuses_one_file_for_measurements_and_table(tmp_path, capsys):
     assert "--json and --table name one file" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--tp", "3", "--presets", "qwen3-0.6b"],
+     "--tp 3: qwen3-0.6b's num_attention_heads 16 is not divisible by it"),
+    (["--kinds", "rope", "--tp", "2"], "the rope launch is timed at TP 1 only"),
+    (["--rows", "1,128"], "--rows 128: the skinny GEMM serves at most 64 rows"),
+    (["--rows", "8,8"], "--rows '8,8': 8 is given twice"),
+    (["--table", "{tmp}/sweep.json"], "--table {tmp}/sweep.json: not a skinny GEMM table"),
+])
+def test_sweep_bad_arguments_are_one_line_before_the_gpu(tmp_path, capsys, argv, message):
+    from engine.bench import gemm_sweep
+
+    (tmp_path / "sweep.json").write_text(open("docs/benchmarks-gemm-sweep-h200.json").read())
+    assert gemm_sweep.main([a.format(tmp=tmp_path) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert message.format(tmp=tmp_path) in err and err.count("\n") == 1, err
+
+
+def test_table_merges_into_the_file_keeping_what_was_not_measured(tmp_path, capsys):
+    from engine.bench import gemm_sweep
+
+    sweep = json.load(open("docs/benchmarks-gemm-sweep-h200.json"))
+    first = sweep["results"][0]
+    partial = dict(first, rows={"8": first["rows"]["8"]})
+    (tmp_path / "partial.json").write_text(json.dumps({"results": [partial]}))
+    table = tmp_path / "t.json"
+    other = {"1x2": {"1": {"skinny": None, "skinny_us": None, "cublas_us": 1.5}}}
+    key = sg.shape_key(first["N"], first["K"], first["swiglu"], bool(first.get("rope")))
+    stale = {"skinny": {"block_n": 16, "block_k": 128, "split_k": 1}, "skinny_us": 99.0,
+             "cublas_us": 99.0}
+    table.write_text(json.dumps(other | {key: {"1": stale, "8": stale}}))
+    assert gemm_sweep.main(["--from-json", str(tmp_path / "partial.json"),
+                            "--table", str(table)]) == 0
+    assert "kept 1 other shape it held" in capsys.readouterr().out
+    merged = sg.load_table(str(table))
+    assert merged["1x2"][1].cublas_us == 1.5                       # another shape: kept
+    assert merged[key][1].skinny_us == 99.0                         # a row not measured: kept
+    assert merged[key][8] == sg.load_table()[key][8]                # the row measured: replaced
+
+
 def test_a_corrupt_table_is_one_error_naming_the_file(tmp_path):
     path = tmp_path / "bad.json"
     path.write_text(json.dumps({"1024x2048": {"1": {"skinny": {"block_n": 32, "colour": 3},
@@ -170,6 +209,17 @@ def test_a_corrupt_table_is_one_error_naming_the_file(tmp_path):
     with pytest.raises(ValueError, match="bad.json: not a skinny GEMM table"):
         sg.load_table(str(path))
     path.write_text(json.dumps({"1024x2048": {"1": None}}))  # the format before the times
+    with pytest.raises(ValueError, match="bad.json: not a skinny GEMM table"):
+        sg.load_table(str(path))
+    for skinny, us, message in (({"block_n": 0, "block_k": 128, "split_k": 1}, 1.0,
+                                 "tile block_n 0: expected a positive integer"),
+                                ({"block_n": 16, "block_k": 128, "split_k": 1}, float("nan"),
+                                 "skinny_us nan is not a positive finite time")):
+        path.write_text(json.dumps({"1024x2048": {"1": {"skinny": skinny, "skinny_us": us,
+                                                        "cublas_us": 2}}}))
+        with pytest.raises(ValueError, match=f"bad.json: not a skinny GEMM table.*{message}"):
+            sg.load_table(str(path))
+    path.write_text("[" * 100000 + "]" * 100000)
     with pytest.raises(ValueError, match="bad.json: not a skinny GEMM table"):
         sg.load_table(str(path))
 
