@@ -14,8 +14,8 @@ and the graph captured at a bucket run the same kernels):
   prefills alike): 6 launches, QKV GEMM, q/k norm+RoPE+KV write, attention,
   o_proj, gate_up with SwiGLU, down_proj; 5 where the plan (`FusedLayerPlan.rope`) puts the
   q/k norm + RoPE + KV write in the QKV GEMM's epilogue (`skinny_gemm.skinny_gemm_qkv_rope`).
-  The tiles are the step-tuned plan's where `engine/layers/fused_plans.json` has one. o_proj and down_proj add their output into the
-  residual in their epilogue and leave each row's sum of squares in the GEMM workspace; QKV
+  The tiles are the step-tuned plan's where `engine/layers/fused_plans.json` has one.
+  o_proj and down_proj add their output into the residual in their epilogue and leave each row's sum of squares in the GEMM workspace; QKV
   and gate_up read the residual itself and scale each output row by 1 / rms, their weights
   having the norm weights folded in at load (`skinny_gemm.fold_norm_weight`). Layer 0 has no
   statistics yet and normalises its input in a launch of its own.
