@@ -197,21 +197,17 @@ if triton is not None:
         b = tl.program_id(0)
         h = tl.program_id(1)
         split = tl.program_id(2)
-        if PDL:  # see engine.kernels.pdl: wait for the previous grid before touching memory
-            tl.extra.cuda.gdc_wait()
+        # Before the wait (engine.kernels.pdl): the row order, slots and lengths come from the
+        # step's copies at its start, two or more launches back; q and the new token's cache
+        # entry are the previous launch's.
         if ORDERED:  # programs are dispatched in index order: take the longest rows first
-            b = tl.load(order_ptr + b)
-        slot = tl.load(slots_ptr + b).to(tl.int64)
-        length = tl.load(lens_ptr + slot)
+            b = tl.load(order_ptr + b, cache_modifier=".cg")
+        slot = tl.load(slots_ptr + b, cache_modifier=".cg").to(tl.int64)
+        length = tl.load(lens_ptr + slot, cache_modifier=".cg")
         g = tl.arange(0, BLOCK_G)
         d = tl.arange(0, HEAD_DIM)
         t = tl.arange(0, BLOCK_N)  # BLOCK_N tokens (BLOCK_N / PAGE pages) per iteration
         gmask = g < GROUP
-        q = tl.load(q_ptr + b * stride_qb + (h * GROUP + g)[:, None] * stride_qh + d[None, :],
-                    mask=gmask[:, None], other=0.0)
-        m = tl.full([BLOCK_G], float("-inf"), tl.float32)
-        l = tl.zeros([BLOCK_G], tl.float32)
-        acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
         # Splits this sequence uses: at most one per tile, so a short sequence is not spread
         # over programs that find nothing to read and a merge of SPLITS empty partials (the
         # launch's SPLITS is fixed by its shape for graph capture; the length is not).
@@ -221,6 +217,13 @@ if triton is not None:
         last = (split + 1) * num_tiles // used
         if split >= used:
             first = last  # nothing to read; such a program publishes nothing either
+        if PDL:  # see engine.kernels.pdl: wait for the previous grid before touching its writes
+            tl.extra.cuda.gdc_wait()
+        q = tl.load(q_ptr + b * stride_qb + (h * GROUP + g)[:, None] * stride_qh + d[None, :],
+                    mask=gmask[:, None], other=0.0)
+        m = tl.full([BLOCK_G], float("-inf"), tl.float32)
+        l = tl.zeros([BLOCK_G], tl.float32)
+        acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
         for i in range(first, last):
             tok = i * BLOCK_N + t
             kmask = tok < length

@@ -22,7 +22,8 @@ writes must wait. `sim.launch_chain` searches a real step's kernels for a break 
 (`tests/engine/test_pdl_order.py`). `skinny_gemm` loads a one-tile program's
 weights this way, and `fused.qk_norm_rope_kv` (and the skinny GEMM's rope epilogue, which
 replaces it) its positions, slots, page-table entries, norm weights and cos/sin rows (H200, 2026-12-02, Qwen3-0.6B graph step at batch 1 / 8: 0.878 ->
-0.845 ms and 0.900 -> 0.860 ms, docs/benchmarks.md).
+0.845 ms and 0.900 -> 0.860 ms, docs/benchmarks.md); decode attention its row order, slots
+and lengths (2026-12-03: 0.787 -> 0.777 ms at batch 1).
 
 Only for launches of at most MAX_ROWS rows (decode buckets up to 64): measured on the H200,
 PDL made Qwen3-0.6B's step faster at 1-64 rows (batch 1: 1.195 -> 1.122 ms in one run) and

@@ -117,7 +117,8 @@ def test_the_shipped_decode_layer_has_no_stale_read_in_any_order():
     assert by_name["q/k norm 0"].reads_before_wait == {
         "positions", "slot_ids", "page_table", "q_norm 0", "k_norm 0", "cos", "sin"}
     assert by_name["o_proj 0"].reads_before_wait == {"w_o 0"}
-    assert by_name["attention 0"].reads_before_wait == frozenset()
+    assert by_name["attention 0"].reads_before_wait == {
+        "row_order", "slot_ids", "seq_lens"}
 
 
 def test_the_five_launch_layer_has_no_stale_read_in_any_order():
@@ -155,6 +156,13 @@ MUTANTS = [
      lambda s: s.replace("        b = tl.program_id(0)\n",
                          "        b = tl.program_id(0)\n        _q = tl.load(q_ptr)\n", 1),
      "attention 0", "q"),
+    # K read with the lengths, before the wait: the launch just before writes the new
+    # token's K into the cache
+    (decode_attention._paged_decode_kernel,
+     lambda s: s.replace("        length = tl.load(lens_ptr + slot, cache_modifier=\".cg\")\n",
+                         "        length = tl.load(lens_ptr + slot, cache_modifier=\".cg\")\n"
+                         "        _k = tl.load(k_ptr + slot)\n", 1),
+     "attention 0", "k_cache 0"),
     # no wait at all: the skinny GEMM's x is the previous launch's output (the first one hit
     # is layer 0's QKV over the input norm's output)
     (skinny_gemm._skinny_gemm_kernel,
