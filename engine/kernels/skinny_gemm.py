@@ -606,14 +606,22 @@ def load_table(path: str = TABLE_PATH) -> dict[str, dict[int, TableEntry]]:
     """
     if not os.path.exists(path):
         return {}
+    return parse_table(read_tuning_json(path, "a skinny GEMM table"), path)
+
+
+def read_tuning_json(path: str, what: str):
+    """The JSON value in `path` (a table or plans file).
+
+    Raises:
+        ValueError: "<path>: not <what> (...)" for text that is not JSON or nests too deep.
+    """
     import json
 
     with open(path) as f:
         try:
-            raw = json.load(f)
+            return json.load(f)
         except (ValueError, RecursionError) as exc:
-            raise ValueError(f"{path}: not a skinny GEMM table ({exc!r})"[:300]) from None
-    return parse_table(raw, path)
+            raise ValueError(f"{path}: not {what} ({exc!r})"[:300]) from None
 
 
 def parse_table(raw, source: str) -> dict[str, dict[int, TableEntry]]:

@@ -9,7 +9,6 @@ is returned (I11). Weights are read per rank as slices of the checkpoint tensors
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -202,12 +201,7 @@ def load_fused_plans(path: str = FUSED_PLANS_PATH) -> dict[str, dict[int, FusedL
     """
     if not os.path.exists(path):
         return {}
-    with open(path) as f:
-        try:
-            raw = json.load(f)
-        except (ValueError, RecursionError) as exc:
-            raise ValueError(f"{path}: not a fused-plan file ({exc!r})"[:300]) from None
-    return parse_fused_plans(raw, path)
+    return parse_fused_plans(skinny_gemm.read_tuning_json(path, "a fused-plan file"), path)
 
 
 def parse_fused_plans(raw, source: str) -> dict[str, dict[int, FusedLayerPlan]]:
