@@ -23,6 +23,7 @@ program of each column block resets its counter, so every replay starts from zer
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 
@@ -615,8 +616,6 @@ def read_tuning_json(path: str, what: str):
     Raises:
         ValueError: "<path>: not <what> (...)" for text that is not JSON or nests too deep.
     """
-    import json
-
     with open(path) as f:
         try:
             return json.load(f)
