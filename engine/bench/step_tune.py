@@ -427,6 +427,15 @@ def main(argv=None) -> int:
     try:
         if args.from_json is not None:
             return _plans_from_json(args, p)
+        # the values that need no model first, so a bad one is named whatever the model
+        for flag, value, least, most in (
+                ("--top", args.top, 1, None), ("--steps", args.steps, 1, MAX_STEPS),
+                ("--warmup", args.warmup, 0, MAX_WARMUP), ("--context", args.context, 1, None),
+                ("--seed", args.seed, 0, MAX_SEED)):
+            if most is None and value < least:
+                raise BenchArgError(f"{flag} {value}: expected >= {least}")
+            if most is not None and not least <= value <= most:
+                raise BenchArgError(f"{flag} {value}: expected {least}..{most}")
         if (args.preset is None) == (args.model is None):
             raise BenchArgError("give --preset or --model")
         if args.preset is not None and args.preset not in PRESETS:
@@ -440,14 +449,6 @@ def main(argv=None) -> int:
         cfg = model_shape(BenchOptions(preset=args.preset, model=args.model))
         rows = check_rows(cfg, None if args.rows is None else parse_int_list(args.rows,
                                                                                "--rows"))
-        for flag, value, least, most in (
-                ("--top", args.top, 1, None), ("--steps", args.steps, 1, MAX_STEPS),
-                ("--warmup", args.warmup, 0, MAX_WARMUP), ("--context", args.context, 1, None),
-                ("--seed", args.seed, 0, MAX_SEED)):
-            if most is None and value < least:
-                raise BenchArgError(f"{flag} {value}: expected >= {least}")
-            if most is not None and not least <= value <= most:
-                raise BenchArgError(f"{flag} {value}: expected {least}..{most}")
         max_pos = max_positions(cfg)
         if max_pos and args.context + 1 > max_pos:
             raise BenchArgError(f"--context {args.context}: the model holds at most "

@@ -276,3 +276,14 @@ def test_an_unfused_engine_is_refused_before_any_gpu_work(monkeypatch, capsys):
 def test_the_default_sweep_is_found_from_any_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert step_tune._load_sweep(step_tune.SWEEP_JSON)
+
+
+def test_a_bad_value_is_named_before_the_model_is_looked_at(capsys):
+    """A fresh user's finding: with no model, or a model the table lacks (tiny), --steps -1
+    reported only the model problem."""
+    from engine.bench import step_tune
+
+    for argv in (["--steps", "-1"], ["--preset", "tiny", "--warmup", "5000"]):
+        assert step_tune.main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and ("--steps -1" in err or "--warmup 5000" in err), err
