@@ -277,10 +277,13 @@ def to_table(results: list[dict]) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m engine.bench.gemm_sweep",
                                 description=__doc__.splitlines()[0])
-    p.add_argument("--presets", default="qwen3-0.6b,qwen3-4b,qwen3-8b")
+    p.add_argument("--presets", default="qwen3-0.6b,qwen3-4b,qwen3-8b",
+                   help="comma-separated model presets whose linear shapes to time")
     p.add_argument("--tp", default="1,2", help="tensor-parallel sizes whose per-rank shapes to time")
-    p.add_argument("--rows", default=",".join(map(str, ROWS)))
-    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--rows", default=",".join(map(str, ROWS)),
+                   help=f"comma-separated row counts M to time (1..{MAX_ROWS})")
+    p.add_argument("--repeats", type=int, default=20,
+                   help="graph replays per timing; the median is reported")
     p.add_argument("--kinds", default="gemm,rope",
                    help="what to time: gemm (each linear shape against cuBLAS), rope (the QKV "
                         "GEMM with the q/k norm + RoPE + KV-write epilogue against the two "
