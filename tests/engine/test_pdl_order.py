@@ -8,7 +8,7 @@ import inspect
 
 import pytest
 
-from engine.kernels import decode_attention, fused, pdl_order, skinny_gemm
+from engine.kernels import attention_oproj, decode_attention, fused, pdl_order, skinny_gemm
 from sim.launch_chain import AT_EXIT, KernelSpec, check_chain
 
 # Each launch of the fused decode layer (engine.model.Qwen3DecoderLayer.forward_fused): the
@@ -33,9 +33,10 @@ def rope_buffers(i: int) -> dict:
             "pt_ptr": "page_table", "kc_ptr": f"k_cache {i}", "vc_ptr": f"v_cache {i}"}
 
 
-def layer(i: int, rope: bool = False) -> list[tuple[str, object, dict]]:
+def layer(i: int, rope: bool = False, short: bool = False) -> list[tuple[str, object, dict]]:
     # layer 0 normalises the embedding first; later layers' QKV folds the norm in. With
-    # `rope` the QKV GEMM also does the q/k norm + RoPE + KV write (FusedLayerPlan.rope).
+    # `rope` the QKV GEMM also does the q/k norm + RoPE + KV write (FusedLayerPlan.rope); with
+    # `short` (and rope) attention and o_proj are one launch (engine.kernels.attention_oproj).
     first = [(f"input norm {i}", fused._add_rms_norm_kernel,
               {"x_ptr": "residual", "res_ptr": "residual", "w_ptr": f"input_norm {i}",
                "out_ptr": "normed"})] if i == 0 else []
@@ -48,6 +49,17 @@ def layer(i: int, rope: bool = False) -> list[tuple[str, object, dict]]:
         qkv = [(f"qkv {i}", skinny_gemm._skinny_gemm_kernel, gemm(x, f"w_qkv {i}", "qkv")),
                (f"q/k norm {i}", fused._qk_norm_rope_kv_kernel,
                 {"qkv_ptr": "qkv", "q_ptr": "q", **rope_buffers(i)})]
+    if short:
+        return first + qkv + [
+            (f"attention+o_proj {i}", attention_oproj._attn_oproj_kernel,
+             {"q_ptr": "q", "k_ptr": f"k_cache {i}", "v_ptr": f"v_cache {i}",
+              "pt_ptr": "page_table", "lens_ptr": "seq_lens", "slots_ptr": "slot_ids",
+              "w_ptr": f"w_o {i}", "out_ptr": "residual", "part_ptr": "short partials",
+              "count_ptr": "short counters", "stats_ptr": "row stats"}),
+            (f"gate_up {i}", skinny_gemm._skinny_gemm_kernel,
+             gemm("residual", f"w_gate_up {i}", "act")),
+            (f"down {i}", skinny_gemm._skinny_gemm_kernel, gemm("act", f"w_down {i}", "residual")),
+        ]
     return first + qkv + [
         (f"attention {i}", decode_attention._paged_decode_kernel,
          {"q_ptr": "q", "k_ptr": f"k_cache {i}", "v_ptr": f"v_cache {i}",
@@ -84,12 +96,13 @@ def spec(name: str, order: pdl_order.MemoryOrder, buffers: dict) -> KernelSpec:
                       order.trigger, named(order.stores_before_wait))
 
 
-def decode_chain(sources: dict | None = None, rope: bool = False) -> list[KernelSpec]:
-    """Step start, then two fused layers (with `rope`, in their 5-launch form); `sources`
-    replaces a kernel's source text."""
+def decode_chain(sources: dict | None = None, rope: bool = False,
+                 short: bool = False) -> list[KernelSpec]:
+    """Step start, then two fused layers (with `rope`, in their 5-launch form; with `short`
+    too, 4 launches); `sources` replaces a kernel's source text."""
     sources = sources or {}
     chain = list(STEP_START)
-    for name, kernel, buffers in layer(0, rope) + layer(1, rope):
+    for name, kernel, buffers in layer(0, rope, short) + layer(1, rope, short):
         order = pdl_order.memory_order(sources.get(kernel, kernel))
         chain.append(spec(name, order, buffers))
     return chain
@@ -102,7 +115,7 @@ def source(kernel) -> str:
 def test_every_pdl_kernel_of_the_decode_layer_waits_before_it_triggers():
     for kernel in (skinny_gemm._skinny_gemm_kernel, fused._qk_norm_rope_kv_kernel,
                    decode_attention._paged_decode_kernel, fused._add_rms_norm_kernel,
-                   fused._silu_mul_kernel):
+                   fused._silu_mul_kernel, attention_oproj._attn_oproj_kernel):
         order = pdl_order.memory_order(kernel)
         assert order.waits and order.trigger == "after wait", (kernel.fn.__name__, order)
 
@@ -134,6 +147,37 @@ def test_the_five_launch_layer_has_no_stale_read_in_any_order():
     assert by_name["qkv 1"].reads_before_wait == {
         "w_qkv 1", "positions", "slot_ids", "page_table", "q_norm 1", "k_norm 1", "cos", "sin"}
     assert {"q", "k_cache 1", "v_cache 1"} <= by_name["qkv 1"].writes
+
+
+def test_the_four_launch_layer_has_no_stale_read_in_any_order():
+    """Attention fused into o_proj loads, before its wait, the o_proj weight and the step's
+    slots, lengths and page-table entries; q and the cache entries the rope QKV GEMM just
+    wrote only after it."""
+    chain = decode_chain(rope=True, short=True)
+    res = check_chain(chain)
+    assert res.stale is None, str(res.stale)
+    assert res.overlapped and res.states > len(chain)
+    by_name = {k.name: k for k in chain}
+    assert "attention 1" not in by_name and "o_proj 1" not in by_name
+    assert by_name["attention+o_proj 1"].reads_before_wait == {
+        "w_o 1", "slot_ids", "seq_lens", "page_table"}
+    assert {"q", "k_cache 1", "v_cache 1", "residual"} <= by_name[
+        "attention+o_proj 1"].reads_after_wait
+
+
+@pytest.mark.parametrize("line, buffer", [
+    ("        t = tl.arange(0, BLOCK_T)\n", "q"),
+    ("        lens = tl.minimum(lens, BLOCK_T)\n", "k_cache 0"),
+])
+def test_the_fused_attention_loading_the_previous_launchs_writes_early_is_caught(line, buffer):
+    src = source(attention_oproj._attn_oproj_kernel)
+    ptr = {"q": "q_ptr", "k_cache 0": "k_ptr"}[buffer]
+    mutated = src.replace(line, line + f"        _x = tl.load({ptr} + m)\n", 1)
+    assert mutated != src, "the mutation did not apply"
+    res = check_chain(decode_chain({attention_oproj._attn_oproj_kernel: mutated}, rope=True,
+                                   short=True))
+    assert res.stale is not None, "the mutant survived"
+    assert (res.stale.reader, res.stale.buffer) == ("attention+o_proj 0", buffer), str(res.stale)
 
 
 def test_a_rope_epilogue_reading_the_row_statistics_before_the_wait_is_caught():
