@@ -852,6 +852,7 @@ import sim.variants_admission  # noqa: E402,F401  (batch cap and graph reserve: 
 import sim.variants_rare  # noqa: E402,F401  (bugs that need a rare interleaving; searched with PCT)
 import sim.variants_hardware  # noqa: E402,F401  (variants whose route was measured on H200s)
 import sim.variants_overlap  # noqa: E402,F401  (overlapped scheduling: clean and known-bad, I20)
+import sim.variants_short  # noqa: E402,F401  (the short-context decode path: clean and known-bad, I22)
 
 SHIPPED = tuple(REGISTRY)
 """Names of the shipped variants, the correct protocol first."""
