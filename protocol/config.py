@@ -84,6 +84,18 @@ class ProtocolConfig:
             several steps (`protocol.commands.Chunk`, I19). Default 8192: enough tokens to
             keep the GPU's GEMMs efficient, few enough that decode rows sharing the step are
             not held back long.
+        short_context: tokens of context the short-context decode path holds
+            (`protocol.keys.SHORT`: attention fused into the o_proj GEMM, one tile of at most
+            this many cached tokens per row). A decode step whose every row's context -- its
+            position + 1, the token the step writes included -- is at most this replays the
+            short path's graph of its bucket; a longer row anywhere in the step sends the whole
+            step to the split-KV `DECODE` graph (I22). Default None: the short path is off and
+            nothing is captured for it. Set it to the tile the engine's fused kernel was built
+            for, never more.
+        short_max_bucket: the largest bucket (rows) with a short-path graph; steps padded to a
+            larger bucket take the `DECODE` path whatever their contexts. Default 8: the fused
+            kernel pays only at small batches, and every short graph is one more graph reserved
+            and captured. Checked always, used only when ``short_context`` is set.
         shape: the model's collective shape.
     """
 
@@ -101,6 +113,8 @@ class ProtocolConfig:
     kv_watermark: float = 0.01
     max_kv_pages: int | None = None
     max_prefill_tokens: int = 8192
+    short_context: int | None = None
+    short_max_bucket: int = 8
     shape: ModelShape = field(default_factory=lambda: QWEN3_4B)
 
     def __post_init__(self) -> None:
@@ -139,6 +153,14 @@ class ProtocolConfig:
         if not isinstance(self.decode_overlap, bool):
             raise ConfigError(f"decode_overlap={self.decode_overlap!r} must be True or False",
                               fields=("decode_overlap",))
+        _positive_int("short_max_bucket", self.short_max_bucket)
+        if self.short_context is not None:
+            _positive_int("short_context", self.short_context)
+            if self.short_max_bucket < self.buckets[0]:
+                raise ConfigError(
+                    f"short_max_bucket={self.short_max_bucket} is below the smallest bucket "
+                    f"{self.buckets[0]}, so no bucket gets a short-path graph; raise it to a "
+                    "bucket or leave short_context unset", fields=("short_max_bucket", "buckets"))
 
 
 def _positive_int(name: str, value: object) -> None:

@@ -6,8 +6,9 @@ for N. Startup runs a fixed sweep under a watchdog (I5, I9, I4, I6): warm-up col
 message size, eager memory profile, graph measurement without launch, KV sizing from the
 tightest rank (measuring again if the fit keeps fewer graphs), then per graph key -- largest first -- a Capture barrier and a Launch barrier,
 and a Finalize that checks every rank captured the same keys (I3) within the reserve (I9).
-Serving then sends steps whose graph key, bucket, slot moves and KV pages the controller decides
-(I2, I7, I8, I14): pages are handed out as sequences grow, admission is by free pages, and a
+Serving then sends steps whose graph key (bucket and path: the short-context path only when every
+decode row's context fits it), bucket, slot moves and KV pages the controller decides
+(I2, I7, I8, I14, I22): pages are handed out as sequences grow, admission is by free pages, and a
 short pool preempts the most recently admitted request for recompute. Any failed reply, or an
 expired watchdog, turns into one `Abort` for every rank (I13).
 """
@@ -411,6 +412,13 @@ class Controller:
         key = keys[index // 2]
         return Capture(seq, key) if index % 2 == 0 else Launch(seq, key)
 
+    def longest_context(self, rows: DecodeRows) -> int:
+        """Tokens the longest of a step's decode rows attends over, the token the step writes
+        included: the furthest row's position + 1, the maximum over every row (0 without
+        rows). The rows are the controller's own columns, so the graph path chosen from it
+        (`GraphPlan.key_for`, I22) is one decision for every rank."""
+        return max(rows.positions) + 1 if rows else 0
+
     def drop_leftover_token(self, in_flight: Sampled, request_id: int) -> None:
         """Overlapped scheduling: request ``request_id`` ended in the step before ``in_flight``,
         which was sent before that was known and holds a leftover row of it: the token that
@@ -701,7 +709,7 @@ class Controller:
         if (not rows and not admits and not retires and not preempts and chunk is None
                 and unread is None):
             return None
-        key, bucket = self.plan.key_for(len(rows))
+        key, bucket = self.plan.key_for(len(rows), self.longest_context(rows))
         self.seq += 1
         self._steps += 1
         step = Step(self.seq, retires=retires, moves=moves, admits=tuple(admits), rows=rows,

@@ -5,7 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DECODE = "decode"
-"""The attention path of a decode-only step (one new token per row)."""
+"""The attention path of a decode-only step (one new token per row): split-KV attention over
+every cached token of each row, however long its context."""
+
+SHORT = "decode-short"
+"""The short-context decode path: decode rows whose every context -- the tokens a row attends
+over, the one this step writes included (position + 1) -- fits ``ProtocolConfig.short_context``
+tokens. Its attention is fused into the o_proj GEMM and reads at most ``short_context`` cached
+tokens per row (one tile, no loop), so a row with a longer context replayed on it silently loses
+tokens; the controller chooses it for a whole step from its own count (`GraphPlan.key_for`)."""
 
 
 @dataclass(frozen=True, order=True)
@@ -14,7 +22,8 @@ class GraphKey:
 
     Attributes:
         bucket: padded batch size in rows (int, one of the configured decode buckets).
-        path: attention path name; only ``"decode"`` is captured today.
+        path: attention path name: `DECODE` (``"decode"``), or `SHORT` (``"decode-short"``)
+            where the configuration turns the short-context path on.
     """
 
     bucket: int

@@ -207,6 +207,25 @@ class VerdictIn:
         return result.outcome.verdict in self.verdicts
 
 
+def scenario_family(variant: Variant, base: Scenario, seed: int):
+    """Run index -> scenario of ``variant``'s fault-free search: its per-run draw over ``base``
+    (`Variant.draw`), else ``base`` for every run (picklable either way).
+
+    Raises:
+        ConfigError: the draw is not a function of the run index, or gave something other
+            than a Scenario for run 0 (a user's variant is named, not traced into the search).
+    """
+    if variant.draw is None:
+        return Fixed(base)
+    family = variant.draw(base, seed)
+    first = family(0) if callable(family) else None
+    if not isinstance(first, Scenario):
+        raise ConfigError(f"variant {variant.name!r}: draw(scenario, seed) gave {family!r:.80}, "
+                          "whose run 0 is not a Scenario (return a function of the run index "
+                          "that returns a Scenario, as sim.scenario.ShortContextDraw does)")
+    return family
+
+
 CLEAN = VerdictIn(frozenset({"clean"}))
 CLEAN_OR_ABORT = VerdictIn(frozenset({"clean", "abort"}))
 
@@ -233,7 +252,8 @@ def check_correct(variant: Variant, spec: CheckSpec, topology: str, progress=Non
         return [Row(variant.name, topology, "clean", NOT_REACHABLE, SearchStats(), reason, None,
                     base, True)]
     planned = spec.planned_clean
-    result = _search(spec, Fixed(base), variant, CLEAN, planned, progress)
+    result = _search(spec, scenario_family(variant, base, spec.seed), variant, CLEAN, planned,
+                     progress)
     rows = []
     stats = result.stats
     if result.failure is not None:
@@ -294,7 +314,7 @@ def bad_search_setup(variant: Variant, spec: CheckSpec, topology: str,
     if scenario is None:
         scenario = variant.scenario(spec.scenario(topology))
     reason = _unreachable(variant, scenario)
-    scenario_for, acceptable = Fixed(scenario), CLEAN
+    scenario_for, acceptable = scenario_family(variant, scenario, spec.seed), CLEAN
     if reason is None and variant.fault_search is not None:
         faults = variant.fault_search.members(scenario, variant, spec.seed)
         if not faults:
@@ -462,6 +482,12 @@ def replay_trace(data: dict) -> tuple[RunResult | None, str | None]:
         raise ConfigError(f"bad scenario in trace: {exc}") from None
     if faults:
         scenario = scenario.with_(faults=faults)
+    if "short_context" in spec_data:  # the run's drawn short path (`Variant.draw`)
+        try:
+            scenario = scenario.with_(config=replace(scenario.config,
+                                                     short_context=spec_data["short_context"]))
+        except ConfigError as exc:
+            raise ConfigError(f"bad scenario in trace: {exc}") from None
     _check_recorded_run(data, choices, spec.ranks)
     try:
         with watchdog():  # the variant's hooks are user code, as in a search
@@ -549,7 +575,8 @@ def _whole(value) -> bool:
 
 def check_scenario_value(name: str, value):
     """``value`` of the scenario setting ``name`` (``ranks``, ``buckets``, ``max_batch``,
-    ``topology``, ``hazards_off``, ``h2_scope``, ``h2_calls``) checked by the rule its
+    ``topology``, ``hazards_off``, ``h2_scope``, ``h2_calls``; ``short_context``, which only a
+    trace carries: the run's drawn short path, `Variant.draw`) checked by the rule its
     `lockstep check` option has, and returned (buckets and hazards as tuples). The options
     (after parsing their text) and `--replay`'s trace scenarios go through this one function,
     so a trace is held to what the command line would accept.
@@ -562,13 +589,14 @@ def check_scenario_value(name: str, value):
     from sim.scenario import TOPOLOGIES
     from protocol.buckets import validate_buckets
 
-    if name in ("ranks", "max_batch"):
+    if name in ("ranks", "max_batch", "short_context"):
         least = MIN_RANKS if name == "ranks" else 1
         if not _whole(value):
             raise ConfigError(f"{value!r} is not an integer")
         if value < least:
             raise ConfigError(f"{value} must be at least {least}")
-        check_limits(**{name: value})
+        if name != "short_context":
+            check_limits(**{name: value})
         return value
     if name == "buckets":
         if not isinstance(value, (list, tuple)):
@@ -590,8 +618,9 @@ def check_scenario_value(name: str, value):
 
 
 SCENARIO_FIELDS = ("ranks", "buckets", "max_batch", "topology", "hazards_off", "h2_scope",
-                   "h2_calls", "faults")
-"""The fields of a trace's ``scenario`` object (`scenario_spec` writes them)."""
+                   "h2_calls", "faults", "short_context")
+"""The fields of a trace's ``scenario`` object (`scenario_spec` writes them; ``short_context``
+only for a run with the short decode path on)."""
 
 
 def check_scenario_json(data: dict) -> dict:
@@ -653,4 +682,6 @@ def scenario_spec(spec: CheckSpec, topology: str, scenario: Scenario) -> dict:
     data = spec.to_json()
     data["topology"] = topology
     data["faults"] = [f.__dict__ for f in scenario.faults] if scenario else []
+    if scenario is not None and scenario.config.short_context is not None:
+        data["short_context"] = scenario.config.short_context  # drawn per run (`Variant.draw`)
     return data

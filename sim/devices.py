@@ -21,7 +21,7 @@ from operator import is_
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from protocol.commands import Admit, Chunk, DecodeRow
-from protocol.keys import GraphKey
+from protocol.keys import SHORT, GraphKey
 from sim.common import Collective, Outcome, sig_text
 from sim.kv import PAD_REQUEST, Buffer, ModelledKV, next_token
 
@@ -353,8 +353,11 @@ class DeviceModel:
                     captured[ref[0]] = dev.allocations[ref].data
                 rows = captured["replay-inputs"][:key.bucket]
                 padding = _padding_run(rows)  # read twice below: found once
+                # the short path's fused kernel reads one tile of short_context tokens (I22)
+                window = self.world.config.short_context if key.path == SHORT else None
                 if self.check_continues(r, seq, captured["kv"], rows, padding=padding):
-                    self.decode(captured["kv"], captured["logits"], seq, rows, padding=padding)
+                    self.decode(captured["kv"], captured["logits"], seq, rows, padding=padding,
+                                window=window)
             case PrefillKernel(seq=seq, admits=admits, chunk=chunk):
                 kv = dev.live("kv")
                 pieces = [(a.request_id, a.slot, a.start) for a in admits]
@@ -404,11 +407,14 @@ class DeviceModel:
         return self.world.scenario.vocab
 
     def decode(self, kv: ModelledKV, logits: dict, seq: int, rows, corrupt: bool = False,
-               padding: int | None = None) -> None:
+               padding: int | None = None, window: int | None = None) -> None:
         """Run decode rows: row i writes its token at its position of its slot, reads the
         slot's positions 0..p, and leaves (seq, next token) in logits row i. With ``corrupt``
         the logits are off by one (a partial all-reduce sum). ``padding``: where the rows'
-        trailing padding run starts (`_padding_run`), if the caller found it already."""
+        trailing padding run starts (`_padding_run`), if the caller found it already.
+        ``window``: the row reads only positions 0..window-1 (the short-context path's one
+        tile, `protocol.keys.SHORT`), so a row whose context, p + 1, is longer loses the
+        tokens past it and its next token changes (I22); None reads all."""
         vocab = self.vocab
         last_padding = None  # padding rows repeat one row object: write it once
         run = _padding_run(rows) if padding is None else padding
@@ -422,7 +428,10 @@ class DeviceModel:
                 continue
             kv.write(row.slot, row.position, row.token)
             kv.lengths[row.slot] = row.position + 1
-            token = next_token(kv.read(row.slot, row.position), vocab)
+            if window is not None and row.position >= window:
+                token = next_token(kv.read(row.slot, window - 1), vocab)
+            else:
+                token = next_token(kv.read(row.slot, row.position), vocab)
             logits[i] = (seq, (token + 1) % vocab if corrupt else token)
         if run < len(rows) and rows[run] is not last_padding:  # the trailing run: one write
             row = rows[run]

@@ -8,8 +8,9 @@ stale memory (and is flagged, I15).
 
 The KV cache holds, per slot and position, the token written there (a token-derived value is
 enough). The modelled model's next token is a function of everything the row reads -- its
-slot's KV at positions 0..p -- so a write to the wrong slot, a stale read or a wrong slot move
-changes a token. Slots map to storage through `ModelledKV.rows`, the one place a paged model
+slot's KV at positions 0..p, or on the short-context path only the first ``short_context`` of
+them (`sim.devices.DeviceModel.decode`) -- so a write to the wrong slot, a stale read, a wrong
+slot move or a row replayed past the short path's tile changes a token. Slots map to storage through `ModelledKV.rows`, the one place a paged model
 would put its page table.
 """
 

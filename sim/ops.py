@@ -41,7 +41,7 @@ from protocol.backend import (
 )
 from protocol.commands import Step
 from protocol.errors import ConfigError
-from protocol.keys import GraphKey
+from protocol.keys import SHORT, GraphKey
 from sim.common import BLOCKED, DONE, PROGRESS, Collective, Outcome, SimFault, Signature
 from sim.comms import pairing_key
 from sim.devices import (
@@ -659,7 +659,20 @@ class ModelledBackend:
                     w.events["padded_replay"] += 1
                 if step.admits or step.chunk is not None:
                     w.events["mixed_replay"] += 1
+                if w.config.short_context is not None:
+                    self.count_path(r, key)
         return self.done(host, self.replay_rows(r, graph, key.bucket))
+
+    def count_path(self, r: int, key: GraphKey) -> None:
+        """With the short-context path on, count a serving replay of rank ``r``'s graph ``key``:
+        ``short_replay`` for the short path, ``short_declined`` for a `DECODE` replay of a
+        bucket that has a short graph too (the step's longest context kept it off the short
+        path, I22), so a clean run shows both sides of the boundary."""
+        events = self.world.events
+        if key.path == SHORT:
+            events["short_replay"] = events.get("short_replay", 0) + 1
+        elif GraphKey(key.bucket, SHORT) in self.world.graphs[r]:
+            events["short_declined"] = events.get("short_declined", 0) + 1
 
     def replay_rows(self, r: int, graph: Graph, bucket: int) -> ReplayRows:
         """The rows a replay of ``graph`` just enqueued will read: the last replay-metadata

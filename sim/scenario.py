@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field, replace
 
 from protocol.buckets import DEFAULT_DECODE_BUCKETS
@@ -187,3 +188,54 @@ def default_scenario(topology: str = "shared", world_size: int = 2,
                             shape=QWEN3_4B, **config_overrides)
     return Scenario(config=config, topology=topology,
                     workload=serving_workload(max_batch, config.buckets))
+
+
+def decode_contexts(scenario: Scenario) -> tuple[int, int] | None:
+    """(shortest, longest) context -- tokens a decode row attends over, its position + 1 -- that
+    a decode row of the scenario's workload can have, or None if no request decodes. A request
+    with a prompt of n tokens and ``max_tokens`` m has decode rows at positions n .. n + m - 2
+    (its first token comes from the prefill, its last is sampled and never fed): contexts
+    n + 1 .. n + m - 1."""
+    spans = [(len(a.request.prompt) + 1, len(a.request.prompt) + a.request.max_tokens - 1)
+             for a in scenario.workload if a.request.max_tokens >= 2]
+    if not spans:
+        return None
+    return min(lo for lo, _ in spans), max(hi for _, hi in spans)
+
+
+def short_path_on(scenario: Scenario) -> Scenario:
+    """``scenario`` with the short-context decode path on, its ``short_context`` in the middle
+    of the workload's decode contexts (`decode_contexts`), so some rows fit it and some do not:
+    the base that a search's per-run draw (`ShortContextDraw`) varies. Unchanged if no request
+    decodes or the path is already on."""
+    contexts = decode_contexts(scenario)
+    if contexts is None or scenario.config.short_context is not None:
+        return scenario
+    return scenario.with_(config=replace(scenario.config, short_context=sum(contexts) // 2))
+
+
+@dataclass(frozen=True)
+class ShortContextDraw:
+    """Run index -> ``base`` with the short-context decode path on (`protocol.keys.SHORT`) and
+    its ``short_context`` drawn for that run; picklable, and seeded by (``seed``, index), so run
+    i draws the same number whatever the number of jobs.
+
+    The draw is uniform over shortest - 1 .. longest of the workload's decode contexts
+    (`decode_contexts`): at the low end no decode row fits the short path, at the high end
+    every row does, and between them a step's rows cross the boundary as its requests grow.
+    A serving step does not depend on the schedule (`sim.run.correct_run`), so this draw is
+    what moves the boundary between runs: which step meets it, and with which rows, is found
+    by the search, never placed by hand. A scenario whose requests never decode is returned
+    unchanged.
+    """
+
+    base: Scenario
+    seed: int
+
+    def __call__(self, index: int) -> Scenario:
+        contexts = decode_contexts(self.base)
+        if contexts is None:
+            return self.base
+        lo, hi = contexts
+        short = random.Random(f"short-context {self.seed} {index}").randint(max(1, lo - 1), hi)
+        return self.base.with_(config=replace(self.base.config, short_context=short))

@@ -84,6 +84,13 @@ class Variant:
             asked for (`sim.strategies.STRATEGIES`), for a bug that needs a rare interleaving
             that random search misses (its failing share is in docs/search-stats.md); None:
             random.
+        draw: (scenario, seed) -> (run index -> scenario): a per-run draw of the scenario's
+            configuration over the variant's own scenario, for a bug that shows at a
+            configuration boundary rather than in an interleaving (serving steps do not depend
+            on the schedule); e.g. `sim.scenario.ShortContextDraw`, which draws the short
+            path's ``short_context`` from the workload's contexts. The fault-free search runs
+            run i under draw i; a faulted row and a fault search keep the undrawn scenario.
+            None: every run under the one scenario.
     """
 
     name: str
@@ -103,6 +110,7 @@ class Variant:
     fault_search: FaultFamily | None = None
     unreachable: Callable[[Scenario], str | None] | None = None
     strategy: str | None = None
+    draw: Callable[[Scenario, int], Callable[[int], Scenario]] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -132,7 +140,7 @@ class Variant:
             value = getattr(self, field_name)
             if not (isinstance(value, type) and issubclass(value, base)):
                 raise bad(field_name, value, f"a subclass of {base.__module__}.{base.__name__}")
-        for field_name in ("adjust", "unreachable"):
+        for field_name in ("adjust", "unreachable", "draw"):
             value = getattr(self, field_name)
             if value is not None and not callable(value):
                 raise bad(field_name, value, "None or a function of the scenario")
@@ -844,6 +852,7 @@ import sim.variants_admission  # noqa: E402,F401  (batch cap and graph reserve: 
 import sim.variants_rare  # noqa: E402,F401  (bugs that need a rare interleaving; searched with PCT)
 import sim.variants_hardware  # noqa: E402,F401  (variants whose route was measured on H200s)
 import sim.variants_overlap  # noqa: E402,F401  (overlapped scheduling: clean and known-bad, I20)
+import sim.variants_short  # noqa: E402,F401  (the short-context decode path: clean and known-bad, I22)
 
 SHIPPED = tuple(REGISTRY)
 """Names of the shipped variants, the correct protocol first."""

@@ -178,7 +178,9 @@ class UniformDecodeDispatchController(Controller):
         if (step is None or not step.admits or step.chunk is not None
                 or any(a.start for a in step.admits)):
             return step
-        key, bucket = self.plan.key_for(len(step.rows) + len(step.admits))
+        # the admissions as rows at their prompts' last positions: context len(prompt)
+        longest = max([self.longest_context(step.rows)] + [len(a.prompt) for a in step.admits])
+        key, bucket = self.plan.key_for(len(step.rows) + len(step.admits), longest)
         return step if key is None else replace(step, key=key, bucket=bucket)
 
 

@@ -3,10 +3,10 @@
 A change meant only to make the simulator faster must leave every seeded run as it was: the same
 choices, the same trace event for event, the same verdict and the same `reached` counters. This
 tool runs every shipped variant under both topologies, under three scenarios (the variant's base
-scenario, a random fault per run as the correct protocol's faulted rows draw it, and one member
-of the variant's own fault search where it has one), with random walk and PCT, ``--runs`` runs
-each, and prints one SHA-256 over all of it (and, with ``--per-variant``, one per variant, to
-find which one changed). Run it before and after a change; the hashes must be equal.
+scenario or its per-run draw, a random fault per run as the correct protocol's faulted rows draw
+it, and one member of the variant's own fault search where it has one), with random walk and
+PCT, ``--runs`` runs each, and prints one SHA-256 over all of it (and, with ``--per-variant``,
+one per variant, to find which one changed). Run it before and after a change; the hashes must be equal.
 
     PYTHONPATH=$PWD python tools/trace_hash.py [--runs 3] [--per-variant] [--variant NAME ...]
 """
@@ -18,7 +18,7 @@ import hashlib
 import sys
 import time
 
-from sim.check import CheckSpec, Fixed, WithRandomFault, bad_search_setup
+from sim.check import CheckSpec, WithRandomFault, bad_search_setup, scenario_family
 from sim.run import run_schedule
 from sim.scenario import TOPOLOGIES
 from sim.search import _chooser
@@ -28,7 +28,9 @@ from sim.variants import SHIPPED, get_variant
 def _scenarios(variant, spec: CheckSpec, topology: str):
     """(label, run index -> scenario) of every scenario hashed for ``variant``."""
     base = variant.scenario(spec.scenario(topology))
-    out = [("base", Fixed(base)), ("random-fault", WithRandomFault(base, spec.seed))]
+    # "base": the variant's scenario, or its per-run draw over it (`Variant.draw`)
+    out = [("base", scenario_family(variant, base, spec.seed)),
+           ("random-fault", WithRandomFault(base, spec.seed))]
     if variant.fault_search is not None:
         scenario_for, _, reason = bad_search_setup(variant, spec, topology, base)
         if reason is None:

@@ -29,8 +29,8 @@ def test_full_batch_below_a_bucket_replays_that_bucket(max_batch, bucket):
 def test_plan_cap_in_rows_keeps_the_bucket_that_holds_it():
     plan = GraphPlan.from_config(ProtocolConfig(buckets=(1, 2, 4, 8), max_batch=8)).fitted(3)
     assert plan.keys() == (GraphKey(4), GraphKey(2), GraphKey(1))
-    assert plan.key_for(3) == (GraphKey(4), 4)
-    assert plan.key_for(4) == (None, 4)  # more rows than the cap: eager
+    assert plan.key_for(3, 10) == (GraphKey(4), 4)
+    assert plan.key_for(4, 10) == (None, 4)  # more rows than the cap: eager
 
 
 def test_reserve_covers_the_bucket_that_holds_the_cap():

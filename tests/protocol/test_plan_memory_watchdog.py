@@ -15,9 +15,9 @@ def test_plan_keys_largest_first_and_cap():
     plan = GraphPlan.from_config(ProtocolConfig(graph_batch_cap=16))
     keys = plan.keys()
     assert keys[0] == GraphKey(16) and keys[-1] == GraphKey(1)
-    assert plan.key_for(5) == (GraphKey(8), 8)
-    assert plan.key_for(17) == (None, 20)
-    assert plan.key_for(0) == (None, 0)
+    assert plan.key_for(5, 10) == (GraphKey(8), 8)
+    assert plan.key_for(17, 10) == (None, 20)
+    assert plan.key_for(0, 0) == (None, 0)
 
 
 def test_plan_refuses_ineligible_explicitly():

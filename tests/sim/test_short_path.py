@@ -1,0 +1,185 @@
+"""I22 in the simulator: a short-path replay reads one tile of ``short_context`` tokens per row,
+the search draws ``short_context`` per run, and a wrong path choice is caught by its tokens."""
+
+import json
+import pickle
+
+import pytest
+
+from protocol.keys import SHORT
+from protocol.requests import Request
+from sim.check import CLEAN, CheckSpec, check_bad, check_correct, replay_trace, scenario_spec
+from sim.devices import DeviceModel
+from sim.report import to_json
+from sim.run import run_schedule
+from sim.scenario import (Arrival, ShortContextDraw, decode_contexts, default_scenario,
+                          short_path_on)
+from sim.search import sample_search
+from sim.strategies import RandomWalk
+from sim.variants import REGISTRY, Variant
+
+BAD = ("short-path-off-by-one", "short-path-first-row")
+SPEC = CheckSpec(schedules=50, fault_schedules=0, time_budget=30, jobs=1)
+
+
+def _with_short(sc, short_context):
+    from dataclasses import replace
+    return sc.with_(config=replace(sc.config, short_context=short_context))
+
+
+def _long_prompts(sc):
+    """``sc`` with another workload: prompts of 9..12 tokens, 2..8 new tokens each, in two
+    waves (contexts 10..16 instead of the default workload's 4..8)."""
+    arrivals = tuple(Arrival(2 * (i // 6), Request(
+        i, prompt=tuple(range(1, 10 + i % 4)), max_tokens=2 + (i * 5) % 7,
+        stop_token_ids=frozenset({0}))) for i in range(10))
+    return sc.with_(workload=arrivals)
+
+
+def test_the_draw_spans_the_workload_contexts_from_none_fitting_to_all_fitting():
+    sc = default_scenario()
+    assert decode_contexts(sc) == (4, 8)  # prompts of 3 tokens, 2..6 new tokens
+    draw = ShortContextDraw(sc, 0)
+    drawn = [draw(i).config.short_context for i in range(200)]
+    assert set(drawn) == set(range(3, 9))  # 3: no row fits; 8: every row does
+    assert drawn == [ShortContextDraw(sc, 0)(i).config.short_context for i in range(200)]
+    assert drawn != [ShortContextDraw(sc, 1)(i).config.short_context for i in range(200)]
+    assert pickle.loads(pickle.dumps(draw))(7) == draw(7)  # a parallel search's workers
+    assert sc.config.short_context is None and short_path_on(sc).config.short_context == 6
+    long = _long_prompts(sc)
+    assert decode_contexts(long) == (10, 16)
+    assert {ShortContextDraw(long, 0)(i).config.short_context for i in range(200)} == set(
+        range(9, 17))
+
+
+def test_a_short_replay_loses_exactly_the_tokens_past_its_tile():
+    """A row at short_context tokens of context reads what a full read gives; one token more
+    reads only the tile, and its next token changes."""
+    world = run_schedule(default_scenario(), REGISTRY["correct"], RandomWalk(0)).world
+    model = DeviceModel(world)
+    from sim.kv import ModelledKV, next_token
+
+    class Row:
+        def __init__(self, position):
+            self.slot, self.request_id, self.token, self.position = 0, 1, 9, position
+
+    for context, window, same in ((5, 5, True), (6, 5, False), (1, 1, True), (2, 1, False)):
+        kv, logits = ModelledKV(2), {}
+        for p in range(context - 1):
+            kv.write(0, p, 10 + p)
+        kv.lengths[0] = context - 1
+        model.decode(kv, logits, 0, [Row(context - 1)], window=window)
+        full = next_token(kv.read(0, context - 1), world.scenario.vocab)
+        assert (logits[0][1] == full) is same, (context, window)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("topology", ["shared", "per-rank"])
+def test_the_correct_protocol_with_the_short_path_is_clean_on_both_sides_of_the_boundary(topology):
+    rows = check_correct(REGISTRY["correct-short-path"], CheckSpec(schedules=20, fault_schedules=10,
+                                                                   jobs=1), topology)
+    assert [r.got for r in rows] == ["clean", "abort"], [r.detail for r in rows]
+    reached = rows[0].stats.reached
+    assert reached["short_replay"] > 0 and reached["short_declined"] > 0
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("make", [lambda sc: sc, _long_prompts], ids=["default", "long-prompts"])
+def test_the_correct_protocol_is_clean_at_every_short_context(make):
+    sc = short_path_on(make(default_scenario()))
+    lo, hi = decode_contexts(sc)
+    for short in range(lo - 1, hi + 2):
+        result = run_schedule(_with_short(sc, short), REGISTRY["correct-short-path"],
+                              RandomWalk(short))
+        assert result.outcome.verdict == "clean", (short, result.outcome.detail)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("topology", ["shared", "per-rank"])
+@pytest.mark.parametrize("name", BAD)
+def test_each_bad_choice_is_caught_by_its_tokens(name, topology):
+    row = check_bad(REGISTRY[name], SPEC, topology)
+    assert row.got == "divergence", row.detail
+    outcome = row.minimal.outcome
+    assert outcome.invariant is None and "diverged at output token" in outcome.detail
+    assert row.minimal.world.scenario.config.short_context is not None
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", BAD)
+@pytest.mark.parametrize("make", [lambda sc: sc, _long_prompts], ids=["default", "long-prompts"])
+def test_the_catch_does_not_rest_on_one_configuration_number(name, make):
+    """Under two workloads and three seeds of the draw, the search finds a failing
+    short_context; the numbers it fails at differ, and every one lies inside the workload's
+    contexts (at the ends, where no row or every row fits, no choice can be wrong)."""
+    variant = REGISTRY[name]
+    base = variant.scenario(make(default_scenario()))
+    lo, hi = decode_contexts(base)
+    failing = set()
+    for seed in range(3):
+        result = sample_search(ShortContextDraw(base, seed), variant, CLEAN, "random", 30,
+                               time_budget=60, seed=seed)
+        assert result.failure is not None, (name, seed)
+        assert result.failure.outcome.verdict == "divergence"
+        failing.add(result.failure.world.scenario.config.short_context)
+    every = {s for s in range(lo - 1, hi + 1)
+             if run_schedule(_with_short(base, s), variant, RandomWalk(0)).outcome.verdict
+             == "divergence"}
+    assert failing <= every and lo - 1 not in every and hi not in every
+    assert len(every) >= 3, every
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", BAD)
+def test_the_verdict_is_earned_from_the_modelled_tile(name, monkeypatch):
+    """With the short replay reading every token (no tile), the same wrong choices are clean:
+    the catch comes from the data the kernel drops, not from the path's name."""
+    decode = DeviceModel.decode
+
+    def no_tile(self, *args, window=None, **kwargs):
+        return decode(self, *args, **kwargs)
+
+    monkeypatch.setattr(DeviceModel, "decode", no_tile)
+    base = REGISTRY[name].scenario(default_scenario())
+    short_replays = 0
+    for short in range(3, 9):
+        result = run_schedule(_with_short(base, short), REGISTRY[name], RandomWalk(0))
+        assert result.outcome.verdict == "clean", (short, result.outcome.detail)
+        short_replays += result.reached.get("short_replay", 0)
+    assert short_replays > 0  # the wrong choices were made, and replayed
+
+
+@pytest.mark.timeout(120)
+def test_a_drawn_counterexample_replays_from_its_trace():
+    spec = CheckSpec(schedules=50, fault_schedules=0, jobs=1)
+    row = check_bad(REGISTRY["short-path-first-row"], spec, "shared")
+    written = scenario_spec(spec, "shared", row.minimal.world.scenario)
+    assert written["short_context"] == row.minimal.world.scenario.config.short_context
+    data = json.loads(json.dumps(to_json(row.minimal, "short-path-first-row", written)))
+    result, problem = replay_trace(data)
+    assert problem is None
+    assert result.outcome.verdict == "divergence" and result.choices == row.minimal.choices
+    data["scenario"]["short_context"] = 0
+    with pytest.raises(Exception, match="short_context"):
+        replay_trace(data)
+
+
+def test_a_draw_that_gives_no_scenario_is_an_error_row_naming_the_variant():
+    from sim.check import check_variant
+
+    bad = Variant(name="my-bad-draw", summary="s", source="t",
+                  expected={"shared": "divergence", "per-rank": "divergence"},
+                  draw=lambda sc, seed: (lambda i: None))
+    [row] = check_variant(bad, SPEC, "shared")
+    assert row.got == "error" and "my-bad-draw" in row.detail and "draw" in row.detail
+
+
+def test_the_short_graphs_are_captured_only_where_the_path_is_on():
+    def recorded(variant):
+        sc = REGISTRY[variant].scenario(default_scenario())
+        world = run_schedule(sc, REGISTRY[variant], RandomWalk(0)).world
+        return {e.detail for e in world.trace if e.kind == "op" and e.what == "record"}
+
+    assert not any(SHORT in key for key in recorded("correct"))
+    short = {key for key in recorded("correct-short-path") if SHORT in key}
+    assert short == {f"{SHORT}@{b}" for b in (1, 2, 4, 8)}  # the buckets up to short_max_bucket
