@@ -24,6 +24,23 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 DECODE_GEMMS = ("auto", "cublas")
 
+SHORT_DECODE_TOKENS = 128
+"""Context (tokens, the step's own included) up to which a decode step of at most
+SHORT_DECODE_MAX_BUCKET rows replays the short path (`protocol.keys.SHORT`): attention fused
+into o_proj, one tile of this many tokens (`engine.kernels.attention_oproj`)."""
+
+SHORT_DECODE_MAX_BUCKET = 1
+"""The largest bucket with a short-path graph: on an H200 the fused form made Qwen3-0.6B's
+batch-1 step 0.780 -> 0.736 ms at context 128, and batch 2 and 4 slower (0.793 -> 0.808,
+0.802 -> 0.853 ms; `engine.kernels.attention_oproj`)."""
+
+
+def short_decode_default(device: str, cuda_graph: bool, world_size: int) -> bool:
+    """`EngineConfig.short_decode` as `create` sets it: on with CUDA graphs at world size 1,
+    unless the environment sets LOCKSTEP_SHORT_DECODE=0 (the benchmarks' A/B baseline)."""
+    return (device == "cuda" and cuda_graph and world_size == 1
+            and os.environ.get("LOCKSTEP_SHORT_DECODE", "1") != "0")
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -80,6 +97,10 @@ class EngineConfig:
         decode_gemm: "auto" (default): decode GEMMs of up to 64 rows use the Triton skinny GEMM
             where `engine/kernels/skinny_gemm_table.json` measured it faster than cuBLAS;
             "cublas": every GEMM through cuBLAS (the A/B baseline of `lockstep bench`).
+        short_decode: capture and replay the short-context decode path (`short_context`);
+            `create` turns it on with CUDA graphs at tensor_parallel_size 1 (the fused layer
+            form it shortens runs there only) unless the environment sets
+            LOCKSTEP_SHORT_DECODE=0 (the A/B baseline of the benchmarks).
     """
 
     model_dir: str
@@ -104,6 +125,7 @@ class EngineConfig:
     model: ModelConfig | None = None
     decode_gemm: str = "auto"
     decode_overlap: bool = False
+    short_decode: bool = False
 
     @classmethod
     def create(cls, model_dir, tensor_parallel_size: int = 1, device: str = "cpu",
@@ -180,7 +202,8 @@ class EngineConfig:
             step_timeout_s=step_timeout_s, startup_timeout_s=startup_timeout_s,
             cuda_graph=cuda_graph, gpu_memory_utilization=gpu_memory_utilization,
             progress=progress, trace=record_trace, fault=fault, graph_standin=graph_standin,
-            model=model, decode_overlap=decode_overlap)
+            model=model, decode_overlap=decode_overlap,
+            short_decode=short_decode_default(device, cuda_graph, tensor_parallel_size))
         config.validate()
         if cuda_graph and device == "cuda":
             from engine.graphs import GraphError, check_graph_support
@@ -225,6 +248,17 @@ class EngineConfig:
         """KV pages one full-length sequence needs."""
         return -(-self.max_model_len // self.page_size)
 
+    @property
+    def short_context(self) -> int | None:
+        """`protocol.config.ProtocolConfig.short_context`: SHORT_DECODE_TOKENS with
+        `short_decode` where the buckets start at or below SHORT_DECODE_MAX_BUCKET and the
+        decode GEMMs are the skinny ones (with cuBLAS the layer runs unfused and the short
+        path would be the same computation), else None."""
+        if (not self.short_decode or not self.cuda_graph or self.decode_gemm != "auto"
+                or self.buckets[0] > SHORT_DECODE_MAX_BUCKET):
+            return None
+        return SHORT_DECODE_TOKENS
+
     def protocol_config(self):
         """The protocol's `ProtocolConfig` for this engine (same on every rank)."""
         from protocol.config import ModelShape, ProtocolConfig
@@ -238,6 +272,7 @@ class EngineConfig:
             page_size=self.page_size,
             max_kv_pages=min(full, self.kv_cache_pages or full),
             max_prefill_tokens=self.max_prefill_tokens, decode_overlap=self.decode_overlap,
+            short_context=self.short_context, short_max_bucket=SHORT_DECODE_MAX_BUCKET,
             shape=ModelShape(m.hidden_size, m.num_layers, dtype_bytes=self.dtype_bytes,
                              name=Path(self.model_dir).name))
 
@@ -261,6 +296,9 @@ class EngineConfig:
         if self.decode_gemm not in DECODE_GEMMS:
             raise ParallelConfigError(f"decode_gemm = {self.decode_gemm!r}, expected one of "
                                       f"{DECODE_GEMMS}")
+        if not isinstance(self.short_decode, bool):
+            raise ParallelConfigError(f"short_decode = {self.short_decode!r}, expected True "
+                                      "or False")
         k = self.kv_cache_pages
         if k is not None and (isinstance(k, bool) or not isinstance(k, int)
                               or k < self.pages_per_seq):

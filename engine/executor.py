@@ -53,15 +53,17 @@ from engine.kernels.prefill_attention import (
     prefill_attention_triton,
 )
 from engine.graphs import CudaGraphs, GraphError, GraphTable, StandInGraphs
+from engine.kernels.attention_oproj import AttnOprojWorkspace
 from engine.kv_cache import KVCache
-from engine.layers.attention import StepContext
+from engine.layers.attention import ShortAttention, StepContext
 from engine.model import Qwen3ForCausalLM
 from engine.parallel import TPGroup
 from engine.sampling import BatchParams, SamplingParams, inverse_temperature, sample_batch, split_seed
-from engine.engine_config import EngineConfig
+from engine.engine_config import SHORT_DECODE_MAX_BUCKET, EngineConfig
 from engine.weights import WeightIndex
 from protocol.backend import Backend
 from protocol.commands import NO_TOKEN
+from protocol.keys import SHORT
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -93,6 +95,14 @@ class RankExecutor(Backend):
                     self.device, self.cfg.num_q_heads, self.cfg.num_kv_heads, self.cfg.head_dim))
         self.prefill_attention = (prefill_attention_triton if self.device.type == "cuda"
                                   else prefill_attention_torch)
+        # the short path's fused attention + o_proj (CUDA; on the CPU the path runs the
+        # ordinary attention, the same function), its partials allocated before any capture
+        self.short_attention: ShortAttention | None = None
+        if settings.short_context is not None:
+            self.short_attention = ShortAttention(settings.short_context, None)
+            if self.device.type == "cuda":
+                self.short_attention = ShortAttention(settings.short_context, AttnOprojWorkspace(
+                    self.device, settings.kv_heads_per_rank, self.cfg.hidden_size))
         nb = max(settings.buckets)
         # replay inputs: token ids and positions are rows of one int64 buffer, so a step's
         # rows arrive in one host-to-device copy (from a pinned staging buffer on CUDA)
@@ -180,25 +190,28 @@ class RankExecutor(Backend):
                        self.settings.pages_per_seq, self.dtype, self.device)
 
     @torch.no_grad()
-    def _scratch_forward(self, rows: int) -> torch.Tensor:
-        """Eager decode of `rows` padding rows on a throw-away cache -> logits [rows, vocab].
-        Runs every collective of a decode step at that row count (TP > 1)."""
+    def _scratch_forward(self, rows: int, short: bool = False) -> torch.Tensor:
+        """Eager decode of `rows` padding rows on a throw-away cache -> logits [rows, vocab],
+        on the short path with `short`. Runs every collective of a decode step at that row
+        count (TP > 1)."""
         kv = self._scratch_kv(1)
         ids = torch.zeros(rows, dtype=torch.long, device=self.device)
         slots = torch.full((rows,), kv.padding_slot, dtype=torch.int32, device=self.device)
         pos = torch.zeros_like(ids)
         order = torch.arange(rows, device=self.device)  # the padding rows, all of one length
         return self.model.compute_logits(
-            self.model(ids, pos, self._decode_context(slots, kv, order)))
+            self.model(ids, pos, self._decode_context(slots, kv, order, short)))
 
-    def _decode_context(self, slots: torch.Tensor, kv: KVCache,
-                        order: torch.Tensor) -> StepContext:
+    def _decode_context(self, slots: torch.Tensor, kv: KVCache, order: torch.Tensor,
+                        short: bool = False) -> StepContext:
         """The attention context of a decode forward (the captured step and its warm-up alike,
         so the warm-up loads the same kernels: the ordered attention from ORDER_MIN_ROWS rows
-        on). order: int64 [rows], the row order on the device."""
+        on). order: int64 [rows], the row order on the device. short: the step replays the
+        short path (`protocol.keys.SHORT`): every row's context fits `short_attention`."""
         # the CPU's torch path is handed the order too, and ignores it
         return StepContext(False, slots, kv, self.decode_attention,
-                           row_order=order if takes_rows_in_order(slots.shape[0]) else None)
+                           row_order=order if takes_rows_in_order(slots.shape[0]) else None,
+                           short=self.short_attention if short else None)
 
     def warmup_collective(self, nbytes: int) -> None:
         """One eager all-reduce of `nbytes` bytes (rounded up to whole elements) (I5).
@@ -214,6 +227,8 @@ class RankExecutor(Backend):
         rows, rest = divmod(nbytes, self.cfg.hidden_size * self.dtype.itemsize)
         if isinstance(self.graphs, CudaGraphs) and not rest and rows in self.settings.buckets:
             self.graphs.on_stream(lambda: self._scratch_forward(rows))
+            if self.short_attention is not None and rows <= SHORT_DECODE_MAX_BUCKET:
+                self.graphs.on_stream(lambda: self._scratch_forward(rows, short=True))
 
     @torch.no_grad()
     def profile_memory(self, rows: int) -> tuple[int, int]:
@@ -282,9 +297,11 @@ class RankExecutor(Backend):
                              "cuda_graph=False; the protocol's plan must never ask for a graph")
         return self.graphs
 
-    def _graph_forward(self, bucket: int) -> None:
-        """The captured body: decode over the static buffers, logits into `logits_buf`."""
-        self.decode_forward(bucket, out=self.logits_buf[:bucket])
+    def _graph_forward(self, key) -> None:
+        """The captured body of `key`: decode over the static buffers on the key's path,
+        logits into `logits_buf`."""
+        self.decode_forward(key.bucket, out=self.logits_buf[:key.bucket],
+                            short=key.path == SHORT)
 
     @torch.no_grad()
     def record(self, key) -> None:
@@ -532,14 +549,16 @@ class RankExecutor(Backend):
         self._step = step
 
     @torch.no_grad()
-    def decode_forward(self, bucket: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    def decode_forward(self, bucket: int, out: torch.Tensor | None = None,
+                       short: bool = False) -> torch.Tensor:
         """The decode step over the first `bucket` rows of the static buffers -> float32 logits
-        [bucket, vocab] (written into `out` when given). Reads only device buffers
-        (graph-capturable)."""
+        [bucket, vocab] (written into `out` when given), on the short path
+        (`protocol.keys.SHORT`) with `short`: the caller vouches that every row's context
+        fits it. Reads only device buffers (graph-capturable)."""
         ids, pos, slots = self.input_ids[:bucket], self.positions[:bucket], self.slot_ids[:bucket]
         self.kv.seq_lens.index_copy_(0, slots.long(), (pos + 1).to(torch.int32))
         hidden = self.model(ids, pos, self._decode_context(slots, self.kv,
-                                                           self._replay_in[4, :bucket]))
+                                                           self._replay_in[4, :bucket], short))
         return self.model.compute_logits(hidden, out)
 
     def run_eager(self, step) -> None:

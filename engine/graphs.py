@@ -136,12 +136,12 @@ class CudaGraphs(GraphTable):
 
     Args:
         device: the rank's CUDA device.
-        forward: forward(bucket) runs the decode step over the first `bucket` rows of the
-            executor's static buffers and writes its output into a static buffer; it must read
-            no host value that changes between replays (I12).
+        forward: forward(key) runs the decode step of `key.path` over the first `key.bucket`
+            rows of the executor's static buffers and writes its output into a static buffer;
+            it must read no host value that changes between replays (I12).
     """
 
-    def __init__(self, device: torch.device, forward: Callable[[int], None]):
+    def __init__(self, device: torch.device, forward: Callable[[object], None]):
         super().__init__()
         self.device = device
         self.forward = forward
@@ -168,7 +168,7 @@ class CudaGraphs(GraphTable):
             # thread_local: the NCCL watchdog thread's event queries stay legal during capture
             graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
             try:
-                self.forward(key.bucket)
+                self.forward(key)
             except BaseException:
                 try:
                     graph.capture_end()
@@ -228,20 +228,20 @@ class CudaGraphs(GraphTable):
 
 
 class StandInGraphs(GraphTable):
-    """CPU test double with the CUDA runner's state machine: `launch` runs forward(bucket)
+    """CPU test double with the CUDA runner's state machine: `launch` runs forward(key)
     eagerly. Each held graph counts `bytes_per_row * bucket` bytes, so the protocol's memory
     path (MeasureGraphs, reserve, Finalize check) has figures to work on."""
 
     bytes_per_row = 4096
 
-    def __init__(self, forward: Callable[[int], None]):
+    def __init__(self, forward: Callable[[object], None]):
         super().__init__()
         self.forward = forward
         self.launches: list = []  # keys replayed, in order (tests read it)
 
     def _launch(self, key) -> None:
         self.launches.append(key)
-        self.forward(key.bucket)
+        self.forward(key)
 
     def memory(self) -> int:
         """Nominal bytes: bytes_per_row per row of every held graph."""

@@ -13,7 +13,10 @@ and the graph captured at a bucket run the same kernels):
   `engine.layers.linear.FUSED_LAYER_SAVING_US` to cuBLAS there; decode steps and short
   prefills alike): 6 launches, QKV GEMM, q/k norm+RoPE+KV write, attention,
   o_proj, gate_up with SwiGLU, down_proj; 5 where the plan (`FusedLayerPlan.rope`) puts the
-  q/k norm + RoPE + KV write in the QKV GEMM's epilogue (`skinny_gemm.skinny_gemm_qkv_rope`).
+  q/k norm + RoPE + KV write in the QKV GEMM's epilogue (`skinny_gemm.skinny_gemm_qkv_rope`);
+  4 on the short path (`protocol.keys.SHORT`: a decode step whose every row's context fits
+  one tile, `StepContext.short`), where attention and o_proj are one launch
+  (`engine.kernels.attention_oproj`).
   The tiles are the step-tuned plan's where `engine/layers/fused_plans.json` has one.
   o_proj and down_proj add their output into the residual in their epilogue and leave each row's sum of squares in the GEMM workspace; QKV
   and gate_up read the residual itself and scale each output row by 1 / rms, their weights
@@ -39,7 +42,7 @@ from torch import nn
 from engine.config import ModelConfig
 from engine.layers.attention import Qwen3Attention, StepContext
 from engine.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
-from engine.kernels import skinny_gemm
+from engine.kernels import attention_oproj, skinny_gemm
 from engine.layers.linear import (
     ColumnParallelLinear,
     DecodeGemm,
@@ -134,8 +137,13 @@ class Qwen3DecoderLayer(nn.Module):
         rope = attn.rope_kv(positions, ctx) if plan.rope else None
         qkv = attn.qkv_proj(x, tile=plan.qkv, row_stats=stats, eps=self.input_layernorm.eps,
                             rope=rope)
-        o = attn.attend_rotated(qkv, ctx) if plan.rope else attn.attend(positions, qkv, ctx)
-        stats = attn.o_proj(o, residual=residual, tile=plan.o_proj)
+        short = ctx.short is not None and ctx.short.workspace is not None
+        if short and plan.rope and not ctx.prefill and x.shape[0] <= attention_oproj.MAX_ROWS:
+            stats = attn.attend_project(qkv, residual, attn.o_proj.gemm.workspace, ctx)
+        else:
+            o = (attn.attend_rotated(qkv, ctx) if plan.rope
+                 else attn.attend(positions, qkv, ctx))
+            stats = attn.o_proj(o, residual=residual, tile=plan.o_proj)
         act = mlp.gate_up_proj(residual, swiglu=True, tile=plan.gate_up, row_stats=stats,
                                eps=self.post_attention_layernorm.eps)
         return mlp.down_proj(act, residual=residual, tile=plan.down)

@@ -152,7 +152,7 @@ def summarize(times_s: list[float]) -> dict:
 def engine_settings(model_dir: str, opts, world_size: int):
     """EngineConfig for the benchmark: slots for the largest bucket measured (256 with the
     capture sweep), room for the longest context plus the measured token."""
-    from engine.engine_config import EngineConfig
+    from engine.engine_config import EngineConfig, short_decode_default
     from protocol.buckets import DEFAULT_DECODE_BUCKETS, select_bucket
 
     top = 256 if opts.capture_sweep else select_bucket(max(opts.batch_sizes),
@@ -161,7 +161,8 @@ def engine_settings(model_dir: str, opts, world_size: int):
     s = EngineConfig(model_dir=str(model_dir), world_size=world_size, device="cuda",
                        dtype=opts.dtype, max_batch=top, max_model_len=max(opts.context_lens) + 1,
                        page_size=PAGE_SIZE, buckets=buckets, cuda_graph=opts.graphs,
-                       decode_gemm=opts.decode_gemm)
+                       decode_gemm=opts.decode_gemm,
+                       short_decode=short_decode_default("cuda", opts.graphs, world_size))
     s.validate()
     return s
 
@@ -181,7 +182,8 @@ def measure_rank(rank: int, world_size: int, opts, model_dir: str) -> dict:
     from engine.parallel import TPGroup
     from protocol.buckets import DEFAULT_DECODE_BUCKETS, select_bucket
     from protocol.commands import DecodeRow, Step
-    from protocol.keys import GraphKey
+    from protocol.eligibility import GraphPlan
+    from protocol.keys import SHORT
 
     dev = torch.device("cuda", torch.cuda.current_device())
     out: dict = {"rank": rank, "device_name": torch.cuda.get_device_name(dev)}
@@ -211,33 +213,38 @@ def measure_rank(rank: int, world_size: int, opts, model_dir: str) -> dict:
                 for row in ids]
 
     graphs = ex.graphs if opts.graphs else None
-    keys = {b: GraphKey(b) for b in settings.buckets}
+    # each point replays the graph the controller would choose for it (its bucket, and the
+    # short path where every row's context fits it)
+    plan = GraphPlan.from_config(settings.protocol_config())
+    points_keys = {(b, c): plan.key_for(b, c)[0] for b in opts.batch_sizes
+                   for c in opts.context_lens} if opts.graphs else {}
     backend = BenchBackend(ex, lambda: torch.cuda._sleep(HOLD_CYCLES))
     captured: set = set()
     if graphs is not None:
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        for b in sorted(settings.buckets, reverse=True):  # as the startup warm-up does
-            graphs.on_stream(lambda b=b: ex.decode_forward(b))
+        for key in plan.keys():  # as the startup warm-up does
+            graphs.on_stream(lambda key=key: ex.decode_forward(key.bucket,
+                                                               short=key.path == SHORT))
         torch.cuda.synchronize()
         warm_s = time.perf_counter() - t0
-        wanted = (settings.buckets if opts.capture_sweep else
-                  sorted({select_bucket(b, DEFAULT_DECODE_BUCKETS) for b in opts.batch_sizes}))
+        wanted = (plan.keys() if opts.capture_sweep else
+                  tuple(k for k in plan.keys() if k in points_keys.values()))
         free0 = torch.cuda.mem_get_info(dev)[0]
         t0 = time.perf_counter()
-        for b in sorted(wanted, reverse=True):
-            ex.record(keys[b])
+        for key in wanted:  # the plan's order: largest bucket first
+            ex.record(key)
         t1 = time.perf_counter()
-        for b in sorted(wanted, reverse=True):
-            ex.instantiate(keys[b])
+        for key in wanted:
+            ex.instantiate(key)
         t2 = time.perf_counter()
-        for b in sorted(wanted, reverse=True):
-            ex.upload(keys[b])
-        captured = {keys[b] for b in wanted}
+        for key in wanted:
+            ex.upload(key)
+        captured = set(wanted)
         torch.cuda.synchronize()
         t3 = time.perf_counter()
         out["capture"] = {
-            "buckets": len(wanted), "seconds": t3 - t0, "record_s": t1 - t0,
+            "buckets": len({k.bucket for k in wanted}), "graphs": len(wanted), "seconds": t3 - t0, "record_s": t1 - t0,
             "instantiate_s": t2 - t1, "upload_s": t3 - t2, "warmup_s": warm_s,
             "graph_memory_bytes": ex.graph_memory(),
             "device_free_drop_bytes": free0 - torch.cuda.mem_get_info(dev)[0]}
@@ -256,12 +263,15 @@ def measure_rank(rank: int, world_size: int, opts, model_dir: str) -> dict:
             point = {"batch": batch, "bucket": bucket, "context": context,
                      "kv_bytes": kv_bytes_read(cfg.num_layers, kvh, cfg.head_dim, batch,
                                                context, ex.dtype.itemsize)}
+            graph_key = points_keys.get((batch, context))
             if graphs is not None:
+                point["graph"] = str(graph_key)
                 ex.prepare_replay(steps[0])
                 ex._step = None
-                eager_logits = ex.decode_forward(bucket)[:batch].clone()
+                eager_logits = ex.decode_forward(
+                    bucket, short=graph_key.path == SHORT)[:batch].clone()
                 ex.prepare_replay(steps[0])
-                ex.launch(keys[bucket])
+                ex.launch(graph_key)
                 torch.cuda.synchronize()
                 g_logits = ex.logits_buf[:batch]
                 point["graph_vs_eager_max_abs"] = float((g_logits - eager_logits).abs().max())
@@ -269,7 +279,7 @@ def measure_rank(rank: int, world_size: int, opts, model_dir: str) -> dict:
                 ex._decode_logits = None  # the bench reads no tokens
             modes = (["graphs"] if graphs is not None else []) + (["eager"] if opts.eager else [])
             for mode in modes:
-                key = keys[bucket] if mode == "graphs" else None
+                key = graph_key if mode == "graphs" else None
                 worker = bench_worker(rank, settings, batch, captured)
                 ex.phases = PhaseTimer()
                 try:
@@ -279,7 +289,7 @@ def measure_rank(rank: int, world_size: int, opts, model_dir: str) -> dict:
                     ex.phases = None
                 point[mode] = summarize(times[opts.warmup:])
             if opts.profile:
-                point["profile"] = profile_point(ex, keys[bucket] if graphs is not None else None,
+                point["profile"] = profile_point(ex, graph_key if graphs is not None else None,
                                                  steps[0], bucket, out["read_bandwidth_Bps"])
             if world_size > 1:
                 point["allreduce"] = allreduce_latency(bucket, cfg.hidden_size, ex.dtype, dev)

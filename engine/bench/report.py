@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import subprocess
 
+from protocol.keys import SHORT
+
 MiB = 1024**2
 
 
@@ -52,7 +54,7 @@ def build_document(opts, ranks: list[dict], hf: list[dict], command: str) -> dic
                 row[f"{mode}_x_floor"] = p[mode]["median_ms"] / row["floor_ms"]
         if "graphs" in p and "eager" in p:
             row["graphs_over_eager"] = p["graphs"]["median_ms"] / p["eager"]["median_ms"]
-        for k in ("graph_vs_eager_max_abs", "logits_finite", "allreduce", "profile"):
+        for k in ("graph", "graph_vs_eager_max_abs", "logits_finite", "allreduce", "profile"):
             if k in p:
                 row[k] = p[k]
         h = hf_by.get((p["batch"], p["context"]))
@@ -97,12 +99,17 @@ def format_table(doc: dict) -> str:
             f"{_f(h and h['compile_s'], '{:.1f}'):>12}")
     for rank, cap in enumerate(doc["capture"]):
         if cap:
-            lines.append(f"rank {rank}: captured {cap['buckets']} buckets in "
+            lines.append(f"rank {rank}: captured {cap.get('graphs', cap['buckets'])} graphs of "
+                         f"{cap['buckets']} buckets in "
                          f"{cap['seconds']:.3f} s; graph memory (engine) {cap['graph_memory_bytes'] / MiB:.0f}"
                          f" MiB, device free memory dropped "
                          f"{cap['device_free_drop_bytes'] / MiB:.0f} MiB")
     if doc.get("graph_source"):
         lines.append(f"graphs: {doc['graph_source']}")
+    short = [r for r in doc["rows"] if (r.get("graph") or "").startswith(SHORT + "@")]
+    if short:
+        lines.append("short path (attention fused into o_proj) replayed at: " + ", ".join(
+            f"batch {r['batch']} ctx {r['context']}" for r in short))
     ar = [(r["batch"], r["allreduce"]) for r in doc["rows"] if "allreduce" in r]
     if ar:
         lines.append("all-reduce (graph-captured) per call: " + ", ".join(

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from engine.config import ModelConfig
-from engine.kernels import fused, skinny_gemm
+from engine.kernels import attention_oproj, fused, skinny_gemm
 from engine.kv_cache import KVCache
 from engine.layers.linear import QKVParallelLinear, RowParallelLinear
 from engine.layers.norm import RMSNorm
@@ -40,6 +40,7 @@ class StepContext:
         prefill_attention: one of the `engine.kernels.prefill_attention` implementations.
         row_order: int64 [T] or None: the order in which decode attention takes the rows
             (`engine.kernels.decode_attention.longest_first`); no value depends on it.
+        short: set on the short path (decode steps whose every row fits its tile).
     """
 
     prefill: bool
@@ -49,6 +50,23 @@ class StepContext:
     prefill_batch: object = None
     prefill_attention: Callable | None = None
     row_order: torch.Tensor | None = None
+    short: "ShortAttention | None" = None
+
+
+@dataclass(frozen=True)
+class ShortAttention:
+    """The short path of a decode step (`protocol.keys.SHORT`): every row's context holds at
+    most `tokens` tokens, so the fused layer form attends and projects in one launch
+    (`engine.kernels.attention_oproj`).
+
+    Attributes:
+        tokens: the tile every row's context fits (`EngineConfig.short_context`).
+        workspace: the fused launch's partials on this device; None on the CPU, where the
+            path runs the ordinary attention and o_proj.
+    """
+
+    tokens: int
+    workspace: "attention_oproj.AttnOprojWorkspace | None"
 
 
 class Qwen3Attention(nn.Module):
@@ -100,6 +118,19 @@ class Qwen3Attention(nn.Module):
                                   self.rotary.sin, positions, ctx.slot_ids, ctx.kv.page_table,
                                   ctx.kv.k[self.layer], ctx.kv.v[self.layer], self.nq,
                                   self.nkv, self.q_norm.eps)
+
+    def attend_project(self, q: torch.Tensor, residual: torch.Tensor,
+                       gemm_workspace: "skinny_gemm.Workspace", ctx: StepContext
+                       ) -> "skinny_gemm.RowStats":
+        """The short path's attention and o_proj in one launch (world size 1, fused layer
+        form): residual [T, hidden] += o_proj(attention(q)) in place; returns the new rows'
+        statistics, as `RowParallelLinear` with a residual does. q: [T, nq, head_dim]
+        normalised and rotated, every row's context within `ctx.short.tokens`."""
+        kv = ctx.kv
+        return attention_oproj.attention_oproj(
+            q, kv.k[self.layer], kv.v[self.layer], kv.page_table, kv.seq_lens, ctx.slot_ids,
+            self.scale, self.o_proj.weight, residual, ctx.short.workspace, gemm_workspace,
+            ctx.short.tokens)
 
     def attend_rotated(self, q: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         """q: [T, nq, head_dim] normalised and rotated, this step's K and V already in the

@@ -121,11 +121,24 @@ def test_report_floor_ratios_and_json(tmp_path):
     assert row["hf_over_engine"] == pytest.approx(2.0)
     assert row["graphs_tokens_per_s"] == pytest.approx(250.0)
     table = format_table(doc)
-    assert "captured 36 buckets in 0.500 s" in table and "100 MiB" in table
-    assert "WARNING" not in table
+    assert "captured 36 graphs of 36 buckets in 0.500 s" in table and "100 MiB" in table
+    assert "WARNING" not in table and "short path" not in table
     path = tmp_path / "b.json"
     write_json(doc, str(path))
     assert json.loads(path.read_text())["rows"][0]["batch"] == 1
+
+
+def test_report_names_the_points_that_replayed_the_short_path():
+    from engine.bench.report import build_document, format_table
+
+    rank = _fake_rank()
+    rank["capture"]["graphs"] = 37
+    rank["points"][0]["graph"] = "decode-short@1"
+    rank["points"].append(dict(rank["points"][0], batch=8, bucket=8, graph="decode@8"))
+    table = format_table(build_document(BenchOptions(preset="qwen3-4b"), [rank], [], "b"))
+    assert "captured 37 graphs of 36 buckets" in table
+    assert ("short path (attention fused into o_proj) replayed at: batch 1 ctx 128"
+            in table.splitlines())
 
 
 def test_report_warns_when_graph_logits_differ():

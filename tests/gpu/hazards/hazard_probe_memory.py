@@ -95,7 +95,7 @@ def engine_graphs(torch, dev, buckets) -> dict:
             h = h + (torch.nn.functional.silu(gate) * up) @ L["down"]
         logits[:b].copy_(rms(h, layers[-1]["n2"]) @ emb.t())
 
-    graphs = CudaGraphs(dev, forward)
+    graphs = CudaGraphs(dev, lambda key: forward(key.bucket))
     for b in buckets:  # eager warm-up on the capture stream: kernel loads, cuBLAS workspace
         graphs.on_stream(lambda b=b: forward(b))
     torch.cuda.synchronize(dev)
