@@ -46,6 +46,11 @@ class ModelShape:
         return rows * self.hidden_size * self.dtype_bytes
 
 
+SHORT_MAX_BUCKET = 8
+"""Default largest bucket with a short-context decode graph (rows): the fused attention + o_proj
+kernel pays only at small batches, and each short graph is one more graph to reserve and capture."""
+
+
 QWEN3_4B = ModelShape(hidden_size=2560, num_layers=36, name="Qwen3-4B")
 """Qwen3-4B: hidden 2560, 36 layers, 2 all-reduces per layer, bf16."""
 
@@ -114,7 +119,7 @@ class ProtocolConfig:
     max_kv_pages: int | None = None
     max_prefill_tokens: int = 8192
     short_context: int | None = None
-    short_max_bucket: int = 8
+    short_max_bucket: int = SHORT_MAX_BUCKET
     shape: ModelShape = field(default_factory=lambda: QWEN3_4B)
 
     def __post_init__(self) -> None:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from protocol.buckets import select_bucket
-from protocol.config import ProtocolConfig
+from protocol.config import SHORT_MAX_BUCKET, ProtocolConfig
 from protocol.errors import ConfigError, EligibilityError
 from protocol.keys import DECODE, SHORT, GraphKey
 
@@ -53,7 +53,7 @@ class GraphPlan:
     batch_cap: int | None = None
     paths: tuple[str, ...] = (DECODE,)
     short_context: int | None = None
-    short_max_bucket: int = 8
+    short_max_bucket: int = SHORT_MAX_BUCKET
 
     def __post_init__(self) -> None:
         if (SHORT in self.paths) != (self.short_context is not None):

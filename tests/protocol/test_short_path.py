@@ -99,6 +99,16 @@ def test_bad_short_path_settings_are_refused_naming_the_value(kwargs, match):
     assert caught.value.fields[0] in kwargs
 
 
+def test_the_smallest_valid_short_settings_are_accepted():
+    # a cap equal to the smallest bucket keeps that bucket's short graph; a tile of one token
+    # is a valid (if useless) short path; the cap defaults to 8 rows in both places
+    config = ProtocolConfig(buckets=(1, 2, 4), max_batch=4, short_context=1, short_max_bucket=1)
+    assert GraphPlan.from_config(config).key_for(1, 1) == (GraphKey(1, SHORT), 1)
+    assert ProtocolConfig().short_max_bucket == 8 == GraphPlan(buckets=(1,)).short_max_bucket
+    assert ProtocolConfig(buckets=(4, 8), max_batch=8, short_context=9,
+                          short_max_bucket=4).short_max_bucket == 4
+
+
 def test_each_step_takes_the_path_of_its_longest_decode_row():
     # prompts of 2 and 4 tokens, short_context 6: a step replays the short path exactly while
     # its longest row's position + 1 is at most 6
