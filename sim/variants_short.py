@@ -61,7 +61,9 @@ register(Variant(
     source="modelled on the per-step dispatch of vLLM PR #25906 and SGLang #30242 (a graph "
            "choice made from a view that is not the step's); paiml/aprender PR #2030 (a decode "
            "graph replays an attention-path choice made at another sequence length, wrong once "
-           "the sequence crosses the path's threshold)",
+           "the sequence crosses the path's threshold); nntrainer/nntrainer PR #4313 (a "
+           "captured decode graph kept the dense kernel picked below the 64-key split-KV "
+           "threshold after the sequence grew past it)",
     expected={"shared": "divergence", "per-rank": "divergence"},
     remedy="A row's context counts the token the step writes: position + 1. The controller "
            "passes max(position) + 1 over the step's rows to GraphPlan.key_for, which picks the "
