@@ -30,7 +30,7 @@ import sys
 
 import torch
 
-from engine.bench.options import BenchArgError, check_output_path, parse_int_list
+from engine.bench.options import BenchArgError, check_output_path, check_range, parse_int_list
 from engine.kernels import fused
 from engine.kernels.skinny_gemm import (MAX_ROWS, TileConfig, Workspace, parse_table, shape_key,
                                         skinny_gemm)
@@ -51,6 +51,10 @@ def layer_shapes(preset: str, tp: int) -> list[tuple[str, int, int, bool]]:
     q, kv, inter = c["num_attention_heads"] * d, c["num_key_value_heads"] * d, c["intermediate_size"]
     return [("qkv", (q + 2 * kv) // tp, h, False), ("o_proj", h, q // tp, False),
             ("gate_up", 2 * inter // tp, h, True), ("down", h, inter // tp, False)]
+
+
+MAX_REPEATS = 1_000
+"""Most graph replays per timing: a bound like step_tune's, so a typo cannot run for days."""
 
 
 def time_graph(fn, repeats: int) -> float:
@@ -283,11 +287,11 @@ def main(argv=None) -> int:
     p.add_argument("--rows", default=",".join(map(str, ROWS)),
                    help=f"comma-separated row counts M to time (1..{MAX_ROWS})")
     p.add_argument("--repeats", type=int, default=20,
-                   help="graph replays per timing; the median is reported")
+                   help=f"graph replays per timing (1..{MAX_REPEATS}); the median is reported")
     p.add_argument("--kinds", default="gemm,rope",
-                   help="what to time: gemm (each linear shape against cuBLAS), rope (the QKV "
-                        "GEMM with the q/k norm + RoPE + KV-write epilogue against the two "
-                        "launches it replaces)")
+                   help="what to time, comma-separated (default both): gemm (each linear shape "
+                        "against cuBLAS), rope (the QKV GEMM with the q/k norm + RoPE + "
+                        "KV-write epilogue against the two launches it replaces)")
     p.add_argument("--json", help="write every measurement here")
     p.add_argument("--table", help="merge the engine's per-shape choice into this file")
     p.add_argument("--from-json", metavar="JSON",
@@ -297,7 +301,7 @@ def main(argv=None) -> int:
         return _table_from_json(args, p)
     try:  # every argument before the GPU is touched, the output paths before the run
         rows = tuple(parse_int_list(args.rows, "--rows"))
-        tps = parse_int_list(args.tp, "--tp")
+        tps = parse_int_list(args.tp, "--tp", example="1,2")
         for flag, values in (("--rows", rows), ("--tp", tps)):
             if any(v < 1 for v in values):
                 raise BenchArgError(f"{flag} {','.join(map(str, values))}: each must be >= 1")
@@ -311,14 +315,12 @@ def main(argv=None) -> int:
                                 f"choose from {', '.join(sorted(PRESETS))}")
         kinds = [x.strip() for x in args.kinds.split(",")]
         if not kinds or any(x not in ("gemm", "rope") for x in kinds):
-            raise BenchArgError(f"--kinds {args.kinds!r}: expected gemm, rope or both, "
-                                "comma-separated")
+            raise BenchArgError(f"--kinds {args.kinds!r}: expected gemm, rope or gemm,rope")
         check_tp(presets, tps)
         if kinds == ["rope"] and 1 not in tps:
             raise BenchArgError(f"--kinds rope --tp {args.tp}: the rope launch is timed at TP 1 "
                                 "only (the fused layer runs at world size 1)")
-        if args.repeats < 1:
-            raise BenchArgError(f"--repeats {args.repeats}: expected >= 1")
+        check_range("--repeats", args.repeats, 1, MAX_REPEATS)
         for flag, path in (("--json", args.json), ("--table", args.table)):
             if path is not None:
                 check_output_path(flag, path)
@@ -332,7 +334,8 @@ def main(argv=None) -> int:
         print(f"gemm_sweep: error: {exc}", file=sys.stderr)
         return 2
     if not torch.cuda.is_available():
-        print("gemm_sweep: needs a CUDA GPU", file=sys.stderr)
+        print("gemm_sweep: error: needs a CUDA GPU (torch.cuda.is_available() is False)",
+              file=sys.stderr)
         return 2
     shapes = {}
     for preset in presets:

@@ -33,6 +33,8 @@ import sys
 import tempfile
 import time
 
+from engine.bench.options import BenchArgError, check_output_path, check_range
+
 
 class CpuPhaseTimer:
     """`engine.executor.PhaseTimer` on the CPU: perf_counter around each phase (the CPU runs
@@ -172,17 +174,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"host_overhead: error: --batch-sizes {args.batch_sizes!r} is not a "
               "comma-separated list of integers", file=sys.stderr)
         return 2
-    for name, value, lo, hi in [("--steps", args.steps, 2, 10**6),
-                                ("--repeats", args.repeats, 1, 10**4),
-                                ("--threads", args.threads, 1, 1024)] + [
-            ("--batch-sizes", b, 1, 256) for b in sizes]:
-        if not lo <= value <= hi:
-            print(f"host_overhead: error: {name} {value} must be in [{lo}, {hi}]",
-                  file=sys.stderr)
-            return 2
+    try:
+        for name, value, lo, hi in [("--steps", args.steps, 2, 10**6),
+                                    ("--repeats", args.repeats, 1, 10**4),
+                                    ("--threads", args.threads, 1, 1024)] + [
+                ("--batch-sizes", b, 1, 256) for b in sizes]:
+            check_range(name, value, lo, hi)
+    except BenchArgError as exc:
+        print(f"host_overhead: error: {exc}", file=sys.stderr)
+        return 2
     if args.json_path is not None:  # before the run, not after it
-        from engine.bench.options import BenchArgError, check_output_path
-
         try:
             check_output_path("--json", args.json_path)
         except BenchArgError as exc:

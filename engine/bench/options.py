@@ -61,9 +61,21 @@ class BenchOptions:
     profile: bool = True
 
 
-def parse_int_list(text: str, name: str) -> list[int]:
-    """"1,8,64" -> [1, 8, 64]. Raises BenchArgError naming `name` and the bad item, or the
-    first value given twice."""
+def check_range(flag: str, value: int, least: int, most: int | None = None) -> None:
+    """Refuse a command-line integer outside least..most (no upper bound when `most` is None).
+
+    Raises:
+        BenchArgError: "FLAG VALUE: expected >= LEAST" or "... expected LEAST..MOST".
+    """
+    if most is None and value < least:
+        raise BenchArgError(f"{flag} {value}: expected >= {least}")
+    if most is not None and not least <= value <= most:
+        raise BenchArgError(f"{flag} {value}: expected {least}..{most}")
+
+
+def parse_int_list(text: str, name: str, example: str = "1,8,64") -> list[int]:
+    """"1,8,64" -> [1, 8, 64]. Raises BenchArgError naming `name` and the bad item (with
+    `example` as the hint), or the first value given twice."""
     items = [t.strip() for t in str(text).split(",")]
     out = []
     for t in items:
@@ -71,7 +83,7 @@ def parse_int_list(text: str, name: str) -> list[int]:
             value = int(t)
         except ValueError:
             raise BenchArgError(f"{name} {text!r}: {t!r} is not an integer "
-                                "(expected comma-separated integers, e.g. 1,8,64)") from None
+                                f"(expected comma-separated integers, e.g. {example})") from None
         if value in out:
             raise BenchArgError(f"{name} {text!r}: {value} is given twice")
         out.append(value)
@@ -129,17 +141,14 @@ def validate(opts: BenchOptions) -> dict:
     if not opts.context_lens:
         raise BenchArgError("--context-lens is empty")
     tp = opts.tensor_parallel_size
-    if tp < 1:
-        raise BenchArgError(f"--tensor-parallel-size {tp}: expected >= 1")
+    check_range("--tensor-parallel-size", tp, 1)
     for key in ("num_attention_heads", "num_key_value_heads", "intermediate_size",
                 "vocab_size"):
         if key in cfg and cfg[key] % tp:
             raise BenchArgError(f"--tensor-parallel-size {tp}: {key} {cfg[key]} is not "
                                 f"divisible by it")
-    if opts.steps < 1:
-        raise BenchArgError(f"--steps {opts.steps}: expected >= 1")
-    if opts.warmup < 0:
-        raise BenchArgError(f"--warmup {opts.warmup}: expected >= 0")
+    check_range("--steps", opts.steps, 1)
+    check_range("--warmup", opts.warmup, 0)
     if not (opts.graphs or opts.eager or opts.compare):
         raise BenchArgError("nothing to measure: --no-graphs and --no-eager given without --compare")
     if opts.compare not in (None, "hf"):

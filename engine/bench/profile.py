@@ -33,11 +33,15 @@ def main(argv=None) -> int:
         print(f"profile: error: --preset {args.preset!r}: choose from "
               f"{', '.join(sorted(PRESETS))}", file=sys.stderr)
         return 2
-    for flag, value in (("--batch", args.batch), ("--context", args.context),
-                        ("--steps", args.steps), ("--rows", args.rows)):
-        if value < 1:
-            print(f"profile: error: {flag} {value}: expected >= 1", file=sys.stderr)
-            return 2
+    from engine.bench.options import BenchArgError, check_range
+
+    try:
+        for flag, value in (("--batch", args.batch), ("--context", args.context),
+                            ("--steps", args.steps), ("--rows", args.rows)):
+            check_range(flag, value, 1)
+    except BenchArgError as exc:
+        print(f"profile: error: {exc}", file=sys.stderr)
+        return 2
 
     import torch
     from torch.profiler import ProfilerActivity, profile

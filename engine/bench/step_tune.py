@@ -29,7 +29,7 @@ import os
 import sys
 import time
 
-from engine.bench.options import (BenchArgError, BenchOptions, check_output_path,
+from engine.bench.options import (BenchArgError, BenchOptions, check_output_path, check_range,
                                   max_positions, model_shape, parse_int_list)
 from engine.kernels.skinny_gemm import TileConfig, load_table, shape_key
 from engine.layers.linear import (FUSED_PLANS_PATH, ROLES, DecodeGemm, FusedLayerPlan,
@@ -432,10 +432,7 @@ def main(argv=None) -> int:
                 ("--top", args.top, 1, None), ("--steps", args.steps, 1, MAX_STEPS),
                 ("--warmup", args.warmup, 0, MAX_WARMUP), ("--context", args.context, 1, None),
                 ("--seed", args.seed, 0, MAX_SEED)):
-            if most is None and value < least:
-                raise BenchArgError(f"{flag} {value}: expected >= {least}")
-            if most is not None and not least <= value <= most:
-                raise BenchArgError(f"{flag} {value}: expected {least}..{most}")
+            check_range(flag, value, least, most)
         if (args.preset is None) == (args.model is None):
             raise BenchArgError("give --preset or --model")
         if args.preset is not None and args.preset not in PRESETS:

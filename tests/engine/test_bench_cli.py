@@ -360,6 +360,10 @@ def test_workload_w_and_its_summary():
     (["--presets", "qwen3-4bb"], "unknown preset 'qwen3-4bb'"),
     (["--json", "/nonexistent-dir/x.json"], "--json '/nonexistent-dir/x.json': directory"),
     (["--table", "/"], "--table '/' is a directory"),
+    (["--repeats", "0"], "--repeats 0: expected 1..1000"),
+    (["--repeats", "1001"], "--repeats 1001: expected 1..1000"),
+    (["--tp", ""], "--tp '': '' is not an integer (expected comma-separated integers, e.g. 1,2)"),
+    (["--kinds", "both"], "--kinds 'both': expected gemm, rope or gemm,rope"),
 ])
 def test_gemm_sweep_checks_its_arguments_and_paths_before_the_run(argv, words, capsys):
     """Old behaviour: int() and PRESETS[...] tracebacks, and --json / --table opened only after
@@ -369,6 +373,17 @@ def test_gemm_sweep_checks_its_arguments_and_paths_before_the_run(argv, words, c
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("gemm_sweep: error: ") and words in err
+
+
+def test_gemm_sweep_without_a_gpu_is_a_one_line_error(monkeypatch, capsys):
+    import torch
+
+    from engine.bench.gemm_sweep import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["--presets", "qwen3-0.6b", "--tp", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("gemm_sweep: error: needs a CUDA GPU")
 
 
 def test_attention_sweep_checks_its_output_path_before_the_run(monkeypatch, capsys):

@@ -27,10 +27,10 @@ def test_bench_times_every_decode_step_at_each_batch(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--batch-sizes", "0"], "--batch-sizes 0 must be in [1, 256]"),
+    (["--batch-sizes", "0"], "--batch-sizes 0: expected 1..256"),
     (["--batch-sizes", "1,x"], "--batch-sizes '1,x' is not a comma-separated list"),
-    (["--steps", "1"], "--steps 1 must be in [2, 1000000]"),
-    (["--repeats", "0"], "--repeats 0 must be in [1, 10000]"),
+    (["--steps", "1"], "--steps 1: expected 2..1000000"),
+    (["--repeats", "0"], "--repeats 0: expected 1..10000"),
 ])
 def test_bad_arguments_are_one_line_errors(argv, message, capsys):
     from engine.bench.host_overhead import main
