@@ -49,6 +49,23 @@ def hf_logits(model, tokens):
         return model(torch.tensor([tokens])).logits[0]
 
 
+def hf_cuda_logits(model_dir, dtype: str, attn: str, tokens) -> "torch.Tensor":
+    """float32 logits [len(tokens), vocab] on the CPU of one sequence through HF transformers
+    loaded from `model_dir` onto the GPU in `dtype` ("bfloat16", "float32") with
+    `attn_implementation` `attn` ("eager", "sdpa"); the model is freed before returning (the
+    eager-vs-sdpa difference is the GPU tests' noise floor)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    m = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=getattr(torch, dtype),
+                                             attn_implementation=attn).cuda().eval()
+    with torch.no_grad():
+        out = m(torch.tensor([tokens], device="cuda")).logits[0].float().cpu()
+    del m
+    torch.cuda.empty_cache()
+    return out
+
+
 def run_in_triton_interpreter(script: str, timeout_s: float = 540):
     """Run ``script`` (Python source) in a fresh interpreter with TRITON_INTERPRET=1 from the
     repository root; the variable must be set before triton is imported, hence the subprocess.

@@ -85,22 +85,11 @@ def qwen06_dir(tmp_path_factory):
                            dtype="bfloat16")
 
 
-def _hf_logits(d, dtype, attn, tokens):
-    from transformers import AutoModelForCausalLM
-
-    m = AutoModelForCausalLM.from_pretrained(str(d), dtype=getattr(torch, dtype),
-                                             attn_implementation=attn).cuda().eval()
-    with torch.no_grad():
-        out = m(torch.tensor([tokens], device="cuda")).logits[0].float().cpu()
-    del m
-    torch.cuda.empty_cache()
-    return out
-
-
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_qwen3_06b_logits_vs_hf(qwen06_dir, dtype):
     from engine.llm import LLM
     from engine.sampling import SamplingParams
+    from engine.testing import hf_cuda_logits
 
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, 151936, (700,), generator=g).tolist()
@@ -114,8 +103,8 @@ def test_qwen3_06b_logits_vs_hf(qwen06_dir, dtype):
         alone = llm.generate([prompt], SamplingParams(max_tokens=8, temperature=0,
                                                        ignore_eos=True))
     tokens = prompt + out.token_ids[:-1]
-    eager = _hf_logits(qwen06_dir, dtype, "eager", tokens)[len(prompt) - 1:]
-    sdpa = _hf_logits(qwen06_dir, dtype, "sdpa", tokens)[len(prompt) - 1:]
+    eager = hf_cuda_logits(qwen06_dir, dtype, "eager", tokens)[len(prompt) - 1:]
+    sdpa = hf_cuda_logits(qwen06_dir, dtype, "sdpa", tokens)[len(prompt) - 1:]
     scale = float(eager.abs().max())
     engine_delta = float((out.logits - eager).abs().max())
     floor = float((sdpa - eager).abs().max())

@@ -22,23 +22,12 @@ def qwen06_dir(tmp_path_factory):
                            dtype="bfloat16")
 
 
-def _hf_logits(d, attn, tokens):
-    from transformers import AutoModelForCausalLM
-
-    m = AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.bfloat16,
-                                             attn_implementation=attn).cuda().eval()
-    with torch.no_grad():
-        out = m(torch.tensor([tokens], device="cuda")).logits[0].float().cpu()
-    del m
-    torch.cuda.empty_cache()
-    return out
-
-
 @pytest.mark.timeout(600)
 def test_short_path_across_the_tile_boundary_matches_hf_and_replays_bit_identically(qwen06_dir):
     from engine.engine_config import SHORT_DECODE_TOKENS
     from engine.llm import LLM
     from engine.sampling import SamplingParams
+    from engine.testing import hf_cuda_logits
     from protocol.keys import DECODE, SHORT, GraphKey
 
     g = torch.Generator().manual_seed(0)
@@ -67,8 +56,8 @@ def test_short_path_across_the_tile_boundary_matches_hf_and_replays_bit_identica
     assert torch.equal(replay, eager_short)
     assert float((eager_short - eager_split).abs().max()) < 0.05 * float(eager_split.abs().max())
     tokens = prompt + out.token_ids[:-1]
-    eager = _hf_logits(qwen06_dir, "eager", tokens)[len(prompt) - 1:]
-    sdpa = _hf_logits(qwen06_dir, "sdpa", tokens)[len(prompt) - 1:]
+    eager = hf_cuda_logits(qwen06_dir, "bfloat16", "eager", tokens)[len(prompt) - 1:]
+    sdpa = hf_cuda_logits(qwen06_dir, "bfloat16", "sdpa", tokens)[len(prompt) - 1:]
     floor = float((sdpa - eager).abs().max())
     for name, part in (("short", slice(1, 21)), ("split-KV", slice(21, None))):
         delta = float((out.logits[part] - eager[part]).abs().max())
