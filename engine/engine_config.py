@@ -37,9 +37,11 @@ batch-1 step 0.780 -> 0.736 ms at context 128, and batch 2 and 4 slower (0.793 -
 
 def short_decode_default(device: str, cuda_graph: bool, world_size: int) -> bool:
     """`EngineConfig.short_decode` as `create` sets it: on with CUDA graphs at world size 1,
-    unless the environment sets LOCKSTEP_SHORT_DECODE=0 (the benchmarks' A/B baseline)."""
+    unless the environment sets LOCKSTEP_SHORT_DECODE=0 (the benchmarks' A/B baseline) or
+    LOCKSTEP_FUSED_NORM=0 (no fused layer form, which the short path shortens)."""
     return (device == "cuda" and cuda_graph and world_size == 1
-            and os.environ.get("LOCKSTEP_SHORT_DECODE", "1") != "0")
+            and os.environ.get("LOCKSTEP_SHORT_DECODE", "1") != "0"
+            and os.environ.get("LOCKSTEP_FUSED_NORM", "1") != "0")
 
 
 @dataclass(frozen=True)
@@ -251,11 +253,17 @@ class EngineConfig:
     @property
     def short_context(self) -> int | None:
         """`protocol.config.ProtocolConfig.short_context`: SHORT_DECODE_TOKENS with
-        `short_decode` where the buckets start at or below SHORT_DECODE_MAX_BUCKET and the
-        decode GEMMs are the skinny ones (with cuBLAS the layer runs unfused and the short
-        path would be the same computation), else None."""
+        `short_decode` where the buckets start at or below SHORT_DECODE_MAX_BUCKET, the model is
+        bfloat16, the decode GEMMs are the skinny ones and pages are no longer than the tile,
+        else None: elsewhere the layer runs
+        unfused and a short-path graph would be the same computation as the `DECODE` one.
+        Where the skinny table's plan for the bucket has no rope epilogue (Qwen3-4B's at one
+        row), the short graph is still captured and runs the `DECODE` kernels
+        (`engine.model.fuses_attention_oproj`): which plan a model gets is known only once its
+        weights are loaded, after the protocol's configuration is fixed."""
         if (not self.short_decode or not self.cuda_graph or self.decode_gemm != "auto"
-                or self.buckets[0] > SHORT_DECODE_MAX_BUCKET):
+                or self.dtype != "bfloat16" or self.buckets[0] > SHORT_DECODE_MAX_BUCKET
+                or self.page_size > SHORT_DECODE_TOKENS):
             return None
         return SHORT_DECODE_TOKENS
 

@@ -99,10 +99,10 @@ class RankExecutor(Backend):
         # ordinary attention, the same function), its partials allocated before any capture
         self.short_attention: ShortAttention | None = None
         if settings.short_context is not None:
-            self.short_attention = ShortAttention(settings.short_context, None)
-            if self.device.type == "cuda":
-                self.short_attention = ShortAttention(settings.short_context, AttnOprojWorkspace(
-                    self.device, settings.kv_heads_per_rank, self.cfg.hidden_size))
+            workspace = (AttnOprojWorkspace(self.device, settings.kv_heads_per_rank,
+                                            self.cfg.hidden_size)
+                         if self.device.type == "cuda" else None)
+            self.short_attention = ShortAttention(settings.short_context, workspace)
         nb = max(settings.buckets)
         # replay inputs: token ids and positions are rows of one int64 buffer, so a step's
         # rows arrive in one host-to-device copy (from a pinned staging buffer on CUDA)

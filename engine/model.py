@@ -5,8 +5,10 @@ Embedding (vocab parallel) -> N x [RMSNorm, attention, residual, RMSNorm, SwiGLU
 parallel, all-gathered). Two all-reduces per layer (o_proj, down_proj) plus one in the
 embedding when world_size > 1.
 
-A layer runs in one of two forms, chosen by the step's row count alone (so the eager step
-and the graph captured at a bucket run the same kernels):
+A layer runs in one of two forms, chosen by the step's row count alone, and for a decode step
+by its graph key's path: the eager step and the graph of the same key run the same kernels,
+but an eager decode step always runs the `DECODE` path, so at a bucket with a short-path
+graph a run with graphs on and one with graphs off differ in rounding:
 
 * fused (world size 1, CUDA, bfloat16, rows <= 64, the skinny GEMM table measured every
   weight shape at that row count and its skinny tiles lose less than
@@ -15,8 +17,8 @@ and the graph captured at a bucket run the same kernels):
   o_proj, gate_up with SwiGLU, down_proj; 5 where the plan (`FusedLayerPlan.rope`) puts the
   q/k norm + RoPE + KV write in the QKV GEMM's epilogue (`skinny_gemm.skinny_gemm_qkv_rope`);
   4 on the short path (`protocol.keys.SHORT`: a decode step whose every row's context fits
-  one tile, `StepContext.short`), where attention and o_proj are one launch
-  (`engine.kernels.attention_oproj`).
+  one tile, `StepContext.short`) where the plan has that epilogue, attention and o_proj
+  being one launch (`engine.kernels.attention_oproj`; `fuses_attention_oproj`).
   The tiles are the step-tuned plan's where `engine/layers/fused_plans.json` has one.
   o_proj and down_proj add their output into the residual in their epilogue and leave each row's sum of squares in the GEMM workspace; QKV
   and gate_up read the residual itself and scale each output row by 1 / rms, their weights
@@ -137,8 +139,8 @@ class Qwen3DecoderLayer(nn.Module):
         rope = attn.rope_kv(positions, ctx) if plan.rope else None
         qkv = attn.qkv_proj(x, tile=plan.qkv, row_stats=stats, eps=self.input_layernorm.eps,
                             rope=rope)
-        short = ctx.short is not None and ctx.short.workspace is not None
-        if short and plan.rope and not ctx.prefill and x.shape[0] <= attention_oproj.MAX_ROWS:
+        if (ctx.short is not None and ctx.short.workspace is not None and not ctx.prefill
+                and fuses_attention_oproj(plan, x.shape[0])):
             stats = attn.attend_project(qkv, residual, attn.o_proj.gemm.workspace, ctx)
         else:
             o = (attn.attend_rotated(qkv, ctx) if plan.rope
@@ -147,6 +149,14 @@ class Qwen3DecoderLayer(nn.Module):
         act = mlp.gate_up_proj(residual, swiglu=True, tile=plan.gate_up, row_stats=stats,
                                eps=self.post_attention_layernorm.eps)
         return mlp.down_proj(act, residual=residual, tile=plan.down)
+
+
+def fuses_attention_oproj(plan: FusedLayerPlan, rows: int) -> bool:
+    """Whether the short path's fused layer form at `rows` rows runs attention and o_proj as
+    one launch: the plan puts the q/k norm + RoPE + KV write in the QKV GEMM (the fused
+    kernel takes q already rotated) and the rows fit `attention_oproj.MAX_ROWS`. Elsewhere a
+    short-path graph runs the same kernels as the `DECODE` graph of its bucket."""
+    return plan.rope and rows <= attention_oproj.MAX_ROWS
 
 
 class Qwen3ForCausalLM(nn.Module):
@@ -191,6 +201,13 @@ class Qwen3ForCausalLM(nn.Module):
         if rows not in self._plans:
             self._plans[rows] = self.decode_gemm.fused_layer_plan(self.layers[0].shapes(), rows)
         return self._plans[rows]
+
+    def fuses_short_path(self, rows: int) -> bool:
+        """Whether a short-path step of `rows` rows runs attention fused into o_proj
+        (`fuses_attention_oproj` of the fused plan at that row count; False where the step
+        runs unfused)."""
+        plan = self.fused_plan(rows)
+        return plan is not None and fuses_attention_oproj(plan, rows)
 
     def set_fused_plan(self, rows: int, plan: FusedLayerPlan) -> None:
         """Run the fused layer form at `rows` rows with `plan`'s tiles from the next forward

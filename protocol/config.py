@@ -98,9 +98,10 @@ class ProtocolConfig:
             nothing is captured for it. Set it to the tile the engine's fused kernel was built
             for, never more.
         short_max_bucket: the largest bucket (rows) with a short-path graph; steps padded to a
-            larger bucket take the `DECODE` path whatever their contexts. Default 8: the fused
-            kernel pays only at small batches, and every short graph is one more graph reserved
-            and captured. Checked always, used only when ``short_context`` is set.
+            larger bucket take the `DECODE` path whatever their contexts. Default 8, the most
+            rows lockstep's fused kernel takes (`engine.kernels.attention_oproj.MAX_ROWS`);
+            every short graph is one more graph reserved and captured, and the engine, which
+            measured a gain at batch 1 only, sets 1. Checked always, used only when ``short_context`` is set.
         shape: the model's collective shape.
     """
 

@@ -222,7 +222,8 @@ class ShortContextDraw:
 
     The draw is uniform over shortest - 1 .. longest of the workload's decode contexts
     (`decode_contexts`): at the low end no decode row fits the short path, at the high end
-    every row does, and between them a step's rows cross the boundary as its requests grow.
+    every row of a step-locked run does (under overlap a request's last, unread row reaches
+    one token further), and between them a step's rows cross the boundary as its requests grow.
     A serving step does not depend on the schedule (`sim.run.correct_run`), so this draw is
     what moves the boundary between runs: which step meets it, and with which rows, is found
     by the search, never placed by hand. A scenario whose requests never decode is returned

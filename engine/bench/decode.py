@@ -244,7 +244,8 @@ def measure_rank(rank: int, world_size: int, opts, model_dir: str) -> dict:
         torch.cuda.synchronize()
         t3 = time.perf_counter()
         out["capture"] = {
-            "buckets": len({k.bucket for k in wanted}), "graphs": len(wanted), "seconds": t3 - t0, "record_s": t1 - t0,
+            "buckets": len({k.bucket for k in wanted}), "graphs": len(wanted),
+            "seconds": t3 - t0, "record_s": t1 - t0,
             "instantiate_s": t2 - t1, "upload_s": t3 - t2, "warmup_s": warm_s,
             "graph_memory_bytes": ex.graph_memory(),
             "device_free_drop_bytes": free0 - torch.cuda.mem_get_info(dev)[0]}
@@ -266,6 +267,8 @@ def measure_rank(rank: int, world_size: int, opts, model_dir: str) -> dict:
             graph_key = points_keys.get((batch, context))
             if graphs is not None:
                 point["graph"] = str(graph_key)
+                if graph_key.path == SHORT:
+                    point["short_fused"] = ex.model.fuses_short_path(bucket)
                 ex.prepare_replay(steps[0])
                 ex._step = None
                 eager_logits = ex.decode_forward(

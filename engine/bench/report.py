@@ -54,7 +54,7 @@ def build_document(opts, ranks: list[dict], hf: list[dict], command: str) -> dic
                 row[f"{mode}_x_floor"] = p[mode]["median_ms"] / row["floor_ms"]
         if "graphs" in p and "eager" in p:
             row["graphs_over_eager"] = p["graphs"]["median_ms"] / p["eager"]["median_ms"]
-        for k in ("graph", "graph_vs_eager_max_abs", "logits_finite", "allreduce", "profile"):
+        for k in ("graph", "short_fused", "graph_vs_eager_max_abs", "logits_finite", "allreduce", "profile"):
             if k in p:
                 row[k] = p[k]
         h = hf_by.get((p["batch"], p["context"]))
@@ -107,9 +107,12 @@ def format_table(doc: dict) -> str:
     if doc.get("graph_source"):
         lines.append(f"graphs: {doc['graph_source']}")
     short = [r for r in doc["rows"] if (r.get("graph") or "").startswith(SHORT + "@")]
-    if short:
-        lines.append("short path (attention fused into o_proj) replayed at: " + ", ".join(
-            f"batch {r['batch']} ctx {r['context']}" for r in short))
+    for fused, how in ((True, "attention fused into o_proj"),
+                       (False, "the layer plan has no rope epilogue: the decode path's kernels")):
+        rows = [r for r in short if r.get("short_fused", False) is fused]
+        if rows:
+            lines.append(f"short path ({how}) replayed at: " + ", ".join(
+                f"batch {r['batch']} ctx {r['context']}" for r in rows))
     ar = [(r["batch"], r["allreduce"]) for r in doc["rows"] if "allreduce" in r]
     if ar:
         lines.append("all-reduce (graph-captured) per call: " + ", ".join(

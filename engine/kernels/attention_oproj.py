@@ -199,17 +199,17 @@ def attention_oproj(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     Args:
         q: [B, Hq, D], B <= MAX_ROWS, normalised and rotated; this step's K/V in the cache.
         k_cache, v_cache, page_table, seq_lens, slot_ids, scale: as
-            `engine.kernels.decode_attention` (page size a power of two dividing
-            `tile_tokens`).
+            `engine.kernels.decode_attention`.
         w: o_proj weight [hidden, Hq * D], q's dtype, contiguous.
         residual: [B, hidden] in q's dtype, contiguous; overwritten.
         workspace: partials of `workspace.block_n` output features per program.
         gemm_workspace: the skinny GEMMs' workspace, whose statistics the next GEMM reads.
-        tile_tokens: tokens attended per row (a power of two); a longer row is attended over
-            its first `tile_tokens` tokens only (module docstring).
+        tile_tokens: tokens attended per row, a power of two of whole pages; a longer row is
+            attended over its first `tile_tokens` tokens only (module docstring).
     Raises:
         RuntimeError: Triton is not installed.
-        ValueError: more than MAX_ROWS rows, or shapes that do not match.
+        ValueError: more than MAX_ROWS rows, shapes that do not match, or a tile that is no
+            power of two of whole pages.
     """
     if triton is None:
         raise RuntimeError("attention_oproj needs triton (pip install triton)")
@@ -223,6 +223,11 @@ def attention_oproj(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                          f"{tuple(residual.shape)}, {Hkv} kv heads for a workspace of "
                          f"{workspace.kv_heads} x {workspace.hidden}: expected B <= "
                          f"{MAX_ROWS}, w [hidden, Hq * D], residual [B, hidden]")
+    if (tile_tokens < P or tile_tokens % P or tile_tokens & (tile_tokens - 1)
+            or k_cache.stride(-1) != 1 or v_cache.stride() != k_cache.stride()):
+        raise ValueError(f"attention_oproj: tile of {tile_tokens} tokens over pages of {P}: "
+                         "expected a power of two that whole pages fill, and K/V caches of one "
+                         "layout, contiguous in head_dim")
     group = Hq // Hkv
     block_n = workspace.block_n
     blocks = triton.cdiv(hidden, block_n)
@@ -237,7 +242,7 @@ def attention_oproj(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         ROWS=B, BLOCK_M=triton.next_power_of_2(B), NUM_KV=Hkv, GROUP=group,
         BLOCK_G=max(16, triton.next_power_of_2(group)),
         GROUP_P2=triton.next_power_of_2(group), HEAD_DIM=D, PAGE=P,
-        BLOCK_T=max(P, tile_tokens), BLOCK_N=block_n, STATS_STRIDE=skinny_gemm.MAX_ROWS,
+        BLOCK_T=tile_tokens, BLOCK_N=block_n, STATS_STRIDE=skinny_gemm.MAX_ROWS,
         IEEE=q.dtype == torch.float32, UPCAST=_INTERPRETED and q.dtype != torch.float32,
         num_warps=4, num_stages=1, **pdl_launch(q))
     return skinny_gemm.RowStats(blocks, B)

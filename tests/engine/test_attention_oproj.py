@@ -85,6 +85,9 @@ def test_the_oracle_attends_a_long_row_over_its_first_tile_only():
     ("rows", dict(B=9), "expected B <= 8"),
     ("residual", dict(res_cols=63), r"residual \(1, 63\)"),
     ("workspace", dict(ws_kv=4), "2 kv heads for a workspace of 4 x 64"),
+    ("tile below a page", dict(tile=2), "tile of 2 tokens over pages of 4"),
+    ("tile of part pages", dict(tile=6), "tile of 6 tokens over pages of 4"),
+    ("tile no power of two", dict(tile=12), "tile of 12 tokens over pages of 4"),
 ])
 def test_attention_oproj_refuses_shapes_that_do_not_match(what, args, message):
     if ao.triton is None:
@@ -98,4 +101,5 @@ def test_attention_oproj_refuses_shapes_that_do_not_match(what, args, message):
     with pytest.raises(ValueError, match=message):
         ao.attention_oproj(q, cache, cache, torch.zeros(2, 2, dtype=torch.int32),
                            torch.ones(2, dtype=torch.int32), torch.zeros(B, dtype=torch.int32),
-                           0.25, w, residual, ws, sg.Workspace("cpu", 64, 1, 4), 16)
+                           0.25, w, residual, ws, sg.Workspace("cpu", 64, 1, 4),
+                           args.get("tile", 16))

@@ -19,7 +19,7 @@ from engine.sampling import SamplingParams
 def _config(d, short: bool, **kw) -> EngineConfig:
     kw.setdefault("max_batch", 4)
     config = EngineConfig.create(d, cuda_graph=True, graph_standin=True, record_trace=True,
-                                 max_model_len=256, **kw)
+                                 max_model_len=256, dtype="bfloat16", **kw)
     return dataclasses.replace(config, short_decode=short)
 
 
@@ -62,12 +62,27 @@ def test_the_short_path_is_off_where_it_cannot_run(tiny_dir):
     assert base.protocol_config().short_context == SHORT_DECODE_TOKENS
     assert base.protocol_config().short_max_bucket == SHORT_DECODE_MAX_BUCKET
     for change in (dict(short_decode=False), dict(cuda_graph=False, graph_standin=False),
-                   dict(decode_gemm="cublas"), dict(buckets=(2, 4))):
+                   dict(decode_gemm="cublas"), dict(buckets=(2, 4)), dict(dtype="float32"),
+                   dict(page_size=2 * SHORT_DECODE_TOKENS)):
         config = dataclasses.replace(base, **change)
         assert config.short_context is None, change
         assert config.protocol_config().short_context is None, change
     # create: on only with CUDA graphs at TP 1, never on the CPU
     assert not EngineConfig.create(tiny_dir).short_decode
+
+
+def test_create_turns_the_short_path_on_for_cuda_graphs_at_tp_1_unless_the_environment_says_no(
+        monkeypatch):
+    from engine.engine_config import short_decode_default
+
+    assert short_decode_default("cuda", True, 1)
+    assert not short_decode_default("cuda", False, 1)
+    assert not short_decode_default("cuda", True, 2)
+    assert not short_decode_default("cpu", True, 1)
+    for name in ("LOCKSTEP_SHORT_DECODE", "LOCKSTEP_FUSED_NORM"):
+        monkeypatch.setenv(name, "0")
+        assert not short_decode_default("cuda", True, 1), name
+        monkeypatch.delenv(name)
 
 
 def test_short_decode_must_be_a_bool(tiny_dir):
