@@ -196,7 +196,7 @@ def check_parallel(cfg: ModelConfig, world_size: int) -> None:
     Raises:
         ParallelConfigError: world_size < 1, or one of those sizes is not divisible by it.
     """
-    if not isinstance(world_size, int) or world_size < 1:
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         raise ParallelConfigError(f"tensor_parallel_size = {world_size!r}, expected an integer >= 1")
     where = cfg.config_path
     for name, value in (("num_attention_heads", cfg.num_q_heads),

@@ -134,19 +134,21 @@ NOT_REACHABLE = "not reachable here"
 def _search(spec: CheckSpec, scenario_for, variant, acceptable, schedules, progress, stop=True):
     strategy = spec.strategy_for(variant)
     if strategy in ("exhaustive", "hypothesis"):
-        # one search per scenario: every member of a fault search in turn, else the one scenario
-        count = len(scenario_for) if isinstance(scenario_for, FaultSearch) else 1
+        # one search per scenario: every member of a fault search or of a drawn family in
+        # turn (a family drawn per run would otherwise be searched at its run 0 alone), else
+        # the one scenario
+        scenarios = _members(scenario_for)
         start, total, result, complete = time.perf_counter(), SearchStats(), None, True
-        for i in range(count):
+        for scenario in scenarios:
             left = spec.time_budget - (time.perf_counter() - start)
             if left <= 0:
                 total.budget_reached = True
                 break
             if strategy == "exhaustive":
-                result = exhaustive_search(scenario_for(i), variant, acceptable, left,
+                result = exhaustive_search(scenario, variant, acceptable, left,
                                            stop_on_failure=stop, progress=progress)
             else:
-                result = hypothesis_search(scenario_for(i), variant, acceptable,
+                result = hypothesis_search(scenario, variant, acceptable,
                                            max_examples=schedules, seed=spec.seed, time_budget=left)
             _accumulate(total, result.stats)
             complete &= result.stats.complete
@@ -205,6 +207,25 @@ class VerdictIn:
 
     def __call__(self, result: RunResult) -> bool:
         return result.outcome.verdict in self.verdicts
+
+
+DRAWN_MEMBERS = 8
+"""Draws of a family without `members` that a one-scenario search (exhaustive, hypothesis)
+takes in turn: runs 0..7."""
+
+
+def _members(scenario_for) -> list[Scenario]:
+    """The scenarios a one-scenario search (exhaustive, hypothesis) takes in turn: a fault
+    search's members, a drawn family's ``members()`` (`sim.scenario.ShortContextDraw`: every
+    value it draws from) or its first DRAWN_MEMBERS draws, distinct, or the one scenario of a
+    fixed family."""
+    if isinstance(scenario_for, FaultSearch):
+        return [scenario_for(i) for i in range(len(scenario_for))]
+    if isinstance(scenario_for, Fixed):
+        return [scenario_for(0)]
+    members = getattr(scenario_for, "members", None)
+    drawn = members() if members is not None else [scenario_for(i) for i in range(DRAWN_MEMBERS)]
+    return list(dict.fromkeys(drawn))
 
 
 def scenario_family(variant: Variant, base: Scenario, seed: int):

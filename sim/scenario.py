@@ -233,10 +233,23 @@ class ShortContextDraw:
     base: Scenario
     seed: int
 
-    def __call__(self, index: int) -> Scenario:
+    def _values(self) -> range | None:
         contexts = decode_contexts(self.base)
-        if contexts is None:
-            return self.base
-        lo, hi = contexts
-        short = random.Random(f"short-context {self.seed} {index}").randint(max(1, lo - 1), hi)
+        return None if contexts is None else range(max(1, contexts[0] - 1), contexts[1] + 1)
+
+    def _with(self, short: int) -> Scenario:
         return self.base.with_(config=replace(self.base.config, short_context=short))
+
+    def __call__(self, index: int) -> Scenario:
+        values = self._values()
+        if values is None:
+            return self.base
+        short = random.Random(f"short-context {self.seed} {index}").randint(values[0],
+                                                                           values[-1])
+        return self._with(short)
+
+    def members(self) -> list[Scenario]:
+        """Every scenario the draw can give, one per ``short_context`` value in order: what a
+        search of one scenario at a time (exhaustive, hypothesis) takes in turn."""
+        values = self._values()
+        return [self.base] if values is None else [self._with(v) for v in values]

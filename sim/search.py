@@ -281,6 +281,12 @@ def hypothesis_search(scenario: Scenario, variant, acceptable: Acceptable, max_e
             prop()
     except AssertionError:
         pass
+    except Exception:
+        # once the budget is spent prop() returns without drawing, and Hypothesis replaying an
+        # earlier example then reports inconsistent data generation: the search is incomplete
+        # (budget_reached), not the variant in error
+        if not stats.budget_reached:
+            raise
     stats.seconds = time.perf_counter() - start
     if not failures:
         return SearchResult(stats, None)

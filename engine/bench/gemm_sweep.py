@@ -289,7 +289,7 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=20,
                    help=f"graph replays per timing (1..{MAX_REPEATS}); the median is reported")
     p.add_argument("--kinds", default="gemm,rope",
-                   help="what to time, comma-separated (default both): gemm (each linear shape "
+                   help="what to time, comma-separated (default gemm,rope): gemm (each linear shape "
                         "against cuBLAS), rope (the QKV GEMM with the q/k norm + RoPE + "
                         "KV-write epilogue against the two launches it replaces)")
     p.add_argument("--json", help="write every measurement here")

@@ -33,7 +33,7 @@ import sys
 import tempfile
 import time
 
-from engine.bench.options import BenchArgError, check_output_path, check_range
+from engine.bench.options import BenchArgError, check_output_path, check_range, parse_int_list
 
 
 class CpuPhaseTimer:
@@ -169,12 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", dest="json_path", help="write the figures to this JSON file")
     args = p.parse_args(argv)
     try:
-        sizes = [int(x) for x in args.batch_sizes.split(",")]
-    except ValueError:
-        print(f"host_overhead: error: --batch-sizes {args.batch_sizes!r} is not a "
-              "comma-separated list of integers", file=sys.stderr)
-        return 2
-    try:
+        sizes = parse_int_list(args.batch_sizes, "--batch-sizes")
         for name, value, lo, hi in [("--steps", args.steps, 2, 10**6),
                                     ("--repeats", args.repeats, 1, 10**4),
                                     ("--threads", args.threads, 1, 1024)] + [

@@ -33,17 +33,24 @@ def main(argv=None) -> int:
         print(f"profile: error: --preset {args.preset!r}: choose from "
               f"{', '.join(sorted(PRESETS))}", file=sys.stderr)
         return 2
-    from engine.bench.options import BenchArgError, check_range
+    from engine.bench.options import MAX_BATCH, BenchArgError, check_range
 
     try:
-        for flag, value in (("--batch", args.batch), ("--context", args.context),
-                            ("--steps", args.steps), ("--rows", args.rows)):
+        check_range("--batch", args.batch, 1, MAX_BATCH)
+        for flag, value in (("--context", args.context), ("--steps", args.steps),
+                            ("--rows", args.rows)):
             check_range(flag, value, 1)
     except BenchArgError as exc:
         print(f"profile: error: {exc}", file=sys.stderr)
         return 2
 
     import torch
+
+    if not torch.cuda.is_available():
+        print("profile: error: needs a CUDA GPU (torch.cuda.is_available() is False)",
+              file=sys.stderr)
+        return 2
+
     from torch.profiler import ProfilerActivity, profile
 
     from engine.bench.decode import engine_settings

@@ -468,7 +468,8 @@ def main(argv=None) -> int:
     import torch
 
     if not torch.cuda.is_available():
-        print("step_tune: needs a CUDA GPU", file=sys.stderr)
+        print("step_tune: error: needs a CUDA GPU (torch.cuda.is_available() is False)",
+              file=sys.stderr)
         return 2
     if args.json is None and args.plans is None:
         print("step_tune: note: without --json or --plans the results are only printed",

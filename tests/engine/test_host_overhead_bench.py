@@ -28,7 +28,8 @@ def test_bench_times_every_decode_step_at_each_batch(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["--batch-sizes", "0"], "--batch-sizes 0: expected 1..256"),
-    (["--batch-sizes", "1,x"], "--batch-sizes '1,x' is not a comma-separated list"),
+    (["--batch-sizes", "1,x"], "--batch-sizes '1,x': 'x' is not an integer"),
+    (["--batch-sizes", "1,1"], "--batch-sizes '1,1': 1 is given twice"),
     (["--steps", "1"], "--steps 1: expected 2..1000000"),
     (["--repeats", "0"], "--repeats 0: expected 1..10000"),
 ])

@@ -158,9 +158,21 @@ def test_profile_refuses_bad_arguments_in_one_line_before_touching_a_gpu(capsys)
 
     for argv, message in ((["--preset", "qwen9"], "--preset 'qwen9': choose from"),
                           (["--preset", "tiny", "--steps", "0"], "--steps 0: expected >= 1"),
-                          (["--preset", "tiny", "--batch", "-2"], "--batch -2: expected >= 1")):
+                          (["--preset", "tiny", "--batch", "-2"], "--batch -2: expected 1..256"),
+                          (["--preset", "tiny", "--batch", "257"], "--batch 257: expected 1..256")):
         assert profile.main(argv) == 2
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1, err
     with pytest.raises(SystemExit):
         profile.main(["--preset", "tiny", "--steps", "x"])  # argparse's own usage error
+
+
+def test_profile_without_a_gpu_is_a_one_line_error(capsys, monkeypatch):
+    import torch
+
+    from engine.bench import profile
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert profile.main(["--preset", "tiny"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("profile: error: needs a CUDA GPU"), err

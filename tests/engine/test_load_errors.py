@@ -127,6 +127,7 @@ def test_intermediate_and_vocab_not_divisible_by_tp(tiny_dir):
 
 def test_bad_tp_size_and_settings(tiny_dir):
     _rejects(tiny_dir, ParallelConfigError, "tensor_parallel_size = 0", tp=0)
+    _rejects(tiny_dir, ParallelConfigError, "tensor_parallel_size = True", tp=True)
     with pytest.raises(ParallelConfigError, match="page_size = 24"):
         LLM(tiny_dir, page_size=24)
     with pytest.raises(ParallelConfigError, match="device = 'tpu'"):

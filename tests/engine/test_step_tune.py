@@ -287,3 +287,14 @@ def test_a_bad_value_is_named_before_the_model_is_looked_at(capsys):
         assert step_tune.main(argv) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and ("--steps -1" in err or "--warmup 5000" in err), err
+
+
+def test_step_tune_without_a_gpu_is_a_one_line_error(capsys, monkeypatch):
+    import torch
+
+    from engine.bench.step_tune import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["--preset", "qwen3-0.6b", "--rows", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("step_tune: error: needs a CUDA GPU"), err

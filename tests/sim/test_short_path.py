@@ -183,3 +183,23 @@ def test_the_short_graphs_are_captured_only_where_the_path_is_on():
     assert not any(SHORT in key for key in recorded("correct"))
     short = {key for key in recorded("correct-short-path") if SHORT in key}
     assert short == {f"{SHORT}@{b}" for b in (1, 2, 4, 8)}  # the buckets up to short_max_bucket
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", BAD)
+def test_the_one_scenario_strategies_search_every_drawn_short_context(name):
+    """Hypothesis (like exhaustive search) takes one scenario per search: it searches every
+    member of the draw in turn. Searching run 0's draw alone (seed 0: a short_context below
+    every decode context) reported both bad variants clean (a fresh user's finding)."""
+    spec = CheckSpec(schedules=5, fault_schedules=0, time_budget=120, jobs=1,
+                     strategy="hypothesis")
+    row = check_bad(REGISTRY[name], spec, "shared")
+    assert row.got == "divergence", row.detail
+
+
+def test_the_draw_lists_every_value_it_draws_from():
+    draw = ShortContextDraw(short_path_on(default_scenario("shared")), seed=0)
+    lo, hi = decode_contexts(draw.base)
+    members = [m.config.short_context for m in draw.members()]
+    assert members == list(range(max(1, lo - 1), hi + 1))
+    assert {draw(i).config.short_context for i in range(200)} == set(members)
