@@ -30,7 +30,8 @@ import sys
 
 import torch
 
-from engine.bench.options import BenchArgError, check_output_path, check_range, parse_int_list
+from engine.bench.options import (BenchArgError, check_output_path, check_range, cuda_missing,
+                                  parse_int_list)
 from engine.kernels import fused
 from engine.kernels.skinny_gemm import (MAX_ROWS, TileConfig, Workspace, parse_table, shape_key,
                                         skinny_gemm)
@@ -333,9 +334,7 @@ def main(argv=None) -> int:
     except BenchArgError as exc:
         print(f"gemm_sweep: error: {exc}", file=sys.stderr)
         return 2
-    if not torch.cuda.is_available():
-        print("gemm_sweep: error: needs a CUDA GPU (torch.cuda.is_available() is False)",
-              file=sys.stderr)
+    if cuda_missing("gemm_sweep"):
         return 2
     shapes = {}
     for preset in presets:

@@ -7,6 +7,7 @@ exits with status 2.
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,6 +60,18 @@ class BenchOptions:
     seed: int = 0
     decode_gemm: str = "auto"
     profile: bool = True
+
+
+def cuda_missing(tool: str) -> bool:
+    """True, after printing "TOOL: error: needs a CUDA GPU ..." to stderr, when torch sees no
+    CUDA device: the GPU tools' one check before they touch the device (exit status 2)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return False
+    print(f"{tool}: error: needs a CUDA GPU (torch.cuda.is_available() is False)",
+          file=sys.stderr)
+    return True
 
 
 def check_range(flag: str, value: int, least: int, most: int | None = None) -> None:

@@ -33,7 +33,7 @@ def main(argv=None) -> int:
         print(f"profile: error: --preset {args.preset!r}: choose from "
               f"{', '.join(sorted(PRESETS))}", file=sys.stderr)
         return 2
-    from engine.bench.options import MAX_BATCH, BenchArgError, check_range
+    from engine.bench.options import MAX_BATCH, BenchArgError, check_range, cuda_missing
 
     try:
         check_range("--batch", args.batch, 1, MAX_BATCH)
@@ -44,12 +44,10 @@ def main(argv=None) -> int:
         print(f"profile: error: {exc}", file=sys.stderr)
         return 2
 
-    import torch
-
-    if not torch.cuda.is_available():
-        print("profile: error: needs a CUDA GPU (torch.cuda.is_available() is False)",
-              file=sys.stderr)
+    if cuda_missing("profile"):
         return 2
+
+    import torch
 
     from torch.profiler import ProfilerActivity, profile
 

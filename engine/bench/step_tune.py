@@ -30,7 +30,7 @@ import sys
 import time
 
 from engine.bench.options import (BenchArgError, BenchOptions, check_output_path, check_range,
-                                  max_positions, model_shape, parse_int_list)
+                                  cuda_missing, max_positions, model_shape, parse_int_list)
 from engine.kernels.skinny_gemm import TileConfig, load_table, shape_key
 from engine.layers.linear import (FUSED_PLANS_PATH, ROLES, DecodeGemm, FusedLayerPlan,
                                   LayerShapes, layer_key, load_fused_plans, parse_fused_plans,
@@ -465,12 +465,10 @@ def main(argv=None) -> int:
     except BenchArgError as exc:
         print(f"step_tune: error: {exc}", file=sys.stderr)
         return 2
+    if cuda_missing("step_tune"):
+        return 2
     import torch
 
-    if not torch.cuda.is_available():
-        print("step_tune: error: needs a CUDA GPU (torch.cuda.is_available() is False)",
-              file=sys.stderr)
-        return 2
     if args.json is None and args.plans is None:
         print("step_tune: note: without --json or --plans the results are only printed",
               file=sys.stderr)
