@@ -39,7 +39,14 @@ from engine.presets import PRESETS
 
 ROWS = (1, 8, 16, 32, 64)
 SPACE = dict(block_n=(16, 32, 64), block_k=(128, 256), split_k=(1, 2, 4, 8),
-             num_stages=(4,))
+             num_stages=(3, 4))
+"""Tiles whose weights come through pointer loads."""
+TMA_SPACE = dict(block_n=(64, 128), block_k=(128, 256), split_k=(1, 2, 4, 8),
+                 num_stages=(3, 5))
+"""Tiles whose weights come through a tensor descriptor (`TileConfig.tma`); those whose
+pipeline stages would not fit `TMA_SMEM_BYTES` are left out."""
+TMA_SMEM_BYTES = 200 * 1024
+"""Shared memory a TMA tile's weight stages may take (an H200 SM has 228 KB)."""
 COPIES_BYTES = 128 * 1024**2
 ROPE_MAX_SPLIT = 20
 """Most K splits `rope_space` names."""
@@ -124,9 +131,7 @@ def sweep_shape(n: int, k: int, swiglu: bool, rows, workspace, repeats: int, log
                 if not err < 2e-2:
                     raise AssertionError(f"relative error {err}")
 
-        configs = [TileConfig(bn, bk, sk, 4, st)
-                   for bn, bk, sk, st in itertools.product(*SPACE.values())
-                   if not (sk > 1 and k // sk < bk)]
+        configs = gemm_space(k, swiglu)
         best = time_tiles(entry, configs, check,
                           lambda cfg, w: skinny_gemm(x, w, workspace, cfg, swiglu=swiglu),
                           ws, repeats)
@@ -140,10 +145,23 @@ def sweep_shape(n: int, k: int, swiglu: bool, rows, workspace, repeats: int, log
     return out
 
 
+def gemm_space(k: int, swiglu: bool) -> list[TileConfig]:
+    """The tiles `sweep_shape` times over K = k: `SPACE` with pointer loads and `TMA_SPACE`
+    with a tensor descriptor, 4 warps; a split shorter than one block_k is left out."""
+    pointer = [TileConfig(bn, bk, sk, 4, st)
+               for bn, bk, sk, st in itertools.product(*SPACE.values())]
+    tma = [TileConfig(bn, bk, sk, 4, st, tma=True)
+           for bn, bk, sk, st in itertools.product(*TMA_SPACE.values())
+           if bn * bk * 2 * st * (2 if swiglu else 1) <= TMA_SMEM_BYTES]
+    return [c for c in pointer + tma if not (c.split_k > 1 and k // c.split_k < c.block_k)]
+
+
 def rope_space(k: int, half: int) -> list[TileConfig]:
     """Tiles of a `skinny_gemm_qkv_rope` launch over K = k: block_n is the half head; each
     (block_k, split) whose splits are one or two block_k tiles long, or one unsplit loop;
-    4 and 8 warps. Splits that round to the same K ranges appear once."""
+    4 and 8 warps, with pointer and tensor-descriptor weight loads (the descriptor's tile
+    fitting `TMA_SMEM_BYTES` over 4 stages). Splits that round to the same K ranges appear
+    once."""
     out = []
     for bk in (128, 256, 512):
         for split in (1, 2, 4, 5, 8, 10, 16, 20):
@@ -151,7 +169,9 @@ def rope_space(k: int, half: int) -> list[TileConfig]:
             tiles = k_split // bk
             if -(-k // k_split) != split or (split > 1 and tiles > 2):
                 continue
-            out += [TileConfig(half, bk, split, warps, 4) for warps in (4, 8)]
+            out += [TileConfig(half, bk, split, warps, 4, tma=tma) for warps in (4, 8)
+                    for tma in (False, True)
+                    if not tma or 2 * half * bk * 2 * 4 <= TMA_SMEM_BYTES]
     return out
 
 

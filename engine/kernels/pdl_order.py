@@ -10,7 +10,8 @@ in the source changes what this module reports, so the check follows the code.
 
 The reading is conservative: a pointer counts as loaded where any `tl.load` (or atomic) names
 it or a variable derived from it, in either arm of an `if` and in any loop; a store is any
-`tl.store` or atomic. Pointer parameters are those named `*_ptr` (the engine's convention); a
+`tl.store` or atomic. Pointer parameters are those named `*_ptr` (the engine's convention) and
+tensor descriptors named `*_desc` (whose `.load` reads the tensor the descriptor names); a
 load or store whose address derives from none of them is refused rather than skipped.
 """
 
@@ -62,7 +63,7 @@ def memory_order(kernel) -> MemoryOrder:
     fn = next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)), None)
     if fn is None:
         raise ValueError("no function definition in the kernel source")
-    pointers = {a.arg for a in fn.args.args if a.arg.endswith("_ptr")}
+    pointers = {a.arg for a in fn.args.args if a.arg.endswith(("_ptr", "_desc"))}
     walker = _Walker(pointers)
     for stmt in fn.body:
         walker.visit(stmt)
@@ -75,6 +76,12 @@ def memory_order(kernel) -> MemoryOrder:
     else:
         trigger = "after wait" if walker.trigger_waited else "before wait"
     return MemoryOrder(before, after, stores, early_stores, trigger, walker.waited)
+
+
+def _is_descriptor_call(node: ast.Call) -> bool:
+    """A method of a tensor descriptor (``w_desc.load(...)``), not a ``tl.`` function."""
+    target = node.func.value if isinstance(node.func, ast.Attribute) else None
+    return isinstance(target, ast.Name) and target.id != "tl"
 
 
 def _call_name(node: ast.Call) -> str:
@@ -146,6 +153,8 @@ class _Walker(ast.NodeVisitor):
         elif name in _LOADS | _STORES | _ATOMICS and isinstance(node.func, ast.Attribute):
             address = node.args[0] if node.args else next(
                 (kw.value for kw in node.keywords if kw.arg == "pointer"), None)
+            if _is_descriptor_call(node):  # ``w_desc.load([row, col])``: the tensor it names
+                address = node.func.value
             sources = self._sources(address) if address is not None else set()
             if not sources:
                 raise ValueError(f"line {node.lineno}: tl.{name} of an address that derives "

@@ -34,6 +34,7 @@ from engine.kernels.pdl import pdl_launch
 try:  # Triton is optional on CPU-only machines; the torch path needs none of it.
     import triton
     import triton.language as tl
+    from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # pragma: no cover - exercised only where triton is absent
     triton = None
 
@@ -55,18 +56,31 @@ class TileConfig:
     split_k: int
     num_warps: int = 4
     num_stages: int = 4
+    tma: bool = False
 
     def __post_init__(self):
         """Raises ValueError naming the first field that is not a positive int, or not a power
         of two where Triton needs one (block_n and block_k are `tl.arange` lengths; num_warps
-        a warp count): a table or plans file from elsewhere is checked on load, before any
-        launch divides by it or compiles it."""
+        a warp count), or a `tma` that is not a bool or whose tile a tensor descriptor cannot
+        hold (at most TMA_MAX_BOX rows and columns, at least 16 of each): a table or plans
+        file from elsewhere is checked on load, before any launch divides by it or compiles
+        it."""
         for name in ("block_n", "block_k", "split_k", "num_warps", "num_stages"):
             value = getattr(self, name)
             if type(value) is not int or value < 1:
                 raise ValueError(f"tile {name} {value!r}: expected a positive integer")
             if name in ("block_n", "block_k", "num_warps") and value & (value - 1):
                 raise ValueError(f"tile {name} {value}: expected a power of two")
+        if type(self.tma) is not bool:
+            raise ValueError(f"tile tma {self.tma!r}: expected true or false")
+        if self.tma and not (16 <= self.block_n <= TMA_MAX_BOX
+                             and 16 <= self.block_k <= TMA_MAX_BOX):
+            raise ValueError(f"tile block_n {self.block_n} x block_k {self.block_k} with tma: "
+                             f"a tensor descriptor's tile is 16..{TMA_MAX_BOX} on each side")
+
+
+TMA_MAX_BOX = 256
+"""Most elements along one side of a tensor-descriptor (TMA) tile (the hardware's box limit)."""
 
 
 def default_config(n_out: int, k: int, sms: int = 132) -> TileConfig:
@@ -142,20 +156,30 @@ if triton is not None:
                             qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, pt_ptr, kc_ptr,
                             vc_ptr, stride_cos, stride_pt, stride_kp, stride_kt, stride_kh,
                             stride_qh, qk_eps, HEADS: tl.constexpr, NQ: tl.constexpr,
-                            NKV: tl.constexpr, PAGE: tl.constexpr):
+                            NKV: tl.constexpr, PAGE: tl.constexpr,
+                            w_desc, TMA: tl.constexpr):
         # PAIRED: two accumulators over weight rows n and n + HALF (SwiGLU's gate and up, or
-        # HEADS' two rotate-half halves of head pid_n, whose rows start at pid_n * ROW_STEP)
+        # HEADS' two rotate-half halves of head pid_n, whose rows start at pid_n * ROW_STEP).
+        # TMA: the weight tiles come through the tensor descriptor w_desc (Hopper's bulk copy,
+        # zeros past its edges) as [BLOCK_N, BLOCK_K], and the products are W @ x^T, the
+        # weight's rows on the MMA's M side; the accumulators are transposed after the loop.
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         m = tl.arange(0, BLOCK_M)
-        n = pid_n * ROW_STEP + tl.arange(0, BLOCK_N)
+        row0 = pid_n * ROW_STEP
+        n = row0 + tl.arange(0, BLOCK_N)
         kk = tl.arange(0, BLOCK_K)
         mmask = m < M
         nmask = n < N_OUT
-        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        if TMA:
+            acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+            acc_up = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+        else:
+            acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         w_cols = w_ptr + n.to(tl.int64)[None, :] * stride_wn
         x_rows = x_ptr + m[:, None] * stride_xm
+        x_cols = x_ptr + m[None, :] * stride_xm
         k_begin = pid_k * K_SPLIT
         if ONE_TILE:
             # This program's whole K range is one tile: its weights (written at load, never by
@@ -163,11 +187,18 @@ if triton is not None:
             # behind the previous kernel's tail.
             k = k_begin + kk
             kmask = k < K
-            wt = tl.load(w_cols + k[:, None], mask=kmask[:, None] & nmask[None, :], other=0.0)
-            ut = wt
-            if PAIRED:
-                ut = tl.load(w_cols + HALF * stride_wn + k[:, None],
-                             mask=kmask[:, None] & nmask[None, :], other=0.0)
+            if TMA:
+                wt = w_desc.load([row0, k_begin])
+                ut = wt
+                if PAIRED:
+                    ut = w_desc.load([row0 + HALF, k_begin])
+            else:
+                wt = tl.load(w_cols + k[:, None], mask=kmask[:, None] & nmask[None, :],
+                             other=0.0)
+                ut = wt
+                if PAIRED:
+                    ut = tl.load(w_cols + HALF * stride_wn + k[:, None],
+                                 mask=kmask[:, None] & nmask[None, :], other=0.0)
         if HEADS:
             # the epilogue's per-row inputs: the step's positions, slots and page-table entries
             # (written two or more launches back, read through L2), the norm weights and the
@@ -200,7 +231,16 @@ if triton is not None:
         if RESIDUAL:  # only this column block's fix-up program writes it, after every load
             res = tl.load(out_ptr + m[:, None] * stride_om + n[None, :],
                           mask=mmask[:, None] & nmask[None, :], other=0.0).to(tl.float32)
-        if ONE_TILE:
+        if ONE_TILE and TMA:
+            xt = tl.load(x_cols + k[:, None], mask=kmask[:, None] & mmask[None, :], other=0.0)
+            if UPCAST:
+                xt = xt.to(tl.float32)
+                wt = wt.to(tl.float32)
+                ut = ut.to(tl.float32)
+            acc += _dot(wt, xt, IEEE)
+            if PAIRED:
+                acc_up += _dot(ut, xt, IEEE)
+        elif ONE_TILE:
             xt = tl.load(x_rows + k[None, :], mask=mmask[:, None] & kmask[None, :], other=0.0)
             if UPCAST:
                 xt = xt.to(tl.float32)
@@ -209,6 +249,22 @@ if triton is not None:
             acc += _dot(xt, wt, IEEE)
             if PAIRED:
                 acc_up += _dot(xt, ut, IEEE)
+        elif TMA:
+            for k0 in range(k_begin, k_begin + K_SPLIT, BLOCK_K):
+                k = k0 + kk
+                kmask = k < K
+                xt = tl.load(x_cols + k[:, None], mask=kmask[:, None] & mmask[None, :],
+                             other=0.0)
+                wt = w_desc.load([row0, k0])
+                if UPCAST:
+                    xt = xt.to(tl.float32)
+                    wt = wt.to(tl.float32)
+                acc += _dot(wt, xt, IEEE)
+                if PAIRED:
+                    ut = w_desc.load([row0 + HALF, k0])
+                    if UPCAST:
+                        ut = ut.to(tl.float32)
+                    acc_up += _dot(ut, xt, IEEE)
         else:
             for k0 in range(k_begin, k_begin + K_SPLIT, BLOCK_K):
                 k = k0 + kk
@@ -227,6 +283,9 @@ if triton is not None:
                     if UPCAST:
                         ut = ut.to(tl.float32)
                     acc_up += _dot(xt, ut, IEEE)
+        if TMA:
+            acc = tl.trans(acc)
+            acc_up = tl.trans(acc_up)
         if PDL:  # the next kernel may start launching; it waits for this grid's completion
             tl.extra.cuda.gdc_launch_dependents()
         if SPLIT_K > 1:
@@ -552,8 +611,23 @@ def _launch(x, w, out, workspace, config, swiglu, row_stats, eps, residual, rope
         IEEE=x.dtype == torch.float32,
         ONE_TILE=k_split <= cfg.block_k, PAIRED=swiglu or rope is not None,
         ROW_STEP=row_step, **_head_args(rope, w, out),
+        w_desc=_weight_descriptor(w, cfg) if cfg.tma else None, TMA=cfg.tma,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(x))
     return blocks
+
+
+def _weight_descriptor(w: torch.Tensor, cfg: TileConfig) -> "TensorDescriptor":
+    """The tensor descriptor of a `tma` tile's weight reads: [block_n, block_k] tiles of w.
+
+    Raises:
+        ValueError: w's start or row stride is not a multiple of 16 bytes (the bulk copy's
+            alignment).
+    """
+    row_bytes = w.stride(0) * w.element_size()
+    if w.data_ptr() % 16 or row_bytes % 16:
+        raise ValueError(f"skinny_gemm: a tma tile needs w's start and rows 16-byte aligned "
+                         f"(w {tuple(w.shape)}, row stride {row_bytes} bytes)")
+    return TensorDescriptor.from_tensor(w, [cfg.block_n, cfg.block_k])
 
 
 def fold_norm_weight(w: torch.Tensor, norm_weight: torch.Tensor) -> None:

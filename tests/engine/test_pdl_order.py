@@ -24,7 +24,8 @@ HEAD_PTRS = ("qw_ptr", "kw_ptr", "cos_ptr", "sin_ptr", "pos_ptr", "slot_ptr", "p
 def gemm(x: str, w: str, out: str) -> dict:
     """A skinny GEMM launch without the rope epilogue: its head pointers are the weight
     (`skinny_gemm._head_args`)."""
-    return {"x_ptr": x, "w_ptr": w, "out_ptr": out, **GEMM_WS, **dict.fromkeys(HEAD_PTRS, w)}
+    return {"x_ptr": x, "w_ptr": w, "w_desc": w, "out_ptr": out, **GEMM_WS,
+            **dict.fromkeys(HEAD_PTRS, w)}
 
 
 def rope_buffers(i: int) -> dict:
@@ -43,7 +44,8 @@ def layer(i: int, rope: bool = False, short: bool = False) -> list[tuple[str, ob
     x = "normed" if i == 0 else "residual"
     if rope:
         qkv = [(f"qkv {i}", skinny_gemm._skinny_gemm_kernel,
-                {"x_ptr": x, "w_ptr": f"w_qkv {i}", "out_ptr": "q", **GEMM_WS,
+                {"x_ptr": x, "w_ptr": f"w_qkv {i}", "w_desc": f"w_qkv {i}", "out_ptr": "q",
+                 **GEMM_WS,
                  **rope_buffers(i)})]
     else:
         qkv = [(f"qkv {i}", skinny_gemm._skinny_gemm_kernel, gemm(x, f"w_qkv {i}", "qkv")),
@@ -98,8 +100,8 @@ def spec(name: str, order: pdl_order.MemoryOrder, buffers: dict) -> KernelSpec:
 
 def decode_chain(sources: dict | None = None, rope: bool = False,
                  short: bool = False) -> list[KernelSpec]:
-    """Step start, then two fused layers (with `rope`, in their 5-launch form; with `short`
-    too, 4 launches); `sources` replaces a kernel's source text."""
+    """Step start, then two fused layers (6 launches; with `rope` 5; with `short` one
+    fewer); `sources` replaces a kernel's source text."""
     sources = sources or {}
     chain = list(STEP_START)
     for name, kernel, buffers in layer(0, rope, short) + layer(1, rope, short):
@@ -165,16 +167,31 @@ def test_the_four_launch_layer_has_no_stale_read_in_any_order():
         "attention+o_proj 1"].reads_after_wait
 
 
+def test_the_five_launch_short_layer_has_no_stale_read_in_any_order():
+    """Without the rope epilogue the fused attention follows the q/k norm + RoPE + KV-write
+    launch, which writes q and the step's cache entries: it loads those after its wait."""
+    chain = decode_chain(rope=False, short=True)
+    res = check_chain(chain)
+    assert res.stale is None, str(res.stale)
+    by_name = {k.name: k for k in chain}
+    assert [k.name for k in chain[-5:]] == ["qkv 1", "q/k norm 1", "attention+o_proj 1",
+                                            "gate_up 1", "down 1"]
+    assert {"q", "k_cache 1", "v_cache 1"} <= by_name["q/k norm 1"].writes
+    assert {"q", "k_cache 1", "v_cache 1"} <= by_name["attention+o_proj 1"].reads_after_wait
+
+
+@pytest.mark.parametrize("rope", [True, False])
 @pytest.mark.parametrize("line, buffer", [
     ("        t = tl.arange(0, BLOCK_T)\n", "q"),
     ("        lens = tl.minimum(lens, BLOCK_T)\n", "k_cache 0"),
 ])
-def test_the_fused_attention_loading_the_previous_launchs_writes_early_is_caught(line, buffer):
+def test_the_fused_attention_loading_the_previous_launchs_writes_early_is_caught(line, buffer,
+                                                                                rope):
     src = source(attention_oproj._attn_oproj_kernel)
     ptr = {"q": "q_ptr", "k_cache 0": "k_ptr"}[buffer]
     mutated = src.replace(line, line + f"        _x = tl.load({ptr} + m)\n", 1)
     assert mutated != src, "the mutation did not apply"
-    res = check_chain(decode_chain({attention_oproj._attn_oproj_kernel: mutated}, rope=True,
+    res = check_chain(decode_chain({attention_oproj._attn_oproj_kernel: mutated}, rope=rope,
                                    short=True))
     assert res.stale is not None, "the mutant survived"
     assert (res.stale.reader, res.stale.buffer) == ("attention+o_proj 0", buffer), str(res.stale)
@@ -271,3 +288,16 @@ def kern(q_ptr, o_ptr, PDL):
     assert order.loads_before_wait == {"q_ptr"} and order.stores == {"o_ptr"}
     with pytest.raises(ValueError, match="line 2: tl.load of an address that derives from no"):
         pdl_order.memory_order("def kern(Q, o_ptr):\n    x = tl.load(Q)\n")
+
+
+def test_a_tensor_descriptor_load_reads_the_tensor_the_descriptor_names():
+    """`w_desc.load([row, col])` (a TMA tile's weight read) counts as a load of `w_desc`, at
+    its place relative to the wait; a descriptor the reading cannot name is refused."""
+    order = pdl_order.memory_order(skinny_gemm._skinny_gemm_kernel)
+    assert "w_desc" in order.loads_before_wait  # the one-tile weight read, as with w_ptr
+    src = ("def k(a_desc, out_ptr):\n    tl.extra.cuda.gdc_wait()\n"
+           "    t = a_desc.load([0, 0])\n    tl.store(out_ptr, t)\n")
+    order = pdl_order.memory_order(src)
+    assert order.loads_after_wait == {"a_desc"} and not order.loads_before_wait
+    with pytest.raises(ValueError, match="derives from no pointer"):
+        pdl_order.memory_order(src.replace("a_desc.load", "other.load"))

@@ -32,7 +32,13 @@ cases = [(1, 96, 512, False, sg.TileConfig(16, 64, 4)),    # split-K fix-up, M =
          (1, 96, 512, False, sg.TileConfig(16, 128, 4)),
          (2, 80, 300, False, sg.TileConfig(16, 64, 5)),
          (5, 200, 256, True, sg.TileConfig(16, 128, 2)),
-         (4, 64, 100, True, sg.TileConfig(32, 128, 1))]
+         (4, 64, 100, True, sg.TileConfig(32, 128, 1)),
+         # tensor-descriptor weight reads (rows of K % 8 == 0: 16-byte aligned in bfloat16)
+         (1, 96, 512, False, sg.TileConfig(64, 64, 4, tma=True)),    # split, ragged N
+         (5, 200, 296, True, sg.TileConfig(64, 64, 2, tma=True)),    # SwiGLU past N's end
+         (3, 48, 1000, False, sg.TileConfig(16, 128, 3, tma=True)),  # odd split count
+         (2, 80, 296, False, sg.TileConfig(16, 64, 5, tma=True)),    # one tile, split
+         (4, 64, 104, True, sg.TileConfig(32, 128, 1, tma=True))]    # one tile, SwiGLU
 for M, N, K, swiglu, cfg in cases:
     for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
         x = torch.randn(M, K, dtype=dtype)
@@ -51,7 +57,7 @@ print("ok", len(cases))
 def test_triton_kernel_in_interpreter_matches_float64():
     res = run_in_triton_interpreter(_TRITON_CHECK)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert "ok 8" in res.stdout
+    assert "ok 13" in res.stdout
 
 
 def test_torch_path_swiglu_matches_its_definition():
@@ -289,6 +295,11 @@ cases = [(1, 96, 256, 80, False, sg.TileConfig(16, 64, 4), sg.TileConfig(16, 32,
          (5, 200, 300, 96, True, sg.TileConfig(32, 64, 1), sg.TileConfig(16, 64, 3)),
          # one tile per program on both sides (the weights loaded before the PDL wait)
          (3, 96, 256, 80, True, sg.TileConfig(16, 64, 4), sg.TileConfig(16, 128, 1)),
+         # tensor-descriptor weight reads on both sides, split and one tile
+         (3, 96, 256, 80, True, sg.TileConfig(64, 64, 4, tma=True),
+          sg.TileConfig(16, 128, 1, tma=True)),
+         (5, 200, 296, 96, False, sg.TileConfig(32, 64, 1, tma=True),
+          sg.TileConfig(64, 64, 3, tma=True)),
          (17, 64, 128, 48, False, None, None)]  # last: the row-count check below uses it
 for M, H, K, N, swiglu, pcfg, ccfg in cases:
     for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
@@ -339,7 +350,7 @@ def test_residual_epilogue_and_folded_norm_in_interpreter_match_float64():
     SwiGLU, split-K on either side) equals RMSNorm then GEMM in float64."""
     res = run_in_triton_interpreter(_RESIDUAL_NORM_CHECK)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert "ok 4" in res.stdout
+    assert "ok 6" in res.stdout
 
 
 _ROPE_CHECK = r"""
@@ -360,7 +371,11 @@ cases = [(1, 4, 2, 128, sg.TileConfig(16, 32, 4), False),
          (5, 2, 1, 96, sg.TileConfig(16, 64, 1), True),
          (3, 4, 2, 64, sg.TileConfig(16, 64, 1), False),
          (2, 2, 2, 128, sg.TileConfig(16, 64, 2), True),
-         (2, 2, 1, 128, sg.TileConfig(16, 32, 2), False)]  # two tiles in each split
+         (2, 2, 1, 128, sg.TileConfig(16, 32, 2), False),  # two tiles in each split
+         # tensor-descriptor weight reads: split-K, one unsplit loop, two tiles per split
+         (1, 4, 2, 128, sg.TileConfig(16, 32, 4, tma=True), False),
+         (5, 2, 1, 96, sg.TileConfig(16, 64, 1, tma=True), True),
+         (2, 2, 1, 128, sg.TileConfig(16, 32, 2, tma=True), False)]
 for M, nq, nkv, K, cfg, normed in cases:
     for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
         N = (nq + 2 * nkv) * D
@@ -424,7 +439,7 @@ def test_qkv_rope_epilogue_in_interpreter_matches_the_two_launches_and_float64()
     oracle. A tile whose block_n is not half a head is refused."""
     res = run_in_triton_interpreter(_ROPE_CHECK)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert "ok 5" in res.stdout
+    assert "ok 8" in res.stdout
 
 
 def test_fold_norm_weight_scales_columns_in_float32():
@@ -520,3 +535,34 @@ def test_sweep_time_tiles_records_failures_and_keeps_the_fastest(monkeypatch):
     assert entry["triton"][0]["us"] == 3.0
     assert [w for _, w in launched] == ["w0", "w1", "w0", "w1"]
     assert gemm_sweep.time_tiles({"triton": []}, tiles[1:2], check, None, [], 1) is None
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(tma="yes"), "tile tma 'yes': expected true or false"),
+    (dict(tma=1), "tile tma 1: expected true or false"),
+    (dict(tma=True, block_k=512), "block_k 512 with tma: a tensor descriptor's tile is 16..256"),
+    (dict(tma=True, block_n=8), "block_n 8 x block_k 128 with tma"),
+])
+def test_a_tma_tile_the_descriptor_cannot_hold_is_refused(fields, message):
+    with pytest.raises(ValueError, match=message):
+        sg.TileConfig(**{"block_n": 64, "block_k": 128, "split_k": 1, **fields})
+
+
+def test_a_tma_tile_over_a_misaligned_weight_is_one_error():
+    """A bulk copy needs the weight's start and row stride 16-byte aligned: a slice that
+    breaks either is refused before any launch (the table's shapes all have K % 8 == 0)."""
+    if sg.triton is None:
+        pytest.skip("needs triton")
+    w = torch.zeros(64, 100, dtype=torch.bfloat16)  # rows of 200 bytes
+    cfg = sg.TileConfig(64, 64, 1, tma=True)
+    with pytest.raises(ValueError, match="w's start and rows 16-byte aligned"):
+        sg._weight_descriptor(w, cfg)
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        sg._weight_descriptor(torch.zeros(64, 129, dtype=torch.bfloat16)[:, 1:], cfg)
+    assert sg._weight_descriptor(torch.zeros(64, 128, dtype=torch.bfloat16), cfg) is not None
+
+
+def test_old_tables_without_tma_still_load_as_pointer_tiles():
+    table = sg.load_table()
+    tiles = [e.config for rows in table.values() for e in rows.values() if e.config]
+    assert tiles and all(type(t.tma) is bool for t in tiles)

@@ -1,6 +1,6 @@
 """Skinny decode GEMM on the GPU: every configuration of the shipped table (the fastest tile
-of each measured shape and M, also where cuBLAS won, since a fused layer uses it) at its real
-shape against a float64 oracle, bit-identical across launches and inside a CUDA graph,
+of each measured shape and M, also where cuBLAS won, since a fused layer uses it) and of the
+step-tuned plans at its real shape against a float64 oracle, bit-identical across launches and inside a CUDA graph,
 counters left at zero; the residual and folded-norm epilogues at the real shapes; the QKV GEMM
 with the q/k norm + RoPE + KV-write epilogue against the two launches it replaces."""
 
@@ -24,6 +24,23 @@ def _cases():
             if entry.config is not None:
                 yield pytest.param(n, k, "swiglu" in key, m, entry.config,
                                    id=f"{key}-M{m}")
+    yield from _plan_cases()
+
+
+def _plan_cases():
+    """The step-tuned plans' tiles (`engine/layers/fused_plans.json`), the rope QKV tiles
+    aside (tested below with their epilogue)."""
+    from engine.layers.linear import ROLES, load_fused_plans
+
+    for layer, plans in sorted(load_fused_plans().items()):
+        shapes = dict(part.split() for part in layer.split(", "))
+        for m, plan in sorted(plans.items()):
+            for role in ROLES:
+                if role == "qkv" and plan.rope:
+                    continue
+                n, k = (int(v) for v in shapes[role].split("x"))
+                yield pytest.param(n, k, role == "gate_up", m, getattr(plan, role),
+                                   id=f"plan {shapes[role]} {role}-M{m}")
 
 
 @pytest.mark.parametrize("n, k, swiglu, m, cfg", list(_cases()))
