@@ -257,10 +257,9 @@ class EngineConfig:
         bfloat16, the decode GEMMs are the skinny ones and pages are no longer than the tile,
         else None: elsewhere the layer runs
         unfused and a short-path graph would be the same computation as the `DECODE` one.
-        Where the skinny table's plan for the bucket has no rope epilogue (Qwen3-4B's at one
-        row), the short graph is still captured and runs the `DECODE` kernels
-        (`engine.model.fuses_attention_oproj`): which plan a model gets is known only once its
-        weights are loaded, after the protocol's configuration is fixed."""
+        Where a model's layer runs unfused at one row all the same (a shape the skinny table
+        lacks), the short graph is still captured and runs the `DECODE` kernels
+        (`engine.model.fuses_attention_oproj`, `Qwen3ForCausalLM.fuses_short_path`)."""
         if (not self.short_decode or not self.cuda_graph or self.decode_gemm != "auto"
                 or self.dtype != "bfloat16" or self.buckets[0] > SHORT_DECODE_MAX_BUCKET
                 or self.page_size > SHORT_DECODE_TOKENS):

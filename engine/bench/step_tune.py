@@ -122,6 +122,37 @@ def descend(start: FusedLayerPlan, options: dict, time_plan) -> tuple[FusedLayer
     return best, trials
 
 
+def tuning_settings(model_dir: str, buckets: list[int], context: int):
+    """The engine settings `StepTimer` times with: one GPU, bfloat16, CUDA graphs, slots for
+    the largest bucket, room for `context` cached tokens and the step's own, and the short
+    path where the engine turns it on (`short_decode_default`), so that each bucket is timed
+    on the graph serving replays there.
+
+    Raises:
+        ParallelConfigError / ModelDirError: the settings do not hold (`EngineConfig.validate`).
+    """
+    from engine.bench.decode import PAGE_SIZE
+    from engine.engine_config import EngineConfig, short_decode_default
+    from protocol.buckets import DEFAULT_DECODE_BUCKETS
+
+    top = max(buckets)
+    settings = EngineConfig(
+        model_dir=str(model_dir), world_size=1, device="cuda", dtype="bfloat16",
+        max_batch=top, max_model_len=context + 1, page_size=PAGE_SIZE,
+        buckets=tuple(b for b in DEFAULT_DECODE_BUCKETS if b <= top), cuda_graph=True,
+        short_decode=short_decode_default("cuda", True, 1))
+    settings.validate()
+    return settings
+
+
+def tuned_graph_key(plan, bucket: int, context: int):
+    """The graph key the controller replays for `bucket` rows of `context` tokens under the
+    graph plan (`protocol.eligibility.GraphPlan.key_for`): the short path's at one row and a
+    context within its tile where the settings turn the path on, else the bucket's DECODE
+    graph. Tuning the other graph would tune kernels that serving does not run there."""
+    return plan.key_for(bucket, context)[0]
+
+
 class StepTimer:
     """Times fused-layer plans of one model on one GPU: each plan's decode step captured into
     a CUDA graph at a bucket and replayed through the protocol's reference driver, as
@@ -140,19 +171,14 @@ class StepTimer:
                  warmup: int, extra_tiles: list[TileConfig], seed: int = 0):
         import torch
 
-        from engine.bench.decode import HOLD_CYCLES, PAGE_SIZE, BenchBackend
-        from engine.engine_config import EngineConfig
+        from engine.bench.decode import HOLD_CYCLES, BenchBackend
         from engine.executor import RankExecutor
         from engine.layers.linear import ColumnParallelLinear, DecodeGemm, RowParallelLinear
         from engine.parallel import TPGroup
-        from protocol.buckets import DEFAULT_DECODE_BUCKETS
+        from protocol.eligibility import GraphPlan
 
-        top = max(buckets)
-        self.settings = EngineConfig(
-            model_dir=str(model_dir), world_size=1, device="cuda", dtype="bfloat16",
-            max_batch=top, max_model_len=context + 1, page_size=PAGE_SIZE,
-            buckets=tuple(b for b in DEFAULT_DECODE_BUCKETS if b <= top), cuda_graph=True)
-        self.settings.validate()
+        self.settings = tuning_settings(model_dir, buckets, context)
+        self.graph_plan = GraphPlan.from_config(self.settings.protocol_config())
         ex = self.ex = RankExecutor(self.settings, TPGroup(0, 1))
         ex.load_model()
         ex.allocate_kv(ex.pages_needed())
@@ -183,21 +209,26 @@ class StepTimer:
         where the layer runs unfused."""
         return self.model.decode_gemm.fused_layer_plan(self.shapes(), bucket)
 
+    def key(self, bucket: int):
+        """The graph the controller replays for `bucket` rows at this context
+        (`tuned_graph_key`)."""
+        return tuned_graph_key(self.graph_plan, bucket, self.context)
+
     def _steps(self, bucket: int, count: int) -> list:
         import torch
 
         from protocol.commands import DecodeRow, Step
-        from protocol.keys import GraphKey
 
         ids = torch.randint(0, self.ex.cfg.vocab_size, (count, bucket),
                             generator=self._rng).tolist()
         return [Step(seq=i, rows=tuple(DecodeRow(slot=r, request_id=r, token=t,
                                                  position=self.context - 1)
                                        for r, t in enumerate(row)), bucket=bucket,
-                     key=GraphKey(bucket)) for i, row in enumerate(ids)]
+                     key=self.key(bucket)) for i, row in enumerate(ids)]
 
     def time(self, bucket: int, plan: FusedLayerPlan) -> float:
-        """Median ms of the graph-replayed step at `bucket` rows with `plan`.
+        """Median ms of the graph-replayed step at `bucket` rows with `plan`, on the graph the
+        controller would replay there (`key`).
 
         Raises:
             RuntimeError: the plan's eager logits differ from the first plan's timed at this
@@ -208,9 +239,9 @@ class StepTimer:
 
         from engine.bench.decode import bench_worker, time_steps
         from engine.executor import PhaseTimer
-        from protocol.keys import GraphKey
+        from protocol.keys import SHORT
 
-        ex, key = self.ex, GraphKey(bucket)
+        ex, key = self.ex, self.key(bucket)
         self.model.set_fused_plan(bucket, plan)
         ex.free_graphs()
         if bucket not in self._check:
@@ -218,7 +249,8 @@ class StepTimer:
         check, ref = self._check[bucket]
         ex.prepare_replay(check)
         ex._step = None
-        logits = ex.graphs.on_stream(lambda: ex.decode_forward(bucket))[:bucket].float()
+        logits = ex.graphs.on_stream(lambda: ex.decode_forward(
+            bucket, short=key.path == SHORT))[:bucket].float()
         if ref is None:
             ref = logits.clone()
             self._check[bucket] = (check, ref)
@@ -272,12 +304,12 @@ def tune(timer: StepTimer, results: list[dict], rows: list[int], top: int, log) 
         again_start = sum(a for a, _ in pairs) / len(pairs)
         again_best = sum(b for _, b in pairs) / len(pairs)
         out["rows"][str(m)] = {
-            "start": plan_to_json(start), "best": plan_to_json(best),
+            "graph": str(timer.key(m)), "start": plan_to_json(start), "best": plan_to_json(best),
             "start_ms": trials[0].ms, "best_ms": next(t.ms for t in trials if t.plan == best),
             "confirm_start_ms": again_start, "confirm_best_ms": again_best,
             "trials": [{"role": t.role, "plan": plan_to_json(t.plan), "ms": t.ms,
                         "error": t.error} for t in trials]}
-        log(f"rows {m}: start {trials[0].ms:.4f} ms -> best {again_best:.4f} ms (start again "
+        log(f"rows {m} ({timer.key(m)}): start {trials[0].ms:.4f} ms -> best {again_best:.4f} ms (start again "
             f"{again_start:.4f}); {len(trials)} trials; best {plan_to_json(best)}")
     return out
 

@@ -103,14 +103,19 @@ class Qwen3Attention(nn.Module):
                ) -> torch.Tensor:
         """qkv: [T, (nq + 2 nkv) * head_dim] this rank's projection -> [T, nq * head_dim], the
         attention output before o_proj; K and V are written into the layer's cache."""
-        # fused q/k norm + RoPE + KV write, then attention over the paged cache
+        return self.attend_rotated(self.rotate(positions, qkv, ctx), ctx)
+
+    def rotate(self, positions: torch.Tensor, qkv: torch.Tensor, ctx: StepContext
+               ) -> torch.Tensor:
+        """qkv: [T, (nq + 2 nkv) * head_dim] -> q [T, nq, head_dim], normalised and rotated;
+        K (normalised, rotated) and V written into the layer's cache: the fused q/k norm +
+        RoPE + KV write (`fused.qk_norm_rope_kv`; its torch twin on CPU)."""
         args = (qkv, self.q_norm.weight, self.k_norm.weight, self.rotary.cos,
                 self.rotary.sin, positions, ctx.slot_ids, ctx.kv.page_table,
                 ctx.kv.k[self.layer], ctx.kv.v[self.layer], self.nq, self.nkv,
                 self.q_norm.eps)
-        q = (fused.qk_norm_rope_kv(*args) if qkv.is_cuda and fused.triton is not None
-             else fused.qk_norm_rope_kv_torch(*args))
-        return self.attend_rotated(q, ctx)
+        return (fused.qk_norm_rope_kv(*args) if qkv.is_cuda and fused.triton is not None
+                else fused.qk_norm_rope_kv_torch(*args))
 
     def rope_kv(self, positions: torch.Tensor, ctx: StepContext) -> "skinny_gemm.RopeKV":
         """What the q/k norm + RoPE + KV write of this layer reads besides the projection."""

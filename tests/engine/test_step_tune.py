@@ -298,3 +298,23 @@ def test_step_tune_without_a_gpu_is_a_one_line_error(capsys, monkeypatch):
     assert main(["--preset", "qwen3-0.6b", "--rows", "1"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("step_tune: error: needs a CUDA GPU"), err
+
+
+def test_the_tuner_times_the_graph_serving_replays(tiny_dir, monkeypatch):
+    """At one row and a context within the short path's tile the step is tuned on the short
+    graph, where the fused attention + o_proj runs; past the tile, at more rows or with the
+    path switched off, on the bucket's DECODE graph."""
+    from engine.engine_config import SHORT_DECODE_TOKENS
+    from protocol.eligibility import GraphPlan
+    from protocol.keys import SHORT, GraphKey
+
+    def key(bucket, context):
+        settings = step_tune.tuning_settings(tiny_dir, [1, 8], context)
+        return step_tune.tuned_graph_key(GraphPlan.from_config(settings.protocol_config()),
+                                         bucket, context)
+
+    assert key(1, SHORT_DECODE_TOKENS) == GraphKey(1, SHORT)
+    assert key(1, SHORT_DECODE_TOKENS + 1) == GraphKey(1)
+    assert key(8, 64) == GraphKey(8)
+    monkeypatch.setenv("LOCKSTEP_SHORT_DECODE", "0")
+    assert key(1, 64) == GraphKey(1)

@@ -38,7 +38,7 @@ def test_short_path_across_the_tile_boundary_matches_hf_and_replays_bit_identica
         assert llm.config.short_context == SHORT_DECODE_TOKENS
         ex = llm.ranks.executor
         assert GraphKey(1, SHORT) in ex.graphs.keys and GraphKey(2, SHORT) not in ex.graphs.keys
-        assert ex.model.fuses_short_path(1)  # 0.6B's batch-1 plan has the rope epilogue
+        assert ex.model.fuses_short_path(1)
         before = sum(1 for e in llm.trace if e.kind == "op" and e.what == "launch")
         out, = llm.generate([prompt], SamplingParams(max_tokens=n, temperature=0,
                                                       ignore_eos=True, return_logits=True))
