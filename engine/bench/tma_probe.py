@@ -22,8 +22,10 @@ import sys
 
 import torch
 
-from engine.bench.gemm_sweep import COPIES_BYTES, time_graph
-from engine.kernels.skinny_gemm import TileConfig, Workspace, skinny_gemm
+from engine.bench.gemm_sweep import COPIES_BYTES, MAX_REPEATS, time_graph
+from engine.bench.options import (BenchArgError, check_output_path, check_range, cuda_missing,
+                                  parse_int_list)
+from engine.kernels.skinny_gemm import MAX_ROWS, TileConfig, Workspace, skinny_gemm
 
 try:
     import triton
@@ -139,18 +141,35 @@ def probe_shape(name, n, k, swiglu, rows, repeats, log):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shapes", default=",".join(SHAPES))
-    p.add_argument("--rows", default="1,8")
-    p.add_argument("--repeats", type=int, default=50)
-    p.add_argument("--json")
+    p = argparse.ArgumentParser(prog="python -m engine.bench.tma_probe",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--shapes", default=",".join(SHAPES),
+                   help=f"comma-separated weight shapes to time, from: {', '.join(SHAPES)}")
+    p.add_argument("--rows", default="1,8",
+                   help=f"comma-separated row counts M (1..{MAX_ROWS})")
+    p.add_argument("--repeats", type=int, default=50,
+                   help=f"graph replays per timing (1..{MAX_REPEATS}); the median is reported")
+    p.add_argument("--json", help="write every measurement here")
     args = p.parse_args(argv)
-    if not torch.cuda.is_available() or triton is None:
-        print("error: tma_probe needs a CUDA GPU and triton", file=sys.stderr)
+    try:  # every argument before the GPU is touched
+        rows = parse_int_list(args.rows, "--rows")
+        for m in rows:
+            check_range("--rows", m, 1, MAX_ROWS)
+        check_range("--repeats", args.repeats, 1, MAX_REPEATS)
+        shapes = [x.strip() for x in args.shapes.split(",")]
+        unknown = [x for x in shapes if x not in SHAPES]
+        if unknown:
+            raise BenchArgError(f"--shapes {args.shapes!r}: unknown shape {unknown[0]!r}; "
+                                f"choose from {', '.join(SHAPES)}")
+        if args.json is not None:
+            check_output_path("--json", args.json)
+    except BenchArgError as exc:
+        print(f"tma_probe: error: {exc}", file=sys.stderr)
         return 2
-    rows = [int(r) for r in args.rows.split(",")]
+    if cuda_missing("tma_probe"):
+        return 2
     out = []
-    for name in args.shapes.split(","):
+    for name in shapes:
         out += probe_shape(name, *SHAPES[name], rows, args.repeats,
                            lambda s: print(s, flush=True))
     if args.json:

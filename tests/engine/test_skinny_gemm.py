@@ -566,3 +566,18 @@ def test_old_tables_without_tma_still_load_as_pointer_tiles():
     table = sg.load_table()
     tiles = [e.config for rows in table.values() for e in rows.values() if e.config]
     assert tiles and all(type(t.tma) is bool for t in tiles)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--shapes", "4b qkv,4b mlp"], "--shapes '4b qkv,4b mlp': unknown shape '4b mlp'"),
+    (["--rows", "0"], "--rows 0: expected 1..64"),
+    (["--rows", "1,65"], "--rows 65: expected 1..64"),
+    (["--rows", "x"], "--rows"),
+    (["--repeats", "0"], "--repeats 0: expected 1..1000"),
+])
+def test_tma_probe_bad_arguments_are_one_line_before_the_gpu(capsys, argv, message):
+    from engine.bench import tma_probe
+
+    assert tma_probe.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tma_probe: error: ") and message in err and err.count("\n") == 1, err
