@@ -257,9 +257,11 @@ class EngineConfig:
         bfloat16, the decode GEMMs are the skinny ones and pages are no longer than the tile,
         else None: elsewhere the layer runs
         unfused and a short-path graph would be the same computation as the `DECODE` one.
-        Where a model's layer runs unfused at one row all the same (a shape the skinny table
-        lacks), the short graph is still captured and runs the `DECODE` kernels
-        (`engine.model.fuses_attention_oproj`, `Qwen3ForCausalLM.fuses_short_path`)."""
+        Where the model's plan at one row has no rope epilogue (Qwen3-4B's), or its layer
+        runs unfused there, the short graph is still captured and runs the `DECODE` kernels
+        (`engine.model.fuses_attention_oproj`, `Qwen3ForCausalLM.fuses_short_path`): which
+        plan a model gets is known only once its weights are loaded, after the protocol's
+        configuration is fixed."""
         if (not self.short_decode or not self.cuda_graph or self.decode_gemm != "auto"
                 or self.dtype != "bfloat16" or self.buckets[0] > SHORT_DECODE_MAX_BUCKET
                 or self.page_size > SHORT_DECODE_TOKENS):

@@ -16,10 +16,9 @@ graph a run with graphs on and one with graphs off differ in rounding:
   prefills alike): 6 launches, QKV GEMM, q/k norm+RoPE+KV write, attention,
   o_proj, gate_up with SwiGLU, down_proj; 5 where the plan (`FusedLayerPlan.rope`) puts the
   q/k norm + RoPE + KV write in the QKV GEMM's epilogue (`skinny_gemm.skinny_gemm_qkv_rope`);
-  one fewer on the short path (`protocol.keys.SHORT`: a decode step whose every row's
-  context fits one tile, `StepContext.short`), attention and o_proj being one launch
-  (`engine.kernels.attention_oproj`; `fuses_attention_oproj`): 4 with the rope epilogue,
-  5 without.
+  4 on the short path (`protocol.keys.SHORT`: a decode step whose every row's context fits
+  one tile, `StepContext.short`) where the plan has that epilogue, attention and o_proj
+  being one launch (`engine.kernels.attention_oproj`; `fuses_attention_oproj`).
   The tiles are the step-tuned plan's where `engine/layers/fused_plans.json` has one.
   o_proj and down_proj add their output into the residual in their epilogue and leave each row's sum of squares in the GEMM workspace; QKV
   and gate_up read the residual itself and scale each output row by 1 / rms, their weights
@@ -142,8 +141,7 @@ class Qwen3DecoderLayer(nn.Module):
                             rope=rope)
         if (ctx.short is not None and ctx.short.workspace is not None and not ctx.prefill
                 and fuses_attention_oproj(plan, x.shape[0])):
-            q = qkv if plan.rope else attn.rotate(positions, qkv, ctx)
-            stats = attn.attend_project(q, residual, attn.o_proj.gemm.workspace, ctx)
+            stats = attn.attend_project(qkv, residual, attn.o_proj.gemm.workspace, ctx)
         else:
             o = (attn.attend_rotated(qkv, ctx) if plan.rope
                  else attn.attend(positions, qkv, ctx))
@@ -155,12 +153,13 @@ class Qwen3DecoderLayer(nn.Module):
 
 def fuses_attention_oproj(plan: FusedLayerPlan, rows: int) -> bool:
     """Whether the short path's fused layer form (`plan`) at `rows` rows runs attention and
-    o_proj as one launch: where the rows fit `attention_oproj.MAX_ROWS`. The fused kernel
-    takes q normalised and rotated, from the QKV GEMM's epilogue where the plan has it
-    (`FusedLayerPlan.rope`), else from the q/k norm + RoPE + KV-write launch before it.
-    Elsewhere a short-path graph runs the same kernels as the `DECODE` graph of its
-    bucket."""
-    return rows <= attention_oproj.MAX_ROWS
+    o_proj as one launch: where the plan puts the q/k norm + RoPE + KV write in the QKV GEMM
+    (`FusedLayerPlan.rope`; the fused kernel takes q already rotated) and the rows fit
+    `attention_oproj.MAX_ROWS`. Elsewhere a short-path graph runs the same kernels as the
+    `DECODE` graph of its bucket. Behind a separate q/k norm launch the fused kernel was
+    slower: Qwen3-4B at one row, context 128, 2.839 ms against 2.546 with the short path off
+    (H200, 2026-12-03, docs/benchmarks.md)."""
+    return plan.rope and rows <= attention_oproj.MAX_ROWS
 
 
 class Qwen3ForCausalLM(nn.Module):

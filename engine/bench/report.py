@@ -108,7 +108,7 @@ def format_table(doc: dict) -> str:
         lines.append(f"graphs: {doc['graph_source']}")
     short = [r for r in doc["rows"] if (r.get("graph") or "").startswith(SHORT + "@")]
     for fused, how in ((True, "attention fused into o_proj"),
-                       (False, "the layer runs unfused: the decode path's kernels")):
+                       (False, "no rope epilogue or unfused: the decode path's kernels")):
         rows = [r for r in short if r.get("short_fused", False) is fused]
         if rows:
             lines.append(f"short path ({how}) replayed at: " + ", ".join(

@@ -140,7 +140,7 @@ def test_report_names_the_points_that_replayed_the_short_path():
     assert "captured 37 graphs of 36 buckets" in table
     lines = table.splitlines()
     assert "short path (attention fused into o_proj) replayed at: batch 1 ctx 128" in lines
-    assert ("short path (the layer runs unfused: the decode path's kernels) "
+    assert ("short path (no rope epilogue or unfused: the decode path's kernels) "
             "replayed at: batch 1 ctx 64") in lines
 
 
