@@ -13,6 +13,7 @@ import json
 import re
 import time
 from dataclasses import dataclass, field, replace
+from typing import Callable
 
 from protocol.errors import ConfigError
 from sim.checks import attribute_divergence
@@ -190,13 +191,17 @@ class Fixed:
 
 @dataclass(frozen=True)
 class WithRandomFault:
-    """Run index -> the base scenario with `random_fault` for that index (picklable)."""
+    """Run index -> that run's scenario with `random_fault` for that index, drawn over that
+    scenario's op sites (picklable). The run's scenario is ``drawn``'s for the index (a
+    variant's per-run draw, `scenario_family`), else ``base``."""
 
     base: Scenario
     seed: int
+    drawn: Callable[[int], Scenario] | None = None
 
     def __call__(self, index: int) -> Scenario:
-        return self.base.with_(faults=(random_fault(self.base, index, self.seed),))
+        scenario = self.base if self.drawn is None else self.drawn(index)
+        return scenario.with_(faults=(random_fault(scenario, index, self.seed),))
 
 
 @dataclass(frozen=True)
@@ -247,6 +252,14 @@ def scenario_family(variant: Variant, base: Scenario, seed: int):
     return family
 
 
+def faulted_family(family, base: Scenario, seed: int) -> WithRandomFault:
+    """Run index -> scenario of a clean design's faulted row: run i under the scenario that
+    fault-free run i of ``family`` (`scenario_family`) has, with a random fault drawn over its
+    op sites, so a fault meets every boundary a per-run draw moves (`Variant.draw`), not only
+    the undrawn ``base``'s."""
+    return WithRandomFault(base, seed, None if isinstance(family, Fixed) else family)
+
+
 CLEAN = VerdictIn(frozenset({"clean"}))
 CLEAN_OR_ABORT = VerdictIn(frozenset({"clean", "abort"}))
 
@@ -273,8 +286,8 @@ def check_correct(variant: Variant, spec: CheckSpec, topology: str, progress=Non
         return [Row(variant.name, topology, "clean", NOT_REACHABLE, SearchStats(), reason, None,
                     base, True)]
     planned = spec.planned_clean
-    result = _search(spec, scenario_family(variant, base, spec.seed), variant, CLEAN, planned,
-                     progress)
+    family = scenario_family(variant, base, spec.seed)
+    result = _search(spec, family, variant, CLEAN, planned, progress)
     rows = []
     stats = result.stats
     if result.failure is not None:
@@ -298,8 +311,9 @@ def check_correct(variant: Variant, spec: CheckSpec, topology: str, progress=Non
     rows.append(Row(variant.name, topology, expected, got, stats, detail, minimal, base,
                     got == expected))
     if has_faulted_row(variant, spec) and expected == "clean":
-        fres = sample_search(WithRandomFault(base, spec.seed), variant, CLEAN_OR_ABORT, "random", spec.fault_schedules,
-                             spec.time_budget, spec.seed, progress=progress, jobs=spec.jobs)
+        fres = sample_search(faulted_family(family, base, spec.seed), variant, CLEAN_OR_ABORT,
+                             "random", spec.fault_schedules, spec.time_budget, spec.seed,
+                             progress=progress, jobs=spec.jobs)
         fstats = fres.stats
         if fres.failure is not None:
             got, detail = verdict_label(fres.failure), fres.failure.outcome.detail

@@ -88,8 +88,9 @@ class Variant:
             configuration over the variant's own scenario, for a bug that shows at a
             configuration boundary rather than in an interleaving (serving steps do not depend
             on the schedule); e.g. `sim.scenario.ShortContextDraw`, which draws the short
-            path's ``short_context`` from the workload's contexts. The fault-free search runs
-            run i under draw i; a faulted row and a fault search keep the undrawn scenario.
+            path's ``short_context`` from the workload's contexts. The fault-free search and
+            the faulted row run run i under draw i (the faulted row's fault drawn over that
+            run's op sites); a fault search (``fault_search``) keeps the undrawn scenario.
             None: every run under the one scenario.
     """
 
