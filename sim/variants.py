@@ -495,8 +495,11 @@ class SplitEligibilityWorker(Worker):
 
 
 def _graph_buckets(sc: Scenario) -> tuple[int, ...]:
-    """Buckets the plan captures before memory is known, ascending."""
-    return tuple(sorted(k.bucket for k in GraphPlan.from_config(sc.config).keys()))
+    """Buckets the plan captures a graph of before memory is known, ascending, each once: with
+    the short path on (I22) a bucket holds two graphs, ``decode@b`` and ``decode-short@b``,
+    and counting it twice made one bucket read as two (`NeedsTwoBuckets`) and the bucket
+    below the largest read as the largest (`_policy_cap_below_largest`)."""
+    return tuple(sorted({k.bucket for k in GraphPlan.from_config(sc.config).keys()}))
 
 
 def _sweep_buckets(sc: Scenario) -> tuple[int, ...]:
@@ -632,9 +635,10 @@ def tight_memory(sc: Scenario) -> Scenario:
     """
     mem = sc.memory
     cfg = sc.config
-    buckets = list(_graph_buckets(sc))
-    all_graphs = mem.graph_set_bytes(buckets)
-    peak = buckets[-1] * mem.activation_per_row
+    # every graph, not every bucket: a bucket with both decode paths (I22) holds two graphs,
+    # each with its own graph_base
+    all_graphs = mem.graph_set_bytes(k.bucket for k in GraphPlan.from_config(cfg).keys())
+    peak = _graph_buckets(sc)[-1] * mem.activation_per_row
     extra = 64 * 1024 * 1024
     capacity = mem.weights + peak + all_graphs + 3 * cfg.kv_page_bytes // 2 + extra
     memory = replace(mem, capacity=capacity, rank_overhead=((1, extra),))
