@@ -125,12 +125,17 @@ class GraphPlan:
         (vllm-project/vllm #53051: a batch holding prefills dispatched into the decode graph;
         the `prefill-dispatched-into-graph` variant). Eager mixed steps cost W's 17 mixed
         steps ~20 ms of host-bound launches each on an H200 (docs/benchmarks.md).
+
+        Raises:
+            EligibilityError: decode rows with a longest context below 1 (every row attends
+                over at least the token it writes): a caller's count is wrong at serving
+                time, which no configuration value causes or fixes.
         """
         if decode_rows == 0:
             return None, 0
         if longest_context < 1:
-            raise ConfigError(f"longest context {longest_context} of {decode_rows} decode "
-                              "rows: a row attends over at least the token it writes")
+            raise EligibilityError(f"longest context {longest_context} of {decode_rows} decode "
+                                   "rows: a row attends over at least the token it writes")
         bucket = select_bucket(decode_rows, self.buckets)
         if self.batch_cap is not None and decode_rows > self.batch_cap:
             return None, bucket

@@ -96,7 +96,8 @@ class PageError(ProtocolError):
 
 
 class EligibilityError(ProtocolError):
-    """A capture or replay was asked for a graph key the plan does not allow or hold (I3, I7)."""
+    """A capture or replay was asked for a graph key the plan does not allow or hold (I3, I7),
+    or a step's key was asked for from decode rows no step can have (`GraphPlan.key_for`)."""
 
     kind = "eligibility"
 

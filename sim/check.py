@@ -13,6 +13,7 @@ import json
 import re
 import time
 from dataclasses import dataclass, field, replace
+from typing import Callable
 
 from protocol.errors import ConfigError
 from sim.checks import attribute_divergence
@@ -190,13 +191,17 @@ class Fixed:
 
 @dataclass(frozen=True)
 class WithRandomFault:
-    """Run index -> the base scenario with `random_fault` for that index (picklable)."""
+    """Run index -> that run's scenario with `random_fault` for that index, drawn over that
+    scenario's op sites (picklable). The run's scenario is ``drawn``'s for the index (a
+    variant's per-run draw, `scenario_family`), else ``base``."""
 
     base: Scenario
     seed: int
+    drawn: Callable[[int], Scenario] | None = None
 
     def __call__(self, index: int) -> Scenario:
-        return self.base.with_(faults=(random_fault(self.base, index, self.seed),))
+        scenario = self.base if self.drawn is None else self.drawn(index)
+        return scenario.with_(faults=(random_fault(scenario, index, self.seed),))
 
 
 @dataclass(frozen=True)
@@ -247,6 +252,14 @@ def scenario_family(variant: Variant, base: Scenario, seed: int):
     return family
 
 
+def faulted_family(family, base: Scenario, seed: int) -> WithRandomFault:
+    """Run index -> scenario of a clean design's faulted row: run i under the scenario that
+    fault-free run i of ``family`` (`scenario_family`) has, with a random fault drawn over its
+    op sites, so a fault meets every boundary a per-run draw moves (`Variant.draw`), not only
+    the undrawn ``base``'s."""
+    return WithRandomFault(base, seed, None if isinstance(family, Fixed) else family)
+
+
 CLEAN = VerdictIn(frozenset({"clean"}))
 CLEAN_OR_ABORT = VerdictIn(frozenset({"clean", "abort"}))
 
@@ -273,8 +286,8 @@ def check_correct(variant: Variant, spec: CheckSpec, topology: str, progress=Non
         return [Row(variant.name, topology, "clean", NOT_REACHABLE, SearchStats(), reason, None,
                     base, True)]
     planned = spec.planned_clean
-    result = _search(spec, scenario_family(variant, base, spec.seed), variant, CLEAN, planned,
-                     progress)
+    family = scenario_family(variant, base, spec.seed)
+    result = _search(spec, family, variant, CLEAN, planned, progress)
     rows = []
     stats = result.stats
     if result.failure is not None:
@@ -298,8 +311,9 @@ def check_correct(variant: Variant, spec: CheckSpec, topology: str, progress=Non
     rows.append(Row(variant.name, topology, expected, got, stats, detail, minimal, base,
                     got == expected))
     if has_faulted_row(variant, spec) and expected == "clean":
-        fres = sample_search(WithRandomFault(base, spec.seed), variant, CLEAN_OR_ABORT, "random", spec.fault_schedules,
-                             spec.time_budget, spec.seed, progress=progress, jobs=spec.jobs)
+        fres = sample_search(faulted_family(family, base, spec.seed), variant, CLEAN_OR_ABORT,
+                             "random", spec.fault_schedules, spec.time_budget, spec.seed,
+                             progress=progress, jobs=spec.jobs)
         fstats = fres.stats
         if fres.failure is not None:
             got, detail = verdict_label(fres.failure), fres.failure.outcome.detail
@@ -449,15 +463,144 @@ def _check_recorded_run(data: dict, choices: list[str], ranks: int) -> None:
         raise ConfigError(f"'trace' must be a list of events, not {json.dumps(data['trace']):.40}")
 
 
+def _recorded_faults(trace: list) -> list[tuple[str, int, str, int]]:
+    """(kind, rank, op, occurrence) of every fault the recorded ``trace`` shows firing, in
+    order. A rank runs its ops one at a time and each call it finishes or fails records one
+    ``op`` event, so a fault fired on call n of (rank, op) follows n - 1 of them."""
+    calls: dict = {}
+    fired = []
+    for e in trace:
+        if not isinstance(e, dict) or not isinstance(e.get("rank"), int):
+            continue
+        site = (e["rank"], e.get("what"))
+        if e.get("kind") == "op":
+            calls[site] = calls.get(site, 0) + 1
+        elif e.get("kind") == "fault" and str(e.get("detail", "")).startswith("injected "):
+            fired.append((str(e["detail"])[len("injected "):], *site, calls.get(site, 0) + 1))
+    return fired
+
+
+def _check_recorded_faults(trace: list, faults: tuple[Fault, ...]) -> None:
+    """The trace's faults (drawn per run: `WithRandomFault`, `sim.faults.FaultSearch`) must be
+    those its recording fired: every fault the recording shows firing is one of them, and none
+    of them names a call the recording made without firing it. A fault edited by hand would
+    otherwise replay into a departure, reported as the simulator's nondeterminism.
+
+    Raises:
+        ConfigError: naming the fault (``faults[i]`` and its value) or the fired one.
+    """
+    fired = _recorded_faults(trace)
+    named = [(f.kind, f.rank, f.op, f.occurrence) for f in faults]
+    for kind, rank, op, occurrence in fired:
+        if (kind, rank, op, occurrence) not in named:
+            # the edited one: the fault at the same site, else the only one, else all of them
+            at = [i for i, f in enumerate(faults) if (f.rank, f.op) == (rank, op)]
+            at = at or ([0] if len(faults) == 1 else [])
+            field_text = (f"faults[{at[0]}] = {faults[at[0]].__dict__!r:.200}" if at else
+                          f"faults = {[f.__dict__ for f in faults]!r:.200}")
+            raise ConfigError(f"bad scenario in trace: {field_text}: the recording injects "
+                              f"{kind} on rank {rank} in {op} call {occurrence}, which its "
+                              "faults do not name")
+    calls = _recorded_calls(trace)
+    for i, fault in enumerate(faults):
+        made = calls.get((fault.rank, fault.op), 0)
+        if named[i] not in fired and made >= fault.occurrence:
+            raise ConfigError(f"bad scenario in trace: faults[{i}] = {fault.__dict__!r:.200}: the "
+                              f"recording's rank {fault.rank} makes {made} {fault.op} call(s) "
+                              f"and call {fault.occurrence} has no fault")
+
+
+def _recorded_calls(trace: list) -> dict[tuple[int, str], int]:
+    """(rank, op name) -> calls of that op the recorded ``trace`` shows the rank making."""
+    calls: dict = {}
+    for e in trace:
+        if isinstance(e, dict) and e.get("kind") == "op" and isinstance(e.get("rank"), int):
+            site = (e["rank"], e.get("what"))
+            calls[site] = calls.get(site, 0) + 1
+    return calls
+
+
+def drawn_short_contexts(variant: Variant, scenario: Scenario) -> tuple | None:
+    """Every ``short_context`` a check's run of ``variant`` over ``scenario`` (its adjusted base)
+    can have, ascending (None: the short path off): the base's own for a variant without a
+    draw, each member's for a draw that lists its members (`sim.scenario.ShortContextDraw`);
+    None when the draw does not list them (a user's draw may depend on the search seed)."""
+    family = scenario_family(variant, scenario, 0)
+    if isinstance(family, Fixed):
+        return (scenario.config.short_context,)
+    members = getattr(family, "members", None)
+    if members is None:
+        return None
+    values = {m.config.short_context for m in members()}
+    return tuple(sorted(values, key=lambda v: (v is not None, v or 0)))
+
+
+def _short_context_refused(variant: Variant, given, allowed: tuple) -> ConfigError:
+    """The one-line error for a trace whose ``short_context`` no run of ``variant`` has."""
+    numbers = [v for v in allowed if v is not None]
+    if not numbers:
+        what = f"variant {variant.name!r} runs without the short decode path"
+    elif len(numbers) == 1:
+        what = f"variant {variant.name!r} runs at short_context {numbers[0]}"
+    else:
+        what = (f"variant {variant.name!r} draws short_context from {numbers[0]}..{numbers[-1]} "
+                "for this scenario")
+    if given is None:
+        return ConfigError(f"bad scenario in trace: short_context is missing: {what} "
+                           "(`lockstep check --trace-out` writes it)")
+    return ConfigError(f"bad scenario in trace: short_context = {given!r}: {what}")
+
+
+def _departure(result: RunResult, data: dict, choices: list[str]) -> str | None:
+    """How the replayed ``result`` departs from the recording ``data`` (its choices, verdict,
+    trace events and action count), or None if it reproduces it exactly."""
+    if result.choices != choices:
+        first = next((i for i, (a, b) in enumerate(zip(result.choices, choices)) if a != b),
+                     min(len(result.choices), len(choices)))
+        where = (f"it took {result.choices[first]!r} where the recording has {choices[first]!r}"
+                 if first < min(len(result.choices), len(choices)) else
+                 f"the run took {len(result.choices)} actions, the recording has {len(choices)}")
+        return f"replay departed from its recording at action {first}: {where}"
+    if result.outcome.verdict != data.get("verdict"):
+        return (f"replay gave verdict {result.outcome.verdict}, the recording "
+                f"{data.get('verdict')}")
+    recorded = data.get("trace")
+    if recorded is not None:
+        replayed = [e.to_json() for e in result.world.trace]
+        if recorded != replayed:
+            first = next((i for i, (a, b) in enumerate(zip(replayed, recorded)) if a != b),
+                         min(len(replayed), len(recorded)))
+            return f"replayed trace differs from the recording at event {first}"
+    if data.get("actions", result.actions) != result.actions:
+        return f"replay took {result.actions} actions, the recording says {data.get('actions')}"
+    return None
+
+
+def _replays_exactly(scenario: Scenario, variant: Variant, data: dict,
+                     choices: list[str]) -> bool:
+    """Whether the recording ``data`` replays exactly under ``scenario``."""
+    try:
+        with watchdog():
+            result = run_schedule(scenario, variant, Replay(list(choices)))
+    except NondeterminismError:
+        return False
+    return _departure(result, data, choices) is None
+
+
 def replay_trace(data: dict) -> tuple[RunResult | None, str | None]:
     """Re-run a recorded trace JSON exactly; returns (result, nondeterminism message or None).
 
     The replay must take the recorded choices, give the recorded verdict and reproduce the
-    recorded trace event for event; any departure is reported as nondeterminism.
+    recorded trace event for event; any departure is reported as nondeterminism, unless the
+    scenario's fields drawn per run are what departs: a ``short_context`` that no run of the
+    variant has, or one at which the recording does not replay while another drawn value
+    replays it exactly, and faults that the recording's fault events contradict, are a bad
+    trace (an edit by hand), not the simulator's nondeterminism.
 
     Raises:
-        ConfigError: the file is not a lockstep trace of this format, or names an unknown
-            variant, hazard or fault.
+        ConfigError: the file is not a lockstep trace of this format, names an unknown
+            variant, hazard or fault, or its drawn fields (``short_context``, ``faults``) are
+            not its recording's.
         Stalled: the variant's code stopped making progress (`sim.guard.watchdog`); whatever
             else the variant's code raises passes through.
     """
@@ -501,39 +644,40 @@ def replay_trace(data: dict) -> tuple[RunResult | None, str | None]:
         faults = tuple(Fault(**f) for f in spec_data.get("faults", ()))
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"bad scenario in trace: {exc}") from None
+    # the fields drawn per run (`Variant.draw`, the faulted row's and a fault search's faults)
+    # must be a run's: checked here, so an edited one is a bad trace, not a departure
+    allowed = drawn_short_contexts(variant, scenario)
+    given = spec_data.get("short_context")
+    if allowed is not None and given not in allowed:
+        raise _short_context_refused(variant, given, allowed)
     if faults:
         scenario = scenario.with_(faults=faults)
-    if "short_context" in spec_data:  # the run's drawn short path (`Variant.draw`)
+    if given is not None:
         try:
-            scenario = scenario.with_(config=replace(scenario.config,
-                                                     short_context=spec_data["short_context"]))
+            scenario = scenario.with_(config=replace(scenario.config, short_context=given))
         except ConfigError as exc:
             raise ConfigError(f"bad scenario in trace: {exc}") from None
     _check_recorded_run(data, choices, spec.ranks)
+    if data.get("trace") is not None:
+        _check_recorded_faults(data["trace"], faults)
     try:
         with watchdog():  # the variant's hooks are user code, as in a search
             result = run_schedule(scenario, variant, Replay(list(choices)))
     except NondeterminismError as exc:
-        return None, str(exc)
-    if result.choices != choices:
-        first = next((i for i, (a, b) in enumerate(zip(result.choices, choices)) if a != b),
-                     min(len(result.choices), len(choices)))
-        where = (f"it took {result.choices[first]!r} where the recording has {choices[first]!r}"
-                 if first < min(len(result.choices), len(choices)) else
-                 f"the run took {len(result.choices)} actions, the recording has {len(choices)}")
-        return result, f"replay departed from its recording at action {first}: {where}"
-    if result.outcome.verdict != data.get("verdict"):
-        return result, (f"replay gave verdict {result.outcome.verdict}, the recording "
-                        f"{data.get('verdict')}")
-    recorded = data.get("trace")
-    if recorded is not None:
-        replayed = [e.to_json() for e in result.world.trace]
-        if recorded != replayed:
-            first = next((i for i, (a, b) in enumerate(zip(replayed, recorded)) if a != b),
-                         min(len(replayed), len(recorded)))
-            return result, f"replayed trace differs from the recording at event {first}"
-    if data.get("actions", result.actions) != result.actions:
-        return result, f"replay took {result.actions} actions, the recording says {data.get('actions')}"
+        result, problem = None, str(exc)
+    else:
+        problem = _departure(result, data, choices)
+    if problem is not None:
+        # a short_context the variant draws, but not the recording's: the value that replays
+        # the recording exactly names the edit
+        for other in [v for v in allowed or () if v is not None and v != given]:
+            if _replays_exactly(scenario.with_(config=replace(scenario.config,
+                                                              short_context=other)),
+                                variant, data, choices):
+                raise ConfigError(f"bad scenario in trace: short_context = {given!r}: the "
+                                  f"recording replays exactly at short_context {other}, not "
+                                  "at this value (edited by hand?)")
+        return result, problem
     with watchdog():  # a token divergence names its step, as in the report it was written from
         result = attribute_divergence(scenario, variant, result)
     return result, None

@@ -99,6 +99,19 @@ def _typed(fn, what):
     return parse
 
 
+class _Once(argparse.Action):
+    """An option that takes one value and may be given once: a second use is refused (argparse
+    would keep the last one and silently drop the first). The parser's error is one line
+    naming the option and both values."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = getattr(namespace, self.dest, None)
+        if given is not None:
+            raise argparse.ArgumentError(self, f"given twice ({given!r}, then {values!r}); "
+                                               "give it once")
+        setattr(namespace, self.dest, values)
+
+
 DEFAULTS = {"ranks": 2, "topology": "both", "strategy": None, "schedules": 300,
             "fault_schedules": 18, "time_budget": 60.0, "seed": 0, "jobs": None}
 """Defaults of the options that `--replay` refuses; they are None in the parser so that an
@@ -180,8 +193,8 @@ def add_parser(subparsers, name: str) -> None:
                    help="check every variant at ranks 2, 3, 4 x four bucket sets x both topologies "
                         "(docs/matrix.md); chooses --ranks, --buckets, --max-batch, --topology; "
                         "verdicts only (refuses --explain and --trace-out)")
-    p.add_argument("--replay", metavar="TRACE.json",
-                   help="replay a recorded trace exactly (takes its scenario from the trace; "
+    p.add_argument("--replay", metavar="TRACE.json", action=_Once,
+                   help="replay one recorded trace exactly (takes its scenario from the trace; "
                         "combines only with --json, --trace-out and --variant-file)")
     p.add_argument("--trace-out", metavar="DIR", type=_typed(_trace_dir, "--trace-out"),
                    help="write each counterexample as .txt, .mmd, .json (created, with its "

@@ -88,8 +88,9 @@ class Variant:
             configuration over the variant's own scenario, for a bug that shows at a
             configuration boundary rather than in an interleaving (serving steps do not depend
             on the schedule); e.g. `sim.scenario.ShortContextDraw`, which draws the short
-            path's ``short_context`` from the workload's contexts. The fault-free search runs
-            run i under draw i; a faulted row and a fault search keep the undrawn scenario.
+            path's ``short_context`` from the workload's contexts. The fault-free search and
+            the faulted row run run i under draw i (the faulted row's fault drawn over that
+            run's op sites); a fault search (``fault_search``) keeps the undrawn scenario.
             None: every run under the one scenario.
     """
 
@@ -494,8 +495,11 @@ class SplitEligibilityWorker(Worker):
 
 
 def _graph_buckets(sc: Scenario) -> tuple[int, ...]:
-    """Buckets the plan captures before memory is known, ascending."""
-    return tuple(sorted(k.bucket for k in GraphPlan.from_config(sc.config).keys()))
+    """Buckets the plan captures a graph of before memory is known, ascending, each once: with
+    the short path on (I22) a bucket holds two graphs, ``decode@b`` and ``decode-short@b``,
+    and counting it twice made one bucket read as two (`NeedsTwoBuckets`) and the bucket
+    below the largest read as the largest (`_policy_cap_below_largest`)."""
+    return tuple(sorted({k.bucket for k in GraphPlan.from_config(sc.config).keys()}))
 
 
 def _sweep_buckets(sc: Scenario) -> tuple[int, ...]:
@@ -631,9 +635,10 @@ def tight_memory(sc: Scenario) -> Scenario:
     """
     mem = sc.memory
     cfg = sc.config
-    buckets = list(_graph_buckets(sc))
-    all_graphs = mem.graph_set_bytes(buckets)
-    peak = buckets[-1] * mem.activation_per_row
+    # every graph, not every bucket: a bucket with both decode paths (I22) holds two graphs,
+    # each with its own graph_base
+    all_graphs = mem.graph_set_bytes(k.bucket for k in GraphPlan.from_config(cfg).keys())
+    peak = _graph_buckets(sc)[-1] * mem.activation_per_row
     extra = 64 * 1024 * 1024
     capacity = mem.weights + peak + all_graphs + 3 * cfg.kv_page_bytes // 2 + extra
     memory = replace(mem, capacity=capacity, rank_overhead=((1, extra),))

@@ -136,18 +136,20 @@ def reserve_short_by_the_pool(sc: Scenario) -> Scenario:
     """
     cfg, mem = sc.config, sc.memory
     plan = GraphPlan.from_config(cfg)
-    measured = [k.bucket for k in plan.keys()]
+    measured = plan.keys()
     caps = candidate_caps(plan.buckets, cfg.max_batch)
     if len(caps) < 2 or not measured:
         return sc
+    # keyed by graph, as the protocol's reserve is (`protocol.memory.plan_memory`): with the
+    # short path on (I22) a bucket holds two graphs, each measured with its own increment
     increments, pool = {}, 0
-    for b in measured:  # largest first, into one pool
-        growth = max(0, mem.graph_pool_bytes(b) - pool)
-        increments[b] = mem.graph_base + growth
+    for key in measured:  # largest first, into one pool
+        growth = max(0, mem.graph_pool_bytes(key.bucket) - pool)
+        increments[key] = mem.graph_base + growth
         pool += growth
     total = sum(increments.values())
-    kept = set(kept_buckets(plan.buckets, caps[1])) & set(measured)
-    reserve = sum(increments[b] for b in kept)
+    kept = set(kept_buckets(plan.buckets, caps[1]))
+    reserve = sum(v for key, v in increments.items() if key.bucket in kept)
     page, per_seq = cfg.kv_page_bytes, sc.pages_per_seq
     # budget = reserve + whole pages: at least one sequence and the padding page, fewer than
     # every graph plus those pages would need

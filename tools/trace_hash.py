@@ -18,7 +18,7 @@ import hashlib
 import sys
 import time
 
-from sim.check import CheckSpec, WithRandomFault, bad_search_setup, scenario_family
+from sim.check import CheckSpec, bad_search_setup, faulted_family, scenario_family
 from sim.run import run_schedule
 from sim.scenario import TOPOLOGIES
 from sim.search import _chooser
@@ -29,8 +29,8 @@ def _scenarios(variant, spec: CheckSpec, topology: str):
     """(label, run index -> scenario) of every scenario hashed for ``variant``."""
     base = variant.scenario(spec.scenario(topology))
     # "base": the variant's scenario, or its per-run draw over it (`Variant.draw`)
-    out = [("base", scenario_family(variant, base, spec.seed)),
-           ("random-fault", WithRandomFault(base, spec.seed))]
+    family = scenario_family(variant, base, spec.seed)
+    out = [("base", family), ("random-fault", faulted_family(family, base, spec.seed))]
     if variant.fault_search is not None:
         scenario_for, _, reason = bad_search_setup(variant, spec, topology, base)
         if reason is None:

@@ -4,6 +4,7 @@ from protocol.commands import AllocateKV
 from protocol.controller import Abort, Broadcast, Controller, Done, Idle
 from protocol.eligibility import GraphPlan
 from protocol.errors import ProtocolError
+from protocol.keys import SHORT
 from protocol.worker import Worker
 
 
@@ -115,6 +116,40 @@ class PagedBackend(FakeBackend):
                 return self.sampled.pop(step.seq)
             out, self.out = self.out, {}
             return tuple(out[slot] for slot in range(len(out)))  # slot order
+        return super().run(op)
+
+
+class ShortTileBackend(PagedBackend):
+    """`PagedBackend` whose replay of a `SHORT` graph reads only the first ``short_context``
+    cached tokens of each row, as the short path's one tile does (`protocol.keys.SHORT`): a
+    step replayed on it while a row's context is longer samples another token for that row.
+    Its memory report makes room for ``graphs`` graphs (both paths' keys) beside the pages.
+
+    Args:
+        rank: the rank.
+        pages: KV pages the memory report makes the controller allocate.
+        short_context: the tile (tokens), or None with the short path off.
+        graphs: graphs the plan keeps (`GraphPlan.keys`).
+    """
+
+    def __init__(self, rank, pages, short_context, graphs):
+        super().__init__(rank, pages)
+        self.short_context, self.graphs = short_context, graphs
+        self._tile = None
+
+    def _next(self, slot, length):
+        return super()._next(slot, length if self._tile is None else min(length, self._tile))
+
+    def run(self, op):
+        if op.name == "profile_memory":
+            return ((self.pages + 1) * PAGE_BYTES + 10**6 + self.graphs * self.GRAPHS, 10**6)
+        if op.name == "prepare_replay" and op.args[0].key is not None \
+                and op.args[0].key.path == SHORT:
+            self._tile = self.short_context
+            try:
+                return super().run(op)
+            finally:
+                self._tile = None
         return super().run(op)
 
 

@@ -70,8 +70,11 @@ def test_the_batch_cap_and_cuda_graphs_bound_the_short_path_too():
 
 def test_no_rows_no_key_and_a_nonsense_context_is_refused():
     assert _plan().key_for(0, 0) == (None, 0)
-    with pytest.raises(ConfigError, match="longest context 0 of 2 decode rows"):
+    # a count gone wrong at serving time, not a configuration value: not a ConfigError, which
+    # drivers report as a bad setting before anything starts
+    with pytest.raises(EligibilityError, match="longest context 0 of 2 decode rows") as caught:
         _plan().key_for(2, 0)
+    assert not isinstance(caught.value, ConfigError) and caught.value.kind == "eligibility"
 
 
 def test_a_plan_with_one_half_of_the_short_path_is_refused():

@@ -109,6 +109,19 @@ def test_an_unknown_option_is_named_by_its_subcommand(argv, prefix, capsys):
     assert err[-1] == f"{prefix}: error: unrecognized arguments: --bogus"
 
 
+@pytest.mark.parametrize("argv", [["--replay", "a.json", "--replay", "b.json"],
+                                  ["--replay=a.json", "--json", "--replay", "a.json"]])
+def test_replay_given_twice_is_refused_naming_the_option(argv, capsys, no_simulation):
+    """Old behaviour: the last --replay won and the first trace was silently not replayed."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["check"] + argv)
+    assert exit_.value.code == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert captured.out == "" and len(err.splitlines()) == 1
+    assert err.startswith("lockstep check: error: argument --replay: given twice ('a.json', then ")
+
+
 def test_replay_of_non_trace_json_exits_2(tmp_path, capsys):
     path = tmp_path / "x.json"
     path.write_text("[1, 2]")

@@ -203,3 +203,37 @@ def test_the_draw_lists_every_value_it_draws_from():
     members = [m.config.short_context for m in draw.members()]
     assert members == list(range(max(1, lo - 1), hi + 1))
     assert {draw(i).config.short_context for i in range(200)} == set(members)
+
+
+@pytest.mark.timeout(120)
+def test_the_faulted_row_runs_each_run_under_the_short_context_drawn_for_it(monkeypatch):
+    """Old behaviour: every faulted run of correct-short-path kept the undrawn base's
+    short_context (the middle of the workload's contexts), so a fault never met the boundary
+    at any other value. Faulted run i now runs under fault-free run i's draw, with its fault
+    on an op site of that drawn scenario."""
+    import sim.check as check
+    from sim.faults import fault_sites
+
+    searched = []
+    search = check.sample_search
+
+    def spy(scenario_for, *args, **kwargs):
+        searched.append(scenario_for)
+        return search(scenario_for, *args, **kwargs)
+
+    monkeypatch.setattr(check, "sample_search", spy)
+    spec = CheckSpec(schedules=4, fault_schedules=8, jobs=1)
+    variant = REGISTRY["correct-short-path"]
+    rows = check_correct(variant, spec, "shared")
+    assert [r.got for r in rows] == ["clean", "abort"], [r.detail for r in rows]
+    faulted = searched[-1]  # the +faults row's search comes last
+    base = variant.scenario(spec.scenario("shared"))
+    draw = ShortContextDraw(base, spec.seed)
+    runs = [faulted(i) for i in range(spec.fault_schedules)]
+    drawn = [draw(i).config.short_context for i in range(spec.fault_schedules)]
+    assert [sc.config.short_context for sc in runs] == drawn
+    assert len(set(drawn)) >= 3 and set(drawn) != {base.config.short_context}
+    for i, sc in enumerate(runs):
+        [fault] = sc.faults
+        sites = fault_sites(draw(i), spec.seed)
+        assert any((fault.rank, fault.op, fault.occurrence) in sites[phase] for phase in sites)
