@@ -157,6 +157,20 @@ PAGE_BYTES = 1000
 """kv_page_bytes of the configurations `PagedBackend` serves."""
 
 
+def deliver(ctrl, workers, backends, command) -> None:
+    """One broadcast: every rank's worker runs `command`'s ops on its backend (a paged backend
+    first learns the page size an `AllocateKV` names) and the controller takes each reply, a
+    rank's `ProtocolError` as its failure reply."""
+    for worker, backend in zip(workers, backends):
+        if isinstance(command, AllocateKV) and isinstance(backend, PagedBackend):
+            backend.page_size = command.page_size
+        try:
+            reply = worker.reply(command, [backend.run(op) for op in worker.ops_for(command)])
+        except ProtocolError as exc:
+            reply = worker.fail(command, exc)
+        ctrl.on_reply(reply)
+
+
 def drive(config, requests=(), fail=None, max_iter=10_000, backends=None, pages_per_seq=1,
           free_bytes=10**12, after_reply=None):
     """Run controller + workers to Done or Abort. ``fail`` = (rank, op name); ``backends``
@@ -182,15 +196,7 @@ def drive(config, requests=(), fail=None, max_iter=10_000, backends=None, pages_
             continue
         assert isinstance(action, Broadcast)
         sent.append(action.command)
-        for w, b in zip(workers, backends):
-            if isinstance(action.command, AllocateKV) and isinstance(b, PagedBackend):
-                b.page_size = action.command.page_size
-            try:
-                results = [b.run(op) for op in w.ops_for(action.command)]
-                reply = w.reply(action.command, results)
-            except ProtocolError as exc:
-                reply = w.fail(action.command, exc)
-            ctrl.on_reply(reply)
+        deliver(ctrl, workers, backends, action.command)
         if after_reply is not None:
             after_reply(ctrl, action.command)
     raise AssertionError("driver did not finish")

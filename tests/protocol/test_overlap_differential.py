@@ -9,14 +9,13 @@ from __future__ import annotations
 
 from hypothesis import given, settings, strategies as st
 
-from protocol.commands import AllocateKV, Step
+from protocol.commands import Step
 from protocol.config import ProtocolConfig
 from protocol.controller import Broadcast, Controller, Done, Idle
 from protocol.eligibility import GraphPlan
-from protocol.errors import ProtocolError
 from protocol.requests import Request
 from protocol.worker import Worker
-from tests.protocol.driver import PAGE_BYTES, PagedBackend
+from tests.protocol.driver import PAGE_BYTES, deliver, PagedBackend
 
 SMALL = dict(buckets=(1, 2, 4, 8), max_batch=8, kv_page_bytes=PAGE_BYTES, page_size=4)
 
@@ -68,14 +67,7 @@ def serve(requests, later, overlap, pages, world_size, budget, take, shutdown_at
             continue
         assert isinstance(action, Broadcast), action
         command = action.command
-        for worker, backend in zip(workers, backends):
-            if isinstance(command, AllocateKV):
-                backend.page_size = command.page_size
-            try:
-                reply = worker.reply(command, [backend.run(op) for op in worker.ops_for(command)])
-            except ProtocolError as exc:
-                reply = worker.fail(command, exc)
-            ctrl.on_reply(reply)
+        deliver(ctrl, workers, backends, command)
         if isinstance(command, Step):
             steps += 1
             for request in later.pop(steps, ()):
