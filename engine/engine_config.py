@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.config import ModelConfig, check_parallel, load_model_config
+from engine.env import check_switches, switch
 from engine.errors import ModelDirError, ParallelConfigError
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -38,10 +39,13 @@ batch-1 step 0.780 -> 0.736 ms at context 128, and batch 2 and 4 slower (0.793 -
 def short_decode_default(device: str, cuda_graph: bool, world_size: int) -> bool:
     """`EngineConfig.short_decode` as `create` sets it: on with CUDA graphs at world size 1,
     unless the environment sets LOCKSTEP_SHORT_DECODE=0 (the benchmarks' A/B baseline) or
-    LOCKSTEP_FUSED_NORM=0 (no fused layer form, which the short path shortens)."""
+    LOCKSTEP_FUSED_NORM=0 (no fused layer form, which the short path shortens).
+
+    Raises:
+        ParallelConfigError: either switch set to a value other than 0 or 1 (`engine.env`).
+    """
     return (device == "cuda" and cuda_graph and world_size == 1
-            and os.environ.get("LOCKSTEP_SHORT_DECODE", "1") != "0"
-            and os.environ.get("LOCKSTEP_FUSED_NORM", "1") != "0")
+            and switch("LOCKSTEP_SHORT_DECODE") and switch("LOCKSTEP_FUSED_NORM"))
 
 
 @dataclass(frozen=True)
@@ -102,7 +106,7 @@ class EngineConfig:
         short_decode: capture and replay the short-context decode path (`short_context`);
             `create` turns it on with CUDA graphs at tensor_parallel_size 1 (the fused layer
             form it shortens runs there only) unless the environment sets
-            LOCKSTEP_SHORT_DECODE=0 (the A/B baseline of the benchmarks).
+            LOCKSTEP_SHORT_DECODE=0 (the A/B baseline of the benchmarks; `engine.env`).
     """
 
     model_dir: str
@@ -144,10 +148,13 @@ class EngineConfig:
         Raises:
             ModelDirError, ParallelConfigError (ValueError): a bad directory or setting, named
                 with its value, before any rank starts or device memory is allocated; also
-                cuda_graph=True on CPU, or on a torch without separate instantiate/upload.
+                cuda_graph=True on CPU, or on a torch without separate instantiate/upload, or
+                an environment switch (`engine.env.SWITCHES`) set to other than 0 or 1.
         """
         from engine.weights import WeightIndex
         from protocol.buckets import DEFAULT_DECODE_BUCKETS, select_bucket
+
+        check_switches()  # read again in the ranks and at each kernel launch (LOCKSTEP_PDL)
 
         if cuda_graph is None:
             cuda_graph = device == "cuda"
