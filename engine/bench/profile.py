@@ -33,13 +33,15 @@ def main(argv=None) -> int:
         print(f"profile: error: --preset {args.preset!r}: choose from "
               f"{', '.join(sorted(PRESETS))}", file=sys.stderr)
         return 2
-    from engine.bench.options import MAX_BATCH, BenchArgError, check_range, cuda_missing
+    from engine.bench.options import (MAX_BATCH, BenchArgError, check_range, check_switches,
+                                      cuda_missing)
 
     try:
         check_range("--batch", args.batch, 1, MAX_BATCH)
         for flag, value in (("--context", args.context), ("--steps", args.steps),
                             ("--rows", args.rows)):
             check_range(flag, value, 1)
+        check_switches()
     except BenchArgError as exc:
         print(f"profile: error: {exc}", file=sys.stderr)
         return 2

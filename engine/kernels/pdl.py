@@ -31,8 +31,8 @@ slower at 256 (2.662 -> 2.827 ms), where the kernels run several waves of progra
 early-scheduled dependents take slots from the last wave; prefill launches are thousands of
 rows. Off on the CPU, in Triton's interpreter, below compute capability 9.0, and when the
 environment sets LOCKSTEP_PDL=0 (the A/B baseline of the benchmarks; "1" or unset: on where
-the rest allows, anything else an error, `engine.env`; `EngineConfig.create` checks it
-before any rank starts).
+the rest allows, anything else an error, `engine.env`; `EngineConfig.create` and the bench
+tools check it before any rank starts or kernel runs).
 """
 
 from __future__ import annotations

@@ -76,3 +76,53 @@ def test_the_readers_use_the_one_parser(monkeypatch):
     monkeypatch.setenv("LOCKSTEP_PDL", "off")
     with pytest.raises(ParallelConfigError, match="LOCKSTEP_PDL = 'off'"):
         pdl.use_pdl(torch.zeros(1))
+
+
+def _bench(argv):
+    from lockstep.cli import main
+
+    return main(["bench", *argv])
+
+
+def _tool(module):
+    import importlib
+
+    return importlib.import_module(f"engine.bench.{module}").main
+
+
+@pytest.mark.parametrize("run, argv, prefix", [
+    pytest.param(_bench, ["--preset", "tiny"], "lockstep bench: error: ", id="bench"),
+    pytest.param(_bench, ["--preset", "tiny", "--workload", "throughput"],
+                 "lockstep bench: error: ", id="bench-throughput"),
+    pytest.param(_tool("step_tune"), ["--preset", "qwen3-0.6b", "--rows", "1"],
+                 "step_tune: error: ", id="step_tune"),
+    pytest.param(_tool("profile"), ["--preset", "tiny"], "profile: error: ", id="profile"),
+    pytest.param(_tool("gemm_sweep"), ["--presets", "qwen3-0.6b", "--tp", "1"],
+                 "gemm_sweep: error: ", id="gemm_sweep"),
+])
+def test_the_bench_tools_refuse_a_bad_switch_before_any_gpu_work(run, argv, prefix, capsys,
+                                                                 monkeypatch):
+    """Old behaviour: LOCKSTEP_PDL=off ran the benchmark with PDL on."""
+    def boom(*a, **k):
+        raise AssertionError("touched CUDA before the argument checks")
+
+    monkeypatch.setattr(torch.cuda, "is_available", boom)
+    monkeypatch.setenv("LOCKSTEP_PDL", "off")
+    assert run(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(prefix), err
+    assert "LOCKSTEP_PDL = 'off' in the environment" in err
+
+
+def test_no_other_module_reads_a_switch_itself():
+    """Every reader goes through `engine.env.switch`, so all take the same values."""
+    import re
+    from pathlib import Path
+
+    import engine
+
+    pattern = re.compile(r"environ(\.get\(|\[)\s*['\"](" + "|".join(SWITCHES) + ")")
+    root = Path(engine.__file__).parent
+    readers = [str(p.relative_to(root)) for p in root.rglob("*.py")
+               if p.name != "env.py" and pattern.search(p.read_text())]
+    assert readers == []
