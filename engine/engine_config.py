@@ -25,6 +25,9 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 DECODE_GEMMS = ("auto", "cublas")
 
+FAULTS = ("raise", "exit", "kill", "stop", "hang")
+"""The kinds of `EngineConfig.fault` (`engine.ranks` injects each)."""
+
 SHORT_DECODE_TOKENS = 128
 """Context (tokens, the step's own included) up to which a decode step of at most
 SHORT_DECODE_MAX_BUCKET rows replays the short path (`protocol.keys.SHORT`): attention fused
@@ -90,7 +93,8 @@ class EngineConfig:
             the transport.
         fault: test hook, None in normal use: (rank, command seq, "raise" | "exit" | "kill" |
             "stop" | "hang") makes that rank fail, exit, get SIGKILL, get SIGSTOP or go silent
-            when it receives that command.
+            when it receives that command (rank in 0..world_size - 1, seq >= 0, a kind of
+            FAULTS; `validate` refuses anything else).
         graph_standin: test hook, False in normal use: with cuda_graph on CPU, the graph ops
             run through `engine.graphs.StandInGraphs` (eager replays).
         model: the model's config (read from model_dir when None).
@@ -165,6 +169,10 @@ class EngineConfig:
         if not isinstance(decode_overlap, bool):
             raise ParallelConfigError(f"decode_overlap = {decode_overlap!r}, expected True, "
                                       "False or None")
+        for name, value in (("progress", progress), ("record_trace", record_trace),
+                            ("graph_standin", graph_standin)):
+            if not isinstance(value, bool):
+                raise ParallelConfigError(f"{name} = {value!r}, expected True or False")
         for name, value in (("step_timeout_s", step_timeout_s),
                             ("startup_timeout_s", startup_timeout_s)):
             if value is None and name == "startup_timeout_s":
@@ -313,6 +321,23 @@ class EngineConfig:
         if not isinstance(self.short_decode, bool):
             raise ParallelConfigError(f"short_decode = {self.short_decode!r}, expected True "
                                       "or False")
+        f = self.fault
+        if f is not None:
+            if not isinstance(f, tuple) or len(f) != 3:
+                raise ParallelConfigError(f"fault = {f!r}, expected None or a tuple (rank, "
+                                          "command seq, kind)")
+            rank, seq, kind = f
+            if (isinstance(rank, bool) or not isinstance(rank, int)
+                    or not 0 <= rank < self.world_size):
+                raise ParallelConfigError(
+                    f"fault = {f!r}: rank {rank!r}, expected an integer in "
+                    f"0..{self.world_size - 1} (tensor_parallel_size {self.world_size})")
+            if isinstance(seq, bool) or not isinstance(seq, int) or seq < 0:
+                raise ParallelConfigError(f"fault = {f!r}: command seq {seq!r}, expected an "
+                                          "integer >= 0")
+            if kind not in FAULTS:
+                raise ParallelConfigError(f"fault = {f!r}: kind {kind!r}, expected one of "
+                                          f"{FAULTS}")
         k = self.kv_cache_pages
         if k is not None and (isinstance(k, bool) or not isinstance(k, int)
                               or k < self.pages_per_seq):
