@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.config import ModelConfig, check_parallel, load_model_config
+from engine.env import check_switches, switch
 from engine.errors import ModelDirError, ParallelConfigError
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -23,6 +24,9 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 DECODE_GEMMS = ("auto", "cublas")
+
+FAULTS = ("raise", "exit", "kill", "stop", "hang")
+"""The kinds of `EngineConfig.fault` (`engine.ranks` injects each)."""
 
 SHORT_DECODE_TOKENS = 128
 """Context (tokens, the step's own included) up to which a decode step of at most
@@ -38,10 +42,13 @@ batch-1 step 0.780 -> 0.736 ms at context 128, and batch 2 and 4 slower (0.793 -
 def short_decode_default(device: str, cuda_graph: bool, world_size: int) -> bool:
     """`EngineConfig.short_decode` as `create` sets it: on with CUDA graphs at world size 1,
     unless the environment sets LOCKSTEP_SHORT_DECODE=0 (the benchmarks' A/B baseline) or
-    LOCKSTEP_FUSED_NORM=0 (no fused layer form, which the short path shortens)."""
+    LOCKSTEP_FUSED_NORM=0 (no fused layer form, which the short path shortens).
+
+    Raises:
+        ParallelConfigError: either switch set to a value other than 0 or 1 (`engine.env`).
+    """
     return (device == "cuda" and cuda_graph and world_size == 1
-            and os.environ.get("LOCKSTEP_SHORT_DECODE", "1") != "0"
-            and os.environ.get("LOCKSTEP_FUSED_NORM", "1") != "0")
+            and switch("LOCKSTEP_SHORT_DECODE") and switch("LOCKSTEP_FUSED_NORM"))
 
 
 @dataclass(frozen=True)
@@ -86,7 +93,8 @@ class EngineConfig:
             the transport.
         fault: test hook, None in normal use: (rank, command seq, "raise" | "exit" | "kill" |
             "stop" | "hang") makes that rank fail, exit, get SIGKILL, get SIGSTOP or go silent
-            when it receives that command.
+            when it receives that command (rank in 0..world_size - 1, seq >= 0, a kind of
+            FAULTS; `validate` refuses anything else).
         graph_standin: test hook, False in normal use: with cuda_graph on CPU, the graph ops
             run through `engine.graphs.StandInGraphs` (eager replays).
         model: the model's config (read from model_dir when None).
@@ -102,7 +110,7 @@ class EngineConfig:
         short_decode: capture and replay the short-context decode path (`short_context`);
             `create` turns it on with CUDA graphs at tensor_parallel_size 1 (the fused layer
             form it shortens runs there only) unless the environment sets
-            LOCKSTEP_SHORT_DECODE=0 (the A/B baseline of the benchmarks).
+            LOCKSTEP_SHORT_DECODE=0 (the A/B baseline of the benchmarks; `engine.env`).
     """
 
     model_dir: str
@@ -144,10 +152,13 @@ class EngineConfig:
         Raises:
             ModelDirError, ParallelConfigError (ValueError): a bad directory or setting, named
                 with its value, before any rank starts or device memory is allocated; also
-                cuda_graph=True on CPU, or on a torch without separate instantiate/upload.
+                cuda_graph=True on CPU, or on a torch without separate instantiate/upload, or
+                an environment switch (`engine.env.SWITCHES`) set to other than 0 or 1.
         """
         from engine.weights import WeightIndex
         from protocol.buckets import DEFAULT_DECODE_BUCKETS, select_bucket
+
+        check_switches()  # read again in the ranks and at each kernel launch (LOCKSTEP_PDL)
 
         if cuda_graph is None:
             cuda_graph = device == "cuda"
@@ -158,6 +169,10 @@ class EngineConfig:
         if not isinstance(decode_overlap, bool):
             raise ParallelConfigError(f"decode_overlap = {decode_overlap!r}, expected True, "
                                       "False or None")
+        for name, value in (("progress", progress), ("record_trace", record_trace),
+                            ("graph_standin", graph_standin)):
+            if not isinstance(value, bool):
+                raise ParallelConfigError(f"{name} = {value!r}, expected True or False")
         for name, value in (("step_timeout_s", step_timeout_s),
                             ("startup_timeout_s", startup_timeout_s)):
             if value is None and name == "startup_timeout_s":
@@ -308,6 +323,23 @@ class EngineConfig:
         if not isinstance(self.short_decode, bool):
             raise ParallelConfigError(f"short_decode = {self.short_decode!r}, expected True "
                                       "or False")
+        f = self.fault
+        if f is not None:
+            if not isinstance(f, tuple) or len(f) != 3:
+                raise ParallelConfigError(f"fault = {f!r}, expected None or a tuple (rank, "
+                                          "command seq, kind)")
+            rank, seq, kind = f
+            if (isinstance(rank, bool) or not isinstance(rank, int)
+                    or not 0 <= rank < self.world_size):
+                raise ParallelConfigError(
+                    f"fault = {f!r}: rank {rank!r}, expected an integer in "
+                    f"0..{self.world_size - 1} (tensor_parallel_size {self.world_size})")
+            if isinstance(seq, bool) or not isinstance(seq, int) or seq < 0:
+                raise ParallelConfigError(f"fault = {f!r}: command seq {seq!r}, expected an "
+                                          "integer >= 0")
+            if kind not in FAULTS:
+                raise ParallelConfigError(f"fault = {f!r}: kind {kind!r}, expected one of "
+                                          f"{FAULTS}")
         k = self.kv_cache_pages
         if k is not None and (isinstance(k, bool) or not isinstance(k, int)
                               or k < self.pages_per_seq):

@@ -31,17 +31,17 @@ graph a run with graphs on and one with graphs off differ in rounding:
   norm weights are folded, these norms have weight 1 and the GEMMs use the folded weights.
 
 `LOCKSTEP_FUSED_NORM=0` in the environment keeps every step unfused and the weights as
-loaded (the A/B baseline of the benchmarks).
+loaded (the A/B baseline of the benchmarks; "1" or unset: as above, anything else an error,
+`engine.env`).
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 from torch import nn
 
 from engine.config import ModelConfig
+from engine.env import switch
 from engine.layers.attention import Qwen3Attention, StepContext
 from engine.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
 from engine.kernels import attention_oproj, skinny_gemm
@@ -192,7 +192,7 @@ class Qwen3ForCausalLM(nn.Module):
         self.decode_gemm = gemm
         # intent at construction; the fused form runs only once load_weights has folded
         self.fuse_norms = (gemm is not None and tp.world_size == 1
-                           and os.environ.get("LOCKSTEP_FUSED_NORM", "1") != "0")
+                           and switch("LOCKSTEP_FUSED_NORM"))
         self.norms_folded = False
         self._plans: dict[int, FusedLayerPlan | None] = {}
 

@@ -30,8 +30,8 @@ import sys
 
 import torch
 
-from engine.bench.options import (BenchArgError, check_output_path, check_range, cuda_missing,
-                                  parse_int_list)
+from engine.bench.options import (BenchArgError, check_output_path, check_range, check_switches,
+                                  cuda_missing, parse_int_list)
 from engine.kernels import fused
 from engine.kernels.skinny_gemm import (MAX_ROWS, TileConfig, Workspace, parse_table, shape_key,
                                         skinny_gemm)
@@ -351,6 +351,7 @@ def main(argv=None) -> int:
                                 "would overwrite the measurements")
         if args.table is not None:
             merge_table(args.table, {})  # an existing --table must be a table
+        check_switches()
     except BenchArgError as exc:
         print(f"gemm_sweep: error: {exc}", file=sys.stderr)
         return 2

@@ -74,6 +74,23 @@ def cuda_missing(tool: str) -> bool:
     return True
 
 
+def check_switches() -> None:
+    """`engine.env.check_switches` as a bench argument check: an environment switch set to
+    other than 0 or 1 is refused like a bad flag, before any GPU work (the kernels read
+    LOCKSTEP_PDL at each launch, where it would be a traceback).
+
+    Raises:
+        BenchArgError: naming the variable and its value.
+    """
+    from engine import env
+    from engine.errors import ParallelConfigError
+
+    try:
+        env.check_switches()
+    except ParallelConfigError as exc:
+        raise BenchArgError(str(exc)) from None
+
+
 def check_range(flag: str, value: int, least: int, most: int | None = None) -> None:
     """Refuse a command-line integer outside least..most (no upper bound when `most` is None).
 
@@ -171,6 +188,7 @@ def validate(opts: BenchOptions) -> dict:
     for flag, p in (("--json", opts.json_path), ("--plot", opts.plot_path)):
         if p is not None:
             check_output_path(flag, p)
+    check_switches()
     return cfg
 
 

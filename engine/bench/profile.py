@@ -16,30 +16,50 @@ import shutil
 import sys
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of `main`: every option with its help and default."""
+    from engine.bench.options import MAX_BATCH
+    from engine.presets import PRESETS
+
+    p = argparse.ArgumentParser(prog="python -m engine.bench.profile",
+                                description=__doc__.splitlines()[0])
+    p.add_argument("--preset", required=True,
+                   help=f"random weights of a preset ({', '.join(PRESETS)})")
+    p.add_argument("--batch", type=int, default=1,
+                   help=f"decode rows of the captured step, its graph's bucket (1..{MAX_BATCH}; "
+                        "default 1)")
+    p.add_argument("--context", type=int, default=128,
+                   help="tokens cached per row (default 128)")
+    p.add_argument("--steps", type=int, default=20,
+                   help="graph replays profiled, after 5 unprofiled ones (default 20)")
+    p.add_argument("--rows", type=int, default=25,
+                   help="kernels to list, by device time or with --timeline by exposed time "
+                        "(default 25)")
+    p.add_argument("--timeline", action="store_true",
+                   help="print each kernel's exposed time (its end minus the previous "
+                        "kernel's end) instead of its device time: with PDL the kernels "
+                        "overlap")
+    return p
+
+
 def main(argv=None) -> int:
     """Profile `--steps` graph replays of one bucket; print the top kernels by device time."""
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--preset", required=True)
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--context", type=int, default=128)
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--rows", type=int, default=25, help="kernels to list")
-    p.add_argument("--timeline", action="store_true",
-                   help="exposed time per kernel (end minus the previous kernel's end)")
-    args = p.parse_args(argv)
+    args = build_parser().parse_args(argv)
     from engine.presets import PRESETS
 
     if args.preset not in PRESETS:
         print(f"profile: error: --preset {args.preset!r}: choose from "
               f"{', '.join(sorted(PRESETS))}", file=sys.stderr)
         return 2
-    from engine.bench.options import MAX_BATCH, BenchArgError, check_range, cuda_missing
+    from engine.bench.options import (MAX_BATCH, BenchArgError, check_range, check_switches,
+                                      cuda_missing)
 
     try:
         check_range("--batch", args.batch, 1, MAX_BATCH)
         for flag, value in (("--context", args.context), ("--steps", args.steps),
                             ("--rows", args.rows)):
             check_range(flag, value, 1)
+        check_switches()
     except BenchArgError as exc:
         print(f"profile: error: {exc}", file=sys.stderr)
         return 2

@@ -30,7 +30,9 @@ import sys
 import time
 
 from engine.bench.options import (BenchArgError, BenchOptions, check_output_path, check_range,
-                                  cuda_missing, max_positions, model_shape, parse_int_list)
+                                  check_switches, cuda_missing, max_positions, model_shape,
+                                  parse_int_list)
+from engine.env import switch
 from engine.kernels.skinny_gemm import TileConfig, load_table, shape_key
 from engine.layers.linear import (FUSED_PLANS_PATH, ROLES, DecodeGemm, FusedLayerPlan,
                                   LayerShapes, layer_key, load_fused_plans, parse_fused_plans,
@@ -472,7 +474,8 @@ def main(argv=None) -> int:
                                 f"{', '.join(sorted(PRESETS))}")
         if args.model is not None and not os.path.isdir(args.model):
             raise BenchArgError(f"--model {args.model!r}: not a directory")
-        if os.environ.get("LOCKSTEP_FUSED_NORM", "1") == "0":
+        check_switches()
+        if not switch("LOCKSTEP_FUSED_NORM"):
             raise BenchArgError("LOCKSTEP_FUSED_NORM=0 keeps every layer unfused; there is no "
                                 "fused-layer plan to tune (unset it)")
         cfg = model_shape(BenchOptions(preset=args.preset, model=args.model))

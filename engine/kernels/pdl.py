@@ -30,7 +30,9 @@ PDL made Qwen3-0.6B's step faster at 1-64 rows (batch 1: 1.195 -> 1.122 ms in on
 slower at 256 (2.662 -> 2.827 ms), where the kernels run several waves of programs and the
 early-scheduled dependents take slots from the last wave; prefill launches are thousands of
 rows. Off on the CPU, in Triton's interpreter, below compute capability 9.0, and when the
-environment sets LOCKSTEP_PDL=0 (the A/B baseline of the benchmarks).
+environment sets LOCKSTEP_PDL=0 (the A/B baseline of the benchmarks; "1" or unset: on where
+the rest allows, anything else an error, `engine.env`; `EngineConfig.create` and the bench
+tools check it before any rank starts or kernel runs).
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ import functools
 import os
 
 import torch
+
+from engine.env import switch
 
 
 @functools.lru_cache(maxsize=None)
@@ -51,10 +55,14 @@ MAX_ROWS = 64
 
 def use_pdl(t: torch.Tensor) -> bool:
     """Whether a kernel whose rows are `t`'s first dimension (tokens or batch rows), launched
-    on `t`'s device, uses PDL."""
-    if not t.is_cuda or t.shape[0] > MAX_ROWS or os.environ.get("TRITON_INTERPRET") == "1":
+    on `t`'s device, uses PDL.
+
+    Raises:
+        ParallelConfigError: LOCKSTEP_PDL set to other than 0 or 1 (`engine.env.switch`).
+    """
+    if not switch("LOCKSTEP_PDL"):
         return False
-    if os.environ.get("LOCKSTEP_PDL", "1") == "0":
+    if not t.is_cuda or t.shape[0] > MAX_ROWS or os.environ.get("TRITON_INTERPRET") == "1":
         return False
     return _device_supports(t.device.index if t.device.index is not None
                             else torch.cuda.current_device())

@@ -1,5 +1,5 @@
-"""`--help` of the engine subcommands: every option says what it does and, unless it is a switch
-or required, its default (issue 13, item 14)."""
+"""`--help` of the engine subcommands and of `python -m engine.bench.profile`: every option says
+what it does and, unless it is a switch or required, its default (issue 13, item 14)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,23 @@ def _subparser(name):
 
 @pytest.mark.parametrize("name", ["generate", "bench", "make-model"])
 def test_every_option_has_help_and_shows_its_default(name):
-    p = _subparser(name)
+    _check_every_option(_subparser(name), name)
+
+
+def test_profile_has_a_description_and_every_option_help_and_its_default(capsys):
+    """Old behaviour: `python -m engine.bench.profile --help` listed --preset, --batch,
+    --context and --steps with no word on what they do or their defaults."""
+    from engine.bench import profile
+
+    p = profile.build_parser()
+    assert p.description and p.prog == "python -m engine.bench.profile"
+    _check_every_option(p, "profile")
+    with pytest.raises(SystemExit):
+        profile.main(["--help"])
+    assert "random weights of a preset" in capsys.readouterr().out
+
+
+def _check_every_option(p, name):
     required_groups = {id(a) for g in p._mutually_exclusive_groups if g.required
                        for a in g._group_actions}
     for action in p._actions:

@@ -56,3 +56,35 @@ def test_bad_setting_is_named(tiny_dir, kwargs, needle):
     with pytest.raises(ParallelConfigError) as info:
         EngineConfig.create(tiny_dir, **kwargs)
     assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    (dict(progress="yes"), "progress = 'yes', expected True or False"),
+    (dict(progress=1), "progress = 1, expected True or False"),
+    (dict(record_trace=None), "record_trace = None, expected True or False"),
+    (dict(graph_standin="no"), "graph_standin = 'no', expected True or False"),
+    (dict(fault="kill"), "fault = 'kill', expected None or a tuple (rank, command seq, kind)"),
+    (dict(fault=[0, 4, "raise"]), "fault = [0, 4, 'raise'], expected None or a tuple"),
+    (dict(fault=(0, 4)), "fault = (0, 4), expected None or a tuple"),
+    (dict(fault=(1, 4, "raise")), "fault = (1, 4, 'raise'): rank 1, expected an integer in "
+                                  "0..0 (tensor_parallel_size 1)"),
+    (dict(tensor_parallel_size=2, fault=(2, 4, "kill")), "rank 2, expected an integer in 0..1"),
+    (dict(fault=(-1, 4, "raise")), "rank -1, expected an integer in 0..0"),
+    (dict(fault=(True, 4, "raise")), "rank True, expected an integer"),
+    (dict(fault=(0, -1, "raise")), "command seq -1, expected an integer >= 0"),
+    (dict(fault=(0, 4.0, "raise")), "command seq 4.0, expected an integer >= 0"),
+    (dict(fault=(0, 4, "crash")), "kind 'crash', expected one of ('raise', 'exit', 'kill', "
+                                  "'stop', 'hang')"),
+])
+def test_bad_test_hook_is_named(tiny_dir, kwargs, needle):
+    """Old behaviour: any value was taken; a fault naming no rank or kind injected nothing and
+    the test that set it passed for the wrong reason."""
+    with pytest.raises(ParallelConfigError) as info:
+        EngineConfig.create(tiny_dir, **kwargs)
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_good_test_hooks_are_taken(tiny_dir):
+    c = EngineConfig.create(tiny_dir, tensor_parallel_size=2, progress=True, record_trace=True,
+                            fault=(1, 0, "hang"))
+    assert c.progress and c.trace and c.fault == (1, 0, "hang") and not c.graph_standin

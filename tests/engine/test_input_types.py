@@ -105,3 +105,16 @@ def test_timeouts_are_checked_each_under_its_own_name(tiny_dir, kwargs, error, f
 def test_model_dir_of_the_wrong_type(model_dir):
     with pytest.raises(ModelDirError, match="model_dir = "):
         LLM(model_dir)
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    (dict(progress="true"), "progress = 'true'"),
+    (dict(record_trace=0), "record_trace = 0"),
+    (dict(_graph_standin=1), "graph_standin = 1"),
+    (dict(_fault=(3, 6, "kill"), tensor_parallel_size=2), r"fault = \(3, 6, 'kill'\): rank 3"),
+    (dict(_fault=(1, 6, "boom"), tensor_parallel_size=2), "kind 'boom'"),
+])
+def test_test_hooks_are_checked_before_any_rank_starts(tiny_dir, kwargs, fragment):
+    with pytest.raises(ParallelConfigError, match=fragment):
+        LLM(tiny_dir, **kwargs)
+    assert multiprocessing.active_children() == []
