@@ -23,8 +23,8 @@ import sys
 import torch
 
 from engine.bench.gemm_sweep import COPIES_BYTES, MAX_REPEATS, time_graph
-from engine.bench.options import (BenchArgError, check_output_path, check_range, cuda_missing,
-                                  parse_int_list)
+from engine.bench.options import (BenchArgError, check_output_path, check_range, check_switches,
+                                  cuda_missing, parse_int_list)
 from engine.kernels.skinny_gemm import MAX_ROWS, TileConfig, Workspace, skinny_gemm
 
 try:
@@ -163,6 +163,7 @@ def main(argv=None) -> int:
                                 f"choose from {', '.join(SHAPES)}")
         if args.json is not None:
             check_output_path("--json", args.json)
+        check_switches()
     except BenchArgError as exc:
         print(f"tma_probe: error: {exc}", file=sys.stderr)
         return 2

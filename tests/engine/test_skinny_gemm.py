@@ -581,3 +581,12 @@ def test_tma_probe_bad_arguments_are_one_line_before_the_gpu(capsys, argv, messa
     assert tma_probe.main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("tma_probe: error: ") and message in err and err.count("\n") == 1, err
+
+
+def test_tma_probe_refuses_a_bad_environment_switch_before_the_gpu(capsys, monkeypatch):
+    from engine.bench import tma_probe
+
+    monkeypatch.setenv("LOCKSTEP_PDL", "off")
+    assert tma_probe.main([]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tma_probe: error: LOCKSTEP_PDL = 'off'") and err.count("\n") == 1, err
