@@ -159,8 +159,8 @@ def gemm_space(k: int, swiglu: bool) -> list[TileConfig]:
 def rope_space(k: int, half: int) -> list[TileConfig]:
     """Tiles of a `skinny_gemm_qkv_rope` launch over K = k: block_n is the half head; each
     (block_k, split) whose splits are one or two block_k tiles long, or one unsplit loop;
-    4 and 8 warps, with pointer and tensor-descriptor weight loads (the descriptor's tile
-    fitting `TMA_SMEM_BYTES` over 4 stages). Splits that round to the same K ranges appear
+    4 and 8 warps, with pointer and tensor-descriptor weight loads (the descriptor's tile at
+    least 16 rows, as `TileConfig` requires, and fitting `TMA_SMEM_BYTES` over 4 stages). Splits that round to the same K ranges appear
     once."""
     out = []
     for bk in (128, 256, 512):
@@ -171,7 +171,7 @@ def rope_space(k: int, half: int) -> list[TileConfig]:
                 continue
             out += [TileConfig(half, bk, split, warps, 4, tma=tma) for warps in (4, 8)
                     for tma in (False, True)
-                    if not tma or 2 * half * bk * 2 * 4 <= TMA_SMEM_BYTES]
+                    if not tma or (half >= 16 and 2 * half * bk * 2 * 4 <= TMA_SMEM_BYTES)]
     return out
 
 

@@ -2,7 +2,7 @@
 than the skinny GEMM's pointer loads?  Times, per weight shape and row count, in CUDA graphs
 over >= 128 MB of weight copies (as `engine.bench.gemm_sweep`):
 
-    skinny:   `skinny_gemm` over a wider tile space than the sweep's (stages, warps);
+    skinny:   `skinny_gemm` at stages 3 and 6 and 4 or 8 warps (the sweep's stages were 4);
     tma:      x @ W^T with W (and x) read through tensor descriptors;
     tma_swap: W @ x^T (the weight's rows are the MMA's M side, x's rows its N side).
 
@@ -142,7 +142,8 @@ def probe_shape(name, n, k, swiglu, rows, repeats, log):
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m engine.bench.tma_probe",
-                                description=__doc__.split("\n\n")[0])
+                                description=__doc__.split("\n\n")[0].split(" Times,")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--shapes", default=",".join(SHAPES),
                    help=f"comma-separated weight shapes to time, from: {', '.join(SHAPES)}")
     p.add_argument("--rows", default="1,8",

@@ -599,6 +599,7 @@ def _launch(x, w, out, workspace, config, swiglu, row_stats, eps, residual, rope
                          f"workspace's {workspace.max_blocks} rows of statistics")
     stats_in = row_stats.partials if row_stats is not None else 0
     block_m = max(16, triton.next_power_of_2(M))
+    tma = cfg.tma and tma_supported(x.device)
     _skinny_gemm_kernel[(blocks, split)](
         x, w, out, workspace.partials, workspace.counters, workspace.stats, M, n_out, K,
         cfg.block_n if rope is not None else n_out, x.stride(0), w.stride(0), out.stride(0),
@@ -611,9 +612,31 @@ def _launch(x, w, out, workspace, config, swiglu, row_stats, eps, residual, rope
         IEEE=x.dtype == torch.float32,
         ONE_TILE=k_split <= cfg.block_k, PAIRED=swiglu or rope is not None,
         ROW_STEP=row_step, **_head_args(rope, w, out),
-        w_desc=_weight_descriptor(w, cfg) if cfg.tma else None, TMA=cfg.tma,
+        w_desc=_weight_descriptor(w, cfg) if tma else None, TMA=tma,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(x))
     return blocks
+
+
+def tma_supported(device: torch.device) -> bool:
+    """Whether a `tma` tile reads through a tensor descriptor on `device`: in Triton's
+    interpreter, or on a GPU of compute capability 9.0 or above (Hopper's bulk copy). Elsewhere
+    the same tile runs with pointer loads, so a table measured on an H200 still runs on an
+    older GPU; the choice depends on the device alone, so an eager step and its graph agree."""
+    if _INTERPRETED:
+        return True
+    if device.type != "cuda":
+        return False
+    return _capability(device.index if device.index is not None
+                       else torch.cuda.current_device()) >= (9, 0)
+
+
+_CAPABILITIES: dict[int, tuple[int, int]] = {}
+
+
+def _capability(index: int) -> tuple[int, int]:
+    if index not in _CAPABILITIES:
+        _CAPABILITIES[index] = torch.cuda.get_device_capability(index)
+    return _CAPABILITIES[index]
 
 
 def _weight_descriptor(w: torch.Tensor, cfg: TileConfig) -> "TensorDescriptor":
