@@ -23,6 +23,7 @@ program of each column block resets its counter, so every replay starts from zer
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import dataclass
@@ -630,13 +631,9 @@ def tma_supported(device: torch.device) -> bool:
                        else torch.cuda.current_device()) >= (9, 0)
 
 
-_CAPABILITIES: dict[int, tuple[int, int]] = {}
-
-
+@functools.lru_cache(maxsize=None)
 def _capability(index: int) -> tuple[int, int]:
-    if index not in _CAPABILITIES:
-        _CAPABILITIES[index] = torch.cuda.get_device_capability(index)
-    return _CAPABILITIES[index]
+    return torch.cuda.get_device_capability(index)
 
 
 def _weight_descriptor(w: torch.Tensor, cfg: TileConfig) -> "TensorDescriptor":
