@@ -52,6 +52,10 @@ ROPE_MAX_SPLIT = 20
 """Most K splits `rope_space` names."""
 
 
+LAYERS = ("qkv", "o_proj", "gate_up", "down")
+"""The decode linear layers of one transformer layer, as `layer_shapes` names them."""
+
+
 def layer_shapes(preset: str, tp: int) -> list[tuple[str, int, int, bool]]:
     """(name, N (weight rows), K, swiglu) of each decode linear layer of one rank."""
     c = PRESETS[preset]
@@ -59,6 +63,18 @@ def layer_shapes(preset: str, tp: int) -> list[tuple[str, int, int, bool]]:
     q, kv, inter = c["num_attention_heads"] * d, c["num_key_value_heads"] * d, c["intermediate_size"]
     return [("qkv", (q + 2 * kv) // tp, h, False), ("o_proj", h, q // tp, False),
             ("gate_up", 2 * inter // tp, h, True), ("down", h, inter // tp, False)]
+
+
+def sweep_shapes(presets, tps, layers) -> dict[tuple[int, int, bool], list[str]]:
+    """The distinct (N, K, swiglu) weight shapes of `layers` (names from LAYERS) over every
+    preset and TP size, each with the "preset tpN layer" names that share it, in order."""
+    shapes: dict[tuple[int, int, bool], list[str]] = {}
+    for preset in presets:
+        for tp in tps:
+            for name, n, k, sw in layer_shapes(preset, tp):
+                if name in layers:
+                    shapes.setdefault((n, k, sw), []).append(f"{preset} tp{tp} {name}")
+    return shapes
 
 
 MAX_REPEATS = 1_000
@@ -313,6 +329,9 @@ def main(argv=None) -> int:
                    help="what to time, comma-separated (default gemm,rope): gemm (each linear shape "
                         "against cuBLAS), rope (the QKV GEMM with the q/k norm + RoPE + "
                         "KV-write epilogue against the two launches it replaces)")
+    p.add_argument("--layers", default=",".join(LAYERS),
+                   help=f"which linear layers the gemm kind times, comma-separated (default "
+                        f"{','.join(LAYERS)})")
     p.add_argument("--json", help="write every measurement here")
     p.add_argument("--table", help="merge the engine's per-shape choice into this file")
     p.add_argument("--from-json", metavar="JSON",
@@ -337,6 +356,11 @@ def main(argv=None) -> int:
         kinds = [x.strip() for x in args.kinds.split(",")]
         if not kinds or any(x not in ("gemm", "rope") for x in kinds):
             raise BenchArgError(f"--kinds {args.kinds!r}: expected gemm, rope or gemm,rope")
+        layers = [x.strip() for x in args.layers.split(",")]
+        if not layers or any(x not in LAYERS for x in layers):
+            bad = next((x for x in layers if x not in LAYERS), "")
+            raise BenchArgError(f"--layers {args.layers!r}: unknown layer {bad!r}; choose from "
+                                f"{', '.join(LAYERS)}")
         check_tp(presets, tps)
         if kinds == ["rope"] and 1 not in tps:
             raise BenchArgError(f"--kinds rope --tp {args.tp}: the rope launch is timed at TP 1 "
@@ -357,12 +381,9 @@ def main(argv=None) -> int:
         return 2
     if cuda_missing("gemm_sweep"):
         return 2
-    shapes = {}
-    for preset in presets:
-        for tp in tps:
-            for name, n, k, sw in layer_shapes(preset, tp):
-                shapes.setdefault((n, k, sw), []).append(f"{preset} tp{tp} {name}")
-    max_n = max(n for n, _, _ in shapes)
+    shapes = sweep_shapes(presets, tps, layers)
+    # every layer's widest shape, so that the rope kind's QKV fits when --layers leaves it out
+    max_n = max(n for n, _, _ in sweep_shapes(presets, tps, LAYERS))
     workspace = Workspace("cuda", max_n, max(max(SPACE["split_k"]), ROPE_MAX_SPLIT),
                           -(-max_n // min(SPACE["block_n"])))
     results = []

@@ -367,6 +367,7 @@ def test_workload_w_and_its_summary():
     (["--repeats", "1001"], "--repeats 1001: expected 1..1000"),
     (["--tp", ""], "--tp '': '' is not an integer (expected comma-separated integers, e.g. 1,2)"),
     (["--kinds", "both"], "--kinds 'both': expected gemm, rope or gemm,rope"),
+    (["--layers", "down,up"], "--layers 'down,up': unknown layer 'up'; choose from qkv, o_proj"),
 ])
 def test_gemm_sweep_checks_its_arguments_and_paths_before_the_run(argv, words, capsys):
     """Old behaviour: int() and PRESETS[...] tracebacks, and --json / --table opened only after
@@ -376,6 +377,18 @@ def test_gemm_sweep_checks_its_arguments_and_paths_before_the_run(argv, words, c
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("gemm_sweep: error: ") and words in err
+
+
+def test_gemm_sweep_layers_picks_the_shapes_it_times():
+    from engine.bench.gemm_sweep import LAYERS, sweep_shapes
+
+    every = sweep_shapes(["qwen3-4b"], [1], LAYERS)
+    down = sweep_shapes(["qwen3-4b"], [1], ["down"])
+    assert list(down.values()) == [["qwen3-4b tp1 down"]]
+    assert list(down) == [(2560, 9728, False)] and set(down) < set(every) and len(every) == 4
+    shared = sweep_shapes(["qwen3-4b", "qwen3-8b"], [1, 2], ["gate_up"])
+    assert all(len(names) >= 1 for names in shared.values())
+    assert sum(len(names) for names in shared.values()) == 4
 
 
 def test_gemm_sweep_without_a_gpu_is_a_one_line_error(monkeypatch, capsys):
