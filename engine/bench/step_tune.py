@@ -43,6 +43,12 @@ SWEEP_JSON = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), "docs", "benchmarks-gemm-sweep-h200.json")
 """The shipped sweep, found beside the package (a source checkout), whatever the cwd."""
 MAX_STEPS, MAX_WARMUP, MAX_SEED = 10_000, 1_000, 2**32 - 1
+MAX_TOP = 32
+"""Most sweep tiles `--top` tries per GEMM. Each is a recaptured step timed over `--steps`
+replays, about 1 s at the defaults on the H200 (82 s for 17 trials at each of five row counts,
+docs/benchmarks.md): 32 (161 trials per row count) is already about 13 minutes for five, and a
+larger value (a typo such as 400) would time nearly every tile the sweep tried (about 70 per
+shape) for half an hour."""
 MIN_GAIN = 0.002
 """Least relative step-time gain for which a trial's tile replaces the current one: the
 spread of one plan's median over repeated runs in one process is about 0.1% (H200)."""
@@ -441,7 +447,8 @@ def main(argv=None) -> int:
     p.add_argument("--rows", help="row counts to tune, comma-separated: row counts the GEMM "
                                   "table measured where the engine fuses the layer (default: "
                                   "every such row count)")
-    p.add_argument("--top", type=int, default=4, help="sweep tiles tried per GEMM")
+    p.add_argument("--top", type=int, default=4,
+                   help=f"sweep tiles tried per GEMM (1..{MAX_TOP})")
     p.add_argument("--steps", type=int, default=100,
                    help=f"timed replays per plan (1..{MAX_STEPS})")
     p.add_argument("--warmup", type=int, default=10,
@@ -463,7 +470,7 @@ def main(argv=None) -> int:
             return _plans_from_json(args, p)
         # the values that need no model first, so a bad one is named whatever the model
         for flag, value, least, most in (
-                ("--top", args.top, 1, None), ("--steps", args.steps, 1, MAX_STEPS),
+                ("--top", args.top, 1, MAX_TOP), ("--steps", args.steps, 1, MAX_STEPS),
                 ("--warmup", args.warmup, 0, MAX_WARMUP), ("--context", args.context, 1, None),
                 ("--seed", args.seed, 0, MAX_SEED)):
             check_range(flag, value, least, most)
