@@ -438,32 +438,45 @@ def check_rows(cfg: dict, rows: list[int] | None, flag: str = "--rows") -> list[
     return rows
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of `main`: every option with its help and default."""
     p = argparse.ArgumentParser(prog="python -m engine.bench.step_tune",
                                 description=__doc__.splitlines()[0])
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--preset", help=f"random weights of a preset ({', '.join(PRESETS)})")
-    src.add_argument("--model", help="HF-layout Qwen3 directory")
+    src.add_argument("--preset", help=f"random weights of a preset ({', '.join(PRESETS)}) "
+                                      "(no default: give this or --model to time)")
+    src.add_argument("--model", help="HF-layout Qwen3 directory (no default: give this or "
+                                     "--preset to time)")
     p.add_argument("--rows", help="row counts to tune, comma-separated: row counts the GEMM "
                                   "table measured where the engine fuses the layer (default: "
                                   "every such row count)")
     p.add_argument("--top", type=int, default=4,
-                   help=f"sweep tiles tried per GEMM (1..{MAX_TOP})")
+                   help=f"sweep tiles tried per GEMM (1..{MAX_TOP}; default 4)")
     p.add_argument("--steps", type=int, default=100,
-                   help=f"timed replays per plan (1..{MAX_STEPS})")
+                   help=f"timed replays per plan (1..{MAX_STEPS}; default 100)")
     p.add_argument("--warmup", type=int, default=10,
-                   help=f"untimed replays per plan before them (0..{MAX_WARMUP})")
-    p.add_argument("--context", type=int, default=128, help="tokens cached per row")
+                   help=f"untimed replays per plan before them (0..{MAX_WARMUP}; default 10)")
+    p.add_argument("--context", type=int, default=128,
+                   help="tokens cached per row (default 128)")
     p.add_argument("--sweep", default=SWEEP_JSON,
                    help="gemm_sweep --json with the candidates (default: the shipped H200 "
                         "sweep, docs/benchmarks-gemm-sweep-h200.json)")
-    p.add_argument("--json", help="write every trial here")
+    p.add_argument("--json", help="write every trial here (default: printed only)")
     p.add_argument("--plans", help=f"merge the winners into this plans file (the engine's: "
-                                   f"{os.path.relpath(FUSED_PLANS_PATH)})")
+                                   f"{os.path.relpath(FUSED_PLANS_PATH)}; default: none)")
     p.add_argument("--from-json", metavar="JSON",
-                   help="write --plans from this earlier --json instead of timing")
+                   help="write --plans from this earlier --json instead of timing (default: "
+                        "time)")
     p.add_argument("--seed", type=int, default=0,
-                   help="seed of the random weights, K/V and tokens")
+                   help="seed of the random weights, K/V and tokens (default 0)")
+    return p
+
+
+def main(argv=None) -> int:
+    """Check every argument, then tune the fused-layer plans on the GPU (or, with
+    `--from-json`, rebuild `--plans` from earlier records); returns the exit status (2 for a
+    bad argument or no CUDA GPU, 1 for a failed run)."""
+    p = build_parser()
     args = p.parse_args(argv)
     try:
         if args.from_json is not None:

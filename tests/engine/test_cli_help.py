@@ -1,5 +1,6 @@
-"""`--help` of the engine subcommands and of `python -m engine.bench.profile`: every option says
-what it does and, unless it is a switch or required, its default (issue 13, item 14)."""
+"""`--help` of the engine subcommands and of `python -m engine.bench.profile` and `step_tune`:
+every option says what it does and, unless it is a switch or required, its default (issue 13,
+item 14)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,23 @@ def test_profile_has_a_description_and_every_option_help_and_its_default(capsys)
     with pytest.raises(SystemExit):
         profile.main(["--help"])
     assert "random weights of a preset" in capsys.readouterr().out
+
+
+def test_step_tune_help_shows_every_default(capsys):
+    """Old behaviour: `python -m engine.bench.step_tune --help` gave --top, --steps, --warmup,
+    --context and --seed with no default, and its parser was built inside `main`."""
+    from engine.bench import step_tune
+
+    p = step_tune.build_parser()
+    assert p.description and p.prog == "python -m engine.bench.step_tune"
+    _check_every_option(p, "step_tune")
+    with pytest.raises(SystemExit) as exit_:
+        step_tune.main(["--help"])
+    assert exit_.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps the help text
+    for text in ("(1..32; default 4)", "(1..10000; default 100)", "(0..1000; default 10)",
+                 "tokens cached per row (default 128)", "K/V and tokens (default 0)"):
+        assert text in out, text
 
 
 def _check_every_option(p, name):
