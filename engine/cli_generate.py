@@ -131,7 +131,8 @@ def check_flags(args: argparse.Namespace) -> None:
 
 
 def check_before_load(args: argparse.Namespace, params) -> None:
-    """Reject a bad request before any weight is read or any rank starts.
+    """Reject a bad request, and `--device cuda` where torch sees no CUDA device, before any
+    weight is read or any rank starts.
 
     Raises:
         ValueError (ModelDirError, RequestError): naming the bad value.
@@ -139,7 +140,7 @@ def check_before_load(args: argparse.Namespace, params) -> None:
     from pathlib import Path
 
     from engine.config import load_model_config
-    from engine.errors import RequestError, tokens
+    from engine.errors import RequestError, cuda_missing, tokens
 
     check_flags(args)
     cfg = load_model_config(args.model)
@@ -166,6 +167,9 @@ def check_before_load(args: argparse.Namespace, params) -> None:
     if length + args.max_tokens > limit:
         raise RequestError(f"prompt of {tokens(length)} + --max-tokens {args.max_tokens} exceeds "
                            f"the max model length {limit}")
+    problem = cuda_missing() if args.device == "cuda" else None
+    if problem is not None:
+        raise RequestError(f"--device cuda {problem}")
 
 
 def run(args: argparse.Namespace) -> int:

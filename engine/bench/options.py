@@ -63,15 +63,15 @@ class BenchOptions:
 
 
 def cuda_missing(tool: str) -> bool:
-    """True, after printing "TOOL: error: needs a CUDA GPU ..." to stderr, when torch sees no
-    CUDA device: the GPU tools' one check before they touch the device (exit status 2)."""
-    import torch
+    """True, after printing "TOOL: error: " and `engine.errors.NO_CUDA_GPU` to stderr, when
+    torch sees no CUDA device: the GPU tools' one check before they touch the device (exit
+    status 2)."""
+    from engine import errors
 
-    if torch.cuda.is_available():
-        return False
-    print(f"{tool}: error: needs a CUDA GPU (torch.cuda.is_available() is False)",
-          file=sys.stderr)
-    return True
+    problem = errors.cuda_missing()
+    if problem is not None:
+        print(f"{tool}: error: {problem}", file=sys.stderr)
+    return problem is not None
 
 
 def check_switches() -> None:

@@ -408,10 +408,57 @@ def test_attention_sweep_checks_its_output_path_before_the_run(monkeypatch, caps
 
     monkeypatch.setattr(sweep, "context_sweep", lambda: pytest.fail("the sweep ran first"))
     monkeypatch.setattr("sys.argv", ["attention_sweep", "/nonexistent-dir/a.json"])
-    with pytest.raises(SystemExit) as info:
-        sweep.main()
-    assert info.value.code == 2
+    assert sweep.main() == 2
     assert "OUT.json '/nonexistent-dir/a.json': directory" in capsys.readouterr().err
+
+
+def _no_cuda_commands():
+    """(prefix of the error line, callable running the command) for every command that needs
+    a CUDA GPU."""
+    from engine.bench import attention_sweep, gemm_sweep, profile, step_tune, tma_probe
+
+    return {
+        "lockstep bench": lambda d: main(["bench", "--preset", "tiny"]),
+        "lockstep bench throughput": lambda d: main(["bench", "--preset", "tiny",
+                                                     "--workload", "throughput"]),
+        "lockstep generate": lambda d: main(["generate", "--model", d, "--prompt-ids", "1,2",
+                                             "--device", "cuda"]),
+        "attention_sweep": lambda d: attention_sweep.main([]),
+        "gemm_sweep": lambda d: gemm_sweep.main(["--presets", "qwen3-0.6b", "--tp", "1"]),
+        "profile": lambda d: profile.main(["--preset", "tiny"]),
+        "step_tune": lambda d: step_tune.main(["--preset", "qwen3-0.6b", "--rows", "1"]),
+        "tma_probe": lambda d: tma_probe.main([]),
+    }
+
+
+@pytest.mark.parametrize("command", list(_no_cuda_commands()))
+def test_no_cuda_gpu_is_one_line_in_one_wording(command, tiny_dir, monkeypatch, capsys):
+    """Old behaviour: `lockstep bench` said "this command needs a CUDA GPU; ...", the bench
+    tools "needs a CUDA GPU (...)", `lockstep generate --device cuda` "device = 'cuda' but
+    ..." once the model was checked, and attention_sweep did not check: a traceback from its
+    first CUDA tensor."""
+    import torch
+
+    from engine.errors import NO_CUDA_GPU
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert _no_cuda_commands()[command](str(tiny_dir)) == 2
+    err = capsys.readouterr().err
+    prefix = command.removesuffix(" throughput")
+    expected = "--device cuda " + NO_CUDA_GPU if "generate" in command else NO_CUDA_GPU
+    assert err == f"{prefix}: error: {expected}\n", err
+
+
+def test_engine_config_names_the_missing_gpu_in_the_same_words(tiny_dir, monkeypatch):
+    import torch
+
+    from engine.engine_config import EngineConfig
+    from engine.errors import NO_CUDA_GPU, ParallelConfigError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ParallelConfigError) as info:
+        EngineConfig.create(str(tiny_dir), device="cuda")
+    assert str(info.value) == f"device = 'cuda' {NO_CUDA_GPU}"
 
 
 def test_max_positions_reads_the_config_once_and_names_a_bad_value():
