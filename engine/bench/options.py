@@ -2,6 +2,10 @@
 
 Every check raises `BenchArgError` with one line naming the bad value; the CLI prints it and
 exits with status 2.
+
+A repeated option keeps its last value, in `lockstep bench` and in every tool of
+`engine.bench` with a parser (argparse's plain store; no option appends or refuses a repeat):
+a command line built by a script can override one of its options by giving it again.
 """
 
 from __future__ import annotations

@@ -412,6 +412,37 @@ def test_attention_sweep_checks_its_output_path_before_the_run(monkeypatch, caps
     assert "OUT.json '/nonexistent-dir/a.json': directory" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("tool, argv, flag, first, last", [
+    ("lockstep bench", ["--preset", "tiny"], "--steps", "0", "-2"),
+    ("gemm_sweep", [], "--repeats", "0", "-5"),
+    ("host_overhead", [], "--steps", "0", "1"),
+    ("profile", ["--preset", "tiny"], "--batch", "0", "999"),
+    ("sampler_passes", [], "--rows", "0", "-3"),
+    ("step_tune", ["--preset", "qwen3-0.6b"], "--top", "0", "33"),
+    ("tma_probe", [], "--repeats", "0", "-1"),
+])
+def test_a_repeated_option_keeps_its_last_value(tool, argv, flag, first, last, monkeypatch,
+                                                capsys):
+    """The rule of `engine.bench.options`: both values are out of range, and the error names
+    the last one given, not the first (an appending or merging option would name neither)."""
+    import importlib
+
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: pytest.fail("reached the GPU"))
+    argv = [*argv, flag, first, flag, last]
+    if tool == "lockstep bench":
+        run = lambda: main(["bench", *argv])  # noqa: E731
+    else:
+        run = lambda: importlib.import_module(f"engine.bench.{tool}").main(argv)  # noqa: E731
+    try:
+        assert run() == 2
+    except SystemExit as exc:  # sampler_passes refuses through argparse
+        assert exc.code == 2
+    err = capsys.readouterr().err
+    assert f"{flag} {last}" in err and f"{flag} {first}" not in err, err
+
+
 def _no_cuda_commands():
     """(prefix of the error line, callable running the command) for every command that needs
     a CUDA GPU."""
