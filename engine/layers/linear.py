@@ -208,6 +208,7 @@ def parse_fused_plans(raw, source: str) -> dict[str, dict[int, FusedLayerPlan]]:
     """The plans in `raw` (the JSON object `load_fused_plans` reads), checked entry by entry.
 
     Raises:
+        RowCountError: "<source>: layer '<key>': row count ..." (`skinny_gemm.row_count_key`).
         ValueError: "<source>: not a fused-plan file (...)" for anything else.
     """
     def plan(p: dict) -> FusedLayerPlan:
@@ -220,15 +221,12 @@ def parse_fused_plans(raw, source: str) -> dict[str, dict[int, FusedLayerPlan]]:
             raise ValueError(f"layer {key!r} is not a layer_key")
         return key
 
-    def row_count(m) -> int:
-        rows = int(m)
-        if not 1 <= rows <= skinny_gemm.MAX_ROWS:
-            raise ValueError(f"row count {m!r} is not in 1..{skinny_gemm.MAX_ROWS}")
-        return rows
-
     try:
-        return {layer(key): {row_count(m): plan(p) for m, p in rows.items()}
+        return {layer(key): {skinny_gemm.row_count_key(m, f"{source}: layer {key!r}"): plan(p)
+                             for m, p in rows.items()}
                 for key, rows in raw.items()}
+    except skinny_gemm.RowCountError:
+        raise
     except (AttributeError, KeyError, TypeError, ValueError, RecursionError) as exc:
         raise ValueError(f"{source}: not a fused-plan file ({exc!r})") from None
 
