@@ -52,6 +52,19 @@ def test_step_tune_help_shows_every_default(capsys):
         assert text in out, text
 
 
+def test_gemm_sweep_help_shows_the_defaults_of_what_it_times(capsys):
+    """Old behaviour: --presets, --tp, --rows and --repeats gave no default."""
+    from engine.bench import gemm_sweep
+
+    with pytest.raises(SystemExit) as exit_:
+        gemm_sweep.main(["--help"])
+    assert exit_.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps the help text
+    for text in ("(default qwen3-0.6b,qwen3-4b,qwen3-8b)", "shapes to time (default 1,2)",
+                 "(1..64; default 1,8,16,32,64)", "(1..1000; default 20)"):
+        assert text in out, text
+
+
 def _check_every_option(p, name):
     required_groups = {id(a) for g in p._mutually_exclusive_groups if g.required
                        for a in g._group_actions}
