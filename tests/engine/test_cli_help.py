@@ -52,6 +52,15 @@ def test_step_tune_help_shows_every_default(capsys):
         assert text in out, text
 
 
+def test_sampler_passes_has_help_and_a_default_for_every_option():
+    """Old behaviour: its eight options had no help at all."""
+    from engine.bench import sampler_passes
+
+    p = sampler_passes.build_parser()
+    assert p.description and p.prog == "python -m engine.bench.sampler_passes"
+    _check_every_option(p, "sampler_passes")
+
+
 def test_gemm_sweep_help_shows_the_defaults_of_what_it_times(capsys):
     """Old behaviour: --presets, --tp, --rows and --repeats gave no default."""
     from engine.bench import gemm_sweep
