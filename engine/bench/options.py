@@ -184,7 +184,8 @@ def validate(opts: BenchOptions) -> dict:
     check_range("--steps", opts.steps, 1)
     check_range("--warmup", opts.warmup, 0)
     if not (opts.graphs or opts.eager or opts.compare):
-        raise BenchArgError("nothing to measure: --no-graphs and --no-eager given without --compare")
+        raise BenchArgError("nothing to measure: --no-graphs and --no-eager given without "
+                            "--compare")
     if opts.compare not in (None, "hf"):
         raise BenchArgError(f"--compare {opts.compare!r}: expected 'hf'")
     if opts.dtype not in ("bfloat16", "float16", "float32"):

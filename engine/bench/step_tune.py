@@ -317,8 +317,9 @@ def tune(timer: StepTimer, results: list[dict], rows: list[int], top: int, log) 
             "confirm_start_ms": again_start, "confirm_best_ms": again_best,
             "trials": [{"role": t.role, "plan": plan_to_json(t.plan), "ms": t.ms,
                         "error": t.error} for t in trials]}
-        log(f"rows {m} ({timer.key(m)}): start {trials[0].ms:.4f} ms -> best {again_best:.4f} ms (start again "
-            f"{again_start:.4f}); {len(trials)} trials; best {plan_to_json(best)}")
+        log(f"rows {m} ({timer.key(m)}): start {trials[0].ms:.4f} ms -> best {again_best:.4f} "
+            f"ms (start again {again_start:.4f}); {len(trials)} trials; best "
+            f"{plan_to_json(best)}")
     return out
 
 

@@ -88,9 +88,10 @@ class DecodeGemm:
         even where cuBLAS was faster; the table's times say by how much (summed over the four
         GEMMs) and the fusion is kept while that is below `FUSED_LAYER_SAVING_US`. The tiles
         are then the step-tuned plan (`load_fused_plans`) of the table's row count that serves
-        `rows` (its smallest measured row count >= rows) where there is one; else the table's, and where the table's " rope" entry for
-        the QKV shape beat the two launches it replaces, the QKV GEMM also does the q/k norm +
-        RoPE + KV write (`skinny_gemm.skinny_gemm_qkv_rope`).
+        `rows` (its smallest measured row count >= rows) where there is one; else the table's,
+        and where the table's " rope" entry for the QKV shape beat the two launches it
+        replaces, the QKV GEMM also does the q/k norm + RoPE + KV write
+        (`skinny_gemm.skinny_gemm_qkv_rope`).
         """
         entries = [skinny_gemm.table_entry(self.table, n, k, sw, rows)
                    for n, k, sw in (shapes.qkv, shapes.o_proj, shapes.gate_up, shapes.down)]

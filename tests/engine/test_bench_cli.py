@@ -50,7 +50,8 @@ def test_bad_argument_is_one_line_naming_it_and_exit_2(argv, needle, capsys, mon
         raise AssertionError("touched CUDA before the argument checks")
 
     monkeypatch.setattr(torch.cuda, "is_available", boom)
-    with pytest.raises(SystemExit) if needle in ("nope", "not allowed with", "outside [0, 2**63)") else _nullctx():
+    argparse_refuses = needle in ("nope", "not allowed with", "outside [0, 2**63)")
+    with pytest.raises(SystemExit) if argparse_refuses else _nullctx():
         rc = main(["bench", *argv])
         assert rc == 2
     err = capsys.readouterr().err.strip()
@@ -174,7 +175,8 @@ def test_bench_temperature_zero_says_greedy_already_runs(capsys):
     """The sampled pass needs a temperature > 0; the error says why 0 is not a greedy run."""
     from lockstep.cli import main
 
-    assert main(["bench", "--preset", "tiny", "--workload", "throughput", "--temperature", "0"]) == 2
+    assert main(["bench", "--preset", "tiny", "--workload", "throughput",
+                 "--temperature", "0"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == ("lockstep bench: error: --temperature 0.0: expected a finite number > 0 (the "
                    "sampled pass's; the greedy passes always run)")
