@@ -21,6 +21,7 @@ from engine.bench.flags import apply_workload_flags
 from engine.bench.options import (BenchArgError, BenchOptions, max_positions, parse_int_list,
                                   validate)
 from engine.cli_args import seed as seed_arg
+from engine.errors import cuda_missing
 from engine.presets import PRESETS
 
 
@@ -147,8 +148,9 @@ def _gpu_problem(tensor_parallel_size: int) -> str | None:
     """Why this machine cannot run the bench (no CUDA, too few GPUs), or None."""
     import torch
 
-    if not torch.cuda.is_available():
-        return "this command needs a CUDA GPU; torch.cuda.is_available() is False"
+    problem = cuda_missing()
+    if problem is not None:
+        return problem
     if torch.cuda.device_count() < tensor_parallel_size:
         return (f"--tensor-parallel-size {tensor_parallel_size}: only "
                 f"{torch.cuda.device_count()} GPU(s) visible")

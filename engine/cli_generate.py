@@ -49,7 +49,8 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=16, help="new tokens (default 16)")
     p.add_argument("--temperature", type=float, default=0.0,
                    help="divide the logits by this; 0 = greedy (default 0)")
-    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens; 0 or -1 = off (default 0)")
+    p.add_argument("--top-k", type=int, default=0,
+                   help="keep the k most likely tokens; 0 or -1 = off (default 0)")
     p.add_argument("--top-p", type=float, default=1.0,
                    help="keep the most likely tokens up to this probability mass; 1 = off "
                         "(default 1)")
@@ -131,7 +132,8 @@ def check_flags(args: argparse.Namespace) -> None:
 
 
 def check_before_load(args: argparse.Namespace, params) -> None:
-    """Reject a bad request before any weight is read or any rank starts.
+    """Reject a bad request, and `--device cuda` where torch sees no CUDA device, before any
+    weight is read or any rank starts.
 
     Raises:
         ValueError (ModelDirError, RequestError): naming the bad value.
@@ -139,7 +141,7 @@ def check_before_load(args: argparse.Namespace, params) -> None:
     from pathlib import Path
 
     from engine.config import load_model_config
-    from engine.errors import RequestError, tokens
+    from engine.errors import RequestError, cuda_missing, tokens
 
     check_flags(args)
     cfg = load_model_config(args.model)
@@ -147,8 +149,10 @@ def check_before_load(args: argparse.Namespace, params) -> None:
         raise RequestError(f"--top-k {args.top_k} is above the vocabulary size {cfg.vocab_size}")
     params.validate(cfg.vocab_size)
     if args.prompt is not None:
-        if not any((Path(args.model) / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
-            raise RequestError(f"text prompt given but {args.model} has no tokenizer; use --prompt-ids")
+        if not any((Path(args.model) / f).is_file()
+                   for f in ("tokenizer.json", "tokenizer_config.json")):
+            raise RequestError(f"text prompt given but {args.model} has no tokenizer; use "
+                               "--prompt-ids")
         from engine.llm import LLM
 
         # tokenized here too, so a prompt too long is refused before any rank starts
@@ -156,7 +160,8 @@ def check_before_load(args: argparse.Namespace, params) -> None:
     else:
         for t in args.prompt_ids:
             if not 0 <= t < cfg.vocab_size:
-                raise RequestError(f"prompt token id {t} outside the vocabulary [0, {cfg.vocab_size})")
+                raise RequestError(f"prompt token id {t} outside the vocabulary "
+                                   f"[0, {cfg.vocab_size})")
         length = len(args.prompt_ids)
     if args.max_model_len is not None and args.max_model_len > cfg.max_position:
         # named by its flag here; the engine's own check would name the field
@@ -166,6 +171,9 @@ def check_before_load(args: argparse.Namespace, params) -> None:
     if length + args.max_tokens > limit:
         raise RequestError(f"prompt of {tokens(length)} + --max-tokens {args.max_tokens} exceeds "
                            f"the max model length {limit}")
+    problem = cuda_missing() if args.device == "cuda" else None
+    if problem is not None:
+        raise RequestError(f"--device cuda {problem}")
 
 
 def run(args: argparse.Namespace) -> int:

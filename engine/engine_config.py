@@ -17,7 +17,7 @@ from pathlib import Path
 
 from engine.config import ModelConfig, check_parallel, load_model_config
 from engine.env import check_switches, switch
-from engine.errors import ModelDirError, ParallelConfigError
+from engine.errors import ModelDirError, ParallelConfigError, cuda_missing
 
 DTYPES = ("float32", "bfloat16", "float16")
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -194,8 +194,9 @@ class EngineConfig:
 
             from engine.ranks import torchrun_env
 
-            if not torch.cuda.is_available():
-                raise ParallelConfigError("device = 'cuda' but torch.cuda.is_available() is False")
+            problem = cuda_missing()
+            if problem is not None:
+                raise ParallelConfigError(f"device = 'cuda' {problem}")
             if torch.cuda.device_count() < tensor_parallel_size and torchrun_env() is None:
                 raise ParallelConfigError(
                     f"tensor_parallel_size = {tensor_parallel_size} needs that many GPUs; "

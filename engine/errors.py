@@ -7,6 +7,19 @@ allocated, unless the class says otherwise.
 
 from __future__ import annotations
 
+NO_CUDA_GPU = "needs a CUDA GPU; torch.cuda.is_available() is False"
+"""The one wording for a command or setting refused where torch sees no CUDA device, after
+what needs it: "gemm_sweep: error: needs a CUDA GPU; ...", "--device cuda needs a CUDA GPU;
+..."."""
+
+
+def cuda_missing() -> str | None:
+    """`NO_CUDA_GPU` when torch sees no CUDA device, else None: the check a command makes
+    before it touches the GPU (it imports torch)."""
+    import torch
+
+    return None if torch.cuda.is_available() else NO_CUDA_GPU
+
 
 class ModelDirError(ValueError):
     """A model directory is unusable: missing, incomplete, wrong architecture, bad shapes."""

@@ -167,27 +167,31 @@ def context_sweep(contexts=(128, 1024, 4096, 16384), batches=(1, 8, 64, 256),
     return out
 
 
-def main() -> None:
-    """Print the tables and write JSON to the path given as argv[1], if any; `--context`
-    (anywhere in argv) runs only the context sweep."""
+def main(argv: list[str] | None = None) -> int:
+    """Print the tables and write JSON to the path given as the one positional argument, if
+    any; `--context` (anywhere in argv, default sys.argv[1:]) runs only the context sweep.
+    Returns the exit status: 2 for a bad argument or no CUDA GPU, before any GPU work."""
     import json
     import sys
 
-    args = [a for a in sys.argv[1:] if a != "--context"]
+    from engine.bench.options import BenchArgError, check_output_path, cuda_missing
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = [a for a in argv if a != "--context"]
     if len(args) > 1 or any(a.startswith("-") for a in args):
         print(f"attention_sweep: error: unexpected arguments {args!r}; usage: python -m "
               "engine.bench.attention_sweep [--context] [OUT.json]", file=sys.stderr)
-        raise SystemExit(2)
+        return 2
     if args:  # the output path before the sweep, not after it
-        from engine.bench.options import BenchArgError, check_output_path
-
         try:
             check_output_path("OUT.json", args[0])
         except BenchArgError as exc:
             print(f"attention_sweep: error: {exc}", file=sys.stderr)
-            raise SystemExit(2) from None
+            return 2
+    if cuda_missing("attention_sweep"):
+        return 2
     result = {"context": context_sweep()}
-    if "--context" not in sys.argv:
+    if "--context" not in argv:
         result["decode"] = decode_sweep()
         for r in result["decode"]:
             print("decode", r, flush=True)
@@ -197,7 +201,8 @@ def main() -> None:
     if args:
         with open(args[0], "w") as f:
             json.dump(result, f, indent=1)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

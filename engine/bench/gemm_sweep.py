@@ -319,15 +319,19 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m engine.bench.gemm_sweep",
                                 description=__doc__.splitlines()[0])
     p.add_argument("--presets", default="qwen3-0.6b,qwen3-4b,qwen3-8b",
-                   help="comma-separated model presets whose linear shapes to time")
-    p.add_argument("--tp", default="1,2", help="tensor-parallel sizes whose per-rank shapes to time")
+                   help="comma-separated model presets whose linear shapes to time (default "
+                        "qwen3-0.6b,qwen3-4b,qwen3-8b)")
+    p.add_argument("--tp", default="1,2",
+                   help="tensor-parallel sizes whose per-rank shapes to time (default 1,2)")
     p.add_argument("--rows", default=",".join(map(str, ROWS)),
-                   help=f"comma-separated row counts M to time (1..{MAX_ROWS})")
+                   help=f"comma-separated row counts M to time (1..{MAX_ROWS}; default "
+                        f"{','.join(map(str, ROWS))})")
     p.add_argument("--repeats", type=int, default=20,
-                   help=f"graph replays per timing (1..{MAX_REPEATS}); the median is reported")
+                   help=f"graph replays per timing (1..{MAX_REPEATS}; default 20); the median is "
+                        "reported")
     p.add_argument("--kinds", default="gemm,rope",
-                   help="what to time, comma-separated (default gemm,rope): gemm (each linear shape "
-                        "against cuBLAS), rope (the QKV GEMM with the q/k norm + RoPE + "
+                   help="what to time, comma-separated (default gemm,rope): gemm (each linear "
+                        "shape against cuBLAS), rope (the QKV GEMM with the q/k norm + RoPE + "
                         "KV-write epilogue against the two launches it replaces)")
     p.add_argument("--layers", default=",".join(LAYERS),
                    help=f"which linear layers the gemm kind times, comma-separated (default "

@@ -2,6 +2,10 @@
 
 Every check raises `BenchArgError` with one line naming the bad value; the CLI prints it and
 exits with status 2.
+
+A repeated option keeps its last value, in `lockstep bench` and in every tool of
+`engine.bench` with a parser (argparse's plain store; no option appends or refuses a repeat):
+a command line built by a script can override one of its options by giving it again.
 """
 
 from __future__ import annotations
@@ -63,15 +67,15 @@ class BenchOptions:
 
 
 def cuda_missing(tool: str) -> bool:
-    """True, after printing "TOOL: error: needs a CUDA GPU ..." to stderr, when torch sees no
-    CUDA device: the GPU tools' one check before they touch the device (exit status 2)."""
-    import torch
+    """True, after printing "TOOL: error: " and `engine.errors.NO_CUDA_GPU` to stderr, when
+    torch sees no CUDA device: the GPU tools' one check before they touch the device (exit
+    status 2)."""
+    from engine import errors
 
-    if torch.cuda.is_available():
-        return False
-    print(f"{tool}: error: needs a CUDA GPU (torch.cuda.is_available() is False)",
-          file=sys.stderr)
-    return True
+    problem = errors.cuda_missing()
+    if problem is not None:
+        print(f"{tool}: error: {problem}", file=sys.stderr)
+    return problem is not None
 
 
 def check_switches() -> None:
@@ -180,7 +184,8 @@ def validate(opts: BenchOptions) -> dict:
     check_range("--steps", opts.steps, 1)
     check_range("--warmup", opts.warmup, 0)
     if not (opts.graphs or opts.eager or opts.compare):
-        raise BenchArgError("nothing to measure: --no-graphs and --no-eager given without --compare")
+        raise BenchArgError("nothing to measure: --no-graphs and --no-eager given without "
+                            "--compare")
     if opts.compare not in (None, "hf"):
         raise BenchArgError(f"--compare {opts.compare!r}: expected 'hf'")
     if opts.dtype not in ("bfloat16", "float16", "float32"):

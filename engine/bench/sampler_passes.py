@@ -136,17 +136,32 @@ def count_passes(rows: int, vocab: int, temperature: float, top_p: float, top_k:
     return log
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of `main`: every option with its help and default."""
+    ap = argparse.ArgumentParser(prog="python -m engine.bench.sampler_passes",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", type=int, default=256,
+                    help="rows of the batch, each sampled once (default 256)")
+    ap.add_argument("--vocab", type=int, default=151936,
+                    help="logits per row (default 151936, Qwen3's vocabulary)")
+    ap.add_argument("--temperature", type=float, default=0.6,
+                    help="every row's temperature (default 0.6)")
+    ap.add_argument("--top-p", type=float, default=0.95,
+                    help="every row's top-p; 1 = off (default 0.95)")
+    ap.add_argument("--top-k", type=int, default=0,
+                    help="every row's top-k; 0 = off (default 0)")
+    ap.add_argument("--min-p", type=float, default=0.0,
+                    help="every row's min-p; 0 = off (default 0)")
+    ap.add_argument("--scale", type=float, default=1.0,
+                    help="the logits are randn times this (default 1)")
+    ap.add_argument("--logprobs", action="store_true",
+                    help="also return each sampled token's logprob")
+    return ap
+
+
 def main(argv=None) -> int:
     """CLI: print the passes of one sampling call (see the module docstring)."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rows", type=int, default=256)
-    ap.add_argument("--vocab", type=int, default=151936)
-    ap.add_argument("--temperature", type=float, default=0.6)
-    ap.add_argument("--top-p", type=float, default=0.95)
-    ap.add_argument("--top-k", type=int, default=0)
-    ap.add_argument("--min-p", type=float, default=0.0)
-    ap.add_argument("--scale", type=float, default=1.0)
-    ap.add_argument("--logprobs", action="store_true")
+    ap = build_parser()
     a = ap.parse_args(argv)
     if a.rows < 1 or a.vocab < 1:
         ap.error(f"--rows {a.rows} --vocab {a.vocab}: expected both >= 1")

@@ -43,6 +43,12 @@ SWEEP_JSON = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), "docs", "benchmarks-gemm-sweep-h200.json")
 """The shipped sweep, found beside the package (a source checkout), whatever the cwd."""
 MAX_STEPS, MAX_WARMUP, MAX_SEED = 10_000, 1_000, 2**32 - 1
+MAX_TOP = 32
+"""Most sweep tiles `--top` tries per GEMM. Each is a recaptured step timed over `--steps`
+replays, about 1 s at the defaults on the H200 (82 s for 17 trials at each of five row counts,
+docs/benchmarks.md): 32 (161 trials per row count) is already about 13 minutes for five, and a
+larger value (a typo such as 400) would time nearly every tile the sweep tried (about 70 per
+shape) for half an hour."""
 MIN_GAIN = 0.002
 """Least relative step-time gain for which a trial's tile replaces the current one: the
 spread of one plan's median over repeated runs in one process is about 0.1% (H200)."""
@@ -311,8 +317,9 @@ def tune(timer: StepTimer, results: list[dict], rows: list[int], top: int, log) 
             "confirm_start_ms": again_start, "confirm_best_ms": again_best,
             "trials": [{"role": t.role, "plan": plan_to_json(t.plan), "ms": t.ms,
                         "error": t.error} for t in trials]}
-        log(f"rows {m} ({timer.key(m)}): start {trials[0].ms:.4f} ms -> best {again_best:.4f} ms (start again "
-            f"{again_start:.4f}); {len(trials)} trials; best {plan_to_json(best)}")
+        log(f"rows {m} ({timer.key(m)}): start {trials[0].ms:.4f} ms -> best {again_best:.4f} "
+            f"ms (start again {again_start:.4f}); {len(trials)} trials; best "
+            f"{plan_to_json(best)}")
     return out
 
 
@@ -432,38 +439,52 @@ def check_rows(cfg: dict, rows: list[int] | None, flag: str = "--rows") -> list[
     return rows
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of `main`: every option with its help and default."""
     p = argparse.ArgumentParser(prog="python -m engine.bench.step_tune",
                                 description=__doc__.splitlines()[0])
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--preset", help=f"random weights of a preset ({', '.join(PRESETS)})")
-    src.add_argument("--model", help="HF-layout Qwen3 directory")
+    src.add_argument("--preset", help=f"random weights of a preset ({', '.join(PRESETS)}) "
+                                      "(no default: give this or --model to time)")
+    src.add_argument("--model", help="HF-layout Qwen3 directory (no default: give this or "
+                                     "--preset to time)")
     p.add_argument("--rows", help="row counts to tune, comma-separated: row counts the GEMM "
                                   "table measured where the engine fuses the layer (default: "
                                   "every such row count)")
-    p.add_argument("--top", type=int, default=4, help="sweep tiles tried per GEMM")
+    p.add_argument("--top", type=int, default=4,
+                   help=f"sweep tiles tried per GEMM (1..{MAX_TOP}; default 4)")
     p.add_argument("--steps", type=int, default=100,
-                   help=f"timed replays per plan (1..{MAX_STEPS})")
+                   help=f"timed replays per plan (1..{MAX_STEPS}; default 100)")
     p.add_argument("--warmup", type=int, default=10,
-                   help=f"untimed replays per plan before them (0..{MAX_WARMUP})")
-    p.add_argument("--context", type=int, default=128, help="tokens cached per row")
+                   help=f"untimed replays per plan before them (0..{MAX_WARMUP}; default 10)")
+    p.add_argument("--context", type=int, default=128,
+                   help="tokens cached per row (default 128)")
     p.add_argument("--sweep", default=SWEEP_JSON,
                    help="gemm_sweep --json with the candidates (default: the shipped H200 "
                         "sweep, docs/benchmarks-gemm-sweep-h200.json)")
-    p.add_argument("--json", help="write every trial here")
+    p.add_argument("--json", help="write every trial here (default: printed only)")
     p.add_argument("--plans", help=f"merge the winners into this plans file (the engine's: "
-                                   f"{os.path.relpath(FUSED_PLANS_PATH)})")
+                                   f"{os.path.relpath(FUSED_PLANS_PATH)}; default: none)")
     p.add_argument("--from-json", metavar="JSON",
-                   help="write --plans from this earlier --json instead of timing")
+                   help="write --plans from this earlier --json instead of timing (default: "
+                        "time)")
     p.add_argument("--seed", type=int, default=0,
-                   help="seed of the random weights, K/V and tokens")
+                   help="seed of the random weights, K/V and tokens (default 0)")
+    return p
+
+
+def main(argv=None) -> int:
+    """Check every argument, then tune the fused-layer plans on the GPU (or, with
+    `--from-json`, rebuild `--plans` from earlier records); returns the exit status (2 for a
+    bad argument or no CUDA GPU, 1 for a failed run)."""
+    p = build_parser()
     args = p.parse_args(argv)
     try:
         if args.from_json is not None:
             return _plans_from_json(args, p)
         # the values that need no model first, so a bad one is named whatever the model
         for flag, value, least, most in (
-                ("--top", args.top, 1, None), ("--steps", args.steps, 1, MAX_STEPS),
+                ("--top", args.top, 1, MAX_TOP), ("--steps", args.steps, 1, MAX_STEPS),
                 ("--warmup", args.warmup, 0, MAX_WARMUP), ("--context", args.context, 1, None),
                 ("--seed", args.seed, 0, MAX_SEED)):
             check_range(flag, value, least, most)

@@ -721,13 +721,36 @@ def parse_table(raw, source: str) -> dict[str, dict[int, TableEntry]]:
     """The table in `raw` (the JSON object `load_table` reads), checked entry by entry.
 
     Raises:
+        RowCountError: "<source>: shape '<key>': row count ..." (`row_count_key`).
         ValueError: "<source>: not a skinny GEMM table (...)" for anything else.
     """
     try:
-        return {str(key): {int(m): _parse_entry(e) for m, e in rows.items()}
+        return {str(key): {row_count_key(m, f"{source}: shape {key!r}"): _parse_entry(e)
+                           for m, e in rows.items()}
                 for key, rows in raw.items()}
+    except RowCountError:
+        raise
     except (AttributeError, KeyError, TypeError, ValueError, RecursionError) as exc:
         raise ValueError(f"{source}: not a skinny GEMM table ({exc!r})") from None
+
+
+class RowCountError(ValueError):
+    """A row-count key of the table or of the fused-plan file that is not one the skinny GEMM
+    serves; the message is the whole line, naming the file and the shape or layer."""
+
+
+def row_count_key(m, where: str) -> int:
+    """`m`, a row-count key of the table or of the fused-plan file (a JSON object key), as an
+    int: decimal digits without a sign or leading zero (`int` would also take " 8", "+8",
+    "08" and "1_0"), 1..MAX_ROWS.
+
+    Raises:
+        RowCountError: "<where>: row count <m!r>: expected an integer in 1..MAX_ROWS".
+    """
+    if isinstance(m, str) and m.isascii() and m.isdigit() and m[0] != "0" \
+            and int(m) <= MAX_ROWS:
+        return int(m)
+    raise RowCountError(f"{where}: row count {m!r}: expected an integer in 1..{MAX_ROWS}")
 
 
 def _parse_entry(e: dict) -> TableEntry:

@@ -88,9 +88,10 @@ class DecodeGemm:
         even where cuBLAS was faster; the table's times say by how much (summed over the four
         GEMMs) and the fusion is kept while that is below `FUSED_LAYER_SAVING_US`. The tiles
         are then the step-tuned plan (`load_fused_plans`) of the table's row count that serves
-        `rows` (its smallest measured row count >= rows) where there is one; else the table's, and where the table's " rope" entry for
-        the QKV shape beat the two launches it replaces, the QKV GEMM also does the q/k norm +
-        RoPE + KV write (`skinny_gemm.skinny_gemm_qkv_rope`).
+        `rows` (its smallest measured row count >= rows) where there is one; else the table's,
+        and where the table's " rope" entry for the QKV shape beat the two launches it
+        replaces, the QKV GEMM also does the q/k norm + RoPE + KV write
+        (`skinny_gemm.skinny_gemm_qkv_rope`).
         """
         entries = [skinny_gemm.table_entry(self.table, n, k, sw, rows)
                    for n, k, sw in (shapes.qkv, shapes.o_proj, shapes.gate_up, shapes.down)]
@@ -208,6 +209,7 @@ def parse_fused_plans(raw, source: str) -> dict[str, dict[int, FusedLayerPlan]]:
     """The plans in `raw` (the JSON object `load_fused_plans` reads), checked entry by entry.
 
     Raises:
+        RowCountError: "<source>: layer '<key>': row count ..." (`skinny_gemm.row_count_key`).
         ValueError: "<source>: not a fused-plan file (...)" for anything else.
     """
     def plan(p: dict) -> FusedLayerPlan:
@@ -220,15 +222,12 @@ def parse_fused_plans(raw, source: str) -> dict[str, dict[int, FusedLayerPlan]]:
             raise ValueError(f"layer {key!r} is not a layer_key")
         return key
 
-    def row_count(m) -> int:
-        rows = int(m)
-        if not 1 <= rows <= skinny_gemm.MAX_ROWS:
-            raise ValueError(f"row count {m!r} is not in 1..{skinny_gemm.MAX_ROWS}")
-        return rows
-
     try:
-        return {layer(key): {row_count(m): plan(p) for m, p in rows.items()}
+        return {layer(key): {skinny_gemm.row_count_key(m, f"{source}: layer {key!r}"): plan(p)
+                             for m, p in rows.items()}
                 for key, rows in raw.items()}
+    except skinny_gemm.RowCountError:
+        raise
     except (AttributeError, KeyError, TypeError, ValueError, RecursionError) as exc:
         raise ValueError(f"{source}: not a fused-plan file ({exc!r})") from None
 

@@ -50,7 +50,8 @@ def test_bad_argument_is_one_line_naming_it_and_exit_2(argv, needle, capsys, mon
         raise AssertionError("touched CUDA before the argument checks")
 
     monkeypatch.setattr(torch.cuda, "is_available", boom)
-    with pytest.raises(SystemExit) if needle in ("nope", "not allowed with", "outside [0, 2**63)") else _nullctx():
+    argparse_refuses = needle in ("nope", "not allowed with", "outside [0, 2**63)")
+    with pytest.raises(SystemExit) if argparse_refuses else _nullctx():
         rc = main(["bench", *argv])
         assert rc == 2
     err = capsys.readouterr().err.strip()
@@ -174,7 +175,8 @@ def test_bench_temperature_zero_says_greedy_already_runs(capsys):
     """The sampled pass needs a temperature > 0; the error says why 0 is not a greedy run."""
     from lockstep.cli import main
 
-    assert main(["bench", "--preset", "tiny", "--workload", "throughput", "--temperature", "0"]) == 2
+    assert main(["bench", "--preset", "tiny", "--workload", "throughput",
+                 "--temperature", "0"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == ("lockstep bench: error: --temperature 0.0: expected a finite number > 0 (the "
                    "sampled pass's; the greedy passes always run)")
@@ -408,10 +410,88 @@ def test_attention_sweep_checks_its_output_path_before_the_run(monkeypatch, caps
 
     monkeypatch.setattr(sweep, "context_sweep", lambda: pytest.fail("the sweep ran first"))
     monkeypatch.setattr("sys.argv", ["attention_sweep", "/nonexistent-dir/a.json"])
-    with pytest.raises(SystemExit) as info:
-        sweep.main()
-    assert info.value.code == 2
+    assert sweep.main() == 2
     assert "OUT.json '/nonexistent-dir/a.json': directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("tool, argv, flag, first, last", [
+    ("lockstep bench", ["--preset", "tiny"], "--steps", "0", "-2"),
+    ("gemm_sweep", [], "--repeats", "0", "-5"),
+    ("host_overhead", [], "--steps", "0", "1"),
+    ("profile", ["--preset", "tiny"], "--batch", "0", "999"),
+    ("sampler_passes", [], "--rows", "0", "-3"),
+    ("step_tune", ["--preset", "qwen3-0.6b"], "--top", "0", "33"),
+    ("tma_probe", [], "--repeats", "0", "-1"),
+])
+def test_a_repeated_option_keeps_its_last_value(tool, argv, flag, first, last, monkeypatch,
+                                                capsys):
+    """The rule of `engine.bench.options`: both values are out of range, and the error names
+    the last one given, not the first (an appending or merging option would name neither)."""
+    import importlib
+
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: pytest.fail("reached the GPU"))
+    argv = [*argv, flag, first, flag, last]
+    if tool == "lockstep bench":
+        run = lambda: main(["bench", *argv])  # noqa: E731
+    else:
+        run = lambda: importlib.import_module(f"engine.bench.{tool}").main(argv)  # noqa: E731
+    try:
+        assert run() == 2
+    except SystemExit as exc:  # sampler_passes refuses through argparse
+        assert exc.code == 2
+    err = capsys.readouterr().err
+    assert f"{flag} {last}" in err and f"{flag} {first}" not in err, err
+
+
+def _no_cuda_commands():
+    """(prefix of the error line, callable running the command) for every command that needs
+    a CUDA GPU."""
+    from engine.bench import attention_sweep, gemm_sweep, profile, step_tune, tma_probe
+
+    return {
+        "lockstep bench": lambda d: main(["bench", "--preset", "tiny"]),
+        "lockstep bench throughput": lambda d: main(["bench", "--preset", "tiny",
+                                                     "--workload", "throughput"]),
+        "lockstep generate": lambda d: main(["generate", "--model", d, "--prompt-ids", "1,2",
+                                             "--device", "cuda"]),
+        "attention_sweep": lambda d: attention_sweep.main([]),
+        "gemm_sweep": lambda d: gemm_sweep.main(["--presets", "qwen3-0.6b", "--tp", "1"]),
+        "profile": lambda d: profile.main(["--preset", "tiny"]),
+        "step_tune": lambda d: step_tune.main(["--preset", "qwen3-0.6b", "--rows", "1"]),
+        "tma_probe": lambda d: tma_probe.main([]),
+    }
+
+
+@pytest.mark.parametrize("command", list(_no_cuda_commands()))
+def test_no_cuda_gpu_is_one_line_in_one_wording(command, tiny_dir, monkeypatch, capsys):
+    """Old behaviour: `lockstep bench` said "this command needs a CUDA GPU; ...", the bench
+    tools "needs a CUDA GPU (...)", `lockstep generate --device cuda` "device = 'cuda' but
+    ..." once the model was checked, and attention_sweep did not check: a traceback from its
+    first CUDA tensor."""
+    import torch
+
+    from engine.errors import NO_CUDA_GPU
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert _no_cuda_commands()[command](str(tiny_dir)) == 2
+    err = capsys.readouterr().err
+    prefix = command.removesuffix(" throughput")
+    expected = "--device cuda " + NO_CUDA_GPU if "generate" in command else NO_CUDA_GPU
+    assert err == f"{prefix}: error: {expected}\n", err
+
+
+def test_engine_config_names_the_missing_gpu_in_the_same_words(tiny_dir, monkeypatch):
+    import torch
+
+    from engine.engine_config import EngineConfig
+    from engine.errors import NO_CUDA_GPU, ParallelConfigError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ParallelConfigError) as info:
+        EngineConfig.create(str(tiny_dir), device="cuda")
+    assert str(info.value) == f"device = 'cuda' {NO_CUDA_GPU}"
 
 
 def test_max_positions_reads_the_config_once_and_names_a_bad_value():

@@ -230,6 +230,23 @@ def test_a_corrupt_table_is_one_error_naming_the_file(tmp_path):
         sg.load_table(str(path))
 
 
+@pytest.mark.parametrize("m", ["abc", "0", "65", "1.5", "-1", "+8", " 8", "08", "1_0", ""])
+def test_a_table_row_count_outside_1_to_64_is_one_line_naming_the_file_shape_and_key(m,
+                                                                                     tmp_path):
+    """Old behaviour: "0" and "65" were loaded as row counts (a "65" served the rows above
+    the shape's largest row count <= 64 with the tile measured at 65), "abc" and "1.5" gave
+    int()'s words and no shape, and " 8", "+8" and "08" were read as 8."""
+    entry = {"skinny": None, "cublas_us": 2.0}
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps({"1024x2048": {"8": entry}, "2048x1024": {"8": entry, m: entry}}))
+    with pytest.raises(ValueError) as info:
+        sg.load_table(str(path))
+    assert str(info.value) == (f"{path}: shape '2048x1024': row count {m!r}: expected an "
+                               "integer in 1..64")
+    path.write_text(json.dumps({"2048x1024": {"1": entry, "64": entry}}))
+    assert sorted(sg.load_table(str(path))["2048x1024"]) == [1, 64]
+
+
 def test_skinny_gemm_rejects_more_rows_than_it_serves():
     ws = sg.Workspace("cpu", 64, 1, 4)
     if sg.triton is None:
