@@ -20,6 +20,7 @@ Logits are ``randn * --scale`` (seed 0); one output index and seed per row.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections import Counter
@@ -160,14 +161,34 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    """CLI: print the passes of one sampling call (see the module docstring)."""
-    ap = build_parser()
-    a = ap.parse_args(argv)
-    if a.rows < 1 or a.vocab < 1:
-        ap.error(f"--rows {a.rows} --vocab {a.vocab}: expected both >= 1")
-    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-        ap.error("triton was imported before TRITON_INTERPRET=1 could be set")
-    os.environ["TRITON_INTERPRET"] = "1"
+    """CLI: print the passes of one sampling call (see the module docstring). Returns 0, or 2
+    after one error line naming the bad value (rows or vocab below 1, a scale that is not
+    finite, sampling settings `engine.sampling.SamplingParams.validate` refuses) before any
+    logits are made."""
+    a = build_parser().parse_args(argv)
+    problem = None
+    for flag, value in (("--rows", a.rows), ("--vocab", a.vocab)):
+        if value < 1:
+            problem = problem or f"{flag} {value}: expected an integer >= 1"
+    if problem is None and not math.isfinite(a.scale):
+        problem = f"--scale {a.scale}: expected a finite number"
+    too_late = "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1"
+    if problem is None:
+        if not too_late:
+            os.environ["TRITON_INTERPRET"] = "1"
+        from engine.errors import RequestError
+        from engine.sampling import SamplingParams
+
+        try:  # the engine's own checks and words, as `lockstep generate` gives them
+            SamplingParams(temperature=a.temperature, top_k=a.top_k, top_p=a.top_p,
+                           min_p=a.min_p).validate(a.vocab)
+        except RequestError as exc:
+            problem = str(exc)
+    if problem is None and too_late:
+        problem = "triton was imported before TRITON_INTERPRET=1 could be set"
+    if problem is not None:
+        print(f"sampler_passes: error: {problem}", file=sys.stderr)
+        return 2
     log = count_passes(a.rows, a.vocab, a.temperature, a.top_p, a.top_k, a.min_p, a.logprobs,
                        a.scale)
     print(f"sampler CUDA path on [{a.rows}, {a.vocab}] float32 (T {a.temperature}, top-p "

@@ -437,10 +437,7 @@ def test_a_repeated_option_keeps_its_last_value(tool, argv, flag, first, last, m
         run = lambda: main(["bench", *argv])  # noqa: E731
     else:
         run = lambda: importlib.import_module(f"engine.bench.{tool}").main(argv)  # noqa: E731
-    try:
-        assert run() == 2
-    except SystemExit as exc:  # sampler_passes refuses through argparse
-        assert exc.code == 2
+    assert run() == 2
     err = capsys.readouterr().err
     assert f"{flag} {last}" in err and f"{flag} {first}" not in err, err
 
@@ -501,3 +498,24 @@ def test_max_positions_reads_the_config_once_and_names_a_bad_value():
     assert max_positions({}) == 0
     with pytest.raises(BenchArgError, match="max_position_embeddings 'x' in the model's config"):
         max_positions({"max_position_embeddings": "x"})
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--rows", "0"], "sampler_passes: error: --rows 0: expected an integer >= 1"),
+    (["--vocab", "-1"], "sampler_passes: error: --vocab -1: expected an integer >= 1"),
+    (["--scale", "nan"], "sampler_passes: error: --scale nan: expected a finite number"),
+    (["--top-p", "1.5"], "sampler_passes: error: top_p = 1.5, expected a number in (0, 1]"),
+    (["--temperature", "-1"], "sampler_passes: error: temperature = -1.0, expected a finite"),
+    (["--min-p", "2"], "sampler_passes: error: min_p = 2.0, expected a number in [0, 1]"),
+    (["--top-k", "65", "--vocab", "64"], "sampler_passes: error: top_k = 65, expected at most"),
+])
+def test_sampler_passes_refuses_bad_settings_in_one_line(argv, message, monkeypatch, capsys):
+    """Each bad value gets one error line naming it and exit status 2, before any logits are
+    made (an argparse usage block or a traceback from inside the sampler before)."""
+    from engine.bench import sampler_passes
+
+    monkeypatch.setattr(sampler_passes, "count_passes",
+                        lambda *a, **k: pytest.fail("counted with a bad setting"))
+    assert sampler_passes.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message) and err.count("\n") == 1, err
