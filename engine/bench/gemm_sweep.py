@@ -223,7 +223,6 @@ def sweep_rope_shape(preset: str, tp: int, rows, workspace, repeats: int, log) -
         pt = torch.randperm(m * 4096 // page, device=dev).to(torch.int32).view(m, -1)
         caches = [torch.zeros(m * 4096 // page + 1, page, nkv, d, dtype=torch.bfloat16,
                               device=dev) for _ in range(4)]
-        base_rope = RopeKV(qw, kw, cos, sin, pos, slots, pt, caches[0], caches[1], nq, nkv, 1e-6)
         rope = RopeKV(qw, kw, cos, sin, pos, slots, pt, caches[2], caches[3], nq, nkv, 1e-6)
         plain = table_entry(table, n, k, False, m)
         qkv_cfg = plain.config if plain is not None else None
