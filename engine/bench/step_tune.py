@@ -410,10 +410,14 @@ def check_rows(cfg: dict, rows: list[int] | None, flag: str = "--rows") -> list[
     Returns:
         the row counts to tune.
     Raises:
-        BenchArgError: naming the first row count that is not; for None, where there is none.
+        BenchArgError: naming the first row count that is not; for None, where there is none;
+            the table's own error where it does not load.
     """
     shapes = layer_shapes(cfg)
-    table = load_table()
+    try:
+        table = load_table()
+    except ValueError as exc:  # the shipped table edited by hand: its own one-line words
+        raise BenchArgError(str(exc)) from None
     key = shape_key(*shapes.qkv)
     measured = sorted(table.get(key, {}))
     if not measured:

@@ -322,3 +322,20 @@ def test_the_tuner_times_the_graph_serving_replays(tiny_dir, monkeypatch):
     assert key(8, 64) == GraphKey(8)
     monkeypatch.setenv("LOCKSTEP_SHORT_DECODE", "0")
     assert key(1, 64) == GraphKey(1)
+
+
+def test_a_bad_shipped_table_is_one_error_line(monkeypatch, capsys):
+    """A hand-edited table (a row-count key "08") is refused in one line with status 2, as
+    gemm_sweep --table refuses it, not with the loader's traceback."""
+    from engine.bench import step_tune
+    from engine.kernels.skinny_gemm import RowCountError
+
+    def bad_table():
+        raise RowCountError("skinny_gemm_table.json: shape 'x': row count '08': expected an "
+                            "integer in 1..64")
+
+    monkeypatch.setattr(step_tune, "load_table", bad_table)
+    assert step_tune.main(["--preset", "qwen3-0.6b"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("step_tune: error: skinny_gemm_table.json: shape 'x': row count '08': "
+                   "expected an integer in 1..64\n"), err
