@@ -25,6 +25,8 @@ import os
 import sys
 from collections import Counter
 
+from engine.bench.options import MAX_BATCH, BenchArgError, check_range
+
 
 VIEWS = frozenset({"view", "_unsafe_view", "reshape", "expand", "slice", "select", "unsqueeze",
                    "squeeze", "t", "transpose", "permute", "as_strided", "alias", "detach",
@@ -33,6 +35,13 @@ VIEWS = frozenset({"view", "_unsafe_view", "reshape", "expand", "slice", "select
 kernel."""
 INDEXED = frozenset({"gather", "index", "index_select", "take"})
 """Torch ops that read only the elements they return."""
+
+MAX_VOCAB = 1 << 20
+"""Largest --vocab: 1,048,576 logits per row, 6.9x Qwen3's 151,936. At --rows 256 (the most,
+`engine.bench.options.MAX_BATCH`: the engine samples at most its largest decode bucket of rows
+per step) the logits are 1.07 GB of float32, and the run peaks at about four times that with
+top-k and logprobs (0.4 GB of Python and torch besides): larger products ended in an
+out-of-memory traceback after the logits were made."""
 
 
 def count_passes(rows: int, vocab: int, temperature: float, top_p: float, top_k: int = 0,
@@ -142,9 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m engine.bench.sampler_passes",
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=256,
-                    help="rows of the batch, each sampled once (default 256)")
+                    help=f"rows of the batch, each sampled once (1..{MAX_BATCH}; default 256)")
     ap.add_argument("--vocab", type=int, default=151936,
-                    help="logits per row (default 151936, Qwen3's vocabulary)")
+                    help=f"logits per row (1..{MAX_VOCAB}; default 151936, Qwen3's vocabulary)")
     ap.add_argument("--temperature", type=float, default=0.6,
                     help="every row's temperature (default 0.6)")
     ap.add_argument("--top-p", type=float, default=0.95,
@@ -162,14 +171,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     """CLI: print the passes of one sampling call (see the module docstring). Returns 0, or 2
-    after one error line naming the bad value (rows or vocab below 1, a scale that is not
-    finite, sampling settings `engine.sampling.SamplingParams.validate` refuses) before any
-    logits are made."""
+    after one error line naming the bad value (rows outside 1..MAX_BATCH or vocab outside
+    1..MAX_VOCAB, a scale that is not finite, sampling settings
+    `engine.sampling.SamplingParams.validate` refuses) before any logits are made."""
     a = build_parser().parse_args(argv)
     problem = None
-    for flag, value in (("--rows", a.rows), ("--vocab", a.vocab)):
-        if value < 1:
-            problem = problem or f"{flag} {value}: expected an integer >= 1"
+    try:
+        check_range("--rows", a.rows, 1, MAX_BATCH)
+        check_range("--vocab", a.vocab, 1, MAX_VOCAB)
+    except BenchArgError as exc:
+        problem = str(exc)
     if problem is None and not math.isfinite(a.scale):
         problem = f"--scale {a.scale}: expected a finite number"
     too_late = "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1"

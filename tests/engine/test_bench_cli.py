@@ -501,8 +501,13 @@ def test_max_positions_reads_the_config_once_and_names_a_bad_value():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--rows", "0"], "sampler_passes: error: --rows 0: expected an integer >= 1"),
-    (["--vocab", "-1"], "sampler_passes: error: --vocab -1: expected an integer >= 1"),
+    (["--rows", "0"], "sampler_passes: error: --rows 0: expected 1..256"),
+    (["--vocab", "-1"], "sampler_passes: error: --vocab -1: expected 1..1048576"),
+    # past the documented bounds (an out-of-memory traceback once the logits were made before)
+    (["--rows", "257"], "sampler_passes: error: --rows 257: expected 1..256"),
+    (["--rows", "100000", "--vocab", "10000000"],
+     "sampler_passes: error: --rows 100000: expected 1..256"),
+    (["--vocab", "1048577"], "sampler_passes: error: --vocab 1048577: expected 1..1048576"),
     (["--scale", "nan"], "sampler_passes: error: --scale nan: expected a finite number"),
     (["--top-p", "1.5"], "sampler_passes: error: top_p = 1.5, expected a number in (0, 1]"),
     (["--temperature", "-1"], "sampler_passes: error: temperature = -1.0, expected a finite"),
@@ -519,3 +524,21 @@ def test_sampler_passes_refuses_bad_settings_in_one_line(argv, message, monkeypa
     assert sampler_passes.main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith(message) and err.count("\n") == 1, err
+
+
+def test_sampler_passes_takes_its_largest_rows_and_vocab(monkeypatch, capsys):
+    """--rows 256 and --vocab 1048576, the bounds its help gives, reach the counter."""
+    from engine.bench import sampler_passes
+
+    help_text = " ".join(sampler_passes.build_parser().format_help().split())
+    assert "(1..256; default 256)" in help_text and "(1..1048576; default 151936" in help_text
+    counted = []
+
+    def count(rows, vocab, *rest):
+        counted.append((rows, vocab))
+        return {"full": [], "partial": [], "launches": 0, "kernels": {}, "redrawn": 0}
+
+    monkeypatch.setattr(sampler_passes, "count_passes", count)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # as if triton were first imported after it
+    assert sampler_passes.main(["--rows", "256", "--vocab", "1048576"]) == 0
+    assert counted == [(256, 1 << 20)] and capsys.readouterr().err == ""
