@@ -542,3 +542,40 @@ def test_sampler_passes_takes_its_largest_rows_and_vocab(monkeypatch, capsys):
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # as if triton were first imported after it
     assert sampler_passes.main(["--rows", "256", "--vocab", "1048576"]) == 0
     assert counted == [(256, 1 << 20)] and capsys.readouterr().err == ""
+
+
+_SAMPLER_PASSES_QUIET = r"""
+import warnings
+
+import numpy as np
+
+from engine.bench.sampler_passes import main
+
+# row 8 (seed 8, output index 3) draws a uniform of 1.0 at vocabulary entry 95406: the
+# interpreter takes log(0) there
+assert main(["--rows", "9", "--vocab", "95407", "--top-p", "1"]) == 0
+with warnings.catch_warnings(record=True) as seen:
+    warnings.simplefilter("always")
+    np.log(np.zeros(1, np.float32))
+assert [str(w.message) for w in seen] == ["divide by zero encountered in log"], seen
+print("ok")
+"""
+
+
+@pytest.mark.timeout(120)
+def test_sampler_passes_prints_no_interpreter_warning_and_leaves_the_filters_as_they_were():
+    """Old behaviour: a RuntimeWarning from triton/runtime/interpreter.py ("divide by zero
+    encountered in log") above the counts. It is silenced around the sampling call only: the
+    same warning raised afterwards still shows."""
+    pytest.importorskip("triton")
+    import torch
+
+    from engine.sampling import philox_uniform, split_seed
+    from engine.testing import run_in_triton_interpreter
+
+    lo, hi = split_seed(8)  # the row the script relies on does draw the 1.0
+    u = philox_uniform(torch.tensor([lo]), torch.tensor([hi]), torch.tensor([3]), 95407)
+    assert float(u[0, 95406]) == 1.0
+    res = run_in_triton_interpreter(_SAMPLER_PASSES_QUIET)
+    assert res.returncode == 0 and res.stdout.endswith("ok\n"), res.stdout + res.stderr
+    assert res.stderr == "", res.stderr
