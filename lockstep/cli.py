@@ -28,11 +28,19 @@ SUBCOMMANDS = {
 }
 
 
-class _ArgumentParser(argparse.ArgumentParser):
-    """argparse with one-line errors and exit status 2."""
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with one-line errors and exit status 2: "NAME: error: MESSAGE" on stderr, no
+    usage block (`--help` still prints the usage and exits 0). NAME is ``error_name`` where
+    given, else the prog: the `engine.bench` tools keep "python -m engine.bench.step_tune" in
+    their usage and their errors' "step_tune: error: " prefix."""
+
+    def __init__(self, *args, error_name: str | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.error_name = error_name
 
     def error(self, message: str) -> None:  # noqa: D401 - argparse override
-        sys.stderr.write(f"{self.prog}: error: {message}\n")  # "lockstep check: error: ..."
+        name = self.error_name or self.prog  # "lockstep check: error: ..."
+        sys.stderr.write(f"{name}: error: {message}\n")
         raise SystemExit(2)
 
 
@@ -48,10 +56,10 @@ def _version() -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """Build the top-level parser; subcommands whose module is missing are skipped."""
-    parser = _ArgumentParser(prog="lockstep", description="\n\n".join(__doc__.split("\n\n")[:2]),
+    parser = OneLineParser(prog="lockstep", description="\n\n".join(__doc__.split("\n\n")[:2]),
                              formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"lockstep {_version()}")
-    sub = parser.add_subparsers(dest="command", parser_class=_ArgumentParser)
+    sub = parser.add_subparsers(dest="command", parser_class=OneLineParser)
     for name, module_name in SUBCOMMANDS.items():
         try:
             module = importlib.import_module(module_name)

@@ -36,6 +36,7 @@ from engine.kernels import fused
 from engine.kernels.skinny_gemm import (MAX_ROWS, TileConfig, Workspace, parse_table, shape_key,
                                         skinny_gemm)
 from engine.presets import PRESETS
+from lockstep.cli import OneLineParser
 
 ROWS = (1, 8, 16, 32, 64)
 SPACE = dict(block_n=(16, 32, 64), block_k=(128, 256), split_k=(1, 2, 4, 8),
@@ -315,8 +316,8 @@ def to_table(results: list[dict]) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m engine.bench.gemm_sweep",
-                                description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python -m engine.bench.gemm_sweep", error_name="gemm_sweep",
+                      description=__doc__.splitlines()[0])
     p.add_argument("--presets", default="qwen3-0.6b,qwen3-4b,qwen3-8b",
                    help="comma-separated model presets whose linear shapes to time (default "
                         "qwen3-0.6b,qwen3-4b,qwen3-8b)")

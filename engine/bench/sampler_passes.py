@@ -27,6 +27,7 @@ import warnings
 from collections import Counter
 
 from engine.bench.options import MAX_BATCH, BenchArgError, check_range
+from lockstep.cli import OneLineParser
 
 
 VIEWS = frozenset({"view", "_unsafe_view", "reshape", "expand", "slice", "select", "unsqueeze",
@@ -157,8 +158,8 @@ def count_passes(rows: int, vocab: int, temperature: float, top_p: float, top_k:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line of `main`: every option with its help and default."""
-    ap = argparse.ArgumentParser(prog="python -m engine.bench.sampler_passes",
-                                 description=__doc__.split("\n\n")[0])
+    ap = OneLineParser(prog="python -m engine.bench.sampler_passes", error_name="sampler_passes",
+                       description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=256,
                     help=f"rows of the batch, each sampled once (1..{MAX_BATCH}; default 256)")
     ap.add_argument("--vocab", type=int, default=151936,

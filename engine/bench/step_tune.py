@@ -38,6 +38,7 @@ from engine.layers.linear import (FUSED_PLANS_PATH, ROLES, DecodeGemm, FusedLaye
                                   LayerShapes, layer_key, load_fused_plans, parse_fused_plans,
                                   plan_to_json)
 from engine.presets import PRESETS
+from lockstep.cli import OneLineParser
 
 SWEEP_JSON = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), "docs", "benchmarks-gemm-sweep-h200.json")
@@ -445,8 +446,8 @@ def check_rows(cfg: dict, rows: list[int] | None, flag: str = "--rows") -> list[
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line of `main`: every option with its help and default."""
-    p = argparse.ArgumentParser(prog="python -m engine.bench.step_tune",
-                                description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python -m engine.bench.step_tune", error_name="step_tune",
+                      description=__doc__.splitlines()[0])
     src = p.add_mutually_exclusive_group()
     src.add_argument("--preset", help=f"random weights of a preset ({', '.join(PRESETS)}) "
                                       "(no default: give this or --model to time)")

@@ -579,3 +579,36 @@ def test_sampler_passes_prints_no_interpreter_warning_and_leaves_the_filters_as_
     res = run_in_triton_interpreter(_SAMPLER_PASSES_QUIET)
     assert res.returncode == 0 and res.stdout.endswith("ok\n"), res.stdout + res.stderr
     assert res.stderr == "", res.stderr
+
+
+@pytest.mark.parametrize("tool, argv, message", [
+    ("step_tune", ["--top", "abc"], "argument --top: invalid int value: 'abc'"),
+    ("step_tune", ["--preset", "qwen3-0.6b", "--model", "m"],
+     "argument --model: not allowed with argument --preset"),
+    ("sampler_passes", ["--top-k", "abc"], "argument --top-k: invalid int value: 'abc'"),
+    ("sampler_passes", ["--scale", "x"], "argument --scale: invalid float value: 'x'"),
+    ("sampler_passes", ["--top", "5"], "ambiguous option: --top could match --top-p, --top-k"),
+    ("gemm_sweep", ["--repeats", "abc"], "argument --repeats: invalid int value: 'abc'"),
+    ("gemm_sweep", ["--bogus"], "unrecognized arguments: --bogus"),
+])
+def test_bench_tools_refuse_what_argparse_refuses_in_one_line(tool, argv, message, capsys):
+    """Old behaviour: argparse's usage block (five to seven lines) above an error line headed
+    "python -m engine.bench.TOOL: error:"; now the one line, headed as the tool's other
+    errors are, with status 2 (`lockstep.cli.OneLineParser`, as `lockstep` refuses)."""
+    import importlib
+
+    with pytest.raises(SystemExit) as exit_:
+        importlib.import_module(f"engine.bench.{tool}").main(argv)
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == f"{tool}: error: {message}\n"
+
+
+@pytest.mark.parametrize("tool", ["step_tune", "sampler_passes", "gemm_sweep"])
+def test_bench_tools_help_still_prints_the_usage_and_exits_0(tool, capsys):
+    import importlib
+
+    with pytest.raises(SystemExit) as exit_:
+        importlib.import_module(f"engine.bench.{tool}").main(["--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr()
+    assert out.out.startswith(f"usage: python -m engine.bench.{tool} ") and out.err == ""
