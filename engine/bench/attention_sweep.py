@@ -167,39 +167,48 @@ def context_sweep(contexts=(128, 1024, 4096, 16384), batches=(1, 8, 64, 256),
     return out
 
 
+def build_parser():
+    """The command line of `main`: every option with its help and default."""
+    from lockstep.cli import OneLineParser
+
+    p = OneLineParser(prog="python -m engine.bench.attention_sweep", error_name="attention_sweep",
+                      description=__doc__.split("\n\n")[0])
+    p.add_argument("out", nargs="?", metavar="OUT.json",
+                   help="write every measurement here (default: printed only)")
+    p.add_argument("--context", action="store_true",
+                   help="run only the context sweep (default: context, decode and prefill)")
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
     """Print the tables and write JSON to the path given as the one positional argument, if
-    any; `--context` (anywhere in argv, default sys.argv[1:]) runs only the context sweep.
-    Returns the exit status: 2 for a bad argument or no CUDA GPU, before any GPU work."""
+    any; `--context` runs only the context sweep. Returns the exit status: 2 for a bad
+    argument (one line, `lockstep.cli.OneLineParser`'s for what argparse refuses) or no CUDA
+    GPU, before any GPU work; `--help` prints the usage and exits 0."""
     import json
     import sys
 
     from engine.bench.options import BenchArgError, check_output_path, cuda_missing
 
-    argv = sys.argv[1:] if argv is None else list(argv)
-    args = [a for a in argv if a != "--context"]
-    if len(args) > 1 or any(a.startswith("-") for a in args):
-        print(f"attention_sweep: error: unexpected arguments {args!r}; usage: python -m "
-              "engine.bench.attention_sweep [--context] [OUT.json]", file=sys.stderr)
-        return 2
-    if args:  # the output path before the sweep, not after it
+    args = build_parser().parse_args(argv)
+    if args.out is not None:  # the output path before the sweep, not after it
         try:
-            check_output_path("OUT.json", args[0])
+            check_output_path("OUT.json", args.out)
         except BenchArgError as exc:
             print(f"attention_sweep: error: {exc}", file=sys.stderr)
             return 2
     if cuda_missing("attention_sweep"):
         return 2
     result = {"context": context_sweep()}
-    if "--context" not in argv:
+    if not args.context:
         result["decode"] = decode_sweep()
         for r in result["decode"]:
             print("decode", r, flush=True)
         result["prefill"] = prefill_compare()
         for r in result["prefill"]:
             print("prefill", r, flush=True)
-    if args:
-        with open(args[0], "w") as f:
+    if args.out is not None:
+        with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
     return 0
 

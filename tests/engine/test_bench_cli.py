@@ -414,6 +414,35 @@ def test_attention_sweep_checks_its_output_path_before_the_run(monkeypatch, caps
     assert "OUT.json '/nonexistent-dir/a.json': directory" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--bogus"], "unrecognized arguments: --bogus"),
+    (["a.json", "b.json"], "unrecognized arguments: b.json"),
+    (["--context", "-x", "a.json"], "unrecognized arguments: -x"),
+])
+def test_attention_sweep_refuses_a_bad_argument_in_one_line(argv, message, monkeypatch, capsys):
+    import engine.bench.attention_sweep as sweep
+
+    monkeypatch.setattr(sweep, "context_sweep", lambda: pytest.fail("the sweep ran"))
+    with pytest.raises(SystemExit) as exit_:
+        sweep.main(argv)
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == f"attention_sweep: error: {message}\n"
+
+
+def test_attention_sweep_reads_context_anywhere_and_one_output_path(monkeypatch, tmp_path):
+    """--context before or after OUT.json runs only the context sweep and writes the file."""
+    import engine.bench.attention_sweep as sweep
+
+    monkeypatch.setattr("engine.bench.options.cuda_missing", lambda tool: False)
+    monkeypatch.setattr(sweep, "context_sweep", lambda: [{"context": 1}])
+    monkeypatch.setattr(sweep, "decode_sweep", lambda: pytest.fail("--context was dropped"))
+    out = tmp_path / "a.json"
+    for argv in (["--context", str(out)], [str(out), "--context"]):
+        out.unlink(missing_ok=True)
+        assert sweep.main(argv) == 0
+        assert json.loads(out.read_text()) == {"context": [{"context": 1}]}
+
+
 @pytest.mark.parametrize("tool, argv, flag, first, last", [
     ("lockstep bench", ["--preset", "tiny"], "--steps", "0", "-2"),
     ("gemm_sweep", [], "--repeats", "0", "-5"),

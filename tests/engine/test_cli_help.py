@@ -93,3 +93,19 @@ def test_help_renders(capsys):
         with pytest.raises(SystemExit):
             _subparser(name).parse_args(["--help"])
         assert "default" in capsys.readouterr().out
+
+
+def test_attention_sweep_help_prints_its_usage_and_exits_0(capsys):
+    """Old behaviour: `python -m engine.bench.attention_sweep --help` was refused ("error:
+    unexpected arguments ['--help']", status 2); it hand-parsed its argv."""
+    from engine.bench import attention_sweep
+
+    p = attention_sweep.build_parser()
+    assert p.description and p.prog == "python -m engine.bench.attention_sweep"
+    _check_every_option(p, "attention_sweep")
+    with pytest.raises(SystemExit) as exit_:
+        attention_sweep.main(["--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr()
+    assert out.out.startswith("usage: python -m engine.bench.attention_sweep [-h] [--context] "
+                              "[OUT.json]") and out.err == "", out
