@@ -31,7 +31,7 @@ import sys
 import torch
 
 from engine.bench.options import (BenchArgError, check_output_path, check_range, check_switches,
-                                  cuda_missing, parse_int_list)
+                                  cuda_missing, parse_int_list, parse_name_list)
 from engine.kernels import fused
 from engine.kernels.skinny_gemm import (MAX_ROWS, TileConfig, Workspace, parse_table, shape_key,
                                         skinny_gemm)
@@ -352,15 +352,15 @@ def main(argv=None) -> int:
         if max(rows) > MAX_ROWS:
             raise BenchArgError(f"--rows {max(rows)}: the skinny GEMM serves at most "
                                 f"{MAX_ROWS} rows")
-        presets = [x.strip() for x in args.presets.split(",")]
+        presets = parse_name_list(args.presets, "--presets")
         unknown = [x for x in presets if x not in PRESETS]
         if unknown:
             raise BenchArgError(f"--presets {args.presets!r}: unknown preset {unknown[0]!r}; "
                                 f"choose from {', '.join(sorted(PRESETS))}")
-        kinds = [x.strip() for x in args.kinds.split(",")]
+        kinds = parse_name_list(args.kinds, "--kinds")
         if not kinds or any(x not in ("gemm", "rope") for x in kinds):
             raise BenchArgError(f"--kinds {args.kinds!r}: expected gemm, rope or gemm,rope")
-        layers = [x.strip() for x in args.layers.split(",")]
+        layers = parse_name_list(args.layers, "--layers")
         if not layers or any(x not in LAYERS for x in layers):
             bad = next((x for x in layers if x not in LAYERS), "")
             raise BenchArgError(f"--layers {args.layers!r}: unknown layer {bad!r}; choose from "

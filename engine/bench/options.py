@@ -124,6 +124,18 @@ def parse_int_list(text: str, name: str, example: str = "1,8,64") -> list[int]:
     return out
 
 
+def parse_name_list(text: str, name: str) -> list[str]:
+    """"qwen3-0.6b, qwen3-4b" -> ["qwen3-0.6b", "qwen3-4b"] (items stripped; whether each is
+    known is the caller's check). Raises BenchArgError naming `name` and the first item given
+    twice, as `parse_int_list` refuses a repeated integer."""
+    out: list[str] = []
+    for item in (t.strip() for t in str(text).split(",")):
+        if item in out:
+            raise BenchArgError(f"{name} {text!r}: {item!r} is given twice")
+        out.append(item)
+    return out
+
+
 def model_shape(opts: BenchOptions) -> dict:
     """The config dict of the preset or of `model`/config.json, the directory checked as
     `lockstep generate` checks it (`engine.config.load_model_config`: transformers reads it).

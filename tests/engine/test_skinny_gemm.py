@@ -175,6 +175,11 @@ def test_sweep_refuses_one_file_for_measurements_and_table(tmp_path, capsys):
     (["--kinds", "rope", "--tp", "2"], "the rope launch is timed at TP 1 only"),
     (["--rows", "1,128"], "--rows 128: the skinny GEMM serves at most 64 rows"),
     (["--rows", "8,8"], "--rows '8,8': 8 is given twice"),
+    # refused as --rows and --tp refuse a repeat (accepted before, and timed once)
+    (["--presets", "qwen3-4b,qwen3-0.6b,qwen3-4b"],
+     "--presets 'qwen3-4b,qwen3-0.6b,qwen3-4b': 'qwen3-4b' is given twice"),
+    (["--layers", "qkv, qkv"], "--layers 'qkv, qkv': 'qkv' is given twice"),
+    (["--kinds", "gemm,gemm"], "--kinds 'gemm,gemm': 'gemm' is given twice"),
     (["--table", "{tmp}/sweep.json"], "--table {tmp}/sweep.json: not a skinny GEMM table"),
 ])
 def test_sweep_bad_arguments_are_one_line_before_the_gpu(tmp_path, capsys, argv, message):
