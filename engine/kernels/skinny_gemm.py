@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 from dataclasses import dataclass
 
 import torch
@@ -722,11 +723,19 @@ def parse_table(raw, source: str) -> dict[str, dict[int, TableEntry]]:
 
     Raises:
         RowCountError: "<source>: shape '<key>': row count ..." (`row_count_key`).
-        ValueError: "<source>: not a skinny GEMM table (...)" for anything else.
+        ValueError: "<source>: not a skinny GEMM table (...)" for anything else, naming the
+            bad key or value: a shape key `shape_key` would not write, a time that is not a
+            positive finite number (true, a string), a tile `TileConfig` refuses.
     """
+    def shape(key) -> str:
+        if not isinstance(key, str) or not _SHAPE_KEY.fullmatch(key):
+            raise ValueError(f"shape {key!r} is not a shape_key ('NxK', then ' swiglu' or "
+                             "' rope' where the sweep timed one)")
+        return key
+
     try:
-        return {str(key): {row_count_key(m, f"{source}: shape {key!r}"): _parse_entry(e)
-                           for m, e in rows.items()}
+        return {shape(key): {row_count_key(m, f"{source}: shape {key!r}"): _parse_entry(e)
+                             for m, e in rows.items()}
                 for key, rows in raw.items()}
     except RowCountError:
         raise
@@ -761,7 +770,15 @@ def _parse_entry(e: dict) -> TableEntry:
                       cublas_us)
 
 
+_SHAPE_KEY = re.compile(r"[1-9][0-9]*x[1-9][0-9]*(?: swiglu)?(?: rope)?")
+"""What `shape_key` writes: a key of another spelling ("garbage", "1024 x 2048") names no
+shape the engine looks up, so the table is refused instead of the entry lying unused."""
+
+
 def _time_us(value, name: str) -> float:
+    # float() alone took true (as 1.0) and "2.5"
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise TypeError(f"{name} {value!r} is not a number")
     us = float(value)
     if not 0 < us < float("inf"):
         raise ValueError(f"{name} {value!r} is not a positive finite time")

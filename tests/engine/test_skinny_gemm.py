@@ -652,3 +652,42 @@ def test_a_tma_tile_runs_with_pointer_loads_where_the_gpu_has_no_bulk_copy():
     res = run_in_triton_interpreter(_NO_TMA_CHECK)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "ok" in res.stdout
+
+
+@pytest.mark.parametrize("key, entry, words", [
+    ("garbage", {}, "shape 'garbage' is not a shape_key"),
+    ("1024 x 2048", {}, "shape '1024 x 2048' is not a shape_key"),
+    ("1024x2048 gelu", {}, "shape '1024x2048 gelu' is not a shape_key"),
+    ("0x2048", {}, "shape '0x2048' is not a shape_key"),
+    ("1024x2048", {"cublas_us": True}, "cublas_us True is not a number"),
+    ("1024x2048", {"cublas_us": "2.5"}, "cublas_us '2.5' is not a number"),
+    ("1024x2048", {"skinny_us": False}, "skinny_us False is not a number"),
+])
+def test_a_bad_shape_key_or_time_is_one_line_naming_it(key, entry, words, tmp_path):
+    """Old behaviour: "garbage" loaded as a shape no lookup ever finds, and a time of true or
+    "2.5" went through float() as 1.0 and 2.5."""
+    good = {"skinny": {"block_n": 32, "block_k": 128, "split_k": 4}, "skinny_us": 4.0,
+            "cublas_us": 5.0}
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps({"2048x1024": {"1": good}, key: {"8": good | entry}}))
+    with pytest.raises(ValueError) as info:
+        sg.load_table(str(path))
+    message = str(info.value)
+    assert message.startswith(f"{path}: not a skinny GEMM table (") and words in message
+    assert "\n" not in message
+    path.write_text(json.dumps({"2048x1024 swiglu": {"1": good}, "2048x1024 rope": {"1": good},
+                                "1x2": {"1": dict(good, cublas_us=3)}}))
+    assert sorted(sg.load_table(str(path))) == ["1x2", "2048x1024 rope", "2048x1024 swiglu"]
+
+
+def test_step_tune_names_a_bad_shape_key_of_the_shipped_table_in_one_line(tmp_path,
+                                                                           monkeypatch, capsys):
+    from engine.bench import step_tune
+
+    path = tmp_path / "skinny_gemm_table.json"
+    path.write_text(json.dumps({"garbage": {}}))
+    monkeypatch.setattr(step_tune, "load_table", lambda: sg.load_table(str(path)))
+    assert step_tune.main(["--preset", "qwen3-0.6b"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"step_tune: error: {path}: not a skinny GEMM table (") \
+        and "'garbage' is not a shape_key" in err and err.count("\n") == 1, err
