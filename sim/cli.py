@@ -3,7 +3,9 @@
 With no arguments it checks the correct protocol on the real configuration (Qwen3-4B shapes, TP
 2, the 36 pegainfer buckets, max batch 256, startup sweep then serving) under both process
 topologies -- clean without faults, loud global aborts with them -- and every shipped variant,
-and exits 0 only if all verdicts are as expected. Bad arguments exit 2 with a one-line error.
+and exits 0 only if all verdicts are as expected. Bad arguments exit 2 with a one-line error,
+an option that takes a value given twice among them (`_Once`: a script's second value is not an
+override, as it is in `lockstep bench`; --variant, --variant-file and --hazard-off repeat).
 """
 
 from __future__ import annotations
@@ -102,14 +104,26 @@ def _typed(fn, what):
 class _Once(argparse.Action):
     """An option that takes one value and may be given once: a second use is refused (argparse
     would keep the last one and silently drop the first). The parser's error is one line
-    naming the option and both values."""
+    naming the option and both values, each as parsed (``--buckets 1,2`` as '1,2').
+
+    Every option of `lockstep check` that takes a value uses it (its default must be None, so
+    that a first use can be told from none); the repeatable ones (``--variant``,
+    ``--variant-file``, ``--hazard-off``) append instead, and a switch (``--json``) given twice
+    is the same switch."""
 
     def __call__(self, parser, namespace, values, option_string=None):
         given = getattr(namespace, self.dest, None)
         if given is not None:
-            raise argparse.ArgumentError(self, f"given twice ({given!r}, then {values!r}); "
-                                               "give it once")
+            raise argparse.ArgumentError(self, f"given twice ({_shown(given)!r}, then "
+                                               f"{_shown(values)!r}); give it once")
         setattr(namespace, self.dest, values)
+
+
+def _shown(value) -> str:
+    """A parsed option value as text: buckets as ``1,2,4``, a path as given, else ``str``."""
+    if isinstance(value, tuple):
+        return ",".join(map(str, value))
+    return str(value)
 
 
 DEFAULTS = {"ranks": 2, "topology": "both", "strategy": None, "schedules": 300,
@@ -138,45 +152,50 @@ def add_parser(subparsers, name: str) -> None:
     p.add_argument("--variant-file", action="append", default=[], metavar="PATH",
                    help="load variants from a Python file and check them instead of the shipped "
                         "ones (every variant it defines, or only those named by --variant)")
-    p.add_argument("--ranks", type=_typed(lambda t: check_scenario_value("ranks", _int(t)), "--ranks"),
-                   default=None,
+    p.add_argument("--ranks", action=_Once, default=None,
+                   type=_typed(lambda t: check_scenario_value("ranks", _int(t)), "--ranks"),
                    help="world size, at least 2: every hazard is between ranks (default 2)")
-    p.add_argument("--buckets", type=_typed(_buckets, "--buckets"), default=None,
+    p.add_argument("--buckets", action=_Once, type=_typed(_buckets, "--buckets"), default=None,
                    help="comma-separated decode buckets (default: the 36 pegainfer buckets)")
-    p.add_argument("--max-batch", type=_typed(lambda t: check_scenario_value("max_batch", _int(t)),
-                                              "--max-batch"), default=None,
+    p.add_argument("--max-batch", action=_Once, default=None,
+                   type=_typed(lambda t: check_scenario_value("max_batch", _int(t)),
+                               "--max-batch"),
                    help="max batch (default: the largest bucket)")
-    p.add_argument("--topology", choices=("both",) + TOPOLOGIES, default=None,
+    p.add_argument("--topology", action=_Once, choices=("both",) + TOPOLOGIES, default=None,
                    help="shared (all ranks in one process, one driver lock), per-rank (one "
                         "process per rank), or both (default both)")
-    p.add_argument("--strategy", choices=STRATEGIES, default=None,
+    p.add_argument("--strategy", action=_Once, choices=STRATEGIES, default=None,
                    help="schedule search strategy (default random); a variant whose bug needs "
                         "a rare interleaving names its own (docs/search-stats.md)")
-    p.add_argument("--schedules", type=_typed(_bounded(_positive_int, "schedules"), "--schedules"), default=None,
+    p.add_argument("--schedules", action=_Once, default=None,
+                   type=_typed(_bounded(_positive_int, "schedules"), "--schedules"),
                    help="schedules per variant and topology (default: up to 300 for a bad "
                         f"variant, stopping at its first failure; {CLEAN_SCHEDULES} fault-free "
                         "ones for the correct protocol)")
-    p.add_argument("--fault-schedules", type=_typed(_bounded(lambda t: _int(t, 0), "fault_schedules"),
-                                                     "--fault-schedules"),
-                   default=None,
+    p.add_argument("--fault-schedules", action=_Once, default=None,
+                   type=_typed(_bounded(lambda t: _int(t, 0), "fault_schedules"),
+                               "--fault-schedules"),
                    help=f"faulted schedules for the correct protocol (default "
                         f"{DEFAULTS['fault_schedules']}; 0 skips)")
-    p.add_argument("--time-budget", type=_typed(_bounded(_positive_float, "time_budget"), "--time-budget"), default=None,
+    p.add_argument("--time-budget", action=_Once, default=None,
+                   type=_typed(_bounded(_positive_float, "time_budget"), "--time-budget"),
                    help="seconds per search, for each variant and topology (default 60)")
-    p.add_argument("--seed", type=_typed(lambda t: _int(t, 0), "--seed"), default=None,
+    p.add_argument("--seed", action=_Once, default=None,
+                   type=_typed(lambda t: _int(t, 0), "--seed"),
                    help="search seed, an integer >= 0 (default 0)")
-    p.add_argument("--jobs", type=_typed(_bounded(_positive_int, "jobs"), "--jobs"), default=None,
+    p.add_argument("--jobs", action=_Once, default=None,
+                   type=_typed(_bounded(_positive_int, "jobs"), "--jobs"),
                    help=f"worker processes for random and PCT search (default: the CPU count, "
                         f"{os.cpu_count() or 1} here)")
     p.add_argument("--hazard-off", action="append", default=[], metavar="HAZARD",
                    type=_typed(_hazard, "--hazard-off"),
                    help=f"switch a hazard rule off (repeatable): {HAZARD_HELP} (docs/hazards.md); "
                         "bad variants' verdicts are then reported, not compared")
-    p.add_argument("--h2-scope", choices=H2_SCOPES, default=None,
+    p.add_argument("--h2-scope", action=_Once, choices=H2_SCOPES, default=None,
                    help="which devices a quiescing driver call waits for (an assumption, "
                         "docs/hazards.md): its own device, every device of its process, or every "
                         "peer (default process)")
-    p.add_argument("--h2-calls", choices=H2_CALLS, default=None,
+    p.add_argument("--h2-calls", action=_Once, choices=H2_CALLS, default=None,
                    help="which driver calls wait for quiescence (H2): those public reports name "
                         "(assumed: instantiate, upload, allocation), those the H200 probes "
                         "measured (measured: frees), or both (default both; docs/hazards.md); "
@@ -196,7 +215,8 @@ def add_parser(subparsers, name: str) -> None:
     p.add_argument("--replay", metavar="TRACE.json", action=_Once,
                    help="replay one recorded trace exactly (takes its scenario from the trace; "
                         "combines only with --json, --trace-out and --variant-file)")
-    p.add_argument("--trace-out", metavar="DIR", type=_typed(_trace_dir, "--trace-out"),
+    p.add_argument("--trace-out", action=_Once, metavar="DIR",
+                   type=_typed(_trace_dir, "--trace-out"),
                    help="write each counterexample as .txt, .mmd, .json (created, with its "
                         "parents, when the traces are written)")
     p.add_argument("--list", action="store_true",

@@ -6,6 +6,8 @@ exits with status 2.
 A repeated option keeps its last value, in `lockstep bench` and in every tool of
 `engine.bench` with a parser (argparse's plain store; no option appends or refuses a repeat):
 a command line built by a script can override one of its options by giving it again.
+(`lockstep check` refuses a repeated option instead, as its `--replay` always did: there a
+dropped value changes what a verdict covers.)
 """
 
 from __future__ import annotations

@@ -122,6 +122,58 @@ def test_replay_given_twice_is_refused_naming_the_option(argv, capsys, no_simula
     assert err.startswith("lockstep check: error: argument --replay: given twice ('a.json', then ")
 
 
+ONE_VALUE = {"--ranks": ("2", "3"), "--buckets": ("1,2,4,8", "8,16"), "--max-batch": ("8", "4"),
+             "--topology": ("shared", "shared"), "--strategy": ("pct", "random"),
+             "--schedules": ("3", "5"), "--fault-schedules": ("1", "2"),
+             "--time-budget": ("10.5", "20.5"), "--seed": ("1", "2"), "--jobs": ("1", "2"),
+             "--h2-scope": ("device", "peers"), "--h2-calls": ("assumed", "measured"),
+             "--replay": ("a.json", "b.json"), "--trace-out": ("t1", "t2")}
+"""Two good values of each option of `lockstep check` that takes one value."""
+
+
+def test_every_option_that_takes_one_value_is_in_the_repeat_test():
+    """A new option that takes a value must join ONE_VALUE, so that giving it twice is tested."""
+    import argparse
+
+    from lockstep.cli import build_parser
+
+    check = build_parser().subcommands["check"]
+    takes_one = {a.option_strings[0] for a in check._actions
+                 if a.option_strings and a.nargs != 0 and not isinstance(a, argparse._AppendAction)}
+    assert takes_one == set(ONE_VALUE)
+
+
+@pytest.mark.parametrize("flag", sorted(ONE_VALUE))
+def test_an_option_given_twice_is_refused_naming_it(flag, tmp_path, monkeypatch, capsys,
+                                                    no_simulation):
+    """Old behaviour (every option but --replay): the last value won and the first was silently
+    dropped (`--schedules 3 --schedules 5` searched 5 schedules). The same value twice is
+    refused too: the rule is one use per option, as `--replay` had it."""
+    monkeypatch.chdir(tmp_path)
+    first, second = ONE_VALUE[flag]
+    with pytest.raises(SystemExit) as exit_:
+        main(["check", "--variant", "correct", flag, first, f"{flag}={second}"])
+    assert exit_.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (f"lockstep check: error: argument {flag}: given twice ({first!r}, "
+                            f"then {second!r}); give it once\n")
+    assert not (tmp_path / "t1").exists()
+
+
+@pytest.mark.parametrize("argv", [["--variant", "correct", "--variant", "correct"],
+                                  ["--hazard-off", "h1", "--hazard-off", "h1"],
+                                  ["--json", "--json"]])
+def test_a_repeatable_option_or_a_switch_may_be_given_twice(argv, capsys, no_simulation):
+    """The repeatable options append (a name given twice counts once) and a switch given twice
+    is the same switch: `--list` reads them and checks nothing."""
+    assert main(["check", "--list", *argv]) == (2 if "--hazard-off" in argv else 0)
+    err = capsys.readouterr().err
+    assert "given twice" not in err
+    if "--hazard-off" in argv:
+        assert err == "lockstep check: error: --list checks nothing; drop --hazard-off\n"
+
+
 def test_replay_of_non_trace_json_exits_2(tmp_path, capsys):
     path = tmp_path / "x.json"
     path.write_text("[1, 2]")
