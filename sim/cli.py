@@ -283,17 +283,37 @@ CONFIG_FLAGS = {"world_size": "--ranks", "buckets": "--buckets", "max_batch": "-
 config and the simulator's scenario; `flag_names` spells a `ConfigError`'s fields with them."""
 
 
-def flag_names(error: ConfigError) -> str:
+def flag_names(error: ConfigError, defaulted: dict[str, str] | None = None) -> str:
     """``error``'s message with each configuration field it names (``error.fields``) spelled as
     the option that sets it: ``max_batch=300 exceeds ...; lower max_batch`` reads
-    ``--max-batch 300 exceeds ...; lower --max-batch``. A field no option sets is left as is."""
+    ``--max-batch 300 exceeds ...; lower --max-batch``. A field no option sets is left as is.
+
+    ``defaulted`` maps a field the command line did not set to where its value came from
+    (`defaulted_fields`); its ``max_batch=2`` then reads ``--max-batch 2 (not given; it
+    defaults to the largest of --buckets 1,2)``, so that the error does not blame an option
+    nobody typed."""
     text = str(error)
     for name in error.fields:
         flag = CONFIG_FLAGS.get(name)
         if flag is not None:
-            text = re.sub(rf"\b{name}=", f"{flag} ", text)
+            source = (defaulted or {}).get(name)
+            note = f" (not given; it defaults to {source})" if source else ""
+            text = re.sub(rf"\b{name}=([^\s:;,()]+)", lambda m: f"{flag} {m[1]}{note}", text)
             text = re.sub(rf"(?<!-)\b{name}\b", flag, text)
     return text
+
+
+def defaulted_fields(args) -> dict[str, str]:
+    """For `flag_names`: each configuration field whose option ``args`` (the parsed command
+    line) leaves unset and whose value is derived from another, with what it is derived from.
+    Only ``--max-batch`` is: `sim.scenario.default_scenario` takes the largest bucket, of
+    ``--buckets`` where given (``--ranks`` has a fixed default that no configuration check
+    refuses)."""
+    if args.max_batch is not None:
+        return {}
+    if args.buckets is not None:
+        return {"max_batch": f"the largest of --buckets {','.join(map(str, args.buckets))}"}
+    return {"max_batch": "the largest default bucket"}
 
 
 def _fail(message: str) -> int:
@@ -463,7 +483,7 @@ def _run(args, finished: _Finished | None = None) -> int:
         # validates ranks / buckets / max batch before any search
         check_coverage_reachable(spec.scenario("shared"))
     except ConfigError as exc:
-        return _fail(flag_names(exc))
+        return _fail(flag_names(exc, defaulted_fields(args)))
     freeze_imports()
     cpus = os.cpu_count() or 1
     if args.jobs > cpus and args.strategy in (None, "random", "pct"):
@@ -828,4 +848,5 @@ def _replay(path: str, as_json: bool, trace_out: Path | None = None) -> int:
     return 0
 
 
-__all__ = ["add_parser", "run", "render_table", "flag_names", "CONFIG_FLAGS", "REGISTRY"]
+__all__ = ["add_parser", "run", "render_table", "flag_names", "defaulted_fields", "CONFIG_FLAGS",
+           "REGISTRY"]

@@ -503,6 +503,35 @@ def test_max_batch_past_the_buckets_names_its_flags(argv, where, capsys):
         "(--buckets) or lower --max-batch")
 
 
+@pytest.mark.parametrize("buckets, rest", [
+    ("1,2", "2 (not given; it defaults to the largest of --buckets 1,2) with the buckets up to the "
+            "one it pads to (1,2): every batch size is a bucket, so no replay is ever padded; use "
+            "a --max-batch that is not a bucket, or leave a batch size between two buckets"),
+    ("1", "1 (not given; it defaults to the largest of --buckets 1): a single slot never "
+          "compacts, so no schedule can show slot compaction; use --max-batch 3 or more"),
+])
+def test_a_max_batch_not_given_is_named_as_the_default_of_the_buckets(buckets, rest, capsys,
+                                                                      no_simulation):
+    """A fresh user's finding: `--buckets 1,2` was refused as "--max-batch 2 with the buckets
+    ...", blaming an option nobody typed. --max-batch defaults to the largest bucket; the error
+    says so and names the --buckets given (a --max-batch given is named as before:
+    test_bad_values_exit_2)."""
+    assert main(["check", "--buckets", buckets, "--no-progress", "--jobs", "1"]) == 2
+    assert capsys.readouterr().err == f"lockstep check: error: --max-batch {rest}\n"
+
+
+def test_defaulted_fields_says_where_max_batch_comes_from():
+    from argparse import Namespace
+
+    from sim.cli import defaulted_fields
+
+    assert defaulted_fields(Namespace(max_batch=8, buckets=(1, 4, 8))) == {}
+    assert defaulted_fields(Namespace(max_batch=None, buckets=(1, 4, 8))) == {
+        "max_batch": "the largest of --buckets 1,4,8"}
+    assert defaulted_fields(Namespace(max_batch=None, buckets=None)) == {
+        "max_batch": "the largest default bucket"}
+
+
 @pytest.mark.timeout(60)
 def test_a_scenario_past_the_modelled_memory_names_the_buckets_flag(capsys, no_simulation):
     """It ended "use smaller buckets", the simulator's field name, not the option."""
