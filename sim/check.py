@@ -699,8 +699,8 @@ def check_coverage_reachable(scenario: Scenario) -> None:
     cfg = scenario.config
     if cfg.max_batch < 2:
         raise ConfigError(f"max_batch={cfg.max_batch}: a single slot never compacts, so no "
-                          "schedule can show slot compaction; use max_batch 3 or more",
-                          fields=("max_batch",))
+                          "schedule can show slot compaction; use max_batch 3 or more, and buckets "
+                          "that reach it", fields=("max_batch", "buckets"))
     buckets = GraphPlan.from_config(cfg).buckets
     named = (f"max_batch={cfg.max_batch} with the buckets up to the one it pads to "
              f"({','.join(map(str, buckets))})")
@@ -711,8 +711,8 @@ def check_coverage_reachable(scenario: Scenario) -> None:
     if cfg.max_batch < 3:
         raise ConfigError(f"max_batch={cfg.max_batch}: with two slots a retirement can only "
                           "move the last slot into the freed one, so no schedule can tell one "
-                          "compaction rule from another; use max_batch 3 or more",
-                          fields=("max_batch",))
+                          "compaction rule from another; use max_batch 3 or more, and buckets "
+                          "that reach it", fields=("max_batch", "buckets"))
     from sim.run import correct_run
     from sim.variants import CORRECT
 

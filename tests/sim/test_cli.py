@@ -508,7 +508,8 @@ def test_max_batch_past_the_buckets_names_its_flags(argv, where, capsys):
             "one it pads to (1,2): every batch size is a bucket, so no replay is ever padded; use "
             "a --max-batch that is not a bucket, or leave a batch size between two buckets"),
     ("1", "1 (not given; it defaults to the largest of --buckets 1): a single slot never "
-          "compacts, so no schedule can show slot compaction; use --max-batch 3 or more"),
+          "compacts, so no schedule can show slot compaction; use --max-batch 3 or more, and "
+          "--buckets that reach it"),
 ])
 def test_a_max_batch_not_given_is_named_as_the_default_of_the_buckets(buckets, rest, capsys,
                                                                       no_simulation):
@@ -572,7 +573,7 @@ def test_coverage_errors_name_the_field_in_the_library_and_the_flag_on_the_comma
     assert main(["check", "--buckets", "1,2,4,8", "--max-batch", "1"]) == 2
     assert capsys.readouterr().err.strip() == (
         "lockstep check: error: --max-batch 1: a single slot never compacts, so no schedule can "
-        "show slot compaction; use --max-batch 3 or more")
+        "show slot compaction; use --max-batch 3 or more, and --buckets that reach it")
 
 
 @pytest.mark.timeout(60)
