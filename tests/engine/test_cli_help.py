@@ -27,12 +27,7 @@ def test_profile_has_a_description_and_every_option_help_and_its_default(capsys)
     --context and --steps with no word on what they do or their defaults."""
     from engine.bench import profile
 
-    p = profile.build_parser()
-    assert p.description and p.prog == "python -m engine.bench.profile"
-    _check_every_option(p, "profile")
-    with pytest.raises(SystemExit):
-        profile.main(["--help"])
-    assert "random weights of a preset" in capsys.readouterr().out
+    assert "random weights of a preset" in _bench_tool_help(profile, capsys)
 
 
 def test_step_tune_help_shows_every_default(capsys):
@@ -40,25 +35,18 @@ def test_step_tune_help_shows_every_default(capsys):
     --context and --seed with no default, and its parser was built inside `main`."""
     from engine.bench import step_tune
 
-    p = step_tune.build_parser()
-    assert p.description and p.prog == "python -m engine.bench.step_tune"
-    _check_every_option(p, "step_tune")
-    with pytest.raises(SystemExit) as exit_:
-        step_tune.main(["--help"])
-    assert exit_.value.code == 0
-    out = " ".join(capsys.readouterr().out.split())  # argparse wraps the help text
+    # argparse wraps the help text
+    out = " ".join(_bench_tool_help(step_tune, capsys).split())
     for text in ("(1..32; default 4)", "(1..10000; default 100)", "(0..1000; default 10)",
                  "tokens cached per row (default 128)", "K/V and tokens (default 0)"):
         assert text in out, text
 
 
-def test_sampler_passes_has_help_and_a_default_for_every_option():
+def test_sampler_passes_has_help_and_a_default_for_every_option(capsys):
     """Old behaviour: its eight options had no help at all."""
     from engine.bench import sampler_passes
 
-    p = sampler_passes.build_parser()
-    assert p.description and p.prog == "python -m engine.bench.sampler_passes"
-    _check_every_option(p, "sampler_passes")
+    assert "--rows" in _bench_tool_help(sampler_passes, capsys)
 
 
 def test_gemm_sweep_help_shows_the_defaults_of_what_it_times(capsys):
@@ -72,6 +60,21 @@ def test_gemm_sweep_help_shows_the_defaults_of_what_it_times(capsys):
     for text in ("(default qwen3-0.6b,qwen3-4b,qwen3-8b)", "shapes to time (default 1,2)",
                  "(1..64; default 1,8,16,32,64)", "(1..1000; default 20)"):
         assert text in out, text
+
+
+def _bench_tool_help(module, capsys) -> str:
+    """`module`'s parser checked (a description, its `python -m` prog, help and a default for
+    every option), then its `main(["--help"])`: exit status 0; returns what it printed."""
+    name = module.__name__.rsplit(".", 1)[-1]
+    p = module.build_parser()
+    assert p.description and p.prog == f"python -m {module.__name__}"
+    _check_every_option(p, name)
+    with pytest.raises(SystemExit) as exit_:
+        module.main(["--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr()
+    assert out.err == "", out.err
+    return out.out
 
 
 def _check_every_option(p, name):
@@ -100,12 +103,6 @@ def test_attention_sweep_help_prints_its_usage_and_exits_0(capsys):
     unexpected arguments ['--help']", status 2); it hand-parsed its argv."""
     from engine.bench import attention_sweep
 
-    p = attention_sweep.build_parser()
-    assert p.description and p.prog == "python -m engine.bench.attention_sweep"
-    _check_every_option(p, "attention_sweep")
-    with pytest.raises(SystemExit) as exit_:
-        attention_sweep.main(["--help"])
-    assert exit_.value.code == 0
-    out = capsys.readouterr()
-    assert out.out.startswith("usage: python -m engine.bench.attention_sweep [-h] [--context] "
-                              "[OUT.json]") and out.err == "", out
+    out = _bench_tool_help(attention_sweep, capsys)
+    assert out.startswith("usage: python -m engine.bench.attention_sweep [-h] [--context] "
+                          "[OUT.json]"), out
