@@ -51,7 +51,10 @@ MAX_ROWS = 64
 @dataclass(frozen=True)
 class TileConfig:
     """Launch shape of one skinny GEMM: output features per program (block_n), K per inner
-    iteration (block_k), programs along K (split_k), warps and software-pipeline stages."""
+    iteration (block_k), programs along K (split_k), warps and software-pipeline stages;
+    `tma`: the weight tiles come through a tensor descriptor; `x_tma` (only with `tma`): the
+    activation tiles too, [rows, block_k] per bulk copy instead of per-thread loads (at 32-64
+    rows an activation tile is as many bytes as a 64-row weight tile)."""
 
     block_n: int
     block_k: int
@@ -59,12 +62,14 @@ class TileConfig:
     num_warps: int = 4
     num_stages: int = 4
     tma: bool = False
+    x_tma: bool = False
 
     def __post_init__(self):
         """Raises ValueError naming the first field that is not a positive int, or not a power
         of two where Triton needs one (block_n and block_k are `tl.arange` lengths; num_warps
         a warp count), or a `tma` that is not a bool or whose tile a tensor descriptor cannot
-        hold (at most TMA_MAX_BOX rows and columns, at least 16 of each): a table or plans
+        hold (at most TMA_MAX_BOX rows and columns, at least 16 of each), or an `x_tma`
+        without `tma`: a table or plans
         file from elsewhere is checked on load, before any launch divides by it or compiles
         it."""
         for name in ("block_n", "block_k", "split_k", "num_warps", "num_stages"):
@@ -73,8 +78,12 @@ class TileConfig:
                 raise ValueError(f"tile {name} {value!r}: expected a positive integer")
             if name in ("block_n", "block_k", "num_warps") and value & (value - 1):
                 raise ValueError(f"tile {name} {value}: expected a power of two")
-        if type(self.tma) is not bool:
-            raise ValueError(f"tile tma {self.tma!r}: expected true or false")
+        for name in ("tma", "x_tma"):
+            if type(getattr(self, name)) is not bool:
+                raise ValueError(f"tile {name} {getattr(self, name)!r}: expected true or false")
+        if self.x_tma and not self.tma:
+            raise ValueError("tile x_tma true with tma false: the activation's descriptor "
+                             "tiles feed the weight-descriptor (tma) form of the kernel")
         if self.tma and not (16 <= self.block_n <= TMA_MAX_BOX
                              and 16 <= self.block_k <= TMA_MAX_BOX):
             raise ValueError(f"tile block_n {self.block_n} x block_k {self.block_k} with tma: "
@@ -159,12 +168,13 @@ if triton is not None:
                             vc_ptr, stride_cos, stride_pt, stride_kp, stride_kt, stride_kh,
                             stride_qh, qk_eps, HEADS: tl.constexpr, NQ: tl.constexpr,
                             NKV: tl.constexpr, PAGE: tl.constexpr,
-                            w_desc, TMA: tl.constexpr):
+                            w_desc, TMA: tl.constexpr, x_desc, X_TMA: tl.constexpr):
         # PAIRED: two accumulators over weight rows n and n + HALF (SwiGLU's gate and up, or
         # HEADS' two rotate-half halves of head pid_n, whose rows start at pid_n * ROW_STEP).
         # TMA: the weight tiles come through the tensor descriptor w_desc (Hopper's bulk copy,
         # zeros past its edges) as [BLOCK_N, BLOCK_K], and the products are W @ x^T, the
         # weight's rows on the MMA's M side; the accumulators are transposed after the loop.
+        # X_TMA (with TMA): x's [BLOCK_M, BLOCK_K] tiles through x_desc as well, transposed.
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         m = tl.arange(0, BLOCK_M)
@@ -234,7 +244,11 @@ if triton is not None:
             res = tl.load(out_ptr + m[:, None] * stride_om + n[None, :],
                           mask=mmask[:, None] & nmask[None, :], other=0.0).to(tl.float32)
         if ONE_TILE and TMA:
-            xt = tl.load(x_cols + k[:, None], mask=kmask[:, None] & mmask[None, :], other=0.0)
+            if X_TMA:
+                xt = tl.trans(x_desc.load([0, k_begin]))
+            else:
+                xt = tl.load(x_cols + k[:, None], mask=kmask[:, None] & mmask[None, :],
+                             other=0.0)
             if UPCAST:
                 xt = xt.to(tl.float32)
                 wt = wt.to(tl.float32)
@@ -253,10 +267,13 @@ if triton is not None:
                 acc_up += _dot(xt, ut, IEEE)
         elif TMA:
             for k0 in range(k_begin, k_begin + K_SPLIT, BLOCK_K):
-                k = k0 + kk
-                kmask = k < K
-                xt = tl.load(x_cols + k[:, None], mask=kmask[:, None] & mmask[None, :],
-                             other=0.0)
+                if X_TMA:
+                    xt = tl.trans(x_desc.load([0, k0]))
+                else:
+                    k = k0 + kk
+                    kmask = k < K
+                    xt = tl.load(x_cols + k[:, None], mask=kmask[:, None] & mmask[None, :],
+                                 other=0.0)
                 wt = w_desc.load([row0, k0])
                 if UPCAST:
                     xt = xt.to(tl.float32)
@@ -602,6 +619,9 @@ def _launch(x, w, out, workspace, config, swiglu, row_stats, eps, residual, rope
     stats_in = row_stats.partials if row_stats is not None else 0
     block_m = max(16, triton.next_power_of_2(M))
     tma = cfg.tma and tma_supported(x.device)
+    # x unaligned for a bulk copy (a view at an odd offset): per-thread loads of the same
+    # values, the same products
+    x_tma = tma and cfg.x_tma and _bulk_aligned(x)
     _skinny_gemm_kernel[(blocks, split)](
         x, w, out, workspace.partials, workspace.counters, workspace.stats, M, n_out, K,
         cfg.block_n if rope is not None else n_out, x.stride(0), w.stride(0), out.stride(0),
@@ -615,6 +635,8 @@ def _launch(x, w, out, workspace, config, swiglu, row_stats, eps, residual, rope
         ONE_TILE=k_split <= cfg.block_k, PAIRED=swiglu or rope is not None,
         ROW_STEP=row_step, **_head_args(rope, w, out),
         w_desc=_weight_descriptor(w, cfg) if tma else None, TMA=tma,
+        x_desc=TensorDescriptor.from_tensor(x, [block_m, cfg.block_k]) if x_tma else None,
+        X_TMA=x_tma,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(x))
     return blocks
 
@@ -635,6 +657,11 @@ def tma_supported(device: torch.device) -> bool:
 @functools.lru_cache(maxsize=None)
 def _capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
+
+
+def _bulk_aligned(t: torch.Tensor) -> bool:
+    """Whether a tensor descriptor can read t: start and row stride multiples of 16 bytes."""
+    return t.data_ptr() % 16 == 0 and t.stride(0) * t.element_size() % 16 == 0
 
 
 def _weight_descriptor(w: torch.Tensor, cfg: TileConfig) -> "TensorDescriptor":

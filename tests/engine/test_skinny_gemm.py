@@ -38,7 +38,12 @@ cases = [(1, 96, 512, False, sg.TileConfig(16, 64, 4)),    # split-K fix-up, M =
          (5, 200, 296, True, sg.TileConfig(64, 64, 2, tma=True)),    # SwiGLU past N's end
          (3, 48, 1000, False, sg.TileConfig(16, 128, 3, tma=True)),  # odd split count
          (2, 80, 296, False, sg.TileConfig(16, 64, 5, tma=True)),    # one tile, split
-         (4, 64, 104, True, sg.TileConfig(32, 128, 1, tma=True))]    # one tile, SwiGLU
+         (4, 64, 104, True, sg.TileConfig(32, 128, 1, tma=True)),    # one tile, SwiGLU
+         # the activation through a descriptor too: rows past M and K past its end are zeros
+         (5, 200, 296, True, sg.TileConfig(64, 64, 2, tma=True, x_tma=True)),
+         (17, 96, 512, False, sg.TileConfig(64, 64, 4, tma=True, x_tma=True)),
+         (3, 48, 1000, False, sg.TileConfig(16, 128, 3, tma=True, x_tma=True)),
+         (4, 64, 104, True, sg.TileConfig(32, 128, 1, tma=True, x_tma=True))]
 for M, N, K, swiglu, cfg in cases:
     for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
         x = torch.randn(M, K, dtype=dtype)
@@ -57,7 +62,7 @@ print("ok", len(cases))
 def test_triton_kernel_in_interpreter_matches_float64():
     res = run_in_triton_interpreter(_TRITON_CHECK)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert "ok 13" in res.stdout
+    assert "ok 17" in res.stdout
 
 
 def test_torch_path_swiglu_matches_its_definition():
@@ -322,6 +327,8 @@ cases = [(1, 96, 256, 80, False, sg.TileConfig(16, 64, 4), sg.TileConfig(16, 32,
           sg.TileConfig(16, 128, 1, tma=True)),
          (5, 200, 296, 96, False, sg.TileConfig(32, 64, 1, tma=True),
           sg.TileConfig(64, 64, 3, tma=True)),
+         (5, 200, 296, 96, True, sg.TileConfig(32, 64, 2, tma=True, x_tma=True),
+          sg.TileConfig(64, 64, 1, tma=True, x_tma=True)),
          (17, 64, 128, 48, False, None, None)]  # last: the row-count check below uses it
 for M, H, K, N, swiglu, pcfg, ccfg in cases:
     for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
@@ -372,7 +379,7 @@ def test_residual_epilogue_and_folded_norm_in_interpreter_match_float64():
     SwiGLU, split-K on either side) equals RMSNorm then GEMM in float64."""
     res = run_in_triton_interpreter(_RESIDUAL_NORM_CHECK)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert "ok 6" in res.stdout
+    assert "ok 7" in res.stdout
 
 
 _ROPE_CHECK = r"""
@@ -397,7 +404,9 @@ cases = [(1, 4, 2, 128, sg.TileConfig(16, 32, 4), False),
          # tensor-descriptor weight reads: split-K, one unsplit loop, two tiles per split
          (1, 4, 2, 128, sg.TileConfig(16, 32, 4, tma=True), False),
          (5, 2, 1, 96, sg.TileConfig(16, 64, 1, tma=True), True),
-         (2, 2, 1, 128, sg.TileConfig(16, 32, 2, tma=True), False)]
+         (2, 2, 1, 128, sg.TileConfig(16, 32, 2, tma=True), False),
+         (5, 2, 1, 96, sg.TileConfig(16, 32, 3, tma=True, x_tma=True), True),
+         (1, 4, 2, 128, sg.TileConfig(16, 64, 1, tma=True, x_tma=True), False)]
 for M, nq, nkv, K, cfg, normed in cases:
     for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
         N = (nq + 2 * nkv) * D
@@ -461,7 +470,7 @@ def test_qkv_rope_epilogue_in_interpreter_matches_the_two_launches_and_float64()
     oracle. A tile whose block_n is not half a head is refused."""
     res = run_in_triton_interpreter(_ROPE_CHECK)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert "ok 8" in res.stdout
+    assert "ok 10" in res.stdout
 
 
 def test_fold_norm_weight_scales_columns_in_float32():
@@ -564,6 +573,8 @@ def test_sweep_time_tiles_records_failures_and_keeps_the_fastest(monkeypatch):
     (dict(tma=1), "tile tma 1: expected true or false"),
     (dict(tma=True, block_k=512), "block_k 512 with tma: a tensor descriptor's tile is 16..256"),
     (dict(tma=True, block_n=8), "block_n 8 x block_k 128 with tma"),
+    (dict(x_tma=1, tma=True), "tile x_tma 1: expected true or false"),
+    (dict(x_tma=True), "tile x_tma true with tma false"),
 ])
 def test_a_tma_tile_the_descriptor_cannot_hold_is_refused(fields, message):
     with pytest.raises(ValueError, match=message):
@@ -612,6 +623,24 @@ def test_tma_probe_refuses_a_bad_environment_switch_before_the_gpu(capsys, monke
     assert tma_probe.main([]) == 2
     err = capsys.readouterr().err
     assert err.startswith("tma_probe: error: LOCKSTEP_PDL = 'off'") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("k, swiglu", [(2560, True), (2560, False), (9728, False), (256, False)])
+def test_gemm_space_holds_activation_descriptor_tiles_that_fit_shared_memory(k, swiglu):
+    """Each x_tma tile's stages (weights, paired for SwiGLU, and a 64-row activation tile) fit
+    the budget; the widest paired tile with 5 stages does not and is left out; no split is
+    shorter than its block_k."""
+    from engine.bench.gemm_sweep import TMA_SMEM_BYTES, gemm_space
+
+    space = gemm_space(k, swiglu)
+    x_tma = [t for t in space if t.x_tma]
+    assert x_tma and all(t.tma for t in x_tma)
+    pair = 2 if swiglu else 1
+    assert all((t.block_n * pair + sg.MAX_ROWS) * t.block_k * 2 * t.num_stages
+               <= TMA_SMEM_BYTES for t in x_tma)
+    assert sg.TileConfig(128, 128, 1, 4, 5, tma=True, x_tma=True) not in space
+    assert all(t.split_k == 1 or k // t.split_k >= t.block_k for t in space)
+    assert len(set(space)) == len(space)
 
 
 def test_rope_sweep_leaves_out_tma_tiles_narrower_than_a_descriptor_holds():

@@ -286,3 +286,37 @@ def test_qkv_rope_epilogue_matches_the_two_launches_and_replays_identically(hidd
             assert torch.equal(got.isnan(), want.isnan())
             assert torch.equal(got.nan_to_num(), want.nan_to_num())
     assert int(ws.counters.abs().sum()) == 0
+
+
+@pytest.mark.parametrize("n, k, swiglu, m, cfg", [
+    (19456, 2560, True, 64, (32, 64, 1, 4)),
+    (6144, 2560, False, 33, (64, 128, 1, 5)),
+    (2560, 9728, False, 64, (64, 64, 4, 5)),
+    (2560, 4096, False, 1, (64, 128, 2, 3)),
+])
+def test_activation_descriptor_tiles_equal_pointer_tiles_bit_for_bit(n, k, swiglu, m, cfg):
+    """An `x_tma` tile reads the same values as the same tile's per-thread loads, so its
+    products, fix-up and epilogue are the same: the result is bit-identical, and an x the bulk
+    copy cannot read (a view 2 bytes past an aligned start) falls back to those loads."""
+    import dataclasses
+
+    from engine.kernels import skinny_gemm as sg
+
+    if not sg.tma_supported(torch.device("cuda")):
+        pytest.skip("tensor descriptors need compute capability 9.0")
+    bn, bk, split, stages = cfg
+    tile = sg.TileConfig(bn, bk, split, 4, stages, tma=True, x_tma=True)
+    ws = sg.Workspace("cuda", n, split, -(-n // bn))
+    torch.manual_seed(m)
+    w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") / k ** 0.5
+    x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+    y = sg.skinny_gemm(x, w, ws, tile, swiglu=swiglu)
+    pointer = sg.skinny_gemm(x, w, ws, dataclasses.replace(tile, x_tma=False), swiglu=swiglu)
+    assert torch.equal(y, pointer)
+    ref = sg.skinny_gemm_torch(x.double(), w.double(), swiglu)
+    assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-2
+    shifted = torch.empty(m * k + 1, dtype=torch.bfloat16, device="cuda")[1:].view(m, k)
+    shifted.copy_(x)
+    assert not sg._bulk_aligned(shifted)
+    assert torch.equal(sg.skinny_gemm(shifted, w, ws, tile, swiglu=swiglu), y)
+    assert int(ws.counters.abs().sum()) == 0
