@@ -179,8 +179,6 @@ def test_the_shipped_plans_file_is_the_step_tune_json_in_docs(tmp_path):
     (["--preset", "qwen3-0.6b", "--rows", "3"],
      "--rows 3: the table measured this layer at row counts 1, 8, 16, 32, 64 only"),
     (["--preset", "qwen3-0.6b", "--rows", "128"], "--rows 128: the table measured"),
-    (["--preset", "qwen3-4b", "--rows", "1,32"],
-     "--rows 32: the engine runs this layer unfused at 32 rows"),
     (["--preset", "qwen3-8b"], "no entry for this model's QKV shape 6144x4096"),
     (["--preset", "qwen3-0.6b", "--context", "40960"],
      "--context 40960: the model holds at most 40959 cached tokens"),
@@ -250,6 +248,31 @@ def test_bad_arguments_are_one_line_before_any_gpu_work(tmp_path, capsys, argv, 
     assert message.replace("{tmp}", str(tmp_path)) in err, err
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--preset", "qwen3-4b", "--rows", "1,32"],
+     "--rows 32: the engine runs this layer unfused at 32 rows"),
+    (["--preset", "qwen3-4b"], "unfused at every row count the table measured (32)"),
+])
+def test_rows_where_the_layer_runs_unfused_are_refused(monkeypatch, capsys, argv, message):
+    """A row count where the table's skinny tiles lose too much to cuBLAS for the layer to
+    fuse has no plan to tune: here 4B's gate_up at 32 rows made 50 us slower than cuBLAS."""
+    import dataclasses
+
+    from engine.kernels import skinny_gemm as sg
+
+    table = sg.load_table()
+    key = sg.shape_key(19456, 2560, True)
+    slow = dataclasses.replace(table[key][32], skinny_us=table[key][32].cublas_us + 50)
+    qkv = sg.shape_key(6144, 2560, False)
+    rows = {1: table[qkv][1], 32: table[qkv][32]} if "--rows" in argv else {32: table[qkv][32]}
+    monkeypatch.setattr(step_tune, "load_table",
+                        lambda: {**table, key: {**table[key], 32: slow}, qkv: rows})
+    assert step_tune.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("step_tune: error: ") and len(err.splitlines()) == 1, err
+    assert message in err, err
+
+
 def test_from_json_rebuilds_the_plans_file(tmp_path, capsys):
     src = tmp_path / "r.json"
     src.write_text(json.dumps({"records": [_record(1.0, 0.9)]}))
@@ -260,15 +283,22 @@ def test_from_json_rebuilds_the_plans_file(tmp_path, capsys):
     assert "wrote plans for 1 row count to" in capsys.readouterr().out
 
 
-def test_default_rows_are_those_the_engine_fuses():
-    rows = step_tune.check_rows(PRESETS["qwen3-4b"], None)
-    table = sg.load_table()
+def test_default_rows_are_those_the_engine_fuses(monkeypatch):
+    import dataclasses
+
+    shipped = sg.load_table()
     shapes = step_tune.layer_shapes(PRESETS["qwen3-4b"])
-    measured = sorted(table[sg.shape_key(*shapes.qkv)])
-    chooser = linear.DecodeGemm(table, None)
-    assert rows and set(rows) < set(measured)  # the shipped 4B table fuses some, not all
-    assert all(chooser.fused_layer_plan(shapes, m) is not None for m in rows)
-    assert all(chooser.fused_layer_plan(shapes, m) is None for m in set(measured) - set(rows))
+    measured = sorted(shipped[sg.shape_key(*shapes.qkv)])
+    # the shipped table fuses 4B at every row count; one whose gate_up loses 50 us to cuBLAS
+    # at 32 rows does not fuse there
+    key = sg.shape_key(*shapes.gate_up)
+    slow = dataclasses.replace(shipped[key][32], skinny_us=shipped[key][32].cublas_us + 50)
+    for table in (shipped, {**shipped, key: {**shipped[key], 32: slow}}):
+        monkeypatch.setattr(step_tune, "load_table", lambda: table)
+        rows = step_tune.check_rows(PRESETS["qwen3-4b"], None)
+        chooser = linear.DecodeGemm(table, None)
+        assert rows == [m for m in measured if chooser.fused_layer_plan(shapes, m) is not None]
+    assert 32 not in rows and rows and set(rows) < set(measured)
 
 
 def test_an_unfused_engine_is_refused_before_any_gpu_work(monkeypatch, capsys):
