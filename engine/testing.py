@@ -53,14 +53,17 @@ def hf_cuda_logits(model_dir, dtype: str, attn: str, tokens) -> "torch.Tensor":
     """float32 logits [len(tokens), vocab] on the CPU of one sequence through HF transformers
     loaded from `model_dir` onto the GPU in `dtype` ("bfloat16", "float32") with
     `attn_implementation` `attn` ("eager", "sdpa"); the model is freed before returning (the
-    eager-vs-sdpa difference is the GPU tests' noise floor)."""
+    eager-vs-sdpa difference is the GPU tests' noise floor). `tokens` may also be a list of
+    B sequences of one length: then [B, length, vocab], one forward without padding."""
     import torch
     from transformers import AutoModelForCausalLM
 
+    batch = bool(tokens) and isinstance(tokens[0], (list, tuple))
     m = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=getattr(torch, dtype),
                                              attn_implementation=attn).cuda().eval()
     with torch.no_grad():
-        out = m(torch.tensor([tokens], device="cuda")).logits[0].float().cpu()
+        logits = m(torch.tensor(tokens if batch else [tokens], device="cuda")).logits
+        out = (logits if batch else logits[0]).float().cpu()
     del m
     torch.cuda.empty_cache()
     return out
