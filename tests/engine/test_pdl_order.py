@@ -24,7 +24,7 @@ HEAD_PTRS = ("qw_ptr", "kw_ptr", "cos_ptr", "sin_ptr", "pos_ptr", "slot_ptr", "p
 def gemm(x: str, w: str, out: str) -> dict:
     """A skinny GEMM launch without the rope epilogue: its head pointers are the weight
     (`skinny_gemm._head_args`)."""
-    return {"x_ptr": x, "w_ptr": w, "w_desc": w, "out_ptr": out, **GEMM_WS,
+    return {"x_ptr": x, "x_desc": x, "w_ptr": w, "w_desc": w, "out_ptr": out, **GEMM_WS,
             **dict.fromkeys(HEAD_PTRS, w)}
 
 
@@ -44,7 +44,8 @@ def layer(i: int, rope: bool = False, short: bool = False) -> list[tuple[str, ob
     x = "normed" if i == 0 else "residual"
     if rope:
         qkv = [(f"qkv {i}", skinny_gemm._skinny_gemm_kernel,
-                {"x_ptr": x, "w_ptr": f"w_qkv {i}", "w_desc": f"w_qkv {i}", "out_ptr": "q",
+                {"x_ptr": x, "x_desc": x, "w_ptr": f"w_qkv {i}", "w_desc": f"w_qkv {i}",
+                 "out_ptr": "q",
                  **GEMM_WS,
                  **rope_buffers(i)})]
     else:
@@ -213,6 +214,12 @@ MUTANTS = [
     # is layer 0's QKV over the input norm's output)
     (skinny_gemm._skinny_gemm_kernel,
      lambda s: s.replace("tl.extra.cuda.gdc_wait()", "pass"), "qkv 0", "normed"),
+    # an x_tma tile's first activation tile read with the one-tile weights, before the wait
+    (skinny_gemm._skinny_gemm_kernel,
+     lambda s: s.replace("                wt = w_desc.load([row0, k_begin])\n",
+                         "                wt = w_desc.load([row0, k_begin])\n"
+                         "                _x = x_desc.load([0, k_begin])\n", 1),
+     "qkv 0", "normed"),
     # the qkv row read before the wait
     (fused._qk_norm_rope_kv_kernel,
      lambda s: s.replace("        d = tl.arange(0, D)\n",
@@ -280,6 +287,8 @@ def test_a_tensor_descriptor_load_reads_the_tensor_the_descriptor_names():
     its place relative to the wait; a descriptor the reading cannot name is refused."""
     order = pdl_order.memory_order(skinny_gemm._skinny_gemm_kernel)
     assert "w_desc" in order.loads_before_wait  # the one-tile weight read, as with w_ptr
+    # the activation is the previous launch's output: its descriptor reads follow the wait
+    assert "x_desc" in order.loads_after_wait and "x_desc" not in order.loads_before_wait
     src = ("def k(a_desc, out_ptr):\n    tl.extra.cuda.gdc_wait()\n"
            "    t = a_desc.load([0, 0])\n    tl.store(out_ptr, t)\n")
     order = pdl_order.memory_order(src)
