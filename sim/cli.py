@@ -734,12 +734,22 @@ def _row_notes(rows: list[Row]) -> list[str]:
         elif row.got == "not reachable here":
             out.append(f"note: {row.variant} / {row.topology}: not reachable here: {row.detail}")
         elif row.got == "vacuous":
+            few = DEFAULTS["fault_schedules"]
+            n = row.stats.schedules
+            hint = (f"; only {n} faulted schedule{'' if n == 1 else 's'} ran: raise "
+                    f"--fault-schedules (default {few})"
+                    if row.variant.endswith("+faults") and row.stats.schedules < few else "")
             out.append(f"note: {row.variant} / {row.topology}: vacuous: {row.detail}; a search "
                        "that never does these cannot show the protocol handles them (is the max "
-                       "batch or the bucket set too small to need them?)")
+                       f"batch or the bucket set too small to need them?){hint}")
         elif row.got == "incomplete" or row.stats.budget_reached:
             out.append(f"note: {row.variant} / {row.topology}: "
                        f"{row.detail if row.got == 'incomplete' else _budget_note(row)}")
+        elif row.compared and row.got == "clean" and row.expected != "clean":
+            out.append(f"note: {row.variant} / {row.topology}: not caught: "
+                       f"{row.stats.schedules} schedules found no "
+                       f"{row.expected}; a larger --schedules (default up to "
+                       f"{DEFAULTS['schedules']}) or another --strategy may reach it")
     return out
 
 

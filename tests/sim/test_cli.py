@@ -654,3 +654,22 @@ def test_a_trace_write_that_fails_after_the_search_keeps_the_table(tmp_path, mon
     assert code == 2
     assert "fused-sweep" in out and "OK:" in out
     assert err.strip().splitlines()[-1].endswith("No space left on device")
+
+
+@pytest.mark.timeout(120)
+def test_a_search_too_small_to_catch_or_to_fire_faults_names_the_option_to_raise(capsys):
+    """Found by a fresh user: with --schedules 2 --fault-schedules 1 the check printed FAILED
+    with MISMATCH rows and no word on the two budgets. A bad variant the search missed now
+    says how many schedules found nothing and which option to raise; a vacuous faulted row
+    says how few faulted schedules ran. With the default budgets both rows pass."""
+    argv = ["check", "--variant", "kv-zero-unordered", "--variant", "correct", "--buckets",
+            "1,4", "--max-batch", "3", "--topology", "shared", "--no-progress", "--jobs", "1"]
+    assert main(argv + ["--schedules", "2", "--fault-schedules", "1"]) == 1
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
+    assert ("note: kv-zero-unordered / shared: not caught: 2 schedules found no invariant:I11; "
+            "a larger --schedules (default up to 300)") in notes[0]
+    assert notes[1].startswith("note: correct+faults / shared: vacuous:")
+    assert notes[1].endswith("only 1 faulted schedule ran: raise --fault-schedules (default 18)")
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "not caught" not in out and "raise --fault-schedules" not in out
