@@ -39,17 +39,24 @@ cases = [(1, 96, 512, False, sg.TileConfig(16, 64, 4)),    # split-K fix-up, M =
          (3, 48, 1000, False, sg.TileConfig(16, 128, 3, tma=True)),  # odd split count
          (2, 80, 296, False, sg.TileConfig(16, 64, 5, tma=True)),    # one tile, split
          (4, 64, 104, True, sg.TileConfig(32, 128, 1, tma=True)),    # one tile, SwiGLU
-         # the activation through a descriptor too: rows past M and K past its end are zeros
+         # the activation through a descriptor too: K past its end reads as zeros (rows past M
+         # feed only output rows never stored); each must build x's descriptor (counted below)
          (5, 200, 296, True, sg.TileConfig(64, 64, 2, tma=True, x_tma=True)),
          (17, 96, 512, False, sg.TileConfig(64, 64, 4, tma=True, x_tma=True)),
          (3, 48, 1000, False, sg.TileConfig(16, 128, 3, tma=True, x_tma=True)),
          (4, 64, 104, True, sg.TileConfig(32, 128, 1, tma=True, x_tma=True))]
+real_from_tensor = sg.TensorDescriptor.from_tensor
+described = []  # the data pointers of every tensor a descriptor was built over
+sg.TensorDescriptor.from_tensor = staticmethod(
+    lambda t, block: described.append(t.data_ptr()) or real_from_tensor(t, block))
 for M, N, K, swiglu, cfg in cases:
     for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
         x = torch.randn(M, K, dtype=dtype)
         w = torch.randn(N, K, dtype=dtype) / K ** 0.5
         for _ in range(2):  # the second launch needs the counters the first left at zero
+            del described[:]
             y = sg.skinny_gemm(x, w, ws, cfg, swiglu=swiglu)
+            assert (x.data_ptr() in described) == bool(cfg and cfg.x_tma), (M, N, K, cfg)
             ref = sg.skinny_gemm_torch(x.double(), w.double(), swiglu)
             err = ((y.double() - ref).norm() / ref.norm()).item()
             assert y.shape == ref.shape and y.dtype == dtype, (y.shape, ref.shape, y.dtype)

@@ -127,8 +127,11 @@ def test_qwen3_4b_decode_of_40_rows_vs_hf(tmp_path):
     from engine.llm import LLM
     from engine.model_dir import write_model_dir
     from engine.sampling import SamplingParams
+    from engine.kernels import skinny_gemm as sg
     from engine.testing import hf_cuda_logits
 
+    served = sg.table_entry(sg.load_table(), 19456, 2560, True, 40)
+    assert served.skinny_wins and served.config.x_tma  # the tile this test exists for
     model = write_model_dir("qwen3-4b", tmp_path / "q4b", seed=0, dtype="bfloat16")
     g = torch.Generator().manual_seed(1)
     prompts = torch.randint(0, 151936, (40, 24), generator=g).tolist()

@@ -293,6 +293,7 @@ def test_qkv_rope_epilogue_matches_the_two_launches_and_replays_identically(hidd
     (6144, 2560, False, 33, (64, 128, 1, 5)),
     (2560, 9728, False, 64, (64, 64, 4, 5)),
     (2560, 4096, False, 1, (64, 128, 2, 3)),
+    (2560, 512, False, 16, (64, 256, 2, 3)),  # one block_k per split: the one-tile path
 ])
 def test_activation_descriptor_tiles_equal_pointer_tiles_bit_for_bit(n, k, swiglu, m, cfg):
     """An `x_tma` tile reads the same values as the same tile's per-thread loads, so its
@@ -310,6 +311,7 @@ def test_activation_descriptor_tiles_equal_pointer_tiles_bit_for_bit(n, k, swigl
     torch.manual_seed(m)
     w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") / k ** 0.5
     x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+    assert sg._bulk_aligned(x)  # so the x_tma launch below reads x through its descriptor
     y = sg.skinny_gemm(x, w, ws, tile, swiglu=swiglu)
     pointer = sg.skinny_gemm(x, w, ws, dataclasses.replace(tile, x_tma=False), swiglu=swiglu)
     assert torch.equal(y, pointer)
