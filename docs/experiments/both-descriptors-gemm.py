@@ -4,7 +4,7 @@ tensor descriptors and the weight rows on the MMA's M side: data-parallel (split
 atomic fix-up) and stream-K. Timed as gemm_sweep times: a graph cycling >= 128 MB of weight
 copies, median of 20 replays, us per call. On a CUDA GPU from the repository root:
 
-    python experiments/both-descriptors-gemm.py     # writes $OUT/m64.json (or ./m64.json)
+    python docs/experiments/both-descriptors-gemm.py    # writes $OUT/m64.json (or ./m64.json)
 
 Its output is docs/benchmarks-both-descriptors-gemm-h200.json."""
 import itertools, json, os, sys
