@@ -83,6 +83,22 @@ class FirstRowContextController(Controller):
         return rows.positions[0] + 1 if rows else 0
 
 
+def _first_row_never_behind(sc: Scenario) -> str | None:
+    """`Variant.unreachable` of short-path-first-row: `_no_short_path`'s reasons, or that no
+    serving step of the workload replays with a row longer than its first (slot 0's) row, so
+    judging from that row alone never differs from the maximum (one run tells:
+    `sim.run.correct_run`; its steps do not depend on the schedule or on short_context). The
+    check's workload (prompts of one length) is such a one at max batch 4 (found by a fresh
+    user: the row read clean there, against every other max batch from 3 to 16)."""
+    from sim.run import correct_run
+
+    reason = _no_short_path(sc)
+    if reason is not None or correct_run(sc).reached.get("first_row_behind"):
+        return reason
+    return (f"at max batch {sc.config.max_batch} no serving step of the check's workload has a "
+            "decode row with a longer context than its first row's (slot 0); the bug needs one")
+
+
 register(Variant(
     name="short-path-first-row",
     summary="the controller takes a step's longest context from its first decode row instead "
@@ -94,4 +110,4 @@ register(Variant(
     remedy="The path is chosen from the maximum context over every decode row of the step, "
            "never from one row (GraphPlan.key_for, I22).",
     controller_cls=FirstRowContextController, adjust=short_path_on, draw=ShortContextDraw,
-    unreachable=_no_short_path))
+    unreachable=_first_row_never_behind))

@@ -237,3 +237,21 @@ def test_the_faulted_row_runs_each_run_under_the_short_context_drawn_for_it(monk
         [fault] = sc.faults
         sites = fault_sites(draw(i), spec.seed)
         assert any((fault.rank, fault.op, fault.occurrence) in sites[phase] for phase in sites)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("max_batch, reachable", [(3, True), (4, False), (5, True)])
+def test_first_row_is_not_reachable_where_no_row_outgrows_slot_0(max_batch, reachable):
+    """Found by a fresh user: `lockstep check --max-batch 4` read short-path-first-row clean
+    (MISMATCH). At max batch 4 no serving step of the check's workload has a row longer than
+    slot 0's, which one correct run shows; there the row is not reachable, with that reason,
+    and where a step has one the search still finds the divergence."""
+    variant = REGISTRY["short-path-first-row"]
+    spec = CheckSpec(max_batch=max_batch, schedules=300, fault_schedules=0, jobs=1)
+    row = check_bad(variant, spec, "shared")
+    if reachable:
+        assert row.got == "divergence", row.detail
+    else:
+        assert row.got == "not reachable here", row.detail
+        assert "no serving step of the check's workload has a decode row with a longer " \
+               "context than its first row's (slot 0)" in row.detail
