@@ -157,7 +157,8 @@ class RankExecutor(Backend):
         """Build this rank's shard of the model and read its weight slices; rank 0 reports
         progress on stderr every ~10% of the layers when settings.progress is set."""
         self.model = Qwen3ForCausalLM(self.cfg, self.tp, self.dtype, self.device,
-                                      self.settings.decode_gemm)
+                                      self.settings.decode_gemm,
+                                      max_positions=self.settings.max_model_len)
         progress = None
         if self.settings.progress and self.tp.rank == 0:
             import sys

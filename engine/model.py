@@ -169,13 +169,18 @@ class Qwen3ForCausalLM(nn.Module):
         cfg: whole-model config (already checked with `check_parallel` for tp.world_size).
         tp: this rank's group. dtype: parameter dtype. device: where parameters live.
         decode_gemm: "auto" or "cublas" (`engine.engine_config.EngineConfig.decode_gemm`).
+        max_positions: rows of the RoPE cos/sin tables: the engine's max_model_len (every
+            position a step reads is below it; `engine.llm` refuses prompt + max_tokens past
+            it); None: the config's max_position_embeddings. A config may name 10**12
+            positions, whose table (1 KB a position at D = 128) no machine holds.
     """
 
     def __init__(self, cfg: ModelConfig, tp: TPGroup, dtype: torch.dtype, device="cpu",
-                 decode_gemm: str = "auto"):
+                 decode_gemm: str = "auto", max_positions: int | None = None):
         super().__init__()
         self.cfg = cfg
-        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position, cfg.rope_theta, device)
+        self.rotary = RotaryEmbedding(cfg.head_dim, max_positions or cfg.max_position,
+                                      cfg.rope_theta, device)
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp, dtype,
                                                    device)
         self.layers = nn.ModuleList(

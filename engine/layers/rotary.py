@@ -1,6 +1,6 @@
 """Rotary position embedding (RoPE, "rotate half" / NeoX layout) from the config's theta.
 
-cos/sin for every position up to the config's maximum are precomputed in float32 once and
+cos/sin for every position the engine serves (its max_model_len) are precomputed in float32 once and
 indexed on the device by the positions buffer, so a decode step reads positions from device
 memory only (I12).
 """

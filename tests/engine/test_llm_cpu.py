@@ -164,3 +164,30 @@ def test_an_in_process_rank_failure_closes_the_llm(tiny_dir):
     assert info.value.rank == 0 and "injected fault at command 6" in str(info.value)
     with pytest.raises(RuntimeError, match="closed"):
         llm.generate([[1, 2]])
+
+
+@pytest.mark.timeout(300)
+def test_a_config_naming_10_to_the_12_positions_runs_with_a_table_of_max_model_len(
+        tiny_dir, tmp_path):
+    """Found by a fresh user: max_position_embeddings = 10**12 in config.json gave a 30-line
+    traceback (the RoPE table was sized from the config: 32 GB for 10**9 positions), even with
+    --max-model-len 64. The table now has max_model_len rows, and the tokens are those of the
+    same weights under the shipped config."""
+    import json
+    import shutil
+
+    from engine.llm import LLM
+    from engine.sampling import SamplingParams
+
+    big = tmp_path / "m"
+    shutil.copytree(tiny_dir, big)
+    cfg = json.loads((big / "config.json").read_text())
+    cfg["max_position_embeddings"] = 10**12
+    (big / "config.json").write_text(json.dumps(cfg))
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    outs = []
+    for path in (tiny_dir, big):
+        with LLM(str(path), device="cpu", max_model_len=64) as llm:
+            assert llm.ranks.executor.model.rotary.cos.shape[0] == 64
+            outs.append(llm.generate([[5, 6, 7]], params)[0].token_ids)
+    assert outs[0] == outs[1] and len(outs[0]) == 6
