@@ -26,7 +26,6 @@ measured by `lockstep bench --workload throughput` (`engine.bench.serving.host_o
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -158,8 +157,10 @@ def format_table(results: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments, measure, print the table (and write --json); exit status."""
-    p = argparse.ArgumentParser(prog="python -m engine.bench.host_overhead",
-                                description=__doc__.split("\n\n")[0])
+    from lockstep.cli import OneLineParser
+
+    p = OneLineParser(prog="python -m engine.bench.host_overhead", error_name="host_overhead",
+                      description=__doc__.split("\n\n")[0])
     p.add_argument("--batch-sizes", default="1,256",
                    help="comma-separated decode batch sizes, each 1..256 (default 1,256)")
     p.add_argument("--steps", type=int, default=200, help="decode steps per run (default 200)")

@@ -21,8 +21,10 @@ def build_parser() -> argparse.ArgumentParser:
     from engine.bench.options import MAX_BATCH
     from engine.presets import PRESETS
 
-    p = argparse.ArgumentParser(prog="python -m engine.bench.profile",
-                                description=__doc__.splitlines()[0])
+    from lockstep.cli import OneLineParser
+
+    p = OneLineParser(prog="python -m engine.bench.profile", error_name="profile",
+                      description=__doc__.splitlines()[0])
     p.add_argument("--preset", required=True,
                    help=f"random weights of a preset ({', '.join(PRESETS)})")
     p.add_argument("--batch", type=int, default=1,

@@ -141,9 +141,11 @@ def probe_shape(name, n, k, swiglu, rows, repeats, log):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m engine.bench.tma_probe",
-                                description=__doc__.split("\n\n")[0].split(" Times,")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    from lockstep.cli import OneLineParser
+
+    p = OneLineParser(prog="python -m engine.bench.tma_probe", error_name="tma_probe",
+                      description=__doc__.split("\n\n")[0].split(" Times,")[0],
+                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--shapes", default=",".join(SHAPES),
                    help=f"comma-separated weight shapes to time, from: {', '.join(SHAPES)}")
     p.add_argument("--rows", default="1,8",

@@ -641,3 +641,25 @@ def test_bench_tools_help_still_prints_the_usage_and_exits_0(tool, capsys):
     assert exit_.value.code == 0
     out = capsys.readouterr()
     assert out.out.startswith(f"usage: python -m engine.bench.{tool} ") and out.err == ""
+
+
+@pytest.mark.parametrize("tool, argv, message", [
+    ("profile", [], "the following arguments are required: --preset"),
+    ("profile", ["--preset", "tiny", "--batch", "abc"], "argument --batch: invalid int value: 'abc'"),
+    ("profile", ["--preset", "tiny", "--bogus"], "unrecognized arguments: --bogus"),
+    ("host_overhead", ["--steps", "abc"], "argument --steps: invalid int value: 'abc'"),
+    ("host_overhead", ["--bogus"], "unrecognized arguments: --bogus"),
+    ("tma_probe", ["--bogus"], "unrecognized arguments: --bogus"),
+])
+def test_what_argparse_refuses_is_one_line_in_profile_host_overhead_and_tma_probe(
+        tool, argv, message, capsys):
+    """Found by a fresh user: these three printed argparse's 3-5 line usage block before the
+    error, where every other tool prints one line."""
+    import importlib
+
+    module = importlib.import_module(f"engine.bench.{tool}")
+    with pytest.raises(SystemExit) as exc:
+        module.main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err == f"{tool}: error: {message}\n", err
