@@ -88,6 +88,8 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
     if not d.is_dir():
         raise ModelDirError(f"model directory {str(d)!r} does not exist or is not a directory")
     cfg_path = d / "config.json"
+    if cfg_path.exists() and not cfg_path.is_file():
+        raise ModelDirError(f"{cfg_path}: not a file (a directory or a device stands there)")
     if not cfg_path.is_file():
         raise ModelDirError(f"{cfg_path}: missing (is {str(d)!r} a Hugging Face model dir?)")
     read_config_json(cfg_path)

@@ -151,7 +151,8 @@ def add_parser(subparsers, name: str) -> None:
                         "default: all shipped, or every variant of the given files")
     p.add_argument("--variant-file", action="append", default=[], metavar="PATH",
                    help="load variants from a Python file and check them instead of the shipped "
-                        "ones (every variant it defines, or only those named by --variant)")
+                        "ones: every variant it defines, or only those --variant names (which "
+                        "may name shipped ones too)")
     p.add_argument("--ranks", action=_Once, default=None,
                    type=_typed(lambda t: check_scenario_value("ranks", _int(t)), "--ranks"),
                    help="world size, at least 2: every hazard is between ranks (default 2)")

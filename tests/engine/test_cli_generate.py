@@ -294,3 +294,13 @@ def test_decode_overlap_can_be_switched_off_and_the_log_names_the_scheduling(tin
     assert main(["generate", "--model", str(tiny_dir), "--prompt-ids", "1,2,3",
                  "--max-tokens", "5"]) == 0
     assert "scheduling: overlapped" in capsys.readouterr().err
+
+
+def test_a_config_json_that_is_a_directory_is_named_so_not_missing(tmp_path, capsys):
+    """Found by a fresh user: a directory named config.json was reported as missing."""
+    (tmp_path / "m" / "config.json").mkdir(parents=True)
+    assert main(["generate", "--model", str(tmp_path / "m"), "--prompt-ids", "1,2",
+                 "--max-tokens", "2"]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'm' / 'config.json'}: not a file (a directory" in err, err
+    assert len(err.strip().splitlines()) == 1 and "missing" not in err, err
