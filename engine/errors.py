@@ -51,6 +51,22 @@ class RankError(RuntimeError):
         self.detail = detail
 
 
+class LoadTimeoutError(RankError):
+    """The rank processes did not all load the model within the startup timeout (the startup
+    watchdog's limit, I6, which covers loading under TP): no rank failed, they were slow.
+
+    Attributes:
+        ranks: the ranks not ready. rank: the lowest of them. timeout_s: the limit (s).
+    """
+
+    def __init__(self, ranks: list[int], timeout_s: float):
+        super().__init__(ranks[0], "")
+        self.ranks, self.timeout_s = ranks, timeout_s
+        self.args = (f"startup watchdog expired after {timeout_s:g} s while the ranks loaded "
+                     f"the model (ranks not ready: {', '.join(map(str, ranks))}); a larger "
+                     "--startup-timeout gives them longer",)
+
+
 def tokens(n: int) -> str:
     """``1 token``, ``3 tokens``: a token count as messages write it."""
     return f"{n} token" if n == 1 else f"{n} tokens"

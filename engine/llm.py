@@ -160,7 +160,8 @@ class LLM:
         import sys
 
         cur = self.controller.current
-        what = f"command {cur.seq} ({type(cur).__name__})" if cur is not None else "no command"
+        what = (f"command {cur.seq} ({type(cur).__name__})" if cur is not None
+                else "the wait between two commands")
         print(f"lockstep: startup watchdog expired after {self.protocol_config.watchdog_timeout_s:g}"
               f" s during {what}; ranks not collected: "
               f"{', '.join(map(str, self.controller.uncollected())) or 'none'}; aborting (I6)",

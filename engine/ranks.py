@@ -27,7 +27,7 @@ import traceback
 from multiprocessing.connection import wait as mp_wait
 from typing import Any
 
-from engine.errors import RankError
+from engine.errors import LoadTimeoutError, RankError
 from engine.engine_config import EngineConfig
 
 # Seconds a killed rank process is given to be reaped before we stop waiting for it.
@@ -278,16 +278,17 @@ class SpawnedRanks:
                 child.close()
                 self.conns.append(parent)
                 self.procs.append(p)
-            for rank, msg in self._gather(settings.startup_timeout_s):  # model loading
+            for rank, msg in self._gather(settings.startup_timeout_s, loading=True):
                 if msg[0] != "ready":
                     raise RankError(rank, f"start-up failed: {_last_line(msg[1])}")
         except BaseException:
             self.close(abort=True)
             raise
 
-    def _gather(self, timeout_s: float) -> list[tuple[int, Any]]:
+    def _gather(self, timeout_s: float, loading: bool = False) -> list[tuple[int, Any]]:
         """One message from every rank, in rank order; raises RankError for a dead or silent
-        rank (the lowest such rank is named). Returns early, with the messages so far, once
+        rank (the lowest such rank is named), LoadTimeoutError for ranks still loading the
+        model (`loading`) at the deadline. Returns early, with the messages so far, once
         a rank reports a failure: its peers may be blocked in a collective that will never
         complete, and the controller aborts them (I13)."""
         got: dict[int, Any] = {}
@@ -305,6 +306,8 @@ class SpawnedRanks:
                     raise RankError(stopped[0], f"process {self.procs[stopped[0]].pid} is "
                                                 "stopped (SIGSTOP or a debugger): no reply "
                                                 f"within {timeout_s:g} s")
+                if loading:
+                    raise LoadTimeoutError(missing, timeout_s)
                 raise RankError(missing[0], f"no reply within {timeout_s:g} s (ranks not "
                                             f"collected: {missing})")
             ready = mp_wait(list(waiting.values()) + list(sentinels), timeout=left)

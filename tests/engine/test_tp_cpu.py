@@ -66,3 +66,19 @@ def test_silent_ranks_are_declared_failed_after_the_step_timeout(tiny_dir):
     assert multiprocessing.active_children() == []
     with pytest.raises(RuntimeError, match="closed"):
         llm.generate([[1, 2, 3]])
+
+
+@pytest.mark.timeout(120)
+def test_ranks_still_loading_at_the_startup_timeout_are_named_as_loading_not_failed(tiny_dir):
+    """Found by a fresh user: `generate -tp 2 --startup-timeout 2` said "rank 0 failed: no
+    reply within 2 s", blaming a rank for being slow to load, in the step timeout's words."""
+    from engine.errors import LoadTimeoutError
+
+    with pytest.raises(LoadTimeoutError) as info:
+        LLM(tiny_dir, tensor_parallel_size=2, max_batch=2, max_model_len=32,
+            startup_timeout_s=0.001)
+    assert str(info.value) == (
+        "startup watchdog expired after 0.001 s while the ranks loaded the model (ranks not "
+        "ready: 0, 1); a larger --startup-timeout gives them longer")
+    assert isinstance(info.value, RankError) and info.value.ranks == [0, 1]
+    assert multiprocessing.active_children() == []
