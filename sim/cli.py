@@ -813,11 +813,24 @@ def _status(row: Row) -> str:
     return "ok" if row.passed else "MISMATCH"
 
 
+MAX_TRACE_BYTES = 1 << 30
+"""Largest trace file `--replay` reads: a run is at most `Scenario.max_actions` (200,000)
+actions, whose JSON is a few tens of MB; /dev/zero or a wrong multi-GB file would otherwise be
+read into memory until the OOM killer stopped it (a fresh user's finding)."""
+
+
 def _replay(path: str, as_json: bool, trace_out: Path | None = None) -> int:
     if not path:
         return _fail("--replay needs a trace file path")
+    trace = Path(path)
+    if trace.exists() and not trace.is_dir() and not trace.is_file():
+        return _fail(f"trace file {path!r} is not a regular file (a device or a pipe: "
+                     "--trace-out writes regular files)")
+    if trace.is_file() and trace.stat().st_size > MAX_TRACE_BYTES:
+        return _fail(f"trace file {path!r} holds {trace.stat().st_size} bytes, more than the "
+                     f"{MAX_TRACE_BYTES} of any trace --trace-out writes")
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        data = json.loads(trace.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return _fail(f"trace file {path!r} does not exist")
     except IsADirectoryError:

@@ -156,6 +156,11 @@ def count_passes(rows: int, vocab: int, temperature: float, top_p: float, top_k:
     return log
 
 
+MAX_SCALE = 1e30
+"""Largest --scale: randn (|x| < 10 in practice) times it stays well inside float32 (3.4e38),
+so max - logit and exp of it are finite; 1e308 made every logit inf and the passes NaN."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line of `main`: every option with its help and default."""
     ap = OneLineParser(prog="python -m engine.bench.sampler_passes", error_name="sampler_passes",
@@ -191,8 +196,9 @@ def main(argv=None) -> int:
         check_range("--vocab", a.vocab, 1, MAX_VOCAB)
     except BenchArgError as exc:
         problem = str(exc)
-    if problem is None and not math.isfinite(a.scale):
-        problem = f"--scale {a.scale}: expected a finite number"
+    if problem is None and not abs(a.scale) <= MAX_SCALE:
+        problem = (f"--scale {a.scale}: expected a finite number of at most {MAX_SCALE:g} in "
+                   "size (float32 logits of randn times it, with room for their spread)")
     too_late = "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1"
     if problem is None:
         if not too_late:

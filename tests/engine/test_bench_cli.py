@@ -538,6 +538,10 @@ def test_max_positions_reads_the_config_once_and_names_a_bad_value():
      "sampler_passes: error: --rows 100000: expected 1..256"),
     (["--vocab", "1048577"], "sampler_passes: error: --vocab 1048577: expected 1..1048576"),
     (["--scale", "nan"], "sampler_passes: error: --scale nan: expected a finite number"),
+    # a fresh user's finding: 1e308 overflowed the float32 logits into inf and NaN passes
+    (["--scale", "1e308", "--rows", "4", "--vocab", "100"],
+     "sampler_passes: error: --scale 1e+308: expected a finite number of at most 1e+30"),
+    (["--scale=-1e31"], "sampler_passes: error: --scale -1e+31: expected a finite number"),
     (["--top-p", "1.5"], "sampler_passes: error: top_p = 1.5, expected a number in (0, 1]"),
     (["--temperature", "-1"], "sampler_passes: error: temperature = -1.0, expected a finite"),
     (["--min-p", "2"], "sampler_passes: error: min_p = 2.0, expected a number in [0, 1]"),

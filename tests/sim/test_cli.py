@@ -673,3 +673,21 @@ def test_a_search_too_small_to_catch_or_to_fire_faults_names_the_option_to_raise
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "not caught" not in out and "raise --fault-schedules" not in out
+
+
+def test_replay_of_a_device_or_an_oversized_file_is_one_line_before_reading_it(
+        tmp_path, capsys, monkeypatch):
+    """Found by a fresh user: `--replay /dev/zero` read until the OOM killer stopped it."""
+    import sim.cli as cli
+
+    assert main(["check", "--replay", "/dev/zero"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("lockstep check: error: trace file '/dev/zero' is not a regular file (a "
+                   "device or a pipe: --trace-out writes regular files)\n"), err
+    big = tmp_path / "big.json"
+    big.write_text("{}" + " " * 100)
+    monkeypatch.setattr(cli, "MAX_TRACE_BYTES", 50)
+    assert main(["check", "--replay", str(big)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"lockstep check: error: trace file {str(big)!r} holds 102 bytes, "
+                          "more than the 50 of any trace") and err.count("\n") == 1, err
