@@ -544,7 +544,9 @@ def _run(args, finished: _Finished | None = None) -> int:
         try:
             _write_traces(args.trace_out, rows, spec)
         except OSError as exc:
-            trace_error = (f"cannot write traces to {str(args.trace_out)!r}: "
+            # the file that failed, where the OS names one (a directory standing at a trace's
+            # name), not only the folder given
+            trace_error = (f"cannot write traces to {str(exc.filename or args.trace_out)!r}: "
                            f"{exc.strerror or exc}")
     ok = all(row.passed for row in rows)
     if args.json:

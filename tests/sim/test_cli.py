@@ -691,3 +691,15 @@ def test_replay_of_a_device_or_an_oversized_file_is_one_line_before_reading_it(
     err = capsys.readouterr().err
     assert err.startswith(f"lockstep check: error: trace file {str(big)!r} holds 102 bytes, "
                           "more than the 50 of any trace") and err.count("\n") == 1, err
+
+
+@pytest.mark.timeout(120)
+def test_a_trace_that_cannot_be_written_is_named_by_its_own_path(tmp_path, capsys):
+    """Found by a fresh user: a directory standing where a trace file goes was reported as
+    "cannot write traces to '<the --trace-out folder>': Is a directory"."""
+    blocker = tmp_path / "fused-sweep.shared.txt"
+    blocker.mkdir()
+    assert main(["check", "--variant", "fused-sweep", "--topology", "shared", "--no-progress",
+                 "--jobs", "1", "--trace-out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"lockstep check: error: cannot write traces to {str(blocker)!r}: Is a directory\n", err
