@@ -34,7 +34,8 @@ def _ids(text: str) -> list[int]:
 def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
     """Register the subcommand `name` on `subparsers`; sets `run` as its handler."""
     p = subparsers.add_parser(name, help="generate tokens with a Qwen3 model directory",
-                              description=__doc__.splitlines()[0])
+                              description=__doc__.splitlines()[0],
+                              epilog="A repeated option keeps its last value.")
     p.add_argument("--model", required=True,
                    help="HF-layout Qwen3 directory (e.g. from `lockstep make-model`)")
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,

@@ -16,7 +16,8 @@ from engine.presets import PRESETS
 def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
     """Register the subcommand `name` on `subparsers`; sets `run` as its handler."""
     p = subparsers.add_parser(name, help="write a random-weight Qwen3 model directory",
-                              description=__doc__.splitlines()[0])
+                              description=__doc__.splitlines()[0],
+                              epilog="A repeated option keeps its last value.")
     p.add_argument("--preset", required=True, choices=list(PRESETS),
                    help="named configuration (real Qwen3 shapes, or tiny for tests)")
     p.add_argument("--out", required=True,
