@@ -31,7 +31,7 @@ import sys
 import torch
 
 from engine.bench.options import (BenchArgError, check_output_path, check_range, check_switches,
-                                  cuda_missing, parse_int_list, parse_name_list)
+                                  cuda_missing, json_problem, parse_int_list, parse_name_list)
 from engine.kernels import fused
 from engine.kernels.skinny_gemm import (MAX_ROWS, TileConfig, Workspace, parse_table, shape_key,
                                         skinny_gemm)
@@ -480,8 +480,8 @@ def _table_from_json(args, parser) -> int:
         except OSError as exc:
             raise BenchArgError(f"--from-json {source}: {exc.strerror}") from None
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
-            raise BenchArgError(f"--from-json {source}: not a sweep's --json ({exc!r})"[:300]
-                                ) from None
+            raise BenchArgError(f"--from-json {source}: not a sweep's --json "
+                                f"({json_problem(exc)})"[:300]) from None
         if not table:
             raise BenchArgError(f"--from-json {source}: the sweep measured no shape")
         target = os.path.realpath(table_path)  # through a symlink to the file it names

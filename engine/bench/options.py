@@ -225,6 +225,16 @@ def max_positions(cfg: dict) -> int:
                             "expected an integer") from None
 
 
+def json_problem(exc: BaseException) -> str:
+    """What is wrong with a tool's --json that failed to load, in words: a missing field by its
+    name (not "KeyError('records')"), too deep a nesting, else the exception's own message."""
+    if isinstance(exc, KeyError) and exc.args:
+        return f"no {exc.args[0]!r} field"
+    if isinstance(exc, RecursionError):
+        return "nested too deep"
+    return str(exc) or type(exc).__name__
+
+
 def check_output_path(flag: str, p: str) -> None:
     """Check, before a run, that the output file ``p`` given as ``flag`` can be written: not a
     directory or another non-regular file (a device, a FIFO), in a directory that exists, and

@@ -31,7 +31,7 @@ import time
 
 from engine.bench.options import (BenchArgError, BenchOptions, check_output_path, check_range,
                                   check_switches, cuda_missing, max_positions, model_shape,
-                                  parse_int_list)
+                                  json_problem, parse_int_list)
 from engine.env import switch
 from engine.kernels.skinny_gemm import TileConfig, load_table, shape_key
 from engine.layers.linear import (FUSED_PLANS_PATH, ROLES, DecodeGemm, FusedLayerPlan,
@@ -588,7 +588,7 @@ def _plans_from_json(args, parser) -> int:
         raise BenchArgError(f"--from-json {args.from_json}: {exc.strerror}") from None
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         raise BenchArgError(f"--from-json {args.from_json}: not a step_tune --json "
-                            f"({exc!r})"[:300]) from None
+                            f"({json_problem(exc)})"[:300]) from None
     _check_distinct((("--from-json", args.from_json), ("--plans", args.plans)))
     write_plans(args.plans, plans)
     count = sum(len(r) for r in plans.values())

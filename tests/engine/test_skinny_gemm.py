@@ -126,7 +126,11 @@ def test_shipped_table_is_the_sweep_json_in_docs(tmp_path):
     (["--from-json", "{tmp}/rows.json", "--table", "{tmp}/t.json"], "rows.json: not a sweep's"),
     (["--from-json", "{tmp}/nan.json", "--table", "{tmp}/t.json"], "nan.json: not a sweep's"),
     (["--from-json", "{tmp}/empty.json", "--table", "{tmp}/t.json"], "measured no shape"),
-    (["--from-json", "{tmp}/deep.json", "--table", "{tmp}/t.json"], "deep.json: not a sweep's"),
+    (["--from-json", "{tmp}/deep.json", "--table", "{tmp}/t.json"],
+     "deep.json: not a sweep's --json (nested too deep)"),
+    # a fresh user's finding: the reason read "(KeyError('results'))"
+    (["--from-json", "{tmp}/noresults.json", "--table", "{tmp}/t.json"],
+     "noresults.json: not a sweep's --json (no 'results' field)"),
     (["--from-json", "{tmp}/t.json", "--table", "{tmp}/t.json"], "is the --from-json file"),
     (["--from-json", "{tmp}/empty.json", "--table", "{tmp}/t.json", "--rows", "1"],
      "--rows does not apply"),
@@ -145,6 +149,7 @@ def test_table_from_json_bad_input_is_one_line(tmp_path, capsys, argv, message):
     bad_tile["results"][0]["rows"]["1"]["best"] = {"config": {"bogus": 1}, "us": "fast"}
     (tmp_path / "nan.json").write_text(json.dumps(bad_tile))
     (tmp_path / "empty.json").write_text(json.dumps({"results": []}))
+    (tmp_path / "noresults.json").write_text("{}")
     (tmp_path / "deep.json").write_text('{"results": ' + "[" * 100000 + "]" * 100000 + "}")
     argv = [a.format(tmp=tmp_path) for a in argv]
     (tmp_path / "t.json").write_text(json.dumps(good))  # an existing file, never damaged

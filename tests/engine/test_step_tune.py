@@ -208,6 +208,9 @@ def test_the_shipped_plans_file_is_the_step_tune_json_in_docs(tmp_path):
      "confirm_best_ms nan is not a positive finite time"),
     (["--from-json", "{tmp}/keyrec.json", "--plans", "{tmp}/p.json"],
      "--from-json {tmp}/keyrec.json: not a step_tune --json"),
+    # a fresh user's finding: the reason read "(KeyError('records'))"
+    (["--from-json", "{tmp}/norecords.json", "--plans", "{tmp}/p.json"],
+     "--from-json {tmp}/norecords.json: not a step_tune --json (no 'records' field)"),
     (["--from-json", "{tmp}/r.json", "--plans", "{tmp}/r.json"],
      "--from-json and --plans name one file"),
     (["--preset", "qwen3-0.6b", "--sweep", "{tmp}/none.json"], "none.json: No such file"),
@@ -227,6 +230,7 @@ def test_the_shipped_plans_file_is_the_step_tune_json_in_docs(tmp_path):
 ])
 def test_bad_arguments_are_one_line_before_any_gpu_work(tmp_path, capsys, argv, message):
     (tmp_path / "bad.json").write_text("[1]")
+    (tmp_path / "norecords.json").write_text("{}")
     bad_record = _record(1.0, 0.9)
     bad_record["rows"]["8"]["best"] = {"foo": 1}  # a record whose plan is not a plan
     (tmp_path / "badrec.json").write_text(json.dumps({"records": [bad_record]}))
