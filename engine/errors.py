@@ -60,11 +60,12 @@ class LoadTimeoutError(RankError):
     """
 
     def __init__(self, ranks: list[int], timeout_s: float):
-        super().__init__(ranks[0], "")
+        detail = (f"startup watchdog expired after {timeout_s:g} s while the ranks loaded the "
+                  f"model (ranks not ready: {', '.join(map(str, ranks))}); a larger "
+                  "--startup-timeout gives them longer")
+        RuntimeError.__init__(self, detail)  # not "rank N failed: ...": no rank failed
+        self.rank, self.detail = ranks[0], detail
         self.ranks, self.timeout_s = ranks, timeout_s
-        self.args = (f"startup watchdog expired after {timeout_s:g} s while the ranks loaded "
-                     f"the model (ranks not ready: {', '.join(map(str, ranks))}); a larger "
-                     "--startup-timeout gives them longer",)
 
 
 def tokens(n: int) -> str:

@@ -671,10 +671,10 @@ def _weight_descriptor(w: torch.Tensor, cfg: TileConfig) -> "TensorDescriptor":
         ValueError: w's start or row stride is not a multiple of 16 bytes (the bulk copy's
             alignment).
     """
-    row_bytes = w.stride(0) * w.element_size()
-    if w.data_ptr() % 16 or row_bytes % 16:
+    if not _bulk_aligned(w):
         raise ValueError(f"skinny_gemm: a tma tile needs w's start and rows 16-byte aligned "
-                         f"(w {tuple(w.shape)}, row stride {row_bytes} bytes)")
+                         f"(w {tuple(w.shape)}, row stride {w.stride(0) * w.element_size()} "
+                         "bytes)")
     return TensorDescriptor.from_tensor(w, [cfg.block_n, cfg.block_k])
 
 
