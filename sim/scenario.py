@@ -253,3 +253,79 @@ class ShortContextDraw:
         search of one scenario at a time (exhaustive, hypothesis) takes in turn."""
         values = self._values()
         return [self.base] if values is None else [self._with(v) for v in values]
+
+
+DRAWN_PROMPT_LENGTHS = range(1, 7)
+"""Prompt lengths, in tokens, that `PromptLengthDraw` gives a request: 1..6. With the check's
+up to 6 new tokens a sequence stays within 12 tokens, inside one 16-token KV page, and a
+request admitted later can have a longer or shorter context than the rows already decoding."""
+
+DRAWN_WORKLOADS = 4
+"""Workloads a one-scenario search (exhaustive, hypothesis) takes from a `PromptLengthDraw`:
+the base's and the draws of runs 1..3, each at every ``short_context`` it allows."""
+
+
+def prompt_lengths(scenario: Scenario) -> tuple[int, ...]:
+    """Each request's prompt length in tokens, in workload order."""
+    return tuple(len(a.request.prompt) for a in scenario.workload)
+
+
+def with_prompt_lengths(scenario: Scenario, lengths) -> Scenario:
+    """``scenario`` with request i of its workload given a prompt of ``lengths[i]`` tokens: its
+    own prompt cut to that length, or extended by the tokens len + 1, len + 2, ... (arrival
+    step, ``max_tokens`` and stop tokens kept).
+
+    Raises:
+        ConfigError: ``lengths`` does not give one length per request, or a length is not an
+            integer of at least 1, naming it.
+    """
+    lengths = tuple(lengths)
+    if len(lengths) != len(scenario.workload):
+        raise ConfigError(f"{len(lengths)} prompt length(s) for a workload of "
+                          f"{len(scenario.workload)} request(s)")
+    arrivals = []
+    for i, (arrival, n) in enumerate(zip(scenario.workload, lengths)):
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ConfigError(f"prompt length {n!r} of request {i} is not an integer of at "
+                              "least 1")
+        prompt = arrival.request.prompt
+        prompt = (prompt + tuple(range(len(prompt) + 1, n + 1)))[:n]
+        arrivals.append(replace(arrival, request=replace(arrival.request, prompt=prompt)))
+    return scenario.with_(workload=tuple(arrivals))
+
+
+@dataclass(frozen=True)
+class PromptLengthDraw:
+    """Run index -> ``base`` with every request's prompt length drawn for that run, then its
+    ``short_context`` drawn over that workload's decode contexts (`ShortContextDraw`);
+    picklable, seeded by (``seed``, index). Run 0 keeps the base's prompts.
+
+    The check's workload gives every request a prompt of one length, so a row's context there
+    follows only its age: at some max batches no step ever has a row longer than the one in
+    slot 0, and a bug that judges a step by slot 0 alone cannot show (found by a fresh user,
+    `lockstep check --max-batch 4`). Drawing each prompt's length from `DRAWN_PROMPT_LENGTHS`
+    lets a request admitted later have the longer context, so which row is longest, and where
+    it sits, is searched rather than left to the configuration.
+    """
+
+    base: Scenario
+    seed: int
+
+    def lengths(self, index: int) -> tuple[int, ...]:
+        """The prompt lengths run ``index`` draws (run 0: the base's own)."""
+        if index == 0:
+            return prompt_lengths(self.base)
+        rng = random.Random(f"prompt-lengths {self.seed} {index}")
+        return tuple(rng.choice(DRAWN_PROMPT_LENGTHS) for _ in self.base.workload)
+
+    def _workload(self, index: int) -> Scenario:
+        return self.base if index == 0 else with_prompt_lengths(self.base, self.lengths(index))
+
+    def __call__(self, index: int) -> Scenario:
+        return ShortContextDraw(self._workload(index), self.seed)(index)
+
+    def members(self) -> list[Scenario]:
+        """The scenarios a one-scenario search takes in turn: each of the first
+        `DRAWN_WORKLOADS` runs' workloads at every ``short_context`` its draw allows."""
+        return [m for k in range(DRAWN_WORKLOADS)
+                for m in ShortContextDraw(self._workload(k), self.seed).members()]

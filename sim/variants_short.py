@@ -8,17 +8,20 @@ every decode row's context -- position + 1, the token the step writes included -
 (`sim.devices.DeviceModel.decode`, ``window``), so a wrong choice changes a token and the token
 oracle catches it: the verdict is earned from the data, not from a message.
 
-Each variant's search draws ``short_context`` per run from the workload's decode contexts
-(`sim.scenario.ShortContextDraw`), so which step meets the boundary is found by search. Serving
-steps do not depend on the schedule, so without the draw every schedule would cross the
-boundary at the same step; with it, a bug that shows only at one boundary is still found.
+Each variant's search draws, per run, every request's prompt length and then ``short_context``
+from that workload's decode contexts (`sim.scenario.PromptLengthDraw`), so which step meets the
+boundary, and which row of the step is the longest, is found by search. Serving steps do not
+depend on the schedule, so without the draw every schedule would cross the boundary at the same
+step with the same rows; with it, a bug that shows only at one boundary, or only when a longer
+row sits behind slot 0, is still found. The clean row must reach a step with such a row
+(``first_row_behind``), so its verdict covers the case the first-row bug needs.
 """
 
 from __future__ import annotations
 
 from protocol.commands import DecodeRows
 from protocol.controller import Controller
-from sim.scenario import Scenario, ShortContextDraw, decode_contexts, short_path_on
+from sim.scenario import PromptLengthDraw, Scenario, decode_contexts, short_path_on
 from sim.variants import BOTH_CLEAN, Variant, register
 
 
@@ -37,8 +40,8 @@ register(Variant(
     summary="the protocol as specified with the short-context decode path on: a step replays "
             "the short path's graph only when every decode row's context fits its one tile",
     source="docs/design.md (I22)",
-    expected=BOTH_CLEAN, adjust=short_path_on, draw=ShortContextDraw,
-    reaches=("short_replay", "short_declined"), unreachable=_no_short_path,
+    expected=BOTH_CLEAN, adjust=short_path_on, draw=PromptLengthDraw,
+    reaches=("short_replay", "short_declined", "first_row_behind"), unreachable=_no_short_path,
     schedules=20, fault_schedules=10))
 
 
@@ -68,35 +71,19 @@ register(Variant(
     remedy="A row's context counts the token the step writes: position + 1. The controller "
            "passes max(position) + 1 over the step's rows to GraphPlan.key_for, which picks the "
            "short path only when that is at most short_context (I22).",
-    controller_cls=OffByOneContextController, adjust=short_path_on, draw=ShortContextDraw,
+    controller_cls=OffByOneContextController, adjust=short_path_on, draw=PromptLengthDraw,
     unreachable=_no_short_path))
 
 
 # -- short-path-first-row -------------------------------------------------------------------------
 
 class FirstRowContextController(Controller):
-    """Takes a step's longest context from its first decode row (slot 0) only. After a
-    compaction moves the youngest request into slot 0, longer rows behind it replay the short
-    path."""
+    """Takes a step's longest context from its first decode row (slot 0) only. When a row
+    behind slot 0 has the longer context (a request admitted later with a longer prompt, or a
+    compaction that moved a young request into slot 0), that row replays the short path."""
 
     def longest_context(self, rows: DecodeRows) -> int:
         return rows.positions[0] + 1 if rows else 0
-
-
-def _first_row_never_behind(sc: Scenario) -> str | None:
-    """`Variant.unreachable` of short-path-first-row: `_no_short_path`'s reasons, or that no
-    serving step of the workload replays with a row longer than its first (slot 0's) row, so
-    judging from that row alone never differs from the maximum (one run tells:
-    `sim.run.correct_run`; its steps do not depend on the schedule or on short_context). The
-    check's workload (prompts of one length) is such a one at max batch 4 (found by a fresh
-    user: the row read clean there, against every other max batch from 3 to 16)."""
-    from sim.run import correct_run
-
-    reason = _no_short_path(sc)
-    if reason is not None or correct_run(sc).reached.get("first_row_behind"):
-        return reason
-    return (f"at max batch {sc.config.max_batch} no serving step of the check's workload has a "
-            "decode row with a longer context than its first row's (slot 0); the bug needs one")
 
 
 register(Variant(
@@ -109,5 +96,5 @@ register(Variant(
     expected={"shared": "divergence", "per-rank": "divergence"},
     remedy="The path is chosen from the maximum context over every decode row of the step, "
            "never from one row (GraphPlan.key_for, I22).",
-    controller_cls=FirstRowContextController, adjust=short_path_on, draw=ShortContextDraw,
-    unreachable=_first_row_never_behind))
+    controller_cls=FirstRowContextController, adjust=short_path_on, draw=PromptLengthDraw,
+    unreachable=_no_short_path))

@@ -10,7 +10,7 @@ from lockstep.cli import main
 from sim.check import _check_recorded_faults, _recorded_faults, drawn_short_contexts
 from sim.report import to_json
 from sim.run import run_schedule
-from sim.scenario import default_scenario
+from sim.scenario import DRAWN_PROMPT_LENGTHS, default_scenario, with_prompt_lengths
 from sim.strategies import RandomWalk
 from sim.variants import REGISTRY
 
@@ -54,7 +54,10 @@ def _assert_bad_trace(code, out, err, path, words):
 def _drawn(data):
     """The short_context values the trace's variant draws, and the recorded one."""
     variant = REGISTRY[data["variant"]]
-    allowed = drawn_short_contexts(variant, variant.scenario(default_scenario()))
+    scenario = variant.scenario(default_scenario())
+    if "prompt_lengths" in data["scenario"]:
+        scenario = with_prompt_lengths(scenario, data["scenario"]["prompt_lengths"])
+    allowed = drawn_short_contexts(variant, scenario)
     return [v for v in allowed if v is not None], data["scenario"]["short_context"]
 
 
@@ -159,3 +162,35 @@ def test_the_recorded_faults_are_read_back_exactly_for_every_kind():
         kinds.update(k for k, *_ in fired)
     assert kinds == {"raise", "oom", "slow", "hang", "die"}, kinds
 
+
+
+def test_the_first_row_trace_records_its_drawn_prompts(short_trace):
+    assert len(short_trace["scenario"]["prompt_lengths"]) == len(default_scenario().workload)
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda d: d["scenario"]["prompt_lengths"].pop(),
+     "16 length(s), but the check's workload has 17 requests"),
+    (lambda d: d["scenario"]["prompt_lengths"].__setitem__(2, DRAWN_PROMPT_LENGTHS[-1] + 1),
+     f"prompt_lengths[2] = {DRAWN_PROMPT_LENGTHS[-1] + 1}: variant 'short-path-first-row' "
+     f"draws prompt lengths from 1..{DRAWN_PROMPT_LENGTHS[-1]}"),
+    (lambda d: d["scenario"].__setitem__("prompt_lengths", []),
+     "prompt_lengths = []: [] is not a list of integers of at least 1"),
+    (lambda d: d["scenario"].__setitem__("prompt_lengths", [3, "x"]),
+     "is not a list of integers of at least 1"),
+])
+def test_an_edited_prompt_length_is_refused_before_the_run(short_trace, tmp_path, capsys, edit,
+                                                          words, no_simulation):
+    code, out, err, path = _replay_edited(tmp_path, capsys, short_trace, edit)
+    _assert_bad_trace(code, out, err, path, words)
+
+
+def test_prompt_lengths_on_a_variant_that_does_not_draw_them_are_refused(fault_trace, tmp_path,
+                                                                         capsys, no_simulation):
+    n = len(default_scenario().workload)
+    code, out, err, path = _replay_edited(
+        tmp_path, capsys, fault_trace,
+        lambda d: d["scenario"].__setitem__("prompt_lengths", [4] * n))
+    _assert_bad_trace(code, out, err, path,
+                      f"prompt_lengths = {[4] * n}: variant 'watchdog-armed-on-error' runs the "
+                      "check's workload as it is, with prompts of 3 tokens")

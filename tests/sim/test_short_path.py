@@ -12,8 +12,9 @@ from sim.check import CLEAN, CheckSpec, check_bad, check_correct, replay_trace, 
 from sim.devices import DeviceModel
 from sim.report import to_json
 from sim.run import run_schedule
-from sim.scenario import (Arrival, ShortContextDraw, decode_contexts, default_scenario,
-                          short_path_on)
+from sim.scenario import (DRAWN_PROMPT_LENGTHS, Arrival, PromptLengthDraw, ShortContextDraw,
+                          decode_contexts, default_scenario, prompt_lengths, short_path_on,
+                          with_prompt_lengths)
 from sim.search import sample_search
 from sim.strategies import RandomWalk
 from sim.variants import REGISTRY, Variant
@@ -155,6 +156,8 @@ def test_a_drawn_counterexample_replays_from_its_trace():
     row = check_bad(REGISTRY["short-path-first-row"], spec, "shared")
     written = scenario_spec(spec, "shared", row.minimal.world.scenario)
     assert written["short_context"] == row.minimal.world.scenario.config.short_context
+    assert written.get("prompt_lengths", list(prompt_lengths(spec.scenario("shared")))) == \
+        list(prompt_lengths(row.minimal.world.scenario))
     data = json.loads(json.dumps(to_json(row.minimal, "short-path-first-row", written)))
     result, problem = replay_trace(data)
     assert problem is None
@@ -209,8 +212,8 @@ def test_the_draw_lists_every_value_it_draws_from():
 def test_the_faulted_row_runs_each_run_under_the_short_context_drawn_for_it(monkeypatch):
     """Old behaviour: every faulted run of correct-short-path kept the undrawn base's
     short_context (the middle of the workload's contexts), so a fault never met the boundary
-    at any other value. Faulted run i now runs under fault-free run i's draw, with its fault
-    on an op site of that drawn scenario."""
+    at any other value. Faulted run i now runs under fault-free run i's draw (its prompts and
+    short_context), with its fault on an op site of that drawn scenario."""
     import sim.check as check
     from sim.faults import fault_sites
 
@@ -228,30 +231,84 @@ def test_the_faulted_row_runs_each_run_under_the_short_context_drawn_for_it(monk
     assert [r.got for r in rows] == ["clean", "abort"], [r.detail for r in rows]
     faulted = searched[-1]  # the +faults row's search comes last
     base = variant.scenario(spec.scenario("shared"))
-    draw = ShortContextDraw(base, spec.seed)
+    draw = PromptLengthDraw(base, spec.seed)
     runs = [faulted(i) for i in range(spec.fault_schedules)]
     drawn = [draw(i).config.short_context for i in range(spec.fault_schedules)]
     assert [sc.config.short_context for sc in runs] == drawn
     assert len(set(drawn)) >= 3 and set(drawn) != {base.config.short_context}
+    prompts = [prompt_lengths(draw(i)) for i in range(spec.fault_schedules)]
+    assert [prompt_lengths(sc) for sc in runs] == prompts and len(set(prompts)) >= 3
     for i, sc in enumerate(runs):
         [fault] = sc.faults
         sites = fault_sites(draw(i), spec.seed)
         assert any((fault.rank, fault.op, fault.occurrence) in sites[phase] for phase in sites)
 
 
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("max_batch, reachable", [(3, True), (4, False), (5, True)])
-def test_first_row_is_not_reachable_where_no_row_outgrows_slot_0(max_batch, reachable):
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("max_batch", range(3, 17))
+def test_first_row_is_found_at_every_max_batch_by_drawing_the_prompts(max_batch):
     """Found by a fresh user: `lockstep check --max-batch 4` read short-path-first-row clean
-    (MISMATCH). At max batch 4 no serving step of the check's workload has a row longer than
-    slot 0's, which one correct run shows; there the row is not reachable, with that reason,
-    and where a step has one the search still finds the divergence."""
+    (MISMATCH), and a later fix only called it "not reachable here": the check's workload gives
+    every prompt one length, and at max batch 4 no step of it has a row longer than slot 0's.
+    The search now draws each request's prompt length per run (`PromptLengthDraw`), so it
+    finds the divergence at every max batch; at max batch 4 the counterexample is a drawn
+    workload, since the check's own never puts a longer row behind slot 0."""
+    from sim.run import correct_run
+
     variant = REGISTRY["short-path-first-row"]
     spec = CheckSpec(max_batch=max_batch, schedules=300, fault_schedules=0, jobs=1)
     row = check_bad(variant, spec, "shared")
-    if reachable:
-        assert row.got == "divergence", row.detail
-    else:
-        assert row.got == "not reachable here", row.detail
-        assert "no serving step of the check's workload has a decode row with a longer " \
-               "context than its first row's (slot 0)" in row.detail
+    assert row.got == "divergence", row.detail
+    base = variant.scenario(spec.scenario("shared"))
+    if not correct_run(base).reached.get("first_row_behind"):
+        assert prompt_lengths(row.minimal.world.scenario) != prompt_lengths(base)
+    if max_batch == 4:
+        assert not correct_run(base).reached.get("first_row_behind")
+
+
+def test_the_prompt_draw_keeps_run_0_and_draws_each_later_run_from_its_seed():
+    base = short_path_on(default_scenario())
+    draw = PromptLengthDraw(base, 0)
+    assert draw(0).workload == base.workload
+    drawn = [prompt_lengths(draw(i)) for i in range(1, 40)]
+    assert all(len(p) == len(base.workload) for p in drawn)
+    assert {n for p in drawn for n in p} == set(DRAWN_PROMPT_LENGTHS)
+    assert drawn == [prompt_lengths(PromptLengthDraw(base, 0)(i)) for i in range(1, 40)]
+    assert drawn != [prompt_lengths(PromptLengthDraw(base, 1)(i)) for i in range(1, 40)]
+    assert pickle.loads(pickle.dumps(draw))(7) == draw(7)
+    for i in range(1, 40):  # short_context drawn over that run's own workload
+        lo, hi = decode_contexts(draw(i))
+        assert max(1, lo - 1) <= draw(i).config.short_context <= hi
+    members = draw.members()
+    assert len({prompt_lengths(m) for m in members}) == 4  # the base's and runs 1..3's
+
+
+def test_a_prompt_is_cut_or_extended_to_its_drawn_length():
+    sc = default_scenario()
+    first = sc.workload[0].request
+    longer = with_prompt_lengths(sc, [5] + [3] * (len(sc.workload) - 1))
+    assert longer.workload[0].request.prompt == first.prompt + (4, 5)
+    assert longer.workload[0].request.max_tokens == first.max_tokens
+    assert with_prompt_lengths(sc, [1] * len(sc.workload)).workload[0].request.prompt == \
+        first.prompt[:1]
+    from protocol.errors import ConfigError
+    with pytest.raises(ConfigError, match="2 prompt length"):
+        with_prompt_lengths(sc, [3, 3])
+    with pytest.raises(ConfigError, match="prompt length 0 of request 1"):
+        with_prompt_lengths(sc, [3, 0] + [3] * (len(sc.workload) - 2))
+
+
+@pytest.mark.timeout(120)
+def test_the_clean_row_without_the_prompt_draw_is_vacuous_where_no_row_outgrows_slot_0():
+    """The clean row must reach a step with a longer row behind slot 0 (``first_row_behind``),
+    the case the first-row bug needs: drawing only short_context over the check's workload
+    (prompts of one length) never does at max batch 4, and the row says so; with the prompt
+    draw it is clean there."""
+    from dataclasses import replace as replace_variant
+
+    variant = REGISTRY["correct-short-path"]
+    spec = CheckSpec(max_batch=4, schedules=20, fault_schedules=0, jobs=1)
+    [undrawn] = check_correct(replace_variant(variant, draw=ShortContextDraw), spec, "shared")
+    assert undrawn.got == "vacuous" and "first_row_behind" in undrawn.detail, undrawn.detail
+    [drawn] = check_correct(variant, spec, "shared")
+    assert drawn.got == "clean" and "first_row_behind reached" in drawn.detail, drawn.detail
