@@ -27,7 +27,7 @@ import functools
 import json
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass
 
 import torch
 
@@ -767,7 +767,18 @@ def parse_table(raw, source: str) -> dict[str, dict[int, TableEntry]]:
     except RowCountError:
         raise
     except (AttributeError, KeyError, TypeError, ValueError, RecursionError) as exc:
-        raise ValueError(f"{source}: not a skinny GEMM table ({exc!r})") from None
+        raise ValueError(f"{source}: not a skinny GEMM table ({_table_problem(exc)})") from None
+
+
+def _table_problem(exc: Exception) -> str:
+    """What `parse_table` found wrong, in words (an exception's repr read "ValueError(...)")."""
+    if isinstance(exc, KeyError):
+        return f"an entry has no {exc.args[0]!r} field"
+    if isinstance(exc, AttributeError):
+        return "expected an object of shape keys, each an object of row counts"
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    return str(exc)
 
 
 class RowCountError(ValueError):
@@ -789,12 +800,25 @@ def row_count_key(m, where: str) -> int:
     raise RowCountError(f"{where}: row count {m!r}: expected an integer in 1..{MAX_ROWS}")
 
 
-def _parse_entry(e: dict) -> TableEntry:
+def _parse_entry(e) -> TableEntry:
+    if not isinstance(e, dict):
+        raise ValueError(f"entry {e!r:.60} is not an object with skinny, skinny_us and "
+                         "cublas_us")
     cublas_us = _time_us(e["cublas_us"], "cublas_us")
-    if e["skinny"] is None:
+    tile = e["skinny"]
+    if tile is None:
         return TableEntry(None, float("inf"), cublas_us)
-    return TableEntry(TileConfig(**e["skinny"]), _time_us(e["skinny_us"], "skinny_us"),
-                      cublas_us)
+    if not isinstance(tile, dict):
+        raise ValueError(f"tile {tile!r:.60} is not an object of TileConfig fields")
+    unknown = sorted(set(tile) - set(TileConfig.__dataclass_fields__))
+    if unknown:
+        raise ValueError(f"tile field(s) {', '.join(map(repr, unknown))} unknown; known: "
+                         f"{', '.join(TileConfig.__dataclass_fields__)}")
+    missing = [name for name, f in TileConfig.__dataclass_fields__.items()
+               if f.default is MISSING and name not in tile]
+    if missing:
+        raise ValueError(f"tile {tile!r:.80} lacks {', '.join(missing)}")
+    return TableEntry(TileConfig(**tile), _time_us(e["skinny_us"], "skinny_us"), cublas_us)
 
 
 _SHAPE_KEY = re.compile(r"[1-9][0-9]*x[1-9][0-9]*(?: swiglu)?(?: rope)?")

@@ -732,3 +732,30 @@ def test_step_tune_names_a_bad_shape_key_of_the_shipped_table_in_one_line(tmp_pa
     err = capsys.readouterr().err
     assert err.startswith(f"step_tune: error: {path}: not a skinny GEMM table (") \
         and "'garbage' is not a shape_key" in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("raw, words", [
+    ([1, 2], "expected an object of shape keys, each an object of row counts"),
+    ({"1024x2048": []}, "expected an object of shape keys, each an object of row counts"),
+    ({"1024x2048": {"1": None}}, "entry None is not an object with skinny, skinny_us and "
+                                 "cublas_us"),
+    ({"1024x2048": {"1": {"skinny": None}}}, "an entry has no 'cublas_us' field"),
+    ({"1024x2048": {"1": {"skinny": 3, "cublas_us": 2}}},
+     "tile 3 is not an object of TileConfig fields"),
+    ({"1024x2048": {"1": {"skinny": {"block_n": 32, "colour": 3}, "skinny_us": 1,
+                          "cublas_us": 2}}}, "tile field(s) 'colour' unknown; known: block_n"),
+    ({"1024x2048": {"1": {"skinny": {"block_k": 32}, "skinny_us": 1, "cublas_us": 2}}},
+     "lacks block_n, split_k"),
+    ({"-5x3": {}}, "shape '-5x3' is not a shape_key"),
+])
+def test_a_malformed_table_says_what_is_wrong_in_words_not_an_exception_repr(raw, words,
+                                                                            tmp_path):
+    """Found by a fresh user: a refused table read "not a skinny GEMM table
+    (ValueError("shape '-5x3' ..."))" or "(KeyError('cublas_us'))"."""
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(ValueError) as info:
+        sg.load_table(str(path))
+    message = str(info.value)
+    assert message.startswith(f"{path}: not a skinny GEMM table (") and message.endswith(")")
+    assert words in message and "Error(" not in message and "\n" not in message, message
