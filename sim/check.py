@@ -524,15 +524,15 @@ def drawn_short_contexts(variant: Variant, scenario: Scenario) -> tuple | None:
     """Every ``short_context`` a check's run of ``variant`` over ``scenario`` (its adjusted base,
     with the run's prompt lengths) can have, ascending (None: the short path off): the base's
     own for a variant without a draw, each member's for a draw that lists its members
-    (`sim.scenario.ShortContextDraw`; for a `sim.scenario.PromptLengthDraw`, the short-context
+    (`sim.scenario.ShortContextDraw`; for a `sim.scenario.ShortPathDraw`, the short-context
     draw over ``scenario``'s own workload); None when the draw does not list them (a user's
     draw may depend on the search seed)."""
-    from sim.scenario import PromptLengthDraw, ShortContextDraw
+    from sim.scenario import ShortContextDraw, ShortPathDraw
 
     family = scenario_family(variant, scenario, 0)
     if isinstance(family, Fixed):
         return (scenario.config.short_context,)
-    if isinstance(family, PromptLengthDraw):  # ``scenario`` holds the run's own prompts
+    if isinstance(family, ShortPathDraw):  # ``scenario`` holds the run's own workload
         family = ShortContextDraw(scenario, 0)
     members = getattr(family, "members", None)
     if members is None:
@@ -557,38 +557,45 @@ def _short_context_refused(variant: Variant, given, allowed: tuple) -> ConfigErr
     return ConfigError(f"bad scenario in trace: short_context = {given!r}: {what}")
 
 
-def _with_recorded_prompts(variant: Variant, scenario: Scenario, given) -> Scenario:
-    """``scenario`` with the prompt lengths a trace records (``given``; None: the check's own
-    workload), which only a variant that draws them (`sim.scenario.PromptLengthDraw`) may
-    change, and only to one length per request within `sim.scenario.DRAWN_PROMPT_LENGTHS`.
+def _with_recorded_workload(variant: Variant, scenario: Scenario, data: dict) -> Scenario:
+    """``scenario`` with the prompt lengths and ``max_tokens`` a trace's scenario object
+    (``data``) records (absent: the check's own workload), which only a variant that draws its
+    workload (`sim.scenario.WorkloadDraw`) may change, and only to one value per request within
+    `sim.scenario.DRAWN_PROMPT_LENGTHS` / `DRAWN_MAX_TOKENS`.
 
     Raises:
-        ConfigError: a bad-trace line naming ``prompt_lengths`` and what the variant runs.
+        ConfigError: a bad-trace line naming the field and what the variant runs.
     """
-    from sim.scenario import DRAWN_PROMPT_LENGTHS, PromptLengthDraw, prompt_lengths, \
-        with_prompt_lengths
+    from sim.scenario import (DRAWN_MAX_TOKENS, DRAWN_PROMPT_LENGTHS, WorkloadDraw, max_tokens,
+                              prompt_lengths, with_max_tokens, with_prompt_lengths)
 
-    own = prompt_lengths(scenario)
-    if given is None or tuple(given) == own:
-        return scenario
-    shown = f"prompt_lengths = {list(given)!r:.120}"
-    if not isinstance(scenario_family(variant, scenario, 0), PromptLengthDraw):
-        raise ConfigError(f"bad scenario in trace: {shown}: variant {variant.name!r} runs the "
-                          f"check's workload as it is, with prompts of {_lengths_text(own)} "
-                          "tokens")
-    if len(given) != len(own):
-        raise ConfigError(f"bad scenario in trace: {shown}: {len(given)} length(s), but the "
-                          f"check's workload has {len(own)} requests")
-    lo, hi = DRAWN_PROMPT_LENGTHS[0], DRAWN_PROMPT_LENGTHS[-1]
-    for i, n in enumerate(given):
-        if n not in DRAWN_PROMPT_LENGTHS:
-            raise ConfigError(f"bad scenario in trace: prompt_lengths[{i}] = {n}: variant "
-                              f"{variant.name!r} draws prompt lengths from {lo}..{hi}")
-    return with_prompt_lengths(scenario, given)
+    draws = isinstance(scenario_family(variant, scenario, 0), WorkloadDraw)
+    fields = (("prompt_lengths", prompt_lengths, with_prompt_lengths, DRAWN_PROMPT_LENGTHS,
+               "prompts of", "tokens"),
+              ("max_tokens", max_tokens, with_max_tokens, DRAWN_MAX_TOKENS, "max_tokens", ""))
+    out = scenario
+    for name, own_of, apply, drawn, before, after in fields:
+        given, own = data.get(name), own_of(scenario)
+        if given is None or tuple(given) == own:
+            continue
+        shown = f"{name} = {list(given)!r:.120}"
+        if not draws:
+            raise ConfigError(f"bad scenario in trace: {shown}: variant {variant.name!r} runs "
+                              f"the check's workload as it is, with {before} "
+                              f"{_values_text(own)}{' ' + after if after else ''}")
+        if len(given) != len(own):
+            raise ConfigError(f"bad scenario in trace: {shown}: {len(given)} value(s), but the "
+                              f"check's workload has {len(own)} requests")
+        for i, n in enumerate(given):
+            if n not in drawn:
+                raise ConfigError(f"bad scenario in trace: {name}[{i}] = {n}: variant "
+                                  f"{variant.name!r} draws {name} from {drawn[0]}..{drawn[-1]}")
+        out = apply(out, given)
+    return out
 
 
-def _lengths_text(lengths: tuple[int, ...]) -> str:
-    distinct = sorted(set(lengths))
+def _values_text(values: tuple[int, ...]) -> str:
+    distinct = sorted(set(values))
     return " or ".join(map(str, distinct)) if len(distinct) <= 3 else \
         f"{distinct[0]}..{distinct[-1]}"
 
@@ -688,7 +695,7 @@ def replay_trace(data: dict) -> tuple[RunResult | None, str | None]:
         raise ConfigError(f"bad scenario in trace: {exc}") from None
     # the fields drawn per run (`Variant.draw`, the faulted row's and a fault search's faults)
     # must be a run's: checked here, so an edited one is a bad trace, not a departure
-    scenario = _with_recorded_prompts(variant, scenario, spec_data.get("prompt_lengths"))
+    scenario = _with_recorded_workload(variant, scenario, spec_data)
     allowed = drawn_short_contexts(variant, scenario)
     given = spec_data.get("short_context")
     if allowed is not None and given not in allowed:
@@ -784,7 +791,8 @@ def _whole(value) -> bool:
 def check_scenario_value(name: str, value):
     """``value`` of the scenario setting ``name`` (``ranks``, ``buckets``, ``max_batch``,
     ``topology``, ``hazards_off``, ``h2_scope``, ``h2_calls``; ``short_context`` and
-    ``prompt_lengths``, which only a trace carries: the run's drawn short path and prompts,
+    ``prompt_lengths`` and ``max_tokens``, which only a trace carries: the run's drawn short
+    path and workload,
     `Variant.draw`) checked by the rule its
     `lockstep check` option has, and returned (buckets and hazards as tuples). The options
     (after parsing their text) and `--replay`'s trace scenarios go through this one function,
@@ -807,7 +815,7 @@ def check_scenario_value(name: str, value):
         if name != "short_context":
             check_limits(**{name: value})
         return value
-    if name == "prompt_lengths":
+    if name in ("prompt_lengths", "max_tokens"):
         if (not isinstance(value, (list, tuple)) or not value
                 or not all(_whole(n) and n >= 1 for n in value)):
             raise ConfigError(f"{value!r:.120} is not a list of integers of at least 1")
@@ -835,13 +843,14 @@ def check_scenario_value(name: str, value):
 
 
 SCENARIO_FIELDS = ("ranks", "buckets", "max_batch", "topology", "hazards_off", "h2_scope",
-                   "h2_calls", "faults", "short_context", "prompt_lengths")
+                   "h2_calls", "faults", "short_context", "prompt_lengths", "max_tokens")
 """The fields of a trace's ``scenario`` object (`scenario_spec` writes them; ``short_context``
-only for a run with the short decode path on, ``prompt_lengths`` only for a run whose prompts
-were drawn away from the check's workload, `sim.scenario.PromptLengthDraw`)."""
+only for a run with the short decode path on, ``prompt_lengths`` and ``max_tokens`` only for a
+run whose workload was drawn away from the check's, `sim.scenario.WorkloadDraw`)."""
 
 MAX_PROMPT_LENGTHS = 64
-"""Most prompt lengths a trace may list: the check's workload has at most 17 requests."""
+"""Most values a trace's ``prompt_lengths`` or ``max_tokens`` may list: the check's workload has
+at most 17 requests."""
 
 
 def check_scenario_json(data: dict) -> dict:
@@ -906,9 +915,10 @@ def scenario_spec(spec: CheckSpec, topology: str, scenario: Scenario) -> dict:
     if scenario is not None and scenario.config.short_context is not None:
         data["short_context"] = scenario.config.short_context  # drawn per run (`Variant.draw`)
     if scenario is not None:
-        from sim.scenario import prompt_lengths
+        from sim.scenario import max_tokens, prompt_lengths
 
-        lengths = prompt_lengths(scenario)
-        if lengths != prompt_lengths(spec.scenario(topology)):  # drawn (`PromptLengthDraw`)
-            data["prompt_lengths"] = list(lengths)
+        base = spec.scenario(topology)
+        for name, values in (("prompt_lengths", prompt_lengths), ("max_tokens", max_tokens)):
+            if values(scenario) != values(base):  # drawn per run (`sim.scenario.WorkloadDraw`)
+                data[name] = list(values(scenario))
     return data

@@ -255,19 +255,39 @@ class ShortContextDraw:
         return [self.base] if values is None else [self._with(v) for v in values]
 
 
+
 DRAWN_PROMPT_LENGTHS = range(1, 7)
-"""Prompt lengths, in tokens, that `PromptLengthDraw` gives a request: 1..6. With the check's
-up to 6 new tokens a sequence stays within 12 tokens, inside one 16-token KV page, and a
-request admitted later can have a longer or shorter context than the rows already decoding."""
+"""Prompt lengths, in tokens, that `WorkloadDraw` gives a request: 1..6."""
+
+DRAWN_MAX_TOKENS = range(1, 7)
+"""``max_tokens`` that `WorkloadDraw` gives a request: 1..6, as the check's workload's 2..6 and a
+request that ends at its prefill. With a prompt of at most 6 tokens a sequence stays within 12
+tokens, inside one 16-token KV page."""
 
 DRAWN_WORKLOADS = 4
-"""Workloads a one-scenario search (exhaustive, hypothesis) takes from a `PromptLengthDraw`:
-the base's and the draws of runs 1..3, each at every ``short_context`` it allows."""
+"""Workloads a one-scenario search (exhaustive, hypothesis) takes from a `WorkloadDraw`: the
+base's and the draws of runs 1..3."""
 
 
 def prompt_lengths(scenario: Scenario) -> tuple[int, ...]:
     """Each request's prompt length in tokens, in workload order."""
     return tuple(len(a.request.prompt) for a in scenario.workload)
+
+
+def max_tokens(scenario: Scenario) -> tuple[int, ...]:
+    """Each request's ``max_tokens``, in workload order."""
+    return tuple(a.request.max_tokens for a in scenario.workload)
+
+
+def _per_request(scenario: Scenario, values, what: str) -> tuple[int, ...]:
+    values = tuple(values)
+    if len(values) != len(scenario.workload):
+        raise ConfigError(f"{len(values)} {what}(s) for a workload of {len(scenario.workload)} "
+                          "request(s)")
+    for i, n in enumerate(values):
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ConfigError(f"{what} {n!r} of request {i} is not an integer of at least 1")
+    return values
 
 
 def with_prompt_lengths(scenario: Scenario, lengths) -> Scenario:
@@ -279,33 +299,40 @@ def with_prompt_lengths(scenario: Scenario, lengths) -> Scenario:
         ConfigError: ``lengths`` does not give one length per request, or a length is not an
             integer of at least 1, naming it.
     """
-    lengths = tuple(lengths)
-    if len(lengths) != len(scenario.workload):
-        raise ConfigError(f"{len(lengths)} prompt length(s) for a workload of "
-                          f"{len(scenario.workload)} request(s)")
+    lengths = _per_request(scenario, lengths, "prompt length")
     arrivals = []
-    for i, (arrival, n) in enumerate(zip(scenario.workload, lengths)):
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise ConfigError(f"prompt length {n!r} of request {i} is not an integer of at "
-                              "least 1")
+    for arrival, n in zip(scenario.workload, lengths):
         prompt = arrival.request.prompt
         prompt = (prompt + tuple(range(len(prompt) + 1, n + 1)))[:n]
         arrivals.append(replace(arrival, request=replace(arrival.request, prompt=prompt)))
     return scenario.with_(workload=tuple(arrivals))
 
 
-@dataclass(frozen=True)
-class PromptLengthDraw:
-    """Run index -> ``base`` with every request's prompt length drawn for that run, then its
-    ``short_context`` drawn over that workload's decode contexts (`ShortContextDraw`);
-    picklable, seeded by (``seed``, index). Run 0 keeps the base's prompts.
+def with_max_tokens(scenario: Scenario, counts) -> Scenario:
+    """``scenario`` with request i of its workload given ``max_tokens`` ``counts[i]``.
 
-    The check's workload gives every request a prompt of one length, so a row's context there
-    follows only its age: at some max batches no step ever has a row longer than the one in
-    slot 0, and a bug that judges a step by slot 0 alone cannot show (found by a fresh user,
-    `lockstep check --max-batch 4`). Drawing each prompt's length from `DRAWN_PROMPT_LENGTHS`
-    lets a request admitted later have the longer context, so which row is longest, and where
-    it sits, is searched rather than left to the configuration.
+    Raises:
+        ConfigError: not one count per request, or a count not an integer of at least 1.
+    """
+    counts = _per_request(scenario, counts, "max_tokens")
+    return scenario.with_(workload=tuple(
+        replace(a, request=replace(a.request, max_tokens=m))
+        for a, m in zip(scenario.workload, counts)))
+
+
+@dataclass(frozen=True)
+class WorkloadDraw:
+    """Run index -> ``base`` with every request's prompt length (`DRAWN_PROMPT_LENGTHS`) and
+    ``max_tokens`` (`DRAWN_MAX_TOKENS`) drawn for that run; picklable, seeded by (``seed``,
+    index). Run 0 keeps the base's workload; arrival steps and stop tokens are kept.
+
+    Which rows a serving step holds, how long each row's context is and when a request retires
+    follow from the workload alone, not from the schedule (`sim.run.correct_run`), so with one
+    fixed workload a bug that needs a particular mix -- a row longer than slot 0's behind it,
+    a data-parallel lane left without rows -- shows at some configurations and never at others
+    (found by a fresh user: `lockstep check --max-batch 4` could not show
+    ``short-path-first-row``, ``--max-batch 9`` neither of the ``dp-idle-rank`` variants).
+    Drawing the mix per run makes it the search's to find.
     """
 
     base: Scenario
@@ -318,14 +345,40 @@ class PromptLengthDraw:
         rng = random.Random(f"prompt-lengths {self.seed} {index}")
         return tuple(rng.choice(DRAWN_PROMPT_LENGTHS) for _ in self.base.workload)
 
-    def _workload(self, index: int) -> Scenario:
-        return self.base if index == 0 else with_prompt_lengths(self.base, self.lengths(index))
+    def max_tokens(self, index: int) -> tuple[int, ...]:
+        """The ``max_tokens`` run ``index`` draws (run 0: the base's own)."""
+        if index == 0:
+            return max_tokens(self.base)
+        rng = random.Random(f"max-tokens {self.seed} {index}")
+        return tuple(rng.choice(DRAWN_MAX_TOKENS) for _ in self.base.workload)
+
+    def workload(self, index: int) -> Scenario:
+        """``base`` with run ``index``'s workload."""
+        if index == 0:
+            return self.base
+        return with_max_tokens(with_prompt_lengths(self.base, self.lengths(index)),
+                               self.max_tokens(index))
 
     def __call__(self, index: int) -> Scenario:
-        return ShortContextDraw(self._workload(index), self.seed)(index)
+        return self.workload(index)
 
     def members(self) -> list[Scenario]:
-        """The scenarios a one-scenario search takes in turn: each of the first
-        `DRAWN_WORKLOADS` runs' workloads at every ``short_context`` its draw allows."""
+        """The scenarios a one-scenario search takes in turn: the first `DRAWN_WORKLOADS`
+        runs'."""
+        return [self.workload(k) for k in range(DRAWN_WORKLOADS)]
+
+
+@dataclass(frozen=True)
+class ShortPathDraw(WorkloadDraw):
+    """A `WorkloadDraw`, then that run's ``short_context`` drawn over its own workload's decode
+    contexts (`ShortContextDraw`): which step meets the boundary and which of its rows is the
+    longest are both searched."""
+
+    def __call__(self, index: int) -> Scenario:
+        return ShortContextDraw(self.workload(index), self.seed)(index)
+
+    def members(self) -> list[Scenario]:
+        """Each of the first `DRAWN_WORKLOADS` runs' workloads at every ``short_context`` its
+        draw allows."""
         return [m for k in range(DRAWN_WORKLOADS)
-                for m in ShortContextDraw(self._workload(k), self.seed).members()]
+                for m in ShortContextDraw(self.workload(k), self.seed).members()]

@@ -8,9 +8,9 @@ every decode row's context -- position + 1, the token the step writes included -
 (`sim.devices.DeviceModel.decode`, ``window``), so a wrong choice changes a token and the token
 oracle catches it: the verdict is earned from the data, not from a message.
 
-Each variant's search draws, per run, every request's prompt length and then ``short_context``
-from that workload's decode contexts (`sim.scenario.PromptLengthDraw`), so which step meets the
-boundary, and which row of the step is the longest, is found by search. Serving steps do not
+Each variant's search draws, per run, every request's prompt length and ``max_tokens`` and then
+``short_context`` from that workload's decode contexts (`sim.scenario.ShortPathDraw`), so which
+step meets the boundary, and which row of the step is the longest, is found by search. Serving steps do not
 depend on the schedule, so without the draw every schedule would cross the boundary at the same
 step with the same rows; with it, a bug that shows only at one boundary, or only when a longer
 row sits behind slot 0, is still found. The clean row must reach a step with such a row
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from protocol.commands import DecodeRows
 from protocol.controller import Controller
-from sim.scenario import PromptLengthDraw, Scenario, decode_contexts, short_path_on
+from sim.scenario import Scenario, ShortPathDraw, decode_contexts, short_path_on
 from sim.variants import BOTH_CLEAN, Variant, register
 
 
@@ -40,7 +40,7 @@ register(Variant(
     summary="the protocol as specified with the short-context decode path on: a step replays "
             "the short path's graph only when every decode row's context fits its one tile",
     source="docs/design.md (I22)",
-    expected=BOTH_CLEAN, adjust=short_path_on, draw=PromptLengthDraw,
+    expected=BOTH_CLEAN, adjust=short_path_on, draw=ShortPathDraw,
     reaches=("short_replay", "short_declined", "first_row_behind"), unreachable=_no_short_path,
     schedules=20, fault_schedules=10))
 
@@ -71,7 +71,7 @@ register(Variant(
     remedy="A row's context counts the token the step writes: position + 1. The controller "
            "passes max(position) + 1 over the step's rows to GraphPlan.key_for, which picks the "
            "short path only when that is at most short_context (I22).",
-    controller_cls=OffByOneContextController, adjust=short_path_on, draw=PromptLengthDraw,
+    controller_cls=OffByOneContextController, adjust=short_path_on, draw=ShortPathDraw,
     unreachable=_no_short_path))
 
 
@@ -96,5 +96,5 @@ register(Variant(
     expected={"shared": "divergence", "per-rank": "divergence"},
     remedy="The path is chosen from the maximum context over every decode row of the step, "
            "never from one row (GraphPlan.key_for, I22).",
-    controller_cls=FirstRowContextController, adjust=short_path_on, draw=PromptLengthDraw,
+    controller_cls=FirstRowContextController, adjust=short_path_on, draw=ShortPathDraw,
     unreachable=_no_short_path))

@@ -18,6 +18,7 @@ from sim.common import DONE, Signature
 from sim.comms import Communicator
 from sim.devices import EagerDecode
 from sim.faults import FaultFamily
+from sim.scenario import WorkloadDraw
 from sim.variants import Variant
 
 # -- communicators: a second stream on a one-in-flight communicator --------------------------------
@@ -118,6 +119,6 @@ IDLE_SKIPS_DECODE = Variant(
     name="my-idle-skips-decode", summary="an idle data-parallel rank skips the decode",
     source="vllm-project/vllm PR #51984", expected={"shared": "divergence", "per-rank": "divergence"},
     worker_cls=IdleSkipsDecodeWorker, adjust=lambda sc: sc.with_(data_parallel=True),
-    symmetric=False)
+    symmetric=False, draw=WorkloadDraw)  # the workload drawn per run: an idle lane at any size
 
 VARIANTS = [SIDE_STREAM_CUSTOM_AR, FRESH_LOGITS, IDLE_SKIPS_DECODE, IGNORES_DEATH]

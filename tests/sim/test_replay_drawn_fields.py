@@ -10,7 +10,8 @@ from lockstep.cli import main
 from sim.check import _check_recorded_faults, _recorded_faults, drawn_short_contexts
 from sim.report import to_json
 from sim.run import run_schedule
-from sim.scenario import DRAWN_PROMPT_LENGTHS, default_scenario, with_prompt_lengths
+from sim.scenario import (DRAWN_MAX_TOKENS, DRAWN_PROMPT_LENGTHS, default_scenario, max_tokens,
+                          with_max_tokens, with_prompt_lengths)
 from sim.strategies import RandomWalk
 from sim.variants import REGISTRY
 
@@ -57,6 +58,8 @@ def _drawn(data):
     scenario = variant.scenario(default_scenario())
     if "prompt_lengths" in data["scenario"]:
         scenario = with_prompt_lengths(scenario, data["scenario"]["prompt_lengths"])
+    if "max_tokens" in data["scenario"]:
+        scenario = with_max_tokens(scenario, data["scenario"]["max_tokens"])
     allowed = drawn_short_contexts(variant, scenario)
     return [v for v in allowed if v is not None], data["scenario"]["short_context"]
 
@@ -164,19 +167,29 @@ def test_the_recorded_faults_are_read_back_exactly_for_every_kind():
 
 
 
-def test_the_first_row_trace_records_its_drawn_prompts(short_trace):
-    assert len(short_trace["scenario"]["prompt_lengths"]) == len(default_scenario().workload)
+def test_the_first_row_trace_records_its_drawn_workload(short_trace):
+    n = len(default_scenario().workload)
+    assert len(short_trace["scenario"]["prompt_lengths"]) == n
+    assert len(short_trace["scenario"]["max_tokens"]) == n
+    assert short_trace["scenario"]["max_tokens"] != list(max_tokens(default_scenario()))
 
 
 @pytest.mark.parametrize("edit, words", [
     (lambda d: d["scenario"]["prompt_lengths"].pop(),
-     "16 length(s), but the check's workload has 17 requests"),
+     "16 value(s), but the check's workload has 17 requests"),
     (lambda d: d["scenario"]["prompt_lengths"].__setitem__(2, DRAWN_PROMPT_LENGTHS[-1] + 1),
      f"prompt_lengths[2] = {DRAWN_PROMPT_LENGTHS[-1] + 1}: variant 'short-path-first-row' "
-     f"draws prompt lengths from 1..{DRAWN_PROMPT_LENGTHS[-1]}"),
+     f"draws prompt_lengths from 1..{DRAWN_PROMPT_LENGTHS[-1]}"),
     (lambda d: d["scenario"].__setitem__("prompt_lengths", []),
      "prompt_lengths = []: [] is not a list of integers of at least 1"),
     (lambda d: d["scenario"].__setitem__("prompt_lengths", [3, "x"]),
+     "is not a list of integers of at least 1"),
+    (lambda d: d["scenario"]["max_tokens"].__setitem__(0, DRAWN_MAX_TOKENS[-1] + 1),
+     f"max_tokens[0] = {DRAWN_MAX_TOKENS[-1] + 1}: variant 'short-path-first-row' draws "
+     f"max_tokens from 1..{DRAWN_MAX_TOKENS[-1]}"),
+    (lambda d: d["scenario"]["max_tokens"].append(2),
+     "18 value(s), but the check's workload has 17 requests"),
+    (lambda d: d["scenario"]["max_tokens"].__setitem__(0, 0),
      "is not a list of integers of at least 1"),
 ])
 def test_an_edited_prompt_length_is_refused_before_the_run(short_trace, tmp_path, capsys, edit,
@@ -185,12 +198,13 @@ def test_an_edited_prompt_length_is_refused_before_the_run(short_trace, tmp_path
     _assert_bad_trace(code, out, err, path, words)
 
 
-def test_prompt_lengths_on_a_variant_that_does_not_draw_them_are_refused(fault_trace, tmp_path,
-                                                                         capsys, no_simulation):
+@pytest.mark.parametrize("field, words", [
+    ("prompt_lengths", "with prompts of 3 tokens"), ("max_tokens", "with max_tokens 2..6")])
+def test_a_workload_on_a_variant_that_does_not_draw_it_is_refused(fault_trace, tmp_path, capsys,
+                                                                  field, words, no_simulation):
     n = len(default_scenario().workload)
     code, out, err, path = _replay_edited(
-        tmp_path, capsys, fault_trace,
-        lambda d: d["scenario"].__setitem__("prompt_lengths", [4] * n))
+        tmp_path, capsys, fault_trace, lambda d: d["scenario"].__setitem__(field, [4] * n))
     _assert_bad_trace(code, out, err, path,
-                      f"prompt_lengths = {[4] * n}: variant 'watchdog-armed-on-error' runs the "
-                      "check's workload as it is, with prompts of 3 tokens")
+                      f"{field} = {[4] * n}: variant 'watchdog-armed-on-error' runs the "
+                      f"check's workload as it is, {words}")

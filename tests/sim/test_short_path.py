@@ -12,9 +12,9 @@ from sim.check import CLEAN, CheckSpec, check_bad, check_correct, replay_trace, 
 from sim.devices import DeviceModel
 from sim.report import to_json
 from sim.run import run_schedule
-from sim.scenario import (DRAWN_PROMPT_LENGTHS, Arrival, PromptLengthDraw, ShortContextDraw,
-                          decode_contexts, default_scenario, prompt_lengths, short_path_on,
-                          with_prompt_lengths)
+from sim.scenario import (DRAWN_MAX_TOKENS, DRAWN_PROMPT_LENGTHS, Arrival, ShortContextDraw,
+                          ShortPathDraw, decode_contexts, default_scenario, max_tokens,
+                          prompt_lengths, short_path_on, with_prompt_lengths)
 from sim.search import sample_search
 from sim.strategies import RandomWalk
 from sim.variants import REGISTRY, Variant
@@ -231,13 +231,13 @@ def test_the_faulted_row_runs_each_run_under_the_short_context_drawn_for_it(monk
     assert [r.got for r in rows] == ["clean", "abort"], [r.detail for r in rows]
     faulted = searched[-1]  # the +faults row's search comes last
     base = variant.scenario(spec.scenario("shared"))
-    draw = PromptLengthDraw(base, spec.seed)
+    draw = ShortPathDraw(base, spec.seed)
     runs = [faulted(i) for i in range(spec.fault_schedules)]
     drawn = [draw(i).config.short_context for i in range(spec.fault_schedules)]
     assert [sc.config.short_context for sc in runs] == drawn
     assert len(set(drawn)) >= 3 and set(drawn) != {base.config.short_context}
-    prompts = [prompt_lengths(draw(i)) for i in range(spec.fault_schedules)]
-    assert [prompt_lengths(sc) for sc in runs] == prompts and len(set(prompts)) >= 3
+    workloads = [draw(i).workload for i in range(spec.fault_schedules)]
+    assert [sc.workload for sc in runs] == workloads and len(set(workloads)) >= 3
     for i, sc in enumerate(runs):
         [fault] = sc.faults
         sites = fault_sites(draw(i), spec.seed)
@@ -246,13 +246,14 @@ def test_the_faulted_row_runs_each_run_under_the_short_context_drawn_for_it(monk
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("max_batch", range(3, 17))
-def test_first_row_is_found_at_every_max_batch_by_drawing_the_prompts(max_batch):
+def test_first_row_is_found_at_every_max_batch_by_drawing_the_workload(max_batch):
     """Found by a fresh user: `lockstep check --max-batch 4` read short-path-first-row clean
     (MISMATCH), and a later fix only called it "not reachable here": the check's workload gives
     every prompt one length, and at max batch 4 no step of it has a row longer than slot 0's.
-    The search now draws each request's prompt length per run (`PromptLengthDraw`), so it
-    finds the divergence at every max batch; at max batch 4 the counterexample is a drawn
-    workload, since the check's own never puts a longer row behind slot 0."""
+    The search now draws each request's prompt length and max_tokens per run
+    (`ShortPathDraw`), so it finds the divergence at every max batch; at max batch 4 the
+    counterexample is a drawn workload, since the check's own never puts a longer row behind
+    slot 0."""
     from sim.run import correct_run
 
     variant = REGISTRY["short-path-first-row"]
@@ -261,26 +262,32 @@ def test_first_row_is_found_at_every_max_batch_by_drawing_the_prompts(max_batch)
     assert row.got == "divergence", row.detail
     base = variant.scenario(spec.scenario("shared"))
     if not correct_run(base).reached.get("first_row_behind"):
-        assert prompt_lengths(row.minimal.world.scenario) != prompt_lengths(base)
+        assert row.minimal.world.scenario.workload != base.workload
     if max_batch == 4:
         assert not correct_run(base).reached.get("first_row_behind")
 
 
-def test_the_prompt_draw_keeps_run_0_and_draws_each_later_run_from_its_seed():
+def test_the_workload_draw_keeps_run_0_and_draws_each_later_run_from_its_seed():
     base = short_path_on(default_scenario())
-    draw = PromptLengthDraw(base, 0)
+    draw = ShortPathDraw(base, 0)
     assert draw(0).workload == base.workload
-    drawn = [prompt_lengths(draw(i)) for i in range(1, 40)]
-    assert all(len(p) == len(base.workload) for p in drawn)
-    assert {n for p in drawn for n in p} == set(DRAWN_PROMPT_LENGTHS)
-    assert drawn == [prompt_lengths(PromptLengthDraw(base, 0)(i)) for i in range(1, 40)]
-    assert drawn != [prompt_lengths(PromptLengthDraw(base, 1)(i)) for i in range(1, 40)]
+    drawn = [(prompt_lengths(draw(i)), max_tokens(draw(i))) for i in range(1, 40)]
+    assert all(len(p) == len(m) == len(base.workload) for p, m in drawn)
+    assert {n for p, _ in drawn for n in p} == set(DRAWN_PROMPT_LENGTHS)
+    assert {n for _, m in drawn for n in m} == set(DRAWN_MAX_TOKENS)
+    again = ShortPathDraw(base, 0)
+    assert drawn == [(prompt_lengths(again(i)), max_tokens(again(i))) for i in range(1, 40)]
+    other = ShortPathDraw(base, 1)
+    assert drawn != [(prompt_lengths(other(i)), max_tokens(other(i))) for i in range(1, 40)]
     assert pickle.loads(pickle.dumps(draw))(7) == draw(7)
     for i in range(1, 40):  # short_context drawn over that run's own workload
-        lo, hi = decode_contexts(draw(i))
-        assert max(1, lo - 1) <= draw(i).config.short_context <= hi
+        contexts = decode_contexts(draw(i))
+        if contexts is not None:
+            assert max(1, contexts[0] - 1) <= draw(i).config.short_context <= contexts[1]
     members = draw.members()
     assert len({prompt_lengths(m) for m in members}) == 4  # the base's and runs 1..3's
+    arrivals = [[a.after_step for a in draw(i).workload] for i in range(5)]
+    assert all(a == arrivals[0] for a in arrivals)  # arrival steps are the check's
 
 
 def test_a_prompt_is_cut_or_extended_to_its_drawn_length():
