@@ -206,12 +206,17 @@ def decode_contexts(scenario: Scenario) -> tuple[int, int] | None:
 def short_path_on(scenario: Scenario) -> Scenario:
     """``scenario`` with the short-context decode path on, its ``short_context`` in the middle
     of the workload's decode contexts (`decode_contexts`), so some rows fit it and some do not:
-    the base that a search's per-run draw (`ShortContextDraw`) varies. Unchanged if no request
-    decodes or the path is already on."""
+    the base that a search's per-run draw (`ShortContextDraw`) varies. Where every bucket is
+    larger than ``short_max_bucket`` (``--buckets 16``) it is raised to the smallest bucket, so
+    some bucket still has a short-path graph (the protocol refuses a short path with none).
+    Unchanged if no request decodes or the path is already on."""
     contexts = decode_contexts(scenario)
     if contexts is None or scenario.config.short_context is not None:
         return scenario
-    return scenario.with_(config=replace(scenario.config, short_context=sum(contexts) // 2))
+    cfg = scenario.config
+    return scenario.with_(config=replace(cfg, short_context=sum(contexts) // 2,
+                                         short_max_bucket=max(cfg.short_max_bucket,
+                                                              min(cfg.buckets))))
 
 
 @dataclass(frozen=True)

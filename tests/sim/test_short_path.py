@@ -319,3 +319,18 @@ def test_the_clean_row_without_the_prompt_draw_is_vacuous_where_no_row_outgrows_
     assert undrawn.got == "vacuous" and "first_row_behind" in undrawn.detail, undrawn.detail
     [drawn] = check_correct(variant, spec, "shared")
     assert drawn.got == "clean" and "first_row_behind reached" in drawn.detail, drawn.detail
+
+
+@pytest.mark.timeout(120)
+def test_the_short_path_rows_run_where_every_bucket_is_above_short_max_bucket():
+    """Found in a sweep of configurations: `lockstep check --buckets 16 --max-batch 9` gave the
+    short-path rows "error: ConfigError: short_max_bucket=8 is below the smallest bucket 16"
+    (FAILED). The adjust now raises short_max_bucket to the smallest bucket."""
+    spec = CheckSpec(buckets=(16,), max_batch=9, schedules=50, fault_schedules=0, jobs=1)
+    base = default_scenario(buckets=(16,), max_batch=9)
+    assert short_path_on(base).config.short_max_bucket == 16
+    assert short_path_on(default_scenario()).config.short_max_bucket == 8  # default kept
+    for name in BAD:
+        assert check_bad(REGISTRY[name], spec, "shared").got == "divergence", name
+    [row] = check_correct(REGISTRY["correct-short-path"], spec, "shared")
+    assert row.got == "clean", row.detail
