@@ -161,15 +161,36 @@ class Scenario:
         return replace(self, **changes)
 
 
+FIRST_WAVE = 9
+"""Requests of the check's workload that arrive before the first serving step, unless the
+smallest bucket below max batch needs more (`first_wave`)."""
+
+
+def first_wave(max_batch: int, buckets: tuple[int, ...]) -> int:
+    """Requests that arrive before the first serving step: `FIRST_WAVE`, or one more than the
+    smallest bucket below ``max_batch`` where that is more, at most ``max_batch``.
+
+    The decode batch must outgrow some bucket for a step to pad into the next one and for a
+    retirement to take it back across the boundary (what ``local-bucket`` needs: found by a
+    session's configuration sweep, ``--buckets 16,32 --max-batch 20`` read that variant clean
+    with a first wave of 9, where no step ever held 17 rows).
+    """
+    below = [b for b in buckets if b < max_batch]
+    wanted = max(FIRST_WAVE, below[0] + 1) if below else FIRST_WAVE
+    return min(wanted, max_batch)
+
+
 def serving_workload(max_batch: int, buckets: tuple[int, ...], stop_token: int = 0) -> tuple[Arrival, ...]:
     """A workload with admissions, retirements that compact live slots, and bucket straddles.
 
     Requests of different lengths arrive in three waves; early finishers retire from the middle
-    of the slot table, so compaction moves live slots; batch sizes cross bucket boundaries.
+    of the slot table, so compaction moves live slots; batch sizes cross bucket boundaries (the
+    first wave outgrows the smallest bucket below max batch: `first_wave`).
     """
     arrivals = []
     rid = 0
-    waves = ((0, min(9, max_batch)), (2, min(5, max_batch)), (5, min(3, max_batch)))
+    waves = ((0, first_wave(max_batch, buckets)), (2, min(5, max_batch)),
+             (5, min(3, max_batch)))
     for after, count in waves:
         for i in range(count):
             arrivals.append(Arrival(after, Request(rid, prompt=(1 + rid, 2, 3), max_tokens=2 + (rid * 3) % 5,

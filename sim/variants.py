@@ -59,6 +59,12 @@ class Variant:
         source: the public bug or discussion it comes from.
         expected: topology -> expected verdict, ``"clean"``, ``"deadlock"``, ``"divergence"``,
             ``"oom"``, ``"hang-at-exit"``, ``"startup-refused"`` or ``"invariant:I<n>"``.
+        also_expected: further verdicts that catch a bad variant in either topology, for a
+            design with more than one harm where which one shows first is set by the
+            configuration, not by the bug (``split-eligibility``: the graph the capture path
+            keeps and the memory reserve leaves out either fits the room the KV cache's page
+            rounding leaves, and the captured sets diverge, or it does not, and its capture
+            runs out of memory). Empty for most variants.
         controller_cls: the controller class (a `protocol.Controller` subclass).
         worker_cls: the worker class (a `protocol.Worker` subclass).
         adjust: scenario -> scenario, for the fault or memory budget the variant needs.
@@ -99,6 +105,7 @@ class Variant:
     source: str
     expected: Mapping[str, str]
     remedy: str = ""
+    also_expected: tuple[str, ...] = ()
     controller_cls: type = Controller
     worker_cls: type = Worker
     adjust: Callable[[Scenario], Scenario] | None = None
@@ -125,6 +132,13 @@ class Variant:
         if self.strategy is not None and self.strategy not in STRATEGIES:
             raise ConfigError(f"variant {self.name!r}: strategy {self.strategy!r} is not one of "
                               f"{', '.join(STRATEGIES)}")
+        if not isinstance(self.also_expected, tuple):
+            raise ConfigError(f"variant {self.name!r}: also_expected is "
+                              f"{self.also_expected!r:.80}; expected a tuple of verdicts")
+        for verdict in self.also_expected:
+            if verdict not in VERDICTS or verdict == "clean":
+                raise ConfigError(f"variant {self.name!r}: also_expected verdict {verdict!r} is "
+                                  f"not a failing verdict; use one of {', '.join(VERDICTS[1:])}")
         extra = set(self.expected) - set(TOPOLOGIES)
         if extra:
             raise ConfigError(f"variant {self.name!r}: unknown topology {sorted(extra)[0]!r} in expected")
@@ -502,15 +516,13 @@ def _graph_buckets(sc: Scenario) -> tuple[int, ...]:
     return tuple(sorted({k.bucket for k in GraphPlan.from_config(sc.config).keys()}))
 
 
-def _sweep_buckets(sc: Scenario) -> tuple[int, ...]:
-    """Captured buckets that a full batch can use (at most max batch), ascending."""
-    return tuple(b for b in _graph_buckets(sc) if b <= sc.config.max_batch)
-
-
 def _policy_cap_below_largest(sc: Scenario) -> Scenario:
     """A numeric policy cap one bucket below the largest bucket the sweep captures (unless one
-    is set), so that the largest such bucket is what the policy forbids."""
-    buckets = _sweep_buckets(sc)
+    is set), so that the largest such bucket is what the policy forbids. That bucket may hold
+    more rows than max batch (``--buckets 16,32 --max-batch 20`` captures 32 for batches of
+    17-20); counting only buckets of at most max batch rows called such a configuration "not
+    reachable here", though rank 0's silent no-op capture of 32 diverges there too."""
+    buckets = _graph_buckets(sc)
     if sc.config.graph_batch_cap is not None or len(buckets) < 2:
         return sc
     return sc.with_(config=replace(sc.config, graph_batch_cap=buckets[-2]))
@@ -519,12 +531,11 @@ def _policy_cap_below_largest(sc: Scenario) -> Scenario:
 def _fewer_than_two_graph_buckets(sc: Scenario) -> str | None:
     # judged on the plan before the cap `_policy_cap_below_largest` sets (this check sees the
     # adjusted scenario, whose cap has already removed the bucket it forbids)
-    buckets = _sweep_buckets(sc.with_(config=replace(sc.config, graph_batch_cap=None)))
+    buckets = _graph_buckets(sc.with_(config=replace(sc.config, graph_batch_cap=None)))
     if len(buckets) < 2:
-        captured = ",".join(map(str, _graph_buckets(sc)))
-        return (f"of the captured buckets ({captured}), {len(buckets)} hold(s) at most max "
-                f"batch {sc.config.max_batch} rows; a cap that forbids some bucket while "
-                "allowing another needs at least two")
+        captured = f"one bucket ({buckets[0]})" if buckets else "no bucket"
+        return (f"the sweep captures {captured} at max batch {sc.config.max_batch}; a cap that "
+                "forbids some bucket while allowing another needs at least two")
     return None
 
 
@@ -536,6 +547,7 @@ register(Variant(
     expected={"shared": "divergence", "per-rank": "divergence"},
     remedy='One GraphPlan answers graph-or-eager for the sweep, the memory profile, serving and the workers; an explicit request for an ineligible key is an error, never a silent no-op (I7), and Finalize checks every rank captured the same set (I3).',
     controller_cls=SplitEligibilityController, worker_cls=SplitEligibilityWorker,
+    also_expected=("oom",),
     adjust=_policy_cap_below_largest, unreachable=_fewer_than_two_graph_buckets))
 
 

@@ -251,6 +251,12 @@ def test_trace_out_that_is_a_file_is_rejected_before_search(tmp_path, capsys):
     ("def broken(:\n", "failed to import: SyntaxError"),
     ("from sim.variants import Variant\nV = Variant(name='v', summary='s', source='x', "
      "expected={'shared': 'bogus', 'per-rank': 'clean'})\n", "expected verdict for topology 'shared' is 'bogus'"),
+    ("from sim.variants import Variant\nV = Variant(name='v', summary='s', source='x', "
+     "expected={'shared': 'deadlock', 'per-rank': 'deadlock'}, also_expected=('clean',))\n",
+     "also_expected verdict 'clean' is not a failing verdict"),
+    ("from sim.variants import Variant\nV = Variant(name='v', summary='s', source='x', "
+     "expected={'shared': 'deadlock', 'per-rank': 'deadlock'}, also_expected='oom')\n",
+     "also_expected is 'oom'; expected a tuple of verdicts"),
     ("from sim.variants import Variant\nV = [Variant(name='dup', summary='s', source='x', "
      "expected={'shared': 'clean', 'per-rank': 'clean'})] * 2\nVARIANTS = V\n", "defines variant 'dup' twice"),
     ("from sim.variants import Variant\nV = Variant(name='correct', summary='s', source='x', "

@@ -89,3 +89,35 @@ def test_bugs_that_need_two_buckets_are_not_reachable_with_one(name):
         assert why and "bucket" in why, (buckets, max_batch, why)
     assert reason(default_scenario()) is None
     assert reason(default_scenario(buckets=(1, 2, 4, 8), max_batch=8)) is None
+
+
+@pytest.mark.parametrize("buckets, max_batch, wave", [
+    (None, 256, 9), ((1, 2, 4, 8), 3, 3), ((16,), 9, 9), ((16, 32), 20, 17),
+    ((16, 32), 17, 17), ((64, 128), 100, 65), ((8, 16), 9, 9), ((8, 16), 12, 9)])
+def test_the_first_wave_outgrows_the_smallest_bucket_below_max_batch(buckets, max_batch, wave):
+    from protocol.buckets import DEFAULT_DECODE_BUCKETS
+    from sim.scenario import first_wave
+
+    buckets = DEFAULT_DECODE_BUCKETS if buckets is None else buckets
+    assert first_wave(max_batch, buckets) == wave
+    scenario = default_scenario(buckets=buckets, max_batch=max_batch)
+    assert sum(a.after_step == 0 for a in scenario.workload) == wave
+
+
+@pytest.mark.timeout(120)
+def test_a_drawn_workload_of_a_large_first_wave_replays(tmp_path, capsys):
+    """At buckets 64,128 and max batch 100 the workload has 65 + 8 requests; a trace lists each
+    one's drawn prompt length, and replays refused more than 64 of them (the bound of the
+    17-request workload)."""
+    import json
+
+    from lockstep.cli import main
+
+    argv = ["check", "--variant", "short-path-first-row", "--buckets", "64,128", "--max-batch",
+            "100", "--topology", "shared", "--no-progress", "--jobs", "1"]
+    assert main(argv + ["--trace-out", str(tmp_path)]) == 0
+    trace = tmp_path / "short-path-first-row.shared.json"
+    assert len(json.loads(trace.read_text())["scenario"]["prompt_lengths"]) == 73
+    capsys.readouterr()
+    assert main(["check", "--replay", str(trace)]) == 0
+    assert "==> divergence" in capsys.readouterr().out

@@ -83,3 +83,35 @@ def test_markdown_has_a_table_per_bucket_set():
     text = render_markdown(cells)
     assert text.count("| variant |") == len(BUCKET_SETS) and "invariant:I5" in text
     assert "(36 buckets; max batch 256)" in text and "buckets 36" not in text  # read twice
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name, buckets, max_batch, was", [
+    # the check's 17 requests never held 17 rows, so no retirement crossed from 32 back to 16
+    ("local-bucket", (16, 32), 20, "clean"),
+    ("local-bucket", (16, 32), 32, "clean"),
+    # 32 holds more rows than max batch 20, and was not counted as a bucket the cap could forbid
+    ("split-eligibility", (16, 32), 20, "not reachable here"),
+])
+def test_catches_where_the_smallest_bucket_is_large(name, buckets, max_batch, was):
+    variant = REGISTRY[name]
+    spec = CheckSpec(buckets=buckets, max_batch=max_batch, schedules=40, fault_schedules=0,
+                     jobs=1)
+    for topology in ("shared", "per-rank"):
+        row = check_bad(variant, spec, topology)
+        assert row.got == variant.expected[topology] != was, (topology, row.got, row.detail)
+
+
+@pytest.mark.timeout(120)
+def test_split_eligibility_s_oom_is_its_other_harm_and_only_that_one_passes():
+    """At buckets 8,16 and max batch 16 the graph of 16 that the reserve leaves out does not fit
+    the room the KV cache's page rounding leaves, so rank 1 runs out of memory capturing it
+    before the captured sets are compared (the row read oom, a MISMATCH). `also_expected` lets
+    that verdict catch the variant; without it the same row fails."""
+    from dataclasses import replace
+
+    variant = REGISTRY["split-eligibility"]
+    spec = CheckSpec(buckets=(8, 16), max_batch=16, schedules=20, fault_schedules=0, jobs=1)
+    row = check_bad(variant, spec, "shared")
+    assert row.got == "oom" and row.passed and "also_expected" in row.detail, row.detail
+    assert not check_bad(replace(variant, also_expected=()), spec, "shared").passed

@@ -50,14 +50,16 @@ def test_one_bucket_with_both_paths_is_still_one_bucket():
 
 
 @pytest.mark.parametrize("kwargs", CONFIGS, ids=IDS)
-def test_the_policy_cap_is_one_bucket_below_the_largest_a_full_batch_uses(kwargs):
+def test_the_policy_cap_is_one_bucket_below_the_largest_the_sweep_captures(kwargs):
+    """The largest captured bucket counts even where it holds more rows than max batch (16 at
+    max batch 12: batches of 9-12 replay it)."""
     sc, plan = _short(**kwargs)
-    usable = sorted({k.bucket for k in plan.keys() if k.bucket <= sc.config.max_batch})
+    captured = sorted({k.bucket for k in plan.keys()})
     cap = _policy_cap_below_largest(sc).config.graph_batch_cap
-    assert cap == usable[-2] < usable[-1]  # the cap forbids the largest bucket, keeps the next
+    assert cap == captured[-2] < captured[-1]  # the cap forbids the largest bucket, keeps the next
     variant = REGISTRY["split-eligibility"]
     result = run_schedule(variant.scenario(sc), variant, RandomWalk(0))
-    assert result.outcome.verdict == "divergence", result.outcome.detail
+    assert result.outcome.verdict in ("divergence",) + variant.also_expected, result.outcome.detail
 
 
 @pytest.mark.parametrize("kwargs", CONFIGS, ids=IDS)
