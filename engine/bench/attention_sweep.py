@@ -57,12 +57,12 @@ def decode_sweep() -> list[dict]:
     q = torch.randn(B, hq, d, device=dev, dtype=torch.bfloat16)
     kv_bytes = 2 * B * ctx * hkv * d * 2
     out = []
-    saved = (da.TILE_TOKENS, da.NUM_WARPS, da.NUM_STAGES)
+    saved = (da.TILE_TOKENS, da.NUM_WARPS_ONE_SPLIT, da.NUM_STAGES)
     try:
         for tile in (64, 128):
             for warps in (4, 8):
                 for stages in (2, 3, 4):
-                    da.TILE_TOKENS, da.NUM_WARPS, da.NUM_STAGES = tile, warps, stages
+                    da.TILE_TOKENS, da.NUM_WARPS_ONE_SPLIT, da.NUM_STAGES = tile, warps, stages
                     try:
                         ms, _ = _time(lambda: da.paged_decode_attention_triton(
                             q, k, v, table, lens, slots, d ** -0.5))
@@ -73,7 +73,7 @@ def decode_sweep() -> list[dict]:
                     out.append({"tile": tile, "warps": warps, "stages": stages, "ms": ms,
                                 "GBps": kv_bytes / ms / 1e6})
     finally:
-        da.TILE_TOKENS, da.NUM_WARPS, da.NUM_STAGES = saved
+        da.TILE_TOKENS, da.NUM_WARPS_ONE_SPLIT, da.NUM_STAGES = saved
     return out
 
 

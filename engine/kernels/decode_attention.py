@@ -91,9 +91,16 @@ TILE_TOKENS = 64
 # 8 at 128 4.7 against 6.9. 64 wins at batch 8 context 1,024 (11.2 against 12.8) and batch 16
 # context 512 (10.9 against 12.5); batch 1 context 1,024 is even (7.0 against 6.8).
 SPLIT_TILE_TOKENS = 128
-# Launch settings of the Triton kernel (Triton's defaults); `scripts/decode_attention_sweep.py`
-# times the alternatives at long contexts.
+# Launch settings of the Triton kernel: Triton's defaults on the split-KV path; launches of
+# one program per (row, kv head) take 2 warps. Qwen3-4B heads, a CUDA graph of 36 launches
+# over rotating caches (`docs/experiments/attention-launch-settings.py`), H100, 2026-12-05, 2
+# against 4 warps: batch 64 at context 128 15.9 against 16.9 us, at 1,024 90.8 against 92.0;
+# batch 256 52.1 against 53.1 and 352.2 against 353.5 us; no other setting of warps, stages,
+# tile or split target was faster at all four. The 4B step, same call: batch 64 4.114 against
+# 4.143 ms, 256 6.673 against 6.697 (docs/benchmarks.md, 2026-12-05). The split path's
+# launches (few rows) were slower with 2 warps (batch 8, context 128: 8.2 against 5.9 us).
 NUM_WARPS = 4
+NUM_WARPS_ONE_SPLIT = 2
 NUM_STAGES = 3
 
 # Programs the split-KV path aims for: two per SM of an H200 (132 SMs). A launch of B rows x
@@ -343,5 +350,6 @@ def paged_decode_attention_triton(q, k_cache, v_cache, page_table, seq_lens, slo
         GROUP=group, BLOCK_G=block_g, HEAD_DIM=D, PAGE=P,
         BLOCK_N=max(P, SPLIT_TILE_TOKENS if splits > 1 else TILE_TOKENS),
         SPLITS=splits, IEEE=q.dtype == torch.float32, ORDERED=row_order is not None,
-        num_warps=NUM_WARPS, num_stages=NUM_STAGES, **pdl_launch(q))
+        num_warps=NUM_WARPS if splits > 1 else NUM_WARPS_ONE_SPLIT, num_stages=NUM_STAGES,
+        **pdl_launch(q))
     return out
