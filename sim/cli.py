@@ -750,7 +750,8 @@ def _row_notes(rows: list[Row]) -> list[str]:
                        f"{row.detail if row.got == 'incomplete' else _budget_note(row)}")
         elif row.compared and row.got == "clean" and row.expected != "clean":
             out.append(f"note: {row.variant} / {row.topology}: not caught: "
-                       f"{row.stats.schedules} schedules found no "
+                       f"{row.stats.schedules} schedule{'s' * (row.stats.schedules != 1)} "
+                       "found no "
                        f"{row.expected}; a larger --schedules (default up to "
                        f"{DEFAULTS['schedules']}) or another --strategy may reach it")
     return out

@@ -96,12 +96,30 @@ def _tally(stats: SearchStats, result: RunResult, acceptable: Acceptable, progre
     return ok
 
 
-def _chooser(strategy: str, seed: int, index: int):
+PCT_STEPS = 2000
+"""PCT's run length k (actions) where none was measured: about a default check's run."""
+
+
+def _chooser(strategy: str, seed: int, index: int, run_length: int = PCT_STEPS):
     if strategy == "random":
         return RandomWalk(seed * 1_000_003 + index)
     if strategy == "pct":
-        return PCT(seed * 1_000_003 + index, depth=2 + index % 3)
+        return PCT(seed * 1_000_003 + index, depth=2 + index % 3, max_steps=run_length)
     raise ValueError(f"unknown strategy {strategy!r}")
+
+
+def run_length(scenario: Scenario, variant, strategy: str, seed: int) -> int:
+    """PCT's k: the actions of one seeded random run of ``scenario`` (Burckhardt et al. take k
+    from the program's run length; PCT_STEPS for other strategies). A fixed k placed every
+    priority change point in the first PCT_STEPS actions, so at 3 ranks and 256 buckets, where
+    a run is about 7,600 actions, no schedule could delay the end of startup and
+    ``kv-zero-unordered`` read clean (a fresh helper's finding)."""
+    if strategy != "pct":
+        return PCT_STEPS
+    with collector_off():
+        result = run_schedule(scenario, variant, RandomWalk(seed))
+    result.world.dispose()
+    return max(1, result.actions)
 
 
 def sample_search(scenario_for: Callable[[int], Scenario], variant, acceptable: Acceptable,
@@ -123,18 +141,21 @@ def sample_search(scenario_for: Callable[[int], Scenario], variant, acceptable: 
     deadline = start + time_budget
     stats = SearchStats()
     parallel = jobs > 1 and schedules >= 4 * jobs
+    steps = run_length(scenario_for(0), variant, strategy, seed)
     # Probe serially first: a variant that fails at once needs no worker processes.
     failure = _serial_runs(scenario_for, variant, acceptable, strategy, seed, 0,
                            PROBE if parallel else schedules, deadline, stop_on_failure, progress,
-                           stats)
+                           stats, steps)
     done = min(PROBE, schedules) if parallel else schedules
     more = not stats.budget_reached and not (failure is not None and stop_on_failure)
     if more and done < schedules:
         pooled = _parallel_sample_search(scenario_for, variant, acceptable, strategy, seed, done,
-                                         schedules, deadline, stop_on_failure, progress, jobs)
+                                         schedules, deadline, stop_on_failure, progress, jobs,
+                                         steps)
         if pooled is None:  # not picklable: carry on serially
             pooled_failure = _serial_runs(scenario_for, variant, acceptable, strategy, seed, done,
-                                          schedules, deadline, stop_on_failure, progress, stats)
+                                          schedules, deadline, stop_on_failure, progress, stats,
+                                          steps)
         else:
             pooled_failure = pooled.failure
             _merge(stats, pooled.stats)
@@ -148,12 +169,13 @@ PROBE = 4
 
 
 def _serial_runs(scenario_for, variant, acceptable, strategy, seed, lo, hi, deadline,
-                 stop_on_failure, progress, stats: SearchStats) -> RunResult | None:
+                 stop_on_failure, progress, stats: SearchStats,
+                 steps: int = PCT_STEPS) -> RunResult | None:
     """Runs [lo, hi) in this process, tallied into ``stats``; returns the first failing one."""
     failure = None
     with collector_off() as ran:
         for i in range(lo, hi):
-            result = run_schedule(scenario_for(i), variant, _chooser(strategy, seed, i),
+            result = run_schedule(scenario_for(i), variant, _chooser(strategy, seed, i, steps),
                                   deadline=deadline)
             if result.outcome.verdict == "budget":
                 stats.add(result, True)
@@ -308,6 +330,7 @@ class _SampleJob:
     strategy: str
     seed: int
     stop: bool
+    steps: int = PCT_STEPS
 
 
 def _run_chunk(job: _SampleJob, bounds: tuple[int, int], deadline: float):
@@ -323,7 +346,8 @@ def _chunk(job: _SampleJob, bounds: tuple[int, int], deadline: float):
     with collector_off() as ran:
         for i in range(lo, hi):
             result = run_schedule(job.scenario_for(i), job.variant,
-                                  _chooser(job.strategy, job.seed, i), deadline=deadline)
+                                  _chooser(job.strategy, job.seed, i, job.steps),
+                                  deadline=deadline)
             if result.outcome.verdict == "budget":
                 stats.add(result, True)
                 break
@@ -349,7 +373,8 @@ def _merge(total: SearchStats, stats: SearchStats) -> None:
 
 
 def _parallel_sample_search(scenario_for, variant, acceptable, strategy, seed, lo, hi, deadline,
-                            stop_on_failure, progress, jobs) -> SearchResult | None:
+                            stop_on_failure, progress, jobs,
+                            steps: int = PCT_STEPS) -> SearchResult | None:
     """Runs [lo, hi) in chunks on a `WorkerPool`; None if the job cannot be sent to workers.
 
     On a failure in chunk k, no chunk after k is handed out and the workers running one are
@@ -359,7 +384,7 @@ def _parallel_sample_search(scenario_for, variant, acceptable, strategy, seed, l
     from sim.workers import JobNotPicklable, WorkerPool
 
     start = time.perf_counter()
-    job = _SampleJob(scenario_for, variant, acceptable, strategy, seed, stop_on_failure)
+    job = _SampleJob(scenario_for, variant, acceptable, strategy, seed, stop_on_failure, steps)
     total = SearchStats()
     failures: list[int] = []
     chunks = [(a, min(a + CHUNK, hi)) for a in range(lo, hi, CHUNK)]
@@ -383,5 +408,5 @@ def _parallel_sample_search(scenario_for, variant, acceptable, strategy, seed, l
     failure = None
     if failures:
         i = min(failures)
-        failure = run_schedule(scenario_for(i), variant, _chooser(strategy, seed, i))
+        failure = run_schedule(scenario_for(i), variant, _chooser(strategy, seed, i, steps))
     return SearchResult(total, failure)

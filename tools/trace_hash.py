@@ -21,7 +21,7 @@ import time
 from sim.check import CheckSpec, bad_search_setup, faulted_family, scenario_family
 from sim.run import run_schedule
 from sim.scenario import TOPOLOGIES
-from sim.search import _chooser
+from sim.search import _chooser, run_length
 from sim.variants import SHIPPED, get_variant
 
 
@@ -59,11 +59,12 @@ def variant_hash(name: str, runs: int, spec: CheckSpec) -> str:
             continue
         for label, scenario_for in scenarios:
             for strategy in ("random", "pct"):
+                steps = run_length(scenario_for(0), variant, strategy, spec.seed)
                 for i in range(runs):
                     h.update(f"{topology}/{label}/{strategy}/{i}".encode())
                     try:
                         result = run_schedule(scenario_for(i), variant,
-                                              _chooser(strategy, spec.seed, i))
+                                              _chooser(strategy, spec.seed, i, steps))
                     except Exception as exc:  # noqa: BLE001
                         h.update(f"run error {type(exc).__name__}: {exc}".encode())
                         continue

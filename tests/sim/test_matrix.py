@@ -115,3 +115,20 @@ def test_split_eligibility_s_oom_is_its_other_harm_and_only_that_one_passes():
     row = check_bad(variant, spec, "shared")
     assert row.got == "oom" and row.passed and "also_expected" in row.detail, row.detail
     assert not check_bad(replace(variant, also_expected=()), spec, "shared").passed
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("buckets, max_batch", [((8,), 5), ((4, 8), 3), ((8,), 8)])
+def test_split_eligibility_s_unreachable_reason_holds_when_forced(buckets, max_batch):
+    """Where the row reads "not reachable here" (the sweep captures one bucket), the variant
+    forced past that check finds nothing. Old behaviour: rank 0 compared each bucket with the
+    plan's row cap, so at max batch 5 it skipped bucket 8, the bucket a full batch replays,
+    and the forced copy diverged with no numeric cap at all (a fresh helper's finding)."""
+    from dataclasses import replace
+
+    variant = REGISTRY["split-eligibility"]
+    spec = CheckSpec(buckets=buckets, max_batch=max_batch, schedules=20, fault_schedules=0,
+                     jobs=1)
+    assert check_bad(variant, spec, "shared").got == "not reachable here"
+    forced = check_bad(replace(variant, unreachable=None), spec, "shared")
+    assert forced.got == "clean", forced.detail
