@@ -782,7 +782,10 @@ def _summary(rows: list[Row]) -> str:
 
 def _row_json(row: Row) -> dict:
     s = row.stats
-    return {"variant": row.variant, "topology": row.topology, "expected": row.expected,
+    # a row whose bug this configuration cannot reach was checked against no verdict: its
+    # expected verdict is null here, as the table's column reads "-"
+    expected = None if row.got == NOT_REACHABLE else row.expected
+    return {"variant": row.variant, "topology": row.topology, "expected": expected,
             "got": row.got, "passed": row.passed, "schedules": s.schedules, "states": s.actions,
             "unique_states": s.unique_states if s.hashed else None, "complete": s.complete,
             "budget_reached": s.budget_reached, "seconds": round(s.seconds, 3),

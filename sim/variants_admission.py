@@ -74,10 +74,14 @@ class BucketCapWorker(Worker):
 
 
 def off_stride_max_batch(sc: Scenario) -> Scenario:
-    """``sc`` with a max batch one row short of its largest bucket, so that it is no bucket (the
-    largest bucket still holds it): the batch cap the memory fit gives is then not a bucket. A
-    scenario whose two largest buckets are adjacent has no such value and is left unchanged."""
+    """``sc`` with a max batch that is no bucket, so that the batch cap the memory fit gives is
+    not one: the scenario's own where it is none already (``--max-batch 3`` over buckets
+    1,2,4,8; it was replaced by 7, and the table did not say so), else one row short of the
+    largest bucket (the largest bucket still holds it). A scenario whose max batch is a bucket
+    and whose two largest buckets are adjacent has no such value and is left unchanged."""
     buckets = sc.config.buckets
+    if sc.config.max_batch not in buckets:
+        return sc
     if len(buckets) < 2 or buckets[-1] - 1 <= buckets[-2]:
         return sc
     return sc.with_(config=replace(sc.config, max_batch=buckets[-1] - 1))

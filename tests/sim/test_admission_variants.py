@@ -45,6 +45,17 @@ def test_scenarios_follow_the_configuration():
     assert off_stride_max_batch(default).config.max_batch == DEFAULT_DECODE_BUCKETS[-1] - 1
     adjacent = default_scenario(buckets=(1, 2), max_batch=2)
     assert off_stride_max_batch(adjacent) == adjacent  # no value between 1 and 2
+    # a max batch that is no bucket is the user's to keep (it was replaced by 7, silently)
+    users = default_scenario(buckets=(1, 2, 4, 8), max_batch=3)
+    assert off_stride_max_batch(users) == users
     assert reserve_short_by_the_pool(small).memory.capacity < reserve_short_by_the_pool(default).memory.capacity
     single = default_scenario(buckets=(4,), max_batch=4)
     assert reserve_short_by_the_pool(single) == single  # one candidate cap: nothing to drop
+
+
+@pytest.mark.timeout(120)
+def test_row_cap_as_bucket_cap_is_caught_at_the_user_s_own_off_stride_max_batch():
+    row = check_bad(REGISTRY["row-cap-as-bucket-cap"],
+                    CheckSpec(buckets=(1, 2, 4, 8), max_batch=3, schedules=10, fault_schedules=0,
+                              jobs=1), "shared")
+    assert row.got == "invariant:I7" and "a full batch of 3 rows" in row.detail, row.detail

@@ -709,3 +709,16 @@ def test_a_trace_that_cannot_be_written_is_named_by_its_own_path(tmp_path, capsy
                  "--jobs", "1", "--trace-out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err == f"lockstep check: error: cannot write traces to {str(blocker)!r}: Is a directory\n", err
+
+
+def test_a_row_not_reachable_here_has_no_expected_verdict_in_json(capsys):
+    """The table's expected column reads "-" for such a row; the JSON gave the variant's
+    expected verdict (a fresh helper's finding: "clean" for warmup-scratch-free per-rank)."""
+    import json
+
+    argv = ["check", "--variant", "warmup-scratch-free", "--buckets", "1,2,4,8", "--json",
+            "--no-progress", "--jobs", "1"]
+    assert main(argv) == 0
+    rows = {r["topology"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert rows["per-rank"]["got"] == "not reachable here" and rows["per-rank"]["expected"] is None
+    assert rows["shared"]["expected"] == rows["shared"]["got"] == "deadlock"
