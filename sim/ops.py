@@ -661,8 +661,10 @@ class ModelledBackend:
                     w.events["mixed_replay"] += 1
                 if w.config.short_context is not None:
                     self.count_path(r, key)
-                    if step.rows and step.rows.positions[0] < max(step.rows.positions):
-                        # a row behind slot 0 attends over more tokens than slot 0's
+                    if (key.bucket <= w.config.short_max_bucket and step.rows
+                            and step.rows.positions[0] < max(step.rows.positions)):
+                        # a row behind slot 0 attends over more tokens than slot 0's, in a
+                        # bucket that has a short graph (the first-row bug's case)
                         w.events["first_row_behind"] = w.events.get("first_row_behind", 0) + 1
         return self.done(host, self.replay_rows(r, graph, key.bucket))
 

@@ -43,6 +43,12 @@ from sim.devices import Kernel
 from sim.faults import FaultFamily
 from sim.scenario import TOPOLOGIES, Scenario
 
+EVENT_REACH: dict[str, Callable[[Scenario], str | None]] = {}
+"""Event name (a `Variant.reaches` entry) -> scenario -> None, or why no run of that scenario
+can reach the event; a clean row leaves such an event out of what it must reach and says why
+(`sim.check.check_correct`). Filled by the modules whose variants name the event."""
+
+
 VERDICTS = ("clean", "abort", "deadlock", "hang", "hang-at-exit", "divergence", "oom",
             "startup-refused", "livelock") + tuple(f"invariant:I{n}" for n in range(1, 22))
 """Verdicts a variant may expect."""
@@ -59,12 +65,14 @@ class Variant:
         source: the public bug or discussion it comes from.
         expected: topology -> expected verdict, ``"clean"``, ``"deadlock"``, ``"divergence"``,
             ``"oom"``, ``"hang-at-exit"``, ``"startup-refused"`` or ``"invariant:I<n>"``.
-        also_expected: further verdicts that catch a bad variant in either topology, for a
-            design with more than one harm where which one shows first is set by the
-            configuration, not by the bug (``split-eligibility``: the graph the capture path
-            keeps and the memory reserve leaves out either fits the room the KV cache's page
-            rounding leaves, and the captured sets diverge, or it does not, and its capture
-            runs out of memory). Empty for most variants.
+        also_expected: further verdicts that catch a bad variant in a topology whose
+            expected verdict is not ``clean``, for a design with more than one harm where which
+            one shows first is set by the configuration, not by the bug
+            (``split-eligibility``: the graph the capture path keeps and the memory reserve
+            leaves out either fits the room the KV cache's page rounding leaves, and the
+            captured sets diverge, or it does not, and its capture runs out of memory). A
+            topology expected clean stays clean: no verdict here passes it. Empty for most
+            variants.
         controller_cls: the controller class (a `protocol.Controller` subclass).
         worker_cls: the worker class (a `protocol.Worker` subclass).
         adjust: scenario -> scenario, for the fault or memory budget the variant needs.
@@ -138,7 +146,11 @@ class Variant:
         for verdict in self.also_expected:
             if verdict not in VERDICTS or verdict == "clean":
                 raise ConfigError(f"variant {self.name!r}: also_expected verdict {verdict!r} is "
-                                  f"not a failing verdict; use one of {', '.join(VERDICTS[1:])}")
+                                  f"not one of the failing verdicts {', '.join(VERDICTS[1:])}")
+        if self.also_expected and all(v == "clean" for v in self.expected.values()):
+            raise ConfigError(f"variant {self.name!r}: also_expected is "
+                              f"{self.also_expected!r}, but the variant is expected clean in "
+                              "every topology, where no other verdict passes")
         extra = set(self.expected) - set(TOPOLOGIES)
         if extra:
             raise ConfigError(f"variant {self.name!r}: unknown topology {sorted(extra)[0]!r} in expected")

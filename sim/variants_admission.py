@@ -75,16 +75,19 @@ class BucketCapWorker(Worker):
 
 def off_stride_max_batch(sc: Scenario) -> Scenario:
     """``sc`` with a max batch that is no bucket, so that the batch cap the memory fit gives is
-    not one: the scenario's own where it is none already (``--max-batch 3`` over buckets
-    1,2,4,8; it was replaced by 7, and the table did not say so), else one row short of the
-    largest bucket (the largest bucket still holds it). A scenario whose max batch is a bucket
-    and whose two largest buckets are adjacent has no such value and is left unchanged."""
-    buckets = sc.config.buckets
-    if sc.config.max_batch not in buckets:
+    not one, and never above the scenario's own: that max batch where it is no bucket already
+    (``--max-batch 3`` over buckets 1,2,4,8), else one row short of it where the bucket below
+    leaves room (4 -> 3; the default 256 -> 255). A max batch one row above the bucket below
+    it (2 over buckets 1,2) has no such value and is left unchanged. (Every max batch used to
+    become the largest bucket - 1: ``--max-batch 3`` or ``4`` was checked at 7, and
+    ``--buckets 5,10,20 --max-batch 5`` at 19, without a word.)"""
+    buckets, max_batch = sc.config.buckets, sc.config.max_batch
+    if max_batch not in buckets:
         return sc
-    if len(buckets) < 2 or buckets[-1] - 1 <= buckets[-2]:
+    i = buckets.index(max_batch)
+    if max_batch - 1 <= (buckets[i - 1] if i else 0):
         return sc
-    return sc.with_(config=replace(sc.config, max_batch=buckets[-1] - 1))
+    return sc.with_(config=replace(sc.config, max_batch=max_batch - 1))
 
 
 def _cap_keeps_the_same_buckets(sc: Scenario) -> str | None:

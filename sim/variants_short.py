@@ -21,8 +21,10 @@ from __future__ import annotations
 
 from protocol.commands import DecodeRows
 from protocol.controller import Controller
+from protocol.eligibility import GraphPlan
+from protocol.keys import SHORT
 from sim.scenario import Scenario, ShortPathDraw, decode_contexts, short_path_on
-from sim.variants import BOTH_CLEAN, Variant, register
+from sim.variants import BOTH_CLEAN, EVENT_REACH, Variant, register
 
 
 def _no_short_path(sc: Scenario) -> str | None:
@@ -33,6 +35,28 @@ def _no_short_path(sc: Scenario) -> str | None:
     if decode_contexts(sc) is None:
         return "no request of the workload decodes: no step has a context to judge"
     return None
+
+
+def _no_short_graph_of_two_rows(sc: Scenario) -> str | None:
+    """Why no step of ``sc`` can replay the short path with a row behind slot 0 (what the
+    first-row bug needs), or None: every captured bucket of two rows or more is above
+    ``short_max_bucket``, so a step of two rows pads to a bucket with no short graph (a fresh
+    reviewer's finding: ``--buckets 1,32`` read ``short-path-first-row`` clean, a MISMATCH,
+    and the clean row counted ``first_row_behind`` at replays of bucket 32)."""
+    cfg = sc.config
+    buckets = {k.bucket for k in GraphPlan.from_config(cfg).keys() if k.path == SHORT}
+    if not any(b >= 2 for b in buckets):
+        return (f"the short path has a graph of bucket {', '.join(map(str, sorted(buckets)))} "
+                f"only (short_max_bucket {cfg.short_max_bucket}): no step of two rows or more "
+                "replays it")
+    return None
+
+
+def _no_first_row_behind(sc: Scenario) -> str | None:
+    return _no_short_path(sc) or _no_short_graph_of_two_rows(sc)
+
+
+EVENT_REACH["first_row_behind"] = _no_short_graph_of_two_rows
 
 
 register(Variant(
@@ -97,4 +121,4 @@ register(Variant(
     remedy="The path is chosen from the maximum context over every decode row of the step, "
            "never from one row (GraphPlan.key_for, I22).",
     controller_cls=FirstRowContextController, adjust=short_path_on, draw=ShortPathDraw,
-    unreachable=_no_short_path))
+    unreachable=_no_first_row_behind))

@@ -59,7 +59,11 @@ def variant_hash(name: str, runs: int, spec: CheckSpec) -> str:
             continue
         for label, scenario_for in scenarios:
             for strategy in ("random", "pct"):
-                steps = run_length(scenario_for(0), variant, strategy, spec.seed)
+                try:
+                    steps = run_length(scenario_for(0), variant, strategy, spec.seed)
+                except Exception as exc:  # noqa: BLE001 - hashed as a run error, as below
+                    h.update(f"run-length error {type(exc).__name__}: {exc}".encode())
+                    continue
                 for i in range(runs):
                     h.update(f"{topology}/{label}/{strategy}/{i}".encode())
                     try:

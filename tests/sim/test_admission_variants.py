@@ -45,9 +45,13 @@ def test_scenarios_follow_the_configuration():
     assert off_stride_max_batch(default).config.max_batch == DEFAULT_DECODE_BUCKETS[-1] - 1
     adjacent = default_scenario(buckets=(1, 2), max_batch=2)
     assert off_stride_max_batch(adjacent) == adjacent  # no value between 1 and 2
-    # a max batch that is no bucket is the user's to keep (it was replaced by 7, silently)
+    # a max batch that is no bucket is the user's to keep (it was replaced by 7, silently), and
+    # one that is a bucket becomes one row less, never more
     users = default_scenario(buckets=(1, 2, 4, 8), max_batch=3)
     assert off_stride_max_batch(users) == users
+    assert off_stride_max_batch(default_scenario(buckets=(1, 2, 4, 8), max_batch=4)).config.max_batch == 3
+    assert off_stride_max_batch(default_scenario(buckets=(5, 10, 20), max_batch=5)).config.max_batch == 4
+    assert off_stride_max_batch(default_scenario(buckets=(3, 5), max_batch=3)).config.max_batch == 2
     assert reserve_short_by_the_pool(small).memory.capacity < reserve_short_by_the_pool(default).memory.capacity
     single = default_scenario(buckets=(4,), max_batch=4)
     assert reserve_short_by_the_pool(single) == single  # one candidate cap: nothing to drop

@@ -253,7 +253,10 @@ def test_trace_out_that_is_a_file_is_rejected_before_search(tmp_path, capsys):
      "expected={'shared': 'bogus', 'per-rank': 'clean'})\n", "expected verdict for topology 'shared' is 'bogus'"),
     ("from sim.variants import Variant\nV = Variant(name='v', summary='s', source='x', "
      "expected={'shared': 'deadlock', 'per-rank': 'deadlock'}, also_expected=('clean',))\n",
-     "also_expected verdict 'clean' is not a failing verdict"),
+     "also_expected verdict 'clean' is not one of the failing verdicts"),
+    ("from sim.variants import Variant\nV = Variant(name='v', summary='s', source='x', "
+     "expected={'shared': 'clean', 'per-rank': 'clean'}, also_expected=('oom',))\n",
+     "the variant is expected clean in every topology"),
     ("from sim.variants import Variant\nV = Variant(name='v', summary='s', source='x', "
      "expected={'shared': 'deadlock', 'per-rank': 'deadlock'}, also_expected='oom')\n",
      "also_expected is 'oom'; expected a tuple of verdicts"),

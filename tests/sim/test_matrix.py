@@ -12,7 +12,7 @@ import sim.variants_comms
 import sim.variants_paging
 import sim.variants_state
 from lockstep.cli import main
-from sim.check import CheckSpec, check_bad
+from sim.check import CheckSpec, check_bad, check_correct
 from sim.matrix import BUCKET_SETS, render_markdown, run_matrix
 from sim.variants import REGISTRY, SHIPPED
 
@@ -132,3 +132,39 @@ def test_split_eligibility_s_unreachable_reason_holds_when_forced(buckets, max_b
     assert check_bad(variant, spec, "shared").got == "not reachable here"
     forced = check_bad(replace(variant, unreachable=None), spec, "shared")
     assert forced.got == "clean", forced.detail
+
+
+@pytest.mark.timeout(120)
+def test_also_expected_passes_no_topology_expected_clean():
+    """A fresh reviewer's finding: a variant expected clean per-rank, with also_expected
+    ("divergence",), passed a per-rank divergence."""
+    from dataclasses import replace
+
+    variant = replace(REGISTRY["local-bucket"], name="lb-perrank-clean",
+                      expected={"shared": "divergence", "per-rank": "clean"},
+                      also_expected=("divergence",))
+    spec = CheckSpec(buckets=(8, 16), max_batch=16, schedules=10, fault_schedules=0, jobs=1)
+    row = check_bad(variant, spec, "per-rank")
+    assert row.got == "divergence" and not row.passed
+    assert check_bad(variant, spec, "shared").passed
+
+
+@pytest.mark.timeout(120)
+def test_the_first_row_bug_needs_a_short_graph_of_two_rows():
+    """A fresh reviewer's finding: at --buckets 1,32 only bucket 1 has a short-path graph, so
+    a step of two rows pads to 32 and cannot replay it; short-path-first-row read clean (a
+    MISMATCH) and the clean row counted first_row_behind at replays of bucket 32. Now the bad
+    row is not reachable here (forced past that, it finds nothing), and the clean row reads
+    clean with that event left out, saying why."""
+    from dataclasses import replace
+
+    spec = CheckSpec(buckets=(1, 32), max_batch=32, schedules=20, fault_schedules=0, jobs=1)
+    bad = REGISTRY["short-path-first-row"]
+    row = check_bad(bad, spec, "shared")
+    assert row.got == "not reachable here" and "graph of bucket 1 only" in row.detail
+    assert check_bad(replace(bad, unreachable=None), spec, "shared").got == "clean"
+    [clean] = check_correct(REGISTRY["correct-short-path"], spec, "shared")
+    assert clean.got == "clean", clean.detail
+    assert "first_row_behind not reachable here" in clean.detail
+    assert "first_row_behind" not in clean.detail.split(";")[0]
+    assert not clean.stats.reached.get("first_row_behind")  # counted only where it can harm

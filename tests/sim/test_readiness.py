@@ -15,7 +15,7 @@ from sim.devices import DeviceModel
 from sim.ops import ModelledBackend
 from sim.run import run_schedule
 from sim.scenario import TOPOLOGIES, Fault
-from sim.search import _chooser
+from sim.search import _chooser, run_length
 from sim.variants import SHIPPED, get_variant
 from sim.world import World
 from tests.tools import load_tool
@@ -61,8 +61,9 @@ def _runs(names, strategies=("random", "pct"), runs=1):
                 continue
             for _, scenario_for in scenarios:
                 for strategy in strategies:
+                    steps = run_length(scenario_for(0), variant, strategy, SPEC.seed)
                     for i in range(runs):
-                        yield variant, scenario_for(i), _chooser(strategy, SPEC.seed, i)
+                        yield variant, scenario_for(i), _chooser(strategy, SPEC.seed, i, steps)
 
 
 def test_enabled_equals_a_full_probe_after_every_action(checked):
