@@ -170,10 +170,12 @@ def first_wave(max_batch: int, buckets: tuple[int, ...]) -> int:
     """Requests that arrive before the first serving step: `FIRST_WAVE`, or one more than the
     smallest bucket below ``max_batch`` where that is more, at most ``max_batch``.
 
-    The decode batch must outgrow some bucket for a step to pad into the next one and for a
-    retirement to take it back across the boundary (what ``local-bucket`` needs: found by a
-    session's configuration sweep, ``--buckets 16,32 --max-batch 20`` read that variant clean
-    with a first wave of 9, where no step ever held 17 rows).
+    The decode batch must outgrow some bucket before a retirement can take it back across a
+    boundary (what ``local-bucket`` needs: found by a session's configuration sweep,
+    ``--buckets 16,32 --max-batch 20`` read that variant clean with a first wave of 9, where no
+    step ever held 17 rows). Outgrowing it is necessary, not sufficient: at ``--buckets 1,9``
+    no retirement of this workload leaves exactly one row behind, and that row still reads
+    clean (known, not fixed).
     """
     below = [b for b in buckets if b < max_batch]
     wanted = max(FIRST_WAVE, below[0] + 1) if below else FIRST_WAVE
