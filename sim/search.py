@@ -37,6 +37,9 @@ class SearchStats:
         verdicts: verdict -> count.
         reached: event -> count over all runs (graph replays, live-slot moves, faults fired).
         complete: True if an exhaustive search covered every reachable state.
+        scenarios: scenarios searched one at a time (exhaustive or Hypothesis search over
+            every member of a drawn or faulted family, each with its own budget of
+            schedules); 0 for a sample search, which draws a scenario per run.
     """
 
     schedules: int = 0
@@ -50,6 +53,7 @@ class SearchStats:
     complete: bool = False
     hashed: bool = False
     budget_reached: bool = False
+    scenarios: int = 0
 
     def add(self, result: RunResult, ok: bool) -> None:
         if result.outcome.verdict == "budget":
