@@ -115,7 +115,7 @@ def main() -> int:
                     continue
                 row.update(us=us, TBps=kv_bytes / (us * 1e-6) / 1e12, rel_err=err)
                 rows.append(row)
-            del ks, vs
+            ks = vs = None  # free this case's caches before the next one allocates
             best = sorted((r for r in rows if r["batch"] == batch and r["context"] == context
                            and "us" in r), key=lambda r: r["us"])
             base = next((r for r in best if (r["tile"], r["warps"], r["stages"], r["target"])
