@@ -174,8 +174,8 @@ def first_wave(max_batch: int, buckets: tuple[int, ...]) -> int:
     boundary (what ``local-bucket`` needs: found by a session's configuration sweep,
     ``--buckets 16,32 --max-batch 20`` read that variant clean with a first wave of 9, where no
     step ever held 17 rows). Outgrowing it is necessary, not sufficient: at ``--buckets 1,9``
-    no retirement of this workload leaves exactly one row behind, and that row still reads
-    clean (known, not fixed).
+    no retirement of this workload leaves exactly one row behind (its last two requests retire
+    together), so ``local-bucket`` draws its workload per run (`WorkloadDraw`).
     """
     below = [b for b in buckets if b < max_batch]
     wanted = max(FIRST_WAVE, below[0] + 1) if below else FIRST_WAVE

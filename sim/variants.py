@@ -41,7 +41,7 @@ from protocol.worker import SYNC, Worker
 from protocol.eligibility import GraphPlan
 from sim.devices import Kernel
 from sim.faults import FaultFamily
-from sim.scenario import TOPOLOGIES, Scenario
+from sim.scenario import TOPOLOGIES, Scenario, WorkloadDraw
 
 EVENT_REACH: dict[str, Callable[[Scenario], str | None]] = {}
 """Event name (a `Variant.reaches` entry) -> scenario -> None, or why no run of that scenario
@@ -453,6 +453,9 @@ class LocalBucketWorker(Worker):
     Ranks learn of retirements at different times: rank 0 samples and drops a finished request
     at once; the others still count it until the retirement reaches them. So the local counts,
     and the buckets, differ across ranks whenever a retirement crosses a bucket boundary.
+    Which retirements cross one depends on the workload's mix, not on the schedule, so the
+    variant draws its workload per run (`WorkloadDraw`): with the check's own, the last two
+    requests retire together and ``--buckets 1,9`` never crossed from 2 rows to 1.
     """
 
     def forward_ops(self, step: Step) -> list[Op]:
@@ -471,7 +474,7 @@ register(Variant(
     source="vLLM PR #25906; SGLang #30242 / PR #30450",
     expected={"shared": "divergence", "per-rank": "divergence"},
     remedy='The controller picks the bucket and graph key and carries them in the step command; no rank derives them from its own count (I2).',
-    worker_cls=LocalBucketWorker,
+    worker_cls=LocalBucketWorker, draw=WorkloadDraw,
     unreachable=NeedsTwoBuckets("ranks whose row counts differ still pick the same bucket")))
 
 
