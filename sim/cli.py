@@ -4,7 +4,7 @@ With no arguments it checks the correct protocol on the real configuration (Qwen
 2, the 36 pegainfer buckets, max batch 256, startup sweep then serving) under both process
 topologies -- clean without faults, loud global aborts with them -- and every shipped variant,
 and exits 0 only if all verdicts are as expected. Bad arguments exit 2 with a one-line error,
-an option that takes a value given twice among them (`_Once`: a script's second value is not an
+an option that takes a value given twice among them (a script's second value is not an
 override, as it is in `lockstep bench`; --variant, --variant-file and --hazard-off repeat).
 """
 
