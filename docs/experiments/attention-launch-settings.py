@@ -16,41 +16,22 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import statistics
 import sys
 
 import torch
 
 import engine.kernels.decode_attention as da
+from engine.bench.gemm_sweep import time_graph
 
 HQ, HKV, D, PAGE, LAYERS = 32, 8, 128, 16, 36
 
 
 def _graph_us(fn, reps: int = 20) -> float:
-    """Median us per launch of a graph of LAYERS calls of fn(layer)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
+    """Median us per launch of a graph of LAYERS calls of fn(layer) (`gemm_sweep.time_graph`)."""
+    def step():
         for layer in range(LAYERS):
             fn(layer)
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for layer in range(LAYERS):
-            fn(layer)
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / LAYERS)
-    return statistics.median(times)
+    return time_graph(step, reps) * 1e3 / LAYERS
 
 
 def _case(batch: int, context: int):
