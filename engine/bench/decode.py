@@ -177,7 +177,8 @@ def measure_rank(rank: int, world_size: int, opts, model_dir: str) -> dict:
 
     from dataclasses import replace
 
-    from engine.bench.floor import kv_bytes_read, measure_read_bandwidth, weight_bytes
+    from engine.bench.floor import (attention_flops, gemm_flops, kv_bytes_read,
+                                    measure_matmul_rate, measure_read_bandwidth, weight_bytes)
     from engine.executor import PhaseTimer, RankExecutor
     from engine.parallel import TPGroup
     from protocol.buckets import DEFAULT_DECODE_BUCKETS, select_bucket
@@ -188,6 +189,7 @@ def measure_rank(rank: int, world_size: int, opts, model_dir: str) -> dict:
     dev = torch.device("cuda", torch.cuda.current_device())
     out: dict = {"rank": rank, "device_name": torch.cuda.get_device_name(dev)}
     out["read_bandwidth_Bps"] = measure_read_bandwidth(dev)
+    out["matmul_Fps"] = measure_matmul_rate(dev)
     settings = engine_settings(model_dir, opts, world_size)
     t0 = time.perf_counter()
     ex = RankExecutor(settings, TPGroup(rank, world_size))
@@ -263,7 +265,12 @@ def measure_rank(rank: int, world_size: int, opts, model_dir: str) -> dict:
             steps = steps_for(batch, bucket, context)
             point = {"batch": batch, "bucket": bucket, "context": context,
                      "kv_bytes": kv_bytes_read(cfg.num_layers, kvh, cfg.head_dim, batch,
-                                               context, ex.dtype.itemsize)}
+                                               context, ex.dtype.itemsize),
+                     "weight_bytes": weight_bytes(ex.model, batch),
+                     "gemm_flops": gemm_flops(ex.model, batch),
+                     "attention_flops": attention_flops(
+                         cfg.num_layers, cfg.num_q_heads // world_size, cfg.head_dim, batch,
+                         context)}
             graph_key = points_keys.get((batch, context))
             if graphs is not None:
                 point["graph"] = str(graph_key)
@@ -325,7 +332,7 @@ def profile_point(ex, key, step, bucket: int, read_bandwidth_Bps: float) -> dict
         ex.launch(key)
 
     prof = launches_per_step(replay if key is not None else eager)
-    prof["gemms"] = gemm_bandwidth(ex.model, eager, read_bandwidth_Bps)
+    prof["gemms"] = gemm_bandwidth(ex.model, eager, read_bandwidth_Bps, rows=bucket)
     ex._decode_logits = None  # the bench reads no tokens
     return prof
 

@@ -92,7 +92,8 @@ def launches_per_step(replay, steps: int = 10) -> dict:
             "top": [(name[:80], us / steps, n / steps) for name, (n, us) in top]}
 
 
-def gemm_bandwidth(model, forward, read_bandwidth_Bps: float, steps: int = 5) -> list[dict]:
+def gemm_bandwidth(model, forward, read_bandwidth_Bps: float, steps: int = 5,
+                   rows: int | None = None) -> list[dict]:
     """Per GEMM module kind: median device time per call over `steps` eager `forward()` calls
     (each one decode step) and the weight-read bandwidth that implies.
 
@@ -100,10 +101,12 @@ def gemm_bandwidth(model, forward, read_bandwidth_Bps: float, steps: int = 5) ->
         model: the engine's model (its GEMM modules are labelled while profiling).
         forward: runs one eager decode forward.
         read_bandwidth_Bps: the measured HBM read bandwidth, bytes/s (for the ratio).
+        rows: rows each call multiplies (the step's bucket); with it, each entry also gives
+            the matmul rate achieved, "TFLOPps" (2 x rows x out x in FLOPs per call).
     Returns:
         [{"gemm", "shape" (out x in, this rank), "weight_bytes", "calls", "us", "GBps",
-        "of_read_bandwidth"}] in `GEMM_MODULES` order; a kind whose calls launched no kernel
-        the profiler saw is left out.
+        "of_read_bandwidth"[, "TFLOPps"]}] in `GEMM_MODULES` order; a kind whose calls launched
+        no kernel the profiler saw is left out.
     """
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -128,6 +131,8 @@ def gemm_bandwidth(model, forward, read_bandwidth_Bps: float, steps: int = 5) ->
                     "weight_bytes": nbytes, "calls": len(times), "us": us,
                     "GBps": nbytes / us / 1e3,
                     "of_read_bandwidth": nbytes / (us * 1e-6) / read_bandwidth_Bps})
+        if rows is not None:
+            out[-1]["TFLOPps"] = 2 * rows * w.numel() / (us * 1e-6) / 1e12
     return out
 
 
@@ -185,7 +190,8 @@ def format_profile(point: dict, num_layers: int) -> list[str]:
     for g in prof.get("gemms", []):
         lines.append(f"  {g['gemm']:<13} {g['shape']:>13}  {g['weight_bytes'] / 1e6:8.2f} MB  "
                      f"{g['us']:8.1f} us  {g['GBps']:7.0f} GB/s  "
-                     f"{100 * g['of_read_bandwidth']:5.1f}% of read bandwidth")
+                     f"{100 * g['of_read_bandwidth']:5.1f}% of read bandwidth"
+                     + (f"  {g['TFLOPps']:5.0f} TFLOP/s" if "TFLOPps" in g else ""))
     return lines
 
 

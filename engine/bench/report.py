@@ -37,21 +37,33 @@ def versions() -> dict:
 
 def build_document(opts, ranks: list[dict], hf: list[dict], command: str) -> dict:
     """One JSON-able document: options, versions, per-rank raw results, and per-point rows
-    with the floor (rank 0's bytes over rank 0's measured read bandwidth)."""
+    with the HBM floor (rank 0's bytes over rank 0's measured read bandwidth) and, where rank 0
+    measured its matmul rate, the roofline floor (`engine.bench.floor.roofline_seconds`)."""
+    from engine.bench.floor import roofline_seconds
+
     r0 = ranks[0]
     bw = r0["read_bandwidth_Bps"]
+    rate = r0.get("matmul_Fps")
     hf_by = {(h["batch"], h["context"]): h for h in hf}
     rows = []
     for p in r0["points"]:
-        floor_s = (r0["weight_bytes"] + p["kv_bytes"]) / bw
+        wbytes = p.get("weight_bytes", r0["weight_bytes"])
+        floor_s = (wbytes + p["kv_bytes"]) / bw
         row = {"batch": p["batch"], "bucket": p["bucket"], "context": p["context"],
-               "floor_ms": 1e3 * floor_s, "weight_bytes": r0["weight_bytes"],
+               "floor_ms": 1e3 * floor_s, "weight_bytes": wbytes,
                "kv_bytes": p["kv_bytes"]}
+        if rate and "gemm_flops" in p:
+            row.update(gemm_flops=p["gemm_flops"], attention_flops=p["attention_flops"],
+                       roofline_ms=1e3 * roofline_seconds(wbytes, p["kv_bytes"],
+                                                          p["gemm_flops"],
+                                                          p["attention_flops"], bw, rate))
         for mode in ("graphs", "eager"):
             if mode in p:
                 row[mode] = p[mode]
                 row[f"{mode}_tokens_per_s"] = p["batch"] / (p[mode]["median_ms"] / 1e3)
                 row[f"{mode}_x_floor"] = p[mode]["median_ms"] / row["floor_ms"]
+                if "roofline_ms" in row:
+                    row[f"{mode}_x_roofline"] = p[mode]["median_ms"] / row["roofline_ms"]
         if "graphs" in p and "eager" in p:
             row["graphs_over_eager"] = p["graphs"]["median_ms"] / p["eager"]["median_ms"]
         for k in ("graph", "short_fused", "graph_vs_eager_max_abs", "logits_finite", "allreduce", "profile"):
@@ -65,7 +77,9 @@ def build_document(opts, ranks: list[dict], hf: list[dict], command: str) -> dic
         rows.append(row)
     return {"command": command, "versions": versions(),
             "options": {k: v for k, v in vars(opts).items()},
-            "read_bandwidth_TBps": bw / 1e12, "tensor_parallel_size": len(ranks),
+            "read_bandwidth_TBps": bw / 1e12,
+            "matmul_TFLOPps": rate / 1e12 if rate else None,
+            "tensor_parallel_size": len(ranks),
             "capture": [r.get("capture") for r in ranks],
             "graph_source": r0.get("graph_source"), "rows": rows, "ranks": ranks}
 
@@ -82,9 +96,13 @@ def format_table(doc: dict) -> str:
              f" triton {v.get('triton')} transformers {v.get('transformers')}"
              f" driver {v.get('driver')}",
              f"read bandwidth {doc['read_bandwidth_TBps']:.2f} TB/s (sum over 2 GiB bf16); "
-             f"weights {doc['rows'][0]['weight_bytes'] / 1e9:.3f} GB per rank"]
+             + (f"matmul {doc['matmul_TFLOPps']:.0f} TFLOP/s (bf16 8192^3); "
+                if doc.get("matmul_TFLOPps") else "")
+             + f"weights {doc['ranks'][0]['weight_bytes'] / 1e9:.3f} GB per rank",
+             "floor: HBM bytes / read bandwidth; roofline: max(bytes / bandwidth, FLOPs / "
+             "matmul rate) for the GEMMs, plus the same for the attention"]
     head = ("batch  ctx  graphs med/p90 ms   eager med ms  g/e    tok/s(graphs)  floor ms  "
-            "x floor  HF compiled ms  HF/engine  HF compile s")
+            "x floor  roofline ms  x roof  HF compiled ms  HF/engine  HF compile s")
     lines += [head, "-" * len(head)]
     for r in doc["rows"]:
         g, e, h = r.get("graphs"), r.get("eager"), r.get("hf_compiled")
@@ -95,6 +113,8 @@ def format_table(doc: dict) -> str:
             f"{_f(e and e['median_ms']):>11}  {_f(r.get('graphs_over_eager'), '{:.2f}'):>5}  "
             f"{_f(r.get('graphs_tokens_per_s', r.get('eager_tokens_per_s')), '{:,.0f}'):>13}  "
             f"{r['floor_ms']:>8.3f}  {best['median_ms'] / r['floor_ms']:>7.2f}  "
+            f"{_f(r.get('roofline_ms')):>11}  "
+            f"{_f(r.get('roofline_ms') and best['median_ms'] / r['roofline_ms'], '{:.2f}'):>6}  "
             f"{_f(h and h['median_ms']):>14}  {_f(r.get('hf_over_engine'), '{:.2f}'):>9}  "
             f"{_f(h and h['compile_s'], '{:.1f}'):>12}")
     for rank, cap in enumerate(doc["capture"]):
@@ -142,7 +162,7 @@ def write_json(doc: dict, path: str) -> None:
 
 
 def write_plot(doc: dict, path: str) -> bool:
-    """Step time vs batch (graphs, eager, HF compiled, floor), log-log; False without
+    """Step time vs batch (graphs, eager, HF compiled, the floors), log-log; False without
     matplotlib (nothing written)."""
     try:
         import matplotlib
@@ -162,6 +182,9 @@ def write_plot(doc: dict, path: str) -> bool:
             if pts:
                 ax.plot(*zip(*pts), style, label=f"{label} (ctx {ctx})")
         ax.plot(b, [r["floor_ms"] for r in rows], "k:", label=f"HBM floor (ctx {ctx})")
+        roof = [(r["batch"], r["roofline_ms"]) for r in rows if "roofline_ms" in r]
+        if roof:
+            ax.plot(*zip(*roof), "k-.", label=f"roofline floor (ctx {ctx})")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("batch (rows per decode step)")

@@ -66,6 +66,10 @@ def test_profile_lines_give_kernels_per_step_and_layer_and_gemm_bandwidth():
     assert lines[0].startswith("batch 8 ctx 128: 240 kernels per step (8.6 per layer over 28")
     assert "gate_up_proj" in lines[1] and "6144 x 1024" in lines[1] and "12.58 MB" in lines[1]
     assert "3146 GB/s" in lines[1] and "78.6% of read bandwidth" in lines[1]
+    assert "TFLOP/s" not in lines[1]
+    # 2 x 8 rows x 6144 x 1024 FLOPs in 4 us: 25 TFLOP/s
+    point["profile"]["gemms"][0]["TFLOPps"] = 2 * 8 * 6144 * 1024 / 4e-6 / 1e12
+    assert format_profile(point, 28)[1].endswith("   25 TFLOP/s")
 
 
 class _Kind:

@@ -27,6 +27,10 @@ def test_decode_workload_times_graph_and_eager_steps(tmp_path):
         assert row["eager"]["n"] == 4 and row["eager"]["median_ms"] > 0
         assert row["logits_finite"] and row["graph_vs_eager_max_abs"] == 0.0
         assert row["profile"]["launches"] > 0
+        assert all(g["TFLOPps"] > 0 for g in row["profile"]["gemms"])
+        # the tiny preset is bound by bytes at these rows: the roofline is the HBM floor
+        assert row["roofline_ms"] == pytest.approx(row["floor_ms"])
+    assert doc["matmul_TFLOPps"] > 1
 
 
 @pytest.mark.timeout(600)
