@@ -115,7 +115,29 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
     if cfg.num_q_heads % cfg.num_kv_heads:
         raise ModelDirError(f"{cfg_path}: num_attention_heads {cfg.num_q_heads} is not a "
                             f"multiple of num_key_value_heads {cfg.num_kv_heads}")
-    return cfg
+    return _untie_a_distinct_stored_head(cfg, cfg_path)
+
+
+_UNTIE_WARNED: set[str] = set()
+
+
+def _untie_a_distinct_stored_head(cfg: ModelConfig, cfg_path: Path) -> ModelConfig:
+    """`cfg` untied where its config ties the LM head to the embedding but the checkpoint
+    stores a different `lm_head.weight` (`engine.weights.stored_head_differs`), as
+    transformers loads it; one line on stderr says so, once per directory."""
+    import sys
+    from dataclasses import replace
+
+    from engine.weights import stored_head_differs
+
+    if not cfg.tie_word_embeddings or not stored_head_differs(cfg.model_dir):
+        return cfg
+    if cfg.model_dir not in _UNTIE_WARNED:
+        _UNTIE_WARNED.add(cfg.model_dir)
+        print(f"lockstep: {cfg_path} ties the LM head to the embedding, but the checkpoint "
+              "stores a different lm_head.weight: using it untied, as transformers does",
+              file=sys.stderr)
+    return replace(cfg, tie_word_embeddings=False)
 
 
 def _transformers_reason(exc: Exception) -> str:

@@ -43,6 +43,68 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return out
 
 
+HEAD_COMPARE_ROWS = 8192
+"""Vocabulary rows compared at a time by `stored_head_differs` (bounds its memory)."""
+
+
+def _tensor_files(d: Path) -> dict[str, Path] | None:
+    """Tensor name -> shard file of the checkpoint in `d`, None where it has neither an index
+    nor a single model.safetensors (`WeightIndex` raises for that)."""
+    index_path = d / INDEX_FILE
+    if index_path.is_file():
+        try:
+            weight_map = json.loads(index_path.read_text())["weight_map"]
+        except (OSError, ValueError, KeyError) as exc:
+            raise ModelDirError(f"{index_path}: unreadable index ({exc})") from exc
+        return {name: d / fname for name, fname in weight_map.items()}
+    if (d / SINGLE_FILE).is_file():
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(d / SINGLE_FILE), framework="pt") as f:
+                return {name: d / SINGLE_FILE for name in f.keys()}
+        except Exception as exc:  # safetensors raises its own error types
+            raise ModelDirError(f"{d / SINGLE_FILE}: unreadable safetensors file ({exc})") \
+                from exc
+    return None
+
+
+def stored_head_differs(model_dir: str | Path) -> bool:
+    """Whether the checkpoint stores an `lm_head.weight` of its own that differs from
+    `model.embed_tokens.weight` (shape or any value).
+
+    transformers ties the two when a config says `tie_word_embeddings: true`, but not when
+    both tensors are in the checkpoint with different values: it loads both and warns
+    (transformers 5, `PreTrainedModel.tie_weights`). The engine follows it, so that its logits
+    match the reference's; `engine.config.load_model_config` unties such a config. Compared
+    HEAD_COMPARE_ROWS rows at a time, stopping at the first difference.
+
+    Raises:
+        ModelDirError: the index or a shard holding either tensor is unreadable.
+    """
+    import torch
+    from safetensors import safe_open
+
+    files = _tensor_files(Path(model_dir))
+    if not files or "lm_head.weight" not in files or "model.embed_tokens.weight" not in files:
+        return False
+    try:
+        with safe_open(str(files["lm_head.weight"]), framework="pt") as fh, \
+                safe_open(str(files["model.embed_tokens.weight"]), framework="pt") as fe:
+            head, embed = fh.get_slice("lm_head.weight"), fe.get_slice("model.embed_tokens.weight")
+            shape = tuple(head.get_shape())
+            if shape != tuple(embed.get_shape()) or len(shape) != 2:
+                return True
+            for start in range(0, shape[0], HEAD_COMPARE_ROWS):
+                stop = min(shape[0], start + HEAD_COMPARE_ROWS)
+                if not torch.equal(head[start:stop], embed[start:stop]):
+                    return True
+    except Exception as exc:  # safetensors raises its own error types
+        raise ModelDirError(f"{model_dir}: cannot compare lm_head.weight with "
+                            f"model.embed_tokens.weight ({exc})") from exc
+    return False
+
+
 class WeightIndex:
     """Where each tensor of a checkpoint lives, checked against a `ModelConfig`.
 
@@ -55,22 +117,11 @@ class WeightIndex:
     def __init__(self, cfg: ModelConfig):
         self.cfg = cfg
         d = Path(cfg.model_dir)
-        index_path = d / INDEX_FILE
-        if index_path.is_file():
-            try:
-                weight_map = json.loads(index_path.read_text())["weight_map"]
-            except (OSError, ValueError, KeyError) as exc:
-                raise ModelDirError(f"{index_path}: unreadable index ({exc})") from exc
-            self.files = {name: d / fname for name, fname in weight_map.items()}
-            self.source = index_path
-        elif (d / SINGLE_FILE).is_file():
-            from safetensors import safe_open
-
-            with safe_open(str(d / SINGLE_FILE), framework="pt") as f:
-                self.files = {name: d / SINGLE_FILE for name in f.keys()}
-            self.source = d / SINGLE_FILE
-        else:
+        files = _tensor_files(d)
+        if files is None:
             raise ModelDirError(f"{d}: no {INDEX_FILE} and no {SINGLE_FILE}")
+        self.files = files
+        self.source = d / INDEX_FILE if (d / INDEX_FILE).is_file() else d / SINGLE_FILE
         self._check()
 
     def _check(self) -> None:
