@@ -48,7 +48,8 @@ def _sim_alloc_scratch(backend, r, host, op, probe):
 
 
 def _sim_free_scratch(backend, r, host, op, probe):
-    return backend.locked(r, host, quiesce=True, probe=probe)
+    # a free: in H2's measured call set, not the literature's (`HazardModel.h2_waits`)
+    return backend.locked(r, host, quiesce=False, frees=True, probe=probe)
 
 
 class ScratchFreeWorker(Worker):

@@ -85,3 +85,18 @@ def test_hypothesis_strategy_from_the_cli_finds_the_deadlock(capsys):
                "shared", "--no-progress", "--jobs", "1"])
     out = capsys.readouterr().out
     assert rc == 0 and re.search(r"fused-sweep\s+shared\s+deadlock\s+deadlock", out), out
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("calls, got", [("measured", "deadlock"), ("both", "deadlock"),
+                                        ("assumed", "clean")])
+def test_the_warmup_scratch_free_waits_as_a_free(calls, got):
+    """warmup-scratch-free's cudaFree is a free: it waits under the measured call set (and the
+    default, both) and not under the literature's alone. It was modelled as an assumed call,
+    so the one set the hardware measured read it clean and `assumed` deadlocked through a
+    waiting free (a review's finding)."""
+    spec = CheckSpec(schedules=100, fault_schedules=0, jobs=1, h2_calls=calls, time_budget=60)
+    row = check_bad(REGISTRY["warmup-scratch-free"], spec, "shared")
+    assert row.got == got, row.detail
+    if got == "deadlock":
+        assert "free_scratch waits for device" in narrative(row.minimal).split("==>")[1]
