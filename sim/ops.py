@@ -520,6 +520,13 @@ class ModelledBackend:
         shape = self.world.config.shape
         return Signature("all-reduce", shape.allreduces_per_step, shape.allreduce_bytes(rows), label)
 
+    def enqueue_eager(self, r: int, rows: int, label: str) -> None:
+        """Enqueue one eager forward's all-reduces over ``rows`` rows on rank ``r``: run
+        eagerly, they connect their size class, as a warm-up collective does (H4)."""
+        sig = self.eager_sig(rows, label)
+        self.world.connected[r].add(sig.nbytes)
+        self.enqueue(r, sig)
+
     def graph(self, r: int, key: GraphKey) -> Graph:
         """Rank ``r``'s graph of ``key``; raises SimFault if it holds none."""
         graph = self.world.graphs[r].get(key)
@@ -578,7 +585,7 @@ class ModelledBackend:
         peak = rows * w.scenario.memory.activation_per_row
         free = w.scenario.memory.capacity - w.used[r]
         self.alloc(r, peak, "eager profile activations (kept as the activation workspace)")
-        self.enqueue(r, self.eager_sig(rows, "profile"))
+        self.enqueue_eager(r, rows, "profile")
         return self.done(host, (free, peak))
 
     def record(self, r: int, host: Host, key: GraphKey, probe: bool) -> int:
@@ -736,13 +743,13 @@ class ModelledBackend:
         tokens = sum(len(a.tokens) for a in admits) + (len(chunk.tokens) if chunk else 0)
         if chunk is not None or any(a.start for a in admits):
             self.world.events["chunked_prefill"] = self.world.events.get("chunked_prefill", 0) + 1
-        self.enqueue(r, self.eager_sig(tokens, "prefill"))
+        self.enqueue_eager(r, tokens, "prefill")
         return self.enqueue_done(r, host, PrefillKernel(host.cmd.seq, admits, chunk))
 
     def run_eager(self, r: int, host: Host, step) -> int:
         if not self.commanded_path(r, host, None):
             return DONE
-        self.enqueue(r, self.eager_sig(len(step.rows), "eager decode"))
+        self.enqueue_eager(r, len(step.rows), "eager decode")
         self.world.events["eager_decode"] += 1
         return self.enqueue_done(r, host, EagerDecode(step.seq, self.padded(step), step.feed))
 

@@ -36,7 +36,7 @@ from protocol.commands import Command, Reply, Step
 from protocol.controller import Controller
 from protocol.errors import ConfigError, StartupRefused
 from protocol.keys import GraphKey
-from protocol.memory import MemoryPlan
+from protocol.memory import MemoryPlan, candidate_caps
 from protocol.worker import SYNC, Worker
 from protocol.eligibility import GraphPlan
 from sim.devices import Kernel
@@ -445,6 +445,24 @@ class NeedsTwoBuckets:
                 f"{sc.config.max_batch}: {self.why}")
 
 
+@dataclass(frozen=True)
+class FitHasOneCap:
+    """`Variant.unreachable` for a bug in how the memory fit chooses among batch caps: where
+    it has one candidate cap (`protocol.memory.candidate_caps`), it keeps every graph the plan
+    captures and cannot trade graphs for KV pages, so the correct fit and the variant's act
+    alike; ``why`` says what that means for the bug."""
+
+    why: str
+
+    def __call__(self, sc: Scenario) -> str | None:
+        plan = GraphPlan.from_config(sc.config)
+        if len(candidate_caps(plan.buckets, sc.config.max_batch)) >= 2:
+            return None
+        return (f"at max batch {sc.config.max_batch} with buckets "
+                f"{','.join(map(str, plan.buckets))} the memory fit has one candidate cap, so "
+                f"{self.why}")
+
+
 # -- local-bucket ----------------------------------------------------------------------------------
 
 class LocalBucketWorker(Worker):
@@ -687,7 +705,9 @@ register(Variant(
     source="pegainfer qwen35 TP graph PR (slot reserve fix)",
     expected={"shared": "startup-refused", "per-rank": "startup-refused"},
     remedy='The memory fit searches the largest batch cap whose own graphs plus its KV fit on the tightest rank, reserving graphs for that cap rather than for the requested batch (I9).',
-    controller_cls=RequestedBatchReserveController, adjust=tight_memory))
+    controller_cls=RequestedBatchReserveController, adjust=tight_memory,
+    unreachable=FitHasOneCap("it keeps every graph, and under this memory the correct fit "
+                             "refuses startup as the variant does")))
 
 
 # -- watchdog-armed-on-error -----------------------------------------------------------------------

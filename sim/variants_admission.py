@@ -36,7 +36,7 @@ from protocol.eligibility import GraphPlan
 from protocol.memory import candidate_caps, kept_buckets
 from protocol.worker import Worker
 from sim.scenario import Scenario
-from sim.variants import Variant, register
+from sim.variants import FitHasOneCap, Variant, register
 
 # -- row-cap-as-bucket-cap (I7) -------------------------------------------------------------------
 
@@ -167,16 +167,6 @@ def reserve_short_by_the_pool(sc: Scenario) -> Scenario:
     return sc.with_(memory=replace(mem, capacity=capacity))
 
 
-def _one_candidate_cap(sc: Scenario) -> str | None:
-    """Why the memory fit can keep no smaller set than the measured one here, or None."""
-    plan = GraphPlan.from_config(sc.config)
-    if len(candidate_caps(plan.buckets, sc.config.max_batch)) >= 2:
-        return None
-    return (f"at max batch {sc.config.max_batch} with buckets "
-            f"{','.join(map(str, plan.buckets))} the memory fit has one candidate cap, so the "
-            "set it keeps is the set measured")
-
-
 register(Variant(
     name="measure-once",
     summary="graphs are measured once, largest first into one pool; when the memory fit keeps "
@@ -188,7 +178,7 @@ register(Variant(
     remedy="When the fit keeps fewer graphs than were measured, MeasureGraphs runs again on the "
            "kept set and the fit is redone, capped at the first fit (I9).",
     controller_cls=MeasureOnceController, adjust=reserve_short_by_the_pool,
-    unreachable=_one_candidate_cap))
+    unreachable=FitHasOneCap("the set it keeps is the set measured")))
 
 
 __all__ = ["BucketCapPlan", "BucketCapController", "BucketCapWorker", "MeasureOnceController",

@@ -58,7 +58,7 @@ def _sim_eager_pad_slot_0(backend, r, host, op, probe):
     if probe:
         return DONE
     step = op.step
-    backend.enqueue(r, backend.eager_sig(len(step.rows), "eager decode"))
+    backend.enqueue_eager(r, len(step.rows), "eager decode")
     return backend.enqueue_done(r, host, EagerDecode(step.seq, _rows_padded_into_slot_0(step)))
 
 

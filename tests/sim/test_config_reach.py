@@ -121,3 +121,58 @@ def test_a_drawn_workload_of_a_large_first_wave_replays(tmp_path, capsys):
     capsys.readouterr()
     assert main(["check", "--replay", str(trace)]) == 0
     assert "==> divergence" in capsys.readouterr().out
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("buckets, max_batch", [((4, 8), 3), ((12,), None), ((3,), None),
+                                                ((2, 4), 3), ((7, 8), None), (None, None)])
+def test_reserve_by_requested_batch_is_reachable_exactly_where_the_correct_fit_survives(
+        buckets, max_batch):
+    """The variant's memory leaves rank 1 room for every graph plus 1.5 KV pages. Where the fit
+    has one candidate cap it cannot drop a graph, so the correct protocol refuses startup too
+    and the variant's refusal is not its bug's (a review's finding: it read "ok" at --buckets
+    4,8 --max-batch 3). Its row says "not reachable here" exactly there."""
+    from dataclasses import replace
+
+    from sim.check import CheckSpec, check_bad, check_correct
+
+    spec = CheckSpec(buckets=buckets, max_batch=max_batch, schedules=5, fault_schedules=0,
+                     jobs=1)
+    variant = get_variant("reserve-by-requested-batch")
+    why = variant.unreachable(variant.scenario(spec.scenario("shared")))
+    tight_correct = replace(CORRECT, name="correct-under-tight-memory", adjust=variant.adjust,
+                            expected={"shared": "clean", "per-rank": "clean"},
+                            fault_schedules=0)
+    row = check_correct(tight_correct, spec, "shared")[0]   # no faulted row: fault_schedules=0
+    if why is None:
+        assert row.got == "clean", row.detail
+        assert check_bad(variant, spec, "shared").got == "startup-refused"
+    else:
+        assert "one candidate cap" in why
+        assert row.got == "startup-refused", row.detail
+
+
+@pytest.mark.timeout(120)
+def test_an_eager_forward_connects_its_all_reduce_size():
+    """H4 as docs/hazards.md defines it: a record fails only where its all-reduce size never ran
+    eagerly on that rank. The memory profile's eager forward at the largest bucket runs that
+    size; the story used to show the profile's all-reduce complete and then a lazy connect at
+    that very size (a review's finding). single-warmup warms one size, the smallest: at the
+    default buckets its lazy connect is now at the next bucket below the largest; at 4,8 the
+    profile and the warm-up cover both sizes, no record connects lazily, and the I5 rule check
+    alone reports the skipped warm-up."""
+    from sim.check import CheckSpec, check_bad
+    from sim.report import narrative
+
+    def story(buckets):
+        row = check_bad(get_variant("single-warmup"), CheckSpec(
+            buckets=buckets, schedules=10, fault_schedules=0, jobs=1), "shared")
+        assert row.got == "invariant:I5"
+        return narrative(row.minimal)
+
+    default = story(None)
+    assert "inside the capture of decode@248" in default
+    assert "inside the capture of decode@256" not in default
+    small = story((4, 8))
+    assert "connects lazily" not in small
+    assert "recorded graph decode@8 before any warm-up all-reduce" in small
