@@ -553,6 +553,7 @@ def _run(args, finished: _Finished | None = None) -> int:
                 data["explain"] = {"needed": list(a.needed), "without": a.without,
                                    "sufficient": a.sufficient, "h2_scopes": a.scopes,
                                    "ablation_errors": a.errors,
+                                   "still_caught": a.still_caught,
                                    "story_hazards_off": list(a.story_hazards_off),
                                    "story": a.story.outcome.detail if a.story else None}
             out.append(data)
