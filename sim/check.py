@@ -283,7 +283,7 @@ def _unreachable(variant: Variant, scenario: Scenario) -> str | None:
 def check_correct(variant: Variant, spec: CheckSpec, topology: str, progress=None) -> list[Row]:
     """Rows for a protocol that must be clean, and fail loudly under faults."""
     base = variant.scenario(spec.scenario(topology))
-    reason = _unreachable(variant, base)
+    reason = unreachable_here(variant, spec, topology, base)
     if reason is not None:  # what the design exists for never happens in this configuration
         return [Row(variant.name, topology, "clean", NOT_REACHABLE, SearchStats(), reason, None,
                     base, True)]
@@ -364,6 +364,29 @@ def bad_search_setup(variant: Variant, spec: CheckSpec, topology: str,
         # a loud abort is the right answer to a fault; the bug is anything else
         scenario_for, acceptable = FaultSearch(scenario, faults, spec.seed), CLEAN_OR_ABORT
     return scenario_for, acceptable, reason
+
+
+def unreachable_here(variant: Variant, spec: CheckSpec, topology: str,
+                     scenario: Scenario | None = None) -> str | None:
+    """Why a check of ``variant`` in ``topology`` under ``spec`` reads "not reachable here"
+    (`NOT_REACHABLE`, with this reason as its row's detail), or None where it searches: the one
+    decision `check_correct` and `check_bad` make before any search, and `lockstep check
+    --list` shows. For a protocol expected clean, the variant's ``unreachable`` hook on its
+    scenario; for a bad one, `bad_search_setup`'s reason (the hook, then whether any run calls
+    the op its fault search needs, which takes one fault-free run).
+
+    Args:
+        scenario: the variant's scenario for ``topology`` if already built (else built here).
+
+    Raises:
+        ConfigError: ``spec`` describes a configuration the model cannot hold, or the hook
+            returned something other than None or a reason.
+    """
+    if scenario is None:
+        scenario = variant.scenario(spec.scenario(topology))
+    if all(v == "clean" for v in variant.expected.values()):
+        return _unreachable(variant, scenario)
+    return bad_search_setup(variant, spec, topology, scenario)[2]
 
 
 def check_bad(variant: Variant, spec: CheckSpec, topology: str, progress=None,
