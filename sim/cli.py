@@ -173,7 +173,8 @@ def add_parser(subparsers, name: str) -> None:
                    type=_typed(_bounded(_positive_int, "schedules"), "--schedules"),
                    help="schedules per variant and topology (default: up to 300 for a bad "
                         f"variant, stopping at its first failure; {CLEAN_SCHEDULES} fault-free "
-                        "ones for the correct protocol)")
+                        "ones for the correct protocol); a Hypothesis search of several "
+                        "scenarios in turn shares them among those, at least one each")
     p.add_argument("--fault-schedules", action=_Once, default=None,
                    type=_typed(_bounded(lambda t: _int(t, 0), "fault_schedules"),
                                "--fault-schedules"),
