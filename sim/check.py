@@ -134,14 +134,26 @@ NOT_REACHABLE = "not reachable here"
 
 
 def _search(spec: CheckSpec, scenario_for, variant, acceptable, schedules, progress, stop=True):
+    """Search ``variant`` over ``scenario_for`` with ``spec``'s strategy for it, in
+    ``spec.time_budget`` seconds, stopping at the first failure when ``stop``.
+
+    A sample search (random, PCT) runs ``schedules`` runs, each under the scenario its index
+    draws. A search of one scenario at a time (exhaustive, Hypothesis) takes every member of a
+    fault search or of a drawn family in turn (`_members`; a family drawn per run would
+    otherwise be searched at its run 0 alone), and the time budget is the row's, spent in
+    turn. Hypothesis's ``schedules`` are the row's too, as a sample search's are, shared
+    evenly among the members (`schedule_shares`: at least one each, so no member goes
+    unsearched): with ``schedules`` for each member, a row with many members planned many times
+    its schedules, and ``correct-short-path`` (38 members at the default configuration, 20
+    schedules) ran out of the 60 s budget after 31 of them, incomplete. Exhaustive search
+    covers each member's every schedule and takes no count.
+    """
     strategy = spec.strategy_for(variant)
     if strategy in ("exhaustive", "hypothesis"):
-        # one search per scenario: every member of a fault search or of a drawn family in
-        # turn (a family drawn per run would otherwise be searched at its run 0 alone), else
-        # the one scenario
         scenarios = _members(scenario_for)
+        shares = schedule_shares(schedules, len(scenarios))
         start, total, result, complete = time.perf_counter(), SearchStats(), None, True
-        for scenario in scenarios:
+        for scenario, share in zip(scenarios, shares):
             left = spec.time_budget - (time.perf_counter() - start)
             if left <= 0:
                 total.budget_reached = True
@@ -151,7 +163,7 @@ def _search(spec: CheckSpec, scenario_for, variant, acceptable, schedules, progr
                                            stop_on_failure=stop, progress=progress)
             else:
                 result = hypothesis_search(scenario, variant, acceptable,
-                                           max_examples=schedules, seed=spec.seed, time_budget=left)
+                                           max_examples=share, seed=spec.seed, time_budget=left)
             _accumulate(total, result.stats)
             total.scenarios += 1
             complete &= result.stats.complete
@@ -163,6 +175,14 @@ def _search(spec: CheckSpec, scenario_for, variant, acceptable, schedules, progr
     return sample_search(scenario_for, variant, acceptable, strategy, schedules,
                          spec.time_budget, spec.seed, stop_on_failure=stop, progress=progress,
                          jobs=spec.jobs)
+
+
+def schedule_shares(schedules: int, members: int) -> list[int]:
+    """``schedules`` shared evenly among ``members`` scenarios searched one at a time, in
+    member order (the first ``schedules % members`` get one more), and at least one each: a
+    member with no schedule would be a scenario the row claims and never ran."""
+    base, extra = divmod(schedules, members) if members else (0, 0)
+    return [max(1, base + (k < extra)) for k in range(members)]
 
 
 def _accumulate(total: SearchStats, stats: SearchStats) -> None:
@@ -283,7 +303,7 @@ def _unreachable(variant: Variant, scenario: Scenario) -> str | None:
 def check_correct(variant: Variant, spec: CheckSpec, topology: str, progress=None) -> list[Row]:
     """Rows for a protocol that must be clean, and fail loudly under faults."""
     base = variant.scenario(spec.scenario(topology))
-    reason = _unreachable(variant, base)
+    reason = unreachable_here(variant, spec, topology, base)
     if reason is not None:  # what the design exists for never happens in this configuration
         return [Row(variant.name, topology, "clean", NOT_REACHABLE, SearchStats(), reason, None,
                     base, True)]
@@ -366,6 +386,29 @@ def bad_search_setup(variant: Variant, spec: CheckSpec, topology: str,
     return scenario_for, acceptable, reason
 
 
+def unreachable_here(variant: Variant, spec: CheckSpec, topology: str,
+                     scenario: Scenario | None = None) -> str | None:
+    """Why a check of ``variant`` in ``topology`` under ``spec`` reads "not reachable here"
+    (`NOT_REACHABLE`, with this reason as its row's detail), or None where it searches: the one
+    decision `check_correct` and `check_bad` make before any search, and `lockstep check
+    --list` shows. For a protocol expected clean, the variant's ``unreachable`` hook on its
+    scenario; for a bad one, `bad_search_setup`'s reason (the hook, then whether any run calls
+    the op its fault search needs, which takes one fault-free run).
+
+    Args:
+        scenario: the variant's scenario for ``topology`` if already built (else built here).
+
+    Raises:
+        ConfigError: ``spec`` describes a configuration the model cannot hold, or the hook
+            returned something other than None or a reason.
+    """
+    if scenario is None:
+        scenario = variant.scenario(spec.scenario(topology))
+    if all(v == "clean" for v in variant.expected.values()):
+        return _unreachable(variant, scenario)
+    return bad_search_setup(variant, spec, topology, scenario)[2]
+
+
 def check_bad(variant: Variant, spec: CheckSpec, topology: str, progress=None,
               reduce_attempts: int | None = None, reduce: bool = True) -> Row:
     """Row for a known-bad variant: the first schedule with a non-clean verdict, reduced in
@@ -394,19 +437,34 @@ def check_bad(variant: Variant, spec: CheckSpec, topology: str, progress=None,
     if got.startswith("invariant:") and expected.startswith("invariant:"):
         detail = ("no deadlock or divergence manifested in this topology; the rule check flags: "
                   + detail)
-    other_harm = expected != "clean" and got != expected and got in variant.also_expected
-    if other_harm:
+    if is_other_harm(variant, topology, got):
         detail = f"{got}, this design's other harm (also_expected): {detail}"
     return Row(variant.name, topology, expected, got, result.stats, detail, minimal, scenario,
-               got == expected or other_harm)
+               catches(variant, topology, got))
+
+
+def is_other_harm(variant: Variant, topology: str, got: str) -> bool:
+    """Whether ``got`` is one of bad ``variant``'s other harms in ``topology``
+    (`Variant.also_expected`): not its expected verdict, which is not clean there."""
+    expected = variant.expected.get(topology, "?")
+    return expected != "clean" and got != expected and got in variant.also_expected
+
+
+def catches(variant: Variant, topology: str, got: str) -> bool:
+    """Whether a bad ``variant``'s row in ``topology`` with verdict ``got`` is as expected:
+    its expected verdict there, or one of its other harms (`is_other_harm`). The one judgement
+    `check_bad` passes a row by and `sim.explain` reports an ablation's verdict by."""
+    return got == variant.expected.get(topology, "?") or is_other_harm(variant, topology, got)
 
 
 def _incomplete(stats: SearchStats, planned: int) -> str:
-    # a search of one scenario at a time plans ``planned`` schedules for each (a fresh
-    # reviewer saw "after 360 of 20 schedules" over the drawn short-path members)
+    # a search of one scenario at a time shares ``planned`` schedules among its scenarios,
+    # at least one each (`schedule_shares`; a fresh reviewer saw "after 360 of 20 schedules"
+    # over the drawn short-path members when each had ``planned``)
     explored = (f"{stats.unique_states} unique states" if stats.hashed
                 else f"{stats.schedules} schedules over {stats.scenarios} scenarios searched one "
-                     f"at a time (up to {planned} each)" if stats.scenarios > 1
+                     f"at a time ({planned} shared among them, at least one each)"
+                if stats.scenarios > 1
                 else f"{stats.schedules} of {planned} schedules")
     return f"the time budget ended the search after {explored}, with no failure in them"
 

@@ -25,7 +25,8 @@ from lockstep.paths import nearest_existing, write_refused
 from protocol.errors import ConfigError
 from sim.check import (NOT_REACHABLE, CheckSpec, Row, check_coverage_reachable,
                        check_scenario_value, has_faulted_row, replay_trace, scenario_spec,
-                       verdict_label)
+                       unreachable_here, variant_spec, verdict_label)
+from sim.guard import Stalled, describe, watchdog
 from sim.hazards import H2_CALLS, H2_SCOPES, RULES, HazardModel
 from sim.limits import check_limits
 from sim.progress import CheckProgress
@@ -172,7 +173,8 @@ def add_parser(subparsers, name: str) -> None:
                    type=_typed(_bounded(_positive_int, "schedules"), "--schedules"),
                    help="schedules per variant and topology (default: up to 300 for a bad "
                         f"variant, stopping at its first failure; {CLEAN_SCHEDULES} fault-free "
-                        "ones for the correct protocol)")
+                        "ones for the correct protocol); a Hypothesis search of several "
+                        "scenarios in turn shares them among those, at least one each")
     p.add_argument("--fault-schedules", action=_Once, default=None,
                    type=_typed(_bounded(lambda t: _int(t, 0), "fault_schedules"),
                                "--fault-schedules"),
@@ -222,17 +224,41 @@ def add_parser(subparsers, name: str) -> None:
                         "parents, when the traces are written)")
     p.add_argument("--list", action="store_true",
                    help="print the variants (shipped, or those of --variant-file / --variant) "
-                        "with their expected verdicts and one-line summaries, and check nothing")
+                        "with their expected verdicts (or 'not reachable here' where the check "
+                        "reads that at the default configuration) and one-line summaries, and "
+                        "check nothing")
     p.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(run=run)
 
 
-def _variant_list(variants, as_json: bool) -> str:
+def _variant_list(variants, spec: CheckSpec, as_json: bool) -> str:
     """`--list`: one line per variant (name, expected verdict per topology, summary), or the
-    same as a JSON list."""
-    rows = [{"variant": v.name, **{t: v.expected.get(t, "-") for t in TOPOLOGIES},
-             "summary": v.summary} for v in variants]
+    same as a JSON list.
+
+    A topology where the check of ``spec`` (the default configuration: `--list` takes no
+    configuration option) reads "not reachable here" shows that instead of the expected
+    verdict, as the check's table does, with the reason in a ``note:`` line below the table
+    (JSON: ``not_reachable``, topology -> reason); the decision is the check's own
+    (`sim.check.unreachable_here`). A variant whose code raises or stalls while that is decided
+    shows ``error`` there, with the one-line account as its note (JSON: ``errors``).
+    """
+    rows, notes = [], []
+    for v in variants:
+        row = {"variant": v.name, **{t: v.expected.get(t, "-") for t in TOPOLOGIES},
+               "summary": v.summary, "not_reachable": {}, "errors": {}}
+        for t in TOPOLOGIES:
+            try:
+                with watchdog():  # a variant's hook is user code, as in a check
+                    reason = unreachable_here(v, variant_spec(v, spec), t)
+            except (Exception, Stalled, SystemExit) as exc:  # noqa: BLE001 - as check_variant
+                row[t], row["errors"][t] = "error", describe(v.name, exc)
+                notes.append(f"error: {v.name} / {t}: {row['errors'][t]}")
+                continue
+            if reason is not None:
+                row[t], row["not_reachable"][t] = NOT_REACHABLE, reason
+                notes.append(f"note: {v.name} / {t}: not reachable here: {reason}")
+        rows.append(row)
     if as_json:
         return json.dumps(rows, indent=1)
     width = max(len(r["variant"]) for r in rows)
@@ -243,7 +269,7 @@ def _variant_list(variants, as_json: bool) -> str:
         lines.append(f"{r['variant']:<{width}}  "
                      + "  ".join(f"{str(r[t]):<{verdicts[t]}}" for t in TOPOLOGIES)
                      + f"  {r['summary']}")
-    return "\n".join(lines)
+    return "\n".join(lines + ([""] + notes if notes else []))
 
 
 def _trace_dir(text: str) -> Path:
@@ -473,14 +499,14 @@ def _run(args, finished: _Finished | None = None) -> int:
                                     for v in load_variant_file(path)))  # a file given twice: once
         names = list(dict.fromkeys(args.variant)) or loaded or list(SHIPPED)
         variants = [get_variant(n) for n in names]
-        if args.list:
-            print(_variant_list(variants, args.json))
-            return 0
         spec = CheckSpec(ranks=args.ranks, buckets=args.buckets, max_batch=args.max_batch,
                          strategy=args.strategy, schedules=args.schedules,
                          clean_schedules=clean_schedules, fault_schedules=args.fault_schedules, time_budget=args.time_budget,
                          seed=args.seed, hazards_off=tuple(args.hazard_off), jobs=args.jobs,
                          h2_scope=args.h2_scope or "process", h2_calls=args.h2_calls or "both")
+        if args.list:
+            print(_variant_list(variants, spec, args.json))
+            return 0
         # validates ranks / buckets / max batch before any search
         check_coverage_reachable(spec.scenario("shared"))
     except ConfigError as exc:
@@ -553,6 +579,7 @@ def _run(args, finished: _Finished | None = None) -> int:
                 data["explain"] = {"needed": list(a.needed), "without": a.without,
                                    "sufficient": a.sufficient, "h2_scopes": a.scopes,
                                    "ablation_errors": a.errors,
+                                   "still_caught": a.still_caught,
                                    "story_hazards_off": list(a.story_hazards_off),
                                    "story": a.story.outcome.detail if a.story else None}
             out.append(data)

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from lockstep.paths import nearest_existing, write_refused
-from sim.check import CheckSpec, check_bad
+from sim.check import CheckSpec, check_bad, unreachable_here
 from sim.limits import MAX_TIME_BUDGET
 from sim.reduce import reduce_schedule
 from sim.report import mermaid, narrative
@@ -35,9 +35,8 @@ def _topology_for(variant) -> str:
 
 def _other_verdict(variant, topology: str) -> str:
     """"expected `<verdict>`", or "not reachable (<reason>)" where that topology cannot hold
-    the bug."""
-    reason = (variant.unreachable(variant.scenario(SPEC.scenario(topology)))
-              if variant.unreachable else None)
+    the bug (the check's own decision, `sim.check.unreachable_here`)."""
+    reason = unreachable_here(variant, SPEC, topology)
     return f"not reachable ({reason})" if reason else f"expected `{variant.expected[topology]}`"
 
 

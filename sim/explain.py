@@ -10,13 +10,20 @@ The story shown for a counterexample names only mechanisms in the needed set: th
 stuck run's wait-for cycle (`sim.waits.cycle_hazards`, plus H1 and H8 for a hang at exit) are
 compared with it, and when the full model's counterexample went through a hazard the verdict
 does not need, the story shown is the one found with only the needed hazards on.
+
+A needed hazard is one the verdict needs, not always one the check needs to catch the design: a
+design with more than one harm (`sim.variants.Variant.also_expected`) may give another verdict
+with a hazard off that `lockstep check` passes just the same (`sim.check.catches`), and the
+line says so, as the check's own row under ``--hazard-off`` does (``split-eligibility``: its
+divergence needs H3; with H3 off its ranks' different graph sets run out of memory, its other
+harm, and the check still catches it).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from sim.check import CheckSpec, Row, check_bad
+from sim.check import CheckSpec, Row, catches, check_bad, is_other_harm
 from sim.guard import Stalled, locate
 from sim.hazards import H2_SCOPES, RULES, HazardModel
 from sim.reduce import reduce_schedule
@@ -44,6 +51,11 @@ class Attribution:
         story: the counterexample whose story to show (its `story_hazards` are all in
             ``needed``), or None if none was given or found.
         story_hazards_off: the hazards switched off in ``story``'s run (empty: the full model).
+        still_caught: hazard (or ``"scope:NAME"``) -> ``"other harm"`` or ``"expected"``, for
+            each ablation whose verdict differs from ``verdict`` but is one that `lockstep
+            check` passes for this design (`sim.check.catches`): one of its other harms
+            (`Variant.also_expected`), or its expected verdict where ``verdict`` was not. Such
+            a hazard is needed by the verdict, not by the catch.
     """
 
     verdict: str
@@ -54,6 +66,17 @@ class Attribution:
     errors: dict[str, str] = field(default_factory=dict)
     story: RunResult | None = None
     story_hazards_off: tuple[str, ...] = ()
+    still_caught: dict[str, str] = field(default_factory=dict)
+
+    def shown(self, key: str, verdict: str) -> str:
+        """An ablation's verdict as the line shows it: with why the check still passes it,
+        where it does (`still_caught`)."""
+        why = self.still_caught.get(key)
+        if why == "other harm":
+            return f"{verdict}, this design's other harm (also_expected)"
+        if why == "expected":
+            return f"{verdict}, its expected verdict"
+        return verdict
 
     def line(self) -> str:
         """One sentence: the minimal hazard set, and the verdicts under each H2 scope."""
@@ -62,8 +85,14 @@ class Attribution:
                  else "none of the hazards whose ablation gave a verdict" if unknown
                  else f"none of {RULES[0].upper()}..{RULES[-1].upper()} (it follows from the "
                       "variant's own steps)")
-        changes = "; ".join(f"{h.upper()} off: {self.without[h]}" for h in self.needed)
+        changes = "; ".join(f"{h.upper()} off: {self.shown(h, self.without[h])}"
+                            for h in self.needed)
         text = f"{self.verdict} needs {needs}" + (f" [{changes}]" if changes else "")
+        caught = [h.upper() for h in self.needed if h in self.still_caught]
+        if caught:
+            rest = [h.upper() for h in self.needed if h not in self.still_caught]
+            text += (f"; the check still catches the design with {' or '.join(caught)} off, so "
+                     f"catching it needs {', '.join(rest) if rest else 'none of these hazards'}")
         if unknown:
             text += ("; unknown for " + ", ".join(h.upper() for h in unknown) + " ["
                      + "; ".join(f"{h.upper()} off: {self.without[h]}" for h in unknown) + "]")
@@ -71,7 +100,7 @@ class Attribution:
             text += f"; the needed set alone: ablation error: {self.errors['needed-only']}"
         elif not self.sufficient:
             text += "; those alone do not give it back (hazards interact)"
-        scopes = ", ".join(f"{s}: {v}" for s, v in self.scopes.items())
+        scopes = ", ".join(f"{s}: {self.shown(f'scope:{s}', v)}" for s, v in self.scopes.items())
         return f"{text}; under H2 scope {scopes}"
 
 
@@ -127,6 +156,9 @@ def attribute(variant, spec: CheckSpec, topology: str, verdict: str | None = Non
         if isinstance(row, str):
             result.errors[key] = row
             return None
+        if key != "needed-only" and row.got != got and catches(variant, topology, row.got):
+            result.still_caught[key] = ("other harm" if is_other_harm(variant, topology, row.got)
+                                        else "expected")
         return row
 
     for hazard in RULES:
@@ -158,10 +190,12 @@ def attribute(variant, spec: CheckSpec, topology: str, verdict: str | None = Non
 def markdown_table(check_json: dict) -> str:
     """The per-verdict hazard table of docs/hazards.md, from ``lockstep check --explain --json``.
 
-    One line per row: the verdict, the hazards it needs, the verdict with H2 off (what one H200
-    showed for instantiate, upload and allocation, docs/hazard-probes.md) and under each H2
-    scope. Rows of the correct protocol (no counterexample to explain) show their verdict in
-    every column; check them under each scope with ``--h2-scope``.
+    One line per row: the verdict, the hazards it needs (a needed hazard with which off the
+    check still catches the design, `Attribution.still_caught`, shows that verdict and "still
+    caught"), the verdict with H2 off (what one H200 showed for instantiate, upload and
+    allocation, docs/hazard-probes.md) and under each H2 scope. Rows of the correct protocol
+    (no counterexample to explain) show their verdict in every column; check them under each
+    scope with ``--h2-scope``.
     """
     head = ("| variant | topology | verdict | needs | H2 off | "
             + " | ".join(f"H2 scope {s}" + (" (default)" if s == "process" else "")
@@ -175,7 +209,11 @@ def markdown_table(check_json: dict) -> str:
             lines.append(f"| {row['variant']} | {row['topology']} | {row['got']} | - | - | "
                          + " | ".join("-" for _ in H2_SCOPES) + " |")
             continue
-        needs = ", ".join(h.upper() for h in a["needed"]) or "none"
+        # a needed hazard whose ablation the check still passes (another harm) is marked
+        caught = a.get("still_caught") or {}
+        needs = ", ".join(h.upper() + (f" (off: {a['without'][h]}, still caught)"
+                                       if h in caught else "")
+                          for h in a["needed"]) or "none"
         lines.append(f"| {row['variant']} | {row['topology']} | {row['got']} | {needs} | "
                      f"{a['without']['h2']} | "
                      + " | ".join(a["h2_scopes"][s] for s in H2_SCOPES) + " |")

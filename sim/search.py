@@ -383,14 +383,18 @@ def _parallel_sample_search(scenario_for, variant, acceptable, strategy, seed, l
 
     On a failure in chunk k, no chunk after k is handed out and the workers running one are
     killed, while chunks before k finish: the reported failure is then the lowest-indexed
-    failing run whatever ``jobs`` is.
+    failing run whatever ``jobs`` is. With ``stop_on_failure`` the statistics are those of the
+    chunks up to and including the first failing one in chunk order -- each run up to that
+    failure, as a serial search counts them -- so they do not depend on ``jobs`` either: a
+    chunk after it that finished first (its worker was faster) is work the search did, not
+    part of its result.
     """
     from sim.workers import JobNotPicklable, WorkerPool
 
     start = time.perf_counter()
     job = _SampleJob(scenario_for, variant, acceptable, strategy, seed, stop_on_failure, steps)
     total = SearchStats()
-    failures: list[int] = []
+    finished: list[tuple[int, SearchStats, int | None]] = []  # (chunk position, stats, first)
     chunks = [(a, min(a + CHUNK, hi)) for a in range(lo, hi, CHUNK)]
     try:
         pool = WorkerPool(_run_chunk, job, jobs, deadline)
@@ -398,15 +402,19 @@ def _parallel_sample_search(scenario_for, variant, acceptable, strategy, seed, l
         return None
     with pool:
         for position, _, (stats, first) in pool.results(chunks):
-            _merge(total, stats)
+            finished.append((position, stats, first))
             if progress:
                 progress(stats.schedules)
-            if first is not None:
-                failures.append(first)
-                if stop_on_failure:
-                    pool.cancel_after(position)
+            if first is not None and stop_on_failure:
+                pool.cancel_after(position)
             if time.perf_counter() > deadline or stats.budget_reached:
                 pool.drain()
+    failing = [position for position, _, first in finished if first is not None]
+    cut = min(failing) if failing and stop_on_failure else len(chunks)
+    for position, stats, _ in sorted(finished, key=lambda f: f[0]):
+        if position <= cut:
+            _merge(total, stats)
+    failures = [first for position, _, first in finished if first is not None and position <= cut]
     total.budget_reached |= total.schedules < hi - lo and not (failures and stop_on_failure)
     total.seconds = time.perf_counter() - start
     failure = None

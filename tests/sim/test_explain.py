@@ -164,3 +164,35 @@ def test_sim_explain_reads_a_named_file_and_names_a_missing_one(tmp_path, capsys
     assert "| x | shared | clean |" in capsys.readouterr().out
     assert explain.main([str(tmp_path / "none.json")]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(300)
+def test_explain_agrees_with_the_check_under_each_hazard_off():
+    """split-eligibility's divergence needs H3, but with H3 off its ranks' different graph sets
+    run out of memory, its other harm (`Variant.also_expected`), and `lockstep check
+    --hazard-off h3` still catches it. The explanation used to read "divergence needs H3 [H3
+    off: oom]" with no word of that; now each ablation's verdict, and whether the check passes
+    it, is the check's own row under that hazard setting."""
+    from dataclasses import replace
+
+    from sim.explain import RULES
+
+    variant = REGISTRY["split-eligibility"]
+    a = attribute(variant, SPEC, "shared")
+    assert a.verdict == "divergence" and a.needed == ("h3",)
+    for hazard in RULES:
+        row = check_bad(variant, replace(SPEC, hazards_off=(hazard,)), "shared", reduce=False)
+        assert a.without[hazard] == row.got, hazard
+        assert (hazard in a.still_caught) == (row.passed and row.got != a.verdict), hazard
+    assert a.still_caught == {"h3": "other harm"}
+    line = a.line()
+    assert "[H3 off: oom, this design's other harm (also_expected)]" in line, line
+    assert "the check still catches the design with H3 off" in line, line
+    from sim.explain import markdown_table
+
+    table = markdown_table({"rows": [{"variant": variant.name, "topology": "shared",
+                                      "got": a.verdict, "explain": {
+                                          "needed": list(a.needed), "without": a.without,
+                                          "h2_scopes": a.scopes,
+                                          "still_caught": a.still_caught}}]})
+    assert "| divergence | H3 (off: oom, still caught) |" in table, table

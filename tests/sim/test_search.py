@@ -1,6 +1,11 @@
 """Search strategies: exhaustive completes and finds the shortest bugs, Hypothesis shrinks,
 the reducer removes switches, property (a) for the correct protocol under faults."""
 
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -157,3 +162,62 @@ def test_parallel_early_stop_reports_the_lowest_failing_run():
     parallel = sample_search(Fixed(sc), REGISTRY["fused-sweep"], CLEAN, "random", 100, jobs=2)
     assert serial.failure is not None
     assert serial.failure.choices == parallel.failure.choices
+
+
+@dataclass(frozen=True)
+class _LateChunk:
+    """Run index -> ``family``'s scenario; in a worker process, run ``slow`` first waits until
+    run ``after`` has started (a file ``marker`` written by that run) and a second more, so
+    the chunk holding ``slow`` finishes after the chunk whose last run is ``after``
+    (picklable)."""
+
+    family: object
+    slow: int
+    after: int
+    marker: str
+    parent: int
+
+    def __call__(self, index: int):
+        if os.getpid() != self.parent:
+            if index == self.after:
+                Path(self.marker).touch()
+            elif index == self.slow:
+                from sim.guard import paused
+
+                with paused():  # waiting on purpose, not a stalled hook (`sim.guard`)
+                    stop = time.monotonic() + 60
+                    while not Path(self.marker).exists() and time.monotonic() < stop:
+                        time.sleep(0.01)
+                    time.sleep(1.0)
+        return self.family(index)
+
+
+@pytest.mark.timeout(300)
+def test_parallel_stats_of_a_failure_past_the_probe_are_the_serial_ones(tmp_path):
+    """kv-zero-unordered under PCT at seed 2 first fails at run 7, past the serial probe
+    (`sim.search.PROBE`), in the first pooled chunk. A later chunk that finished before it used
+    to be merged, so `lockstep check --jobs 2 --json` counted more schedules and states than
+    `--jobs 1` for the same verdict and counterexample. Here that later chunk is made to finish
+    first; the statistics are still the serial search's."""
+    from sim.check import bad_search_setup
+    from sim.search import CHUNK, PROBE, _chooser, run_length
+
+    variant = REGISTRY["kv-zero-unordered"]
+    spec = CheckSpec(strategy="pct", seed=2, schedules=300, fault_schedules=0)
+    family, acceptable, reason = bad_search_setup(variant, spec, "shared")
+    assert reason is None
+    serial = sample_search(family, variant, acceptable, "pct", spec.schedules, seed=spec.seed,
+                           jobs=1)
+    first = serial.stats.schedules - 1
+    assert serial.failure is not None and PROBE <= first < PROBE + CHUNK
+    # the last run the second pooled chunk makes: its first failing one, else its last
+    steps = run_length(family(0), variant, "pct", spec.seed)
+    second = range(PROBE + CHUNK, PROBE + 2 * CHUNK)
+    last = next((i for i in second if not acceptable(
+        run_schedule(family(i), variant, _chooser("pct", spec.seed, i, steps)))), second[-1])
+    late = _LateChunk(family, first, last, str(tmp_path / "marker"), os.getpid())
+    parallel = sample_search(late, variant, acceptable, "pct", spec.schedules, seed=spec.seed,
+                             jobs=2)
+    assert parallel.failure.choices == serial.failure.choices
+    for name in ("schedules", "actions", "max_depth", "failing", "verdicts", "reached"):
+        assert getattr(parallel.stats, name) == getattr(serial.stats, name), name

@@ -27,3 +27,31 @@ def test_the_check_row_of_a_spent_hypothesis_budget_is_incomplete():
                      strategy="hypothesis")
     rows = check_correct(REGISTRY["correct"], spec, "shared")
     assert rows[0].got == "incomplete", rows[0].detail
+
+
+@pytest.mark.timeout(300)
+def test_the_short_path_row_completes_in_the_default_budget():
+    """`--strategy hypothesis` searched each of correct-short-path's drawn members (38 at the
+    default configuration) with the row's whole schedule count, so the row read incomplete
+    after 31 of them at the default 60 s budget. The count is now the row's, shared among the
+    members at least one each (`sim.check.schedule_shares`), as a sample search's is."""
+    from sim.check import _members, scenario_family, schedule_shares, variant_spec
+
+    variant = REGISTRY["correct-short-path"]
+    spec = variant_spec(variant, CheckSpec(schedules=35, fault_schedules=0, jobs=1,
+                                           strategy="hypothesis"))
+    base = variant.scenario(spec.scenario("shared"))
+    members = len(_members(scenario_family(variant, base, spec.seed)))
+    assert members > spec.planned_clean
+    row = check_correct(variant, spec, "shared")[0]
+    assert row.got == "clean", row.detail
+    assert row.stats.scenarios == members
+    assert row.stats.schedules == sum(schedule_shares(spec.planned_clean, members)) == members
+
+
+@pytest.mark.parametrize("schedules, members, shares", [
+    (20, 38, [1] * 38), (300, 7, [43] * 6 + [42]), (8, 3, [3, 3, 2]), (5, 1, [5])])
+def test_schedule_shares_are_even_and_at_least_one(schedules, members, shares):
+    from sim.check import schedule_shares
+
+    assert schedule_shares(schedules, members) == shares
