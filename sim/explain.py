@@ -51,6 +51,8 @@ class Attribution:
         story: the counterexample whose story to show (its `story_hazards` are all in
             ``needed``), or None if none was given or found.
         story_hazards_off: the hazards switched off in ``story``'s run (empty: the full model).
+        configured_off: the hazards the check itself ran with off (``--hazard-off``): every
+            ablation keeps them off, and none is ablated, ``without`` or ``needed``.
         still_caught: hazard (or ``"scope:NAME"``) -> ``"other harm"`` or ``"expected"``, for
             each ablation whose verdict differs from ``verdict`` but is one that `lockstep
             check` passes for this design (`sim.check.catches`): one of its other harms
@@ -67,6 +69,7 @@ class Attribution:
     story: RunResult | None = None
     story_hazards_off: tuple[str, ...] = ()
     still_caught: dict[str, str] = field(default_factory=dict)
+    configured_off: tuple[str, ...] = ()
 
     def shown(self, key: str, verdict: str) -> str:
         """An ablation's verdict as the line shows it: with why the check still passes it,
@@ -81,10 +84,15 @@ class Attribution:
     def line(self) -> str:
         """One sentence: the minimal hazard set, and the verdicts under each H2 scope."""
         unknown = [h for h in RULES if h in self.errors]
+        off = ", ".join(h.upper() for h in self.configured_off)
         needs = (", ".join(f"{h.upper()} ({NAMES[h]})" for h in self.needed) if self.needed
                  else "none of the hazards whose ablation gave a verdict" if unknown
+                 else f"none of the hazards left on (it follows from the variant's own steps)"
+                 if self.configured_off
                  else f"none of {RULES[0].upper()}..{RULES[-1].upper()} (it follows from the "
                       "variant's own steps)")
+        if self.configured_off:
+            needs += f", with {off} off as configured"
         changes = "; ".join(f"{h.upper()} off: {self.shown(h, self.without[h])}"
                             for h in self.needed)
         text = f"{self.verdict} needs {needs}" + (f" [{changes}]" if changes else "")
@@ -141,7 +149,9 @@ def attribute(variant, spec: CheckSpec, topology: str, verdict: str | None = Non
             story names only needed hazards, else replaced by the needed-only run's, reduced
             (in ``reduce_attempts`` re-runs when given, else within the reducer's budget).
     """
-    spec = replace(spec, hazards_off=())
+    # ablate from the model the check ran (a review found --hazard-off h3 explained with H3
+    # back on): hazards the spec already switches off stay off and are not ablated again
+    configured = tuple(h for h in RULES if h in spec.hazards_off)
     if verdict is None:
         full = _row(variant, spec, topology)
         if isinstance(full, str):
@@ -161,11 +171,13 @@ def attribute(variant, spec: CheckSpec, topology: str, verdict: str | None = Non
                                         else "expected")
         return row
 
-    for hazard in RULES:
-        row = ablate(hazard, replace(spec, hazards_off=(hazard,)))
+    result.configured_off = configured
+    ablated = tuple(h for h in RULES if h not in configured)
+    for hazard in ablated:
+        row = ablate(hazard, replace(spec, hazards_off=configured + (hazard,)))
         result.without[hazard] = (row.got if row is not None
                                   else f"{ABLATION_ERROR}: {result.errors[hazard]}")
-    result.needed = tuple(h for h in RULES
+    result.needed = tuple(h for h in ablated
                           if h not in result.errors and result.without[h] != got)
     rest = tuple(h for h in RULES if h not in result.needed)
     only_needed = ablate("needed-only", replace(spec, hazards_off=rest))

@@ -196,3 +196,24 @@ def test_explain_agrees_with_the_check_under_each_hazard_off():
                                           "h2_scopes": a.scopes,
                                           "still_caught": a.still_caught}}]})
     assert "| divergence | H3 (off: oom, still caught) |" in table, table
+
+
+@pytest.mark.timeout(300)
+def test_explain_ablates_from_the_model_the_check_ran():
+    """With --hazard-off h3 the fused sweep breaks the barrier rule (I4) and cannot deadlock;
+    its explanation turned H3 back on for every ablation and called H1..H9 needed (a review's
+    finding). It now keeps H3 off: no hazard left on is needed, and every scope agrees."""
+    from sim.check import CheckSpec, check_bad
+    from sim.explain import attribute
+    from sim.variants import REGISTRY
+
+    spec = CheckSpec(buckets=(1, 2, 4, 8), schedules=30, fault_schedules=0, jobs=1,
+                     hazards_off=("h3",), time_budget=20)
+    variant = REGISTRY["fused-sweep"]
+    row = check_bad(variant, spec, "shared")
+    assert row.got == "invariant:I4"
+    a = attribute(variant, spec, "shared", row.got, story=row.minimal)
+    assert a.configured_off == ("h3",) and "h3" not in a.without
+    assert a.needed == () and a.sufficient, a.line()
+    assert set(a.scopes.values()) == {"invariant:I4"}, a.scopes
+    assert "with H3 off as configured" in a.line()
