@@ -117,6 +117,10 @@ class Row:
     passed: bool = False
     notes: list[str] = field(default_factory=list)
     compared: bool = True
+    report: str = "same"
+    """For a row reported, not compared (another model than the full one): ``"same"`` verdict
+    as the full model's expected one, ``"other harm"`` (one the full model's check passes too,
+    `catches`), or ``"differs"``; set by the CLI's report."""
 
     @property
     def minimal_length(self) -> int | None:

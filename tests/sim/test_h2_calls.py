@@ -100,3 +100,27 @@ def test_the_warmup_scratch_free_waits_as_a_free(calls, got):
     assert row.got == got, row.detail
     if got == "deadlock":
         assert "free_scratch waits for device" in narrative(row.minimal).split("==>")[1]
+
+
+@pytest.mark.timeout(300)
+def test_a_reported_row_that_gives_its_design_s_other_harm_says_so(capsys):
+    """Under --hazard-off h3 split-eligibility runs out of memory, its also_expected harm,
+    which the full model's check passes too: the row reads "other harm", not "differs", and
+    the summary does not count it among the verdicts that differ (a helper's finding)."""
+    import json
+
+    argv = ["check", "--hazard-off", "h3", "--variant", "split-eligibility", "--variant",
+            "fused-sweep", "--no-progress", "--jobs", "1", "--schedules", "20",
+            "--fault-schedules", "0"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    rows = {tuple(line.split()[:2]): line.split()[-2:] for line in out.splitlines()
+            if line.startswith(("split-eligibility ", "fused-sweep "))}
+    assert rows[("split-eligibility", "shared")] == ["other", "harm"], out
+    assert rows[("fused-sweep", "shared")][-1] == "differs"
+    assert rows[("fused-sweep", "per-rank")][-1] == "same"
+    assert "1 of 4 bad-variant verdicts differ" in out and "2 more give one of" in out
+    assert main(argv + ["--json"]) == 0
+    reports = {(r["variant"], r["topology"]): r["report"]
+               for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert reports[("split-eligibility", "per-rank")] == "other harm"
