@@ -180,6 +180,21 @@ def test_i21_flags_a_row_whose_slot_caches_fewer_tokens_than_its_position():
     assert world.outcome.invariant == "I21" and world.outcome.step == 1
 
 
+@pytest.mark.timeout(60)
+def test_i21_flags_a_row_over_a_slot_that_caches_nothing():
+    """I21's case from vllm-project/vllm #53051 is a request taken into the decode graph as a
+    row before its prompt was ever prefilled: its slot caches nothing at all. A slot with no
+    length yet must count as 0 cached tokens, so a one-token prompt's first decode row
+    (position 1) over an empty slot breaks I21; the simulator audit's mutant that read an
+    absent slot as 1 token passed every other test (docs/mutation.md)."""
+    world = run_schedule(default_scenario(**SMALL), REGISTRY["correct"], RandomWalk(0)).world
+    world.outcome = None
+    row = DecodeRow(slot=3, request_id=7, token=5, position=1)
+    assert not world.device_model.check_continues(0, 4, ModelledKV(9), [row])
+    assert (world.outcome.invariant, world.outcome.step) == ("I21", 4)
+    assert "caches 0 tokens" in world.outcome.detail
+
+
 @pytest.mark.timeout(120)
 def test_overlapped_eager_decode_feeds_its_rows_and_matches_the_reference():
     """Served without graphs, overlapped scheduling's decode steps (mixed ones too) run eagerly
