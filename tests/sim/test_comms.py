@@ -63,10 +63,15 @@ def test_a_sub_group_collective_needs_only_its_members():
 
 
 def test_send_and_receive_pair_up_and_a_size_mismatch_diverges():
+    """A matching send/receive pair completes on both devices with no outcome; only a
+    mismatch diverges. `_drain_collectives` counts a step that reported a divergence too, so
+    the count alone let a check that flagged every matching pair pass (the simulator audit's
+    mutants of the pair's peer, op and index comparisons, docs/mutation.md)."""
     w = _world(2)
     w.backend.send(0, 1, 128)
     w.backend.recv(1, 0, 128)
     assert _drain_collectives(w) == 1
+    assert w.outcome is None and not any(d.busy() for d in w.devices)
     w.backend.send(0, 1, 128)
     w.backend.recv(1, 0, 256)
     w.device_model.step_collective()
