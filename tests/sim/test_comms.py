@@ -2,10 +2,12 @@
 own sequence numbers, sub-groups, point-to-point pairs, host groups, and hazard H9 (two
 collectives of one communicator in flight at once wedge)."""
 
+from types import SimpleNamespace
+
 import pytest
 
 from protocol.errors import ConfigError
-from sim.common import Signature
+from sim.common import DONE, PROGRESS, Signature
 from sim.comms import Communicator
 from sim.run import run_schedule
 from sim.scenario import default_scenario
@@ -123,6 +125,29 @@ def test_host_group_collective_blocks_until_every_member_arrives():
     assert w.backend.host_collective(0, host0, sig, probe=True) == 0  # waits for rank 1
     assert w.backend.host_collective(1, host1, sig, probe=False) == 1
     assert w.backend.host_collective(0, host0, sig, probe=True) == 2
+
+
+def test_a_host_collective_completes_on_every_member_and_a_mismatch_diverges():
+    """The host-group collective's I2 check: members that call with the same signature all
+    return and the next call has the next index; members whose calls differ end the run as a
+    divergence naming the call. No shipped protocol op calls a host collective (it is there
+    for variants' ``sim_ops``), and the test above stops before anyone completes, so a
+    mutant that reported every completed host collective as a divergence survived (the
+    simulator audit, docs/mutation.md)."""
+    w = _world(2)
+    for host in w.hosts:  # inside a command, as a variant's op would be
+        host.run = SimpleNamespace(command=SimpleNamespace(seq=7))
+    for r in (0, 1):
+        assert w.backend.host_collective(r, w.hosts[r], _sig("cpu"), probe=False) == PROGRESS
+    for r in (0, 1):
+        assert w.backend.host_collective(r, w.hosts[r], _sig("cpu"), probe=False) == DONE
+    assert w.outcome is None and not w.host_arrivals
+    assert w.host_seq == {(0, "cpu"): 1, (1, "cpu"): 1}
+    for r, nbytes in ((0, 64), (1, 128)):
+        w.backend.host_collective(r, w.hosts[r], _sig("cpu", nbytes=nbytes), probe=False)
+    assert w.backend.host_collective(0, w.hosts[0], _sig("cpu"), probe=False) == DONE
+    assert (w.outcome.verdict, w.outcome.invariant, w.outcome.step) == ("divergence", "I2", 7)
+    assert "call #1" in w.outcome.detail and "128 bytes" in w.outcome.detail
 
 
 def test_unknown_and_misused_communicators_are_one_line_errors():
