@@ -6,9 +6,11 @@ from dataclasses import replace
 
 import pytest
 
+from protocol.backend import RunEager
 from protocol.commands import DecodeRow, Step
 from protocol.controller import Broadcast, Controller
 from protocol.keys import GraphKey
+from protocol.worker import Worker
 from sim.check import check_bad
 from sim.devices import DeviceModel
 from sim.kv import ModelledKV, next_token
@@ -124,6 +126,29 @@ def test_direct_invariants_fire_at_the_step_that_breaks_them(controller_cls, inv
     outcome = run_schedule(sc, _mutant("m", controller_cls), RandomWalk(1)).outcome
     assert (outcome.verdict, outcome.invariant) == ("invariant", invariant), outcome.detail
     assert outcome.step is not None
+
+
+class RunsEagerOnRankOne(Worker):
+    """Rank 1 runs every serving step eagerly, whatever graph the command names."""
+
+    def forward_ops(self, step):
+        return [RunEager(step)] if self.rank == 1 else super().forward_ops(step)
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_that_leaves_the_commanded_path_is_caught_at_its_step():
+    """The direct I2 check of the path a rank takes in a serving step (`commanded_path`):
+    a rank that runs eagerly where the step says replay no longer runs its peers' program.
+    No shipped variant leaves the commanded path, so a mutant that let an eager run pass for
+    any replay command survived; the run then ended as the collectives' own divergence,
+    naming neither the rank nor its departure (docs/mutation.md)."""
+    variant = Variant(name="eager-rank-test", summary="rank 1 ignores the step's graph",
+                      source="test",
+                      expected={"shared": "invariant:I2", "per-rank": "invariant:I2"},
+                      worker_cls=RunsEagerOnRankOne)
+    outcome = run_schedule(default_scenario(**SMALL), variant, RandomWalk(0)).outcome
+    assert (outcome.verdict, outcome.invariant, outcome.rank) == ("divergence", "I2", 1)
+    assert "rank 1 ran eagerly in step" in outcome.detail and "says replay" in outcome.detail
 
 
 def test_the_sampler_kernel_reads_only_what_its_own_command_computed():
