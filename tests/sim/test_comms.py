@@ -6,7 +6,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from protocol.commands import Capture
 from protocol.errors import ConfigError
+from protocol.keys import GraphKey
 from sim.common import DONE, PROGRESS, Signature
 from sim.comms import Communicator
 from sim.run import run_schedule
@@ -206,6 +208,29 @@ def test_registration_tables_that_differ_are_caught_at_the_end_of_the_capture():
     assert capture.what == "Capture"
     counts = [len(d.registered) for d in result.world.devices]
     assert counts[0] != counts[1]
+
+
+def test_the_registration_check_compares_the_live_ranks_only():
+    """I17 compares the registration tables of the ranks still alive when the command after a
+    capture is sent: a dead rank's table (cleared or half-written when it died) says nothing
+    about the exchange among the others, which still breaks when two live ranks differ. No
+    test killed a rank between a capture and the next command, so a mutant that compared the
+    dead ranks instead survived (docs/mutation.md)."""
+    w = _world(3)
+    key = GraphKey(1)
+    for r in range(3):
+        w.graphs[r][key] = None
+    w.devices[0].registered = [(key, "tp", "all-reduce input")]
+    w.devices[1].registered = []
+    w.devices[2].registered = [(key, "tp", "all-reduce input")] * 2
+    w._sent = [5]
+    w.dead = {2}
+    assert not w._check_registrations(Capture(6, key))
+    assert (w.outcome.invariant, w.outcome.rank, w.outcome.step) == ("I17", 1, 5)
+    assert "rank 2" not in w.outcome.detail
+    w.outcome = None
+    w.devices[1].registered = list(w.devices[0].registered)  # the live ranks agree
+    assert w._check_registrations(Capture(6, key)) and w.outcome is None
 
 
 def test_data_parallel_lanes_give_each_rank_its_own_batch():

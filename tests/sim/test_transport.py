@@ -38,6 +38,9 @@ def test_controller_that_sends_after_rank_0_alone_is_caught_by_i1(topology):
         assert result.outcome.verdict == "invariant", result.outcome.detail
         assert result.outcome.invariant == "I1"
         assert result.outcome.rank == 1 and result.outcome.step is not None
+        # the world's send check, at the early command; without it the controller's refusal
+        # of rank 1's stale reply still read as I1 of rank 1, one command too early
+        assert "holding no reply from rank(s) [1]" in result.outcome.detail
 
 
 @pytest.mark.timeout(60)
