@@ -16,7 +16,9 @@ survivor with the reason it is equivalent or the test added to kill it.
 
 Usage: ``python tools/mutation.py [--jobs 2] [--sample N] [--only 12,40] [--out DIR]``; ``make
 mutation`` runs it with ``nice -n 19``. ``--sample N`` takes N mutants evenly spread over the
-whole set (every k-th), ``--list`` prints the set without running anything.
+whole set (every k-th), ``--list`` prints the set without running anything. Before any mutant
+the killers run once on the unmutated copy and must pass there (``--no-baseline`` skips
+this): a killer that fails without a mutant would read every mutant as killed.
 
 ``--package sim --within sim/devices.py:405-490`` mutates the simulator's own checks instead
 (only the mutants on those lines; ``--within`` may be repeated): a check of the model checker
@@ -44,7 +46,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("protocol", "sim")
-COPIED = ("protocol", "sim", "lockstep", "engine", "tests", "pyproject.toml", "README.md", "docs")
+COPIED = ("protocol", "sim", "lockstep", "engine", "tests", "tools", "pyproject.toml",
+          "README.md", "docs")
+"""What a mutant's private checkout holds: everything a killer imports or reads (the
+simulator tests load ``tools/`` scripts through ``tests/tools.py``)."""
 
 WALL_LIMIT_S = 1200
 """Wall-clock backstop per killer, for a mutant that blocks without using CPU."""
@@ -249,31 +254,54 @@ def _copy_tree(dest: Path) -> None:
             shutil.copy2(src, dest / name)
 
 
+def _run_killers(workdir: Path, python: str, package: str) -> dict:
+    """Run the killers in ``workdir`` in order, stopping at the first that fails: ``killed_by``
+    (its name, or None), ``timeout``, and ``output`` (the tail of the failing killer's)."""
+    env = dict(os.environ, PYTHONPATH=str(workdir), PYTHONDONTWRITEBYTECODE="1")
+    result = {"killed_by": None, "timeout": False}
+    for name, command, cpu_s in killers(python, package):
+        try:
+            proc = subprocess.run(command, cwd=workdir, env=env, capture_output=True,
+                                  text=True, timeout=WALL_LIMIT_S,
+                                  preexec_fn=_limit_cpu(cpu_s))
+        except subprocess.TimeoutExpired:  # blocked without using CPU
+            result.update(killed_by=name, timeout=True)
+            break
+        if proc.returncode != 0:
+            result["killed_by"] = name
+            result["timeout"] = proc.returncode in (-24, -9)  # SIGXCPU / past the hard limit
+            result["output"] = (proc.stdout + proc.stderr)[-2000:]
+            break
+    return result
+
+
 def run_mutant(mutant: Mutant, workdir: Path, python: str, package: str = "protocol") -> dict:
     """Put ``mutant`` to the killers in ``workdir`` (a copy of the checkout); restores the file."""
     target = workdir / mutant.path
     original = (ROOT / mutant.path).read_text()
     target.write_text(mutated_source(mutant))
-    env = dict(os.environ, PYTHONPATH=str(workdir), PYTHONDONTWRITEBYTECODE="1")
     start = time.perf_counter()
-    result = {"killed_by": None, "timeout": False}
     try:
-        for name, command, cpu_s in killers(python, package):
-            try:
-                proc = subprocess.run(command, cwd=workdir, env=env, capture_output=True,
-                                      text=True, timeout=WALL_LIMIT_S,
-                                      preexec_fn=_limit_cpu(cpu_s))
-            except subprocess.TimeoutExpired:  # blocked without using CPU
-                result.update(killed_by=name, timeout=True)
-                break
-            if proc.returncode != 0:
-                result["killed_by"] = name
-                result["timeout"] = proc.returncode in (-24, -9)  # SIGXCPU / past the hard limit
-                break
+        result = _run_killers(workdir, python, package)
     finally:
         target.write_text(original)
+    result.pop("output", None)
     result["seconds"] = round(time.perf_counter() - start, 1)
     return result
+
+
+def baseline_failure(workdir: Path, python: str, package: str) -> str | None:
+    """Why the killers fail on the unmutated copy in ``workdir``, or None when they pass.
+
+    A killer that fails without a mutant (a test that cannot run in the private copy, a
+    check that is red on the checkout) would read every mutant as killed, so a run starts
+    with this and refuses to go on."""
+    result = _run_killers(workdir, python, package)
+    if result["killed_by"] is None:
+        return None
+    how = "ran past its limit" if result["timeout"] else "failed"
+    return (f"the killer {result['killed_by']!r} {how} on the unmutated code, so every mutant "
+            f"would read as killed; its output ends:\n{result.get('output', '')}")
 
 
 def _line_range(text: str) -> tuple[str, int, int]:
@@ -303,6 +331,9 @@ def main(argv=None) -> int:
                    help="what to mutate (default protocol)")
     p.add_argument("--within", action="append", default=[], metavar="FILE:FIRST-LAST",
                    help="only mutants on these lines of this module (repeatable)")
+    p.add_argument("--no-baseline", action="store_true",
+                   help="skip running the killers on the unmutated code first (they must pass "
+                        "there, or every mutant reads as killed)")
     args = p.parse_args(argv)
     try:
         ranges = [_line_range(w) for w in args.within]
@@ -342,6 +373,11 @@ def main(argv=None) -> int:
             workdir.mkdir()
             _copy_tree(workdir)
             slots.append(workdir)
+        if not args.no_baseline:
+            failure = baseline_failure(slots[0], python, args.package)
+            if failure is not None:
+                print(f"mutation.py: {failure}", file=sys.stderr)
+                return 1
         free = list(slots)
 
         def one(mutant: Mutant) -> None:

@@ -2,10 +2,14 @@
 own sequence numbers, sub-groups, point-to-point pairs, host groups, and hazard H9 (two
 collectives of one communicator in flight at once wedge)."""
 
+from types import SimpleNamespace
+
 import pytest
 
+from protocol.commands import Capture
 from protocol.errors import ConfigError
-from sim.common import Signature
+from protocol.keys import GraphKey
+from sim.common import DONE, PROGRESS, Signature
 from sim.comms import Communicator
 from sim.run import run_schedule
 from sim.scenario import default_scenario
@@ -63,10 +67,15 @@ def test_a_sub_group_collective_needs_only_its_members():
 
 
 def test_send_and_receive_pair_up_and_a_size_mismatch_diverges():
+    """A matching send/receive pair completes on both devices with no outcome; only a
+    mismatch diverges. `_drain_collectives` counts a step that reported a divergence too, so
+    the count alone let a check that flagged every matching pair pass (the simulator audit's
+    mutants of the pair's peer, op and index comparisons, docs/mutation.md)."""
     w = _world(2)
     w.backend.send(0, 1, 128)
     w.backend.recv(1, 0, 128)
     assert _drain_collectives(w) == 1
+    assert w.outcome is None and not any(d.busy() for d in w.devices)
     w.backend.send(0, 1, 128)
     w.backend.recv(1, 0, 256)
     w.device_model.step_collective()
@@ -118,6 +127,29 @@ def test_host_group_collective_blocks_until_every_member_arrives():
     assert w.backend.host_collective(0, host0, sig, probe=True) == 0  # waits for rank 1
     assert w.backend.host_collective(1, host1, sig, probe=False) == 1
     assert w.backend.host_collective(0, host0, sig, probe=True) == 2
+
+
+def test_a_host_collective_completes_on_every_member_and_a_mismatch_diverges():
+    """The host-group collective's I2 check: members that call with the same signature all
+    return and the next call has the next index; members whose calls differ end the run as a
+    divergence naming the call. No shipped protocol op calls a host collective (it is there
+    for variants' ``sim_ops``), and the test above stops before anyone completes, so a
+    mutant that reported every completed host collective as a divergence survived (the
+    simulator audit, docs/mutation.md)."""
+    w = _world(2)
+    for host in w.hosts:  # inside a command, as a variant's op would be
+        host.run = SimpleNamespace(command=SimpleNamespace(seq=7))
+    for r in (0, 1):
+        assert w.backend.host_collective(r, w.hosts[r], _sig("cpu"), probe=False) == PROGRESS
+    for r in (0, 1):
+        assert w.backend.host_collective(r, w.hosts[r], _sig("cpu"), probe=False) == DONE
+    assert w.outcome is None and not w.host_arrivals
+    assert w.host_seq == {(0, "cpu"): 1, (1, "cpu"): 1}
+    for r, nbytes in ((0, 64), (1, 128)):
+        w.backend.host_collective(r, w.hosts[r], _sig("cpu", nbytes=nbytes), probe=False)
+    assert w.backend.host_collective(0, w.hosts[0], _sig("cpu"), probe=False) == DONE
+    assert (w.outcome.verdict, w.outcome.invariant, w.outcome.step) == ("divergence", "I2", 7)
+    assert "call #1" in w.outcome.detail and "128 bytes" in w.outcome.detail
 
 
 def test_unknown_and_misused_communicators_are_one_line_errors():
@@ -176,6 +208,29 @@ def test_registration_tables_that_differ_are_caught_at_the_end_of_the_capture():
     assert capture.what == "Capture"
     counts = [len(d.registered) for d in result.world.devices]
     assert counts[0] != counts[1]
+
+
+def test_the_registration_check_compares_the_live_ranks_only():
+    """I17 compares the registration tables of the ranks still alive when the command after a
+    capture is sent: a dead rank's table (cleared or half-written when it died) says nothing
+    about the exchange among the others, which still breaks when two live ranks differ. No
+    test killed a rank between a capture and the next command, so a mutant that compared the
+    dead ranks instead survived (docs/mutation.md)."""
+    w = _world(3)
+    key = GraphKey(1)
+    for r in range(3):
+        w.graphs[r][key] = None
+    w.devices[0].registered = [(key, "tp", "all-reduce input")]
+    w.devices[1].registered = []
+    w.devices[2].registered = [(key, "tp", "all-reduce input")] * 2
+    w._sent = [5]
+    w.dead = {2}
+    assert not w._check_registrations(Capture(6, key))
+    assert (w.outcome.invariant, w.outcome.rank, w.outcome.step) == ("I17", 1, 5)
+    assert "rank 2" not in w.outcome.detail
+    w.outcome = None
+    w.devices[1].registered = list(w.devices[0].registered)  # the live ranks agree
+    assert w._check_registrations(Capture(6, key)) and w.outcome is None
 
 
 def test_data_parallel_lanes_give_each_rank_its_own_batch():

@@ -1,6 +1,9 @@
 """tools/mutation.py generates the same mutant set every time, and every mutant changes code."""
 
 import ast
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -53,3 +56,34 @@ def test_a_bad_line_range_is_one_line(within, capsys):
     assert info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert within in err
+
+
+@pytest.mark.timeout(120)
+def test_a_mutants_private_copy_collects_the_simulator_tests(tmp_path):
+    """The killers run in a private copy of the checkout (`_copy_tree`), so it must hold what
+    the tests import: the simulator tests load tools/ scripts (this file, trace_hash,
+    schedule_cost), and a copy without tools/ failed collection. With ``-x`` that failure was
+    reported as "killed by sim tests" for every mutant that survived ``lockstep check``."""
+    mutation._copy_tree(tmp_path)
+    env = dict(os.environ, PYTHONPATH=str(tmp_path), PYTHONDONTWRITEBYTECODE="1")
+    command = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"]
+    for name, killer, _ in mutation.killers(sys.executable, "sim"):
+        if name == "sim tests":
+            command += killer[killer.index("no:cacheprovider") + 1:]  # paths, --ignore
+    proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=110)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+
+
+def test_a_killer_that_fails_on_unmutated_code_stops_the_run(monkeypatch, tmp_path, capsys):
+    """A killer red without a mutant would read every mutant as killed: the run refuses to
+    start and names the killer, instead of reporting a run with no survivors."""
+    monkeypatch.setattr(mutation, "_copy_tree", lambda dest: None)
+    monkeypatch.setattr(mutation, "killers", lambda python, package="protocol": [
+        ("always red", [sys.executable, "-c", "raise SystemExit(3)"], 10)])
+    code = mutation.main(["--package", "sim", "--within", "sim/checks.py:1-40", "--only", "0",
+                          "--out", str(tmp_path / "out")])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "'always red' failed on the unmutated code" in err
+    assert not (tmp_path / "out" / "results.json").exists()

@@ -72,6 +72,10 @@ def test_a_short_replay_loses_exactly_the_tokens_past_its_tile():
         model.decode(kv, logits, 0, [Row(context - 1)], window=window)
         full = next_token(kv.read(0, context - 1), world.scenario.vocab)
         assert (logits[0][1] == full) is same, (context, window)
+        # exactly the tile, positions 0..window-1: not one more or one fewer (a read past the
+        # tile, or short of it, changed the token too and passed the line above)
+        tile = next_token(kv.read(0, min(context, window) - 1), world.scenario.vocab)
+        assert logits[0][1] == tile, (context, window)
 
 
 @pytest.mark.timeout(120)

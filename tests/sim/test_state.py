@@ -6,9 +6,11 @@ from dataclasses import replace
 
 import pytest
 
+from protocol.backend import RunEager
 from protocol.commands import DecodeRow, Step
 from protocol.controller import Broadcast, Controller
 from protocol.keys import GraphKey
+from protocol.worker import Worker
 from sim.check import check_bad
 from sim.devices import DeviceModel
 from sim.kv import ModelledKV, next_token
@@ -126,6 +128,29 @@ def test_direct_invariants_fire_at_the_step_that_breaks_them(controller_cls, inv
     assert outcome.step is not None
 
 
+class RunsEagerOnRankOne(Worker):
+    """Rank 1 runs every serving step eagerly, whatever graph the command names."""
+
+    def forward_ops(self, step):
+        return [RunEager(step)] if self.rank == 1 else super().forward_ops(step)
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_that_leaves_the_commanded_path_is_caught_at_its_step():
+    """The direct I2 check of the path a rank takes in a serving step (`commanded_path`):
+    a rank that runs eagerly where the step says replay no longer runs its peers' program.
+    No shipped variant leaves the commanded path, so a mutant that let an eager run pass for
+    any replay command survived; the run then ended as the collectives' own divergence,
+    naming neither the rank nor its departure (docs/mutation.md)."""
+    variant = Variant(name="eager-rank-test", summary="rank 1 ignores the step's graph",
+                      source="test",
+                      expected={"shared": "invariant:I2", "per-rank": "invariant:I2"},
+                      worker_cls=RunsEagerOnRankOne)
+    outcome = run_schedule(default_scenario(**SMALL), variant, RandomWalk(0)).outcome
+    assert (outcome.verdict, outcome.invariant, outcome.rank) == ("divergence", "I2", 1)
+    assert "rank 1 ran eagerly in step" in outcome.detail and "says replay" in outcome.detail
+
+
 def test_the_sampler_kernel_reads_only_what_its_own_command_computed():
     """A logits row or prefill output left by an earlier command reads as token -1: a read of
     stale device data must look wrong, or early-token-read and its kin would look clean."""
@@ -178,6 +203,21 @@ def test_i21_flags_a_row_whose_slot_caches_fewer_tokens_than_its_position():
     gap = DecodeRow(slot=0, request_id=7, token=5, position=2)  # position 1 never written
     assert not world.device_model.check_continues(0, 1, kv, [gap])
     assert world.outcome.invariant == "I21" and world.outcome.step == 1
+
+
+@pytest.mark.timeout(60)
+def test_i21_flags_a_row_over_a_slot_that_caches_nothing():
+    """I21's case from vllm-project/vllm #53051 is a request taken into the decode graph as a
+    row before its prompt was ever prefilled: its slot caches nothing at all. A slot with no
+    length yet must count as 0 cached tokens, so a one-token prompt's first decode row
+    (position 1) over an empty slot breaks I21; the simulator audit's mutant that read an
+    absent slot as 1 token passed every other test (docs/mutation.md)."""
+    world = run_schedule(default_scenario(**SMALL), REGISTRY["correct"], RandomWalk(0)).world
+    world.outcome = None
+    row = DecodeRow(slot=3, request_id=7, token=5, position=1)
+    assert not world.device_model.check_continues(0, 4, ModelledKV(9), [row])
+    assert (world.outcome.invariant, world.outcome.step) == ("I21", 4)
+    assert "caches 0 tokens" in world.outcome.detail
 
 
 @pytest.mark.timeout(120)
