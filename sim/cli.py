@@ -421,6 +421,9 @@ class _Finished:
             print(text, flush=True)
             sys.stderr.write(f"lockstep check: {how}; {self.done} of {self._count(self.total)} "
                              f"finished (above), the other {self.total - self.done} did not\n")
+        elif self.planned:  # stopped before any check finished (a fresh user's finding)
+            sys.stderr.write(f"lockstep check: {how}; none of the {self._count(self.total)} "
+                             "finished\n")
         else:
             sys.stderr.write(f"lockstep check: {how}\n")
         return code
