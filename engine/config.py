@@ -86,7 +86,8 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
     """
     d = Path(model_dir)
     if not d.is_dir():
-        raise ModelDirError(f"model directory {str(d)!r} does not exist or is not a directory")
+        raise ModelDirError(f"model directory {str(d)!r} "
+                            + ("is not a directory" if d.exists() else "does not exist"))
     cfg_path = d / "config.json"
     if cfg_path.exists() and not cfg_path.is_file():
         raise ModelDirError(f"{cfg_path}: not a file (a directory or a device stands there)")

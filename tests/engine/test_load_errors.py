@@ -47,6 +47,13 @@ def test_missing_directory(tmp_path):
     _rejects(tmp_path / "nope", ModelDirError, "nope", "does not exist")
 
 
+def test_a_file_named_as_the_model_directory(tmp_path):
+    """It said "does not exist or is not a directory" for a file (a fresh user's finding)."""
+    (tmp_path / "README.md").write_text("not a model")
+    msg = _rejects(tmp_path / "README.md", ModelDirError, "README.md", "is not a directory")
+    assert "does not exist" not in msg
+
+
 def test_missing_config(model_copy):
     (model_copy / "config.json").unlink()
     _rejects(model_copy, ModelDirError, "config.json", "missing")
