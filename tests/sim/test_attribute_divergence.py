@@ -56,3 +56,21 @@ def test_a_divergence_with_no_wrong_token_comes_back_unchanged():
     assert first_wrong_token(found.world) is None
     bare = replace(found, outcome=replace(found.outcome, step=None))
     assert attribute_divergence(found.world.scenario, variant, bare) is bare
+
+
+@pytest.mark.timeout(120)
+def test_a_run_that_reached_done_with_a_request_unserved_is_a_divergence():
+    """final_checks' last check: the controller shut down cleanly while a submitted request
+    never finished. No shipped variant loses a request on the way to Done, so a targeted
+    mutation run found nothing that made it fire; here one finished request is taken back from
+    a clean run's controller."""
+    from sim.checks import final_checks
+    from sim.run import correct_run
+    from sim.scenario import default_scenario
+
+    world = correct_run(default_scenario()).world
+    assert final_checks(world).verdict == "clean"
+    lost = world.ctrl.finished.pop()
+    outcome = final_checks(world)
+    assert (outcome.verdict, outcome.check) == ("divergence", "unfinished")
+    assert f"requests [{lost}] never finished" == outcome.detail
