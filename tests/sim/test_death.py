@@ -50,3 +50,21 @@ def test_the_i18_check_fires_only_for_requests_without_an_error():
     del ctrl.request_errors[victim]
     out = abort_checks(world, ctrl.failure)
     assert out.invariant == "I18" and str(victim) in out.detail
+
+
+@pytest.mark.timeout(60)
+def test_i18_fires_for_a_failure_without_a_death_too():
+    """A rank that raises in serving (no rank dies) fails the run; a request in flight left
+    without an error is I18 there as well. No shipped variant drops a request on that path (its
+    `return dropped` survived a targeted mutation run, docs/mutation.md 2026-12-06)."""
+    fault = FaultFamily("raise", phase="serving").members(default_scenario(**SMALL),
+                                                          REGISTRY["correct"])[0]
+    sc = default_scenario(**SMALL).with_(faults=(fault,))
+    world = run_schedule(sc, REGISTRY["correct"], RandomWalk(0)).world
+    ctrl = world.ctrl
+    assert not world.dead and ctrl.failure is not None
+    assert abort_checks(world, ctrl.failure).verdict == "abort"
+    victim = next(r for r in ctrl.requests if r not in ctrl.finished)
+    del ctrl.request_errors[victim]
+    out = abort_checks(world, ctrl.failure)
+    assert out.invariant == "I18" and str(victim) in out.detail

@@ -11,7 +11,7 @@ from protocol.commands import DecodeRow, Step
 from protocol.controller import Broadcast, Controller
 from protocol.keys import GraphKey
 from protocol.worker import Worker
-from sim.check import check_bad
+from sim.check import CheckSpec, check_bad
 from sim.devices import DeviceModel
 from sim.kv import ModelledKV, next_token
 from sim.ops import ModelledBackend
@@ -281,3 +281,51 @@ def test_the_reducer_never_trades_one_kind_of_divergence_for_another():
     unfinished = Outcome("divergence", "requests [3] never finished", check="unfinished")
     assert same_failure(run(tokens), run(Outcome("divergence", "another token", check="tokens")))
     assert not same_failure(run(tokens), run(unfinished))
+
+
+class _ReportsOneGraphLess(Worker):
+    """Rank 1 reports a captured set one graph short at Finalize (the controller's I3 check)."""
+
+    def reply(self, command, results):
+        from dataclasses import replace as _replace
+
+        from protocol.commands import Finalize
+
+        out = super().reply(command, results)
+        if isinstance(command, Finalize) and self.rank == 1:
+            captured = out.payload.captured
+            out = _replace(out, payload=_replace(out.payload,
+                                                 captured=captured - {min(captured)}))
+        return out
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_reporting_another_graph_set_at_finalize_is_an_i3_divergence():
+    """The controller's Finalize check (I3): ranks must report the same captured graph set. No
+    shipped variant reaches it (the verdict's `return` survived a targeted mutation run,
+    docs/mutation.md 2026-12-06)."""
+    from dataclasses import replace
+
+    from sim.scenario import default_scenario
+
+    variant = replace(REGISTRY["correct"], name="reports-one-graph-less",
+                      worker_cls=_ReportsOneGraphLess)
+    result = run_schedule(default_scenario(buckets=(1, 2, 4, 8), max_batch=8), variant,
+                          RandomWalk(0))
+    out = result.outcome
+    assert (out.verdict, out.invariant) == ("divergence", "I3"), out.detail
+    assert "rank 1 captured a different graph set" in out.detail
+
+
+@pytest.mark.timeout(120)
+def test_i11_names_the_command_that_read_the_overwritten_ids():
+    """An overlapped step reads the ids of the step before it; when a later copy overwrote
+    them, the I11 finding names the command that read (where the harm happens), not the step
+    whose ids were lost (a targeted mutation run left this choice untested)."""
+    import re
+
+    row = check_bad(REGISTRY["overlap-one-token-buffer"],
+                    CheckSpec(schedules=30, fault_schedules=0, jobs=1), "shared")
+    out = row.minimal.outcome
+    read = int(re.search(r"read the token ids of step (\d+)", out.detail).group(1))
+    assert out.invariant == "I11" and out.step > read, (out.step, out.detail)
