@@ -408,7 +408,7 @@ def unreachable_here(variant: Variant, spec: CheckSpec, topology: str,
     """
     if scenario is None:
         scenario = variant.scenario(spec.scenario(topology))
-    if all(v == "clean" for v in variant.expected.values()):
+    if variant.clean_everywhere:
         return _unreachable(variant, scenario)
     return bad_search_setup(variant, spec, topology, scenario)[2]
 
@@ -490,7 +490,7 @@ def has_faulted_row(variant: Variant, spec: CheckSpec) -> bool:
     with faulted schedules left once its own cap applies (``--fault-schedules 0``, or a
     design whose faults are not modelled, ``fault_schedules=0``, gives none). The one rule
     both `check_correct` and the planned row count of `lockstep check` follow."""
-    return (all(v == "clean" for v in variant.expected.values())
+    return (variant.clean_everywhere
             and variant_spec(variant, spec).fault_schedules > 0)
 
 
@@ -505,7 +505,7 @@ def check_variant(variant: Variant, spec: CheckSpec, topology: str, progress=Non
     spec = variant_spec(variant, spec)
     try:
         with watchdog():
-            if all(v == "clean" for v in variant.expected.values()):
+            if variant.clean_everywhere:
                 return check_correct(variant, spec, topology, progress)
             return [check_bad(variant, spec, topology, progress)]
     except WorkerError as exc:

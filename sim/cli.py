@@ -23,9 +23,9 @@ from pathlib import Path
 
 from lockstep.paths import nearest_existing, write_refused
 from protocol.errors import ConfigError
-from sim.check import (NOT_REACHABLE, CheckSpec, Row, catches, check_coverage_reachable,
+from sim.check import (NOT_REACHABLE, CheckSpec, Row, check_coverage_reachable,
                        check_scenario_value, has_faulted_row, replay_trace, scenario_spec,
-                       unreachable_here, variant_spec, verdict_label)
+                       is_other_harm, unreachable_here, variant_spec, verdict_label)
 from sim.guard import Stalled, describe, watchdog
 from sim.hazards import H2_CALLS, H2_SCOPES, RULES, HazardModel
 from sim.limits import check_limits
@@ -622,7 +622,7 @@ def _report_only(variant, rows: list[Row], args) -> None:
         # --hazard-off h3 read "differs")
         row.report = ("same" if row.got == row.expected
                       else "other harm" if (row.expected == variant.expected.get(row.topology)
-                                            and catches(variant, row.topology, row.got))
+                                            and is_other_harm(variant, row.topology, row.got))
                       else "differs")
         row.passed = row.got != "error"
         row.compared = False

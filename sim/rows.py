@@ -27,7 +27,7 @@ from sim.variants import REGISTRY, SHIPPED, Variant, get_variant
 
 def expects_clean(variant: Variant) -> bool:
     """True for the correct protocol (under any scenario): clean in every topology."""
-    return all(v == "clean" for v in variant.expected.values())
+    return variant.clean_everywhere
 
 
 def _row_task(spec: CheckSpec, task: tuple[str, str], deadline: float) -> list[Row]:

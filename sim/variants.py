@@ -147,7 +147,7 @@ class Variant:
             if verdict not in VERDICTS or verdict == "clean":
                 raise ConfigError(f"variant {self.name!r}: also_expected verdict {verdict!r} is "
                                   f"not one of the failing verdicts {', '.join(VERDICTS[1:])}")
-        if self.also_expected and all(v == "clean" for v in self.expected.values()):
+        if self.also_expected and self.clean_everywhere:
             raise ConfigError(f"variant {self.name!r}: also_expected is "
                               f"{self.also_expected!r}, but the variant is expected clean in "
                               "every topology, where no other verdict passes")
@@ -193,6 +193,11 @@ class Variant:
         if self.fault_search is not None and not isinstance(self.fault_search, FaultFamily):
             raise bad("fault_search", self.fault_search,
                       'None or a sim.faults.FaultFamily, e.g. FaultFamily("die", phase="serving")')
+
+    @property
+    def clean_everywhere(self) -> bool:
+        """Whether the design is expected clean in every topology (a correct protocol)."""
+        return all(v == "clean" for v in self.expected.values())
 
     def scenario(self, base: Scenario) -> Scenario:
         """The scenario this variant runs under, from the base one.
