@@ -5,7 +5,6 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import NamedTuple
 
-from protocol.commands import DecodeRows
 from protocol.errors import ProtocolError, RankFailure, StartupRefused, WatchdogExpired
 from protocol.invariants import check_trace
 from sim.common import Outcome
@@ -199,10 +198,8 @@ def _dropped_requests(world, error: ProtocolError) -> Outcome | None:
 
 def slot_divergence(world, rank: int, step) -> Outcome | None:
     """After rank ``rank`` ran ``step``: its slot map must equal the scheduler's (I8)."""
-    rows = step.rows
-    # row i holds slot i: the columns give the map without a `DecodeRow` per row
-    want = (dict(enumerate(rows.request_ids)) if rows.__class__ is DecodeRows
-            else {row.slot: row.request_id for row in rows})
+    # row i holds slot i (`Step` always holds `DecodeRows`): the columns give the map
+    want = dict(enumerate(step.rows.request_ids))
     want.update({a.slot: a.request_id for a in step.admits})
     if step.chunk is not None:  # the request in chunked prefill holds the chunk slot
         want[step.chunk.slot] = step.chunk.request_id
