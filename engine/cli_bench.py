@@ -63,7 +63,8 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
                         "takes ~40-90 s per shape")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
                    help="weights, activations and KV cache dtype (default bfloat16)")
-    p.add_argument("--seed", type=seed_arg, default=0, help="weight and input seed (default 0)")
+    p.add_argument("--seed", type=seed_arg, default=0,
+                   help="weight and input seed, an integer in [0, 2**64) (default 0)")
     p.add_argument("--workload", choices=["decode", "throughput"], default="decode",
                    help="decode: time decode steps (default); throughput: serve workload W "
                         "(N requests, prompt and output lengths uniform in [100, 1024]) end to "

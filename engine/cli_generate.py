@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from engine.cli_args import SEED_LIMIT
+
 
 def _ids(text: str) -> list[int]:
     """``1,2,3`` -> [1, 2, 3]; an empty item (``1,,2``, a trailing comma) or anything but
@@ -56,7 +58,7 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
                    help="keep the most likely tokens up to this probability mass; 1 = off "
                         "(default 1)")
     p.add_argument("--seed", type=int, default=None,
-                   help="sampling seed (default: a random one)")
+                   help="sampling seed, an integer in [0, 2**64) (default: a random one)")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at end-of-sequence")
     p.add_argument("--logprobs", action="store_true", help="print each token's logprob")
     p.add_argument("--max-model-len", type=int, default=None,
@@ -93,7 +95,7 @@ def _number_checks(args: argparse.Namespace):
          "a finite number >= 0 (0 = greedy)"),
         ("--top-k", args.top_k, args.top_k >= -1, "-1, 0 (off) or a positive integer"),
         ("--top-p", args.top_p, 0 < args.top_p <= 1, "a number in (0, 1]"),
-        ("--seed", args.seed, args.seed is None or 0 <= args.seed < 2**64,
+        ("--seed", args.seed, args.seed is None or 0 <= args.seed < SEED_LIMIT,
          "an integer in [0, 2**64)"),
         ("--max-model-len", args.max_model_len,
          args.max_model_len is None or args.max_model_len >= 1, "at least 1"),

@@ -22,7 +22,8 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
                    help="named configuration (real Qwen3 shapes, or tiny for tests)")
     p.add_argument("--out", required=True,
                    help="output directory, created if missing (its parent must exist)")
-    p.add_argument("--seed", type=seed_arg, default=0, help="weight seed (default 0)")
+    p.add_argument("--seed", type=seed_arg, default=0,
+                   help="weight seed, an integer in [0, 2**64) (default 0)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the model already in --out (a directory holding config.json); "
                         "a non-empty directory without one is refused even so")

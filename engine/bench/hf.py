@@ -27,7 +27,7 @@ def measure_hf(model_dir: str, batch_sizes: list[int], context: int, dtype: str,
     tdtype = getattr(torch, dtype)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=tdtype).to(dev).eval()
     vocab = model.config.vocab_size
-    gen = torch.Generator(device=dev).manual_seed(seed + 2)
+    gen = torch.Generator(device=dev).manual_seed((seed + 2) % 2**64)
     results = []
     for batch in batch_sizes:
         torch._dynamo.reset()

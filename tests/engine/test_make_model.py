@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from engine.model_dir import build_config, tensor_shapes, write_model_dir
+from engine.model_dir import INIT_STD, build_config, tensor_shapes, write_model_dir
 from engine.presets import PRESETS
 
 REAL = {  # preset: (hidden, layers, q heads, kv heads, head_dim, intermediate, tied)
@@ -64,6 +64,36 @@ def test_seed_decides_weights_and_dtype_is_honoured(tmp_path):
     c = first(write_model_dir("tiny", tmp_path / "c", seed=6, dtype="bfloat16"))
     assert str(a.dtype) == "torch.bfloat16"
     assert (a == b).all() and not (a == c).all()
+
+
+@pytest.mark.parametrize("seed", [2**62, 2**64 - 1])
+def test_every_seed_in_the_range_writes_a_model(tmp_path, capsys, seed):
+    """Old behaviour: --seed took [0, 2**63) while generate's took [0, 2**64); 2**64 - 1 was
+    refused and 2**62 accepted but crashed (`manual_seed(seed * 1_000_003 + k)` overflowed)."""
+    from lockstep.cli import main
+
+    assert main(["make-model", "--preset", "tiny", "--out", str(tmp_path / "m"),
+                 "--seed", str(seed), "--dtype", "float32"]) == 0
+    assert f"seed {seed}" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as info:
+        main(["make-model", "--preset", "tiny", "--out", str(tmp_path / "n"),
+              "--seed", str(2**64)])
+    assert info.value.code == 2 and f"{2**64} is outside [0, 2**64)" in capsys.readouterr().err
+
+
+def test_seeds_that_fit_draw_the_weights_they_drew_before(tmp_path):
+    """The per-tensor seed is taken modulo 2**64; below 2**64 // 1_000_003 nothing changes."""
+    import torch
+    from safetensors.torch import load_file
+
+    seed = 2**64 // 1_000_003 - 1
+    out = write_model_dir("tiny", tmp_path / "m", seed=seed, dtype="float32")
+    shapes = tensor_shapes(PRESETS["tiny"])
+    k, (name, shape) = next((k, s) for k, s in enumerate(shapes) if s[0].endswith("q_proj.weight"))
+    g = torch.Generator().manual_seed(seed * 1_000_003 + k)  # no modulo: it fits
+    want = INIT_STD * torch.randn(shape, generator=g)
+    shard = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"][name]
+    assert torch.equal(load_file(str(out / shard))[name], want)
 
 
 def test_cli_module_does_not_import_torch():
@@ -152,7 +182,7 @@ def test_non_empty_out_needs_overwrite_and_seed_is_range_checked(tmp_path, capsy
     assert [p.name for p in other.iterdir()] == ["todo.txt"]
     with pytest.raises(SystemExit) as info:
         main(["make-model", "--preset", "tiny", "--out", str(tmp_path / "n"), "--seed", str(10**20)])
-    assert info.value.code == 2 and "outside [0, 2**63)" in capsys.readouterr().err
+    assert info.value.code == 2 and "outside [0, 2**64)" in capsys.readouterr().err
 
 
 def test_replacing_a_model_leaves_no_stale_shard(tmp_path, capsys):
