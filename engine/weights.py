@@ -79,9 +79,47 @@ def stored_head_differs(model_dir: str | Path) -> bool:
     match the reference's; `engine.config.load_model_config` unties such a config. Compared
     HEAD_COMPARE_ROWS rows at a time, stopping at the first difference.
 
+    The answer is cached per directory and checkpoint stamp (`_checkpoint_stamp`): a head equal
+    to the embedding is read in full, and `load_model_config` asks on every call. A shard or
+    index that is rewritten changes its size or mtime and is compared again.
+
     Raises:
         ModelDirError: the index or a shard holding either tensor is unreadable.
     """
+    d = Path(model_dir)
+    try:
+        key = (d.resolve(), _checkpoint_stamp(d))
+    except OSError:  # a file vanished while it was listed: compare, and cache nothing
+        return _compare_stored_head(d)
+    if key not in _HEAD_DIFFERS:  # an error is raised, not cached
+        while len(_HEAD_DIFFERS) >= _HEAD_DIFFERS_KEPT:
+            del _HEAD_DIFFERS[next(iter(_HEAD_DIFFERS))]  # the oldest answer
+        _HEAD_DIFFERS[key] = _compare_stored_head(d)
+    return _HEAD_DIFFERS[key]
+
+
+_HEAD_DIFFERS: dict[tuple, bool] = {}
+"""`stored_head_differs`'s answers by (resolved directory, `_checkpoint_stamp`)."""
+
+# A process loads a few model directories; a rewritten checkpoint adds a key, and the oldest
+# answers are dropped so that rewrites do not grow the cache without bound.
+_HEAD_DIFFERS_KEPT = 16
+
+
+def _checkpoint_stamp(d: Path) -> tuple:
+    """(name, size, mtime_ns) of every safetensors file in `d`, sorted, and of the index file:
+    what changes when the checkpoint's tensors or their map are rewritten (a rewrite of the
+    same size within one tick of the filesystem's clock is not seen)."""
+    stamp = []
+    for f in sorted(d.glob("*.safetensors")) + [d / INDEX_FILE]:
+        if f.is_file():
+            st = f.stat()
+            stamp.append((f.name, st.st_size, st.st_mtime_ns))
+    return tuple(stamp)
+
+
+def _compare_stored_head(model_dir: Path) -> bool:
+    """`stored_head_differs` without the cache: reads both tables."""
     import torch
     from safetensors import safe_open
 

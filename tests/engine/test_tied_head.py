@@ -5,7 +5,9 @@ and ignore the stored head, and its logits left the reference's without a word).
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import time
 
 import pytest
 import torch
@@ -57,6 +59,41 @@ def test_a_stored_head_equal_to_the_embedding_stays_tied(tiny_tied_dir, tmp_path
     assert load_model_config(d).tie_word_embeddings is True
     assert not stored_head_differs(tiny_tied_dir)   # no stored head at all
     assert capsys.readouterr().err == ""
+
+
+def test_a_second_load_reads_no_tensor_until_the_checkpoint_changes(tiny_tied_dir, tmp_path,
+                                                                   monkeypatch):
+    """Old behaviour: every `load_model_config` of a tied config over a stored head equal to
+    the embedding read both tables in full again."""
+    import safetensors
+
+    d = _with_stored_head(tiny_tied_dir, tmp_path / "m", lambda e: e.clone())
+    opened = []
+    real = safetensors.safe_open
+
+    def counting(path, *args, **kwargs):
+        opened.append(os.path.basename(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(safetensors, "safe_open", counting)
+    assert load_model_config(d).tie_word_embeddings is True
+    assert opened, "the first call compares the two tables"
+    opened.clear()
+    assert load_model_config(str(d) + "/.").tie_word_embeddings is True  # the same directory
+    assert opened == []
+    index = json.loads((d / "model.safetensors.index.json").read_text())
+    shard = d / index["weight_map"]["lm_head.weight"]
+    st = shard.stat()
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # touched: compared again
+    assert load_model_config(d).tie_word_embeddings is True
+    assert opened
+    opened.clear()
+    time.sleep(0.05)  # past a coarse filesystem clock's tick: the rewrite gets a new mtime
+    tensors = load_file(str(shard))
+    tensors["lm_head.weight"] = tensors["lm_head.weight"] + 1  # the same size, other values
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    assert load_model_config(d).tie_word_embeddings is False
+    assert opened
 
 
 def test_the_engine_reads_the_stored_head_as_transformers_does(distinct_head_dir, hf_model):
