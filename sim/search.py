@@ -387,14 +387,19 @@ def _parallel_sample_search(scenario_for, variant, acceptable, strategy, seed, l
     chunks up to and including the first failing one in chunk order -- each run up to that
     failure, as a serial search counts them -- so they do not depend on ``jobs`` either: a
     chunk after it that finished first (its worker was faster) is work the search did, not
-    part of its result.
+    part of its result. ``progress`` counts the same chunks: with ``stop_on_failure`` a chunk
+    is counted once every chunk before it has finished, since until then an earlier one may
+    still fail (the bar lags by at most the chunks running beside the oldest one).
     """
     from sim.workers import JobNotPicklable, WorkerPool
 
     start = time.perf_counter()
     job = _SampleJob(scenario_for, variant, acceptable, strategy, seed, stop_on_failure, steps)
     total = SearchStats()
-    finished: list[tuple[int, SearchStats, int | None]] = []  # (chunk position, stats, first)
+    finished: dict[int, tuple[SearchStats, int | None]] = {}  # chunk position -> (stats, first)
+    cut = None  # with stop_on_failure: the position of the first failing chunk found so far
+    counted: set[int] = set()  # the chunk positions progress has counted
+    shown = 0  # with stop_on_failure: chunks [0, shown) have finished and are counted
     chunks = [(a, min(a + CHUNK, hi)) for a in range(lo, hi, CHUNK)]
     try:
         pool = WorkerPool(_run_chunk, job, jobs, deadline)
@@ -402,19 +407,26 @@ def _parallel_sample_search(scenario_for, variant, acceptable, strategy, seed, l
         return None
     with pool:
         for position, _, (stats, first) in pool.results(chunks):
-            finished.append((position, stats, first))
-            if progress:
-                progress(stats.schedules)
+            finished[position] = (stats, first)
             if first is not None and stop_on_failure:
+                cut = position if cut is None else min(cut, position)
                 pool.cancel_after(position)
+            if progress and not stop_on_failure:  # every chunk that finishes is merged
+                counted.add(position)
+                progress(stats.schedules)
+            elif progress:  # merged for sure once every chunk before it has finished
+                while shown in finished and (cut is None or shown <= cut):
+                    counted.add(shown)
+                    progress(finished[shown][0].schedules)
+                    shown += 1
             if time.perf_counter() > deadline or stats.budget_reached:
                 pool.drain()
-    failing = [position for position, _, first in finished if first is not None]
-    cut = min(failing) if failing and stop_on_failure else len(chunks)
-    for position, stats, _ in sorted(finished, key=lambda f: f[0]):
-        if position <= cut:
-            _merge(total, stats)
-    failures = [first for position, _, first in finished if first is not None and position <= cut]
+    merged = sorted(p for p in finished if cut is None or p <= cut)
+    for position in merged:
+        _merge(total, finished[position][0])
+        if progress and position not in counted:
+            progress(finished[position][0].schedules)
+    failures = [finished[p][1] for p in merged if finished[p][1] is not None]
     total.budget_reached |= total.schedules < hi - lo and not (failures and stop_on_failure)
     total.seconds = time.perf_counter() - start
     failure = None

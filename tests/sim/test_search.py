@@ -192,13 +192,10 @@ class _LateChunk:
         return self.family(index)
 
 
-@pytest.mark.timeout(300)
-def test_parallel_stats_of_a_failure_past_the_probe_are_the_serial_ones(tmp_path):
-    """kv-zero-unordered under PCT at seed 2 first fails at run 7, past the serial probe
-    (`sim.search.PROBE`), in the first pooled chunk. A later chunk that finished before it used
-    to be merged, so `lockstep check --jobs 2 --json` counted more schedules and states than
-    `--jobs 1` for the same verdict and counterexample. Here that later chunk is made to finish
-    first; the statistics are still the serial search's."""
+def _serial_and_late_parallel(tmp_path, serial_progress=None, parallel_progress=None):
+    """kv-zero-unordered under PCT at seed 2 searched with ``jobs=1``, then with ``jobs=2``
+    where the second pooled chunk finishes before the first, which holds the first failure
+    (run 7, past the serial probe `sim.search.PROBE`): (serial result, parallel result)."""
     from sim.check import bad_search_setup
     from sim.search import CHUNK, PROBE, _chooser, run_length
 
@@ -207,7 +204,7 @@ def test_parallel_stats_of_a_failure_past_the_probe_are_the_serial_ones(tmp_path
     family, acceptable, reason = bad_search_setup(variant, spec, "shared")
     assert reason is None
     serial = sample_search(family, variant, acceptable, "pct", spec.schedules, seed=spec.seed,
-                           jobs=1)
+                           jobs=1, progress=serial_progress)
     first = serial.stats.schedules - 1
     assert serial.failure is not None and PROBE <= first < PROBE + CHUNK
     # the last run the second pooled chunk makes: its first failing one, else its last
@@ -217,7 +214,34 @@ def test_parallel_stats_of_a_failure_past_the_probe_are_the_serial_ones(tmp_path
         run_schedule(family(i), variant, _chooser("pct", spec.seed, i, steps)))), second[-1])
     late = _LateChunk(family, first, last, str(tmp_path / "marker"), os.getpid())
     parallel = sample_search(late, variant, acceptable, "pct", spec.schedules, seed=spec.seed,
-                             jobs=2)
+                             jobs=2, progress=parallel_progress)
+    return serial, parallel
+
+
+@pytest.mark.timeout(300)
+def test_parallel_stats_of_a_failure_past_the_probe_are_the_serial_ones(tmp_path):
+    """A later chunk that finished before the failing one used to be merged, so `lockstep
+    check --jobs 2 --json` counted more schedules and states than `--jobs 1` for the same
+    verdict and counterexample. Here that later chunk is made to finish first; the statistics
+    are still the serial search's."""
+    serial, parallel = _serial_and_late_parallel(tmp_path)
     assert parallel.failure.choices == serial.failure.choices
     for name in ("schedules", "actions", "max_depth", "failing", "verdicts", "reached"):
         assert getattr(parallel.stats, name) == getattr(serial.stats, name), name
+
+
+@pytest.mark.timeout(300)
+def test_parallel_progress_counts_only_the_merged_chunks(tmp_path):
+    """Old behaviour: the progress bar was advanced by every chunk as it finished, so the later
+    chunk that finished before the failing one was counted though its statistics are not
+    merged: the bar counted that chunk's runs beyond the schedules the search reports. Now it
+    counts a chunk once every chunk before it has finished, and only a merged one."""
+    serial_steps, parallel_steps = [], []
+    serial, parallel = _serial_and_late_parallel(tmp_path, serial_steps.append,
+                                                 parallel_steps.append)
+    assert sum(serial_steps) == serial.stats.schedules
+    assert sum(parallel_steps) == parallel.stats.schedules == serial.stats.schedules
+    steps = []  # without stop on failure every chunk is merged, and counted as it finishes
+    every = sample_search(Fixed(default_scenario(**TINY)), REGISTRY["fused-sweep"], CLEAN,
+                          "random", 60, stop_on_failure=False, jobs=2, progress=steps.append)
+    assert sum(steps) == every.stats.schedules == 60 and every.stats.failing == 60
