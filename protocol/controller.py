@@ -505,7 +505,7 @@ class Controller:
             if name == "warmup":
                 command = Warmup(seq, self.warmup_sizes())
             elif name == "profile":
-                command = ProfileMemory(seq, self.plan.buckets[-1] if self.plan.buckets else 1)
+                command = ProfileMemory(seq, self.plan.buckets[-1])  # buckets are never empty
             elif name == "measure":
                 command = MeasureGraphs(seq, self.measure_keys())
             elif name == "allocate":

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from protocol.commands import Chunk
+from protocol.commands import Chunk, Step
 from protocol.keys import GraphKey
 
 
@@ -53,9 +53,9 @@ class TraceEvent(NamedTuple):
 
 
 def describe_args(args: tuple) -> str:
-    """Short text of op arguments: graph keys and numbers as is, commands by their class, a
-    prefill chunk by its request and positions; an absent optional argument (None) is left
-    out."""
+    """Short text of op arguments: graph keys and numbers as is, a `Step` by its sequence
+    number, a prefill chunk by its request and positions, a tuple by its length; an absent
+    optional argument (None) is left out."""
     if not args:
         return ""
     if len(args) == 1:  # most ops: one graph key or one number
@@ -70,7 +70,7 @@ def describe_args(args: tuple) -> str:
             continue
         elif isinstance(arg, Chunk):
             parts.append(f"chunk r{arg.request_id}[{arg.start}:{arg.end}]")
-        elif hasattr(arg, "seq") and hasattr(arg, "rows"):
+        elif isinstance(arg, Step):
             parts.append(f"step {arg.seq}")
         elif isinstance(arg, tuple):
             parts.append(f"{len(arg)} items")

@@ -370,3 +370,81 @@ def test_a_worker_refuses_a_step_whose_rows_are_not_its_slots():
         worker.ops_for(Step(2, rows=(DecodeRow(0, 1, 5, 1), DecodeRow(1, 9, 5, 1)), bucket=2))
     with pytest.raises(SlotError, match="1 decode rows and 0 admissions for 2 live slots"):
         worker.ops_for(Step(3, rows=(DecodeRow(0, 1, 5, 1),), bucket=1))
+
+
+# -- added for the survivors of the 2026-12-06 sample of 150 (docs/mutation.md) ------------------
+
+def test_closing_is_true_once_shutdown_is_called():
+    # the simulator's world stops feeding arrivals on `closing`; None would read as open
+    from protocol.controller import Controller
+
+    ctrl = Controller(ProtocolConfig(buckets=(1, 2), max_batch=2))
+    assert ctrl.closing is False
+    ctrl.shutdown()
+    assert ctrl.closing is True
+
+
+def test_a_trace_event_survives_a_json_round_trip():
+    import json
+
+    from protocol.trace import TraceEvent
+
+    event = TraceEvent("rank1", "op", "launch", 7, 1, "decode@8", False, 2.5, ("a", "b"))
+    back = TraceEvent.from_json(json.loads(json.dumps(event.to_json())))
+    assert back == event and isinstance(back.data, tuple)
+    assert TraceEvent.from_json({k: v for k, v in event.to_json().items() if k != "data"}) == \
+        event._replace(data=())
+
+
+def test_a_last_chunk_whose_pages_exactly_fill_the_pool_is_admitted():
+    # 3 pages of 4 tokens and one request of 11 prompt tokens and 2 new tokens (12 tokens, 3
+    # pages): the chunks of 3 tokens take all 3 pages, so the last chunk needs no page and the
+    # pool has none free -- a growth equal to the free count fits
+    from tests.protocol.driver import PAGE_BYTES, PagedBackend, drive as drive_paged
+
+    config = ProtocolConfig(world_size=1, max_prefill_tokens=3, buckets=(1, 2), max_batch=2,
+                            kv_page_bytes=PAGE_BYTES, page_size=4, kv_watermark=0.0)
+    request = Request(0, tuple(range(10, 21)), max_tokens=2)
+    ctrl, _, _, sent, action = drive_paged(config, [request], backends=[PagedBackend(0, 3)],
+                                           pages_per_seq=3, max_iter=200)
+    assert isinstance(action, Done), action
+    assert len(ctrl.outputs[0]) == 2
+    last = next(a for c in sent if isinstance(c, Step) for a in c.admits)
+    assert (last.start, len(last.prompt)) == (9, 11)
+
+
+def test_graphs_that_take_no_new_memory_reserve_nothing():
+    # a graph recorded into memory the pool already holds adds 0 bytes: its reserve is 0, not 1
+    from tests.protocol.driver import FakeBackend
+
+    class PooledGraphs(FakeBackend):
+        def run(self, op):
+            result = super().run(op)
+            self.graph_bytes = 0  # every record lands in memory already held
+            return result
+
+    config = ProtocolConfig(buckets=(1, 2, 4), max_batch=4)
+    ctrl, _, _, _, action = drive(config, [Request(0, (1, 2), max_tokens=2)],
+                                  backends=[PooledGraphs(r) for r in range(config.world_size)])
+    assert isinstance(action, Done)
+    assert ctrl.memory.graph_reserve_bytes == 0
+
+
+def test_a_worker_names_the_hole_a_retirement_without_its_compaction_leaves():
+    # the controller must move the last slot into a retired one; a step that does not leaves a
+    # hole, and the worker says so, rather than a row mismatch that hides the cause
+    import pytest
+
+    from protocol.commands import Admit, AllocateKV, DecodeRow, PageAssign, Retire
+    from protocol.eligibility import GraphPlan
+    from protocol.errors import SlotError
+    from protocol.worker import Worker
+
+    config = ProtocolConfig(buckets=(1, 2), max_batch=2, cuda_graphs=False)
+    worker = Worker(0, 2, GraphPlan.from_config(config), 2)
+    alloc = AllocateKV(0, pages=8, batch_cap=2, page_size=4)
+    worker.reply(alloc, [None] * len(worker.ops_for(alloc)))
+    worker.ops_for(Step(1, admits=(Admit(1, 0, (1,)), Admit(2, 1, (1,))),
+                        pages=(PageAssign(1, 0, 0, (0,)), PageAssign(2, 1, 0, (1,)))))
+    with pytest.raises(SlotError, match=r"slots are not dense: occupied \[1\]"):
+        worker.ops_for(Step(2, retires=(Retire(1, 0),), rows=(DecodeRow(0, 2, 5, 1),), bucket=1))
