@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import re
 
-# Every seed is 64 bits wide: `torch.Generator.manual_seed` takes [0, 2**64) (make-model's
-# weights, bench's weights and inputs) and a request's sampling seed keys a 64-bit Philox key
-# (generate). One range for all three subcommands, so a seed one accepts the others accept.
-SEED_LIMIT = 2**64
+from engine.seeds import SEED_LIMIT
+
+SHOWN_CHARS = 32
+"""Most characters of a bad value an error line repeats."""
 
 
 def seed(text: str) -> int:
     """A 64-bit seed: an integer in [0, 2**64) (`SEED_LIMIT`); argparse type for ``--seed``."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    shown = text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS - 3]}..."
+    digits = text.strip()
+    if not re.fullmatch(r"[+-]?[0-9]+", digits):
+        raise argparse.ArgumentTypeError(f"{shown!r} is not an integer")
+    # a number of more digits than 2**64 has is outside, whatever its digits (and int() of
+    # thousands of digits refuses)
+    value = int(digits) if len(digits) <= 21 else SEED_LIMIT
     if not 0 <= value < SEED_LIMIT:
-        raise argparse.ArgumentTypeError(f"{value} is outside [0, 2**64)")
+        raise argparse.ArgumentTypeError(f"{shown.strip()} is outside [0, 2**64)")
     return value

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from engine.cli_args import SEED_LIMIT
+from engine.seeds import SEED_LIMIT
 
 
 def _ids(text: str) -> list[int]:

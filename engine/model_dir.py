@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from engine.presets import DEFAULT_SHARD_BYTES, PRESETS, SHARD_BYTES
+from engine.seeds import derived_seed
 
 # Standard deviation of the random matrices: the `initializer_range` of Qwen3 configs.
 INIT_STD = 0.02
@@ -108,9 +109,9 @@ def write_model_dir(preset: str, out: str | os.PathLike, seed: int = 0,
         out: directory to create (may exist; a model already there -- its index, shards,
             config and tokenizer -- is removed first, so no stale shard stays beside new ones).
         seed: an integer in [0, 2**64); tensor `k` is drawn from
-            `torch.Generator().manual_seed((seed * 1_000_003 + k) % 2**64)`, so a tensor's value
-            does not depend on the shard layout (the modulo keeps every seed within the range
-            manual_seed takes, and changes nothing for seeds below 2**64 // 1_000_003).
+            `torch.Generator().manual_seed(derived_seed(seed * 1_000_003, k))`, so a tensor's
+            value does not depend on the shard layout (`engine.seeds.derived_seed` wraps the
+            sum into the seed range and changes nothing for seeds below 2**64 // 1_000_003).
         dtype: "float32", "bfloat16" or "float16": storage dtype of every tensor.
         shard_bytes: shard size limit in bytes; default per preset (`engine.presets`).
         progress: called as progress(done_shards, total_shards) after each shard.
@@ -221,7 +222,7 @@ def write_tokenizer(out: Path, cfg: dict) -> None:
 def _random_tensor(name: str, shape, seed: int, idx: int, dtype):
     import torch
 
-    g = torch.Generator().manual_seed((seed * 1_000_003 + idx) % 2**64)
+    g = torch.Generator().manual_seed(derived_seed(seed * 1_000_003, idx))
     if name.endswith("norm.weight"):
         t = 1.0 + NORM_NOISE * torch.randn(shape, generator=g)
     else:

@@ -54,6 +54,7 @@ import operator
 from dataclasses import dataclass, field
 
 from engine.errors import RequestError
+from engine.seeds import SEED_LIMIT
 
 try:  # Triton is optional on CPU-only machines.
     import triton
@@ -144,7 +145,7 @@ class SamplingParams:
             raise RequestError(f"min_p = {self.min_p!r}, expected a number in [0, 1]")
         if self.seed is not None and (not isinstance(self.seed, int)
                                       or isinstance(self.seed, bool)
-                                      or not 0 <= self.seed < 2**64):
+                                      or not 0 <= self.seed < SEED_LIMIT):
             raise RequestError(f"seed = {self.seed!r}, expected None or an integer in "
                                "[0, 2**64)")
         for t in self.stop_token_ids:

@@ -32,6 +32,8 @@ import os
 import time
 import traceback
 
+from engine.seeds import derived_seed
+
 # Decode buckets of the engine (pegainfer's 36); mirrors protocol.buckets.DEFAULT_DECODE_BUCKETS.
 PAGE_SIZE = 16
 
@@ -200,13 +202,12 @@ def measure_rank(rank: int, world_size: int, opts, model_dir: str) -> dict:
     cfg = ex.cfg
     kvh = cfg.num_kv_heads // world_size
     out["weight_bytes"] = weight_bytes(ex.model)
-    gen = torch.Generator(device=dev).manual_seed((opts.seed + 1) % 2**64)
+    gen = torch.Generator(device=dev).manual_seed(derived_seed(opts.seed, 1))
     for layer in range(cfg.num_layers):  # random K/V everywhere: no zeros anywhere
         ex.kv.k[layer].normal_(generator=gen)
         ex.kv.v[layer].normal_(generator=gen)
     n_steps = opts.warmup + opts.steps
-    # host ints: the same on every rank (modulo 2**64: manual_seed takes [0, 2**64))
-    rng = torch.Generator().manual_seed((opts.seed + 3) % 2**64)
+    rng = torch.Generator().manual_seed(derived_seed(opts.seed, 3))  # host: the same on every rank
 
     def steps_for(batch: int, bucket: int, context: int) -> list:
         ids = torch.randint(0, cfg.vocab_size, (n_steps, batch), generator=rng).tolist()

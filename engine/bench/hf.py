@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 
 from engine.bench.decode import summarize
+from engine.seeds import derived_seed
 
 
 def measure_hf(model_dir: str, batch_sizes: list[int], context: int, dtype: str, steps: int,
@@ -27,7 +28,7 @@ def measure_hf(model_dir: str, batch_sizes: list[int], context: int, dtype: str,
     tdtype = getattr(torch, dtype)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=tdtype).to(dev).eval()
     vocab = model.config.vocab_size
-    gen = torch.Generator(device=dev).manual_seed((seed + 2) % 2**64)
+    gen = torch.Generator(device=dev).manual_seed(derived_seed(seed, 2))
     results = []
     for batch in batch_sizes:
         torch._dynamo.reset()

@@ -18,6 +18,8 @@ import sys
 import time
 from dataclasses import dataclass
 
+from engine.seeds import derived_seed
+
 
 W_VOCAB = 10000
 """Workload W draws prompt tokens uniform in [0, W_VOCAB) (or the model's vocabulary, if smaller)."""
@@ -79,7 +81,7 @@ def run_engine(llm, work: Workload, name: str, temperature: float, top_p: float,
     from engine.sampling import SamplingParams
 
     params = [SamplingParams(max_tokens=m, temperature=temperature, top_p=top_p,
-                             seed=seed + i, ignore_eos=True)
+                             seed=derived_seed(seed, i), ignore_eos=True)
               for i, m in enumerate(work.max_tokens)]
     executor = getattr(llm.ranks, "executor", None)
     timer = PhaseTimer() if executor is not None and executor.device.type == "cuda" else None

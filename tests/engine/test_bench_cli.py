@@ -668,3 +668,47 @@ def test_what_argparse_refuses_is_one_line_in_profile_host_overhead_and_tma_prob
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert err == f"{tool}: error: {message}\n", err
+
+
+def test_the_throughput_workload_runs_at_the_largest_seed(tiny_dir):
+    # request i's sampling seed is derived from --seed; at 2**64 - 1 the plain sum left the
+    # seed range and every request after the first was refused (a reviewer's finding)
+    from engine.bench.serving import Workload, run_engine
+    from engine.llm import LLM
+
+    work = Workload.make(2, seed=2**64 - 1, lo=4, hi=6, vocab=100)
+    with LLM(tiny_dir, max_batch=2, max_model_len=32) as llm:
+        row = run_engine(llm, work, "x", temperature=0.7, top_p=1.0, seed=2**64 - 1)
+    assert row["output_tokens"] == sum(work.max_tokens)
+
+
+def test_derived_seeds_wrap_into_the_seed_range():
+    from engine.seeds import SEED_LIMIT, derived_seed
+
+    assert derived_seed(5, 3) == 8 and derived_seed(SEED_LIMIT - 1, 1) == 0
+    assert derived_seed((SEED_LIMIT - 1) * 1_000_003, 2) == (SEED_LIMIT - 1_000_003 + 2) % SEED_LIMIT
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("9" * 5000, "99999999999999999999999999999... is outside [0, 2**64)"),
+    ("-" + "9" * 5000, "-9999999999999999999999999999... is outside [0, 2**64)"),
+    ("1_000", "'1_000' is not an integer"),
+    ("\u0663", "is not an integer"),  # an Arabic-Indic digit: int() would take it
+    ("x" * 100, "'xxxxxxxxxxxxxxxxxxxxxxxxxxxxx...' is not an integer"),
+    (" 7 ", None),
+    ("+7", None),
+    (str(2**64 - 1), None),
+])
+def test_a_seed_is_a_short_line_whatever_its_length(text, needle):
+    # a 5,000-digit seed printed 5 KB and called itself "not an integer" (int() refuses it
+    # past Python's digit limit); the line now shows 32 characters and says it is outside
+    import argparse
+
+    from engine.cli_args import seed
+
+    if needle is None:
+        assert seed(text) == int(text)
+        return
+    with pytest.raises(argparse.ArgumentTypeError) as e:
+        seed(text)
+    assert needle in str(e.value) and len(str(e.value)) < 80, str(e.value)
