@@ -81,7 +81,7 @@ def stored_head_differs(model_dir: str | Path) -> bool:
 
     The answer is cached per directory and checkpoint stamp (`_checkpoint_stamp`): a head equal
     to the embedding is read in full, and `load_model_config` asks on every call. A shard or
-    index that is rewritten changes its size or mtime and is compared again.
+    index that is rewritten changes its stamp and is compared again.
 
     Raises:
         ModelDirError: the index or a shard holding either tensor is unreadable.
@@ -107,14 +107,15 @@ _HEAD_DIFFERS_KEPT = 16
 
 
 def _checkpoint_stamp(d: Path) -> tuple:
-    """(name, size, mtime_ns) of every safetensors file in `d`, sorted, and of the index file:
-    what changes when the checkpoint's tensors or their map are rewritten (a rewrite of the
-    same size within one tick of the filesystem's clock is not seen)."""
+    """(name, inode, size, mtime_ns, ctime_ns) of every safetensors file in `d`, sorted, and of
+    the index file: what changes when the checkpoint's tensors or their map are rewritten. The
+    inode and ctime are there because copies that keep times (`cp -p`, `rsync -a`, `tar x`)
+    put the old mtime back on a file of the same size; no tool sets a ctime back."""
     stamp = []
     for f in sorted(d.glob("*.safetensors")) + [d / INDEX_FILE]:
         if f.is_file():
             st = f.stat()
-            stamp.append((f.name, st.st_size, st.st_mtime_ns))
+            stamp.append((f.name, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
     return tuple(stamp)
 
 

@@ -90,9 +90,21 @@ def test_a_second_load_reads_no_tensor_until_the_checkpoint_changes(tiny_tied_di
     opened.clear()
     time.sleep(0.05)  # past a coarse filesystem clock's tick: the rewrite gets a new mtime
     tensors = load_file(str(shard))
-    tensors["lm_head.weight"] = tensors["lm_head.weight"] + 1  # the same size, other values
+    equal_head = tensors["lm_head.weight"].clone()
+    tensors["lm_head.weight"] = equal_head + 1  # the same size, other values
     save_file(tensors, str(shard), metadata={"format": "pt"})
     assert load_model_config(d).tie_word_embeddings is False
+    assert opened
+    opened.clear()
+    # a copy that keeps times (cp -p, rsync -a) writes the equal head back, same size, and puts
+    # the rewritten file's mtime back: still compared again
+    before = shard.stat()
+    tensors["lm_head.weight"] = equal_head
+    save_file(tensors, str(shard) + ".new", metadata={"format": "pt"})
+    os.replace(str(shard) + ".new", shard)
+    os.utime(shard, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert shard.stat().st_size == before.st_size
+    assert load_model_config(d).tie_word_embeddings is True
     assert opened
 
 
