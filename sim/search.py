@@ -389,7 +389,8 @@ def _parallel_sample_search(scenario_for, variant, acceptable, strategy, seed, l
     chunk after it that finished first (its worker was faster) is work the search did, not
     part of its result. ``progress`` counts the same chunks: with ``stop_on_failure`` a chunk
     is counted once every chunk before it has finished, since until then an earlier one may
-    still fail (the bar lags by at most the chunks running beside the oldest one).
+    still fail (the bar waits for the oldest unfinished chunk, and counts the chunks that
+    finished after it when it does).
     """
     from sim.workers import JobNotPicklable, WorkerPool
 
@@ -398,7 +399,6 @@ def _parallel_sample_search(scenario_for, variant, acceptable, strategy, seed, l
     total = SearchStats()
     finished: dict[int, tuple[SearchStats, int | None]] = {}  # chunk position -> (stats, first)
     cut = None  # with stop_on_failure: the position of the first failing chunk found so far
-    counted: set[int] = set()  # the chunk positions progress has counted
     shown = 0  # with stop_on_failure: chunks [0, shown) have finished and are counted
     chunks = [(a, min(a + CHUNK, hi)) for a in range(lo, hi, CHUNK)]
     try:
@@ -412,11 +412,9 @@ def _parallel_sample_search(scenario_for, variant, acceptable, strategy, seed, l
                 cut = position if cut is None else min(cut, position)
                 pool.cancel_after(position)
             if progress and not stop_on_failure:  # every chunk that finishes is merged
-                counted.add(position)
                 progress(stats.schedules)
             elif progress:  # merged for sure once every chunk before it has finished
                 while shown in finished and (cut is None or shown <= cut):
-                    counted.add(shown)
                     progress(finished[shown][0].schedules)
                     shown += 1
             if time.perf_counter() > deadline or stats.budget_reached:
@@ -424,7 +422,7 @@ def _parallel_sample_search(scenario_for, variant, acceptable, strategy, seed, l
     merged = sorted(p for p in finished if cut is None or p <= cut)
     for position in merged:
         _merge(total, finished[position][0])
-        if progress and position not in counted:
+        if progress and stop_on_failure and position >= shown:
             progress(finished[position][0].schedules)
     failures = [finished[p][1] for p in merged if finished[p][1] is not None]
     total.budget_reached |= total.schedules < hi - lo and not (failures and stop_on_failure)
