@@ -246,8 +246,6 @@ def test_the_default_model_and_kv_page_are_those_of_qwen3_4b():
 def test_the_default_prefill_budget_is_8192_tokens():
     # documented default (ProtocolConfig.max_prefill_tokens): a prompt of 8192 tokens is
     # prefilled by one step; one of 8193 is a chunk of 8192, then the last token
-    from protocol.commands import Chunk
-
     config = ProtocolConfig(buckets=(1, 2), max_batch=2, world_size=1)
     for length, chunked in ((8192, False), (8193, True)):
         _, _, _, sent, action = drive(config, [Request(0, tuple(range(length)), max_tokens=1)],
@@ -350,14 +348,11 @@ def test_a_rank_reporting_another_captured_graph_set_at_finalize_fails_the_run(m
     assert type(sent[-1]).__name__ == "Finalize" and not any(isinstance(c, Step) for c in sent)
 
 
-def test_a_worker_refuses_a_step_whose_rows_are_not_its_slots():
-    # the worker checks each step's rows against its own slot map: a row naming another
-    # request, or a live slot without its row, poisons the rank instead of decoding garbage
-    import pytest
-
-    from protocol.commands import Admit, AllocateKV, DecodeRow, PageAssign
+def _worker_with_requests_1_and_2():
+    """A worker of 2 slots and 8 KV pages of 4 tokens whose slots 0 and 1 hold requests 1 and
+    2 (one token each, on pages 0 and 1)."""
+    from protocol.commands import Admit, AllocateKV, PageAssign
     from protocol.eligibility import GraphPlan
-    from protocol.errors import SlotError
     from protocol.worker import Worker
 
     config = ProtocolConfig(buckets=(1, 2), max_batch=2, cuda_graphs=False)
@@ -366,6 +361,18 @@ def test_a_worker_refuses_a_step_whose_rows_are_not_its_slots():
     worker.reply(alloc, [None] * len(worker.ops_for(alloc)))
     worker.ops_for(Step(1, admits=(Admit(1, 0, (1,)), Admit(2, 1, (1,))),
                         pages=(PageAssign(1, 0, 0, (0,)), PageAssign(2, 1, 0, (1,)))))
+    return worker
+
+
+def test_a_worker_refuses_a_step_whose_rows_are_not_its_slots():
+    # the worker checks each step's rows against its own slot map: a row naming another
+    # request, or a live slot without its row, poisons the rank instead of decoding garbage
+    import pytest
+
+    from protocol.commands import DecodeRow
+    from protocol.errors import SlotError
+
+    worker = _worker_with_requests_1_and_2()
     with pytest.raises(SlotError, match="row 1 names slot 1 request 9, but slot 1 holds 2"):
         worker.ops_for(Step(2, rows=(DecodeRow(0, 1, 5, 1), DecodeRow(1, 9, 5, 1)), bucket=2))
     with pytest.raises(SlotError, match="1 decode rows and 0 admissions for 2 live slots"):
@@ -435,16 +442,9 @@ def test_a_worker_names_the_hole_a_retirement_without_its_compaction_leaves():
     # hole, and the worker says so, rather than a row mismatch that hides the cause
     import pytest
 
-    from protocol.commands import Admit, AllocateKV, DecodeRow, PageAssign, Retire
-    from protocol.eligibility import GraphPlan
+    from protocol.commands import DecodeRow, Retire
     from protocol.errors import SlotError
-    from protocol.worker import Worker
 
-    config = ProtocolConfig(buckets=(1, 2), max_batch=2, cuda_graphs=False)
-    worker = Worker(0, 2, GraphPlan.from_config(config), 2)
-    alloc = AllocateKV(0, pages=8, batch_cap=2, page_size=4)
-    worker.reply(alloc, [None] * len(worker.ops_for(alloc)))
-    worker.ops_for(Step(1, admits=(Admit(1, 0, (1,)), Admit(2, 1, (1,))),
-                        pages=(PageAssign(1, 0, 0, (0,)), PageAssign(2, 1, 0, (1,)))))
+    worker = _worker_with_requests_1_and_2()
     with pytest.raises(SlotError, match=r"slots are not dense: occupied \[1\]"):
         worker.ops_for(Step(2, retires=(Retire(1, 0),), rows=(DecodeRow(0, 2, 5, 1),), bucket=1))
