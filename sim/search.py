@@ -11,8 +11,11 @@ one of them; rank 0 never is (it samples and carries the payload).
 
 from __future__ import annotations
 
+import ctypes
+import threading
 import time
 from collections import Counter
+from contextlib import contextmanager
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -265,12 +268,45 @@ def exhaustive_search(scenario: Scenario, variant, acceptable: Acceptable,
     return SearchResult(stats, failure)
 
 
+class _BudgetSpent(BaseException):
+    """Raised out of a Hypothesis search whose time budget is spent: a BaseException, so that
+    Hypothesis does not take it for a failing example and shrink it."""
+
+
+@contextmanager
+def _interrupted_after(seconds: float):
+    """Raise `_BudgetSpent` in this thread once ``seconds`` of wall time have passed inside
+    the block, wherever it is. Hypothesis's shrinker orders the choices of a long schedule
+    (thousands of draws) for minutes without calling the test function, so a budget checked
+    between runs does not end it: unfenced-preempt-store's row took 151 s of a 60 s budget,
+    471 runs taking 27 s of it. The exception is delivered only while the block runs."""
+    thread, lock, live = threading.get_ident(), threading.Lock(), [True]
+
+    def interrupt():
+        with lock:
+            if live[0]:
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread),
+                                                           ctypes.py_object(_BudgetSpent))
+
+    timer = threading.Timer(max(0.0, seconds), interrupt)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        with lock:  # a call that lands in here is delivered here, inside the caller's `try`
+            live[0] = False
+        timer.cancel()
+
+
 def hypothesis_search(scenario: Scenario, variant, acceptable: Acceptable, max_examples: int = 200,
                       seed: int = 0, shrink: bool = True, time_budget: float = 60.0) -> SearchResult:
     """Schedules drawn by Hypothesis; on failure its shrinker minimises the choice sequence.
 
     Each scheduling choice is one ``data.draw`` of an index into the enabled actors, so
-    shrinking towards zero prefers the first enabled actor -- fewer context switches.
+    shrinking towards zero prefers the first enabled actor -- fewer context switches. The
+    search, shrinking included, ends when ``time_budget`` seconds are spent (`_interrupted_after`);
+    the shortest failure found by then is the result.
     """
     from sim.guard import paused, resumed
 
@@ -291,28 +327,32 @@ def hypothesis_search(scenario: Scenario, variant, acceptable: Acceptable, max_e
     @given(st.data())
     def prop(data):
         if time.perf_counter() - start > time_budget:
-            stats.budget_reached = True
-            return
+            raise _BudgetSpent
         chooser = Drawn(lambda n: data.draw(st.integers(0, n - 1)))
         with resumed():  # the simulator's run is watched; Hypothesis's own work is not
             result = run_schedule(scenario, variant, chooser)
         ok = acceptable(result)
+        if not ok:  # kept before it is counted: the budget's interrupt may come in between
+            failures.append(result)
         stats.add(result, ok)
         if not ok:
-            failures.append(result)
             raise AssertionError(result.outcome.verdict)
 
+    left = time_budget - (time.perf_counter() - start)
     try:
-        with paused():
+        with paused(), _interrupted_after(left):
             prop()
     except AssertionError:
         pass
+    except _BudgetSpent:
+        stats.budget_reached = True
     except Exception:
-        # once the budget is spent prop() returns without drawing, and Hypothesis replaying an
-        # earlier example then reports inconsistent data generation: the search is incomplete
-        # (budget_reached), not the variant in error
-        if not stats.budget_reached:
+        # the budget ended the search (`prop`'s check or the interrupt) inside Hypothesis's own
+        # bookkeeping, whose clean-up then failed (an IndexError from its span stack, or a
+        # replay that drew otherwise): the search is incomplete, not the variant in error
+        if time.perf_counter() - start < time_budget:
             raise
+        stats.budget_reached = True
     stats.seconds = time.perf_counter() - start
     if not failures:
         return SearchResult(stats, None)

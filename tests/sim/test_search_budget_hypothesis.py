@@ -21,6 +21,44 @@ def test_a_spent_budget_ends_the_search_incomplete():
     assert res.stats.schedules >= 1
 
 
+@pytest.mark.timeout(60)
+def test_the_budget_ends_the_search_even_where_no_run_returns_to_check_it():
+    """Hypothesis's shrinker sorts a long schedule's choices for minutes without calling the
+    test function, where the budget used to be checked: unfenced-preempt-store's row took 151 s
+    of a 60 s budget. A Python loop that never returns stands in for that work here; the
+    search must end at its budget all the same, with the failures it found."""
+    import time
+
+    calls = []
+
+    def stuck_on_the_second(result):
+        calls.append(result)
+        if len(calls) == 1:
+            return False  # one failure found
+        deadline = time.perf_counter() + 30
+        while time.perf_counter() < deadline:  # pure Python: no budget check in reach
+            pass
+        return True
+
+    start = time.perf_counter()
+    res = hypothesis_search(default_scenario("shared"), REGISTRY["correct"],
+                            stuck_on_the_second, max_examples=100, time_budget=2.0)
+    assert time.perf_counter() - start < 10
+    assert res.stats.budget_reached and res.failure is calls[0]
+
+
+@pytest.mark.timeout(60)
+def test_no_budget_interrupt_outlives_its_search():
+    import time
+
+    for _ in range(20):  # budgets that end around the search's own return
+        hypothesis_search(default_scenario("shared"), REGISTRY["correct"], lambda r: True,
+                          max_examples=1, time_budget=0.01)
+    deadline = time.perf_counter() + 0.5
+    while time.perf_counter() < deadline:  # a late interrupt would land here
+        pass
+
+
 @pytest.mark.timeout(120)
 def test_the_check_row_of_a_spent_hypothesis_budget_is_incomplete():
     spec = CheckSpec(schedules=10_000, fault_schedules=0, time_budget=1, jobs=1,
