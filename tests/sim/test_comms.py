@@ -82,6 +82,19 @@ def test_send_and_receive_pair_up_and_a_size_mismatch_diverges():
     assert w.outcome.verdict == "divergence" and "point-to-point" in w.outcome.detail
 
 
+def test_each_pair_of_ranks_numbers_its_own_sends_and_receives():
+    """Rank 1 receives from rank 0, then sends to rank 2: each pair is its own channel, so
+    rank 1's send is the first of pair (1, 2) and matches rank 2's first receive. Numbered in
+    one channel for all pairs, it would be rank 1's second call and pair with nothing."""
+    w = _world(3)
+    w.backend.send(0, 1, 128)
+    w.backend.recv(1, 0, 128)
+    w.backend.send(1, 2, 64)
+    w.backend.recv(2, 1, 64)
+    assert _drain_collectives(w) == 2
+    assert w.outcome is None and not any(d.busy() for d in w.devices)
+
+
 def test_an_in_graph_and_an_eager_call_at_one_sequence_number_diverge():
     w = _world(2)
     w.backend.enqueue(0, _sig(mode="graph"))
@@ -164,6 +177,13 @@ def test_unknown_and_misused_communicators_are_one_line_errors():
         default_scenario(**SMALL).with_communicators(Communicator("x", ranks=(0, 5)))
     with pytest.raises(ConfigError, match="ascending"):
         Communicator("x", ranks=(1, 0))
+    for name in ("", None, 5):
+        with pytest.raises(ConfigError, match=f"communicator name {name!r} must be a non-empty"):
+            Communicator(name)
+    for ranks in ((0, 0), (1, 2, 1), ()):
+        with pytest.raises(ConfigError, match="must be distinct and not empty"):
+            Communicator("x", ranks=ranks)
+    assert Communicator("solo", ranks=(1,)).members(3) == (1,)  # one rank is a group too
 
 
 @pytest.mark.timeout(60)

@@ -61,3 +61,26 @@ def test_a_dead_rank_is_named_by_the_liveness_signal(phase):
     assert any(e.kind == "liveness" for e in result.world.trace)
     bad = run_schedule(faulted, REGISTRY["no-liveness"], RandomWalk(0)).outcome
     assert (bad.verdict, bad.invariant, bad.rank) == ("invariant", "I13", 1)
+
+
+def test_a_hang_with_no_cycle_names_the_wedged_rank_and_its_call():
+    """`explain_blocked`, the story of a hang that no wait-for cycle explains, puts the rank
+    an injected hang wedged first, naming the call it is stuck in."""
+    from types import SimpleNamespace
+
+    from protocol.backend import Instantiate
+    from protocol.keys import GraphKey
+    from sim.common import FOREVER
+    from sim.scenario import Fault
+    from sim.waits import explain_blocked
+    from sim.world import World
+
+    world = World(default_scenario(**SMALL), REGISTRY["correct"])
+    assert explain_blocked(world) == "every actor is idle but the run did not finish."
+    host = world.hosts[1]
+    host.run = SimpleNamespace(op=Instantiate(GraphKey(8)), command=None)  # in its instantiate
+    host.fault_armed, host.ready_at = Fault("hang", 1, "instantiate", 1), FOREVER
+    assert explain_blocked(world).startswith(
+        "rank 1 is wedged in instantiate decode@8 (injected hang)")
+    host.ready_at = world.clock + 1.0  # a slow call, not a hang: due on the clock
+    assert "wedged" not in explain_blocked(world)

@@ -124,3 +124,25 @@ def test_a_reported_row_that_gives_its_design_s_other_harm_says_so(capsys):
     reports = {(r["variant"], r["topology"]): r["report"]
                for r in json.loads(capsys.readouterr().out)["rows"]}
     assert reports[("split-eligibility", "per-rank")] == "other harm"
+
+
+def test_the_wait_for_graph_s_quiesce_waits_follow_the_call_set():
+    """`needs_quiesce` draws a rank's H2 edge in the wait-for graph where the lock is not
+    held (H1 off, `--hazard-off h1`): a free waits under the measured calls, a launch that
+    uploads its graph implicitly under the assumed ones, and an uploaded graph's launch never."""
+    from types import SimpleNamespace
+
+    from protocol.backend import LaunchGraph
+    from protocol.keys import GraphKey
+    from sim.variants_hardware import ReleaseCachedMemory
+    from sim.waits import needs_quiesce
+
+    key = GraphKey(8)
+    for calls, free_waits, launch_waits in (("assumed", False, True), ("measured", True, False),
+                                            ("both", True, True)):
+        graph = SimpleNamespace(uploaded=False)
+        world = SimpleNamespace(hz=HazardModel(h2_calls=calls), graphs=[{key: graph}])
+        assert needs_quiesce(world, 0, ReleaseCachedMemory()) == free_waits, calls
+        assert needs_quiesce(world, 0, LaunchGraph(key)) == launch_waits, calls
+        graph.uploaded = True
+        assert not needs_quiesce(world, 0, LaunchGraph(key)), calls

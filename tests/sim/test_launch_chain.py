@@ -67,3 +67,25 @@ def test_bad_specs_and_chains_are_refused():
         k("a", before={"x"}, pdl=False)
     with pytest.raises(ValueError, match="empty chain"):
         check_chain([])
+
+
+def test_a_chain_without_pdl_never_overlaps_and_says_so():
+    # `overlapped` is what makes a clean result mean something: a chain whose kernels each
+    # wait for the one before to complete must report no overlap, or every chain would
+    chain = [k("a", writes={"x"}, pdl=False), k("b", after={"x"}, pdl=False),
+             k("c", after={"x"}, pdl=False)]
+    res = check_chain(chain)
+    assert res.stale is None and not res.overlapped
+
+
+def test_only_a_write_conflicts_with_an_earlier_kernel_s_read():
+    """Two kernels may read one buffer at once (no conflict); a kernel that writes before its
+    wait what an unfinished earlier kernel reads is early (write after read)."""
+    head = [k("copy", writes={"p"}, pdl=False), k("gemm", writes={"x"})]
+    reads_twice = head + [k("a", before={"p"}, after={"x"}, writes={"y"}),
+                          k("b", before={"p"}, after={"y"})]
+    assert check_chain(reads_twice).stale is None
+    overwrites = head + [k("a", before={"p"}, after={"x"}, writes={"y"}),
+                         KernelSpec("b", True, writes_before_wait=frozenset({"p"}))]
+    res = check_chain(overwrites)
+    assert res.stale is not None and res.stale.early_write and res.stale.writer == "a"

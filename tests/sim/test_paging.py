@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from protocol.backend import AssignPages, Op
+from protocol.backend import AssignPages
 from protocol.commands import PageAssign
 from protocol.worker import Worker
 from sim.check import CheckSpec, check_bad, check_correct
@@ -102,6 +102,10 @@ def test_paged_kv_reads_through_page_tables_and_versions_pages():
     assert kv.page_of(1, 0) == kv.padding_page == 4
     kv.clear(2)
     assert kv.read(2, 0) == (99,)
+    # a row assigned past its end (a controller that skipped a page) leaves the padding page
+    # at the skipped index, so the page lands at its own index, not the first free one
+    kv.assign(1, 2, (2,))
+    assert kv.tables[1] == [4, 4, 2] and kv.page_of(1, 4) == 2 and kv.page_of(1, 0) == 4
 
 
 class DropPagesWorker(Worker):

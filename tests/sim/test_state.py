@@ -33,6 +33,11 @@ def test_next_token_reads_the_whole_history_and_kv_slots_hold_positions():
     kv.copy(1, 0)
     kv.write(1, 0, 9)
     assert kv.read(0, 2) == (5, 6, 7) and kv.read(1, 0) == (9,)
+    kv.lengths[1] = 3
+    kv.copy(1, 0)
+    assert kv.lengths[0] == 3
+    kv.copy(3, 2)  # a never-written slot copies as empty: no row, length 0 (seq_lens)
+    assert kv.read(2, 0) == (-1,) and kv.lengths[2] == 0
 
 
 @pytest.mark.timeout(60)
