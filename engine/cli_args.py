@@ -17,9 +17,9 @@ def seed(text: str) -> int:
     digits = text.strip()
     if not re.fullmatch(r"[+-]?[0-9]+", digits):
         raise argparse.ArgumentTypeError(f"{shown!r} is not an integer")
-    # a number of more digits than 2**64 has is outside, whatever its digits (and int() of
-    # thousands of digits refuses)
-    value = int(digits) if len(digits) <= 21 else SEED_LIMIT
+    # a number of more significant digits than 2**64's 20 is outside, whatever they are (and
+    # int() of thousands of digits refuses)
+    value = int(digits) if len(digits.lstrip("+-").lstrip("0")) <= 20 else SEED_LIMIT
     if not 0 <= value < SEED_LIMIT:
         raise argparse.ArgumentTypeError(f"{shown.strip()} is outside [0, 2**64)")
     return value

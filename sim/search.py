@@ -15,8 +15,8 @@ import ctypes
 import threading
 import time
 from collections import Counter
-from contextlib import contextmanager
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from sim.guard import tick, watchdog

@@ -697,6 +697,7 @@ def test_derived_seeds_wrap_into_the_seed_range():
     ("x" * 100, "'xxxxxxxxxxxxxxxxxxxxxxxxxxxxx...' is not an integer"),
     (" 7 ", None),
     ("+7", None),
+    ("0" * 40 + "7", None),
     (str(2**64 - 1), None),
 ])
 def test_a_seed_is_a_short_line_whatever_its_length(text, needle):
