@@ -793,6 +793,7 @@ def replay_trace(data: dict) -> tuple[RunResult | None, str | None]:
     else:
         problem = _departure(result, data, choices)
     if problem is not None:
+        problem += _recorded_by_other_code(data)
         # a short_context the variant draws, but not the recording's: the value that replays
         # the recording exactly names the edit
         for other in [v for v in allowed or () if v is not None and v != given]:
@@ -806,6 +807,22 @@ def replay_trace(data: dict) -> tuple[RunResult | None, str | None]:
     with watchdog():  # a token divergence names its step, as in the report it was written from
         result = attribute_divergence(scenario, variant, result)
     return result, None
+
+
+def _recorded_by_other_code(data: dict) -> str:
+    """What a departing replay adds when the trace was recorded by other code of `protocol/`
+    and `sim/` (`sim.report.model_fingerprint`), or does not say which: a schedule recorded by
+    one version need not replay on another, so that, not nondeterminism, may be the cause."""
+    from sim.report import model_fingerprint
+
+    recorded, running = data.get("model"), model_fingerprint()
+    if recorded == running:
+        return ""
+    if recorded is None:
+        return ("; the trace does not name the code that recorded it (traces written before "
+                "2026-12-06 do not): recorded by another version, it need not replay")
+    return (f"; the trace was recorded by other code of protocol/ and sim/ (model {recorded}, "
+            f"this one {running}), on which its schedule need not replay")
 
 
 def check_coverage_reachable(scenario: Scenario) -> None:

@@ -7,14 +7,32 @@ or the divergence, sentence by sentence.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import asdict
+from functools import lru_cache
 from pathlib import Path
 
 from protocol.trace import TraceEvent
 from sim.run import RunResult
 
 TRACE_FORMAT = 1
+
+
+@lru_cache(maxsize=1)
+def model_fingerprint() -> str:
+    """12 hex digits of a hash of every source file of `protocol/` and `sim/`: what decides
+    whether a recorded schedule replays. A trace records it (``"model"``), so a replay that
+    departs from a recording made by other code says so instead of blaming the simulator's
+    determinism (a fresh user's finding: a 4-hour-old trace read as "NONDETERMINISM"). A
+    variant loaded from a file is not part of it."""
+    digest = hashlib.sha256()
+    root = Path(__file__).resolve().parent.parent
+    for package in ("protocol", "sim"):
+        for path in sorted((root / package).glob("*.py")):
+            digest.update(f"{package}/{path.name}\0".encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
 NOISY_OPS = {"graph_memory", "release_slot", "move_slot", "prepare_replay"}
 _GAP = "     ... (events in between left out)"
 EARLIER = "earlier"
@@ -164,6 +182,7 @@ def to_json(result: RunResult, variant_name: str, scenario_spec: dict) -> dict:
     """Everything needed to replay the run exactly and to read it without the simulator."""
     return {
         "format": TRACE_FORMAT,
+        "model": model_fingerprint(),
         "variant": variant_name,
         "scenario": scenario_spec,
         "verdict": result.outcome.verdict,

@@ -791,3 +791,37 @@ def test_an_incomplete_search_of_one_scenario_at_a_time_counts_its_scenarios(cap
     m = re.search(r"after (\d+) schedules over (\d+) scenarios searched one at a time "
                   r"\(20 shared among them, at least one each\)", note)
     assert m and int(m.group(1)) <= int(m.group(2)) < 38, note  # one each, the last cut short
+
+
+@pytest.mark.parametrize("model, hint", [
+    ("same", None),
+    ("000000000000", "the trace was recorded by other code of protocol/ and sim/ (model "
+                     "000000000000, this one "),
+    (None, "the trace does not name the code that recorded it"),
+])
+def test_a_departing_replay_says_when_other_code_recorded_it(fused_trace, capsys, model, hint):
+    """A fresh user's finding: a trace recorded 4 hours earlier replayed as "NONDETERMINISM",
+    blaming the simulator, when the simulator had changed since. A trace names the code that
+    recorded it (`model_fingerprint`), and a departure says when that is not this code."""
+    from sim.report import model_fingerprint
+
+    data = json.loads(fused_trace.read_text())
+    assert data["model"] == model_fingerprint() and len(data["model"]) == 12
+    mid = len(data["choices"]) // 2  # a schedule this code cannot follow: a departure
+    other = next(a for a in ("rank0", "rank1", "controller") if a != data["choices"][mid])
+
+    def edit(d):
+        d["choices"][mid] = other
+        if model is None:
+            d.pop("model")
+        elif model != "same":
+            d["model"] = model
+
+    _rewrite(fused_trace, edit)
+    assert main(["check", "--replay", str(fused_trace)]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("NONDETERMINISM: replay departed from its recording"), out
+    if hint is None:
+        assert "recorded" not in out.split("recording", 1)[1], out
+    else:
+        assert hint in out, out
