@@ -91,6 +91,7 @@ def test_each_pair_of_ranks_numbers_its_own_sends_and_receives():
     w.backend.recv(1, 0, 128)
     w.backend.send(1, 2, 64)
     w.backend.recv(2, 1, 64)
+    assert [len(d.main) for d in w.devices] == [1, 2, 1] and not any(d.side for d in w.devices)
     assert _drain_collectives(w) == 2
     assert w.outcome is None and not any(d.busy() for d in w.devices)
 
@@ -287,3 +288,17 @@ def test_a_rank_waiting_in_a_host_collective_is_explained():
     assert w.backend.host_collective(0, w.hosts[0], _sig("cpu"), probe=False) == 1
     edges = [(e[0], e[1]) for e in wait_edges(w) if "host collective" in e[2]]
     assert edges == [("rank0", "rank1")]
+
+
+def test_without_spinning_collectives_a_device_runs_a_lone_collective_and_idles_empty():
+    """H3 off (`--hazard-off h3`): a collective does not hold its stream waiting for peers, so
+    a device whose head is one can run; a device with nothing queued cannot."""
+    from sim.hazards import HazardModel
+
+    sc = default_scenario(world_size=2, **SMALL)
+    w = World(sc.with_(hazards=HazardModel(h3_spinning_collectives=False)), REGISTRY["correct"])
+    w.backend.enqueue(0, _sig("tp"))
+    assert w.device_model.device_ready(0) and not w.device_model.device_ready(1)
+    spinning = _world(2)
+    spinning.backend.enqueue(0, _sig("tp"))
+    assert not spinning.device_model.device_ready(0)  # H3: it waits for its peer

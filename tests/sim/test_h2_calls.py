@@ -146,3 +146,33 @@ def test_the_wait_for_graph_s_quiesce_waits_follow_the_call_set():
         assert needs_quiesce(world, 0, LaunchGraph(key)) == launch_waits, calls
         graph.uploaded = True
         assert not needs_quiesce(world, 0, LaunchGraph(key)), calls
+
+
+@pytest.mark.parametrize("calls, waits", [("assumed", True), ("both", True), ("measured", False)])
+def test_instantiate_upload_and_kv_allocation_wait_for_a_busy_device_under_the_assumed_calls(
+        calls, waits):
+    """H2's literature set: a lock-holding instantiate, upload or KV allocation waits, lock
+    held, until the devices it shares a process with are idle; under the measured set only
+    frees wait. No shipped verdict depends on these three waiting (the sweeps' deadlocks go
+    through a launch's implicit upload or a free), so the model is checked here directly."""
+    from protocol.keys import GraphKey
+    from sim.common import DONE, PROGRESS, Signature
+    from sim.devices import Graph
+    from sim.scenario import default_scenario
+    from sim.world import World
+
+    key = GraphKey(8)
+    for call in ("instantiated", "uploaded", "kv"):
+        sc = default_scenario("shared", buckets=(1, 2, 4, 8), max_batch=8)
+        world = World(sc.with_(hazards=HazardModel(h2_calls=calls)), REGISTRY["correct"])
+        world.graphs[1][key] = Graph(key, 0)
+        world.backend.enqueue(0, Signature("all-reduce", 1, 64, "test", "tp", "eager", None))
+        host = world.hosts[1]  # rank 1 shares rank 0's process: device 0 is in its scope
+        if call == "kv":
+            status = world.backend.allocate_kv(1, host, 4, probe=False)
+        else:
+            status = world.backend.graph_driver_call(1, host, key, False, call)
+        assert status == (PROGRESS if waits else DONE), (call, status)
+        assert world.locks[host.proc] == (1 if waits else None), call
+        if call != "kv":
+            assert getattr(world.graphs[1][key], call) is not waits, call

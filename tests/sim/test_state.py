@@ -334,3 +334,41 @@ def test_i11_names_the_command_that_read_the_overwritten_ids():
     out = row.minimal.outcome
     read = int(re.search(r"read the token ids of step (\d+)", out.detail).group(1))
     assert out.invariant == "I11" and out.step > read, (out.step, out.detail)
+
+
+@pytest.mark.timeout(60)
+def test_chunked_prefill_counts_each_prefill_that_carries_a_chunk(monkeypatch):
+    """`reached["chunked_prefill"]` (what the chunked variants must reach, `Variant.reaches`)
+    counts one per rank's prefill that carries a chunk or a last chunk, and no other."""
+    from sim.ops import ModelledBackend
+
+    calls = []
+    real = ModelledBackend.prefill
+
+    def recording(self, r, host, admits, chunk=None):
+        calls.append(chunk is not None or any(a.start for a in admits))
+        return real(self, r, host, admits, chunk)
+
+    monkeypatch.setattr(ModelledBackend, "prefill", recording)
+    variant = REGISTRY["chunked-prefill"]
+    result = run_schedule(variant.scenario(default_scenario(**SMALL)), variant, RandomWalk(0))
+    assert result.outcome.verdict == "clean", result.outcome.detail
+    assert any(calls) and result.reached["chunked_prefill"] == sum(calls)
+
+
+def test_freeing_the_graphs_empties_the_shared_pool_and_the_registrations():
+    from protocol.keys import GraphKey
+    from sim.common import DONE
+    from sim.devices import Graph
+    from sim.world import World
+
+    world = World(default_scenario(**SMALL), REGISTRY["correct"])
+    key = GraphKey(8)
+    world.graphs[0][key] = Graph(key, 300)
+    world.used[0] += 300
+    world.graph_pool[0] = 300
+    world.devices[0].registered.append((key, "tp", "all-reduce"))
+    before = world.used[0] - 300
+    assert world.backend.free_graphs(0, world.hosts[0], probe=False) == DONE
+    assert world.graph_pool[0] == 0 and not world.graphs[0] and not world.devices[0].registered
+    assert world.used[0] == before
