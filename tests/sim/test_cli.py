@@ -825,3 +825,19 @@ def test_a_departing_replay_says_when_other_code_recorded_it(fused_trace, capsys
         assert "recorded" not in out.split("recording", 1)[1], out
     else:
         assert hint in out, out
+
+
+@pytest.mark.timeout(120)
+def test_an_exhaustive_budget_note_gives_distinct_and_visited_states_as_the_table_does(capsys):
+    """A fresh user's finding: the table said `states 553859` and the note "after 1355 unique
+    states", two counts side by side with nothing to tie them. The note now names both, the
+    visited count being the table's."""
+    rc = main(["check", "--strategy", "exhaustive", "--variant", "correct", "--topology",
+               "shared", "--time-budget", "1", "--no-progress"])
+    out = capsys.readouterr().out
+    assert rc == 1, out
+    row = next(line.split() for line in out.splitlines() if line.startswith("correct "))
+    visited = row[5]
+    note = re.search(r"after (\d+) distinct states \((\d+) visited, the table's states\)", out)
+    assert note is not None, out
+    assert note.group(2) == visited and int(note.group(1)) <= int(visited)
