@@ -275,11 +275,22 @@ def test_an_idle_rank_that_skips_the_forward_is_caught_naming_it_and_the_step():
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("seed", [0, 1])
-def test_the_correct_protocol_is_clean_with_idle_ranks(seed):
+def test_the_correct_protocol_is_clean_with_idle_ranks(seed, monkeypatch):
+    from sim.scenario import Scenario
+
+    idle = []  # one per (rank, step with rows or admissions) whose lane has none of them
+    real = Scenario.lane_batch
+
+    def recording(self, rank, step):
+        batch = real(self, rank, step)
+        idle.append(not batch and bool(step.rows or step.admits))
+        return batch
+
+    monkeypatch.setattr(Scenario, "lane_batch", recording)
     variant = REGISTRY["dp-idle-rank-dummy-batch"]
     result = run_schedule(variant.scenario(default_scenario(**SMALL)), variant, RandomWalk(seed))
     assert result.outcome.verdict == "clean", result.outcome.detail
-    assert result.reached.get("idle_rank_step", 0) > 0
+    assert result.reached.get("idle_rank_step", 0) == sum(idle) > 0
 
 
 def test_a_rank_waiting_in_a_host_collective_is_explained():

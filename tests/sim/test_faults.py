@@ -84,3 +84,26 @@ def test_a_hang_with_no_cycle_names_the_wedged_rank_and_its_call():
         "rank 1 is wedged in instantiate decode@8 (injected hang)")
     host.ready_at = world.clock + 1.0  # a slow call, not a hang: due on the clock
     assert "wedged" not in explain_blocked(world)
+
+
+def test_a_hang_in_a_lock_taking_call_holds_the_driver_lock_for_good():
+    """H1: a call that takes the process's driver lock and never returns keeps it, so every
+    other thread of the process that needs the lock waits behind it (the exit-on-timeout
+    story); the hung host holds it as a lock-holding call does."""
+    from types import SimpleNamespace
+
+    from protocol.backend import Instantiate
+    from protocol.keys import GraphKey
+    from sim.common import FOREVER, PROGRESS
+    from sim.scenario import Fault
+    from sim.world import World
+
+    world = World(default_scenario(**SMALL), REGISTRY["correct"])
+    host = world.hosts[1]
+    host.run = SimpleNamespace(op=Instantiate(GraphKey(8)), command=SimpleNamespace(seq=3))
+    fault = Fault("hang", 1, "instantiate", 1)
+    assert world._fire(1, host, Instantiate(GraphKey(8)), fault) == PROGRESS
+    assert host.ready_at == FOREVER and host.fault_armed is fault
+    assert world.locks[host.proc] == 1 and host.holding
+    world.release_lock(host)  # what the process's death or abort does
+    assert world.locks[host.proc] is None

@@ -372,3 +372,22 @@ def test_freeing_the_graphs_empties_the_shared_pool_and_the_registrations():
     assert world.backend.free_graphs(0, world.hosts[0], probe=False) == DONE
     assert world.graph_pool[0] == 0 and not world.graphs[0] and not world.devices[0].registered
     assert world.used[0] == before
+
+
+@pytest.mark.timeout(60)
+def test_a_clean_run_s_trace_marks_every_event_ok_and_the_watchdog_s_arming():
+    """The trace the invariants and the narrative read: a clean run has no failed event, and
+    the startup watchdog's arming (with its deadline) and disarming are events of their own."""
+    result = run_schedule(default_scenario(**SMALL), REGISTRY["correct"], RandomWalk(0))
+    assert result.outcome.verdict == "clean", result.outcome.detail
+    trace = result.world.trace
+    assert all(e.ok for e in trace)
+    kinds = [e.kind for e in trace]
+    transitions = [k for k in kinds if k in ("watchdog-arm", "watchdog-disarm")]
+    assert transitions[::2] == ["watchdog-arm"] * len(transitions[::2])  # they alternate
+    assert transitions[1::2] == ["watchdog-disarm"] * len(transitions[1::2])
+    arm = kinds.index("watchdog-arm")
+    assert trace[arm].detail.startswith("deadline ") and trace[arm].detail.endswith("s")
+    assert "watchdog-disarm" in kinds[arm:]
+    first_capture = next(i for i, e in enumerate(trace) if e.kind == "send" and e.what == "Capture")
+    assert arm < first_capture
