@@ -107,3 +107,38 @@ def test_a_hang_in_a_lock_taking_call_holds_the_driver_lock_for_good():
     assert world.locks[host.proc] == 1 and host.holding
     world.release_lock(host)  # what the process's death or abort does
     assert world.locks[host.proc] is None
+
+
+def test_slow_faults_straddle_the_watchdog():
+    """A random slow fault takes a tenth of the watchdog's timeout (the run must ride it out)
+    or twice it (the watchdog must fire): both sides of the deadline get searched."""
+    sc = default_scenario(**SMALL)
+    timeout = sc.config.watchdog_timeout_s
+    delays = {random_fault(sc, i, 0).delay_s for i in range(300)}
+    assert delays == {0.1 * timeout, 2.0 * timeout}
+
+
+def test_fault_coverage_lists_ops_by_count_then_name():
+    reached = {"fault_fired_sweep": 3, "fault_fired_serving": 6, "fault_op_upload": 2,
+               "fault_op_launch": 5, "fault_op_record": 2, "fault_op_prefill": 0}
+    assert fault_coverage(reached) == ("faults fired: sweep 3, serving 6; by op: launch 5, "
+                                       "record 2, upload 2")
+
+
+def test_a_fault_family_is_every_op_site_of_a_fault_free_run():
+    """`FaultFamily.members` walks the same fault-free run as `fault_sites`: the any-op family
+    is every op site of both phases, in run order, and a named op or phase narrows it."""
+    from sim.faults import FaultFamily
+
+    sc = default_scenario(**SMALL)
+    sites = fault_sites(sc)
+    everything = FaultFamily("raise").members(sc, REGISTRY["correct"])
+    assert [(f.rank, f.op, f.occurrence) for f in everything] == sites["sweep"] + sites["serving"]
+    assert all(f.kind == "raise" for f in everything)
+    launches = FaultFamily("hang", "launch", "serving").members(sc, REGISTRY["correct"])
+    assert [(f.rank, f.op, f.occurrence) for f in launches] == [
+        s for s in sites["serving"] if s[1] == "launch"]
+    assert FaultFamily("hang", "instantiate").describe() == "instantiate"
+    assert FaultFamily("raise", phase="serving").describe() == "any op in serving"
+    assert FaultFamily("raise").describe() == "any op"
+
