@@ -465,8 +465,7 @@ def _incomplete(stats: SearchStats, planned: int) -> str:
     # a search of one scenario at a time shares ``planned`` schedules among its scenarios,
     # at least one each (`schedule_shares`; a fresh reviewer saw "after 360 of 20 schedules"
     # over the drawn short-path members when each had ``planned``)
-    explored = (f"{stats.unique_states} distinct states ({stats.actions} visited, the table's "
-                "states)" if stats.hashed
+    explored = (stats.hashed_states if stats.hashed
                 else f"{stats.schedules} schedules over {stats.scenarios} scenarios searched one "
                      f"at a time ({planned} shared among them, at least one each)"
                 if stats.scenarios > 1

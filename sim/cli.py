@@ -812,8 +812,7 @@ def _row_notes(rows: list[Row]) -> list[str]:
 
 
 def _budget_note(row: Row) -> str:
-    explored = (f"{row.stats.unique_states} distinct states ({row.stats.actions} visited, the "
-                "table's states)" if row.stats.hashed
+    explored = (row.stats.hashed_states if row.stats.hashed
                 else f"{row.stats.schedules} complete schedules")
     return (f"the time budget ended the search after {explored}; the verdict covers only what "
             "was explored")

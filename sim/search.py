@@ -72,6 +72,12 @@ class SearchStats:
             self.failing += 1
 
     @property
+    def hashed_states(self) -> str:
+        """What a hashed (exhaustive) search explored, for budget notes: its distinct states
+        beside the visited ones, the check table's ``states`` column."""
+        return f"{self.unique_states} distinct states ({self.actions} visited, the table's states)"
+
+    @property
     def failing_percent(self) -> float:
         return 100.0 * self.failing / self.schedules if self.schedules else 0.0
 
