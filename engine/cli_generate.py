@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from engine.seeds import SEED_LIMIT
+from engine.cli_args import seed as seed_arg
 
 
 def _ids(text: str) -> list[int]:
@@ -57,7 +57,7 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float, default=1.0,
                    help="keep the most likely tokens up to this probability mass; 1 = off "
                         "(default 1)")
-    p.add_argument("--seed", type=int, default=None,
+    p.add_argument("--seed", type=seed_arg, default=None,
                    help="sampling seed, an integer in [0, 2**64) (default: a random one)")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at end-of-sequence")
     p.add_argument("--logprobs", action="store_true", help="print each token's logprob")
@@ -95,8 +95,6 @@ def _number_checks(args: argparse.Namespace):
          "a finite number >= 0 (0 = greedy)"),
         ("--top-k", args.top_k, args.top_k >= -1, "-1, 0 (off) or a positive integer"),
         ("--top-p", args.top_p, 0 < args.top_p <= 1, "a number in (0, 1]"),
-        ("--seed", args.seed, args.seed is None or 0 <= args.seed < SEED_LIMIT,
-         "an integer in [0, 2**64)"),
         ("--max-model-len", args.max_model_len,
          args.max_model_len is None or args.max_model_len >= 1, "at least 1"),
         ("--max-batch", args.max_batch, 1 <= args.max_batch <= 256, "an integer from 1 to 256"),

@@ -32,18 +32,20 @@ import time
 from engine.bench.options import (BenchArgError, BenchOptions, check_output_path, check_range,
                                   check_switches, cuda_missing, max_positions, model_shape,
                                   json_problem, parse_int_list)
+from engine.cli_args import seed as seed_arg
 from engine.env import switch
 from engine.kernels.skinny_gemm import TileConfig, load_table, shape_key
 from engine.layers.linear import (FUSED_PLANS_PATH, ROLES, DecodeGemm, FusedLayerPlan,
                                   LayerShapes, layer_key, load_fused_plans, parse_fused_plans,
                                   plan_to_json)
 from engine.presets import PRESETS
+from engine.seeds import derived_seed
 from lockstep.cli import OneLineParser
 
 SWEEP_JSON = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), "docs", "benchmarks-gemm-sweep-h200.json")
 """The shipped sweep, found beside the package (a source checkout), whatever the cwd."""
-MAX_STEPS, MAX_WARMUP, MAX_SEED = 10_000, 1_000, 2**32 - 1
+MAX_STEPS, MAX_WARMUP = 10_000, 1_000
 MAX_TOP = 32
 """Most sweep tiles `--top` tries per GEMM. Each is a recaptured step timed over `--steps`
 replays, about 1 s at the defaults on the H200 (82 s for 17 trials at each of five row counts,
@@ -195,7 +197,7 @@ class StepTimer:
         model = self.model = ex.model
         if model.fused_plan(1) is None:
             raise ValueError(f"{model_dir}: the model runs no fused layer form at 1 row")
-        gen = torch.Generator(device=ex.device).manual_seed(seed + 1)
+        gen = torch.Generator(device=ex.device).manual_seed(derived_seed(seed, 1))
         for layer in range(ex.cfg.num_layers):  # random K/V everywhere, as the bench does
             ex.kv.k[layer].normal_(generator=gen)
             ex.kv.v[layer].normal_(generator=gen)
@@ -206,7 +208,7 @@ class StepTimer:
                                                extra=tuple(extra_tiles)).workspace
         self.context, self.steps, self.warmup = context, steps, warmup
         self.backend = BenchBackend(ex, lambda: torch.cuda._sleep(HOLD_CYCLES))
-        self._rng = torch.Generator().manual_seed(seed + 3)
+        self._rng = torch.Generator().manual_seed(derived_seed(seed, 3))
         self._check: dict[int, tuple] = {}  # per bucket: the logit check's step, its logits
 
     def shapes(self):
@@ -473,7 +475,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--from-json", metavar="JSON",
                    help="write --plans from this earlier --json instead of timing (default: "
                         "time)")
-    p.add_argument("--seed", type=int, default=0,
+    p.add_argument("--seed", type=seed_arg, default=0,
                    help="seed of the random weights, K/V and tokens (default 0)")
     return p
 
@@ -490,8 +492,7 @@ def main(argv=None) -> int:
         # the values that need no model first, so a bad one is named whatever the model
         for flag, value, least, most in (
                 ("--top", args.top, 1, MAX_TOP), ("--steps", args.steps, 1, MAX_STEPS),
-                ("--warmup", args.warmup, 0, MAX_WARMUP), ("--context", args.context, 1, None),
-                ("--seed", args.seed, 0, MAX_SEED)):
+                ("--warmup", args.warmup, 0, MAX_WARMUP), ("--context", args.context, 1, None)):
             check_range(flag, value, least, most)
         if (args.preset is None) == (args.model is None):
             raise BenchArgError("give --preset or --model")
