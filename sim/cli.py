@@ -687,7 +687,7 @@ def _run_matrix(variants, spec: CheckSpec, args, finished: _Finished) -> int:
     for c in cells:
         if c.row.got == "error":
             print(f"error: {c.row.variant} / {c.config}: {c.row.detail}")
-    print(f"\n{'OK' if ok else 'FAILED'}: {_summary(rows)} in {elapsed:.1f} s")
+    print(f"\n{_headline(rows)}: {_summary(rows)} in {elapsed:.1f} s")
     return 0 if ok else 1
 
 
@@ -775,7 +775,7 @@ def _print_text(rows: list[Row], ok: bool, elapsed: float, args, n_variants: int
     print(render_table(rows))
     for line in _row_notes(rows):
         print(line)
-    print(f"\n{'OK' if ok else 'FAILED'}: {_summary(rows)} in {elapsed:.1f} s")
+    print(f"\n{_headline(rows)}: {_summary(rows)} in {elapsed:.1f} s")
     for row in rows:
         if row.minimal is not None and (not row.passed or n_variants == 1):
             print(f"\nMinimal counterexample, {row.variant} / {row.topology}:\n"
@@ -799,9 +799,11 @@ def _row_notes(rows: list[Row]) -> list[str]:
             out.append(f"note: {row.variant} / {row.topology}: vacuous: {row.detail}; a search "
                        "that never does these cannot show the protocol handles them (is the max "
                        f"batch or the bucket set too small to need them?){hint}")
-        elif row.got == "incomplete" or row.stats.budget_reached:
-            out.append(f"note: {row.variant} / {row.topology}: "
-                       f"{row.detail if row.got == 'incomplete' else _budget_note(row)}")
+        elif row.got == "incomplete":
+            out.append(f"note: {row.variant} / {row.topology}: {row.detail}; a larger "
+                       f"--time-budget (default {DEFAULTS['time_budget']:g} s) may finish it")
+        elif row.stats.budget_reached:
+            out.append(f"note: {row.variant} / {row.topology}: {_budget_note(row)}")
         elif row.compared and row.got == "clean" and row.expected != "clean":
             out.append(f"note: {row.variant} / {row.topology}: not caught: "
                        f"{row.stats.schedules} schedule{'s' * (row.stats.schedules != 1)} "
@@ -868,9 +870,24 @@ def render_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def _headline(rows: list[Row]) -> str:
+    """The word before the summary line: OK when every row is as expected; NOT PROVEN when the
+    only rows that are not are searches the time budget ended before they finished or failed
+    (nothing contradicts the expected verdicts, but the search did not establish them); else
+    FAILED. A fresh user read "FAILED" and "MISMATCH" after a short --time-budget as a bug
+    found in the correct protocol."""
+    if all(r.passed for r in rows):
+        return "OK"
+    if all(r.passed or r.got == "incomplete" for r in rows):
+        return "NOT PROVEN"
+    return "FAILED"
+
+
 def _status(row: Row) -> str:
     if row.got == "not reachable here":
         return "n/a"
+    if row.got == "incomplete":
+        return "unproven"
     if not row.compared:
         return "error" if row.got == "error" else row.report
     return "ok" if row.passed else "MISMATCH"

@@ -9,6 +9,9 @@ import sys
 import pytest
 
 from lockstep.cli import main
+import sim.cli as cli
+from sim.check import Row
+from sim.search import SearchStats
 
 
 @pytest.fixture
@@ -791,6 +794,28 @@ def test_an_incomplete_search_of_one_scenario_at_a_time_counts_its_scenarios(cap
     m = re.search(r"after (\d+) schedules over (\d+) scenarios searched one at a time "
                   r"\(20 shared among them, at least one each\)", note)
     assert m and int(m.group(1)) <= int(m.group(2)) < 38, note  # one each, the last cut short
+
+
+@pytest.mark.timeout(120)
+def test_a_budget_that_ends_a_clean_search_reads_not_proven_not_failed(capsys):
+    """A fresh user's finding: an exhaustive search of the correct protocol cut short by
+    --time-budget printed `incomplete ... MISMATCH` and `FAILED`, as if it had found a bug. It
+    is still not as expected (exit 1: nothing was proven), but says so in its own words and
+    names the option to raise; a row that contradicts its expected verdict still reads FAILED."""
+    argv = ["check", "--variant", "correct", "--strategy", "exhaustive", "--time-budget", "0.3",
+            "--fault-schedules", "0", "--topology", "shared", "--no-progress", "--jobs", "1"]
+    assert main(argv) == 1
+    out = capsys.readouterr().out
+    [row] = [line for line in out.splitlines() if line.startswith("correct ")]
+    assert row.split()[3] == "incomplete" and row.split()[-1] == "unproven", row
+    assert "MISMATCH" not in out and "FAILED" not in out
+    assert "\nNOT PROVEN: 0/1 verdicts as expected" in out
+    [note] = [line for line in out.splitlines() if line.startswith("note: correct / shared")]
+    assert note.endswith("a larger --time-budget (default 60 s) may finish it"), note
+    rows = [Row("correct", "shared", "clean", "incomplete", SearchStats(), "", None),
+            Row("v", "shared", "deadlock", "clean", SearchStats(), "", None)]
+    assert cli._headline(rows) == "FAILED" and cli._headline(rows[:1]) == "NOT PROVEN"
+    assert cli._headline([]) == "OK" and [cli._status(r) for r in rows] == ["unproven", "MISMATCH"]
 
 
 @pytest.mark.parametrize("model, hint", [
