@@ -87,7 +87,13 @@ class Replay:
 class Sticky:
     """Runs the current actor while it is enabled; switches to ``switches[step]`` when listed.
 
-    When the current actor blocks and no switch is listed, takes the first enabled actor.
+    When the current actor blocks and no switch is listed, takes the first enabled actor. A run
+    asks for no choice where only one actor is enabled, so a switch listed at such a step
+    applies at the next choice instead (unless a later one is listed by then): the switch
+    points of any run's choices (`sim.reduce.switch_points`) replay that run exactly.
+    ``effective`` collects, at the step of each choice a listed switch changed, the actor it
+    chose: the run's switches that are choices (not forced by a block), which replayed alone
+    give the same run. It depends on the run only, not on how its switches were listed.
     """
 
     name = "sticky"
@@ -95,13 +101,23 @@ class Sticky:
     def __init__(self, switches: dict[int, str]):
         self.switches = switches
         self.current: str | None = None
+        self.effective: dict[int, str] = {}
+        self._pending = sorted(switches)  # listed steps not yet reached, in order
+        self._next = 0
 
     def choose(self, enabled: list[str], step: int) -> str:
-        wanted = self.switches.get(step)
-        if wanted in enabled:
+        listed = None
+        pending, n = self._pending, len(self._pending)
+        while self._next < n and pending[self._next] <= step:
+            listed = pending[self._next]
+            self._next += 1
+        default = self.current if self.current in enabled else enabled[0]
+        wanted = self.switches[listed] if listed is not None else None
+        if wanted in enabled and wanted != default:
+            self.effective[step] = wanted
             self.current = wanted
-        elif self.current not in enabled:
-            self.current = enabled[0]
+        else:
+            self.current = default
         return self.current
 
 

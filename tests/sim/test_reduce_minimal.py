@@ -32,3 +32,17 @@ def test_a_tie_in_actions_goes_to_the_run_without_switches_at_its_first_attempt(
     assert len(switch_points(failing.choices)) > len(switch_points(plain.choices))
     reduced = reduce_schedule(scenario, variant, failing, max_attempts=1)
     assert reduced.choices == plain.choices
+
+
+@pytest.mark.timeout(60)
+def test_sticky_replays_a_run_from_its_switch_points_even_those_at_forced_steps():
+    """A run asks for no choice where one actor alone is enabled; a switch point there must still
+    count (comm-before-graphs's counterexample has such points: a Sticky that skipped them
+    departed from the run), and the switches Sticky records as effective replay it alone."""
+    scenario, variant, failing = counterexample("comm-before-graphs")
+    sticky = Sticky(switch_points(failing.choices))
+    assert run_schedule(scenario, variant, sticky).choices == failing.choices
+    assert 0 < len(sticky.effective) < len(switch_points(failing.choices))
+    again = Sticky(dict(sticky.effective))
+    assert run_schedule(scenario, variant, again).choices == failing.choices
+    assert again.effective == sticky.effective
