@@ -12,6 +12,7 @@ from pathlib import Path
 
 from lockstep.paths import nearest_existing, write_refused
 from sim.check import CheckSpec, check_bad, unreachable_here
+from sim.checks import attribute_divergence
 from sim.limits import MAX_TIME_BUDGET
 from sim.reduce import reduce_schedule
 from sim.report import mermaid, narrative
@@ -66,6 +67,9 @@ def walkthrough(name: str) -> tuple[str, str, str]:
                 f"{', '.join(h.upper() for h in extra)}, which this verdict does not need; the "
                 "counterexample below is the one the search finds with only the needed hazards "
                 "on.")
+    # the reductions above start from attributed runs but return fresh ones when they find a
+    # shorter run, so the step that sampled a wrong token is found again for the run shown
+    minimal = attribute_divergence(minimal.world.scenario, variant, minimal)
     diagram = mermaid(minimal)
     story = narrative(minimal)
     other = "per-rank" if topology == "shared" else "shared"
