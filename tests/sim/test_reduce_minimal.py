@@ -7,7 +7,8 @@ from functools import cache
 import pytest
 
 from sim.check import CheckSpec, check_bad
-from sim.reduce import reduce_schedule, same_failure, switch_points
+from sim.checks import attribute_divergence
+from sim.reduce import reduce_schedule, same_failure, switch_points, switches_of
 from sim.run import run_schedule
 from sim.strategies import Sticky
 from sim.variants import REGISTRY
@@ -19,6 +20,26 @@ def counterexample(name: str, seed: int = 0):
     variant = REGISTRY[name]
     failing = check_bad(variant, CheckSpec(seed=seed), "shared", reduce=False).minimal
     return failing.world.scenario, variant, failing
+
+
+ENOUGH = 1000
+"""Attempts that let every reduction here finish (they take 13-106), so its result is the
+reducer's own, not where a budget cut it; a count, not seconds, so it is the same result on a
+loaded machine."""
+
+
+@cache
+def reduced(name: str):
+    scenario, variant, failing = counterexample(name)
+    return reduce_schedule(scenario, variant, failing, max_attempts=ENOUGH)
+
+
+REDUCED = ["profile-largest-only", "exit-on-timeout", "async-row-parallel",
+           "unfenced-preempt-store"]
+"""Counterexamples whose run without switches does not fail as they do, or not as soon, so the
+removal passes decide the result: they end with 1, 1, 14 and 2 switches of 82, 138, 140 and
+852. A reducer without its last pass, one switch at a time, keeps 3, 5, 23 and 7; one that
+takes no removal that leaves the actions as they were keeps 82, 72, 140 and 506."""
 
 
 @pytest.mark.timeout(60)
@@ -46,3 +67,39 @@ def test_sticky_replays_a_run_from_its_switch_points_even_those_at_forced_steps(
     again = Sticky(dict(sticky.effective))
     assert run_schedule(scenario, variant, again).choices == failing.choices
     assert again.effective == sticky.effective
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", REDUCED)
+def test_a_reduced_run_is_one_minimal(name):
+    """Without any one of the reduced run's switches, replayed with Sticky as the reducer
+    replays, the failure is gone or comes later: every switch left is one that matters."""
+    scenario, variant, failing = counterexample(name)
+    minimal = reduced(name)
+    switches = switches_of(scenario, variant, minimal)
+    assert switches and len(switches) < len(switches_of(scenario, variant, failing))
+    for step in switches:
+        without = run_schedule(scenario, variant,
+                               Sticky({s: a for s, a in switches.items() if s != step}))
+        assert not (same_failure(without, failing) and without.actions <= minimal.actions), (
+            f"the switch at step {step} can go")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", REDUCED)
+def test_reducing_a_reduced_run_gives_it_back(name):
+    """A fixed point: the reduced run, reduced again, is returned as it is."""
+    scenario, variant, _ = counterexample(name)
+    minimal = reduced(name)
+    assert reduce_schedule(scenario, variant, minimal, max_attempts=ENOUGH) is minimal
+
+
+@pytest.mark.timeout(60)
+def test_a_reduced_divergence_keeps_its_attributed_step_when_reduced_again():
+    """A run that reduces to itself comes back as the run given, so the step that
+    `attribute_divergence` found for a reduced divergence survives a second reduction."""
+    scenario, variant, _ = counterexample("async-row-parallel")
+    minimal = attribute_divergence(scenario, variant, reduced("async-row-parallel"))
+    assert minimal.outcome.step is not None
+    again = reduce_schedule(scenario, variant, minimal, max_attempts=ENOUGH)
+    assert again.outcome.step == minimal.outcome.step
