@@ -318,7 +318,8 @@ def check_correct(variant: Variant, spec: CheckSpec, topology: str, progress=Non
     stats = result.stats
     if result.failure is not None:
         got, detail = verdict_label(result.failure), result.failure.outcome.detail
-        minimal = reduce_schedule(base, variant, result.failure, max_attempts=spec.reduce_attempts)
+        minimal = reduce_schedule(result.failure.world.scenario, variant, result.failure,
+                                  max_attempts=spec.reduce_attempts)
         minimal = attribute_divergence(minimal.world.scenario, variant, minimal)
     elif stats.schedules == 0 or stats.budget_reached:
         got, detail, minimal = "incomplete", _incomplete(stats, planned), None

@@ -103,3 +103,22 @@ def test_a_reduced_divergence_keeps_its_attributed_step_when_reduced_again():
     assert minimal.outcome.step is not None
     again = reduce_schedule(scenario, variant, minimal, max_attempts=ENOUGH)
     assert again.outcome.step == minimal.outcome.step
+
+
+@pytest.mark.timeout(120)
+def test_a_design_claimed_clean_reduces_its_failure_in_the_drawn_scenario_that_failed():
+    """A fresh reviewer's finding: `check_correct` reduced a failure of a per-run drawn scenario
+    (`Variant.draw`) in the undrawn base scenario, where its switches replay nothing alike, so
+    the row's trace came back unreduced (short-path-first-row claimed clean: 673 switches that
+    are choices). Reduced in its own scenario, the divergence needs none."""
+    import dataclasses
+
+    from sim.check import check_correct
+
+    claimed = dataclasses.replace(REGISTRY["short-path-first-row"], name="claims-clean",
+                                  expected={"shared": "clean", "per-rank": "clean"})
+    [row, *_] = check_correct(claimed, CheckSpec(), "shared")
+    assert row.got == "divergence" and not row.passed
+    minimal = row.minimal
+    assert minimal.world.scenario != row.scenario  # a drawn member failed, not the base
+    assert switches_of(minimal.world.scenario, claimed, minimal) == {}
