@@ -31,6 +31,12 @@ from sim.variants import EVENT_REACH, Variant, get_variant
 from sim.world import ACTOR as _ACTOR
 
 
+TRACE_REDUCE_ATTEMPTS = 40
+"""Reducer attempts per counterexample when the traces are written for reading (`lockstep check
+--trace-out`, the walkthroughs of `lockstep docs`): one count for both, so a walkthrough's
+Reproduce command writes the story on its page. The table alone spends `CheckSpec`'s fewer."""
+
+
 @dataclass(frozen=True)
 class CheckSpec:
     """What `lockstep check` explores for each variant (all of it serialisable to JSON)."""
@@ -52,7 +58,8 @@ class CheckSpec:
     reduce_attempts: int = 8
     """Attempts the reducer may spend on each counterexample (`sim.reduce.reduce_schedule`; a
     candidate it already ran counts again but is not run again): a count, not seconds, so
-    that a row's minimal trace does not depend on machine speed or load."""
+    that a row's minimal trace does not depend on machine speed or load. `lockstep check
+    --trace-out` spends `TRACE_REDUCE_ATTEMPTS`, as the walkthroughs do."""
     h2_scope: str = "process"
     h2_calls: str = "both"
 

@@ -18,14 +18,15 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 from lockstep.paths import nearest_existing, write_refused
 from protocol.errors import ConfigError
-from sim.check import (NOT_REACHABLE, CheckSpec, Row, check_coverage_reachable,
-                       check_scenario_value, has_faulted_row, replay_trace, scenario_spec,
-                       is_other_harm, unreachable_here, variant_spec, verdict_label)
+from sim.check import (NOT_REACHABLE, TRACE_REDUCE_ATTEMPTS, CheckSpec, Row,
+                       check_coverage_reachable, check_scenario_value, has_faulted_row,
+                       replay_trace, scenario_spec, is_other_harm, unreachable_here,
+                       variant_spec, verdict_label)
 from sim.guard import Stalled, describe, watchdog
 from sim.hazards import H2_CALLS, H2_SCOPES, RULES, HazardModel
 from sim.limits import check_limits
@@ -507,6 +508,8 @@ def _run(args, finished: _Finished | None = None) -> int:
                          clean_schedules=clean_schedules, fault_schedules=args.fault_schedules, time_budget=args.time_budget,
                          seed=args.seed, hazards_off=tuple(args.hazard_off), jobs=args.jobs,
                          h2_scope=args.h2_scope or "process", h2_calls=args.h2_calls or "both")
+        if args.trace_out is not None:  # traces to read: reduced as far as the walkthroughs'
+            spec = replace(spec, reduce_attempts=TRACE_REDUCE_ATTEMPTS)
         if args.list:
             print(_variant_list(variants, spec, args.json))
             return 0

@@ -87,7 +87,7 @@ class Attribution:
         off = ", ".join(h.upper() for h in self.configured_off)
         needs = (", ".join(f"{h.upper()} ({NAMES[h]})" for h in self.needed) if self.needed
                  else "none of the hazards whose ablation gave a verdict" if unknown
-                 else f"none of the hazards left on (it follows from the variant's own steps)"
+                 else "none of the hazards left on (it follows from the variant's own steps)"
                  if self.configured_off
                  else f"none of {RULES[0].upper()}..{RULES[-1].upper()} (it follows from the "
                       "variant's own steps)")

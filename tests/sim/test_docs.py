@@ -184,3 +184,44 @@ def test_a_write_that_fails_after_rendering_is_one_line(tmp_path, monkeypatch, c
     assert docs_cli.run(argparse.Namespace(root=str(tmp_path), check=False)) == 2
     assert capsys.readouterr().err.strip() == (f"lockstep docs: error: cannot write {str(page)!r}: "
                                                "No space left on device")
+
+
+def _story_block(text: str) -> str:
+    """The walkthrough's numbered story: the fenced block without a language that holds the
+    verdict line (``==> ...``)."""
+    blocks, current = [], None
+    for line in text.splitlines():
+        if line.startswith("```"):
+            if current is None:
+                current = [line]
+            else:
+                blocks.append(current)
+                current = None
+        elif current is not None:
+            current.append(line)
+    return next("\n".join(b[1:]) for b in blocks
+                if b[0] == "```" and any(line.startswith("==> ") for line in b))
+
+
+REPRODUCED = ["host-frozen-metadata", "unfenced-preempt-store", "kv-zero-unordered",
+              "short-path-first-row", "death-drops-requests", "uncoordinated-profile"]
+"""Pages whose Reproduce command once wrote another story than theirs (a fresh user's finding:
+the page reduced its counterexample twice, the command once and with fewer attempts), and the
+page whose command switches hazards off."""
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", REPRODUCED)
+def test_a_walkthrough_s_reproduce_command_writes_the_story_on_its_page(name, tmp_path, capsys):
+    import shlex
+
+    from lockstep.cli import main
+
+    text = (ROOT / "docs" / "walkthroughs" / f"{name}.md").read_text()
+    command = text.split("## Reproduce\n\n```bash\n", 1)[1].split("\n", 1)[0]
+    argv = shlex.split(command.replace("traces/", f"{tmp_path}/"))
+    assert argv[:2] == ["lockstep", "check"]
+    assert main(argv[1:] + ["--no-progress"]) == 0
+    capsys.readouterr()
+    [written] = tmp_path.glob("*.txt")
+    assert written.read_text().strip() == _story_block(text).strip()
