@@ -222,7 +222,10 @@ def add_parser(subparsers, name: str) -> None:
     p.add_argument("--trace-out", action=_Once, metavar="DIR",
                    type=_typed(_trace_dir, "--trace-out"),
                    help="write each counterexample as .txt, .mmd, .json (created, with its "
-                        "parents, when the traces are written)")
+                        "parents, when the traces are written), reduced with the walkthroughs' "
+                        f"{TRACE_REDUCE_ATTEMPTS} attempts rather than the table's "
+                        f"{CheckSpec.reduce_attempts}, so each walkthrough's Reproduce command "
+                        "writes its story")
     p.add_argument("--list", action="store_true",
                    help="print the variants (shipped, or those of --variant-file / --variant) "
                         "with their expected verdicts (or 'not reachable here' where the check "
