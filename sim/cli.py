@@ -39,13 +39,44 @@ from sim.strategies import STRATEGIES
 from sim.variants import REGISTRY, SHIPPED, get_variant, load_variant_file
 
 
+SHOWN_CHARS = 32
+"""Most characters of a bad value an error line repeats."""
+
+MAX_DIGITS = 20
+"""Most significant digits of an integer option: 2**64 has 20, and no option takes more (a
+value of thousands of digits was echoed whole, and past 4,300 int() refuses it as "not an
+integer")."""
+
+SEED_LIMIT = 2**64
+"""--seed takes [0, 2**64), as every seed of the engine's subcommands does."""
+
+
+def _clipped(text: str) -> str:
+    return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS - 3]}..."
+
+
+def _within_digits(text: str) -> None:
+    digits = text.strip().lstrip("+-")
+    if digits.replace("_", "").isdigit() and len(digits.lstrip("0_")) > MAX_DIGITS:
+        raise ValueError(f"{_clipped(text.strip())} has more than {MAX_DIGITS} digits, above any "
+                         "value this option takes")
+
+
 def _int(text: str, minimum: int | None = None) -> int:
+    _within_digits(text)
     try:
         value = int(text)
     except ValueError:
-        raise ValueError(f"{text!r} is not an integer") from None
+        raise ValueError(f"{_clipped(text)!r} is not an integer") from None
     if minimum is not None and value < minimum:
         raise ValueError(f"{value} must be at least {minimum}")
+    return value
+
+
+def _seed(text: str) -> int:
+    value = _int(text, 0)
+    if value >= SEED_LIMIT:
+        raise ValueError(f"{value} is outside [0, 2**64)")
     return value
 
 
@@ -74,10 +105,12 @@ def _buckets(text: str) -> tuple[int, ...]:
     items = [x.strip() for x in text.split(",")]
     if any(not x for x in items):
         raise ValueError(f"{text!r} has an empty item; give a comma-separated list of integers")
+    for item in items:
+        _within_digits(item)
     try:
         values = tuple(int(x) for x in items)
     except ValueError:
-        raise ValueError(f"{text!r} is not a comma-separated list of integers") from None
+        raise ValueError(f"{_clipped(text)!r} is not a comma-separated list of integers") from None
     return check_scenario_value("buckets", values)
 
 
@@ -185,8 +218,8 @@ def add_parser(subparsers, name: str) -> None:
                    type=_typed(_bounded(_positive_float, "time_budget"), "--time-budget"),
                    help="seconds per search, for each variant and topology (default 60)")
     p.add_argument("--seed", action=_Once, default=None,
-                   type=_typed(lambda t: _int(t, 0), "--seed"),
-                   help="search seed, an integer >= 0 (default 0)")
+                   type=_typed(_seed, "--seed"),
+                   help="search seed, an integer in [0, 2**64) (default 0)")
     p.add_argument("--jobs", action=_Once, default=None,
                    type=_typed(_bounded(_positive_int, "jobs"), "--jobs"),
                    help=f"worker processes for random and PCT search (default: the CPU count, "

@@ -38,6 +38,16 @@ def _rewrite(trace, edit):
     (["check", "--seed", "1.5"], "--seed: '1.5' is not an integer"),
     # a fresh user's finding: a negative seed was accepted (generate and make-model refuse one)
     (["check", "--seed", "-1"], "--seed: -1 must be at least 0"),
+    # a fresh user's finding: 5,000 digits were echoed whole as "not an integer", and up to
+    # 4,300 any seed was taken, where every engine subcommand takes [0, 2**64)
+    (["check", "--seed", "7" * 5000],
+     "--seed: 77777777777777777777777777777... has more than 20 digits, above any value"),
+    (["check", "--seed", str(2**64)], f"--seed: {2**64} is outside [0, 2**64)"),
+    (["check", "--ranks", "7" * 5000], "--ranks: 77777777777777777777777777777... has more"),
+    (["check", "--buckets", "1," + "7" * 5000], "--buckets: 77777777777777777777777777777..."),
+    (["check", "--buckets", "1,x" + "7" * 5000],
+     "--buckets: '1,x77777777777777777777777777...' is not a comma-separated list"),
+    (["check", "--schedules", "x" * 5000], "--schedules: 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxx...' is not"),
     (["check", "--trace-out", ""], "--trace-out: the directory name is empty"),
     (["check", "--buckets", "8,4"], "ascending"),
     (["check", "--buckets", "a,b"], "'a,b' is not a comma-separated"),
@@ -53,8 +63,13 @@ def test_bad_arguments_exit_2_with_one_line(argv, needle, capsys):
         main(argv)
     assert info.value.code == 2
     err = capsys.readouterr().err.strip()
-    assert needle in err and len(err.splitlines()) == 1
+    assert needle in err and len(err.splitlines()) == 1 and len(err) < 200
     assert "--ranks: --ranks" not in err
+
+
+def test_the_seed_range_is_the_engine_s_and_leading_zeros_are_not_digits():
+    assert cli._seed(str(2**64 - 1)) == 2**64 - 1
+    assert cli._int("0" * 40 + "7") == 7 and cli._int("1_000") == 1000
 
 
 @pytest.mark.parametrize("argv,needle", [
