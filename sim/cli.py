@@ -910,11 +910,15 @@ def render_table(rows: list[Row]) -> str:
 
 
 def _headline(rows: list[Row]) -> str:
-    """The word before the summary line: OK when every row is as expected; NOT PROVEN when the
-    only rows that are not are searches the time budget ended before they finished or failed
-    (nothing contradicts the expected verdicts, but the search did not establish them); else
-    FAILED. A fresh user read "FAILED" and "MISMATCH" after a short --time-budget as a bug
-    found in the correct protocol."""
+    """The word before the summary line: NOTHING CHECKED when every row's bug is not reachable
+    in this configuration (exit 0 still: nothing is contradicted); OK when every row is as
+    expected; NOT PROVEN when the only rows that are not are searches the time budget ended
+    before they finished or failed (nothing contradicts the expected verdicts, but the search
+    did not establish them); else FAILED. Fresh users read "OK: 0/0 verdicts" as a pass, and
+    "FAILED" and "MISMATCH" after a short --time-budget as a bug found in the correct
+    protocol."""
+    if rows and all(r.got == NOT_REACHABLE for r in rows):
+        return "NOTHING CHECKED"
     if all(r.passed for r in rows):
         return "OK"
     if all(r.passed or r.got == "incomplete" for r in rows):

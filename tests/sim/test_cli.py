@@ -833,6 +833,15 @@ def test_a_budget_that_ends_a_clean_search_reads_not_proven_not_failed(capsys):
     assert cli._headline([]) == "OK" and [cli._status(r) for r in rows] == ["unproven", "MISMATCH"]
 
 
+def test_a_check_of_only_unreachable_rows_says_nothing_was_checked(capsys):
+    """A fresh user's finding: it printed "OK: 0/0 verdicts as expected", read as a pass."""
+    assert main(["check", "--buckets", "4", "--max-batch", "3", "--variant", "split-eligibility",
+                 "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "\nNOTHING CHECKED: 0/0 verdicts as expected, 2 not reachable here" in out
+    assert "\nOK" not in out
+
+
 @pytest.mark.parametrize("model, hint", [
     ("same", None),
     ("000000000000", "the trace was recorded by other code of protocol/ and sim/ (model "
