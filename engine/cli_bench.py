@@ -28,7 +28,8 @@ from engine.presets import PRESETS
 def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
     """Register the subcommand `name` on `subparsers`; sets `run` as its handler."""
     p = subparsers.add_parser(name, help="benchmark decode steps (graphs, eager, HBM floor, HF)",
-                              description=__doc__.splitlines()[0])
+                              description=__doc__.splitlines()[0],
+                              epilog="A repeated option keeps its last value.")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--preset", choices=list(PRESETS),
                      help="random weights of a named Qwen3 shape, written to a temp dir")

@@ -253,7 +253,8 @@ def get_variant(name: str) -> Variant:
     try:
         return REGISTRY[name]
     except KeyError:
-        close = difflib.get_close_matches(name, list(REGISTRY), n=3, cutoff=0.5)
+        # names are lower case; FUSED-SWEEP got no hint while fused-swep did (a fresh user)
+        close = difflib.get_close_matches(name.lower(), list(REGISTRY), n=3, cutoff=0.5)
         hint = f"did you mean {', '.join(close)}? " if close else ""
         raise ConfigError(f"unknown variant {name!r}; {hint}{len(REGISTRY)} are known: "
                           "`lockstep check --list` prints them, docs/variants.md describes them") from None

@@ -106,3 +106,15 @@ def test_attention_sweep_help_prints_its_usage_and_exits_0(capsys):
     out = _bench_tool_help(attention_sweep, capsys)
     assert out.startswith("usage: python -m engine.bench.attention_sweep [-h] [--context] "
                           "[OUT.json]"), out
+
+
+@pytest.mark.parametrize("subcommand", ["bench", "generate", "make-model"])
+def test_every_engine_subcommand_s_help_says_a_repeated_option_keeps_its_last_value(
+        subcommand, capsys):
+    """bench behaves so (`-n 0 -n 5` runs 5) but its help said nothing, unlike the other two (a
+    fresh user's finding); `lockstep check` refuses a repeat instead and says so."""
+    from lockstep.cli import main
+
+    with pytest.raises(SystemExit):
+        main([subcommand, "--help"])
+    assert "A repeated option keeps its last value." in capsys.readouterr().out

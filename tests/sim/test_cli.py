@@ -80,6 +80,7 @@ def test_the_seed_range_is_the_engine_s_and_leading_zeros_are_not_digits():
     (["check", "--replay", "/nonexistent.json", "--list"], "--list checks nothing; drop --replay"),
     (["check", "--list", "--variant", "nope"], "`lockstep check --list` prints them"),
     (["check", "--variant", "early-token-reed"], "did you mean early-token-read"),
+    (["check", "--variant", "FUSED-SWEEP"], "did you mean fused-sweep"),
     (["check", "--variant-file", "/nonexistent.py"], "does not exist"),
     (["check", "--max-batch", "300"], "--max-batch 300 exceeds the largest default bucket 256"),
     (["check", "--replay", "/nonexistent.json"], "does not exist"),
