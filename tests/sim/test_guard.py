@@ -1,0 +1,104 @@
+"""The stall watchdog (`sim.guard`) on real searches: every search counts as progress, a hook
+that loops is stopped in the main process even after a parallel search paused the watchdog, a
+hook that blocks for less than `WALL_S` is left alone, and an error names the hook's own line.
+
+`tests/sim/test_check_robustness.py` covers the same ground through the command line; these
+are the cheap cases, in a file the mutation tool's simulator killer runs."""
+
+import time
+
+import pytest
+
+from sim.check import CheckSpec, check_variant
+from sim.scenario import default_scenario
+from sim.search import sample_search
+from sim.variants import REGISTRY, load_variant_file
+
+HOOKS = '''
+import time
+
+from protocol.worker import Worker
+from sim.variants import Variant
+
+_NAPPED = []
+
+
+class LoopingWorker(Worker):
+    def _ops_launch(self, command):
+        while True:
+            pass
+
+
+class RaisingWorker(Worker):
+    def _ops_launch(self, command):
+        raise ValueError("boom")
+
+
+class NappingWorker(Worker):
+    def _ops_launch(self, command):
+        if not _NAPPED:  # one short block (a slow read, say), well under the wall bound
+            _NAPPED.append(1)
+            time.sleep(1.0)
+        return super()._ops_launch(command)
+
+
+E = {"shared": "deadlock", "per-rank": "deadlock"}
+C = {"shared": "clean", "per-rank": "clean"}
+VARIANTS = [Variant("guard-loops", "never returns", "test", E, worker_cls=LoopingWorker),
+            Variant("guard-raises", "raises", "test", E, worker_cls=RaisingWorker),
+            Variant("guard-naps", "correct, blocks 1 s once", "test", C, worker_cls=NappingWorker)]
+'''
+
+
+@pytest.fixture(scope="module")
+def hooks(tmp_path_factory):
+    path = tmp_path_factory.mktemp("guard") / "guard_hooks.py"
+    path.write_text(HOOKS)
+    load_variant_file(path)
+    return path
+
+
+@pytest.mark.timeout(60)
+def test_an_exhaustive_search_is_progress_for_the_watchdog():
+    """Exhaustive search runs its own loop, not `run_schedule`, and ticks once per action;
+    without the ticks the watchdog stopped it after half a second of CPU as a stalled hook."""
+    spec = CheckSpec(strategy="exhaustive", time_budget=2, fault_schedules=0, jobs=1)
+    rows = check_variant(REGISTRY["correct"], spec, "shared")
+    assert rows[0].got in ("clean", "incomplete"), rows[0].detail
+    assert "distinct states" in rows[0].detail
+
+
+@pytest.mark.timeout(40)  # a watchdog that stays paused lets the looping hook run for ever
+def test_a_looping_hook_is_stopped_in_the_main_process_after_a_parallel_search(hooks):
+    """A parallel search pauses the watchdog while it waits on its workers; leaving the pool
+    must resume it, or the next variant's looping hook (run in this process: a sample search
+    probes serially first) is never stopped."""
+    sc = default_scenario(buckets=(1, 2), max_batch=2)
+    res = sample_search(lambda i: sc, REGISTRY["correct"], lambda r: r.outcome.verdict == "clean",
+                        schedules=12, time_budget=20, jobs=2)
+    assert res.failure is None and res.stats.schedules == 12
+    rows = check_variant(REGISTRY["guard-loops"], CheckSpec(schedules=4, time_budget=5, jobs=1),
+                         "shared")
+    assert [r.got for r in rows] == ["error"]
+    assert rows[0].detail.startswith("variant 'guard-loops': no simulated action for 0.5 s "
+                                     "(a hook that never returns?); stopped at guard_hooks.py:")
+
+
+@pytest.mark.timeout(60)
+def test_a_hook_that_blocks_for_less_than_the_wall_bound_is_left_alone(hooks):
+    start = time.perf_counter()
+    rows = check_variant(REGISTRY["guard-naps"], CheckSpec(schedules=2, fault_schedules=0,
+                                                          time_budget=20, jobs=1), "shared")
+    assert [r.got for r in rows] == ["clean"], rows[0].detail
+    assert time.perf_counter() - start >= 1.0  # the nap did happen, inside the watched search
+
+
+@pytest.mark.timeout(60)
+def test_a_raising_hook_is_named_at_its_own_line(hooks):
+    """The location is the innermost frame outside the project's own `sim/` and `protocol/`:
+    the hook's `raise`, not the simulator frame that called it."""
+    rows = check_variant(REGISTRY["guard-raises"], CheckSpec(schedules=4, time_budget=5, jobs=1),
+                         "shared")
+    assert [r.got for r in rows] == ["error"]
+    line = HOOKS.splitlines().index('        raise ValueError("boom")') + 1
+    assert rows[0].detail == f"variant 'guard-raises': ValueError: boom (at guard_hooks.py:{line})"
