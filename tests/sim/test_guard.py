@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from sim.check import CheckSpec, check_variant
+from sim.check import CLEAN, CheckSpec, Fixed, check_variant
 from sim.scenario import default_scenario
 from sim.search import sample_search
 from sim.variants import REGISTRY, load_variant_file
@@ -74,8 +74,7 @@ def test_a_looping_hook_is_stopped_in_the_main_process_after_a_parallel_search(h
     must resume it, or the next variant's looping hook (run in this process: a sample search
     probes serially first) is never stopped."""
     sc = default_scenario(buckets=(1, 2), max_batch=2)
-    res = sample_search(lambda i: sc, REGISTRY["correct"], lambda r: r.outcome.verdict == "clean",
-                        schedules=12, time_budget=20, jobs=2)
+    res = sample_search(Fixed(sc), REGISTRY["correct"], CLEAN, schedules=12, time_budget=20, jobs=2)
     assert res.failure is None and res.stats.schedules == 12
     rows = check_variant(REGISTRY["guard-loops"], CheckSpec(schedules=4, time_budget=5, jobs=1),
                          "shared")
