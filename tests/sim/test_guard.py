@@ -5,7 +5,11 @@ hook that blocks for less than `WALL_S` is left alone, and an error names the ho
 `tests/sim/test_check_robustness.py` covers the same ground through the command line; these
 are the cheap cases, in a file the mutation tool's simulator killer runs."""
 
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +17,8 @@ from sim.check import CLEAN, CheckSpec, Fixed, check_variant
 from sim.scenario import default_scenario
 from sim.search import sample_search
 from sim.variants import REGISTRY, load_variant_file
+
+ROOT = Path(__file__).resolve().parents[2]
 
 HOOKS = '''
 import time
@@ -101,3 +107,17 @@ def test_a_raising_hook_is_named_at_its_own_line(hooks):
     assert [r.got for r in rows] == ["error"]
     line = HOOKS.splitlines().index('        raise ValueError("boom")') + 1
     assert rows[0].detail == f"variant 'guard-raises': ValueError: boom (at guard_hooks.py:{line})"
+
+
+@pytest.mark.timeout(60)
+def test_the_watchdog_loads_the_modules_a_step_imports_before_its_clock_runs():
+    """A deadlock's explanation imports `sim.waits` (and networkx) inside a step on first use.
+    Where no bytecode is cached that import took 0.55 s of CPU here, past `CHECK_S`, with no
+    simulated action: the watchdog would stop a correct search as a stalled hook. Whether it
+    does depends on where its timer falls, so this looks at the cause instead: in a fresh
+    interpreter, entering the watchdog has loaded them."""
+    code = ("import sys\nfrom sim.guard import watchdog\nwith watchdog():\n"
+            "    print(*[n in sys.modules for n in ('sim.waits', 'sim.checks', 'networkx')])")
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                         capture_output=True, text=True, timeout=50, check=True).stdout
+    assert out.split() == ["True", "True", "True"]
