@@ -51,17 +51,18 @@ def test_collector_off_collects_now_and_then_and_is_restored_on_error(monkeypatc
 
     import sim.run
 
-    calls = []
+    calls, runs = [], []
     monkeypatch.setattr(sim.run, "COLLECT_EVERY", 3)
-    monkeypatch.setattr(sim.run.gc, "collect", lambda: calls.append(1) or 0)
+    monkeypatch.setattr(sim.run.gc, "collect", lambda: calls.append(len(runs)) or 0)
     assert gc.isenabled()
     with pytest.raises(RuntimeError):
         with sim.run.collector_off() as ran:
             assert not gc.isenabled()
-            for _ in range(7):
+            for run in range(7):
+                runs.append(run)
                 ran()
             raise RuntimeError("a run raised")
-    assert len(calls) == 2 and gc.isenabled()
+    assert calls == [3, 6] and gc.isenabled()  # after every third run, not the first two
 
 
 def test_the_watchdog_sees_every_action_of_a_run_as_progress():
