@@ -15,8 +15,8 @@ module avoids each ingredient of that hang:
 - teardown sends SIGKILL to every live worker and joins each with a timeout; it needs nothing
   from a worker;
 - workers come from the forkserver (a single-threaded server process), never from forking the
-  caller; they ignore SIGINT (the parent owns Ctrl-C) and, on Linux, ask the kernel to kill them
-  when their parent dies (``PR_SET_PDEATHSIG``), so no worker outlives a killed parent.
+  caller; they ignore SIGINT (the parent owns Ctrl-C) and end themselves as soon as the process
+  that started them is gone (`_exit_with_parent`), so no worker outlives a killed parent.
 
 The job is pickled once per worker; a job that cannot be pickled makes `WorkerPool` raise
 `JobNotPicklable` at construction so the caller can run serially instead.
@@ -28,7 +28,7 @@ import multiprocessing
 import os
 import pickle
 import signal
-import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.connection import wait
@@ -85,26 +85,32 @@ def start_server() -> None:
         forkserver.ensure_running()
 
 
-def _die_with_parent() -> None:
-    """Ask the kernel to SIGKILL this process when its parent exits (Linux); else nothing."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
+def _exit_with_parent() -> None:
+    """End this process as soon as the process that started it is gone, however it went
+    (SIGKILL included), from a daemon thread.
 
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
+    A busy worker would otherwise run its task on to the deadline -- with a slow hook, up to the
+    whole time budget -- before its answer found the pipe closed. Its parent in the process
+    tree is the forkserver, not the check, and the forkserver outlives a killed check for as
+    long as any of its children holds its "alive" pipe, as each one does; so the kernel's
+    ``PR_SET_PDEATHSIG``, which this used to ask for, never fired. `multiprocessing`'s parent
+    sentinel is the starting process's own end of a pipe, readable (at end of file) once that
+    process is gone, whatever the start method."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
         return
+
+    def watch() -> None:
+        wait([parent.sentinel])
+        os._exit(0)
+
+    threading.Thread(target=watch, name="lockstep-parent-watch", daemon=True).start()
 
 
 def _worker_main(conn, target, job) -> None:
     """Worker loop: receive a task, answer ``("ok", result)`` or ``("error", line)``; stop on None/EOF."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    parent = os.getppid()
-    _die_with_parent()
-    if os.getppid() != parent:  # the parent died before the request took effect
-        os._exit(0)
+    _exit_with_parent()
     from sim.run import freeze_imports  # here, not above: `start_server` keeps this module light
 
     freeze_imports()

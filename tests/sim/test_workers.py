@@ -4,8 +4,12 @@ reported, and no worker process outlives its pool (issue 13 item 18)."""
 import multiprocessing
 import multiprocessing.connection
 import os
+import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -40,6 +44,25 @@ def _alive(pid: int) -> bool:
         return False
     with open(f"/proc/{pid}/stat") as f:  # a zombie is not alive
         return f.read().split(")")[-1].split()[0] != "Z"
+
+
+def _descendants(root: int) -> list[int]:
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found, todo = [], [root]
+    while todo:
+        parent = todo.pop()
+        for pid, ppid in parents.items():
+            if ppid == parent:
+                found.append(pid)
+                todo.append(pid)
+    return found
 
 
 def _burn(stop: float) -> None:
@@ -136,3 +159,70 @@ def test_early_stop_never_hangs_under_load():
 @pytest.mark.timeout(900)
 def test_early_stop_never_hangs_under_load_thorough():
     _stop_early_under_load(1000)
+
+
+@pytest.mark.timeout(60)
+def test_a_search_whose_deadline_is_hours_away_reads_its_workers_answers():
+    """The pool waits in slices of at most an hour (a far deadline would overflow poll's
+    timeout); a slice that ends with answers is read, however far away the deadline is (a
+    `--time-budget` may be a day)."""
+    sc = default_scenario(buckets=(1, 2), max_batch=2)
+    res = _parallel_sample_search(Fixed(sc), REGISTRY["correct"], CLEAN, "random", 0, 0, 100,
+                                  time.perf_counter() + 7200, True, None, 2)
+    assert res.failure is None and res.stats.schedules == 100
+
+
+SLOW_IN_WORKERS = '''
+import multiprocessing
+import time
+
+from protocol.worker import Worker
+from sim.variants import Variant
+
+
+class SlowInWorkers(Worker):
+    def _ops_launch(self, command):
+        if multiprocessing.current_process().name != "MainProcess":
+            time.sleep(0.2)  # a worker's chunk of runs takes minutes; the serial probe does not
+        return super()._ops_launch(command)
+
+
+VARIANTS = [Variant("slow-in-workers", "correct, slow in worker processes", "test",
+                    {"shared": "clean", "per-rank": "clean"}, worker_cls=SlowInWorkers)]
+'''
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.timeout(90)
+def test_no_worker_outlives_a_killed_check(tmp_path):
+    """SIGKILL leaves the parent no teardown: the kernel must end its workers (each asked for
+    SIGKILL when its parent, the forkserver, exits, and the server exits with the check).
+    Without that a worker runs its chunk on to the time budget, here two minutes."""
+    variants = tmp_path / "slow_in_workers.py"
+    variants.write_text(SLOW_IN_WORKERS)
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen([sys.executable, "-m", "lockstep", "check", "--variant-file",
+                             str(variants), "--variant", "slow-in-workers", "--topology", "shared",
+                             "--schedules", "1000", "--time-budget", "120", "--no-progress",
+                             "--jobs", "2"], cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 45
+        while len(_descendants(proc.pid)) < 3 and time.monotonic() < deadline:  # server + 2
+            time.sleep(0.2)
+        time.sleep(1.0)  # the workers are inside their first chunk
+        workers = _descendants(proc.pid)
+        assert len(workers) >= 3
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 10
+        while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [pid for pid in workers if _alive(pid)] == []
+    finally:  # whatever outlived the check must not outlive the test
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
