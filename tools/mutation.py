@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import copy
 import json
 import math
 import os
@@ -276,10 +275,15 @@ def _run_killers(workdir: Path, python: str, package: str) -> dict:
 
 
 def run_mutant(mutant: Mutant, workdir: Path, python: str, package: str = "protocol") -> dict:
-    """Put ``mutant`` to the killers in ``workdir`` (a copy of the checkout); restores the file."""
+    """Put ``mutant`` to the killers in ``workdir`` (a copy of the checkout); restores the file.
+
+    The mutant is made from the copy's own module, as it was when the run started, not from
+    the checkout: a module edited there during a run (a fix for what an earlier mutant showed)
+    would otherwise receive each later mutant at a site numbered in the old text, and be put
+    back as the new text."""
     target = workdir / mutant.path
-    original = (ROOT / mutant.path).read_text()
-    target.write_text(mutated_source(mutant))
+    original = target.read_text()
+    target.write_text(mutated_source(mutant, workdir))
     start = time.perf_counter()
     try:
         result = _run_killers(workdir, python, package)

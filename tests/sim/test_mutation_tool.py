@@ -87,3 +87,20 @@ def test_a_killer_that_fails_on_unmutated_code_stops_the_run(monkeypatch, tmp_pa
     err = capsys.readouterr().err
     assert "'always red' failed on the unmutated code" in err
     assert not (tmp_path / "out" / "results.json").exists()
+
+
+def test_a_mutant_is_made_from_the_private_copy_not_the_live_checkout(monkeypatch, tmp_path):
+    """A run takes minutes per mutant; a module edited in the checkout meanwhile (a fix for an
+    earlier survivor) received the later mutants at sites numbered in its old text, and the
+    copy was put back as the new text, so the rest of the run mutated other code."""
+    mutation._copy_tree(tmp_path)
+    mutant = next(m for m in mutation.enumerate_mutants(package="sim") if m.path == "sim/guard.py")
+    copy = tmp_path / mutant.path
+    as_copied = copy.read_text().replace('"""Keeping a variant', '"""KEEPING a variant', 1)
+    copy.write_text(as_copied)  # the copy and the checkout now differ, as after such an edit
+    seen = []
+    monkeypatch.setattr(mutation, "_run_killers", lambda workdir, python, package: seen.append(
+        (workdir / mutant.path).read_text()) or {"killed_by": None, "timeout": False})
+    mutation.run_mutant(mutant, tmp_path, sys.executable, "sim")
+    assert seen == [mutation.mutated_source(mutant, tmp_path)] and "KEEPING" in seen[0]
+    assert copy.read_text() == as_copied
