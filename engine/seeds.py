@@ -7,7 +7,9 @@ weights, bench's weights and inputs) and a request's sampling seed keys a 64-bit
 
 from __future__ import annotations
 
-SEED_LIMIT = 2**64
+from lockstep.args import SEED_LIMIT
+
+__all__ = ["SEED_LIMIT", "derived_seed"]
 
 
 def derived_seed(seed: int, offset: int) -> int:

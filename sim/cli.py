@@ -21,6 +21,7 @@ import time
 from dataclasses import fields, replace
 from pathlib import Path
 
+from lockstep.args import MAX_DIGITS, SEED_LIMIT, clipped, too_many_digits
 from lockstep.paths import nearest_existing, write_refused
 from protocol.errors import ConfigError
 from sim.check import (NOT_REACHABLE, TRACE_REDUCE_ATTEMPTS, CheckSpec, Row,
@@ -39,26 +40,9 @@ from sim.strategies import STRATEGIES
 from sim.variants import REGISTRY, SHIPPED, get_variant, load_variant_file
 
 
-SHOWN_CHARS = 32
-"""Most characters of a bad value an error line repeats."""
-
-MAX_DIGITS = 20
-"""Most significant digits of an integer option: 2**64 has 20, and no option takes more (a
-value of thousands of digits was echoed whole, and past 4,300 int() refuses it as "not an
-integer")."""
-
-SEED_LIMIT = 2**64
-"""--seed takes [0, 2**64), as every seed of the engine's subcommands does."""
-
-
-def _clipped(text: str) -> str:
-    return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS - 3]}..."
-
-
 def _within_digits(text: str) -> None:
-    digits = text.strip().lstrip("+-")
-    if digits.replace("_", "").isdigit() and len(digits.lstrip("0_")) > MAX_DIGITS:
-        raise ValueError(f"{_clipped(text.strip())} has more than {MAX_DIGITS} digits, above any "
+    if too_many_digits(text):
+        raise ValueError(f"{clipped(text.strip())} has more than {MAX_DIGITS} digits, above any "
                          "value this option takes")
 
 
@@ -67,7 +51,7 @@ def _int(text: str, minimum: int | None = None) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise ValueError(f"{_clipped(text)!r} is not an integer") from None
+        raise ValueError(f"{clipped(text)!r} is not an integer") from None
     if minimum is not None and value < minimum:
         raise ValueError(f"{value} must be at least {minimum}")
     return value
@@ -110,7 +94,7 @@ def _buckets(text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(x) for x in items)
     except ValueError:
-        raise ValueError(f"{_clipped(text)!r} is not a comma-separated list of integers") from None
+        raise ValueError(f"{clipped(text)!r} is not a comma-separated list of integers") from None
     return check_scenario_value("buckets", values)
 
 
