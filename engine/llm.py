@@ -182,8 +182,10 @@ class LLM:
         except (ValueError, OSError, TypeError, KeyError) as exc:  # JSONDecodeError included
             names = [f for f in ("tokenizer.json", "tokenizer_config.json") if (d / f).is_file()]
             line = " ".join(str(exc).split()) or type(exc).__name__  # all of it, one line
-            raise ModelDirError(f"{d}: the tokenizer ({', '.join(names)}) cannot be read: "
-                                f"{line}") from None
+            # transformers' words for a config without its tokenizer.json speak of packages
+            missing = "" if "tokenizer.json" in names else " (tokenizer.json is missing)"
+            raise ModelDirError(f"{d}: the tokenizer ({', '.join(names)}) cannot be "
+                                f"read{missing}: {line}") from None
 
     # -- driving the controller ------------------------------------------------------------
 

@@ -175,7 +175,8 @@ def test_corrupt_tokenizer_is_a_model_dir_error_naming_the_files(model_copy, nam
 def test_a_missing_tokenizer_json_is_named_with_the_whole_reason_on_one_line(model_copy):
     """Found by a fresh user: the message stopped mid-sentence ("... from one of: ")."""
     (model_copy / "tokenizer.json").unlink()
-    msg = _rejects(model_copy, ModelDirError, "tokenizer_config.json", "cannot be read")
+    msg = _rejects(model_copy, ModelDirError, "tokenizer_config.json",
+                   "cannot be read (tokenizer.json is missing): ")
     assert "\n" not in msg and not msg.rstrip().endswith(":")
     assert "from one of:" not in msg or "(1)" in msg
 
