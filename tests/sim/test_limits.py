@@ -53,3 +53,14 @@ def test_replayed_trace_with_absurd_ranks_is_refused():
     data = {"format": 1, "variant": "correct", "choices": [], "scenario": {"ranks": 10**6}}
     with pytest.raises(ConfigError, match="ranks 1000000 is above 64"):
         replay_trace(json.loads(json.dumps(data)))
+
+
+def test_a_bucket_set_past_the_modelled_memory_is_refused_with_its_need():
+    """The modelled rank (`sim.scenario.MemoryModel`: 4 GiB of weights, 2 MiB of eager
+    activations a row, a graph pool of 64 KiB a row, 141 GiB) cannot hold a bucket of 100,000
+    rows: refused before any search, naming what it needs. This test is in the mutation tool's
+    killers; the same line through the command line (`test_cli.py`) is not, and a per-row
+    activation of 1 MiB (mutant #2402) let the bucket through."""
+    with pytest.raises(ConfigError, match="buckets up to 100000 need 205 GiB per rank in the "
+                                          "modelled memory, more than its 141 GiB"):
+        CheckSpec(buckets=(100000,)).scenario("shared")
