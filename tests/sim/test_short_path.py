@@ -14,7 +14,8 @@ from sim.report import to_json
 from sim.run import run_schedule
 from sim.scenario import (DRAWN_MAX_TOKENS, DRAWN_PROMPT_LENGTHS, Arrival, ShortContextDraw,
                           ShortPathDraw, decode_contexts, default_scenario, max_tokens,
-                          prompt_lengths, short_path_on, with_prompt_lengths)
+                          prompt_lengths, short_path_on, with_max_tokens,
+                          with_prompt_lengths)
 from sim.search import sample_search
 from sim.strategies import RandomWalk
 from sim.variants import REGISTRY, Variant
@@ -338,3 +339,15 @@ def test_the_short_path_rows_run_where_every_bucket_is_above_short_max_bucket():
         assert check_bad(REGISTRY[name], spec, "shared").got == "divergence", name
     [row] = check_correct(REGISTRY["correct-short-path"], spec, "shared")
     assert row.got == "clean", row.detail
+
+
+def test_short_path_on_leaves_a_scenario_without_decode_rows_or_with_the_path_on_unchanged():
+    """Its docstring's two exceptions: a workload whose requests end at their prefill has no
+    decode context to put the boundary in (mutant #2422, ``or`` made ``and``, took the sum of
+    None), and a ``short_context`` already chosen is kept, not moved to the middle."""
+    sc = default_scenario()
+    no_decode = with_max_tokens(sc, [1] * len(sc.workload))
+    assert decode_contexts(no_decode) is None
+    assert short_path_on(no_decode) is no_decode
+    chosen = _with_short(sc, 4)
+    assert short_path_on(chosen) is chosen and short_path_on(sc).config.short_context == 6
