@@ -63,3 +63,29 @@ def test_row_cap_as_bucket_cap_is_caught_at_the_user_s_own_off_stride_max_batch(
                     CheckSpec(buckets=(1, 2, 4, 8), max_batch=3, schedules=10, fault_schedules=0,
                               jobs=1), "shared")
     assert row.got == "invariant:I7" and "a full batch of 3 rows" in row.detail, row.detail
+
+
+@pytest.mark.timeout(60)
+def test_measure_once_s_memory_allows_for_headroom_and_the_busiest_rank():
+    """`reserve_short_by_the_pool` sizes the device above the fit's budget by the weights, the
+    largest rank overhead, the eager activations and the headroom the protocol leaves free, so
+    the same fit (the second candidate cap) comes out whatever those are. The check's scenarios
+    have no headroom and no overhead, so nothing else tried one: subtracting the headroom
+    (mutant #3099) or the overhead (#3119) left the correct protocol a smaller cap."""
+    from protocol.eligibility import GraphPlan
+    from protocol.memory import candidate_caps
+    from sim.run import run_schedule
+    from sim.strategies import RandomWalk
+
+    base = default_scenario(**SMALL, memory_headroom_bytes=48 << 20)
+    sc = base.with_(memory=replace(base.memory, rank_overhead=((1, 40 << 20),)))
+    caps = candidate_caps(GraphPlan.from_config(sc.config).buckets, sc.config.max_batch)
+    adjusted = reserve_short_by_the_pool(sc)
+    assert adjusted.memory.capacity == (reserve_short_by_the_pool(default_scenario(**SMALL))
+                                        .memory.capacity + (48 << 20) + (40 << 20))
+    correct = run_schedule(adjusted, REGISTRY["correct"], RandomWalk(0))
+    assert correct.outcome.verdict == "clean", correct.outcome.detail
+    assert correct.world.ctrl.memory.batch_cap == caps[1]
+    bad = run_schedule(adjusted, REGISTRY["measure-once"], RandomWalk(0))
+    assert bad.outcome.verdict == "oom", bad.outcome.detail
+    assert bad.world.ctrl.memory.batch_cap == caps[1]
