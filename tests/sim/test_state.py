@@ -356,6 +356,22 @@ def test_chunked_prefill_counts_each_prefill_that_carries_a_chunk(monkeypatch):
     assert any(calls) and result.reached["chunked_prefill"] == sum(calls)
 
 
+def test_chunked_prefill_chunks_prompts_of_two_tokens_too():
+    """The variant's budget is the shortest prompt less one token, at least one, so that every
+    prompt is chunked: prompts of 2 tokens are prefilled a token at a time. The check's workload
+    has prompts of 3 tokens, where a floor of 1 or 2 gives the same budget; mutant #3178 made it
+    2 and left prompts of 2 tokens whole, with nothing chunked."""
+    from sim.scenario import with_prompt_lengths
+
+    base = default_scenario(**SMALL)
+    variant = REGISTRY["chunked-prefill"]
+    sc = variant.scenario(with_prompt_lengths(base, [2] * len(base.workload)))
+    assert sc.config.max_prefill_tokens == 1
+    result = run_schedule(sc, variant, RandomWalk(0))
+    assert result.outcome.verdict == "clean", result.outcome.detail
+    assert result.reached["chunked_prefill"] > 0
+
+
 def test_freeing_the_graphs_empties_the_shared_pool_and_the_registrations():
     from protocol.keys import GraphKey
     from sim.common import DONE
