@@ -41,6 +41,20 @@ def test_rows_fed_from_an_older_steps_ids_are_i20_even_when_the_requests_match()
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("topology", ["shared", "per-rank"])
+def test_overlap_rank0_samples_only_is_caught_on_a_rank_that_does_not_sample(topology):
+    """The variant's ranks other than 0 skip the sampler, so I20 fires on one of them (rank 1
+    at TP 2), and never on rank 0, whose device computed its ids. Mutant #3273 (``==`` made
+    ``!=``) had rank 0 alone skip it: the mirrored bug, with the same verdict, and no test in
+    the mutation tool's killers read the rank."""
+    variant = REGISTRY["overlap-rank0-samples-only"]
+    outcome = run_schedule(variant.scenario(default_scenario(topology, **SMALL)), variant,
+                           RandomWalk(0)).outcome
+    assert outcome.invariant == "I20", outcome.detail
+    assert outcome.rank == 1 and "this rank did not sample" in outcome.detail, outcome.detail
+
+
+@pytest.mark.timeout(120)
 def test_the_correct_overlapped_protocol_reaches_fed_and_leftover_rows():
     variant = REGISTRY["overlapped-scheduling"]
     result = run_schedule(variant.scenario(default_scenario(**SMALL)), variant, RandomWalk(1))
