@@ -1,7 +1,10 @@
 """Argument text shared by the simulator's and the engine's commands: how much of a bad value
-an error line repeats, the most digits an integer option takes, and the one seed range."""
+an error line repeats, the most digits an integer option takes, and the one seed range and its
+parser."""
 
 from __future__ import annotations
+
+import re
 
 SHOWN_CHARS = 32
 """Most characters of a bad value an error line repeats."""
@@ -21,8 +24,28 @@ def clipped(text: str) -> str:
     return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS - 3]}..."
 
 
+_INTEGER = re.compile(r"[+-]?[0-9]+(?:_[0-9]+)*", re.ASCII)
+"""An integer as int() spells one in ASCII: a sign, digits, single underscores between them."""
+
+
 def too_many_digits(text: str) -> bool:
-    """Whether ``text`` is an integer (sign, digits, underscores; int()'s spelling) of more than
-    MAX_DIGITS significant digits: above every bound of every option, so refused unparsed."""
-    digits = text.strip().lstrip("+-")
-    return digits.replace("_", "").isdigit() and len(digits.lstrip("0_")) > MAX_DIGITS
+    """Whether ``text`` (stripped) is an integer (`_INTEGER`) of more than MAX_DIGITS
+    significant digits: above every bound of every option, so refused unparsed."""
+    digits = text.strip()
+    return (_INTEGER.fullmatch(digits) is not None
+            and len(digits.lstrip("+-").replace("_", "").lstrip("0")) > MAX_DIGITS)
+
+
+def seed(text: str) -> int:
+    """A seed option's value: a sign and ASCII digits (no underscores), in [0, SEED_LIMIT).
+
+    Raises:
+        ValueError: one line naming the value (clipped): not an integer, or outside the range.
+    """
+    digits = text.strip()
+    if re.fullmatch(r"[+-]?[0-9]+", digits, re.ASCII) is None:
+        raise ValueError(f"{clipped(text)!r} is not an integer")
+    value = SEED_LIMIT if too_many_digits(digits) else int(digits)
+    if not 0 <= value < SEED_LIMIT:
+        raise ValueError(f"{clipped(digits)} is outside [0, 2**64)")
+    return value

@@ -21,7 +21,7 @@ import time
 from dataclasses import fields, replace
 from pathlib import Path
 
-from lockstep.args import MAX_DIGITS, SEED_LIMIT, clipped, too_many_digits
+from lockstep.args import MAX_DIGITS, clipped, seed, too_many_digits
 from lockstep.paths import nearest_existing, write_refused
 from protocol.errors import ConfigError
 from sim.check import (NOT_REACHABLE, TRACE_REDUCE_ATTEMPTS, CheckSpec, Row,
@@ -54,13 +54,6 @@ def _int(text: str, minimum: int | None = None) -> int:
         raise ValueError(f"{clipped(text)!r} is not an integer") from None
     if minimum is not None and value < minimum:
         raise ValueError(f"{value} must be at least {minimum}")
-    return value
-
-
-def _seed(text: str) -> int:
-    value = _int(text, 0)
-    if value >= SEED_LIMIT:
-        raise ValueError(f"{value} is outside [0, 2**64)")
     return value
 
 
@@ -202,7 +195,7 @@ def add_parser(subparsers, name: str) -> None:
                    type=_typed(_bounded(_positive_float, "time_budget"), "--time-budget"),
                    help="seconds per search, for each variant and topology (default 60)")
     p.add_argument("--seed", action=_Once, default=None,
-                   type=_typed(_seed, "--seed"),
+                   type=_typed(seed, "--seed"),
                    help="search seed, an integer in [0, 2**64) (default 0)")
     p.add_argument("--jobs", action=_Once, default=None,
                    type=_typed(_bounded(_positive_int, "jobs"), "--jobs"),
@@ -239,8 +232,9 @@ def add_parser(subparsers, name: str) -> None:
     p.add_argument("--trace-out", action=_Once, metavar="DIR",
                    type=_typed(_trace_dir, "--trace-out"),
                    help="write each counterexample as .txt, .mmd, .json (created, with its "
-                        "parents, when the traces are written), reduced with the walkthroughs' "
-                        f"{TRACE_REDUCE_ATTEMPTS} attempts rather than the table's "
+                        "parents, when the traces are written); the counterexamples, and the "
+                        "table's min trace with them, are reduced with the walkthroughs' "
+                        f"{TRACE_REDUCE_ATTEMPTS} attempts rather than "
                         f"{CheckSpec.reduce_attempts}, so each walkthrough's Reproduce command "
                         "writes its story")
     p.add_argument("--list", action="store_true",
@@ -609,8 +603,9 @@ def _run(args, finished: _Finished | None = None) -> int:
                                    "story_hazards_off": list(a.story_hazards_off),
                                    "story": a.story.outcome.detail if a.story else None}
             out.append(data)
-        print(json.dumps({"ok": ok, "seconds": elapsed, "hazards_off": list(args.hazard_off),
-                          "h2_scope": spec.h2_scope, "rows": out}, indent=1))
+        print(json.dumps({"ok": ok, "headline": _headline(rows), "seconds": elapsed,
+                          "hazards_off": list(args.hazard_off), "h2_scope": spec.h2_scope,
+                          "rows": out}, indent=1))
     else:
         _print_text(rows, ok, elapsed, args, len(variants))
         for (name, topology), a in explained.items():
@@ -636,7 +631,7 @@ def _compares_bad(args) -> bool:
 
 def _report_only(variant, rows: list[Row], args) -> None:
     """Under another model than the full one (`_compares_bad`), mark a bad variant's rows as
-    reported, not compared: each passes unless it is an error."""
+    reported, not compared: each passes unless it is an error or its search was cut short."""
     if _compares_bad(args) or expects_clean(variant):
         return
     for row in rows:
@@ -644,10 +639,13 @@ def _report_only(variant, rows: list[Row], args) -> None:
         # reads so, not "differs" (a reviewer saw split-eligibility's also_expected oom under
         # --hazard-off h3 read "differs")
         row.report = ("same" if row.got == row.expected
+                      else "unproven" if row.got == "incomplete"
                       else "other harm" if (row.expected == variant.expected.get(row.topology)
                                             and is_other_harm(variant, row.topology, row.got))
                       else "differs")
-        row.passed = row.got != "error"
+        # a search the budget ended has no verdict to report: not a pass (a reviewer saw two
+        # such rows under --hazard-off end "OK", exit 0, counted as verdicts that differ)
+        row.passed = row.got not in ("error", "incomplete")
         row.compared = False
 
 
@@ -699,7 +697,7 @@ def _run_matrix(variants, spec: CheckSpec, args, finished: _Finished) -> int:
     rows = [c.row for c in cells]
     ok = all(r.passed for r in rows)
     if args.json:
-        print(json.dumps({"ok": ok, "seconds": elapsed,
+        print(json.dumps({"ok": ok, "headline": _headline(rows), "seconds": elapsed,
                           "cells": [{"ranks": c.ranks, "bucket_set": c.bucket_set, **_row_json(c.row)}
                                     for c in cells]}, indent=1))
         return 0 if ok else 1

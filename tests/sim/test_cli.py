@@ -37,11 +37,10 @@ def _rewrite(trace, edit):
     (["check", "--fault-schedules", "-1"], "-1 must be at least 0"),
     (["check", "--seed", "1.5"], "--seed: '1.5' is not an integer"),
     # a fresh user's finding: a negative seed was accepted (generate and make-model refuse one)
-    (["check", "--seed", "-1"], "--seed: -1 must be at least 0"),
+    (["check", "--seed", "-1"], "--seed: -1 is outside [0, 2**64)"),
     # a fresh user's finding: 5,000 digits were echoed whole as "not an integer", and up to
     # 4,300 any seed was taken, where every engine subcommand takes [0, 2**64)
-    (["check", "--seed", "7" * 5000],
-     "--seed: 77777777777777777777777777777... has more than 20 digits, above any value"),
+    (["check", "--seed", "7" * 5000], "--seed: 77777777777777777777777777777... is outside"),
     (["check", "--seed", str(2**64)], f"--seed: {2**64} is outside [0, 2**64)"),
     (["check", "--ranks", "7" * 5000], "--ranks: 77777777777777777777777777777... has more"),
     (["check", "--buckets", "1," + "7" * 5000], "--buckets: 77777777777777777777777777777..."),
@@ -68,8 +67,19 @@ def test_bad_arguments_exit_2_with_one_line(argv, needle, capsys):
 
 
 def test_the_seed_range_is_the_engine_s_and_leading_zeros_are_not_digits():
-    assert cli._seed(str(2**64 - 1)) == 2**64 - 1
+    from lockstep.args import seed, too_many_digits
+
+    assert seed(str(2**64 - 1)) == 2**64 - 1 and seed(" 0007 ") == 7
     assert cli._int("0" * 40 + "7") == 7 and cli._int("1_000") == 1000
+    # only an integer's spelling counts its digits (a reviewer: "+-1...", "_1" and
+    # superscript digits read "more than 20 digits" instead of "not an integer")
+    for text in ("+-" + "1" * 25, "_" + "1" * 25, "1__" + "1" * 25, "\u00b2" * 25, "1_000"):
+        assert not too_many_digits(text)
+        with pytest.raises(ValueError, match="is not an integer"):
+            seed(text)
+        with pytest.raises(ValueError, match="is not an integer"):
+            cli._int(text) if text != "1_000" else seed(text)
+    assert too_many_digits("-" + "0_" * 30 + "1" * 21) and not too_many_digits("1_" * 19 + "1")
 
 
 @pytest.mark.parametrize("argv,needle", [
@@ -820,6 +830,8 @@ def test_a_budget_that_ends_a_clean_search_reads_not_proven_not_failed(capsys):
     names the option to raise; a row that contradicts its expected verdict still reads FAILED."""
     argv = ["check", "--variant", "correct", "--strategy", "exhaustive", "--time-budget", "0.3",
             "--fault-schedules", "0", "--topology", "shared", "--no-progress", "--jobs", "1"]
+    assert main(argv + ["--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["headline"] == "NOT PROVEN"
     assert main(argv) == 1
     out = capsys.readouterr().out
     [row] = [line for line in out.splitlines() if line.startswith("correct ")]
@@ -832,6 +844,24 @@ def test_a_budget_that_ends_a_clean_search_reads_not_proven_not_failed(capsys):
             Row("v", "shared", "deadlock", "clean", SearchStats(), "", None)]
     assert cli._headline(rows) == "FAILED" and cli._headline(rows[:1]) == "NOT PROVEN"
     assert cli._headline([]) == "OK" and [cli._status(r) for r in rows] == ["unproven", "MISMATCH"]
+
+
+def test_a_reported_row_whose_search_was_cut_short_is_unproven_not_a_verdict_that_differs():
+    """A reviewer's finding: under --hazard-off two bad-variant rows that the time budget ended
+    read "OK: ...; 2 of 2 bad-variant verdicts differ from the full model's", exit 0."""
+    import argparse
+
+    from sim.variants import REGISTRY
+
+    variant = REGISTRY["death-drops-requests"]
+    args = argparse.Namespace(hazard_off=["h3"], h2_calls=None, h2_scope=None)
+    cut = Row(variant.name, "shared", variant.expected["shared"], "incomplete", SearchStats())
+    done = Row(variant.name, "per-rank", variant.expected["per-rank"], "clean", SearchStats())
+    cli._report_only(variant, [cut, done], args)
+    assert (cut.report, cut.passed, cli._status(cut)) == ("unproven", False, "unproven")
+    assert (done.report, done.passed) == ("differs", True)
+    assert cli._headline([cut, done]) == "NOT PROVEN" and cli._headline([done]) == "OK"
+    assert "1 of 2 bad-variant verdicts differ" in cli._summary([cut, done])
 
 
 def test_a_check_of_only_unreachable_rows_says_nothing_was_checked(capsys):

@@ -192,12 +192,13 @@ VARIANTS = [Variant("slow-in-workers", "correct, slow in worker processes", "tes
 '''
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the workers from /proc")
 @pytest.mark.timeout(90)
 def test_no_worker_outlives_a_killed_check(tmp_path):
-    """SIGKILL leaves the parent no teardown: the kernel must end its workers (each asked for
-    SIGKILL when its parent, the forkserver, exits, and the server exits with the check).
-    Without that a worker runs its chunk on to the time budget, here two minutes."""
+    """SIGKILL leaves the check no teardown: each worker must end itself when the check's end
+    of its parent pipe closes (`sim.workers._exit_with_parent`). Without that a worker runs its
+    chunk on to the time budget, here two minutes: its tree parent is the forkserver, which
+    outlives the check, so PR_SET_PDEATHSIG, asked for before, never fired."""
     variants = tmp_path / "slow_in_workers.py"
     variants.write_text(SLOW_IN_WORKERS)
     root = Path(__file__).resolve().parents[2]
