@@ -28,6 +28,10 @@ _INTEGER = re.compile(r"[+-]?[0-9]+(?:_[0-9]+)*", re.ASCII)
 """An integer as int() spells one in ASCII: a sign, digits, single underscores between them."""
 
 
+_SEED = re.compile(r"[+-]?[0-9]+", re.ASCII)
+"""A seed as the engine has always spelt one: a sign and ASCII digits, no underscores."""
+
+
 def too_many_digits(text: str) -> bool:
     """Whether ``text`` (stripped) is an integer (`_INTEGER`) of more than MAX_DIGITS
     significant digits: above every bound of every option, so refused unparsed."""
@@ -37,13 +41,13 @@ def too_many_digits(text: str) -> bool:
 
 
 def seed(text: str) -> int:
-    """A seed option's value: a sign and ASCII digits (no underscores), in [0, SEED_LIMIT).
+    """A seed option's value: an integer spelt as `_SEED`, in [0, SEED_LIMIT).
 
     Raises:
         ValueError: one line naming the value (clipped): not an integer, or outside the range.
     """
     digits = text.strip()
-    if re.fullmatch(r"[+-]?[0-9]+", digits, re.ASCII) is None:
+    if _SEED.fullmatch(digits) is None:
         raise ValueError(f"{clipped(text)!r} is not an integer")
     value = SEED_LIMIT if too_many_digits(digits) else int(digits)
     if not 0 <= value < SEED_LIMIT:
