@@ -200,17 +200,27 @@ def test_fused_layer_chain_matches_float64_and_replays_identically(hidden, q_out
 def _rope_cases():
     from engine.kernels import skinny_gemm as sg
 
+    from engine.layers.linear import load_fused_plans
+
     table = sg.load_table()
+    plans = load_fused_plans()
     for name, hidden, nq, nkv in (("0.6b", 1024, 16, 8), ("4b", 2560, 32, 8)):
         n = (nq + 2 * nkv) * 128
-        for m in (1, 8, 64):
+        # the step-tuned plans' QKV tiles where the plan puts the rope epilogue in them
+        planned = {m: plan.qkv for key, by_rows in plans.items()
+                   if key.startswith(f"qkv {n}x{hidden},")
+                   for m, plan in by_rows.items() if plan.rope}
+        for m in sorted({1, 8, 64} | set(planned)):
             entry = sg.table_entry(table, n, hidden, False, m, rope=True)
             tiles = {sg.TileConfig(64, 256, hidden // 256), sg.TileConfig(64, 128, 1)}
             if entry is not None and entry.config is not None:
                 tiles.add(entry.config)
+            if m in planned:
+                tiles.add(planned[m])
             for t in sorted(tiles, key=str):
                 yield pytest.param(hidden, nq, nkv, m, t,
-                                   id=f"{name}-M{m}-{t.block_k}x{t.split_k}w{t.num_warps}")
+                                   id=f"{name}-M{m}-{t.block_k}x{t.split_k}w{t.num_warps}"
+                                      + ("-tma" if t.tma else ""))
 
 
 @pytest.mark.parametrize("hidden, nq, nkv, m, tile", list(_rope_cases()))
