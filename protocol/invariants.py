@@ -31,12 +31,16 @@ class Violation:
         text: one sentence naming the rank, command and value involved.
         rank: the rank that broke it, when one did.
         step: the command sequence number at which it broke, when known.
+        clause: which rule of the invariant broke, a short name unique among the checks
+            (I11 has two: ``tokens-read-early`` and ``replied-in-flight``); the simulator's
+            reducer keeps it, so a counterexample never shrinks into another rule's.
     """
 
     invariant: str
     text: str
     rank: int | None = None
     step: int | None = None
+    clause: str = ""
 
 
 def _ranks(events: Sequence[TraceEvent]) -> list[int]:
@@ -66,7 +70,7 @@ def check_i1_step_lock(events: Sequence[TraceEvent],
                 return Violation("I1", f"command {e.seq} ({e.what}) was sent while the "
                                        f"controller held no reply from rank(s) "
                                        f"{sorted(waiting)} to command {seq}",
-                                 min(waiting), e.seq)
+                                 min(waiting), e.seq, "sent-before-replies")
             sent, seq, waiting = True, e.seq, set(ranks)
         elif kind == held and sent and e.seq == seq:
             waiting.discard(e.rank)
@@ -81,7 +85,8 @@ def check_i3_no_serving_capture(events: Sequence[TraceEvent]) -> Violation | Non
             serving = True
         elif serving and e.kind == "op" and e.ok and e.what == "record":
             return Violation("I3", f"rank {e.rank} recorded graph {e.detail} while serving (command {e.seq}); "
-                          "serving under TP never captures", e.rank, e.seq)
+                          "serving under TP never captures", e.rank, e.seq,
+                             "recorded-while-serving")
     return None
 
 
@@ -106,7 +111,8 @@ def check_i4_capture_barrier(events: Sequence[TraceEvent],
             missing = every - uploaded.get(e.detail, _NONE)
             if missing:
                 return Violation("I4", f"rank {e.rank} launched graph {e.detail} (command {e.seq}) before "
-                              f"rank(s) {sorted(missing)} had uploaded it", e.rank, e.seq)
+                              f"rank(s) {sorted(missing)} had uploaded it", e.rank, e.seq,
+                                 "launched-before-upload")
     return None
 
 
@@ -132,7 +138,8 @@ def check_i5_warmup(events: Sequence[TraceEvent],
                 size = sizes[e.detail] = allreduce_bytes(int(e.detail.rsplit("@", 1)[1]))
             if size not in warmed.get(e.rank, _NONE):
                 return Violation("I5", f"rank {e.rank} recorded graph {e.detail} before any warm-up "
-                              f"all-reduce of its message size ({size} bytes)", e.rank, e.seq)
+                              f"all-reduce of its message size ({size} bytes)", e.rank, e.seq,
+                                 "recorded-before-warmup")
     return None
 
 
@@ -144,7 +151,7 @@ def check_i6_watchdog(events: Sequence[TraceEvent]) -> Violation | None:
             serving = True
         elif e.kind == "watchdog-fire" and serving:
             return Violation("I6", "the startup watchdog fired while serving: it was not disarmed",
-                             None, e.seq)
+                             None, e.seq, "watchdog-fired-while-serving")
     return None
 
 
@@ -165,7 +172,7 @@ def check_i9_reserve_before_kv(events: Sequence[TraceEvent]) -> Violation | None
             keys.add(e.detail)
         elif what == "upload" and e.rank in kv_done and e.detail not in measured.get(e.rank, _NONE):
             return Violation("I9", f"rank {e.rank} captured graph {e.detail} whose memory was not reserved "
-                          "before the KV cache was sized", e.rank, e.seq)
+                          "before the KV cache was sized", e.rank, e.seq, "captured-unreserved")
     return None
 
 
@@ -181,7 +188,7 @@ def check_i10_teardown_order(events: Sequence[TraceEvent]) -> Violation | None:
             live[e.rank] = False
         elif e.what == "destroy_communicator" and live.get(e.rank):
             return Violation("I10", f"rank {e.rank} destroyed its communicator while graphs that captured "
-                           "it were alive", e.rank, e.seq)
+                           "it were alive", e.rank, e.seq, "communicator-before-graphs")
     return None
 
 
@@ -219,7 +226,7 @@ def check_i11_reply_after_sync(events: Sequence[TraceEvent]) -> Violation | None
                 if pending:
                     return Violation("I11", f"rank {e.rank} read the tokens of step {read} before "
                                    f"its device work ({pending[0][1]} of command {pending[0][0]}) "
-                                   "completed", e.rank, e.seq)
+                                   "completed", e.rank, e.seq, "tokens-read-early")
         elif kind == "reply" and e.ok:
             covered = marked.get(e.rank)
             early = [(s, w) for s, w in covered.items() if s < e.seq] if covered else ()
@@ -227,7 +234,8 @@ def check_i11_reply_after_sync(events: Sequence[TraceEvent]) -> Violation | None
             if work or early:
                 s, what = next(iter(work.items())) if work else early[0]
                 return Violation("I11", f"rank {e.rank} replied to command {e.seq} while its device work "
-                               f"({what} of command {s}) was still in flight", e.rank, e.seq)
+                               f"({what} of command {s}) was still in flight", e.rank, e.seq,
+                                 "replied-in-flight")
     return None
 
 
@@ -244,11 +252,13 @@ def check_i12_replay_metadata(events: Sequence[TraceEvent]) -> Violation | None:
             prepared.add((e.rank, e.seq))
         elif serving and e.kind == "op" and e.what == "launch" and (e.rank, e.seq) not in prepared:
             return Violation("I12", f"rank {e.rank} replayed {e.detail} in step {e.seq} without refreshing "
-                           "its replay buffers (lengths, positions, tables)", e.rank, e.seq)
+                           "its replay buffers (lengths, positions, tables)", e.rank, e.seq,
+                                 "replay-not-refreshed")
         elif serving and e.kind == "op" and e.what == "launch" and e.data and e.data[0] != e.data[1]:
             return Violation("I12", f"rank {e.rank} replayed {e.detail} in step {e.seq} from replay "
                            f"buffers holding (slot,position,token) {e.data[1]}, not the step's rows "
-                           f"{e.data[0]}: prepare_replay did not write them", e.rank, e.seq)
+                           f"{e.data[0]}: prepare_replay did not write them", e.rank, e.seq,
+                                 "replay-read-other-rows")
     return None
 
 
@@ -260,7 +270,7 @@ def check_i13_failure_is_global(events: Sequence[TraceEvent]) -> Violation | Non
             failed = failed or e
         elif failed is not None and e.kind == "send" and e.what != "Teardown":
             return Violation("I13", f"command {e.seq} ({e.what}) was sent after rank {failed.rank} failed "
-                           f"command {failed.seq}", failed.rank, e.seq)
+                           f"command {failed.seq}", failed.rank, e.seq, "sent-after-failure")
     return None
 
 

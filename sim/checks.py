@@ -128,7 +128,7 @@ def trace_violation(world) -> Outcome | None:
     if violations:
         v = violations[0]
         return Outcome("invariant", f"{v.invariant} violated: {v.text}", v.invariant,
-                       rank=v.rank, step=v.step)
+                       rank=v.rank, step=v.step, check=v.clause)
     return None
 
 
@@ -152,7 +152,8 @@ def abort_checks(world, error: ProtocolError) -> Outcome:
     if world.ctrl.watchdog.armed:
         return Outcome("invariant", f"I6 violated: the sweep failed ({text}) but the watchdog stays "
                                     f"armed; it aborts the healthy process at "
-                                    f"t={world.ctrl.watchdog.deadline:g}s", "I6", step=step)
+                                    f"t={world.ctrl.watchdog.deadline:g}s", "I6", step=step,
+                           check="armed-after-failed-sweep")
     if world.dead:
         named = set(error.failed) if isinstance(error, RankFailure) else set()
         if not named or not named <= world.dead:
@@ -161,26 +162,39 @@ def abort_checks(world, error: ProtocolError) -> Outcome:
                       f"{sorted(getattr(error, 'uncollected', ()))}")
             return Outcome("invariant", f"I13 violated: rank(s) {sorted(world.dead)} died, but the "
                                         f"failure names {blamed}: {text}", "I13",
-                           rank=min(world.dead), step=step)
+                           rank=min(world.dead), step=step, check="failure-names-other-ranks")
         return _dropped_requests(world, error) or Outcome("abort", f"rank failure: {text}",
-                                                          rank=error.rank, step=step)
+                                                          rank=error.rank, step=step,
+                                                          check="rank-died")
     dropped = _dropped_requests(world, error)
     if dropped is not None:
         return dropped
     match error:
         case StartupRefused():
-            return Outcome("startup-refused", text, step=step)
+            return Outcome("startup-refused", text, step=step, check=_reported(error))
         case RankFailure(kind="oom"):
-            return Outcome("oom", text, "I9", rank=error.rank, step=step)
+            return Outcome("oom", text, "I9", rank=error.rank, step=step, check=_reported(error))
         case RankFailure(kind="divergence"):
-            return Outcome("divergence", text, error.invariant, rank=error.rank, step=step)
+            return Outcome("divergence", text, error.invariant, rank=error.rank, step=step,
+                           check=_reported(error))
         case RankFailure(invariant=str() as invariant):
-            return Outcome("invariant", text, invariant, rank=error.rank, step=step)
+            return Outcome("invariant", text, invariant, rank=error.rank, step=step,
+                           check=_reported(error))
     violation = trace_violation(world)
     if violation is not None:
         return violation
     kind = "watchdog" if isinstance(error, WatchdogExpired) else "rank failure"
-    return Outcome("abort", f"{kind}: {text}", rank=getattr(error, "rank", None), step=step)
+    return Outcome("abort", f"{kind}: {text}", rank=getattr(error, "rank", None), step=step,
+                   check=_reported(error))
+
+
+def _reported(error: ProtocolError) -> str:
+    """The check name of a failure the controller raised: ``rank:`` and the kind a rank's
+    reply reported (`ProtocolError.kind`), or ``controller:`` and its own check's kind where no
+    rank reported one (the Finalize checks, `RankFailure` without ``kinds``), so a rank's OOM
+    and the controller's graph-reserve check never count as one failure."""
+    source = "rank" if getattr(error, "kinds", None) else "controller"
+    return f"{source}:{error.kind}"
 
 
 def _dropped_requests(world, error: ProtocolError) -> Outcome | None:
@@ -193,7 +207,8 @@ def _dropped_requests(world, error: ProtocolError) -> Outcome | None:
         return None
     return Outcome("invariant", f"I18 violated: the run failed ({error}) but request(s) "
                                 f"{silent} in flight got no error: their callers wait forever",
-                   "I18", rank=getattr(error, "rank", None), step=getattr(error, "step", None))
+                   "I18", rank=getattr(error, "rank", None), step=getattr(error, "step", None),
+                   check="request-left-waiting")
 
 
 def slot_divergence(world, rank: int, step) -> Outcome | None:
@@ -212,7 +227,7 @@ def slot_divergence(world, rank: int, step) -> Outcome | None:
         return Outcome("divergence", f"rank {rank}'s slot map differs from the scheduler's after "
                                      f"step {step.seq}: slot {s} holds request {got.get(s)} on the "
                                      f"rank but {want.get(s)} in the scheduler", "I8",
-                       rank=rank, step=step.seq)
+                       rank=rank, step=step.seq, check="slot-map-after-step")
     return None
 
 
@@ -231,4 +246,4 @@ def page_divergence(world, rank: int, step) -> Outcome | None:
     return Outcome("divergence", f"rank {rank}'s KV page table differs from the controller's after "
                                  f"step {step.seq}: request {request} holds pages "
                                  f"{got.get(request, [])} on the rank but {want.get(request, [])} "
-                                 "in the controller", "I14")
+                                 "in the controller", "I14", check="page-table-after-step")

@@ -35,10 +35,13 @@ class Outcome:
         cycle: wait-for cycle as (node, sentence) pairs, for deadlocks.
         rank: the rank the verdict blames, when one is to blame.
         step: the command sequence number at which the failure happened, when known.
-        check: for a verdict that names no invariant, the end-of-run check that found it
-            (``"tokens"``: a sampled token differs from running its request alone;
-            ``"unfinished"``: a request never finished); "" otherwise. The reducer keeps it
-            (`sim.reduce.same_failure`), so one kind of divergence is never reduced to another.
+        check: the check that found the failure, a short name unique to the place that sets
+            the outcome (``"tokens"``: a sampled token differs from running its request alone;
+            ``"unfinished"``: a request never finished; ``"token-copy-not-done"``: the direct
+            I11 check of a token read; a trace invariant's `protocol.invariants.Violation`
+            clause; ``"rank:oom"``: a failure a rank reported, by its kind); "" for a clean
+            run. The reducer keeps it (`sim.reduce.same_failure`), so a counterexample never
+            shrinks into another rule's failure of the same invariant (I11 has four checks).
     """
 
     verdict: str

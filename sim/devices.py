@@ -457,7 +457,7 @@ class DeviceModel:
                     f"sequence caches {have} tokens: the row reads KV its sequence never "
                     "wrote there (a prompt not prefilled before its request became a decode "
                     "row, or a stale cache)", "I21",
-                    rank=r, step=seq)
+                    rank=r, step=seq, check="decode-row-past-cache")
                 return False
         return True
 
@@ -476,7 +476,7 @@ class DeviceModel:
                     f"caches {have} tokens: a prefill piece must continue its slot's "
                     "sequence (a whole prompt starts in an empty slot, a chunk right after "
                     "the tokens cached)", "I19",
-                    rank=r, step=seq)
+                    rank=r, step=seq, check="prefill-gap")
                 return False
         return True
 
@@ -491,7 +491,8 @@ class DeviceModel:
         self.world.outcome = Outcome(
             "invariant", f"I12 violated: rank {r}'s replay inputs of step {seq} are copied from "
             f"host staging buffer {staging}, which the host rewrote for step {at} before the "
-            "copy ran: the step replays another step's rows", "I12", rank=r, step=seq)
+            "copy ran: the step replays another step's rows", "I12", rank=r, step=seq,
+            check="staging-rewritten-before-copy")
         return None
 
     def fed_rows(self, r: int, dev: Device, seq: int, rows, feed: tuple[int, ...]):
@@ -506,7 +507,7 @@ class DeviceModel:
                 "invariant", f"I20 violated: rank {r}'s step {seq} feeds its rows from the ids "
                 f"{'of no step' if ids.seq is None else f'of step {ids.seq}'} on its device, not "
                 f"step {seq - 1}'s: this rank did not sample the step before", "I20",
-                rank=r, step=seq)
+                rank=r, step=seq, check="fed-from-other-step")
             return None
         out = list(rows)
         for i, index in enumerate(feed):
@@ -517,7 +518,7 @@ class DeviceModel:
                     "invariant", f"I20 violated: rank {r}'s step {seq} feeds request "
                     f"{row.request_id} (row {i}) the token sampled in step {seq - 1} at index "
                     f"{index}, which is {f'request {owner}' if owner is not None else 'no row'}'s",
-                    "I20", rank=r, step=seq)
+                    "I20", rank=r, step=seq, check="fed-other-request")
                 return None
             out[i] = DecodeRow(row.slot, row.request_id, ids.ids[index], row.position)
         events = self.world.events
@@ -536,7 +537,7 @@ class DeviceModel:
                 self.world.outcome = Outcome(
                     "invariant", f"I8 violated: rank {r}'s decode metadata for step {seq} sends "
                     f"{what} row {i} to slot {row.slot}, not {want}; it writes KV that a live "
-                    "request reads", "I8", rank=r, step=seq)
+                    "request reads", "I8", rank=r, step=seq, check="metadata-wrong-slot")
                 return False
         return True
 
@@ -657,7 +658,8 @@ class DeviceModel:
         if found is None:
             return
         if found[0] == "diverge":
-            w.outcome = Outcome("divergence", found[1], "I2", step=w.current_seq())
+            w.outcome = Outcome("divergence", found[1], "I2", step=w.current_seq(),
+                                check="device-collectives-differ")
             return
         _, comm, streams = found
         first = streams[0][0]

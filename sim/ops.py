@@ -441,7 +441,7 @@ class ModelledBackend:
                               f"{arrived[m].nbytes} bytes)" for m in members)
             w.outcome = Outcome("divergence", f"host collectives differ on communicator "
                                               f"{sig.comm} call #{seq}: {lines}", "I2",
-                                rank=r, step=host.cmd.seq)
+                                rank=r, step=host.cmd.seq, check="host-collectives-differ")
             return DONE
         w.host_seq[(r, sig.comm)] = seq + 1
         left = w.host_left.setdefault((sig.comm, seq), set())
@@ -557,7 +557,7 @@ class ModelledBackend:
         self.world.outcome = Outcome(
             "divergence", f"rank {r} {did} in step {step.seq}, whose command says {want} "
             f"(bucket {step.bucket}, {len(step.rows)} rows): ranks no longer run one program",
-            "I2", rank=r, step=step.seq)
+            "I2", rank=r, step=step.seq, check="replay-differs-from-command")
         return False
 
     def graph_bytes(self, r: int) -> int:
@@ -711,7 +711,8 @@ class ModelledBackend:
                     "invariant", f"I15 violated: rank {r} replays {graph.key} in command "
                     f"{host.cmd.seq}, which captured {name} generation {generation}, but "
                     f"{name} was re-allocated since (live generation {live[name].generation}): "
-                    "the replay reads and writes freed memory", "I15", rank=r, step=host.cmd.seq)
+                    "the replay reads and writes freed memory", "I15", rank=r, step=host.cmd.seq,
+                    check="replay-of-freed-buffer")
                 return False
         return True
 
@@ -785,7 +786,8 @@ class ModelledBackend:
                 "invariant", f"I11 violated: rank {r} read the token ids of step {step.seq} "
                 f"{when} (the host buffer holds "
                 f"{'no tokens yet' if seq is None else f'the tokens of step {seq}'})", "I11",
-                rank=r, step=host.cmd.seq if host.cmd is not None else step.seq)
+                rank=r, step=host.cmd.seq if host.cmd is not None else step.seq,
+                check="token-copy-not-done")
             tokens = (-1,) * (len(step.rows) + len(step.admits))
         return self.done(host, tokens)
 

@@ -29,7 +29,8 @@ def switch_points(choices: list[str]) -> dict[int, str]:
 
 
 def same_failure(a: RunResult, b: RunResult) -> bool:
-    """Same verdict, same invariant and, for a verdict no invariant names, the same check."""
+    """Same verdict, same invariant and the same check (`sim.common.Outcome.check`): one rule
+    of an invariant is never traded for another while reducing."""
     x, y = a.outcome, b.outcome
     return x.verdict == y.verdict and x.invariant == y.invariant and x.check == y.check
 

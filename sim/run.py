@@ -100,7 +100,8 @@ def _run(scenario: Scenario, variant, chooser, on_state, deadline: float | None)
         while world.outcome is None:
             if deadline is not None and now() > deadline:
                 world.outcome = Outcome("budget",
-                                        f"time budget ended the run after {len(choices)} actions")
+                                        f"time budget ended the run after {len(choices)} actions",
+                                        check="time-budget")
                 break
             enabled = enabled_now()
             if not enabled:

@@ -162,7 +162,8 @@ def _sim_store_kernel(world, r, dev, kernel):
             f"{kernel.request_id} and handed its page {page} to request {holder}, whose decode "
             f"wrote it before the step's asynchronous store of request {kernel.request_id}'s KV "
             f"read it: the store saved request {holder}'s KV under request "
-            f"{kernel.request_id}'s tokens", "I14", rank=r, step=kernel.seq)
+            f"{kernel.request_id}'s tokens", "I14", rank=r, step=kernel.seq,
+            check="store-after-page-reuse")
         return
 
 

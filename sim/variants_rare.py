@@ -141,7 +141,8 @@ def _sim_zero_kv_kernel(world, r, dev, kernel):
                 "invariant", f"I11 violated: on rank {r}, the KV memset issued in command "
                 f"{kernel.seq} ran in command {world.current_seq()}, after that command wrote "
                 f"request {holder}'s KV into page {page}: device work of one command outlived "
-                "its reply and erased live KV", "I11", rank=r, step=world.current_seq())
+                "its reply and erased live KV", "I11", rank=r, step=world.current_seq(),
+                check="memset-outlived-reply")
             return
     kv.cells.clear()
 

@@ -290,7 +290,8 @@ class World:
         """Advance ``actor`` by one action."""
         self.actions += 1
         if self.actions > self.scenario.max_actions:
-            self.outcome = Outcome("livelock", f"no end after {self.scenario.max_actions} actions")
+            self.outcome = Outcome("livelock", f"no end after {self.scenario.max_actions} actions",
+                                   check="action-limit")
             return
         method, arg = self._dispatch_table[actor]
         if arg is None:
@@ -319,11 +320,11 @@ class World:
         cycle = wait_cycle(self)
         if cycle and self._in_teardown():
             self.outcome = Outcome("hang-at-exit", _story(cycle), "I10", cycle=tuple(cycle),
-                                   step=self.current_seq())
+                                   step=self.current_seq(), check="wait-cycle-in-teardown")
             return
         if cycle and not self.exiting:
             self.outcome = Outcome("deadlock", _story(cycle), cycle=tuple(cycle),
-                                   step=self.current_seq())
+                                   step=self.current_seq(), check="wait-cycle")
             return
         if later:
             self.clock = min(later)
@@ -332,7 +333,7 @@ class World:
             return
         verdict = "hang-at-exit" if self.exiting or self._in_teardown() else "hang"
         self.outcome = Outcome(verdict, explain_blocked(self), cycle=tuple(cycle or ()),
-                               step=self.current_seq())
+                               step=self.current_seq(), check="all-blocked")
 
     # -- controller -------------------------------------------------------------------------------
 
@@ -404,7 +405,8 @@ class World:
                     self.outcome = Outcome(
                         "invariant", f"I1 violated: the controller sent command {cmd.seq} "
                         f"({type(cmd).__name__}) holding no reply from rank(s) {early} to "
-                        f"command {self._sent[-1]}", "I1", rank=early[0], step=cmd.seq)
+                        f"command {self._sent[-1]}", "I1", rank=early[0], step=cmd.seq,
+                        check="sent-before-delivery")
                     return
                 if not self._check_registrations(cmd):
                     return
@@ -478,7 +480,7 @@ class World:
                          + ", ".join(f"rank {r}: {n}" for r, n in counts.items())
                          + "): the exchange of IPC handles indexes a peer's table by the local "
                            "count and reads past the shorter one", "I17", rank=odd,
-            step=self._sent[-1])
+            step=self._sent[-1], check="registration-counts-differ")
         return False
 
     def _check_step_command(self, step: Step) -> bool:
@@ -495,17 +497,21 @@ class World:
         broken = None
         if ctrl.watchdog.armed:
             broken = ("I6", "the startup sweep succeeded but the watchdog is still armed: it "
-                            f"aborts the serving process at t={ctrl.watchdog.deadline:g}s")
+                            f"aborts the serving process at t={ctrl.watchdog.deadline:g}s",
+                      "armed-while-serving")
         elif cap is not None and live > cap:
             broken = ("I9", f"step {step.seq} holds {live} live requests, above the memory-"
-                            f"fitted batch cap {cap}: their KV and graphs were never budgeted")
+                            f"fitted batch cap {cap}: their KV and graphs were never budgeted",
+                      "step-above-fitted-cap")
         elif step.key is not None and step.key.bucket < len(step.rows):
             broken = ("I7", f"step {step.seq} replays {step.key} for {len(step.rows)} rows: "
-                            f"rows past {step.key.bucket} are never computed")
+                            f"rows past {step.key.bucket} are never computed",
+                      "bucket-below-rows")
         if broken is None:
             return True
-        self.outcome = Outcome("invariant", f"{broken[0]} violated: {broken[1]}", broken[0],
-                               step=step.seq)
+        invariant, text, check = broken
+        self.outcome = Outcome("invariant", f"{invariant} violated: {text}", invariant,
+                               step=step.seq, check=check)
         return False
 
     def _check_retained_set(self, fin: Finalize) -> bool:
@@ -527,7 +533,7 @@ class World:
         self.outcome = Outcome(
             "invariant", f"I7 violated: the graph set retained at command {fin.seq} ({kept}) "
             f"leaves out bucket {full}, which a full batch of {cap} rows pads to: every full "
-            "batch runs eager", "I7", step=fin.seq)
+            "batch runs eager", "I7", step=fin.seq, check="retained-set-misses-full-bucket")
         return False
 
     def _note_watchdog(self, before: bool) -> None:
@@ -553,7 +559,8 @@ class World:
                     f"the controller ends the process with exit() after: {error}. Exit runs driver "
                     f"teardown, which needs process {p}'s driver lock; rank {holder} holds it and "
                     "never returns, so the process hangs instead of dying loudly (H8).",
-                    rank=holder, step=getattr(error, "step", None))
+                    rank=holder, step=getattr(error, "step", None),
+                    check="exit-under-driver-lock")
                 return
         self.event("controller", "abort", action.how, detail=str(error), ok=False)
         self.outcome = abort_checks(self, error)
@@ -573,7 +580,7 @@ class World:
             self.ctrl.on_reply(reply)
         except ProtocolError as exc:
             self.outcome = Outcome("invariant", f"I1/I2: controller rejected a reply: {exc}", "I1",
-                                   rank=r, step=reply.seq)
+                                   rank=r, step=reply.seq, check="reply-rejected")
             return
         # The controller reacts to each reply at once: it observes nothing but replies and the
         # clock, so acting now or after other actors' steps reaches the same states, and it
@@ -645,7 +652,7 @@ class World:
             # controller handed out, breaks the page rule: the verdict names it (I14)
             self.outcome = Outcome("invariant", f"I14 violated: rank {r} refused command "
                                                 f"{reply.seq}: {reply.error}", "I14",
-                                   rank=r, step=reply.seq)
+                                   rank=r, step=reply.seq, check="page-command-refused")
             return
         self.transit[r].append(reply)
         self._in_flight += 1
@@ -736,7 +743,7 @@ class World:
                         f"{sig_text(b)} on the side stream; the communicator runs one at a time "
                         "(H9), so both spin forever on every rank that issued them, in whatever "
                         "order. A second stream needs its own communicator.", "I16", rank=r,
-            step=self.current_seq())
+            step=self.current_seq(), check="two-collectives-one-communicator")
 
     def _orphan_collective(self) -> Outcome | None:
         """A device spins in a collective that a peer, already done with the command, never issued."""
@@ -758,7 +765,8 @@ class World:
                         f"collective sequences differ across ranks: device {r} spins in "
                         f"{sig_text(stream[0])}, but rank {q} finished command {current.seq} "
                         f"({type(current).__name__}) after {peer.enqueued_collectives} collectives "
-                        "and will issue no matching one", "I3", rank=q, step=current.seq)
+                        "and will issue no matching one", "I3", rank=q, step=current.seq,
+                        check="orphan-collective")
         return None
 
     def _in_teardown(self) -> bool:
