@@ -34,6 +34,8 @@ class Violation:
         clause: which rule of the invariant broke, a short name unique among the checks
             (I11 has two: ``tokens-read-early`` and ``replied-in-flight``); the simulator's
             reducer keeps it, so a counterexample never shrinks into another rule's.
+        event: the event at which it broke (the object in the trace the check read), so a
+            report can point at it in a trace that ran on past it.
     """
 
     invariant: str
@@ -41,6 +43,7 @@ class Violation:
     rank: int | None = None
     step: int | None = None
     clause: str = ""
+    event: TraceEvent | None = None
 
 
 def _ranks(events: Sequence[TraceEvent]) -> list[int]:
@@ -70,7 +73,7 @@ def check_i1_step_lock(events: Sequence[TraceEvent],
                 return Violation("I1", f"command {e.seq} ({e.what}) was sent while the "
                                        f"controller held no reply from rank(s) "
                                        f"{sorted(waiting)} to command {seq}",
-                                 min(waiting), e.seq, "sent-before-replies")
+                                 min(waiting), e.seq, "sent-before-replies", e)
             sent, seq, waiting = True, e.seq, set(ranks)
         elif kind == held and sent and e.seq == seq:
             waiting.discard(e.rank)
@@ -86,7 +89,7 @@ def check_i3_no_serving_capture(events: Sequence[TraceEvent]) -> Violation | Non
         elif serving and e.kind == "op" and e.ok and e.what == "record":
             return Violation("I3", f"rank {e.rank} recorded graph {e.detail} while serving (command {e.seq}); "
                           "serving under TP never captures", e.rank, e.seq,
-                             "recorded-while-serving")
+                             "recorded-while-serving", e)
     return None
 
 
@@ -112,7 +115,7 @@ def check_i4_capture_barrier(events: Sequence[TraceEvent],
             if missing:
                 return Violation("I4", f"rank {e.rank} launched graph {e.detail} (command {e.seq}) before "
                               f"rank(s) {sorted(missing)} had uploaded it", e.rank, e.seq,
-                                 "launched-before-upload")
+                                 "launched-before-upload", e)
     return None
 
 
@@ -139,7 +142,7 @@ def check_i5_warmup(events: Sequence[TraceEvent],
             if size not in warmed.get(e.rank, _NONE):
                 return Violation("I5", f"rank {e.rank} recorded graph {e.detail} before any warm-up "
                               f"all-reduce of its message size ({size} bytes)", e.rank, e.seq,
-                                 "recorded-before-warmup")
+                                 "recorded-before-warmup", e)
     return None
 
 
@@ -151,7 +154,7 @@ def check_i6_watchdog(events: Sequence[TraceEvent]) -> Violation | None:
             serving = True
         elif e.kind == "watchdog-fire" and serving:
             return Violation("I6", "the startup watchdog fired while serving: it was not disarmed",
-                             None, e.seq, "watchdog-fired-while-serving")
+                             None, e.seq, "watchdog-fired-while-serving", e)
     return None
 
 
@@ -172,7 +175,7 @@ def check_i9_reserve_before_kv(events: Sequence[TraceEvent]) -> Violation | None
             keys.add(e.detail)
         elif what == "upload" and e.rank in kv_done and e.detail not in measured.get(e.rank, _NONE):
             return Violation("I9", f"rank {e.rank} captured graph {e.detail} whose memory was not reserved "
-                          "before the KV cache was sized", e.rank, e.seq, "captured-unreserved")
+                          "before the KV cache was sized", e.rank, e.seq, "captured-unreserved", e)
     return None
 
 
@@ -188,7 +191,7 @@ def check_i10_teardown_order(events: Sequence[TraceEvent]) -> Violation | None:
             live[e.rank] = False
         elif e.what == "destroy_communicator" and live.get(e.rank):
             return Violation("I10", f"rank {e.rank} destroyed its communicator while graphs that captured "
-                           "it were alive", e.rank, e.seq, "communicator-before-graphs")
+                           "it were alive", e.rank, e.seq, "communicator-before-graphs", e)
     return None
 
 
@@ -226,7 +229,7 @@ def check_i11_reply_after_sync(events: Sequence[TraceEvent]) -> Violation | None
                 if pending:
                     return Violation("I11", f"rank {e.rank} read the tokens of step {read} before "
                                    f"its device work ({pending[0][1]} of command {pending[0][0]}) "
-                                   "completed", e.rank, e.seq, "tokens-read-early")
+                                   "completed", e.rank, e.seq, "tokens-read-early", e)
         elif kind == "reply" and e.ok:
             covered = marked.get(e.rank)
             early = [(s, w) for s, w in covered.items() if s < e.seq] if covered else ()
@@ -235,7 +238,7 @@ def check_i11_reply_after_sync(events: Sequence[TraceEvent]) -> Violation | None
                 s, what = next(iter(work.items())) if work else early[0]
                 return Violation("I11", f"rank {e.rank} replied to command {e.seq} while its device work "
                                f"({what} of command {s}) was still in flight", e.rank, e.seq,
-                                 "replied-in-flight")
+                                 "replied-in-flight", e)
     return None
 
 
@@ -253,12 +256,12 @@ def check_i12_replay_metadata(events: Sequence[TraceEvent]) -> Violation | None:
         elif serving and e.kind == "op" and e.what == "launch" and (e.rank, e.seq) not in prepared:
             return Violation("I12", f"rank {e.rank} replayed {e.detail} in step {e.seq} without refreshing "
                            "its replay buffers (lengths, positions, tables)", e.rank, e.seq,
-                                 "replay-not-refreshed")
+                                 "replay-not-refreshed", e)
         elif serving and e.kind == "op" and e.what == "launch" and e.data and e.data[0] != e.data[1]:
             return Violation("I12", f"rank {e.rank} replayed {e.detail} in step {e.seq} from replay "
                            f"buffers holding (slot,position,token) {e.data[1]}, not the step's rows "
                            f"{e.data[0]}: prepare_replay did not write them", e.rank, e.seq,
-                                 "replay-read-other-rows")
+                                 "replay-read-other-rows", e)
     return None
 
 
@@ -270,7 +273,7 @@ def check_i13_failure_is_global(events: Sequence[TraceEvent]) -> Violation | Non
             failed = failed or e
         elif failed is not None and e.kind == "send" and e.what != "Teardown":
             return Violation("I13", f"command {e.seq} ({e.what}) was sent after rank {failed.rank} failed "
-                           f"command {failed.seq}", failed.rank, e.seq, "sent-after-failure")
+                           f"command {failed.seq}", failed.rank, e.seq, "sent-after-failure", e)
     return None
 
 

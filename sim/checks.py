@@ -127,8 +127,9 @@ def trace_violation(world) -> Outcome | None:
     violations = check_trace(world.trace, world.config.shape.allreduce_bytes)
     if violations:
         v = violations[0]
+        at = next((i for i, e in enumerate(world.trace) if e is v.event), None)
         return Outcome("invariant", f"{v.invariant} violated: {v.text}", v.invariant,
-                       rank=v.rank, step=v.step, check=v.clause)
+                       rank=v.rank, step=v.step, check=v.clause, at=at)
     return None
 
 

@@ -42,6 +42,8 @@ class Outcome:
             clause; ``"rank:oom"``: a failure a rank reported, by its kind); "" for a clean
             run. The reducer keeps it (`sim.reduce.same_failure`), so a counterexample never
             shrinks into another rule's failure of the same invariant (I11 has four checks).
+        at: for a rule the trace checker found after the run ended, the index in the run's
+            trace of the event that broke it (the run went on past it); None otherwise.
     """
 
     verdict: str
@@ -51,6 +53,7 @@ class Outcome:
     rank: int | None = None
     step: int | None = None
     check: str = ""
+    at: int | None = None
 
     @property
     def kind(self) -> str:

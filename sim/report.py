@@ -46,22 +46,28 @@ def _is_story_event(e: TraceEvent) -> bool:
     return e.kind != "kernel" and not (e.kind == "op" and e.what in NOISY_OPS)
 
 
-def _window(events: list[TraceEvent], limit: int, step: int | None = None) -> list:
+def _window(events: list[TraceEvent], limit: int, step: int | None = None,
+            at: int | None = None) -> list:
     """The events since the command before the last one, at most ``limit`` of them.
 
     The window starts with `EARLIER` when it leaves out events before its first one. When
     the verdict names the command ``step`` at which a rule broke and none of that
     command's events is in the tail (a trace check at the end of the run flags a step of the
     sweep, say), the window starts with that command's events -- up to half of ``limit``, its
-    last ones, which end with the breaking event -- then a None marking the events left out,
-    then the tail, so the story always shows the step that broke the rule.
+    last ones, ending with the breaking event ``events[at]`` where the verdict names it
+    (`sim.common.Outcome.at`) -- then a None marking the events left out, then the tail, so
+    the story always shows the step that broke the rule.
     """
     keep = [e for e in events if _is_story_event(e)]
+    breaking = events[at] if at is not None else None
     sends = [i for i, e in enumerate(keep) if e.kind == "send"]
     start = sends[-2] if len(sends) >= 2 else 0
     tail_start = max(start, len(keep) - limit)
     tail = keep[tail_start:]
     head = [i for i, e in enumerate(keep[:tail_start]) if e.seq == step] if step is not None else []
+    cut = next((i for i in head if keep[i] is breaking), None)
+    if cut is not None:  # nothing of the command after the event that broke the rule
+        head = [i for i in head if i <= cut]
     if not head or any(e.seq == step for e in tail):
         return ([EARLIER] if tail_start > 0 else []) + tail
     first = next((i for i in head if keep[i].kind == "send"), head[0])
@@ -99,7 +105,8 @@ def narrative(result: RunResult, limit: int = 40) -> str:
     shows its simulated time when the story's times differ (a watchdog or a timeout moved the
     clock), and none when they are all equal."""
     outcome = result.outcome
-    events = _window(result.world.trace, limit, outcome.step)
+    events = _window(result.world.trace, limit, outcome.step, outcome.at)
+    breaking = result.world.trace[outcome.at] if outcome.at is not None else None
     shown = [e for e in events if e is not EARLIER and e is not None]
     timed = len({e.time for e in shown}) > 1  # simulated time that never moves says nothing
     lines, number = [], 0
@@ -111,7 +118,9 @@ def narrative(result: RunResult, limit: int = 40) -> str:
             lines.append(_GAP)
         else:
             number += 1
-            lines.append(f"{number:>3}. " + (f"t={e.time:g}s " if timed else "") + _sentence(e))
+            mark = f"   <== {outcome.invariant} breaks here" if e is breaking else ""
+            lines.append(f"{number:>3}. " + (f"t={e.time:g}s " if timed else "") + _sentence(e)
+                         + mark)
     lines.append(f"==> {outcome.verdict}" + (f" ({outcome.invariant})" if outcome.invariant else ""))
     if outcome.cycle:
         for node, why in outcome.cycle:
@@ -145,7 +154,9 @@ def mermaid(result: RunResult, limit: int = 40) -> str:
         lines.append(f"    participant R{r} as rank {r} host")
     for r in ranks:
         lines.append(f"    participant D{r} as device {r}")
-    for e in _window(world.trace, limit, result.outcome.step):
+    outcome = result.outcome
+    breaking = world.trace[outcome.at] if outcome.at is not None else None
+    for e in _window(world.trace, limit, outcome.step, outcome.at):
         if e is EARLIER:
             lines.append("    Note over C: ... earlier events left out")
         elif e is None:
@@ -160,6 +171,8 @@ def mermaid(result: RunResult, limit: int = 40) -> str:
                 lines.append(f"    R{e.rank}{arrow}D{e.rank}: {text}")
             else:
                 lines.append(f"    Note over R{e.rank}: {text}")
+            if e is breaking:
+                lines.append(f"    Note over R{e.rank}: {outcome.invariant} breaks here")
         elif e.kind == "reply":
             lines.append(f"    R{e.rank}-->>C: reply {e.seq}" + ("" if e.ok else " error"))
         elif e.kind == "collective":
@@ -168,7 +181,6 @@ def mermaid(result: RunResult, limit: int = 40) -> str:
         elif e.kind in ("abort", "exit", "watchdog-fire", "fault"):
             where = _participant(e.actor)
             lines.append(f"    Note over {where}: {e.kind} {_mermaid_text(e.detail)}")
-    outcome = result.outcome
     if outcome.cycle:
         for i, (node, why) in enumerate(outcome.cycle):
             target = outcome.cycle[(i + 1) % len(outcome.cycle)][0]

@@ -31,6 +31,31 @@ def test_breaking_event_is_in_the_story():
     assert f"rank {row.minimal.outcome.rank} launch decode@" in events
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", ["fused-sweep", "lazy-serving-capture", "uncoordinated-profile"])
+def test_a_rule_found_after_the_run_marks_the_event_that_broke_it(name):
+    """A trace check that runs once the run has ended names the event that broke its rule; the
+    story marks that line, shows nothing of the command after it, and the diagram notes it.
+    Before, the head showed the command's last events, so the breaking one could fall out of
+    it and nothing in the story said which line broke the rule."""
+    result = check_bad(REGISTRY[name], SPEC, "per-rank").minimal
+    outcome = result.outcome
+    assert outcome.at is not None
+    breaking = result.world.trace[outcome.at]
+    assert breaking.seq == outcome.step and breaking.rank == outcome.rank
+    lines = narrative(result).split("==> ")[0].splitlines()
+    marked = [i for i, line in enumerate(lines) if line.endswith(f"<== {outcome.invariant} breaks here")]
+    assert len(marked) == 1
+    assert f"rank {breaking.rank} {breaking.what}" in lines[marked[0]]
+    assert lines[marked[0] + 1] == "     ... (events in between left out)"
+    assert f"{outcome.invariant} breaks here" in mermaid(result)
+
+
+def test_an_outcome_found_as_the_run_goes_marks_no_line():
+    result = check_bad(REGISTRY["local-bucket"], SPEC, "shared").minimal
+    assert result.outcome.at is None and "breaks here" not in narrative(result)
+
+
 def test_failure_in_the_tail_has_no_gap():
     row = check_bad(REGISTRY["local-bucket"], SPEC, "shared")
     story = narrative(row.minimal)
