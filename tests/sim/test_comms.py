@@ -212,6 +212,39 @@ def test_overlap_on_two_communicators_is_clean(seed):
 
 
 @pytest.mark.timeout(60)
+def test_an_overlapped_launch_splits_its_bucket_s_rows_between_the_two_all_reduces():
+    """Dual-batch overlap splits a bucket of b rows into micro-batches of ceil(b/2) and
+    floor(b/2) rows; each all-reduce carries its own micro-batch's rows, on its own
+    communicator, and a one-row bucket has no second. Every rank issues the same sizes, so no
+    verdict reads them: mutant #3208 (docs/mutation.md) sent 2b rows and then -b rows and the
+    design stayed clean. Bucket 3 is the odd split."""
+    from sim.devices import Collective
+    from sim.variants_comms import SECOND_STREAM_COMM
+
+    variant = REGISTRY["overlap-two-communicators"]
+    sc = variant.scenario(default_scenario(buckets=(1, 2, 3), max_batch=3))
+    shape = sc.config.shape
+    seen = set()
+
+    def on_state(world):
+        for dev in world.devices:
+            for kernel in dev.main + dev.side:
+                if isinstance(kernel, Collective) and kernel.sig.mode == "graph":
+                    seen.add((kernel.sig.label, kernel.sig.comm, kernel.sig.nbytes))
+
+    result = run_schedule(sc, variant, RandomWalk(0), on_state=on_state)
+    assert result.outcome.verdict == "clean", result.outcome.detail
+    want = set()
+    for bucket in (1, 2, 3):
+        first, second = -(-bucket // 2), bucket // 2
+        want.add((f"graph decode@{bucket} micro-batch 0", "tp", shape.allreduce_bytes(first)))
+        if second:
+            want.add((f"graph decode@{bucket} micro-batch 1", SECOND_STREAM_COMM,
+                      shape.allreduce_bytes(second)))
+    assert seen == want
+
+
+@pytest.mark.timeout(60)
 def test_every_rank_registers_the_same_graph_buffers_in_the_correct_protocol():
     result = run_schedule(default_scenario(**SMALL), REGISTRY["correct"], RandomWalk(0))
     assert result.outcome.verdict == "clean"

@@ -136,6 +136,32 @@ def test_an_ablation_error_alone_leaves_the_needed_set_empty(monkeypatch):
     assert len(calls) == len(explain.RULES) + 1 + len(explain.H2_SCOPES) - 1
 
 
+def test_an_ablation_verdict_is_marked_only_where_the_check_still_passes_it():
+    """`Attribution.shown` says why the check still passes an ablation's verdict -- the design's
+    other harm, or its expected verdict where the full model gave another -- and adds nothing to
+    any other verdict, which the check fails (comm-before-graphs' "H5 off: invariant:I10").
+    Mutant #1257 (docs/mutation.md) called every unmarked verdict "its expected verdict"; the
+    tests read substrings that it kept. The record is built by hand: a full-model verdict that
+    is the design's other harm, while an ablation gives the expected one, is what `attribute`
+    marks "expected", and no shipped variant's search lands there under the test's settings."""
+    from sim.explain import NAMES, Attribution
+
+    a = Attribution("oom", without={"h3": "divergence", "h5": "hang-at-exit", "h7": "clean"},
+                    needed=("h3", "h5", "h7"), sufficient=True,
+                    scopes={"device": "oom", "process": "oom", "peers": "oom"},
+                    still_caught={"h3": "expected", "h5": "other harm"})
+    assert a.shown("h3", "divergence") == "divergence, its expected verdict"
+    assert a.shown("h5", "hang-at-exit") == "hang-at-exit, this design's other harm (also_expected)"
+    assert a.shown("h7", "clean") == "clean"
+    assert a.shown("scope:device", "oom") == "oom"
+    needs = ", ".join(f"{h.upper()} ({NAMES[h]})" for h in a.needed)
+    assert a.line() == (
+        f"oom needs {needs} [H3 off: divergence, its expected verdict; H5 off: hang-at-exit, this "
+        "design's other harm (also_expected); H7 off: clean]; the check still catches the design "
+        "with H3 or H5 off, so catching it needs H7; under H2 scope device: oom, process: oom, "
+        "peers: oom")
+
+
 @pytest.mark.parametrize("text, words", [
     ("nope", "standard input is not JSON: Expecting value"),
     ("[]", "expected an object with a 'rows' list"),

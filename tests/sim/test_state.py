@@ -170,6 +170,39 @@ def test_the_sampler_kernel_reads_only_what_its_own_command_computed():
     assert dev.sampled == SampledIds(5, (11, 14))
 
 
+@pytest.mark.timeout(120)
+def test_async_row_parallel_diverges_exactly_when_rank_0_reads_an_unfinished_all_reduce():
+    """async-row-parallel's consumer reads a partial sum only when its all-reduce has not
+    completed: a schedule where the collective finishes first computes the right token. Only
+    rank 0's logits are sampled, so a run diverges exactly when one of rank 0's consumers ran
+    early. With every random schedule of the check's workload some consumer runs early and some
+    late, so the verdict stayed divergence when mutant #3008 (docs/mutation.md) corrupted the
+    *completed* reads instead; one request with one decode step has runs of each kind."""
+    from protocol.requests import Request
+    from sim.scenario import Arrival
+    from sim.variants import ConsumeAsync, _sim_consume_async
+
+    reads = []
+
+    def consume(world, r, dev, kernel):
+        reads.append((r, dev.completed_collectives >= kernel.needed))
+        return _sim_consume_async(world, r, dev, kernel)
+
+    variant = replace(REGISTRY["async-row-parallel"], name="async-row-parallel-spied",
+                      sim_kernels={ConsumeAsync: consume})
+    sc = variant.scenario(default_scenario(buckets=(1, 2), max_batch=2))
+    sc = sc.with_(workload=(Arrival(0, Request(0, prompt=(1, 2, 3), max_tokens=2)),))
+    verdicts = set()
+    for seed in range(30):
+        reads.clear()
+        outcome = run_schedule(sc, variant, RandomWalk(seed)).outcome
+        early = any(r == 0 and not complete for r, complete in reads)
+        assert any(r == 0 for r, _ in reads), seed
+        assert outcome.verdict == ("divergence" if early else "clean"), (seed, reads, outcome.detail)
+        verdicts.add(outcome.verdict)
+    assert verdicts == {"clean", "divergence"}  # both kinds of schedule were run
+
+
 @pytest.mark.timeout(60)
 def test_the_correct_protocol_replays_mixed_steps_and_matches_the_reference():
     result = run_schedule(default_scenario(**SMALL), REGISTRY["correct"], RandomWalk(0))

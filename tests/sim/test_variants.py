@@ -77,6 +77,29 @@ def test_user_variant_file_is_loaded_and_checked():
     assert load_variant_file("docs/examples/my_variant.py")[0] is variants[0]
 
 
+def test_a_variant_this_process_has_is_unpickled_from_the_registry_without_its_file(tmp_path):
+    """A variant from a user's file pickles as its name and the file (`Variant.__reduce__`); a
+    process that lacks it loads the file, one that has it takes the registered object and
+    leaves the file alone, so a file moved or removed after loading does not break the run.
+    Mutant #2851 (docs/mutation.md) read the file again whenever it had one, and failed here."""
+    import pickle
+
+    import sim.variants as variants
+
+    path = tmp_path / "moved_variant.py"
+    path.write_text("from dataclasses import replace\n"
+                    "from sim.variants import REGISTRY\n"
+                    "MOVED = replace(REGISTRY['correct'], name='test-moved-file-variant')\n")
+    [variant] = load_variant_file(path)
+    try:
+        path.unlink()
+        assert pickle.loads(pickle.dumps(variant)) is variant
+    finally:
+        REGISTRY.pop(variant.name, None)
+        variants._ORIGIN.pop(variant.name, None)
+        variants._LOADED_FILES.pop(str(path.resolve()), None)
+
+
 @pytest.mark.parametrize("max_batch, reachable", [(1, False), (2, True), (3, True)])
 def test_split_eligibility_is_reachable_whenever_two_buckets_fit_the_batch(max_batch, reachable):
     """Judged before the variant's own cap: at max batch 2 or 3 of buckets (1, 2, 4, 8) the
