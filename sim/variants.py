@@ -214,12 +214,18 @@ class Variant:
         return out
 
     def __reduce__(self):
-        """Pickle a registered variant by name (and the file it came from), else by fields.
+        """Pickle a variant a fresh process can look up -- a shipped one, or one from a user's
+        file -- by name (and that file), else by fields.
 
         Worker processes of a parallel search rebuild it with `_registered`, so a variant whose
-        ``adjust`` is a lambda, or that comes from a user's file, still reaches them.
+        ``adjust`` is a lambda, or that comes from a user's file, still reaches them. One that
+        code registered at run time (`register`) is in no worker's registry -- a worker starts
+        from the forkserver, which imports only the shipped ones -- so it goes by fields; by name
+        the worker died with "unknown variant" and the search raised ``WorkerError``. If its
+        fields do not pickle (a lambda), the search runs in this process
+        (`sim.workers.JobNotPicklable`).
         """
-        if REGISTRY.get(self.name) is self:
+        if REGISTRY.get(self.name) is self and (self.name in SHIPPED or self.name in _ORIGIN):
             return _registered, (self.name, _ORIGIN.get(self.name))
         return super().__reduce__()
 

@@ -100,6 +100,28 @@ def test_a_variant_this_process_has_is_unpickled_from_the_registry_without_its_f
         variants._LOADED_FILES.pop(str(path.resolve()), None)
 
 
+@pytest.mark.timeout(120)
+def test_a_variant_registered_by_code_reaches_the_workers_of_a_parallel_search():
+    """`register` from the caller's own code puts a variant in this process's registry only; a
+    worker of a parallel search starts from the forkserver, which imports the shipped variants,
+    so the variant must travel by its fields. Pickled by name, the worker died unpickling it
+    ("unknown variant") and the search raised ``WorkerError``."""
+    from dataclasses import replace
+
+    from sim.check import CLEAN, Fixed
+    from sim.scenario import default_scenario
+    from sim.search import sample_search
+    from sim.variants import register
+
+    variant = register(replace(REGISTRY["correct"], name="test-registered-by-code"))
+    try:
+        sc = default_scenario(buckets=(1, 2), max_batch=2)
+        res = sample_search(Fixed(sc), variant, CLEAN, schedules=12, time_budget=60, jobs=2)
+        assert res.failure is None and res.stats.schedules == 12
+    finally:
+        REGISTRY.pop(variant.name, None)
+
+
 @pytest.mark.parametrize("max_batch, reachable", [(1, False), (2, True), (3, True)])
 def test_split_eligibility_is_reachable_whenever_two_buckets_fit_the_batch(max_batch, reachable):
     """Judged before the variant's own cap: at max batch 2 or 3 of buckets (1, 2, 4, 8) the
