@@ -101,23 +101,30 @@ def test_a_variant_this_process_has_is_unpickled_from_the_registry_without_its_f
 
 
 @pytest.mark.timeout(120)
-def test_a_variant_registered_by_code_reaches_the_workers_of_a_parallel_search():
+def test_a_variant_registered_by_code_reaches_the_workers_of_a_parallel_search(monkeypatch):
     """`register` from the caller's own code puts a variant in this process's registry only; a
     worker of a parallel search starts from the forkserver, which imports the shipped variants,
     so the variant must travel by its fields. Pickled by name, the worker died unpickling it
-    ("unknown variant") and the search raised ``WorkerError``."""
+    ("unknown variant") and the search raised ``WorkerError``. Its fields pickle, so the search
+    does use the workers (a job that does not pickle runs in this process instead)."""
     from dataclasses import replace
 
+    import sim.workers
     from sim.check import CLEAN, Fixed
     from sim.scenario import default_scenario
     from sim.search import sample_search
     from sim.variants import register
 
+    pools = []
+    started = sim.workers.WorkerPool._start
+    monkeypatch.setattr(sim.workers.WorkerPool, "_start",
+                        lambda self, *args: pools.append(args) or started(self, *args))
     variant = register(replace(REGISTRY["correct"], name="test-registered-by-code"))
     try:
         sc = default_scenario(buckets=(1, 2), max_batch=2)
         res = sample_search(Fixed(sc), variant, CLEAN, schedules=12, time_budget=60, jobs=2)
         assert res.failure is None and res.stats.schedules == 12
+        assert len(pools) == 1
     finally:
         REGISTRY.pop(variant.name, None)
 
