@@ -488,13 +488,18 @@ class World:
         naming the step) when one breaks.
 
         I6: the startup watchdog was disarmed when the sweep succeeded. I9: the step keeps no
-        more live requests than the memory-fitted batch cap the ranks were given in AllocateKV. I7: a replayed step's graph bucket
-        holds its rows.
+        more live requests than the memory-fitted batch cap the ranks were given in AllocateKV,
+        and when serving starts every rank keeps the configured headroom free
+        (`_headroom_taken`). I7: a replayed step's graph bucket holds its rows.
         """
         ctrl = self.ctrl
         live = len(step.rows) + len(step.admits)
         cap = self._fitted_cap
         broken = None
+        if not self.served_steps and self.config.memory_headroom_bytes and self.hz.h7_memory:
+            self.outcome = self._headroom_taken(step)
+            if self.outcome is not None:
+                return False
         if ctrl.watchdog.armed:
             broken = ("I6", "the startup sweep succeeded but the watchdog is still armed: it "
                             f"aborts the serving process at t={ctrl.watchdog.deadline:g}s",
@@ -513,6 +518,25 @@ class World:
         self.outcome = Outcome("invariant", f"{invariant} violated: {text}", invariant,
                                step=step.seq, check=check)
         return False
+
+    def _headroom_taken(self, step: Step) -> Outcome | None:
+        """I9 as the first serving step is sent: every live rank still has the configuration's
+        ``memory_headroom_bytes`` free, now that its graphs and KV cache are in place (the
+        protocol sizes the KV cache to leave it: `protocol.memory.plan_memory`; nothing is
+        allocated after this in a correct run). The outcome naming the first rank short of it,
+        or None. Needs H7: without the memory hazard nothing is budgeted."""
+        headroom = self.config.memory_headroom_bytes
+        capacity = self.scenario.memory.capacity
+        for r in self._ranks:
+            free = capacity - self.used[r]
+            if r not in self.dead and free < headroom:
+                return Outcome(
+                    "invariant", f"I9 violated: serving starts with {free} bytes free on rank "
+                    f"{r}, less than the memory_headroom_bytes={headroom} the memory plan must "
+                    "leave free: its graphs and KV cache took the headroom that the device's "
+                    "other users (non-torch allocations, other tenants) then run out of", "I9",
+                    rank=r, step=step.seq)
+        return None
 
     def _check_retained_set(self, fin: Finalize) -> bool:
         """Direct I7 check as the sweep ends: the retained graph set holds the bucket that a
