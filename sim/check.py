@@ -20,6 +20,7 @@ from sim.checks import attribute_divergence
 from sim.guard import Stalled, describe, locate, watchdog
 from sim.limits import MAX_BUCKET
 from sim.hazards import HazardModel
+from sim.headroom import largest_headroom, refusal_expected
 from sim.reduce import reduce_schedule
 from sim.run import RunResult, run_schedule
 from sim.scenario import Fault, Scenario, default_scenario
@@ -239,12 +240,19 @@ class WithRandomFault:
 
 @dataclass(frozen=True)
 class VerdictIn:
-    """Acceptable when the run's verdict is one of ``verdicts`` (picklable)."""
+    """Acceptable when the run's verdict is one of ``verdicts``, or is ``startup-refused`` in a
+    scenario whose memory holds no plan with its headroom (`sim.headroom.refusal_expected`):
+    refusing a configuration that cannot start is the protocol's right answer, and refusing
+    one that can is not (picklable)."""
 
     verdicts: frozenset[str]
 
     def __call__(self, result: RunResult) -> bool:
-        return result.outcome.verdict in self.verdicts
+        verdict = result.outcome.verdict
+        if verdict in self.verdicts:
+            return True
+        return (verdict == "startup-refused" and result.world is not None
+                and refusal_expected(result.world.scenario))
 
 
 DRAWN_MEMBERS = 8
@@ -324,7 +332,7 @@ def check_correct(variant: Variant, spec: CheckSpec, topology: str, progress=Non
     rows = []
     stats = result.stats
     if result.failure is not None:
-        got, detail = verdict_label(result.failure), result.failure.outcome.detail
+        got, detail = verdict_label(result.failure), _wrong_refusal(result.failure)
         minimal = reduce_schedule(result.failure.world.scenario, variant, result.failure,
                                   max_attempts=spec.reduce_attempts)
         minimal = attribute_divergence(minimal.world.scenario, variant, minimal)
@@ -341,8 +349,10 @@ def check_correct(variant: Variant, spec: CheckSpec, topology: str, progress=Non
         missing = [e for e in wanted if not stats.reached.get(e)]
         got = "vacuous" if missing else "clean"
         reached = ", ".join((decode[1], "live compactions") + reaches)
-        detail = (f"never reached: {', '.join(missing)}" if missing else
-                  f"{stats.schedules} schedules clean; {reached} reached")
+        refused = stats.verdicts.get("startup-refused", 0)
+        detail = (f"never reached: {', '.join(missing)}{_refused(refused, '; ')}" if missing
+                  else f"{stats.schedules - refused} schedules clean{_refused(refused, ', ')}; "
+                       f"{reached} reached")
         detail += "".join(f"; {e} not reachable here: {why}" for e, why in beyond.items())
         minimal = None
     expected = variant.expected.get(topology, "clean")
@@ -354,7 +364,7 @@ def check_correct(variant: Variant, spec: CheckSpec, topology: str, progress=Non
                              progress=progress, jobs=spec.jobs)
         fstats = fres.stats
         if fres.failure is not None:
-            got, detail = verdict_label(fres.failure), fres.failure.outcome.detail
+            got, detail = verdict_label(fres.failure), _wrong_refusal(fres.failure)
             minimal = reduce_schedule(fres.failure.world.scenario, variant, fres.failure,
                                       max_attempts=spec.reduce_attempts)
         elif fstats.schedules == 0 or fstats.budget_reached:
@@ -367,12 +377,33 @@ def check_correct(variant: Variant, spec: CheckSpec, topology: str, progress=Non
             from sim.faults import fault_coverage
             got = "abort"
             detail = (f"{fstats.verdicts.get('abort', 0)} of {fstats.schedules} faulted runs "
-                      "aborted loudly on every rank; the rest finished clean; "
-                      + fault_coverage(fstats.reached))
+                      "aborted loudly on every rank"
+                      f"{_refused(fstats.verdicts.get('startup-refused', 0), '; ')}; the rest "
+                      "finished clean; " + fault_coverage(fstats.reached))
             minimal = None
         rows.append(Row(f"{variant.name}+faults", topology, "abort", got, fstats, detail, minimal,
                         base, got == "abort"))
     return rows
+
+
+def _wrong_refusal(failure: RunResult) -> str:
+    """A clean row's failure detail; for a startup refusal (one the memory did not require,
+    or `VerdictIn` would have passed it), what the memory would have held."""
+    detail = failure.outcome.detail
+    if failure.outcome.verdict != "startup-refused":
+        return detail
+    scenario = failure.world.scenario
+    return (f"{detail}; yet the tightest rank holds the smallest plan beside up to "
+            f"{largest_headroom(scenario)} bytes of headroom, and memory_headroom_bytes is "
+            f"{scenario.config.memory_headroom_bytes}: the refusal is wrong")
+
+
+def _refused(refused: int, before: str) -> str:
+    """For a clean row's detail, ``before`` and how many of its runs were refused at startup
+    where their memory holds no plan beside their headroom (`VerdictIn`), so that the row does
+    not count them as served; "" when none was."""
+    return (f"{before}{refused} refused at startup, as their memory requires (the tightest "
+            "rank has no room for the smallest plan beside the headroom)" if refused else "")
 
 
 def bad_search_setup(variant: Variant, spec: CheckSpec, topology: str,

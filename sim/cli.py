@@ -825,6 +825,10 @@ def _row_notes(rows: list[Row]) -> list[str]:
                        f"--time-budget (default {DEFAULTS['time_budget']:g} s) may finish it")
         elif row.stats.budget_reached:
             out.append(f"note: {row.variant} / {row.topology}: {_budget_note(row)}")
+        elif row.got == "startup-refused" and row.expected in ("clean", "abort"):
+            # a design expected clean refused a run whose memory holds a plan: say so, since
+            # the story below ends in the refusal alone (`sim.check.VerdictIn`)
+            out.append(f"note: {row.variant} / {row.topology}: {row.detail}")
         elif row.compared and row.got == "clean" and row.expected != "clean":
             out.append(f"note: {row.variant} / {row.topology}: not caught: "
                        f"{row.stats.schedules} schedule{'s' * (row.stats.schedules != 1)} "

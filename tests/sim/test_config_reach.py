@@ -131,25 +131,34 @@ def test_reserve_by_requested_batch_is_reachable_exactly_where_the_correct_fit_s
     """The variant's memory leaves rank 1 room for every graph plus 1.5 KV pages. Where the fit
     has one candidate cap it cannot drop a graph, so the correct protocol refuses startup too
     and the variant's refusal is not its bug's (a review's finding: it read "ok" at --buckets
-    4,8 --max-batch 3). Its row says "not reachable here" exactly there."""
+    4,8 --max-batch 3). Its row says "not reachable here" exactly there, which is where the
+    simulator's own bound says the memory holds no plan (`sim.headroom.refusal_expected`):
+    the correct protocol's refusal is then its right answer, so its row, which never served,
+    reads vacuous (it read startup-refused, a failure, before refusals were judged by that
+    bound)."""
     from dataclasses import replace
 
     from sim.check import CheckSpec, check_bad, check_correct
+    from sim.headroom import refusal_expected
 
     spec = CheckSpec(buckets=buckets, max_batch=max_batch, schedules=5, fault_schedules=0,
                      jobs=1)
     variant = get_variant("reserve-by-requested-batch")
-    why = variant.unreachable(variant.scenario(spec.scenario("shared")))
+    scenario = variant.scenario(spec.scenario("shared"))
+    why = variant.unreachable(scenario)
     tight_correct = replace(CORRECT, name="correct-under-tight-memory", adjust=variant.adjust,
                             expected={"shared": "clean", "per-rank": "clean"},
                             fault_schedules=0)
     row = check_correct(tight_correct, spec, "shared")[0]   # no faulted row: fault_schedules=0
+    assert refusal_expected(scenario) == (why is not None)
     if why is None:
         assert row.got == "clean", row.detail
         assert check_bad(variant, spec, "shared").got == "startup-refused"
     else:
         assert "one candidate cap" in why
-        assert row.got == "startup-refused", row.detail
+        assert row.got == "vacuous", row.detail
+        assert row.stats.verdicts == {"startup-refused": 5}
+        assert "5 refused at startup, as their memory requires" in row.detail
 
 
 @pytest.mark.timeout(120)
