@@ -75,7 +75,10 @@ class ProtocolConfig:
             the controller aborts every rank (I13: a wedged rank is a global failure).
         kv_page_bytes: bytes of one KV page on one rank, all layers (default: a Qwen3-4B page
             with all 8 KV heads, the page of TP 1; the engine passes its own figure).
-        memory_headroom_bytes: bytes left free on each rank after KV sizing.
+        memory_headroom_bytes: bytes left free on each rank once the graphs and the KV cache
+            are in place (default 0; the engine leaves its gpu_memory_utilization share out of
+            the free bytes each rank reports instead). Startup is refused when even the
+            smallest plan does not fit beside it.
         page_size: tokens per KV page (default 16, the engine's page).
         kv_watermark: fraction of the KV pages that admission leaves free for the running
             requests' growth (default 0.01, as vLLM's block-manager watermark); raise it to

@@ -708,6 +708,37 @@ def _with_recorded_workload(variant: Variant, scenario: Scenario, data: dict) ->
     return out
 
 
+def _with_recorded_memory(variant: Variant, scenario: Scenario, data: dict) -> Scenario:
+    """``scenario`` with the ``memory_headroom_bytes`` and ``rank_overhead`` a trace's scenario
+    object (``data``) records (absent: the variant's own), which only a variant that draws its
+    memory (`sim.headroom.HeadroomDraw`) may change; the rank overhead must name ranks of the
+    world.
+
+    Raises:
+        ConfigError: a bad-trace line naming the field and what the variant runs.
+    """
+    from sim.headroom import HeadroomDraw
+
+    draws = isinstance(scenario_family(variant, scenario, 0), HeadroomDraw)
+    headroom, overhead = data.get("memory_headroom_bytes"), data.get("rank_overhead")
+    own_headroom, own_overhead = scenario.config.memory_headroom_bytes, scenario.memory.rank_overhead
+    for name, given, own in (("memory_headroom_bytes", headroom, own_headroom),
+                             ("rank_overhead", overhead, own_overhead)):
+        if given is not None and given != own and not draws:
+            raise ConfigError(f"bad scenario in trace: {name} = {given!r:.120}: variant "
+                              f"{variant.name!r} runs its own memory, with {name} {own!r:.120}")
+    ranks = scenario.config.world_size
+    for rank, _ in overhead or ():
+        if rank >= ranks:
+            raise ConfigError(f"bad scenario in trace: rank_overhead names rank {rank}, outside "
+                              f"a world of {ranks}")
+    if overhead is not None:
+        scenario = scenario.with_(memory=replace(scenario.memory, rank_overhead=overhead))
+    if headroom is not None:
+        scenario = scenario.with_(config=replace(scenario.config, memory_headroom_bytes=headroom))
+    return scenario
+
+
 def _values_text(values: tuple[int, ...]) -> str:
     distinct = sorted(set(values))
     return " or ".join(map(str, distinct)) if len(distinct) <= 3 else \
@@ -810,6 +841,7 @@ def replay_trace(data: dict) -> tuple[RunResult | None, str | None]:
     # the fields drawn per run (`Variant.draw`, the faulted row's and a fault search's faults)
     # must be a run's: checked here, so an edited one is a bad trace, not a departure
     scenario = _with_recorded_workload(variant, scenario, spec_data)
+    scenario = _with_recorded_memory(variant, scenario, spec_data)
     allowed = drawn_short_contexts(variant, scenario)
     given = spec_data.get("short_context")
     if allowed is not None and given not in allowed:
@@ -946,6 +978,18 @@ def check_scenario_value(name: str, value):
         if name != "short_context":
             check_limits(**{name: value})
         return value
+    if name == "memory_headroom_bytes":
+        if not _whole(value) or value < 0:
+            raise ConfigError(f"{value!r} is not an integer of at least 0")
+        return value
+    if name == "rank_overhead":
+        if (not isinstance(value, (list, tuple))
+                or not all(isinstance(p, (list, tuple)) and len(p) == 2 and _whole(p[0])
+                           and _whole(p[1]) and p[0] >= 0 and p[1] >= 0 for p in value)
+                or len({p[0] for p in value}) != len(value)):
+            raise ConfigError(f"{value!r:.120} is not a list of [rank, bytes] pairs, one per "
+                              "rank, each at least 0")
+        return tuple(sorted((p[0], p[1]) for p in value))
     if name in ("prompt_lengths", "max_tokens"):
         if (not isinstance(value, (list, tuple)) or not value
                 or not all(_whole(n) and n >= 1 for n in value)):
@@ -974,10 +1018,13 @@ def check_scenario_value(name: str, value):
 
 
 SCENARIO_FIELDS = ("ranks", "buckets", "max_batch", "topology", "hazards_off", "h2_scope",
-                   "h2_calls", "faults", "short_context", "prompt_lengths", "max_tokens")
+                   "h2_calls", "faults", "short_context", "prompt_lengths", "max_tokens",
+                   "memory_headroom_bytes", "rank_overhead")
 """The fields of a trace's ``scenario`` object (`scenario_spec` writes them; ``short_context``
 only for a run with the short decode path on, ``prompt_lengths`` and ``max_tokens`` only for a
-run whose workload was drawn away from the check's, `sim.scenario.WorkloadDraw`)."""
+run whose workload was drawn away from the check's, `sim.scenario.WorkloadDraw`,
+``memory_headroom_bytes`` and ``rank_overhead`` only for a run whose memory was drawn away
+from its variant's, `sim.headroom.HeadroomDraw`)."""
 
 MAX_PROMPT_LENGTHS = MAX_BUCKET + 8
 """Most values a trace's ``prompt_lengths`` or ``max_tokens`` may list: the check's workload has
@@ -1040,8 +1087,10 @@ SCENARIO_KEYS = ("ranks", "buckets", "max_batch", "hazards_off", "h2_scope", "h2
 """What `scenario_spec` writes and `replay_trace` requires."""
 
 
-def scenario_spec(spec: CheckSpec, topology: str, scenario: Scenario) -> dict:
-    """JSON description of a row's scenario, enough for `replay_trace`."""
+def scenario_spec(spec: CheckSpec, topology: str, scenario: Scenario,
+                  base: Scenario | None = None) -> dict:
+    """JSON description of a row's scenario, enough for `replay_trace`; ``base`` is the row's
+    own scenario (its variant's), from which a run's drawn memory may differ."""
     data = spec.to_json()
     data["topology"] = topology
     data["faults"] = [f.__dict__ for f in scenario.faults] if scenario else []
@@ -1054,4 +1103,9 @@ def scenario_spec(spec: CheckSpec, topology: str, scenario: Scenario) -> dict:
         for name, values in (("prompt_lengths", prompt_lengths), ("max_tokens", max_tokens)):
             if values(scenario) != values(base):  # drawn per run (`sim.scenario.WorkloadDraw`)
                 data[name] = list(values(scenario))
+    if scenario is not None and base is not None:  # drawn per run (`sim.headroom.HeadroomDraw`)
+        if scenario.config.memory_headroom_bytes != base.config.memory_headroom_bytes:
+            data["memory_headroom_bytes"] = scenario.config.memory_headroom_bytes
+        if scenario.memory.rank_overhead != base.memory.rank_overhead:
+            data["rank_overhead"] = [list(p) for p in scenario.memory.rank_overhead]
     return data

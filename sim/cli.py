@@ -784,7 +784,8 @@ def _write_traces(directory: Path, rows: list[Row], spec: CheckSpec) -> None:
         if row.minimal is not None:
             write_trace(directory, f"{row.variant}.{row.topology}", row.minimal,
                         row.variant.split("+")[0],
-                        scenario_spec(spec, row.topology, row.minimal.world.scenario))
+                        scenario_spec(spec, row.topology, row.minimal.world.scenario,
+                                      row.scenario))
             written += 1
     if written:
         sys.stderr.write(f"lockstep check: {written} minimal trace{'s' * (written > 1)} "

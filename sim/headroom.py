@@ -1,12 +1,13 @@
-"""The most memory headroom a scenario's memory allows, which judges a refusal at startup.
+"""The memory headroom a check draws per run, and the most headroom a scenario's memory allows.
 
 `ProtocolConfig.memory_headroom_bytes` is what the protocol promises to leave free on every rank
 once its graphs and KV cache are in place (an engine's ``gpu_memory_utilization`` share left to
 other tenants, non-torch allocations and fragmentation: vLLM sizes its KV cache from
 ``gpu_memory_utilization x total`` less the profiled peak, and an engine that fills the whole
-device instead OOMs later, at serving time). A headroom of 0, the only one the check runs,
+device instead OOMs later, at serving time). A headroom of 0, the only one the check used to run,
 makes a protocol that ignores it, counts it twice or takes it off the wrong rank's report read
-exactly as the correct one. The simulator holds the protocol to its promise from both sides:
+exactly as the correct one. So the correct protocol's rows draw it per run (`HeadroomDraw`),
+and the simulator holds the protocol to its promise from both sides:
 
 - a run that serves must have left the headroom free on every rank (`sim.world`'s direct I9
   check when serving starts);
@@ -22,8 +23,11 @@ pages beside the reserved padding page (`protocol.memory.plan_memory`), on the t
 
 from __future__ import annotations
 
+import random
+from dataclasses import dataclass, replace
+
 from protocol.eligibility import GraphPlan
-from sim.scenario import Scenario
+from sim.scenario import MiB, Scenario
 
 
 def largest_headroom(scenario: Scenario) -> int:
@@ -58,3 +62,80 @@ def refusal_expected(scenario: Scenario) -> bool:
     """Whether a correct protocol must refuse ``scenario`` at startup: its headroom is more
     than its memory leaves beside the smallest plan (`largest_headroom`)."""
     return scenario.config.memory_headroom_bytes > largest_headroom(scenario)
+
+
+KINDS = ("roomy", "roomy", "over", "tight", "exact", "roomy")
+"""What run ``i`` of a `HeadroomDraw` draws, ``KINDS[i mod 6]`` (run 0 keeps the base): every
+kind within six consecutive runs, so that a row of a few schedules misses none, and five runs
+in six serve, so that the serving interleavings the row is for are still searched.
+
+- ``roomy``: uniform from 0 to the most that still keeps every graph of the full batch cap
+  beside one sequence; the KV cache takes the rest. Half of these are more than half the
+  bound, where a headroom counted twice no longer fits.
+- ``over``: refused. The bound plus one byte in runs 2, 14, 26, ...; in runs 8, 20, 32, ...
+  uniform above the bound by up to the tightest rank's whole room (a headroom past the
+  device).
+- ``tight``: uniform over the last `TIGHT_PAGES` KV pages and the graph set's bytes below the
+  bound: the fit drops to a smaller batch cap and keeps fewer graphs (measured again, I9), or
+  keeps a few KV pages only, so admission waits for pages (I14).
+- ``exact``: the bound itself: one sequence of KV pages beside the smallest bucket's graphs.
+"""
+
+TIGHT_PAGES = 32
+"""KV pages below the bound that a ``tight`` draw may leave, besides the graph set: from one
+sequence (pressure on every admission) to about twice what the check's 17 short requests hold
+at once."""
+
+OVERHEAD_RANGE = (64 * MiB, 4096 * MiB)
+"""Bytes already in use on one rank (NCCL buffers, another tenant) that half the draws add, so
+that the tightest rank is not every rank and a headroom taken off another rank's report shows;
+at least 64 MiB, well past the few KV pages' rounding a fit leaves over."""
+
+
+@dataclass(frozen=True)
+class HeadroomDraw:
+    """Run index -> ``base`` with its ``memory_headroom_bytes`` drawn for that run (`KINDS`),
+    and in half the runs one rank made the tightest by an overhead (`OVERHEAD_RANGE`);
+    picklable, seeded by (``seed``, index). Run 0 keeps the base; a base whose memory holds no
+    plan at all is kept for every run.
+    """
+
+    base: Scenario
+    seed: int
+
+    def __call__(self, index: int) -> Scenario:
+        if index == 0:
+            return self.base
+        rng = random.Random(f"headroom {self.seed} {index}")
+        sc = self.base
+        if rng.random() < 0.5:
+            rank = rng.randrange(sc.config.world_size)
+            extra = rng.randint(*OVERHEAD_RANGE)
+            overhead = dict(sc.memory.rank_overhead)
+            overhead[rank] = overhead.get(rank, 0) + extra
+            sc = sc.with_(memory=replace(sc.memory, rank_overhead=tuple(sorted(overhead.items()))))
+        bound = largest_headroom(sc)
+        if bound < 0:
+            return self.base
+        cfg, mem = sc.config, sc.memory
+        keys = GraphPlan.from_config(cfg).keys()
+        # the most headroom that keeps every graph of the full batch cap beside one sequence
+        full = max(0, room(sc) - mem.graph_set_bytes(k.bucket for k in keys)
+                   - (sc.pages_per_seq + 1) * cfg.kv_page_bytes)
+        match KINDS[index % len(KINDS)]:
+            case "roomy":
+                headroom = rng.randint(0, full)
+            case "over" if (index // len(KINDS)) % 2 == 0:
+                headroom = bound + 1
+            case "over":
+                headroom = rng.randint(bound + 1, bound + max(1, room(sc)))
+            case "tight":
+                headroom = rng.randint(max(0, full - TIGHT_PAGES * cfg.kv_page_bytes), bound)
+            case "exact":
+                headroom = bound
+        return sc.with_(config=replace(cfg, memory_headroom_bytes=headroom))
+
+    def members(self) -> list[Scenario]:
+        """The scenarios a one-scenario search (exhaustive, Hypothesis) takes in turn: runs
+        0..5, the base and each kind once, and run 8, the ``over`` kind's far draw."""
+        return [self(i) for i in range(len(KINDS))] + [self(len(KINDS) + KINDS.index("over"))]

@@ -41,6 +41,7 @@ from protocol.worker import SYNC, Worker
 from protocol.eligibility import GraphPlan
 from sim.devices import Kernel
 from sim.faults import FaultFamily
+from sim.headroom import HeadroomDraw
 from sim.scenario import TOPOLOGIES, Scenario, WorkloadDraw
 
 EVENT_REACH: dict[str, Callable[[Scenario], str | None]] = {}
@@ -350,7 +351,7 @@ CORRECT = register(Variant(
             "one eligibility plan, measured reserve, watchdog with abort, graphs freed first",
     source="docs/design.md",
     expected=BOTH_CLEAN,
-    reaches=("padded_replay", "mixed_replay")))
+    reaches=("padded_replay", "mixed_replay"), draw=HeadroomDraw))
 
 
 def eager_decode(sc: Scenario) -> Scenario:
@@ -365,7 +366,8 @@ register(Variant(
     summary="the protocol as specified, served without CUDA graphs: every decode step, mixed "
             "or not, runs eagerly",
     source="docs/design.md",
-    expected=BOTH_CLEAN, adjust=eager_decode, schedules=20, fault_schedules=10))
+    expected=BOTH_CLEAN, adjust=eager_decode, schedules=20, fault_schedules=10,
+    draw=HeadroomDraw))
 
 
 # -- fused-sweep -------------------------------------------------------------------------------

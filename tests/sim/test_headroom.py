@@ -1,25 +1,27 @@
-"""The memory headroom (`ProtocolConfig.memory_headroom_bytes`) under the simulator: the bound
-the simulator computes is the protocol's own boundary, a run that serves leaves the headroom free
-on every rank (I9, checked when serving starts), and a refusal passes a clean row only where the
-memory requires it, so that a controller which drops the headroom, counts it twice or takes it
-off another rank's report is caught."""
+"""The memory headroom (`ProtocolConfig.memory_headroom_bytes`) under the check: the bound the
+simulator computes is the protocol's own boundary, a run that serves leaves the headroom free on
+every rank (I9), a refusal passes only where the memory requires it, and the correct protocol's
+rows draw the headroom (`sim.headroom.HeadroomDraw`), so that a controller which drops it,
+counts it twice or takes it off another rank's report is caught by `lockstep check`."""
 
 from __future__ import annotations
 
+import pickle
 from dataclasses import replace
 
 import pytest
 
 from protocol.controller import Controller
-from sim.check import CLEAN, CheckSpec
+from sim.check import CLEAN, CheckSpec, check_correct
 from sim.hazards import HazardModel
-from sim.headroom import largest_headroom, refusal_expected
+from sim.headroom import KINDS, HeadroomDraw, largest_headroom, refusal_expected
 from sim.run import run_schedule
 from sim.scenario import default_scenario
 from sim.strategies import RandomWalk
-from sim.variants import CORRECT, eager_decode, get_variant
+from sim.variants import CORRECT, REGISTRY, eager_decode, get_variant
 
 SMALL = {"buckets": (1, 2, 4, 8), "max_batch": 6}
+SPEC = CheckSpec(buckets=(1, 2, 4, 8), max_batch=6, schedules=14, fault_schedules=0, jobs=1)
 
 
 def _with(sc, headroom=None, overhead=None):
@@ -78,6 +80,15 @@ class TwiceController(Controller):
 
     def fit_memory(self, reports, graph_bytes):
         return _fit(self, reports, graph_bytes, 2 * self.config.memory_headroom_bytes)
+
+
+class RefitDroppingController(Controller):
+    """Takes the headroom off at the first fit only: a refit (after measuring the smaller set
+    the first fit kept, I9) sizes the KV cache without it."""
+
+    def fit_memory(self, reports, graph_bytes):
+        headroom = self.config.memory_headroom_bytes if self.memory is None else 0
+        return _fit(self, reports, graph_bytes, headroom)
 
 
 class RankZeroController(Controller):
@@ -142,3 +153,109 @@ def test_a_refusal_passes_only_where_the_memory_requires_it():
     for name in ("reserve-by-requested-batch",):
         variant = get_variant(name)
         assert not refusal_expected(variant.scenario(CheckSpec().scenario("shared")))
+
+
+def test_the_draw_covers_every_kind_in_six_runs_and_is_a_function_of_seed_and_index():
+    base = default_scenario(**SMALL)
+    draw = HeadroomDraw(base, seed=3)
+    assert draw(0) is base
+    assert draw(5) == HeadroomDraw(base, seed=3)(5) == pickle.loads(pickle.dumps(draw))(5)
+    assert draw(5) != HeadroomDraw(base, seed=4)(5)
+    runs = [draw(i) for i in range(1, 13)]
+    kinds = [KINDS[i % len(KINDS)] for i in range(1, 13)]
+    for sc, kind in zip(runs, kinds):
+        headroom, bound = sc.config.memory_headroom_bytes, largest_headroom(sc)
+        assert 0 <= headroom
+        assert refusal_expected(sc) == (kind == "over"), (kind, headroom, bound)
+        if kind == "exact":
+            assert headroom == bound
+    overs = [sc for sc, kind in zip(runs, kinds) if kind == "over"]
+    assert [sc.config.memory_headroom_bytes - largest_headroom(sc) for sc in overs][0] == 1
+    assert overs[1].config.memory_headroom_bytes - largest_headroom(overs[1]) > 1
+    assert any(sc.memory.rank_overhead for sc in runs)
+    assert any(not sc.memory.rank_overhead for sc in runs)
+    # roomy draws spread over the bound: below half of it and past it, where a headroom taken
+    # twice no longer fits (tight and exact draws are all past it)
+    roomy = [HeadroomDraw(base, seed)(i) for seed in range(4) for i in range(1, 13)
+             if KINDS[i % len(KINDS)] == "roomy"]
+    halves = {2 * sc.config.memory_headroom_bytes > largest_headroom(sc) for sc in roomy}
+    assert halves == {False, True}
+    members = draw.members()
+    assert members[0] is base and len(set(members)) == len(members) == len(KINDS) + 1
+    assert sum(map(refusal_expected, members)) == 2
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("controller_cls", [DroppingController, TwiceController,
+                                            RefitDroppingController, RankZeroController])
+def test_the_correct_row_catches_a_controller_that_mishandles_the_headroom(controller_cls):
+    [row] = check_correct(_mutant(controller_cls), SPEC, "shared")
+    assert not row.passed and row.got in ("invariant:I9", "startup-refused", "oom"), row.detail
+    if row.got == "startup-refused":
+        assert "the refusal is wrong" in row.detail
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", ["correct", "correct-eager"])
+def test_the_correct_rows_draw_the_headroom_and_count_their_refusals(name):
+    variant = REGISTRY[name]
+    [row] = check_correct(variant, SPEC, "shared")
+    assert row.got == "clean", row.detail
+    refused = row.stats.verdicts["startup-refused"]
+    assert 0 < refused < row.stats.schedules
+    assert row.detail.startswith(f"{row.stats.schedules - refused} schedules clean, {refused} "
+                                 "refused at startup, as their memory requires")
+    # without the draw every run serves at headroom 0, where a dropped headroom cannot show
+    [undrawn] = check_correct(replace(_mutant(DroppingController), draw=None), SPEC, "shared")
+    assert undrawn.got == "clean"
+
+
+DROPPING_FILE = '''
+from protocol.controller import Controller
+from protocol.memory import plan_memory
+from sim.headroom import HeadroomDraw
+from sim.variants import Variant
+
+
+class Dropping(Controller):
+    def fit_memory(self, reports, graph_bytes):
+        cap = self.memory.batch_cap if self.memory else self.config.max_batch
+        return plan_memory(reports, graph_bytes, self.plan.buckets, cap,
+                           self.config.kv_page_bytes, self.pages_per_seq, 0,
+                           self.config.max_kv_pages)
+
+
+DROPPED = Variant(name="my-headroom-dropped", summary="sizes the KV cache without the headroom",
+                  source="a test", expected={"shared": "invariant:I9", "per-rank": "invariant:I9"},
+                  controller_cls=Dropping, draw=HeadroomDraw)
+'''
+
+
+@pytest.mark.timeout(120)
+def test_a_trace_of_a_drawn_run_records_its_memory_and_replays(tmp_path, capsys):
+    """A counterexample under a drawn headroom (and rank overhead) replays only with them: the
+    trace records both where they differ from the variant's own, `--replay` applies them, and a
+    variant that does not draw its memory refuses them as a bad trace."""
+    import json
+
+    from lockstep.cli import main
+
+    path = tmp_path / "dropping.py"
+    path.write_text(DROPPING_FILE)
+    out = tmp_path / "traces"
+    assert main(["check", "--variant-file", str(path), "--variant", "my-headroom-dropped",
+                 "--topology", "shared", "--buckets", "1,2,4,8", "--max-batch", "6",
+                 "--schedules", "14", "--fault-schedules", "0", "--no-progress", "--jobs", "1",
+                 "--trace-out", str(out)]) == 0
+    trace = out / "my-headroom-dropped.shared.json"
+    data = json.loads(trace.read_text())
+    assert data["scenario"]["memory_headroom_bytes"] > 0
+    capsys.readouterr()
+    assert main(["check", "--replay", str(trace), "--variant-file", str(path)]) == 0
+    assert "==> invariant (I9)" in capsys.readouterr().out
+    data["variant"] = "fused-sweep"
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps(data))
+    assert main(["check", "--replay", str(edited)]) == 2
+    err = capsys.readouterr().err
+    assert "bad scenario in trace: memory_headroom_bytes" in err and "runs its own memory" in err
