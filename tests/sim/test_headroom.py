@@ -180,9 +180,15 @@ def test_the_draw_covers_every_kind_in_six_runs_and_is_a_function_of_seed_and_in
              if KINDS[i % len(KINDS)] == "roomy"]
     halves = {2 * sc.config.memory_headroom_bytes > largest_headroom(sc) for sc in roomy}
     assert halves == {False, True}
-    members = draw.members()
-    assert members[0] is base and len(set(members)) == len(members) == len(KINDS) + 1
-    assert sum(map(refusal_expected, members)) == 2
+    # a one-scenario search takes two refused members, the bound, and a roomy one past half
+    # of it with the last rank the tightest, which stands for the base
+    one_over, far_over, exact, busy = draw.members()
+    assert refusal_expected(one_over) and refusal_expected(far_over)
+    assert one_over.config.memory_headroom_bytes == largest_headroom(one_over) + 1
+    assert exact.config.memory_headroom_bytes == largest_headroom(exact)
+    assert busy.memory.rank_overhead == ((1, 64 << 20),)
+    assert largest_headroom(busy) / 2 < busy.config.memory_headroom_bytes < largest_headroom(busy)
+    assert draw.members() == HeadroomDraw(base, seed=3).members()
 
 
 @pytest.mark.timeout(120)
@@ -259,3 +265,16 @@ def test_a_trace_of_a_drawn_run_records_its_memory_and_replays(tmp_path, capsys)
     assert main(["check", "--replay", str(edited)]) == 2
     err = capsys.readouterr().err
     assert "bad scenario in trace: memory_headroom_bytes" in err and "runs its own memory" in err
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("controller_cls", [DroppingController, TwiceController])
+def test_a_one_scenario_search_of_the_members_catches_a_mishandled_headroom(controller_cls):
+    """Exhaustive search takes the draw's members in turn (`HeadroomDraw.members`), cheapest
+    first: a dropped headroom serves one byte past the bound (the first member), a doubled one
+    refuses the bound itself (the third, after two refusals that are right)."""
+    spec = CheckSpec(buckets=(1, 2, 4), max_batch=3, strategy="exhaustive", fault_schedules=0,
+                     jobs=1)
+    [row] = check_correct(_mutant(controller_cls), spec, "shared")
+    assert row.got in ("invariant:I9", "startup-refused") and not row.passed, row.detail
+    assert row.stats.scenarios == (1 if controller_cls is DroppingController else 3)
