@@ -535,7 +535,7 @@ class World:
                     f"{r}, less than the memory_headroom_bytes={headroom} the memory plan must "
                     "leave free: its graphs and KV cache took the headroom that the device's "
                     "other users (non-torch allocations, other tenants) then run out of", "I9",
-                    rank=r, step=step.seq)
+                    rank=r, step=step.seq, check="headroom-taken")
         return None
 
     def _check_retained_set(self, fin: Finalize) -> bool:
