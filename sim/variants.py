@@ -805,25 +805,48 @@ class ConsumeAsync(Kernel):
     needed: int
 
 
+@dataclass(frozen=True)
+class FinishAsync(Kernel):
+    """The rest of the step's forward, behind the next layer's all-reduce: its logits."""
+
+    label: ClassVar[str] = "finish-async"
+    seq: int
+    rows: tuple
+
+
 def _sim_run_eager_async(backend, r, host, op, probe):
-    """Enqueue the all-reduce on the side stream and its consumer on the main stream, unjoined."""
-    from sim.common import DONE
+    """Enqueue the all-reduce on the side stream and its consumer on the main stream, unjoined;
+    then the next layer's all-reduce and the rest of the forward on the main stream."""
+    from sim.common import DONE, Signature
     if probe:
         return DONE
     step = op.step
     dev = backend.world.devices[r]
     backend.enqueue(r, backend.eager_sig(len(step.rows), "async all-reduce"), side=True)
     backend.enqueue(r, ConsumeAsync(step.seq, step.rows, dev.enqueued_collectives))
+    nbytes = backend.world.config.shape.allreduce_bytes(len(step.rows))
+    backend.enqueue(r, Signature("all-reduce", 1, nbytes, "next layer's all-reduce"))
+    backend.enqueue(r, FinishAsync(step.seq, step.rows))
     return backend.done(host)
 
 
 def _sim_consume_async(world, r, dev, kernel):
-    """The consumer reads the all-reduce output; before the collective completed it is a partial sum."""
+    """The consumer reads the all-reduce output; before the collective completed it is a
+    partial sum, and this rank's hidden state for the step is wrong from here on."""
+    if dev.completed_collectives < kernel.needed:
+        world.variant_state.setdefault("async-partial", set()).add(kernel.seq)
+
+
+def _sim_finish_async(world, r, dev, kernel):
+    """The step's logits, after the next all-reduce: it sums every rank's hidden state, so one
+    rank's partial sum makes every rank's logits wrong, not only that rank's. Every rank's
+    consumer ran before this (each enqueued it ahead of that all-reduce, which completes only
+    once every rank reached it)."""
     from sim.devices import padded_rows
-    complete = dev.completed_collectives >= kernel.needed
+    corrupt = kernel.seq in world.variant_state.get("async-partial", ())
     rows = padded_rows(kernel.rows, len(kernel.rows), world.config.max_batch)
     world.device_model.decode(dev.live("kv"), dev.live("logits"), kernel.seq, rows,
-                              corrupt=not complete)
+                              corrupt=corrupt)
 
 
 register(Variant(
@@ -835,7 +858,7 @@ register(Variant(
     remedy='Every rank synchronizes before it samples or replies, and a row-parallel output is consumed only after its all-reduce completed (I1, I11).',
     worker_cls=AsyncRowParallelWorker, adjust=eager_decode,
     sim_ops={RunEagerAsync: _sim_run_eager_async},
-    sim_kernels={ConsumeAsync: _sim_consume_async}))
+    sim_kernels={ConsumeAsync: _sim_consume_async, FinishAsync: _sim_finish_async}))
 
 
 # -- host-frozen-metadata -------------------------------------------------------------------------------

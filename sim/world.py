@@ -151,6 +151,9 @@ class World:
         self.host_seq: dict = {}  # (rank, host group) -> calls it completed
         self.host_arrivals: dict = {}  # (host group, call index) -> {rank: Signature}
         self.host_left: dict = {}  # (host group, call index) -> ranks that returned
+        # what a variant's kernels share across ranks, by name (sets or hashable values: part
+        # of the fingerprint)
+        self.variant_state: dict = {}
         self.backend = ModelledBackend(self)
         self._performers = self.backend.performers
         self.device_model = DeviceModel(self)
@@ -826,7 +829,10 @@ class World:
         hosts = ((tuple(sorted(self.host_seq.items())),
                   tuple(sorted((k, tuple(sorted(v))) for k, v in self.host_arrivals.items())))
                  if self.host_seq or self.host_arrivals else ())
-        return (ctrl, self._news, ranks, self.clock, len(self.arrivals), hosts)
+        shared = (tuple(sorted((name, tuple(sorted(v)) if isinstance(v, (set, frozenset)) else v)
+                               for name, v in self.variant_state.items()))
+                  if self.variant_state else ())
+        return (ctrl, self._news, ranks, self.clock, len(self.arrivals), hosts, shared)
 
     def _rank_part(self, r: int) -> tuple:
         h, d = self.hosts[r], self.devices[r]

@@ -171,13 +171,16 @@ def test_the_sampler_kernel_reads_only_what_its_own_command_computed():
 
 
 @pytest.mark.timeout(120)
-def test_async_row_parallel_diverges_exactly_when_rank_0_reads_an_unfinished_all_reduce():
+def test_async_row_parallel_diverges_exactly_when_any_rank_reads_an_unfinished_all_reduce():
     """async-row-parallel's consumer reads a partial sum only when its all-reduce has not
-    completed: a schedule where the collective finishes first computes the right token. Only
-    rank 0's logits are sampled, so a run diverges exactly when one of rank 0's consumers ran
-    early. With every random schedule of the check's workload some consumer runs early and some
-    late, so the verdict stayed divergence when mutant #3008 (docs/mutation.md) corrupted the
-    *completed* reads instead; one request with one decode step has runs of each kind."""
+    completed: a schedule where the collective finishes first computes the right token. The
+    next layer's all-reduce sums every rank's hidden state, so a partial sum read on any rank
+    makes the sampled token wrong, not only one read on rank 0, the rank that samples (before,
+    the model corrupted rank 0's logits alone, and rank 1's early reads changed nothing). With
+    every random schedule of the check's workload some consumer runs early and some late, so the
+    verdict stayed divergence when mutant #3008 (docs/mutation.md) corrupted the *completed*
+    reads instead; one request with one decode step has runs of each kind, among them runs where
+    only rank 1 read early."""
     from protocol.requests import Request
     from sim.scenario import Arrival
     from sim.variants import ConsumeAsync, _sim_consume_async
@@ -189,18 +192,21 @@ def test_async_row_parallel_diverges_exactly_when_rank_0_reads_an_unfinished_all
         return _sim_consume_async(world, r, dev, kernel)
 
     variant = replace(REGISTRY["async-row-parallel"], name="async-row-parallel-spied",
-                      sim_kernels={ConsumeAsync: consume})
+                      sim_kernels={**REGISTRY["async-row-parallel"].sim_kernels,
+                                   ConsumeAsync: consume})
     sc = variant.scenario(default_scenario(buckets=(1, 2), max_batch=2))
     sc = sc.with_(workload=(Arrival(0, Request(0, prompt=(1, 2, 3), max_tokens=2)),))
-    verdicts = set()
-    for seed in range(30):
+    verdicts, only_rank_1 = set(), 0
+    for seed in range(40):
         reads.clear()
         outcome = run_schedule(sc, variant, RandomWalk(seed)).outcome
-        early = any(r == 0 and not complete for r, complete in reads)
-        assert any(r == 0 for r, _ in reads), seed
+        early = {r for r, complete in reads if not complete}
+        assert {r for r, _ in reads} == {0, 1}, seed
         assert outcome.verdict == ("divergence" if early else "clean"), (seed, reads, outcome.detail)
         verdicts.add(outcome.verdict)
+        only_rank_1 += early == {1}
     assert verdicts == {"clean", "divergence"}  # both kinds of schedule were run
+    assert only_rank_1 > 0  # and the rank that does not sample was the only one to read early
 
 
 @pytest.mark.timeout(60)
