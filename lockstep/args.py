@@ -29,7 +29,13 @@ _INTEGER = re.compile(r"[+-]?[0-9]+(?:_[0-9]+)*", re.ASCII)
 
 
 _SEED = re.compile(r"[+-]?[0-9]+", re.ASCII)
-"""A seed as the engine has always spelt one: a sign and ASCII digits, no underscores."""
+"""A seed as the engine has always spelt one: a sign and ASCII digits, no underscores; every
+integer option of `lockstep check` is spelt so too (`integer`)."""
+
+_NUMBER = re.compile(r"[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|(?i:inf(?:inity)?))",
+                     re.ASCII)
+"""A decimal number in ASCII: digits with an optional point and exponent, no underscores; or
+``inf``, which a caller's range check then names (``nan`` is not a number)."""
 
 
 def too_many_digits(text: str) -> bool:
@@ -38,6 +44,31 @@ def too_many_digits(text: str) -> bool:
     digits = text.strip()
     return (_INTEGER.fullmatch(digits) is not None
             and len(digits.lstrip("+-").replace("_", "").lstrip("0")) > MAX_DIGITS)
+
+
+def integer(text: str) -> int:
+    """An integer option's value spelt as a seed is (`_SEED`): int() alone also took "1_0" and
+    other scripts' digits ("\u0662" for 2), which the seeds refused (a fresh user's finding).
+
+    Raises:
+        ValueError: "'<text>' is not an integer" (clipped).
+    """
+    digits = text.strip()
+    if _SEED.fullmatch(digits) is None:
+        raise ValueError(f"{clipped(text)!r} is not an integer")
+    return int(digits)
+
+
+def number(text: str) -> float:
+    """A decimal option's value spelt in ASCII (`_NUMBER`), as float() of it.
+
+    Raises:
+        ValueError: "'<text>' is not a number" (clipped).
+    """
+    digits = text.strip()
+    if _NUMBER.fullmatch(digits) is None:
+        raise ValueError(f"{clipped(text)!r} is not a number")
+    return float(digits)
 
 
 def seed(text: str) -> int:

@@ -21,7 +21,7 @@ import time
 from dataclasses import fields, replace
 from pathlib import Path
 
-from lockstep.args import MAX_DIGITS, clipped, seed, too_many_digits
+from lockstep.args import MAX_DIGITS, clipped, integer, number, seed, too_many_digits
 from lockstep.paths import nearest_existing, write_refused
 from protocol.errors import ConfigError
 from sim.check import (NOT_REACHABLE, TRACE_REDUCE_ATTEMPTS, CheckSpec, Row,
@@ -48,10 +48,7 @@ def _within_digits(text: str) -> None:
 
 def _int(text: str, minimum: int | None = None) -> int:
     _within_digits(text)
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"{clipped(text)!r} is not an integer") from None
+    value = integer(text)
     if minimum is not None and value < minimum:
         raise ValueError(f"{value} must be at least {minimum}")
     return value
@@ -69,10 +66,7 @@ def _positive_int(text: str) -> int:
 
 
 def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"{text!r} is not a number") from None
+    value = number(text)
     if not value > 0 or value == float("inf"):
         raise ValueError(f"{text} must be a finite, positive number of seconds")
     return value
@@ -85,7 +79,7 @@ def _buckets(text: str) -> tuple[int, ...]:
     for item in items:
         _within_digits(item)
     try:
-        values = tuple(int(x) for x in items)
+        values = tuple(integer(x) for x in items)
     except ValueError:
         raise ValueError(f"{clipped(text)!r} is not a comma-separated list of integers") from None
     return check_scenario_value("buckets", values)

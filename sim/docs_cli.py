@@ -204,7 +204,9 @@ def add_parser(subparsers, name: str) -> None:
     """Register `lockstep docs`."""
     p = subparsers.add_parser(name, help="regenerate docs/walkthroughs from simulator traces",
                               description=__doc__)
-    p.add_argument("--root", default=".",
+    from sim.cli import _Once  # refused when given twice, as every option of `lockstep check`
+
+    p.add_argument("--root", action=_Once, default=None,
                    help="lockstep checkout to write into: a directory holding README.md and the "
                         "sim/ and protocol/ packages (default: .)")
     p.add_argument("--check", action="store_true",
@@ -215,6 +217,8 @@ def add_parser(subparsers, name: str) -> None:
 def run(args) -> int:
     """Write (or with --check, compare) the generated files; 2 with one line for a --root
     that cannot take them, found before rendering."""
+    if args.root is None:
+        args.root = "."
     problem = check_root(args.root, write=not args.check)
     if problem:
         sys.stderr.write(f"lockstep docs: error: {problem}\n")

@@ -157,6 +157,20 @@ def test_an_empty_root_is_refused_not_read_as_the_current_directory(monkeypatch,
                                                "checkout (e.g. --root .)")
 
 
+def test_a_repeated_root_is_refused_as_lockstep_check_refuses_one(monkeypatch, capsys):
+    """A fresh user's finding: `docs --root . --root /x` kept the last value, silently."""
+    import sim.docs_cli as docs_cli
+    from lockstep.cli import main
+
+    monkeypatch.setattr(docs_cli, "render", lambda root: pytest.fail("rendered"))
+    with pytest.raises(SystemExit) as info:
+        main(["docs", "--root", ".", "--root", "/nonexistent"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("argument --root: given twice ('.', then '/nonexistent'); give it once")
+    assert len(err.splitlines()) == 1
+
+
 def test_an_unwritable_root_is_refused_before_rendering(monkeypatch, capsys):
     """os.access is true for root; the test write is not (here: /proc cannot hold files)."""
     import sim.docs_cli as docs_cli
