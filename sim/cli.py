@@ -503,6 +503,7 @@ def _run(args, finished: _Finished | None = None) -> int:
         if given:
             return _fail(f"--matrix chooses ranks, buckets and topologies; drop {', '.join(given)}")
     clean_schedules = CLEAN_SCHEDULES if args.schedules is None else args.schedules
+    faults_given = args.fault_schedules is not None
     for key, value in DEFAULTS.items():
         if getattr(args, key) is None:
             setattr(args, key, value if key != "jobs" else os.cpu_count() or 1)
@@ -521,6 +522,13 @@ def _run(args, finished: _Finished | None = None) -> int:
         if args.list:
             print(_variant_list(variants, spec, args.json))
             return 0
+        if (faults_given and not args.matrix and spec.fault_schedules > 0
+                and not any(has_faulted_row(v, spec) for v in variants)):
+            # a fresh user's finding: the option was taken and did nothing
+            return _fail(f"--fault-schedules {spec.fault_schedules} sets the '+faults' row of a "
+                         "design expected clean; no variant checked here has one ("
+                         f"{clipped(', '.join(v.name for v in variants))}): drop "
+                         "--fault-schedules")
         # validates ranks / buckets / max batch before any search
         check_coverage_reachable(spec.scenario("shared"))
     except ConfigError as exc:

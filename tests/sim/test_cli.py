@@ -109,6 +109,10 @@ def test_the_seed_range_is_the_engine_s_and_leading_zeros_are_not_digits():
     (["check", "--buckets", "100000"], "more than its 141 GiB"),
     (["check", "--strategy", "exhaustive", "--schedules", "2"],
      "--schedules 2 sets the budget of random, PCT and Hypothesis search"),
+    # a fresh user's finding: taken and ignored where no row is faulted
+    (["check", "--variant", "fused-sweep", "--fault-schedules", "5"],
+     "--fault-schedules 5 sets the '+faults' row of a design expected clean; no variant "
+     "checked here has one (fused-sweep): drop --fault-schedules"),
     (["check", "--h2-calls", "measured", "--hazard-off", "h2"],
      "--h2-calls measured shapes H2, but --hazard-off h2 switches H2 off"),
     (["check", "--h2-calls", "both", "--h2-scope", "device", "--hazard-off", "h2"],
