@@ -53,10 +53,7 @@ def integer(text: str) -> int:
     Raises:
         ValueError: "'<text>' is not an integer" (clipped).
     """
-    digits = text.strip()
-    if _SEED.fullmatch(digits) is None:
-        raise ValueError(f"{clipped(text)!r} is not an integer")
-    return int(digits)
+    return int(_spelt(text, _SEED, "an integer"))
 
 
 def number(text: str) -> float:
@@ -65,10 +62,15 @@ def number(text: str) -> float:
     Raises:
         ValueError: "'<text>' is not a number" (clipped).
     """
+    return float(_spelt(text, _NUMBER, "a number"))
+
+
+def _spelt(text: str, pattern: re.Pattern, what: str) -> str:
+    """``text`` stripped, if ``pattern`` spells all of it; else ValueError naming it."""
     digits = text.strip()
-    if _NUMBER.fullmatch(digits) is None:
-        raise ValueError(f"{clipped(text)!r} is not a number")
-    return float(digits)
+    if pattern.fullmatch(digits) is None:
+        raise ValueError(f"{clipped(text)!r} is not {what}")
+    return digits
 
 
 def seed(text: str) -> int:
@@ -77,9 +79,7 @@ def seed(text: str) -> int:
     Raises:
         ValueError: one line naming the value (clipped): not an integer, or outside the range.
     """
-    digits = text.strip()
-    if _SEED.fullmatch(digits) is None:
-        raise ValueError(f"{clipped(text)!r} is not an integer")
+    digits = _spelt(text, _SEED, "an integer")
     value = SEED_LIMIT if too_many_digits(digits) else int(digits)
     if not 0 <= value < SEED_LIMIT:
         raise ValueError(f"{clipped(digits)} is outside [0, 2**64)")
