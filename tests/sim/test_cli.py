@@ -49,6 +49,8 @@ def _rewrite(trace, edit):
     (["check", "--schedules", "x" * 5000], "--schedules: 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxx...' is not"),
     (["check", "--trace-out", ""], "--trace-out: the directory name is empty"),
     (["check", "--buckets", "8,4"], "ascending"),
+    # a fresh user's finding: read "must be strictly ascending: 1048577 then 2"
+    (["check", "--buckets", "1048577,2"], "--buckets: bucket 1048577 is above 1048576"),
     (["check", "--buckets", "a,b"], "'a,b' is not a comma-separated"),
     (["check", "--schedules", "x"], "--schedules: 'x' is not an integer"),
     (["check", "--time-budget", "-1"], "--time-budget: -1 must be a finite, positive number"),
