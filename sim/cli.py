@@ -651,6 +651,18 @@ def _report_only(variant, rows: list[Row], args) -> None:
         row.compared = False
 
 
+def _model_changes(args) -> list[str]:
+    """How the model a check runs under differs from the full one, one phrase per change."""
+    changes = []
+    if args.hazard_off:
+        changes.append(f"hazards switched off: {', '.join(args.hazard_off)}")
+    if args.h2_scope not in (None, "process"):
+        changes.append(f"H2 scope {args.h2_scope}")
+    if args.h2_calls not in (None, "both"):
+        changes.append(f"H2 calls {args.h2_calls}")
+    return changes
+
+
 def _print_model(args) -> None:
     """The header that says which model a check ran under, where it is not the full one."""
     if args.h2_scope not in (None, "process"):
@@ -746,6 +758,10 @@ def _run_stats(variants, spec: CheckSpec, args, finished: _Finished) -> int:
                           "rows": [s.__dict__ for s in shares]}, indent=1))
         return 1 if any(s.error for s in shares) else 0
     else:
+        changed = _model_changes(args)
+        if changed:  # a fresh user's finding: shares under another model read as the full one's
+            print(f"model: {'; '.join(changed)} (a share counts the schedules that fail in any "
+                  "way under it)")
         print(render_table(shares))
         for line in shares:
             if line.error:

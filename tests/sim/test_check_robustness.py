@@ -531,6 +531,19 @@ def test_stats_names_the_clean_variants_it_skips(capsys):
     assert "| fused-sweep | shared | 100.0% (4/4) | 100.0% (4/4) |" in captured.out
 
 
+def test_stats_under_a_changed_model_says_which_above_its_shares(capsys):
+    """A fresh user's finding: `--stats --hazard-off h2` printed shares with no word that H2 was
+    off, so they read as the full model's (fused-sweep's 100% there are I4, not deadlocks)."""
+    assert main(["check", "--stats", "--variant", "fused-sweep", "--hazard-off", "h2",
+                 "--topology", "shared", "--schedules", "3", "--jobs", "1", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == ("model: hazards switched off: h2 (a share counts the "
+                                   "schedules that fail in any way under it)")
+    assert main(["check", "--stats", "--variant", "fused-sweep", "--topology", "shared",
+                 "--schedules", "3", "--jobs", "1", "--no-progress"]) == 0
+    assert "model:" not in capsys.readouterr().out
+
+
 def test_explain_with_nothing_to_explain_says_so(capsys):
     """Old behaviour: `--explain --variant correct` printed the table and no word about --explain."""
     assert main(["check", "--explain", "--variant", "correct", "--topology", "shared",
