@@ -278,3 +278,30 @@ def test_a_one_scenario_search_of_the_members_catches_a_mishandled_headroom(cont
     [row] = check_correct(_mutant(controller_cls), spec, "shared")
     assert row.got in ("invariant:I9", "startup-refused") and not row.passed, row.detail
     assert row.stats.scenarios == (1 if controller_cls is DroppingController else 3)
+
+
+class _Highest:
+    """An rng whose draws are the top of their range."""
+
+    def randint(self, lo, hi):
+        return hi
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", ["default", "rank-1-busy"])
+def test_the_roomiest_draw_keeps_every_graph_of_the_full_batch_and_one_byte_more_does_not(name):
+    """`KINDS`' ``roomy``: up to the most headroom that still keeps the graphs of the full batch
+    cap beside one sequence. At the top of that range the correct protocol serves with the
+    memory-fitted cap at max_batch; one byte more and the fit drops the cap. Mutants #1614 and
+    #1621 (a sign and a product of that bound changed, docs/mutation.md) moved the top and were
+    not caught: a roomy draw past it serves at a smaller cap, or is refused and read as expected."""
+    draw = HeadroomDraw(SCENARIOS["default"], 0)
+    overhead = ((1, 3 << 30),) if name == "rank-1-busy" else None
+    top = draw.drawn("roomy", _Highest(), overhead and overhead[0])
+    headroom = top.config.memory_headroom_bytes
+    full = _run(top)
+    assert full.outcome.verdict == "clean", full.outcome.detail
+    assert full.world._fitted_cap == top.config.max_batch
+    past = _run(_with(top, headroom=headroom + 1))
+    assert past.outcome.verdict == "clean", past.outcome.detail
+    assert past.world._fitted_cap < top.config.max_batch

@@ -96,3 +96,36 @@ def test_times_show_only_when_the_clock_moved_in_the_story():
     times = {line.split(" t=")[1].split("s ")[0] for line in moving.split("==> ")[0].splitlines()
              if " t=" in line}
     assert len(times) > 1, moving
+
+
+def test_a_run_of_two_commands_starts_its_story_at_the_first_command():
+    """The window starts at the command before the last one, also when the run sent only two
+    (mutant #2406, `>= 2` -> `>= 3`, started it at the watchdog's arming instead; no shipped
+    variant's minimal trace has exactly two commands)."""
+    from protocol.trace import TraceEvent as E
+    from sim.report import EARLIER, _window
+
+    events = [E("controller", "watchdog-arm", "watchdog"),
+              E("controller", "send", "Warmup", 0, None, ""), E("rank0", "op", "synchronize", 0, 0),
+              E("rank0", "reply", "Reply", 0, 0), E("controller", "send", "Capture", 1, None, ""),
+              E("rank0", "op", "record", 1, 0, "decode@8")]
+    assert _window(events, 40) == [EARLIER] + events[1:]
+
+
+def test_the_breaking_command_takes_half_the_window():
+    """When the command that broke the rule is not in the tail, its send and its last events
+    take half the window, the tail the other half (mutant #2441, a third instead of a half,
+    was not caught: every shipped story's head is shorter than either)."""
+    from protocol.trace import TraceEvent as E
+    from sim.report import EARLIER, _window
+
+    def command(seq, ops):
+        return [E("controller", "send", "Step", seq, None, "")] + [
+            E("rank0", "op", f"op{i}", seq, 0) for i in range(ops)]
+
+    events = command(0, 8) + command(1, 20) + command(2, 20)
+    window = _window(events, 10, step=0)
+    gap = window.index(None)
+    assert window[0] is not EARLIER and window[0] is events[0]  # the send of command 0 first
+    assert window[:gap] == [events[0]] + events[5:9]  # then its last four: five in all
+    assert len(window) - gap - 1 == 5 and window[-1] is events[-1]
