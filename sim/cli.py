@@ -503,7 +503,7 @@ def _run(args, finished: _Finished | None = None) -> int:
         if given:
             return _fail(f"--matrix chooses ranks, buckets and topologies; drop {', '.join(given)}")
     clean_schedules = CLEAN_SCHEDULES if args.schedules is None else args.schedules
-    faults_given = args.fault_schedules is not None
+    faults_given, jobs_given = args.fault_schedules is not None, args.jobs is not None
     for key, value in DEFAULTS.items():
         if getattr(args, key) is None:
             setattr(args, key, value if key != "jobs" else os.cpu_count() or 1)
@@ -529,6 +529,13 @@ def _run(args, finished: _Finished | None = None) -> int:
                          "design expected clean; no variant checked here has one ("
                          f"{clipped(', '.join(v.name for v in variants))}): drop "
                          "--fault-schedules")
+        if (jobs_given and args.jobs > 1 and args.strategy in ("exhaustive", "hypothesis")
+                and not args.matrix
+                and not any(has_faulted_row(v, spec) for v in variants)):
+            # a fresh user's finding: taken and ignored (under these strategies only a faulted
+            # row's random search, which these variants lack, spreads over workers)
+            return _fail(f"--jobs {args.jobs} spreads random and PCT search over worker "
+                         f"processes; {args.strategy} search runs in this one: drop --jobs")
         # validates ranks / buckets / max batch before any search
         check_coverage_reachable(spec.scenario("shared"))
     except ConfigError as exc:

@@ -111,7 +111,12 @@ def test_the_seed_range_is_the_engine_s_and_leading_zeros_are_not_digits():
     (["check", "--buckets", "100000"], "more than its 141 GiB"),
     (["check", "--strategy", "exhaustive", "--schedules", "2"],
      "--schedules 2 sets the budget of random, PCT and Hypothesis search"),
-    # a fresh user's finding: taken and ignored where no row is faulted
+    # a fresh user's findings: taken and ignored where no row is faulted
+    (["check", "--strategy", "exhaustive", "--variant", "fused-sweep", "--jobs", "4"],
+     "--jobs 4 spreads random and PCT search over worker processes; exhaustive search runs in "
+     "this one: drop --jobs"),
+    (["check", "--strategy", "hypothesis", "--variant", "fused-sweep", "--jobs", "2"],
+     "hypothesis search runs in this one: drop --jobs"),
     (["check", "--variant", "fused-sweep", "--fault-schedules", "5"],
      "--fault-schedules 5 sets the '+faults' row of a design expected clean; no variant "
      "checked here has one (fused-sweep): drop --fault-schedules"),
