@@ -1001,10 +1001,12 @@ def check_scenario_value(name: str, value):
     if name == "buckets":
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{value!r} is not a list of integers")
-        if all(type(v) is int for v in value):  # a bucket too large says so, in any order
+        ints = all(type(v) is int for v in value)
+        if ints:  # a bucket too large says so before the order does
             check_limits(buckets=tuple(value))
         values = validate_buckets(value)
-        check_limits(buckets=values)
+        if not ints:
+            check_limits(buckets=values)
         return values
     if name == "hazards_off":
         if not isinstance(value, (list, tuple)):

@@ -522,18 +522,15 @@ def _run(args, finished: _Finished | None = None) -> int:
         if args.list:
             print(_variant_list(variants, spec, args.json))
             return 0
-        if (faults_given and not args.matrix and spec.fault_schedules > 0
-                and not any(has_faulted_row(v, spec) for v in variants)):
-            # a fresh user's finding: the option was taken and did nothing
+        # options that only a '+faults' row uses (a fresh user's findings: taken and ignored)
+        faulted = args.matrix or any(has_faulted_row(v, spec) for v in variants)
+        if faults_given and spec.fault_schedules > 0 and not faulted:
             return _fail(f"--fault-schedules {spec.fault_schedules} sets the '+faults' row of a "
                          "design expected clean; no variant checked here has one ("
                          f"{clipped(', '.join(v.name for v in variants))}): drop "
                          "--fault-schedules")
         if (jobs_given and args.jobs > 1 and args.strategy in ("exhaustive", "hypothesis")
-                and not args.matrix
-                and not any(has_faulted_row(v, spec) for v in variants)):
-            # a fresh user's finding: taken and ignored (under these strategies only a faulted
-            # row's random search, which these variants lack, spreads over workers)
+                and not faulted):  # under these, only a faulted row's random search uses workers
             return _fail(f"--jobs {args.jobs} spreads random and PCT search over worker "
                          f"processes; {args.strategy} search runs in this one: drop --jobs")
         # validates ranks / buckets / max batch before any search

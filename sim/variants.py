@@ -817,15 +817,15 @@ class FinishAsync(Kernel):
 def _sim_run_eager_async(backend, r, host, op, probe):
     """Enqueue the all-reduce on the side stream and its consumer on the main stream, unjoined;
     then the next layer's all-reduce and the rest of the forward on the main stream."""
-    from sim.common import DONE, Signature
+    from sim.common import DONE
     if probe:
         return DONE
     step = op.step
     dev = backend.world.devices[r]
     backend.enqueue(r, backend.eager_sig(len(step.rows), "async all-reduce"), side=True)
     backend.enqueue(r, ConsumeAsync(step.seq, step.rows, dev.enqueued_collectives))
-    nbytes = backend.world.config.shape.allreduce_bytes(len(step.rows))
-    backend.enqueue(r, Signature("all-reduce", 1, nbytes, "next layer's all-reduce"))
+    backend.enqueue(r, replace(backend.eager_sig(len(step.rows), "next layer's all-reduce"),
+                               count=1))
     backend.enqueue(r, FinishAsync(step.seq, step.rows))
     return backend.done(host)
 
