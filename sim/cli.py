@@ -655,28 +655,27 @@ def _report_only(variant, rows: list[Row], args) -> None:
         row.compared = False
 
 
-def _model_changes(args) -> list[str]:
-    """How the model a check runs under differs from the full one, one phrase per change."""
+def _model_changes(args) -> list[tuple[str, str]]:
+    """How the model a check runs under differs from the full one: per change, its phrase and
+    what it does to the check table's verdicts. `--stats` names the phrases above its shares,
+    the check table prints both above its rows (`_print_model`)."""
+    reported = "bad variants' verdicts are reported, not compared"
     changes = []
     if args.hazard_off:
-        changes.append(f"hazards switched off: {', '.join(args.hazard_off)}")
+        changes.append((f"hazards switched off: {', '.join(args.hazard_off)}",
+                        "bad variants' verdicts are reported, not held to their expected "
+                        "verdicts; the status column compares them with the full model's"))
     if args.h2_scope not in (None, "process"):
-        changes.append(f"H2 scope {args.h2_scope}")
+        changes.append((f"H2 scope: {args.h2_scope}", reported))
     if args.h2_calls not in (None, "both"):
-        changes.append(f"H2 calls {args.h2_calls}")
+        changes.append((f"H2 calls: {args.h2_calls}", reported))
     return changes
 
 
 def _print_model(args) -> None:
     """The header that says which model a check ran under, where it is not the full one."""
-    if args.h2_scope not in (None, "process"):
-        print(f"H2 scope: {args.h2_scope} (bad variants' verdicts are reported, not compared)")
-    if args.h2_calls not in (None, "both"):
-        print(f"H2 calls: {args.h2_calls} (bad variants' verdicts are reported, not compared)")
-    if args.hazard_off:
-        print(f"hazards switched off: {', '.join(args.hazard_off)} (bad variants' verdicts are "
-              "reported, not held to their expected verdicts; the status column compares them "
-              "with the full model's)")
+    for phrase, effect in _model_changes(args):
+        print(f"{phrase} ({effect})")
 
 
 def _run_matrix(variants, spec: CheckSpec, args, finished: _Finished) -> int:
@@ -764,8 +763,8 @@ def _run_stats(variants, spec: CheckSpec, args, finished: _Finished) -> int:
     else:
         changed = _model_changes(args)
         if changed:  # a fresh user's finding: shares under another model read as the full one's
-            print(f"model: {'; '.join(changed)} (a share counts the schedules that fail in any "
-                  "way under it)")
+            print(f"model: {'; '.join(phrase for phrase, _ in changed)} (a share counts the "
+                  "schedules that fail in any way under it)")
         print(render_table(shares))
         for line in shares:
             if line.error:
