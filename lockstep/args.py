@@ -24,10 +24,6 @@ def clipped(text: str) -> str:
     return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS - 3]}..."
 
 
-_INTEGER = re.compile(r"[+-]?[0-9]+(?:_[0-9]+)*", re.ASCII)
-"""An integer as int() spells one in ASCII: a sign, digits, single underscores between them."""
-
-
 _SEED = re.compile(r"[+-]?[0-9]+", re.ASCII)
 """A seed as the engine has always spelt one: a sign and ASCII digits, no underscores; every
 integer option of `lockstep check` is spelt so too (`integer`)."""
@@ -39,11 +35,13 @@ _NUMBER = re.compile(r"[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|
 
 
 def too_many_digits(text: str) -> bool:
-    """Whether ``text`` (stripped) is an integer (`_INTEGER`) of more than MAX_DIGITS
-    significant digits: above every bound of every option, so refused unparsed."""
+    """Whether ``text`` (stripped) is an integer spelt as every integer option spells one
+    (`_SEED`: no underscores) of more than MAX_DIGITS significant digits: above every bound of
+    every option, so refused unparsed. Anything else is left to the parser, which names it
+    "not an integer"."""
     digits = text.strip()
-    return (_INTEGER.fullmatch(digits) is not None
-            and len(digits.lstrip("+-").replace("_", "").lstrip("0")) > MAX_DIGITS)
+    return (_SEED.fullmatch(digits) is not None
+            and len(digits.lstrip("+-").lstrip("0")) > MAX_DIGITS)
 
 
 def integer(text: str) -> int:

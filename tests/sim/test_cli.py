@@ -88,7 +88,13 @@ def test_the_seed_range_is_the_engine_s_and_leading_zeros_are_not_digits():
             seed(text)
         with pytest.raises(ValueError, match="is not an integer"):
             cli._int(text)
-    assert too_many_digits("-" + "0_" * 30 + "1" * 21) and not too_many_digits("1_" * 19 + "1")
+    assert too_many_digits("-" + "0" * 30 + "1" * 21) and not too_many_digits("1" * 20)
+    # underscores are refused by every parser, so a long underscored integer is not an integer
+    # rather than one of too many digits
+    long_underscored = "1_" * 25 + "1"
+    assert not too_many_digits(long_underscored)
+    with pytest.raises(ValueError, match="is not an integer"):
+        cli._int(long_underscored)
 
 
 @pytest.mark.parametrize("argv,needle", [
