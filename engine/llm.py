@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,7 +95,7 @@ class LLM:
             config = EngineConfig.create(model, **kwargs)
         progress = config.progress
         self._say = (lambda msg: print(f"lockstep: {msg}", flush=True,
-                                       file=__import__("sys").stderr)) if progress else (
+                                       file=sys.stderr)) if progress else (
             lambda msg: None)
         self.config = config
         self.cfg = config.model_config
@@ -156,9 +157,6 @@ class LLM:
     def _watchdog_expired(self) -> None:
         """The startup watchdog's expiry: name the command in flight, kill the rank
         processes, abort this process (never exit: driver teardown can hang, H8)."""
-        import os
-        import sys
-
         cur = self.controller.current
         what = (f"command {cur.seq} ({type(cur).__name__})" if cur is not None
                 else "the wait between two commands")
