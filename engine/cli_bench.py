@@ -20,7 +20,7 @@ import sys
 from engine.bench.flags import apply_workload_flags
 from engine.bench.options import (BenchArgError, BenchOptions, max_positions, parse_int_list,
                                   validate)
-from engine.cli_args import seed as seed_arg
+from engine.cli_args import integer, number, seed as seed_arg
 from engine.errors import cuda_missing
 from engine.presets import PRESETS
 
@@ -38,10 +38,11 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
                    help="decode: batch sizes, comma-separated (default 1,8,64,256)")
     p.add_argument("--context-lens", default=None,
                    help="decode: cached tokens per row, comma-separated (default 128)")
-    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, help="GPUs (default 1)")
-    p.add_argument("--steps", type=int, default=None,
+    p.add_argument("--tensor-parallel-size", "-tp", type=integer, default=1,
+                   help="GPUs (default 1)")
+    p.add_argument("--steps", type=integer, default=None,
                    help="decode: timed steps per point (default 200)")
-    p.add_argument("--warmup", type=int, default=None,
+    p.add_argument("--warmup", type=integer, default=None,
                    help="decode: untimed steps first (default 20)")
     p.add_argument("--no-graphs", action="store_true", default=None,
                    help="decode: skip the graph-replay path")
@@ -70,17 +71,17 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
                    help="decode: time decode steps (default); throughput: serve workload W "
                         "(N requests, prompt and output lengths uniform in [100, 1024]) end to "
                         "end")
-    p.add_argument("--num-requests", "-n", type=int, default=None,
+    p.add_argument("--num-requests", "-n", type=integer, default=None,
                    help=f"throughput: requests in workload W, 1..{MAX_REQUESTS} (default 256)")
-    p.add_argument("--max-batch", type=int, default=None,
+    p.add_argument("--max-batch", type=integer, default=None,
                    help="throughput: decode slots (default 256)")
-    p.add_argument("--max-model-len", type=int, default=None,
+    p.add_argument("--max-model-len", type=integer, default=None,
                    help="throughput: longest prompt + output (default 2048)")
-    p.add_argument("--max-prefill-tokens", type=int, default=None,
+    p.add_argument("--max-prefill-tokens", type=integer, default=None,
                    help="throughput: prompt tokens prefilled per step (default 8192)")
-    p.add_argument("--temperature", type=float, default=None,
+    p.add_argument("--temperature", type=number, default=None,
                    help="throughput: temperature of the sampled run (default 0.6)")
-    p.add_argument("--top-p", type=float, default=None,
+    p.add_argument("--top-p", type=number, default=None,
                    help="throughput: top-p of the sampled run (default 0.95)")
     p.add_argument("--no-decode-overlap", action="store_true", default=None,
                    help="--workload throughput: step-locked scheduling (default: overlapped "

@@ -11,13 +11,16 @@ from __future__ import annotations
 import argparse
 import sys
 
-from engine.cli_args import seed as seed_arg
+from engine.cli_args import integer, number, seed as seed_arg
 
 
 def _ids(text: str) -> list[int]:
-    """``1,2,3`` -> [1, 2, 3]; an empty item (``1,,2``, a trailing comma) or anything but
-    decimal digits (``int`` would also take ``1_0`` and ``+1``) is refused, naming the item."""
+    """``1,2,3`` -> [1, 2, 3]; an empty item (``1,,2``, a trailing comma), anything but
+    decimal digits (``int`` would also take ``1_0`` and ``+1``) or an item of more than
+    MAX_DIGITS digits is refused, naming the item; the list is clipped in the message."""
     import re
+
+    from lockstep.args import MAX_DIGITS, clipped, too_many_digits
 
     items = [t.strip() for t in text.split(",")]
     if not text.strip():
@@ -25,11 +28,15 @@ def _ids(text: str) -> list[int]:
                                          "ids, e.g. 1,2,3")
     for i, t in enumerate(items):
         if not t:
-            raise argparse.ArgumentTypeError(f"{text!r}: item {i + 1} is empty; "
+            raise argparse.ArgumentTypeError(f"{clipped(text)!r}: item {i + 1} is empty; "
                                              "expected comma-separated integers, e.g. 1,2,3")
         if not re.fullmatch(r"-?[0-9]+", t):
-            raise argparse.ArgumentTypeError(f"{text!r}: {t!r} is not an integer; "
-                                             "expected comma-separated integers, e.g. 1,2,3")
+            raise argparse.ArgumentTypeError(f"{clipped(text)!r}: {clipped(t)!r} is not an "
+                                             "integer; expected comma-separated integers, "
+                                             "e.g. 1,2,3")
+        if too_many_digits(t):  # int() of over 4,300 digits raises
+            raise argparse.ArgumentTypeError(f"{clipped(text)!r}: item {i + 1} has more than "
+                                             f"{MAX_DIGITS} digits, above any token id")
     return [int(t) for t in items]
 
 
@@ -40,7 +47,7 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
                               epilog="A repeated option keeps its last value.")
     p.add_argument("--model", required=True,
                    help="HF-layout Qwen3 directory (e.g. from `lockstep make-model`)")
-    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
+    p.add_argument("--tensor-parallel-size", "-tp", type=integer, default=1,
                    help="ranks (default 1)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cpu (gloo between ranks) or cuda (rank r on GPU r, NCCL) (default cpu)")
@@ -49,21 +56,21 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text (needs a tokenizer in the model dir)")
     src.add_argument("--prompt-ids", type=_ids, help="prompt token ids, e.g. 1,2,3")
-    p.add_argument("--max-tokens", type=int, default=16, help="new tokens (default 16)")
-    p.add_argument("--temperature", type=float, default=0.0,
+    p.add_argument("--max-tokens", type=integer, default=16, help="new tokens (default 16)")
+    p.add_argument("--temperature", type=number, default=0.0,
                    help="divide the logits by this; 0 = greedy (default 0)")
-    p.add_argument("--top-k", type=int, default=0,
+    p.add_argument("--top-k", type=integer, default=0,
                    help="keep the k most likely tokens; 0 or -1 = off (default 0)")
-    p.add_argument("--top-p", type=float, default=1.0,
+    p.add_argument("--top-p", type=number, default=1.0,
                    help="keep the most likely tokens up to this probability mass; 1 = off "
                         "(default 1)")
     p.add_argument("--seed", type=seed_arg, default=None,
                    help="sampling seed, an integer in [0, 2**64) (default: a random one)")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at end-of-sequence")
     p.add_argument("--logprobs", action="store_true", help="print each token's logprob")
-    p.add_argument("--max-model-len", type=int, default=None,
+    p.add_argument("--max-model-len", type=integer, default=None,
                    help="longest prompt + output (default min(config, 2048))")
-    p.add_argument("--max-batch", type=int, default=1,
+    p.add_argument("--max-batch", type=integer, default=1,
                    help="decode slots; graphs are captured for every bucket up to it "
                         "(default 1; 256 captures all 36 buckets)")
     p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
@@ -72,12 +79,12 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
     p.add_argument("--decode-overlap", action=argparse.BooleanOptionalAction, default=None,
                    help="overlapped scheduling: each step built and launched while the "
                         "previous one runs (default: on at -tp 1, off under TP)")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+    p.add_argument("--gpu-memory-utilization", type=number, default=0.9,
                    help="fraction of each GPU's memory the engine may hold (default 0.9)")
-    p.add_argument("--startup-timeout", type=float, default=None,
+    p.add_argument("--startup-timeout", type=number, default=None,
                    help="startup sweep watchdog in seconds; on expiry the process aborts "
                         "(default: --step-timeout)")
-    p.add_argument("--step-timeout", type=float, default=300.0,
+    p.add_argument("--step-timeout", type=number, default=300.0,
                    help="seconds to wait for every rank's reply to one command; a rank that "
                         "does not answer by then is named as failed (default 300)")
     p.set_defaults(run=run)

@@ -54,6 +54,22 @@ def integer(text: str) -> int:
     return int(_spelt(text, _SEED, "an integer"))
 
 
+def option_integer(text: str) -> int:
+    """An integer option's value: `integer`, with a value of more than MAX_DIGITS significant
+    digits refused unparsed (int() of thousands of digits refuses as "not an integer" and an
+    error line would repeat them all).
+
+    Raises:
+        ValueError: "'<text>' is not an integer", or "<text> has more than 20 digits, above any
+            value this option takes" (clipped).
+    """
+    digits = _spelt(text, _SEED, "an integer")
+    if too_many_digits(digits):
+        raise ValueError(f"{clipped(digits)} has more than {MAX_DIGITS} digits, above any value "
+                         "this option takes")
+    return int(digits)
+
+
 def number(text: str) -> float:
     """A decimal option's value spelt in ASCII (`_NUMBER`), as float() of it.
 

@@ -110,18 +110,26 @@ def check_range(flag: str, value: int, least: int, most: int | None = None) -> N
 
 
 def parse_int_list(text: str, name: str, example: str = "1,8,64") -> list[int]:
-    """"1,8,64" -> [1, 8, 64]. Raises BenchArgError naming `name` and the bad item (with
-    `example` as the hint), or the first value given twice."""
+    """"1,8,64" -> [1, 8, 64], each item spelt as every integer option is
+    (`lockstep.args.option_integer`: ASCII digits, no underscores, at most MAX_DIGITS digits).
+
+    Raises:
+        BenchArgError: naming `name`, the list (clipped) and the bad item (with `example` as
+            the hint), or the first value given twice.
+    """
+    from lockstep.args import clipped, option_integer
+
     items = [t.strip() for t in str(text).split(",")]
     out = []
     for t in items:
         try:
-            value = int(t)
-        except ValueError:
-            raise BenchArgError(f"{name} {text!r}: {t!r} is not an integer "
-                                f"(expected comma-separated integers, e.g. {example})") from None
+            value = option_integer(t)
+        except ValueError as exc:  # the hint where the spelling is wrong, not the size
+            hint = (f" (expected comma-separated integers, e.g. {example})"
+                    if str(exc).endswith("is not an integer") else "")
+            raise BenchArgError(f"{name} {clipped(str(text))!r}: {exc}{hint}") from None
         if value in out:
-            raise BenchArgError(f"{name} {text!r}: {value} is given twice")
+            raise BenchArgError(f"{name} {clipped(str(text))!r}: {value} is given twice")
         out.append(value)
     return out
 

@@ -1,0 +1,120 @@
+"""Integer and number options of `lockstep generate` and `lockstep bench` are spelt as those of
+`lockstep check` (`lockstep.args`): ASCII digits, no underscores, at most 20 digits; anything
+else is one short line naming the option and the value, before any model is read or GPU
+touched. Old behaviour (a fresh user's finding): `--max-tokens 1_0` generated 10 tokens,
+`--max-tokens ٢` two, and a value of 5,000 digits was echoed whole."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from lockstep.cli import build_parser, main
+
+ODD_INTEGERS = [("1_0", "'1_0' is not an integer"),
+                ("\u0662", "'\u0662' is not an integer"),  # ARABIC-INDIC DIGIT TWO
+                ("9" * 5000, "99999999999999999999999999999... has more than 20 digits")]
+ODD_NUMBERS = [("0_5", "'0_5' is not a number"), ("\u0661", "'\u0661' is not a number"),
+               ("1.5x", "'1.5x' is not a number")]
+
+
+@pytest.fixture
+def nothing_loads(monkeypatch):
+    """Fail the test if the model is read or CUDA probed: the refusal must come first."""
+    import torch
+
+    import engine.config
+    import engine.llm
+
+    def loaded(*a, **k):
+        raise AssertionError("read the model or probed CUDA before refusing the argument")
+
+    monkeypatch.setattr(engine.llm, "LLM", loaded)
+    monkeypatch.setattr(engine.config, "load_model_config", loaded)
+    monkeypatch.setattr(torch.cuda, "is_available", loaded)
+
+
+def _refused_by_argparse(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    err = capsys.readouterr().err.strip()
+    assert info.value.code == 2 and len(err.splitlines()) == 1 and len(err) < 200, err
+    return err
+
+
+@pytest.mark.parametrize("flag", ["--tensor-parallel-size", "--max-tokens", "--top-k",
+                                  "--max-model-len", "--max-batch"])
+@pytest.mark.parametrize("value, words", ODD_INTEGERS)
+def test_generate_integer_options_take_ascii_digits_only(flag, value, words, capsys,
+                                                         nothing_loads):
+    err = _refused_by_argparse(["generate", "--model", "m", "--prompt-ids", "1", flag, value],
+                               capsys)
+    assert err.startswith("lockstep generate: error: argument ") and f"{words}" in err, err
+    assert flag in err
+
+
+@pytest.mark.parametrize("flag", ["--temperature", "--top-p", "--gpu-memory-utilization",
+                                  "--startup-timeout", "--step-timeout"])
+@pytest.mark.parametrize("value, words", ODD_NUMBERS)
+def test_generate_number_options_take_ascii_decimals_only(flag, value, words, capsys,
+                                                          nothing_loads):
+    err = _refused_by_argparse(["generate", "--model", "m", "--prompt-ids", "1", flag, value],
+                               capsys)
+    assert err == f"lockstep generate: error: argument {flag}: {words}", err
+
+
+def test_nan_still_reaches_the_range_check_that_names_it(capsys, nothing_loads):
+    assert main(["generate", "--model", "m", "--prompt-ids", "1", "--top-p", "NaN"]) == 2
+    assert capsys.readouterr().err.strip() == ("lockstep generate: error: --top-p nan must be "
+                                               "a number in (0, 1]")
+
+
+def test_ordinary_spellings_are_still_taken():
+    args = build_parser().parse_args(
+        ["generate", "--model", "m", "--prompt-ids", "1", "--max-tokens", "+007",
+         "--top-k", "-1", "--temperature", ".5", "--top-p", "1e-1", "--step-timeout", " 5. ",
+         "--startup-timeout", "inf", "-tp", "2"])
+    assert (args.max_tokens, args.top_k, args.tensor_parallel_size) == (7, -1, 2)
+    assert (args.temperature, args.top_p, args.step_timeout) == (0.5, 0.1, 5.0)
+    assert math.isinf(args.startup_timeout)  # its range check names it
+
+
+def test_a_prompt_id_of_thousands_of_digits_is_one_short_line(capsys, nothing_loads):
+    """Old behaviour: "invalid _ids value: '1,999...'" with every digit repeated."""
+    err = _refused_by_argparse(["generate", "--model", "m", "--prompt-ids", "1," + "9" * 5000],
+                               capsys)
+    assert err == ("lockstep generate: error: argument --prompt-ids: "
+                   "'1,999999999999999999999999999...': item 2 has more than 20 digits, above "
+                   "any token id")
+
+
+@pytest.mark.parametrize("argv", [["--tensor-parallel-size"], ["--steps"], ["--warmup"],
+                                  ["--workload", "throughput", "--num-requests"],
+                                  ["--workload", "throughput", "--max-batch"],
+                                  ["--workload", "throughput", "--max-model-len"],
+                                  ["--workload", "throughput", "--max-prefill-tokens"]])
+@pytest.mark.parametrize("value, words", ODD_INTEGERS)
+def test_bench_integer_options_take_ascii_digits_only(argv, value, words, capsys,
+                                                      nothing_loads):
+    err = _refused_by_argparse(["bench", "--preset", "tiny", *argv, value], capsys)
+    assert err.startswith(f"lockstep bench: error: argument {argv[-1]}") and words in err, err
+
+
+@pytest.mark.parametrize("flag", ["--temperature", "--top-p"])
+@pytest.mark.parametrize("value, words", ODD_NUMBERS)
+def test_bench_number_options_take_ascii_decimals_only(flag, value, words, capsys,
+                                                       nothing_loads):
+    err = _refused_by_argparse(["bench", "--preset", "tiny", "--workload", "throughput", flag,
+                                value], capsys)
+    assert err == f"lockstep bench: error: argument {flag}: {words}", err
+
+
+@pytest.mark.parametrize("argv", [["--batch-sizes"], ["--context-lens"],
+                                  ["--compare", "hf", "--hf-batch-sizes"]])
+@pytest.mark.parametrize("value, words", ODD_INTEGERS)
+def test_bench_integer_lists_take_ascii_digits_only(argv, value, words, capsys, nothing_loads):
+    assert main(["bench", "--preset", "tiny", *argv, "1," + value]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"lockstep bench: error: {argv[-1]} '1,") and words in err, err
+    assert len(err.splitlines()) == 1 and len(err) < 200, err
