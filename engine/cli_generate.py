@@ -79,8 +79,9 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
     p.add_argument("--decode-overlap", action=argparse.BooleanOptionalAction, default=None,
                    help="overlapped scheduling: each step built and launched while the "
                         "previous one runs (default: on at -tp 1, off under TP)")
-    p.add_argument("--gpu-memory-utilization", type=number, default=0.9,
-                   help="fraction of each GPU's memory the engine may hold (default 0.9)")
+    p.add_argument("--gpu-memory-utilization", type=number, default=None,
+                   help="--device cuda: fraction of each GPU's memory the engine may hold "
+                        "(default 0.9)")
     p.add_argument("--startup-timeout", type=number, default=None,
                    help="startup sweep watchdog in seconds; on expiry the process aborts "
                         "(default: --step-timeout)")
@@ -106,7 +107,8 @@ def _number_checks(args: argparse.Namespace):
          args.max_model_len is None or args.max_model_len >= 1, "at least 1"),
         ("--max-batch", args.max_batch, 1 <= args.max_batch <= 256, "an integer from 1 to 256"),
         ("--gpu-memory-utilization", args.gpu_memory_utilization,
-         0 < args.gpu_memory_utilization <= 1, "a fraction in (0, 1]"),
+         args.gpu_memory_utilization is None or 0 < args.gpu_memory_utilization <= 1,
+         "a fraction in (0, 1]"),
         ("--startup-timeout", args.startup_timeout,
          args.startup_timeout is None or 0 < args.startup_timeout < 1e9,
          "positive, finite seconds below 1e9"),
@@ -120,7 +122,8 @@ def check_flags(args: argparse.Namespace) -> None:
     (not the engine's field); reads no file.
 
     Raises:
-        RequestError: ``--FLAG VALUE must be EXPECTED``.
+        RequestError: ``--FLAG VALUE must be EXPECTED``; --cuda-graph or
+            --gpu-memory-utilization without --device cuda.
     """
     from engine.errors import RequestError, check_text
 
@@ -137,6 +140,10 @@ def check_flags(args: argparse.Namespace) -> None:
     if args.cuda_graph and args.device != "cuda":
         raise RequestError(f"--cuda-graph needs --device cuda (--device {args.device} runs "
                            "eager only); drop --cuda-graph")
+    if args.gpu_memory_utilization is not None and args.device != "cuda":
+        raise RequestError(f"--gpu-memory-utilization {args.gpu_memory_utilization:g} applies "
+                           f"to --device cuda only (--device {args.device} sizes its KV cache "
+                           "without it); drop it")
 
 
 def check_before_load(args: argparse.Namespace, params) -> None:
@@ -196,8 +203,9 @@ def run(args: argparse.Namespace) -> int:
     llm_args = dict(tensor_parallel_size=args.tensor_parallel_size, device=args.device,
                     dtype=args.dtype, max_batch=args.max_batch, max_model_len=args.max_model_len,
                     cuda_graph=args.cuda_graph, decode_overlap=args.decode_overlap,
-                    gpu_memory_utilization=args.gpu_memory_utilization,
                     startup_timeout_s=args.startup_timeout, step_timeout_s=args.step_timeout)
+    if args.gpu_memory_utilization is not None:  # else the engine's default
+        llm_args["gpu_memory_utilization"] = args.gpu_memory_utilization
     launched = torchrun_world()
     if launched is not None and launched[0] > 0:  # torchrun rank > 0: serve rank 0's commands
         return serve_rank(args.model, **llm_args)

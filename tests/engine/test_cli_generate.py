@@ -344,3 +344,45 @@ def test_generate_and_make_model_keep_the_last_of_a_repeated_option(tiny_dir, tm
                           .read_bytes() for s in shards)
     assert any((tmp_path / "first" / s).read_bytes() != (tmp_path / "once" / s).read_bytes()
                for s in shards)  # the seed matters, so the comparison above can fail
+
+
+@pytest.mark.parametrize("device", [[], ["--device", "cpu"]])
+def test_gpu_memory_utilization_on_cpu_is_refused_before_the_model_is_read(device, capsys,
+                                                                          monkeypatch):
+    """Old behaviour (a fresh user's finding): `--gpu-memory-utilization 0.5` on CPU was
+    taken and did nothing (the CPU path sizes its KV cache without it)."""
+    import engine.config
+
+    def read(*a, **k):
+        raise AssertionError("the model's config was read before the flag was checked")
+
+    monkeypatch.setattr(engine.config, "load_model_config", read)
+    assert main(["generate", "--model", "m", "--prompt-ids", "1", *device,
+                 "--gpu-memory-utilization", "0.5"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "lockstep generate: error: --gpu-memory-utilization 0.5 applies to --device cuda only "
+        "(--device cpu sizes its KV cache without it); drop it")
+
+
+@pytest.mark.parametrize("flag, passed", [([], {}),
+                                          (["--gpu-memory-utilization", "0.5"],
+                                           {"gpu_memory_utilization": 0.5})])
+def test_gpu_memory_utilization_reaches_the_engine_on_cuda_only_when_given(
+        tiny_dir, flag, passed, capsys, monkeypatch):
+    """With --device cuda the flag is the engine's; left out, the engine's default holds."""
+    import engine.errors
+    import engine.llm
+
+    seen = {}
+
+    def record(model, **kwargs):
+        seen.update(kwargs)
+        raise ValueError("recorded")
+
+    monkeypatch.setattr(engine.errors, "cuda_missing", lambda: None)  # as if a GPU were there
+    monkeypatch.setattr(engine.llm, "LLM", record)
+    assert main(["generate", "--model", str(tiny_dir), "--prompt-ids", "1", "--device", "cuda",
+                 "--no-cuda-graph", *flag]) == 2
+    assert capsys.readouterr().err.strip() == "lockstep generate: error: recorded"
+    assert seen["device"] == "cuda"
+    assert {k: v for k, v in seen.items() if k == "gpu_memory_utilization"} == passed
