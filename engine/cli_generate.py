@@ -191,6 +191,19 @@ def check_before_load(args: argparse.Namespace, params) -> None:
         raise RequestError(f"--device cuda {problem}")
 
 
+def _startup_failure(exc, args: argparse.Namespace) -> str:
+    """The line for a rank failure while the engine started: its own, except that a load
+    timeout under a startup timeout the user did not give says it defaulted to --step-timeout
+    (a fresh user's finding: `--step-timeout 0.01` at -tp 2 was refused naming only
+    --startup-timeout)."""
+    from engine.errors import LoadTimeoutError
+
+    if isinstance(exc, LoadTimeoutError) and args.startup_timeout is None:
+        return LoadTimeoutError.line(exc.ranks, exc.timeout_s, "--startup-timeout, defaulting "
+                                     f"to --step-timeout {args.step_timeout:g}")
+    return str(exc)
+
+
 def run(args: argparse.Namespace) -> int:
     """Load, generate, print the token ids (and text); returns the exit status.
 
@@ -223,7 +236,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"lockstep generate: error: {exc}", file=sys.stderr)
         return 2
     except RankError as exc:
-        print(f"lockstep generate: error: {exc}", file=sys.stderr)
+        print(f"lockstep generate: error: {_startup_failure(exc, args)}", file=sys.stderr)
         return 1
     try:
         prompt = args.prompt if args.prompt is not None else args.prompt_ids

@@ -60,12 +60,20 @@ class LoadTimeoutError(RankError):
     """
 
     def __init__(self, ranks: list[int], timeout_s: float):
-        detail = (f"startup watchdog expired after {timeout_s:g} s while the ranks loaded the "
-                  f"model (ranks not ready: {', '.join(map(str, ranks))}); a larger "
-                  "--startup-timeout gives them longer")
+        detail = self.line(ranks, timeout_s)
         RuntimeError.__init__(self, detail)  # not "rank N failed: ...": no rank failed
         self.rank, self.detail = ranks[0], detail
         self.ranks, self.timeout_s = ranks, timeout_s
+
+    @staticmethod
+    def line(ranks: list[int], timeout_s: float, limit: str = "") -> str:
+        """The error's one line; ``limit``, where given, follows the seconds in parentheses
+        to say where the limit came from (`lockstep generate`: "--startup-timeout, defaulting
+        to --step-timeout 0.01", when the user gave only the step timeout)."""
+        source = f" ({limit})" if limit else ""
+        return (f"startup watchdog expired after {timeout_s:g} s{source} while the ranks loaded "
+                f"the model (ranks not ready: {', '.join(map(str, ranks))}); a larger "
+                "--startup-timeout gives them longer")
 
 
 def tokens(n: int) -> str:

@@ -386,3 +386,26 @@ def test_gpu_memory_utilization_reaches_the_engine_on_cuda_only_when_given(
     assert capsys.readouterr().err.strip() == "lockstep generate: error: recorded"
     assert seen["device"] == "cuda"
     assert {k: v for k, v in seen.items() if k == "gpu_memory_utilization"} == passed
+
+
+@pytest.mark.parametrize("timeouts, words", [
+    (["--step-timeout", "0.01"], "0.01 s (--startup-timeout, defaulting to --step-timeout "
+                                 "0.01) while"),
+    (["--step-timeout", "0.01", "--startup-timeout", "0.02"], "0.02 s while"),
+])
+def test_a_load_timeout_says_where_its_limit_came_from(tiny_dir, timeouts, words, capsys,
+                                                       monkeypatch):
+    """Old behaviour (a fresh user's finding): `-tp 2 --step-timeout 0.01` was refused in
+    words naming only --startup-timeout, which the user had not given."""
+    import engine.llm
+    from engine.errors import LoadTimeoutError
+
+    def slow_ranks(model, **kwargs):
+        raise LoadTimeoutError([0, 1], kwargs["startup_timeout_s"] or kwargs["step_timeout_s"])
+
+    monkeypatch.setattr(engine.llm, "LLM", slow_ranks)
+    assert main(["generate", "--model", str(tiny_dir), "--prompt-ids", "1", "-tp", "2",
+                 *timeouts]) == 1
+    assert capsys.readouterr().err.strip() == (
+        f"lockstep generate: error: startup watchdog expired after {words} the ranks loaded the "
+        "model (ranks not ready: 0, 1); a larger --startup-timeout gives them longer")
