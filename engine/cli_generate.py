@@ -146,12 +146,30 @@ def check_flags(args: argparse.Namespace) -> None:
                            "without it); drop it")
 
 
+def _ignored_when_greedy(args: argparse.Namespace) -> str | None:
+    """Why a sampling flag would do nothing (greedy decoding reads neither --top-k, --top-p
+    nor --seed), or None. Old behaviour (a fresh user's finding, as with
+    --gpu-memory-utilization on CPU): `--top-p 0.9` without --temperature was taken and the
+    tokens were greedy."""
+    if args.temperature != 0:
+        return None
+    for flag, value, off in (("--top-k", args.top_k, args.top_k in (0, -1)),
+                             ("--top-p", args.top_p, args.top_p == 1),
+                             ("--seed", args.seed, args.seed is None)):
+        if not off:
+            shown = f"{value:g}" if isinstance(value, float) else value
+            return (f"{flag} {shown} has no effect with --temperature 0 (greedy, the "
+                    f"default); give a --temperature above 0 to sample, or drop {flag}")
+    return None
+
+
 def check_before_load(args: argparse.Namespace, params) -> None:
     """Reject a bad request, and `--device cuda` where torch sees no CUDA device, before any
     weight is read or any rank starts.
 
     Raises:
-        ValueError (ModelDirError, RequestError): naming the bad value.
+        ValueError (ModelDirError, RequestError): naming the bad value; --top-k, --top-p or
+            --seed given with greedy decoding, which would ignore it.
     """
     from pathlib import Path
 
@@ -163,6 +181,9 @@ def check_before_load(args: argparse.Namespace, params) -> None:
     if args.top_k > cfg.vocab_size:  # named by its flag, before the request's own field check
         raise RequestError(f"--top-k {args.top_k} is above the vocabulary size {cfg.vocab_size}")
     params.validate(cfg.vocab_size)
+    ignored = _ignored_when_greedy(args)
+    if ignored is not None:
+        raise RequestError(ignored)
     if args.prompt is not None:
         if not any((Path(args.model) / f).is_file()
                    for f in ("tokenizer.json", "tokenizer_config.json")):

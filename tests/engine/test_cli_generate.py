@@ -409,3 +409,28 @@ def test_a_load_timeout_says_where_its_limit_came_from(tiny_dir, timeouts, words
     assert capsys.readouterr().err.strip() == (
         f"lockstep generate: error: startup watchdog expired after {words} the ranks loaded the "
         "model (ranks not ready: 0, 1); a larger --startup-timeout gives them longer")
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--top-p", "0.5"], "--top-p 0.5 has no effect"),
+    (["--top-k", "5", "--temperature", "0"], "--top-k 5 has no effect"),
+    (["--seed", str(2**64 - 1)], f"--seed {2**64 - 1} has no effect"),
+])
+def test_a_sampling_flag_greedy_decoding_would_ignore_is_refused(tiny_dir, argv, words, capsys,
+                                                                  monkeypatch):
+    """Old behaviour (a fresh user's finding, like --gpu-memory-utilization on CPU): `--top-p
+    0.5` without --temperature (default 0, greedy) was taken, and the tokens were greedy."""
+    import engine.llm
+
+    monkeypatch.setattr(engine.llm, "LLM", None)  # refused before any load
+    assert main(["generate", "--model", str(tiny_dir), "--prompt-ids", "1,2", *argv]) == 2
+    flag = argv[0]
+    assert capsys.readouterr().err.strip() == (
+        f"lockstep generate: error: {words} with --temperature 0 (greedy, the default); give a "
+        f"--temperature above 0 to sample, or drop {flag}")
+
+
+def test_sampling_flags_at_their_off_values_are_taken_with_greedy_decoding(tiny_dir, capsys):
+    assert main(["generate", "--model", str(tiny_dir), "--prompt-ids", "1,2", "--max-tokens", "2",
+                 "--top-k", "-1", "--top-p", "1", "--temperature", "0"]) == 0
+    assert capsys.readouterr().out.startswith("token_ids: ")
