@@ -18,8 +18,8 @@ import shutil
 import sys
 
 from engine.bench.flags import apply_workload_flags
-from engine.bench.options import (BenchArgError, BenchOptions, max_positions, parse_int_list,
-                                  validate)
+from engine.bench.options import (MAX_STEPS, BenchArgError, BenchOptions, max_positions,
+                                  parse_int_list, validate)
 from engine.cli_args import integer, number, seed as seed_arg
 from engine.errors import cuda_missing
 from engine.presets import PRESETS
@@ -41,9 +41,9 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
     p.add_argument("--tensor-parallel-size", "-tp", type=integer, default=1,
                    help="GPUs (default 1)")
     p.add_argument("--steps", type=integer, default=None,
-                   help="decode: timed steps per point (default 200)")
+                   help=f"decode: timed steps per point, 1..{MAX_STEPS} (default 200)")
     p.add_argument("--warmup", type=integer, default=None,
-                   help="decode: untimed steps first (default 20)")
+                   help=f"decode: untimed steps first, 0..{MAX_STEPS} (default 20)")
     p.add_argument("--no-graphs", action="store_true", default=None,
                    help="decode: skip the graph-replay path")
     p.add_argument("--no-eager", action="store_true", default=None,

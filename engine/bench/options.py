@@ -22,6 +22,12 @@ from engine.presets import PRESETS
 # The engine's largest decode bucket (protocol.buckets.DEFAULT_DECODE_BUCKETS[-1]).
 MAX_BATCH = 256
 
+MAX_STEPS = 100_000
+"""The most --steps, and the most --warmup, of one point: a point's steps are built on the host
+before it runs, about 16 KB and 0.35 ms a step at 256 rows (1.6 GB and 35 s at this bound), and
+100,000 steps of 10 ms are 17 minutes per path. `--steps 10**22` passed every check and failed
+with a traceback once the weights were on the GPU (a fresh user's finding)."""
+
 
 class BenchArgError(ValueError):
     """A bad `lockstep bench` argument; the message is one line naming the value."""
@@ -203,8 +209,8 @@ def validate(opts: BenchOptions) -> dict:
         if key in cfg and cfg[key] % tp:
             raise BenchArgError(f"--tensor-parallel-size {tp}: {key} {cfg[key]} is not "
                                 f"divisible by it")
-    check_range("--steps", opts.steps, 1)
-    check_range("--warmup", opts.warmup, 0)
+    check_range("--steps", opts.steps, 1, MAX_STEPS)
+    check_range("--warmup", opts.warmup, 0, MAX_STEPS)
     if not (opts.graphs or opts.eager or opts.compare):
         raise BenchArgError("nothing to measure: --no-graphs and --no-eager given without "
                             "--compare")

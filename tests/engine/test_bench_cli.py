@@ -23,6 +23,10 @@ from lockstep.cli import main
     (["--preset", "tiny", "-tp", "0"], "--tensor-parallel-size 0"),
     (["--preset", "tiny", "--steps", "0"], "--steps 0"),
     (["--preset", "tiny", "--warmup", "-1"], "--warmup -1"),
+    # built on the host per point: 10**22 steps passed every check and failed with a
+    # traceback after the weights were on the GPU (a fresh user's finding)
+    (["--preset", "tiny", "--steps", str(10**19)], f"--steps {10**19}: expected 1..100000"),
+    (["--preset", "tiny", "--warmup", "100001"], "--warmup 100001: expected 0..100000"),
     (["--preset", "tiny", "--no-graphs", "--no-eager"], "nothing to measure"),
     (["--preset", "tiny", "--compare", "hf", "--hf-batch-sizes", "9999"], "batch size 9999"),
     (["--preset", "tiny", "--json", "/nonexistent-dir/x.json"], "--json"),
