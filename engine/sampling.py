@@ -109,14 +109,22 @@ class SamplingParams:
     return_logits: bool = False
 
     def validate(self, vocab_size: int) -> None:
-        """Raises RequestError naming the first bad field (a wrong type included)."""
+        """Raises RequestError naming the first bad field (a wrong type included: a numpy or
+        torch scalar is named by its type, to be passed as a Python int or float)."""
         for name in ("max_tokens", "top_k") + (("seed",) if self.seed is not None else ()):
-            if as_token_id(getattr(self, name)) is None:
-                raise RequestError(f"{name} = {getattr(self, name)!r}, expected an integer")
+            v = getattr(self, name)
+            if as_token_id(v) is None:
+                raise RequestError(f"{name} = {v!r}, expected an integer")
+            if not isinstance(v, int):  # np.int64(3) read "expected an integer >= 1"
+                raise RequestError(f"{name} = {v!r} is a {type(v).__name__}, expected a "
+                                   f"Python int: pass int(...)")
         for name in ("temperature", "top_p", "min_p"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) and not hasattr(v, "__float__"):
                 raise RequestError(f"{name} = {v!r}, expected a number")
+            if not isinstance(v, (int, float)):  # np.float32(0.7) read "expected a number >= 0"
+                raise RequestError(f"{name} = {v!r} is a {type(v).__name__}, expected a "
+                                   f"Python float: pass float(...)")
         for name in ("ignore_eos", "logprobs", "return_logits"):
             if not isinstance(getattr(self, name), bool):  # logprobs=5 is not vLLM's top-5
                 raise RequestError(f"{name} = {getattr(self, name)!r}, expected True or False")

@@ -118,3 +118,27 @@ def test_test_hooks_are_checked_before_any_rank_starts(tiny_dir, kwargs, fragmen
     with pytest.raises(ParallelConfigError, match=fragment):
         LLM(tiny_dir, **kwargs)
     assert multiprocessing.active_children() == []
+
+
+@pytest.mark.parametrize("params, words", [
+    (SamplingParams(max_tokens=np.int64(3)), "max_tokens = np.int64(3) is a int64, expected a "
+                                             "Python int: pass int(...)"),
+    (SamplingParams(top_k=torch.tensor(3)), "top_k = tensor(3) is a Tensor, expected a Python "
+                                            "int"),
+    (SamplingParams(seed=np.uint64(5)), "seed = np.uint64(5) is a uint64, expected a Python int"),
+    (SamplingParams(temperature=np.float32(0.5)), "temperature = np.float32(0.5) is a float32, "
+                                                  "expected a Python float: pass float(...)"),
+    (SamplingParams(top_p=torch.tensor(0.5)), "top_p = tensor(0.5000) is a Tensor, expected a "
+                                              "Python float"),
+])
+def test_numpy_and_torch_scalars_in_sampling_params_are_named_by_type(params, words):
+    """Old behaviour: `max_tokens=np.int64(3)` was refused as "expected an integer >= 1" and
+    `temperature=np.float32(0.5)` as "expected a finite number >= 0", though each is one."""
+    with pytest.raises(RequestError) as info:
+        params.validate(vocab_size=512)
+    assert str(info.value).startswith(words), info.value
+
+
+def test_a_numpy_float64_is_a_python_float_and_is_taken():
+    params = SamplingParams(temperature=np.float64(0.5), top_p=np.float64(0.9))
+    assert params.validate(vocab_size=512) is None  # raises RequestError if refused
