@@ -186,6 +186,8 @@ class EngineConfig:
         if not isinstance(model_dir, (str, os.PathLike)):
             raise ModelDirError(f"model_dir = {model_dir!r}, expected a path to a model "
                                 "directory")
+        if isinstance(model_dir, str) and not model_dir.strip():  # else read as '.'
+            raise ModelDirError(f"model_dir = {model_dir!r} is empty; name the model directory")
         model = load_model_config(model_dir)
         check_parallel(model, tensor_parallel_size)
         WeightIndex(model)  # every tensor present with the right shape

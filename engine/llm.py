@@ -289,6 +289,7 @@ class LLM:
         Raises:
             RequestError: ``prompts`` is neither a prompt nor a list of prompts (a bad single
                 prompt or SamplingParams is reported in its RequestOutput's ``error``).
+            ValueError: a list of SamplingParams not one per prompt.
             RankError: a rank failed; the engine is then closed.
             RuntimeError: the engine is closed.
         """

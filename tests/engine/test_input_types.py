@@ -107,6 +107,15 @@ def test_model_dir_of_the_wrong_type(model_dir):
         LLM(model_dir)
 
 
+@pytest.mark.parametrize("model_dir", ["", "  "])
+def test_an_empty_model_dir_is_named_empty_not_read_as_the_current_directory(model_dir):
+    """Old behaviour: `LLM("")` said "config.json: missing (is '.' a Hugging Face model
+    dir?)", as `lockstep generate --model ''` did before its own check."""
+    with pytest.raises(ModelDirError) as info:
+        LLM(model_dir)
+    assert str(info.value) == f"model_dir = {model_dir!r} is empty; name the model directory"
+
+
 @pytest.mark.parametrize("kwargs, fragment", [
     (dict(progress="true"), "progress = 'true'"),
     (dict(record_trace=0), "record_trace = 0"),
