@@ -94,12 +94,24 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
     return p
 
 
+def implied_plot_path(json_path: str) -> str:
+    """The plot written beside ``--json`` when no ``--plot`` is given: its suffix replaced by
+    .png (``r.json`` -> ``r.png``), or .png appended where that would be the JSON file itself
+    (``r.png``). Old behaviour: the text after the path's last dot was cut, so ``--json
+    r.png`` plotted over the JSON and ``--json out.d/r`` plotted to ``out.png``, outside
+    out.d."""
+    from pathlib import Path
+
+    plot = str(Path(json_path).with_suffix(".png")) if Path(json_path).name else json_path
+    return plot if plot != json_path else json_path + ".png"
+
+
 def options_from_args(args: argparse.Namespace) -> BenchOptions:
     """Build BenchOptions from parsed arguments once `apply_workload_flags` has filled in the
     defaults. Raises BenchArgError (bad lists)."""
     plot = args.plot_path
     if plot is None and args.json_path:
-        plot = args.json_path.rsplit(".", 1)[0] + ".png"
+        plot = implied_plot_path(args.json_path)
     return BenchOptions(
         preset=args.preset, model=args.model,
         batch_sizes=parse_int_list(args.batch_sizes, "--batch-sizes"),

@@ -221,8 +221,16 @@ def validate(opts: BenchOptions) -> dict:
     for flag, p in (("--json", opts.json_path), ("--plot", opts.plot_path)):
         if p is not None:
             check_output_path(flag, p)
+    if opts.json_path and opts.plot_path and _same_file(opts.json_path, opts.plot_path):
+        raise BenchArgError(f"--plot {opts.plot_path!r} is the --json file too: the plot "
+                            "would overwrite the JSON; give another --plot")
     check_switches()
     return cfg
+
+
+def _same_file(a: str, b: str) -> bool:
+    """Whether the paths ``a`` and ``b`` name one file (resolved, links followed)."""
+    return Path(a).resolve() == Path(b).resolve()
 
 
 def max_positions(cfg: dict) -> int:

@@ -96,6 +96,40 @@ def test_a_plot_without_matplotlib_is_refused_before_the_run(workload, capsys, m
                    "installed (pip install matplotlib)")
 
 
+@pytest.mark.parametrize("json_path, plot", [("r.json", "r.png"), ("out.d/r", "out.d/r.png"),
+                                              ("out.d/r.json", "out.d/r.png"),
+                                              ("r.png", "r.png.png")])
+def test_the_implied_plot_sits_beside_the_json_and_never_on_it(json_path, plot):
+    """Old behaviour: the path was cut at its last dot, so `--json r.png` plotted over the
+    JSON and `--json out.d/r` plotted to out.png, outside out.d."""
+    from engine.cli_bench import implied_plot_path
+
+    assert implied_plot_path(json_path) == plot
+
+
+@pytest.mark.parametrize("workload", ["decode", "throughput"])
+def test_a_plot_on_the_json_file_is_refused_before_the_run(workload, tmp_path, capsys,
+                                                           monkeypatch):
+    """Old behaviour: `--json r.json --plot r.json` wrote the JSON, then the plot over it."""
+    import importlib.util
+
+    import torch
+
+    def boom(*a, **k):
+        raise AssertionError("touched CUDA before the argument checks")
+
+    monkeypatch.setattr(torch.cuda, "is_available", boom)
+    real = importlib.util.find_spec  # as if matplotlib were installed
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "matplotlib" else real(name, *a))
+    out = str(tmp_path / "r.json")
+    assert main(["bench", "--preset", "tiny", "--workload", workload, "--json", out,
+                 "--plot", out]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"lockstep bench: error: --plot {out!r} is the --json file too: the plot "
+                   "would overwrite the JSON; give another --plot")
+
+
 def test_model_dir_checks_read_its_config(tiny_dir):
     cfg = validate(BenchOptions(model=str(tiny_dir), batch_sizes=[1, 2]))
     assert cfg["num_attention_heads"] == 4
