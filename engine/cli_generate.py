@@ -242,7 +242,11 @@ def run(args: argparse.Namespace) -> int:
         llm_args["gpu_memory_utilization"] = args.gpu_memory_utilization
     launched = torchrun_world()
     if launched is not None and launched[0] > 0:  # torchrun rank > 0: serve rank 0's commands
-        return serve_rank(args.model, **llm_args)
+        try:
+            return serve_rank(args.model, **llm_args)
+        except ValueError as exc:  # rank 0 names it too; a traceback here named it again
+            print(f"lockstep generate: error: rank {launched[0]}: {exc}", file=sys.stderr)
+            return 2
     try:
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
                                 top_k=args.top_k, top_p=args.top_p, seed=args.seed,

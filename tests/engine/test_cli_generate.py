@@ -434,3 +434,15 @@ def test_sampling_flags_at_their_off_values_are_taken_with_greedy_decoding(tiny_
     assert main(["generate", "--model", str(tiny_dir), "--prompt-ids", "1,2", "--max-tokens", "2",
                  "--top-k", "-1", "--top-p", "1", "--temperature", "0"]) == 0
     assert capsys.readouterr().out.startswith("token_ids: ")
+
+
+def test_a_torchrun_rank_refuses_a_bad_model_dir_in_one_line(tmp_path, capsys, monkeypatch):
+    """Old behaviour: under `torchrun ... lockstep generate --model MISSING -tp 2`, rank 0
+    printed one line and rank 1 a 20-line ModelDirError traceback."""
+    import engine.llm
+
+    monkeypatch.setattr(engine.llm, "torchrun_world", lambda: (1, 2))
+    missing = tmp_path / "missing"
+    assert main(["generate", "--model", str(missing), "--prompt-ids", "1", "-tp", "2"]) == 2
+    assert capsys.readouterr().err.strip() == (f"lockstep generate: error: rank 1: model "
+                                               f"directory {str(missing)!r} does not exist")
