@@ -94,6 +94,8 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
 
 def _number_checks(args: argparse.Namespace):
     """(flag, value, ok, expected) for every numeric flag, in the order of --help."""
+    from engine.sampling import MIN_TEMPERATURE
+
     finite = lambda v: v == v and abs(v) != float("inf")  # noqa: E731
     return (
         ("--tensor-parallel-size", args.tensor_parallel_size, args.tensor_parallel_size >= 1,
@@ -101,6 +103,8 @@ def _number_checks(args: argparse.Namespace):
         ("--max-tokens", args.max_tokens, args.max_tokens >= 1, "an integer >= 1"),
         ("--temperature", args.temperature, finite(args.temperature) and args.temperature >= 0,
          "a finite number >= 0 (0 = greedy)"),
+        ("--temperature", args.temperature, not 0 < args.temperature < MIN_TEMPERATURE,
+         f"0 (greedy) or at least {MIN_TEMPERATURE:g}"),
         ("--top-k", args.top_k, args.top_k >= -1, "-1, 0 (off) or a positive integer"),
         ("--top-p", args.top_p, 0 < args.top_p <= 1, "a number in (0, 1]"),
         ("--max-model-len", args.max_model_len,
