@@ -53,9 +53,16 @@ def _tensor_files(d: Path) -> dict[str, Path] | None:
     index_path = d / INDEX_FILE
     if index_path.is_file():
         try:
-            weight_map = json.loads(index_path.read_text())["weight_map"]
-        except (OSError, ValueError, KeyError) as exc:
+            index = json.loads(index_path.read_text())
+        except (OSError, ValueError) as exc:
             raise ModelDirError(f"{index_path}: unreadable index ({exc})") from exc
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(weight_map, dict) or not all(
+                isinstance(name, str) and isinstance(fname, str)
+                for name, fname in weight_map.items()):
+            # a list or a map of numbers was a TypeError traceback (a fresh user's finding)
+            raise ModelDirError(f"{index_path}: no \"weight_map\" object mapping tensor names "
+                                "to shard file names")
         return {name: d / fname for name, fname in weight_map.items()}
     if (d / SINGLE_FILE).is_file():
         from safetensors import safe_open

@@ -72,6 +72,16 @@ def test_missing_shard(model_copy):
     _rejects(model_copy, ModelDirError, shard, "missing")
 
 
+@pytest.mark.parametrize("index", ["[]", '{"weight_map": []}', '{"weight_map": null}',
+                                   '{"weight_map": {"model.norm.weight": 5}}', '{}'])
+def test_an_index_without_a_weight_map_object_is_named(model_copy, index):
+    """Old behaviour: an index of valid JSON but the wrong shape (a list, a map of numbers)
+    was a TypeError or AttributeError traceback from `lockstep generate`."""
+    (model_copy / "model.safetensors.index.json").write_text(index)
+    _rejects(model_copy, ModelDirError, "model.safetensors.index.json: no \"weight_map\" "
+             "object mapping tensor names to shard file names")
+
+
 def test_tensor_missing_from_index(model_copy):
     path = model_copy / "model.safetensors.index.json"
     idx = json.loads(path.read_text())
