@@ -176,8 +176,9 @@ def remove_model_files(out: Path) -> list[str]:
     names = set()
     index = out / "model.safetensors.index.json"
     if index.is_file():
-        try:
-            names |= set(json.loads(index.read_text()).get("weight_map", {}).values())
+        try:  # a hand-broken index names no shards: a number there was a TypeError
+            names |= {v for v in json.loads(index.read_text()).get("weight_map", {}).values()
+                      if isinstance(v, str)}
         except (OSError, ValueError, AttributeError):
             pass
     names |= {p.name for p in out.iterdir()

@@ -185,6 +185,21 @@ def test_non_empty_out_needs_overwrite_and_seed_is_range_checked(tmp_path, capsy
     assert info.value.code == 2 and "outside [0, 2**64)" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("weight_map", [{"model.norm.weight": 5}, {"a": ["x"]}, [1], "x"])
+def test_overwrite_replaces_a_model_whose_index_is_broken(tmp_path, capsys, weight_map):
+    """Old behaviour: --overwrite over an index whose weight_map named a number (or a list)
+    as a shard was a TypeError traceback; such an index names no shard to remove."""
+    from lockstep.cli import main
+
+    out = tmp_path / "m"
+    assert main(["make-model", "--preset", "tiny", "--out", str(out)]) == 0
+    (out / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    assert main(["make-model", "--preset", "tiny", "--out", str(out), "--overwrite"]) == 0
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert {p.name for p in out.glob("*.safetensors")} == set(index["weight_map"].values())
+    assert "Traceback" not in capsys.readouterr().err
+
+
 def test_replacing_a_model_leaves_no_stale_shard(tmp_path, capsys):
     """float32 writes more shards than bfloat16; the second run must remove the extra ones
     (issue 13, item 9)."""
