@@ -177,7 +177,8 @@ class LLM:
 
         try:
             return AutoTokenizer.from_pretrained(str(d))
-        except (ValueError, OSError, TypeError, KeyError) as exc:  # JSONDecodeError included
+        # JSONDecodeError included; AttributeError: a file of JSON but not an object ([], 5)
+        except (ValueError, OSError, TypeError, KeyError, AttributeError) as exc:
             names = [f for f in ("tokenizer.json", "tokenizer_config.json") if (d / f).is_file()]
             line = " ".join(str(exc).split()) or type(exc).__name__  # all of it, one line
             # transformers' words for a config without its tokenizer.json speak of packages

@@ -172,12 +172,14 @@ def test_missing_shape_field_is_named_not_a_tensor_mismatch(model_copy, field):
     assert "shape" not in msg.split("missing")[0]
 
 
+@pytest.mark.parametrize("text", ["{'not json", "[]", "5"])
 @pytest.mark.parametrize("name", ["tokenizer.json", "tokenizer_config.json"])
-def test_corrupt_tokenizer_is_a_model_dir_error_naming_the_files(model_copy, name):
-    """A corrupt tokenizer file raised a bare JSONDecodeError naming no file (fresh user)."""
+def test_corrupt_tokenizer_is_a_model_dir_error_naming_the_files(model_copy, name, text):
+    """A corrupt tokenizer file raised a bare JSONDecodeError naming no file (fresh user); one
+    of JSON but not an object ([], 5) an AttributeError traceback."""
     if not (model_copy / name).is_file():
         pytest.skip(f"the tiny model has no {name}")
-    (model_copy / name).write_text("{'not json")
+    (model_copy / name).write_text(text)
     msg = _rejects(model_copy, ModelDirError, "tokenizer", name, "cannot be read")
     assert "\n" not in msg
 
