@@ -179,6 +179,7 @@ def check_before_load(args: argparse.Namespace, params) -> None:
 
     from engine.config import load_model_config
     from engine.errors import RequestError, cuda_missing, tokens
+    from engine.llm import torchrun_world
 
     check_flags(args)
     cfg = load_model_config(args.model)
@@ -214,6 +215,13 @@ def check_before_load(args: argparse.Namespace, params) -> None:
     problem = cuda_missing() if args.device == "cuda" else None
     if problem is not None:
         raise RequestError(f"--device cuda {problem}")
+    if args.device == "cuda" and torchrun_world() is None:  # named by its flag, as above
+        import torch
+
+        visible = torch.cuda.device_count()
+        if visible < args.tensor_parallel_size:
+            raise RequestError(f"--tensor-parallel-size {args.tensor_parallel_size} with "
+                               f"--device cuda needs that many GPUs; {visible} visible")
 
 
 def _startup_failure(exc, args: argparse.Namespace) -> str:

@@ -381,7 +381,10 @@ def test_gpu_memory_utilization_reaches_the_engine_on_cuda_only_when_given(
         seen.update(kwargs)
         raise ValueError("recorded")
 
+    import torch
+
     monkeypatch.setattr(engine.errors, "cuda_missing", lambda: None)  # as if a GPU were there
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(engine.llm, "LLM", record)
     assert main(["generate", "--model", str(tiny_dir), "--prompt-ids", "1", "--device", "cuda",
                  "--no-cuda-graph", *flag]) == 2
@@ -448,3 +451,22 @@ def test_a_torchrun_rank_refuses_a_bad_model_dir_in_one_line(tmp_path, capsys, m
     assert main(["generate", "--model", str(missing), "--prompt-ids", "1", "-tp", "2"]) == 2
     assert capsys.readouterr().err.strip() == (f"lockstep generate: error: rank 1: model "
                                                f"directory {str(missing)!r} does not exist")
+
+
+def test_more_ranks_than_gpus_is_named_by_its_flag_before_the_engine_starts(tiny_dir, capsys,
+                                                                          monkeypatch):
+    """Old behaviour: refused in EngineConfig's words, "tensor_parallel_size = 2 needs that
+    many GPUs; 1 visible", once the weights had been indexed."""
+    import torch
+
+    import engine.errors
+    import engine.llm
+
+    monkeypatch.setattr(engine.errors, "cuda_missing", lambda: None)  # one GPU, as it were
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(engine.llm, "LLM", None)  # refused before the engine starts
+    assert main(["generate", "--model", str(tiny_dir), "--prompt-ids", "1", "--device", "cuda",
+                 "-tp", "2"]) == 2
+    assert capsys.readouterr().err.strip() == ("lockstep generate: error: --tensor-parallel-size "
+                                               "2 with --device cuda needs that many GPUs; 1 "
+                                               "visible")
