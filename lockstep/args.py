@@ -64,10 +64,21 @@ def option_integer(text: str) -> int:
             value this option takes" (clipped).
     """
     digits = _spelt(text, _SEED, "an integer")
-    if too_many_digits(digits):
-        raise ValueError(f"{clipped(digits)} has more than {MAX_DIGITS} digits, above any value "
-                         "this option takes")
+    within_digits(digits)
     return int(digits)
+
+
+def within_digits(text: str) -> None:
+    """Refuses ``text`` if it is an integer of more than MAX_DIGITS significant digits
+    (`too_many_digits`).
+
+    Raises:
+        ValueError: "<text> has more than 20 digits, above any value this option takes"
+            (clipped).
+    """
+    if too_many_digits(text):
+        raise ValueError(f"{clipped(text.strip())} has more than {MAX_DIGITS} digits, above any "
+                         "value this option takes")
 
 
 def number(text: str) -> float:

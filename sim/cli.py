@@ -21,7 +21,7 @@ import time
 from dataclasses import fields, replace
 from pathlib import Path
 
-from lockstep.args import MAX_DIGITS, clipped, integer, number, seed, too_many_digits
+from lockstep.args import clipped, integer, number, option_integer, seed, within_digits
 from lockstep.paths import nearest_existing, write_refused
 from protocol.errors import ConfigError
 from sim.check import (NOT_REACHABLE, TRACE_REDUCE_ATTEMPTS, CheckSpec, Row,
@@ -40,15 +40,8 @@ from sim.strategies import STRATEGIES
 from sim.variants import REGISTRY, SHIPPED, get_variant, load_variant_file
 
 
-def _within_digits(text: str) -> None:
-    if too_many_digits(text):
-        raise ValueError(f"{clipped(text.strip())} has more than {MAX_DIGITS} digits, above any "
-                         "value this option takes")
-
-
 def _int(text: str, minimum: int | None = None) -> int:
-    _within_digits(text)
-    value = integer(text)
+    value = option_integer(text)
     if minimum is not None and value < minimum:
         raise ValueError(f"{value} must be at least {minimum}")
     return value
@@ -77,7 +70,7 @@ def _buckets(text: str) -> tuple[int, ...]:
     if any(not x for x in items):
         raise ValueError(f"{text!r} has an empty item; give a comma-separated list of integers")
     for item in items:
-        _within_digits(item)
+        within_digits(item)
     try:
         values = tuple(integer(x) for x in items)
     except ValueError:
