@@ -100,7 +100,7 @@ def _typed(fn, what):
     return parse
 
 
-class _Once(argparse.Action):
+class OnceOption(argparse.Action):
     """An option that takes one value and may be given once: a second use is refused (argparse
     would keep the last one and silently drop the first). The parser's error is one line
     naming the option and both values, each as parsed (``--buckets 1,2`` as '1,2').
@@ -152,39 +152,39 @@ def add_parser(subparsers, name: str) -> None:
                    help="load variants from a Python file and check them instead of the shipped "
                         "ones: every variant it defines, or only those --variant names (which "
                         "may name shipped ones too)")
-    p.add_argument("--ranks", action=_Once, default=None,
+    p.add_argument("--ranks", action=OnceOption, default=None,
                    type=_typed(lambda t: check_scenario_value("ranks", _int(t)), "--ranks"),
                    help="world size, at least 2: every hazard is between ranks (default 2)")
-    p.add_argument("--buckets", action=_Once, type=_typed(_buckets, "--buckets"), default=None,
+    p.add_argument("--buckets", action=OnceOption, type=_typed(_buckets, "--buckets"), default=None,
                    help="comma-separated decode buckets (default: the 36 pegainfer buckets)")
-    p.add_argument("--max-batch", action=_Once, default=None,
+    p.add_argument("--max-batch", action=OnceOption, default=None,
                    type=_typed(lambda t: check_scenario_value("max_batch", _int(t)),
                                "--max-batch"),
                    help="max batch (default: the largest bucket)")
-    p.add_argument("--topology", action=_Once, choices=("both",) + TOPOLOGIES, default=None,
+    p.add_argument("--topology", action=OnceOption, choices=("both",) + TOPOLOGIES, default=None,
                    help="shared (all ranks in one process, one driver lock), per-rank (one "
                         "process per rank), or both (default both)")
-    p.add_argument("--strategy", action=_Once, choices=STRATEGIES, default=None,
+    p.add_argument("--strategy", action=OnceOption, choices=STRATEGIES, default=None,
                    help="schedule search strategy (default random); a variant whose bug needs "
                         "a rare interleaving names its own (docs/search-stats.md)")
-    p.add_argument("--schedules", action=_Once, default=None,
+    p.add_argument("--schedules", action=OnceOption, default=None,
                    type=_typed(_bounded(_positive_int, "schedules"), "--schedules"),
                    help="schedules per variant and topology (default: up to 300 for a bad "
                         f"variant, stopping at its first failure; {CLEAN_SCHEDULES} fault-free "
                         "ones for the correct protocol); a Hypothesis search of several "
                         "scenarios in turn shares them among those, at least one each")
-    p.add_argument("--fault-schedules", action=_Once, default=None,
+    p.add_argument("--fault-schedules", action=OnceOption, default=None,
                    type=_typed(_bounded(lambda t: _int(t, 0), "fault_schedules"),
                                "--fault-schedules"),
                    help=f"faulted schedules for the correct protocol (default "
                         f"{DEFAULTS['fault_schedules']}; 0 skips)")
-    p.add_argument("--time-budget", action=_Once, default=None,
+    p.add_argument("--time-budget", action=OnceOption, default=None,
                    type=_typed(_bounded(_positive_float, "time_budget"), "--time-budget"),
                    help="seconds per search, for each variant and topology (default 60)")
-    p.add_argument("--seed", action=_Once, default=None,
+    p.add_argument("--seed", action=OnceOption, default=None,
                    type=_typed(seed, "--seed"),
                    help="search seed, an integer in [0, 2**64) (default 0)")
-    p.add_argument("--jobs", action=_Once, default=None,
+    p.add_argument("--jobs", action=OnceOption, default=None,
                    type=_typed(_bounded(_positive_int, "jobs"), "--jobs"),
                    help=f"worker processes for random and PCT search (default: the CPU count, "
                         f"{os.cpu_count() or 1} here)")
@@ -192,11 +192,11 @@ def add_parser(subparsers, name: str) -> None:
                    type=_typed(_hazard, "--hazard-off"),
                    help=f"switch a hazard rule off (repeatable): {HAZARD_HELP} (docs/hazards.md); "
                         "bad variants' verdicts are then reported, not compared")
-    p.add_argument("--h2-scope", action=_Once, choices=H2_SCOPES, default=None,
+    p.add_argument("--h2-scope", action=OnceOption, choices=H2_SCOPES, default=None,
                    help="which devices a quiescing driver call waits for (an assumption, "
                         "docs/hazards.md): its own device, every device of its process, or every "
                         "peer (default process)")
-    p.add_argument("--h2-calls", action=_Once, choices=H2_CALLS, default=None,
+    p.add_argument("--h2-calls", action=OnceOption, choices=H2_CALLS, default=None,
                    help="which driver calls wait for quiescence (H2): those public reports name "
                         "(assumed: instantiate, upload, allocation), those the H200 probes "
                         "measured (measured: frees), or both (default both; docs/hazards.md); "
@@ -213,10 +213,10 @@ def add_parser(subparsers, name: str) -> None:
                    help="check every variant at ranks 2, 3, 4 x four bucket sets x both topologies "
                         "(docs/matrix.md); chooses --ranks, --buckets, --max-batch, --topology; "
                         "verdicts only (refuses --explain and --trace-out)")
-    p.add_argument("--replay", metavar="TRACE.json", action=_Once,
+    p.add_argument("--replay", metavar="TRACE.json", action=OnceOption,
                    help="replay one recorded trace exactly (takes its scenario from the trace; "
                         "combines only with --json, --trace-out and --variant-file)")
-    p.add_argument("--trace-out", action=_Once, metavar="DIR",
+    p.add_argument("--trace-out", action=OnceOption, metavar="DIR",
                    type=_typed(_trace_dir, "--trace-out"),
                    help="write each counterexample as .txt, .mmd, .json (created, with its "
                         "parents, when the traces are written); the counterexamples, and the "

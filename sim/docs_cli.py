@@ -204,9 +204,9 @@ def add_parser(subparsers, name: str) -> None:
     """Register `lockstep docs`."""
     p = subparsers.add_parser(name, help="regenerate docs/walkthroughs from simulator traces",
                               description=__doc__)
-    from sim.cli import _Once  # refused when given twice, as every option of `lockstep check`
+    from sim.cli import OnceOption  # refused when given twice, as every option of `lockstep check`
 
-    p.add_argument("--root", action=_Once, default=None,
+    p.add_argument("--root", action=OnceOption, default=None,
                    help="lockstep checkout to write into: a directory holding README.md and the "
                         "sim/ and protocol/ packages (default: .)")
     p.add_argument("--check", action="store_true",
