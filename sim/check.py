@@ -20,7 +20,7 @@ from sim.checks import attribute_divergence
 from sim.guard import Stalled, describe, locate, watchdog
 from sim.limits import MAX_BUCKET
 from sim.hazards import HazardModel
-from sim.headroom import largest_headroom, refusal_expected
+from sim.headroom import HeadroomDraw, largest_headroom, refusal_expected
 from sim.reduce import reduce_schedule
 from sim.run import RunResult, run_schedule
 from sim.scenario import Fault, Scenario, default_scenario
@@ -643,7 +643,7 @@ def drawn_short_contexts(variant: Variant, scenario: Scenario) -> tuple | None:
     draw may depend on the search seed)."""
     from sim.scenario import ShortContextDraw, ShortPathDraw
 
-    family = scenario_family(variant, scenario, 0)
+    family = _own_draw(scenario_family(variant, scenario, 0))
     if isinstance(family, Fixed):
         return (scenario.config.short_context,)
     if isinstance(family, ShortPathDraw):  # ``scenario`` holds the run's own workload
@@ -653,6 +653,14 @@ def drawn_short_contexts(variant: Variant, scenario: Scenario) -> tuple | None:
         return None
     values = {m.config.short_context for m in members()}
     return tuple(sorted(values, key=lambda v: (v is not None, v or 0)))
+
+
+def _own_draw(family):
+    """``family`` (`scenario_family`), or for a headroom drawn over a row's own per-run draw
+    (`sim.headroom.HeadroomDraw.within`) that draw, whose fields a trace records as any
+    other's: the headroom changes no workload and no ``short_context``."""
+    within = family.within if isinstance(family, HeadroomDraw) else None
+    return family if within is None else within
 
 
 def _short_context_refused(variant: Variant, given, allowed: tuple) -> ConfigError:
@@ -683,7 +691,7 @@ def _with_recorded_workload(variant: Variant, scenario: Scenario, data: dict) ->
     from sim.scenario import (DRAWN_MAX_TOKENS, DRAWN_PROMPT_LENGTHS, WorkloadDraw, max_tokens,
                               prompt_lengths, with_max_tokens, with_prompt_lengths)
 
-    draws = isinstance(scenario_family(variant, scenario, 0), WorkloadDraw)
+    draws = isinstance(_own_draw(scenario_family(variant, scenario, 0)), WorkloadDraw)
     fields = (("prompt_lengths", prompt_lengths, with_prompt_lengths, DRAWN_PROMPT_LENGTHS,
                "prompts of", "tokens"),
               ("max_tokens", max_tokens, with_max_tokens, DRAWN_MAX_TOKENS, "max_tokens", ""))
@@ -717,8 +725,6 @@ def _with_recorded_memory(variant: Variant, scenario: Scenario, data: dict) -> S
     Raises:
         ConfigError: a bad-trace line naming the field and what the variant runs.
     """
-    from sim.headroom import HeadroomDraw
-
     draws = isinstance(scenario_family(variant, scenario, 0), HeadroomDraw)
     headroom, overhead = data.get("memory_headroom_bytes"), data.get("rank_overhead")
     own_headroom, own_overhead = scenario.config.memory_headroom_bytes, scenario.memory.rank_overhead

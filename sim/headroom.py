@@ -24,6 +24,7 @@ pages beside the reserved padding page (`protocol.memory.plan_memory`), on the t
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from protocol.eligibility import GraphPlan
@@ -98,12 +99,20 @@ class HeadroomDraw:
     and in half the runs one rank made the tightest by an overhead (`OVERHEAD_RANGE`);
     picklable, seeded by (``seed``, index). Run 0 keeps the base; a base whose memory holds no
     plan at all is kept for every run.
+
+    ``within`` is a row's own per-run draw (run index -> scenario, e.g. a
+    `sim.scenario.ShortPathDraw` over ``base``), drawn first: run i's headroom is drawn over
+    run i's scenario of ``within``, since the bound depends on what that draw changes (the
+    graph plan of a drawn ``short_context``). Build one with `HeadroomAfter`.
     """
 
     base: Scenario
     seed: int
+    within: Callable[[int], Scenario] | None = None
 
     def __call__(self, index: int) -> Scenario:
+        if self.within is not None:
+            return HeadroomDraw(self.within(index), self.seed)(index)
         if index == 0:
             return self.base
         rng = random.Random(f"headroom {self.seed} {index}")
@@ -164,7 +173,13 @@ class HeadroomDraw:
         states), and what only a drawn run shows -- a headroom dropped, doubled or taken from
         another rank's report -- it shows as well. Each serving member costs a search as long as
         the base's, so two of them, not all the kinds (``tight`` is left to the sample search).
+        With ``within``: these four over its run 0, then its own members (its run 0 if it lists
+        none) at the base's headroom -- not every pairing, which would search four times over.
         """
+        if self.within is not None:
+            own = getattr(self.within, "members", None)
+            return (HeadroomDraw(self.within(0), self.seed).members()
+                    + (own() if own is not None else [self.within(0)]))
         rng = random.Random(f"headroom members {self.seed}")
         members = [self.drawn("one-over", rng), self.drawn("far-over", rng),
                    self.drawn("exact", rng)]
@@ -173,3 +188,16 @@ class HeadroomDraw:
         if bound >= 0:
             busy = busy.with_(config=replace(busy.config, memory_headroom_bytes=3 * bound // 4))
         return members + [busy if bound >= 0 else self.base]
+
+
+@dataclass(frozen=True)
+class HeadroomAfter:
+    """A `sim.variants.Variant.draw` for a row that has a per-run draw of its own (``first``,
+    a ``(scenario, seed) -> (run index -> scenario)`` such as `sim.scenario.ShortPathDraw`):
+    each run draws ``first``'s scenario, then its headroom over it (`HeadroomDraw.within`);
+    picklable."""
+
+    first: Callable[[Scenario, int], Callable[[int], Scenario]]
+
+    def __call__(self, base: Scenario, seed: int) -> HeadroomDraw:
+        return HeadroomDraw(base, seed, within=self.first(base, seed))
