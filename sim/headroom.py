@@ -19,6 +19,16 @@ The bound (`largest_headroom`) is computed from the modelled memory (`sim.scenar
 and the one graph plan (`protocol.eligibility.GraphPlan`, I7), not from the controller's fit:
 the smallest plan keeps the graphs of the smallest bucket and one full-length sequence of KV
 pages beside the reserved padding page (`protocol.memory.plan_memory`), on the tightest rank.
+
+Which rows draw it: ``correct`` and ``correct-eager``, and the correct protocol under paging
+pressure, chunked prefill, overlapped scheduling and the short path (``paged-kv-pressure``,
+``chunked-prefill``, ``chunked-prefill-pressure``, ``overlapped-scheduling``,
+``overlapped-eager``, ``correct-short-path``), where a fit that mishandles the headroom only
+under that feature would otherwise read as correct (a capped KV pool, above all, leaves memory
+free that an uncapped row's fit gives the KV cache). Two clean counterparts do not:
+``overlap-two-communicators`` and ``dp-idle-rank-dummy-batch`` run two and eight schedules for
+one interleaving or one idle lane each, which a refused run would spend, and their memory is
+``correct``'s, already held to its headroom.
 """
 
 from __future__ import annotations
@@ -78,7 +88,9 @@ in six serve, so that the serving interleavings the row is for are still searche
   device).
 - ``tight``: uniform over the last `TIGHT_PAGES` KV pages and the graph set's bytes below the
   bound: the fit drops to a smaller batch cap and keeps fewer graphs (measured again, I9), or
-  keeps a few KV pages only, so admission waits for pages (I14).
+  keeps a few KV pages only, so admission waits for pages (I14). Where ``max_kv_pages`` caps
+  the pool (`sim.variants_paging.page_pressure`), only the pages below the cap count: a
+  headroom that leaves the capped pool whole is a roomy one.
 - ``exact``: the bound itself: one sequence of KV pages beside the smallest bucket's graphs.
 """
 
@@ -146,7 +158,10 @@ class HeadroomDraw:
             case "far-over":
                 headroom = rng.randint(bound + 1, bound + max(1, room(sc)))
             case "tight":
-                headroom = rng.randint(max(0, full - TIGHT_PAGES * cfg.kv_page_bytes), bound)
+                pages = TIGHT_PAGES
+                if cfg.max_kv_pages is not None:  # past the cap, pages are left free anyway
+                    pages = min(pages, max(0, cfg.max_kv_pages - sc.pages_per_seq))
+                headroom = rng.randint(max(0, full - pages * cfg.kv_page_bytes), bound)
             case "exact":
                 headroom = bound
             case _:

@@ -9,7 +9,10 @@ sequence into a decode slot and samples, decode rows of other requests going on 
 steps. The correct protocol must give every request the tokens it gets alone: the modelled
 prefill reads the whole prompt back from the paged KV cache, so a chunk written at the wrong
 position, a chunk whose pages were not handed out, or a token sampled from part of the prompt
-changes the request's tokens.
+changes the request's tokens. Both clean rows draw ``memory_headroom_bytes`` per run
+(`sim.headroom.HeadroomDraw`), as the ``correct`` row does, so a fit that mishandles the
+headroom does not read as correct under chunked prefill; the pressure row keeps its pool of one
+sequence in every run that serves (`sim.variants_paging`).
 
 The ``chunk-restarts-at-zero`` worker prefills each chunk as if it began the sequence: its
 tokens land at positions 0.. (the cached length reset at each chunk), as in a prefill whose KV
@@ -40,6 +43,7 @@ from protocol.controller import Controller
 from protocol.worker import Worker
 from sim.common import DONE
 from sim.devices import SampleKernel
+from sim.headroom import HeadroomDraw
 from sim.scenario import Scenario
 from sim.variants import Variant, register
 from sim.variants_paging import page_pressure
@@ -63,7 +67,7 @@ register(Variant(
            "the chunk slot, with the pages its command hands out; the last chunk moves the "
            "sequence into its decode slot and alone samples.",
     adjust=chunked,
-    reaches=("chunked_prefill",)))
+    reaches=("chunked_prefill",), draw=HeadroomDraw))
 
 
 register(Variant(
@@ -76,7 +80,7 @@ register(Variant(
     remedy="Nothing to fix: preempting the request in chunked prefill frees its pages and "
            "its chunk slot in the step's command; it is prefilled again from its first chunk.",
     adjust=lambda sc: chunked(page_pressure(sc)),
-    reaches=("chunked_prefill", "preemption")))
+    reaches=("chunked_prefill", "preemption"), draw=HeadroomDraw))
 
 
 class ChunkRestartsWorker(Worker):

@@ -12,7 +12,8 @@ replay inputs (I12) and the host buffer of the sampled ids (I11), each in the st
 
 `overlapped` turns any scenario into one with overlapped scheduling, and `stopping` gives its
 requests stop tokens that a quarter of the modelled tokens hit, so requests end on a stop token
-with a leftover row in flight as well as by length.
+with a leftover row in flight as well as by length. The two clean rows draw
+``memory_headroom_bytes`` per run (`sim.headroom.HeadroomDraw`), as the ``correct`` row does.
 
 Known-bad designs:
 - ``overlap-one-staging-buffer``: one pinned staging buffer for the replay inputs; the host
@@ -41,6 +42,7 @@ from protocol.commands import Step
 from protocol.controller import Controller, Sampled
 from protocol.worker import Worker
 from sim.common import DONE
+from sim.headroom import HeadroomDraw
 from sim.scenario import Scenario
 from sim.variants import Variant, eager_decode, register
 
@@ -73,7 +75,7 @@ register(Variant(
            "and feeds its rows by request from the previous step's ids, host buffers alternate "
            "by step parity, and leftover rows' tokens are dropped (I11, I12, I20).",
     adjust=lambda sc: stopping(overlapped(sc)),
-    reaches=("fed_row", "leftover_row")))
+    reaches=("fed_row", "leftover_row"), draw=HeadroomDraw))
 
 
 register(Variant(
@@ -86,7 +88,7 @@ register(Variant(
     remedy="Nothing to fix: the eager decode gathers its fed rows exactly as the replay's "
            "metadata copy does (I20).",
     adjust=lambda sc: stopping(overlapped(eager_decode(sc))),
-    reaches=("fed_row", "leftover_row"), schedules=20, fault_schedules=10))
+    reaches=("fed_row", "leftover_row"), schedules=20, fault_schedules=10, draw=HeadroomDraw))
 
 
 # -- overlap-one-staging-buffer -------------------------------------------------------------------

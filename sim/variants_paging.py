@@ -5,7 +5,12 @@ asynchronous store of a preempted request's pages that the same step's forward o
 `page_pressure` turns any scenario into one whose KV pool holds a single full-length sequence
 of its own workload -- the smallest pool the protocol accepts -- with pages small enough that
 every request grows across pages, so that running requests outgrow the pool and the controller
-must preempt. The correct protocol must serve every request there with unchanged tokens; the
+must preempt. The correct protocol must serve every request there with unchanged tokens, with
+its ``memory_headroom_bytes`` drawn per run (`sim.headroom.HeadroomDraw`) as the ``correct``
+row's is: the pool stays one sequence in every run that serves, since ``max_kv_pages`` caps it
+and every headroom a serving run draws leaves the room for that sequence (`largest_headroom`),
+so a draw changes only how many graphs the fit keeps -- and there a fit that counts the
+headroom only when the pool is not capped is caught, which no uncapped row can show. The
 ``local-pages`` variant, whose workers allocate pages from their own free list and free them
 only when a request finishes (vllm-metal PR #128: the model runner's own block allocator beside
 the scheduler's KV cache manager never heard of preemption and raised "Not enough free blocks"),
@@ -30,6 +35,7 @@ from protocol.pages import pages_for
 from protocol.worker import Worker
 from sim.common import DONE, Outcome
 from sim.devices import Kernel
+from sim.headroom import HeadroomDraw
 from sim.scenario import Scenario
 from sim.variants import Variant, register
 
@@ -59,7 +65,7 @@ register(Variant(
     remedy="Nothing to fix: exhaustion preempts the most recently admitted request, its pages "
            "are freed in the step's command, and it is recomputed later (I14).",
     adjust=page_pressure,
-    reaches=("preemption",)))
+    reaches=("preemption",), draw=HeadroomDraw))
 
 
 class LocalPagesWorker(Worker):

@@ -14,7 +14,10 @@ step meets the boundary, and which row of the step is the longest, is found by s
 depend on the schedule, so without the draw every schedule would cross the boundary at the same
 step with the same rows; with it, a bug that shows only at one boundary, or only when a longer
 row sits behind slot 0, is still found. The clean row must reach a step with such a row
-(``first_row_behind``), so its verdict covers the case the first-row bug needs.
+(``first_row_behind``), so its verdict covers the case the first-row bug needs. The clean row
+also draws ``memory_headroom_bytes`` over each run's scenario (`sim.headroom.HeadroomAfter`),
+as the ``correct`` row does: the short path doubles the graphs of its buckets, and only a
+drawn headroom makes the fit drop some of them and measure the kept set again.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from protocol.commands import DecodeRows
 from protocol.controller import Controller
 from protocol.eligibility import GraphPlan
 from protocol.keys import SHORT
+from sim.headroom import HeadroomAfter
 from sim.scenario import Scenario, ShortPathDraw, decode_contexts, short_path_on
 from sim.variants import BOTH_CLEAN, EVENT_REACH, Variant, register
 
@@ -64,7 +68,7 @@ register(Variant(
     summary="the protocol as specified with the short-context decode path on: a step replays "
             "the short path's graph only when every decode row's context fits its one tile",
     source="docs/design.md (I22)",
-    expected=BOTH_CLEAN, adjust=short_path_on, draw=ShortPathDraw,
+    expected=BOTH_CLEAN, adjust=short_path_on, draw=HeadroomAfter(ShortPathDraw),
     reaches=("short_replay", "short_declined", "first_row_behind"), unreachable=_no_short_path,
     schedules=20, fault_schedules=10))
 

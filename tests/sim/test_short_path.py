@@ -243,9 +243,11 @@ def test_the_faulted_row_runs_each_run_under_the_short_context_drawn_for_it(monk
     assert len(set(drawn)) >= 3 and set(drawn) != {base.config.short_context}
     workloads = [draw(i).workload for i in range(spec.fault_schedules)]
     assert [sc.workload for sc in runs] == workloads and len(set(workloads)) >= 3
+    family = check.scenario_family(variant, base, spec.seed)  # draw(i), then its headroom
     for i, sc in enumerate(runs):
         [fault] = sc.faults
-        sites = fault_sites(draw(i), spec.seed)
+        assert sc.with_(faults=()) == family(i)
+        sites = fault_sites(family(i), spec.seed)
         assert any((fault.rank, fault.op, fault.occurrence) in sites[phase] for phase in sites)
 
 
