@@ -668,10 +668,12 @@ class ModelledBackend:
                     w.events["mixed_replay"] += 1
                 if w.config.short_context is not None:
                     self.count_path(r, key)
-                    if (key.bucket <= w.config.short_max_bucket and step.rows
-                            and step.rows.positions[0] < max(step.rows.positions)):
-                        # a row behind slot 0 attends over more tokens than slot 0's, in a
-                        # bucket that has a short graph (the first-row bug's case)
+                    positions = step.rows.positions
+                    if (positions and GraphKey(key.bucket, SHORT) in w.graphs[r]
+                            and positions[0] < w.config.short_context <= max(positions)):
+                        # slot 0's context (position + 1) fits the short path and a row behind
+                        # it does not, in a bucket with a short graph: the first-row bug's
+                        # case, where the step's path differs by which row is asked
                         w.events["first_row_behind"] = w.events.get("first_row_behind", 0) + 1
         return self.done(host, self.replay_rows(r, graph, key.bucket))
 

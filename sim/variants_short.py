@@ -13,11 +13,13 @@ Each variant's search draws, per run, every request's prompt length and ``max_to
 step meets the boundary, and which row of the step is the longest, is found by search. Serving steps do not
 depend on the schedule, so without the draw every schedule would cross the boundary at the same
 step with the same rows; with it, a bug that shows only at one boundary, or only when a longer
-row sits behind slot 0, is still found. The clean row must reach a step with such a row
-(``first_row_behind``), so its verdict covers the case the first-row bug needs. The clean row
-also draws ``memory_headroom_bytes`` over each run's scenario (`sim.headroom.HeadroomAfter`),
-as the ``correct`` row does: the short path doubles the graphs of its buckets, and only a
-drawn headroom makes the fit drop some of them and measure the kept set again.
+row sits behind slot 0, is still found. The clean row must reach a step whose slot 0 fits the
+short path while a row behind it does not (``first_row_behind``, counted at the replay), so its
+verdict covers the case the first-row bug needs: a run reaches it exactly when the first-row
+controller's run of the same draw diverges. The clean row also draws
+``memory_headroom_bytes`` over each run's scenario (`sim.headroom.HeadroomAfter`), as the
+``correct`` row does: the short path doubles the graphs of its buckets, and only a drawn
+headroom makes the fit drop some of them and measure the kept set again.
 """
 
 from __future__ import annotations

@@ -230,7 +230,9 @@ def test_the_faulted_row_runs_each_run_under_the_short_context_drawn_for_it(monk
         return search(scenario_for, *args, **kwargs)
 
     monkeypatch.setattr(check, "sample_search", spy)
-    spec = CheckSpec(schedules=4, fault_schedules=8, jobs=1)
+    # eight: the clean row must reach first_row_behind, at run 6 of seed 0 (runs 2-4 draw a
+    # headroom that refuses or lowers the batch cap, and runs 0, 1 and 5 straddle no boundary)
+    spec = CheckSpec(schedules=8, fault_schedules=8, jobs=1)
     variant = REGISTRY["correct-short-path"]
     rows = check_correct(variant, spec, "shared")
     assert [r.got for r in rows] == ["clean", "abort"], [r.detail for r in rows]
@@ -353,3 +355,27 @@ def test_short_path_on_leaves_a_scenario_without_decode_rows_or_with_the_path_on
     assert short_path_on(no_decode) is no_decode
     chosen = _with_short(sc, 4)
     assert short_path_on(chosen) is chosen and short_path_on(sc).config.short_context == 6
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("max_batch", [None, 4, 9])
+def test_first_row_behind_is_reached_exactly_where_the_first_row_bug_shows(max_batch):
+    """The clean row's ``first_row_behind`` is its proof that it searched the case the
+    first-row bug needs. It used to count any replay with a longer row behind slot 0, short
+    path or not; at the default configuration the correct protocol reached it in every one of
+    30 runs of the bad variant's draw, while the first-row controller diverged in 16 and gave,
+    in the other 14 (runs 0-2 among them), the correct protocol's very trace: no step there had
+    slot 0 fit the short path with a longer row past it. It now counts just those steps, and
+    a run reaches it exactly when the first-row controller's run of the same draw diverges."""
+    from sim.check import scenario_family
+
+    spec = CheckSpec(max_batch=max_batch)
+    bad, good = REGISTRY["short-path-first-row"], REGISTRY["correct-short-path"]
+    draw = scenario_family(bad, bad.scenario(spec.scenario("shared")), spec.seed)
+    reached, diverged = [], []
+    for i in range(16):
+        sc = draw(i)
+        reached.append(run_schedule(sc, good, RandomWalk(i)).reached.get("first_row_behind", 0) > 0)
+        diverged.append(run_schedule(sc, bad, RandomWalk(i)).outcome.verdict == "divergence")
+    assert reached == diverged
+    assert 0 < sum(reached) < len(reached)
