@@ -30,6 +30,7 @@ import sys
 
 import torch
 
+from engine.cli_args import integer
 from engine.bench.options import (BenchArgError, check_output_path, check_range, check_switches,
                                   cuda_missing, json_problem, parse_int_list, parse_name_list)
 from engine.kernels import fused
@@ -337,7 +338,7 @@ def main(argv=None) -> int:
     p.add_argument("--rows", default=",".join(map(str, ROWS)),
                    help=f"comma-separated row counts M to time (1..{MAX_ROWS}; default "
                         f"{','.join(map(str, ROWS))})")
-    p.add_argument("--repeats", type=int, default=20,
+    p.add_argument("--repeats", type=integer, default=20,
                    help=f"graph replays per timing (1..{MAX_REPEATS}; default 20); the median is "
                         "reported")
     p.add_argument("--kinds", default="gemm,rope",

@@ -32,6 +32,7 @@ import sys
 import tempfile
 import time
 
+from engine.cli_args import integer
 from engine.bench.options import BenchArgError, check_output_path, check_range, parse_int_list
 
 
@@ -163,9 +164,9 @@ def main(argv: list[str] | None = None) -> int:
                       description=__doc__.split("\n\n")[0])
     p.add_argument("--batch-sizes", default="1,256",
                    help="comma-separated decode batch sizes, each 1..256 (default 1,256)")
-    p.add_argument("--steps", type=int, default=200, help="decode steps per run (default 200)")
-    p.add_argument("--repeats", type=int, default=5, help="runs per batch size (default 5)")
-    p.add_argument("--threads", type=int, default=1,
+    p.add_argument("--steps", type=integer, default=200, help="decode steps per run (default 200)")
+    p.add_argument("--repeats", type=integer, default=5, help="runs per batch size (default 5)")
+    p.add_argument("--threads", type=integer, default=1,
                    help="torch CPU threads (default 1: the host path is single-threaded)")
     p.add_argument("--json", dest="json_path", help="write the figures to this JSON file")
     args = p.parse_args(argv)

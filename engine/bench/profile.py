@@ -19,6 +19,7 @@ import sys
 def build_parser() -> argparse.ArgumentParser:
     """The command line of `main`: every option with its help and default."""
     from engine.bench.options import MAX_BATCH
+    from engine.cli_args import integer
     from engine.presets import PRESETS
 
     from lockstep.cli import OneLineParser
@@ -27,14 +28,14 @@ def build_parser() -> argparse.ArgumentParser:
                       description=__doc__.splitlines()[0])
     p.add_argument("--preset", required=True,
                    help=f"random weights of a preset ({', '.join(PRESETS)})")
-    p.add_argument("--batch", type=int, default=1,
+    p.add_argument("--batch", type=integer, default=1,
                    help=f"decode rows of the captured step, its graph's bucket (1..{MAX_BATCH}; "
                         "default 1)")
-    p.add_argument("--context", type=int, default=128,
+    p.add_argument("--context", type=integer, default=128,
                    help="tokens cached per row (default 128)")
-    p.add_argument("--steps", type=int, default=20,
+    p.add_argument("--steps", type=integer, default=20,
                    help="graph replays profiled, after 5 unprofiled ones (default 20)")
-    p.add_argument("--rows", type=int, default=25,
+    p.add_argument("--rows", type=integer, default=25,
                    help="kernels to list, by device time or with --timeline by exposed time "
                         "(default 25)")
     p.add_argument("--timeline", action="store_true",

@@ -26,6 +26,7 @@ import sys
 import warnings
 from collections import Counter
 
+from engine.cli_args import integer, number
 from engine.bench.options import MAX_BATCH, BenchArgError, check_range
 from lockstep.cli import OneLineParser
 
@@ -165,19 +166,19 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line of `main`: every option with its help and default."""
     ap = OneLineParser(prog="python -m engine.bench.sampler_passes", error_name="sampler_passes",
                        description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rows", type=int, default=256,
+    ap.add_argument("--rows", type=integer, default=256,
                     help=f"rows of the batch, each sampled once (1..{MAX_BATCH}; default 256)")
-    ap.add_argument("--vocab", type=int, default=151936,
+    ap.add_argument("--vocab", type=integer, default=151936,
                     help=f"logits per row (1..{MAX_VOCAB}; default 151936, Qwen3's vocabulary)")
-    ap.add_argument("--temperature", type=float, default=0.6,
+    ap.add_argument("--temperature", type=number, default=0.6,
                     help="every row's temperature (default 0.6)")
-    ap.add_argument("--top-p", type=float, default=0.95,
+    ap.add_argument("--top-p", type=number, default=0.95,
                     help="every row's top-p; 1 = off (default 0.95)")
-    ap.add_argument("--top-k", type=int, default=0,
+    ap.add_argument("--top-k", type=integer, default=0,
                     help="every row's top-k; 0 = off (default 0)")
-    ap.add_argument("--min-p", type=float, default=0.0,
+    ap.add_argument("--min-p", type=number, default=0.0,
                     help="every row's min-p; 0 = off (default 0)")
-    ap.add_argument("--scale", type=float, default=1.0,
+    ap.add_argument("--scale", type=number, default=1.0,
                     help="the logits are randn times this (default 1)")
     ap.add_argument("--logprobs", action="store_true",
                     help="also return each sampled token's logprob")

@@ -32,6 +32,7 @@ import time
 from engine.bench.options import (BenchArgError, BenchOptions, check_output_path, check_range,
                                   check_switches, cuda_missing, max_positions, model_shape,
                                   json_problem, parse_int_list)
+from engine.cli_args import integer
 from engine.cli_args import seed as seed_arg
 from engine.env import switch
 from engine.kernels.skinny_gemm import TileConfig, load_table, shape_key
@@ -458,13 +459,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rows", help="row counts to tune, comma-separated: row counts the GEMM "
                                   "table measured where the engine fuses the layer (default: "
                                   "every such row count)")
-    p.add_argument("--top", type=int, default=4,
+    p.add_argument("--top", type=integer, default=4,
                    help=f"sweep tiles tried per GEMM (1..{MAX_TOP}; default 4)")
-    p.add_argument("--steps", type=int, default=100,
+    p.add_argument("--steps", type=integer, default=100,
                    help=f"timed replays per plan (1..{MAX_STEPS}; default 100)")
-    p.add_argument("--warmup", type=int, default=10,
+    p.add_argument("--warmup", type=integer, default=10,
                    help=f"untimed replays per plan before them (0..{MAX_WARMUP}; default 10)")
-    p.add_argument("--context", type=int, default=128,
+    p.add_argument("--context", type=integer, default=128,
                    help="tokens cached per row (default 128)")
     p.add_argument("--sweep", default=SWEEP_JSON,
                    help="gemm_sweep --json with the candidates (default: the shipped H200 "

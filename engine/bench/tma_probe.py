@@ -141,6 +141,7 @@ def probe_shape(name, n, k, swiglu, rows, repeats, log):
 
 
 def main(argv=None) -> int:
+    from engine.cli_args import integer
     from lockstep.cli import OneLineParser
 
     p = OneLineParser(prog="python -m engine.bench.tma_probe", error_name="tma_probe",
@@ -150,7 +151,7 @@ def main(argv=None) -> int:
                    help=f"comma-separated weight shapes to time, from: {', '.join(SHAPES)}")
     p.add_argument("--rows", default="1,8",
                    help=f"comma-separated row counts M (1..{MAX_ROWS})")
-    p.add_argument("--repeats", type=int, default=50,
+    p.add_argument("--repeats", type=integer, default=50,
                    help=f"graph replays per timing (1..{MAX_REPEATS}); the median is reported")
     p.add_argument("--json", help="write every measurement here")
     args = p.parse_args(argv)

@@ -656,13 +656,13 @@ def test_sampler_passes_prints_no_interpreter_warning_and_leaves_the_filters_as_
 
 
 @pytest.mark.parametrize("tool, argv, message", [
-    ("step_tune", ["--top", "abc"], "argument --top: invalid int value: 'abc'"),
+    ("step_tune", ["--top", "abc"], "argument --top: 'abc' is not an integer"),
     ("step_tune", ["--preset", "qwen3-0.6b", "--model", "m"],
      "argument --model: not allowed with argument --preset"),
-    ("sampler_passes", ["--top-k", "abc"], "argument --top-k: invalid int value: 'abc'"),
-    ("sampler_passes", ["--scale", "x"], "argument --scale: invalid float value: 'x'"),
+    ("sampler_passes", ["--top-k", "abc"], "argument --top-k: 'abc' is not an integer"),
+    ("sampler_passes", ["--scale", "x"], "argument --scale: 'x' is not a number"),
     ("sampler_passes", ["--top", "5"], "ambiguous option: --top could match --top-p, --top-k"),
-    ("gemm_sweep", ["--repeats", "abc"], "argument --repeats: invalid int value: 'abc'"),
+    ("gemm_sweep", ["--repeats", "abc"], "argument --repeats: 'abc' is not an integer"),
     ("gemm_sweep", ["--bogus"], "unrecognized arguments: --bogus"),
 ])
 def test_bench_tools_refuse_what_argparse_refuses_in_one_line(tool, argv, message, capsys):
@@ -690,9 +690,9 @@ def test_bench_tools_help_still_prints_the_usage_and_exits_0(tool, capsys):
 
 @pytest.mark.parametrize("tool, argv, message", [
     ("profile", [], "the following arguments are required: --preset"),
-    ("profile", ["--preset", "tiny", "--batch", "abc"], "argument --batch: invalid int value: 'abc'"),
+    ("profile", ["--preset", "tiny", "--batch", "abc"], "argument --batch: 'abc' is not an integer"),
     ("profile", ["--preset", "tiny", "--bogus"], "unrecognized arguments: --bogus"),
-    ("host_overhead", ["--steps", "abc"], "argument --steps: invalid int value: 'abc'"),
+    ("host_overhead", ["--steps", "abc"], "argument --steps: 'abc' is not an integer"),
     ("host_overhead", ["--bogus"], "unrecognized arguments: --bogus"),
     ("tma_probe", ["--bogus"], "unrecognized arguments: --bogus"),
 ])
