@@ -947,13 +947,13 @@ def _replay(path: str, as_json: bool, trace_out: Path | None = None) -> int:
     if not path:
         return _fail("--replay needs a trace file path")
     trace = Path(path)
-    if trace.exists() and not trace.is_dir() and not trace.is_file():
-        return _fail(f"trace file {path!r} is not a regular file (a device or a pipe: "
-                     "--trace-out writes regular files)")
-    if trace.is_file() and trace.stat().st_size > MAX_TRACE_BYTES:
-        return _fail(f"trace file {path!r} holds {trace.stat().st_size} bytes, more than the "
-                     f"{MAX_TRACE_BYTES} of any trace --trace-out writes")
     try:
+        if trace.exists() and not trace.is_dir() and not trace.is_file():
+            return _fail(f"trace file {path!r} is not a regular file (a device or a pipe: "
+                         "--trace-out writes regular files)")
+        if trace.is_file() and trace.stat().st_size > MAX_TRACE_BYTES:
+            return _fail(f"trace file {path!r} holds {trace.stat().st_size} bytes, more than "
+                         f"the {MAX_TRACE_BYTES} of any trace --trace-out writes")
         data = json.loads(trace.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return _fail(f"trace file {path!r} does not exist")
@@ -963,6 +963,10 @@ def _replay(path: str, as_json: bool, trace_out: Path | None = None) -> int:
         return _fail(f"trace file {path!r} is not UTF-8 text")
     except json.JSONDecodeError as exc:
         return _fail(f"trace file {path!r} is not JSON: {exc}")
+    except RecursionError:  # json.loads of thousands of nested brackets
+        return _fail(f"trace file {path!r} is not a trace: its JSON nests too deeply")
+    except OSError as exc:  # a fresh user's finding: a PermissionError traceback
+        return _fail(f"trace file {path!r} cannot be read: {exc.strerror or exc}")
     from sim.guard import Stalled, describe
 
     try:

@@ -274,16 +274,21 @@ def load_variant_file(path: str | Path) -> list[Variant]:
     only imports (a shipped one it derives from, say) are not re-registered.
 
     Raises:
-        ConfigError: the file is missing, not a file or one of lockstep's own modules, fails
-            to import (SystemExit included), defines no variant, lists something that is not a
+        ConfigError: the file is missing, cannot be read, not a file or one of lockstep's own
+            modules, fails to import (SystemExit included), defines no variant, lists something that is not a
             Variant, or reuses a name.
     """
     if not str(path):
         raise ConfigError("variant file '': the path is empty; name a Python file")
     path = Path(path)
-    if not path.exists():
+    try:
+        exists, is_file = path.exists(), path.is_file()
+    except OSError as exc:  # a fresh user's finding: a folder it may not enter raised from exists()
+        raise ConfigError(f"variant file {str(path)!r} cannot be read: "
+                          f"{exc.strerror or exc}") from None
+    if not exists:
         raise ConfigError(f"variant file {str(path)!r} does not exist")
-    if not path.is_file():
+    if not is_file:
         raise ConfigError(f"variant file {str(path)!r} is not a file")
     if path.suffix != ".py":
         raise ConfigError(f"variant file {str(path)!r} is not a Python file (.py)")

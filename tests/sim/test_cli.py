@@ -945,3 +945,43 @@ def test_an_exhaustive_budget_note_gives_distinct_and_visited_states_as_the_tabl
     note = re.search(r"after (\d+) distinct states \((\d+) visited, the table's states\)", out)
     assert note is not None, out
     assert note.group(2) == visited and int(note.group(1)) <= int(visited)
+
+
+def _denied(*args, **kwargs):
+    raise PermissionError(13, "Permission denied")
+
+
+@pytest.mark.parametrize("method", ["read_text", "exists"])
+def test_an_unreadable_trace_is_one_line(tmp_path, capsys, monkeypatch, method):
+    """Found by a fresh user (non-root, a trace of mode 000 or in a folder of mode 700): a
+    PermissionError traceback from reading the trace, or from the stat before it. Denied here
+    by a stand-in, since the tests may run as root, whom no mode stops."""
+    trace = tmp_path / "t.json"
+    trace.write_text("{}")
+    monkeypatch.setattr(Path, method, _denied)
+    assert main(["check", "--replay", str(trace)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"lockstep check: error: trace file {str(trace)!r} cannot be read: "
+                   "Permission denied\n"), err
+
+
+def test_a_variant_file_in_a_folder_it_may_not_enter_is_one_line(tmp_path, capsys, monkeypatch):
+    """Found by a fresh user: `Path.exists` raised PermissionError for a file in a folder of
+    mode 700 owned by another user, a traceback from `load_variant_file`."""
+    mine = tmp_path / "v.py"
+    mine.write_text("")
+    monkeypatch.setattr(Path, "exists", _denied)
+    assert main(["check", "--variant-file", str(mine)]) == 2
+    err = capsys.readouterr().err
+    assert f"variant file {str(mine)!r} cannot be read: Permission denied" in err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+
+
+def test_a_trace_of_deeply_nested_json_is_one_line(tmp_path, capsys):
+    """Found by a fresh user: 100,000 nested brackets gave a RecursionError traceback."""
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    assert main(["check", "--replay", str(deep)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"lockstep check: error: trace file {str(deep)!r} is not a trace: its JSON "
+                   "nests too deeply\n"), err
