@@ -216,11 +216,9 @@ def test_the_correct_rows_draw_the_headroom_and_count_their_refusals(name):
     assert undrawn.got == "clean"
 
 
-DROPPING_FILE = '''
+DROPPING_CONTROLLER = '''
 from protocol.controller import Controller
 from protocol.memory import plan_memory
-from sim.headroom import HeadroomDraw
-from sim.variants import Variant
 
 
 class Dropping(Controller):
@@ -229,6 +227,12 @@ class Dropping(Controller):
         return plan_memory(reports, graph_bytes, self.plan.buckets, cap,
                            self.config.kv_page_bytes, self.pages_per_seq, 0,
                            self.config.max_kv_pages)
+'''
+"""A variant file's controller that sizes the KV cache without the headroom."""
+
+DROPPING_FILE = DROPPING_CONTROLLER + '''
+from sim.headroom import HeadroomDraw
+from sim.variants import Variant
 
 
 DROPPED = Variant(name="my-headroom-dropped", summary="sizes the KV cache without the headroom",

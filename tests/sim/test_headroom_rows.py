@@ -19,8 +19,9 @@ from sim.run import run_schedule
 from sim.scenario import ShortPathDraw, default_scenario, short_path_on
 from sim.strategies import RandomWalk
 from sim.variants import REGISTRY
-from tests.sim.test_headroom import (SPEC, DroppingController, RankZeroController,
-                                     RefitDroppingController, TwiceController, _fit)
+from tests.sim.test_headroom import (DROPPING_CONTROLLER, SPEC, DroppingController,
+                                     RankZeroController, RefitDroppingController,
+                                     TwiceController, _fit)
 
 ROWS = ("paged-kv-pressure", "chunked-prefill", "chunked-prefill-pressure",
         "overlapped-scheduling", "overlapped-eager", "correct-short-path")
@@ -165,20 +166,10 @@ def test_the_short_path_row_draws_the_headroom_over_each_run_s_own_draw():
     assert members[4:] == own.members()
 
 
-SHORT_DROPPING_FILE = '''
-from protocol.controller import Controller
-from protocol.memory import plan_memory
+SHORT_DROPPING_FILE = DROPPING_CONTROLLER + '''
 from sim.headroom import HeadroomAfter
 from sim.scenario import ShortPathDraw, short_path_on
 from sim.variants import Variant
-
-
-class Dropping(Controller):
-    def fit_memory(self, reports, graph_bytes):
-        cap = self.memory.batch_cap if self.memory else self.config.max_batch
-        return plan_memory(reports, graph_bytes, self.plan.buckets, cap,
-                           self.config.kv_page_bytes, self.pages_per_seq, 0,
-                           self.config.max_kv_pages)
 
 
 DROPPED = Variant(name="my-short-headroom-dropped", summary="drops the headroom",
