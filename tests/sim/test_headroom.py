@@ -242,6 +242,24 @@ DROPPED = Variant(name="my-headroom-dropped", summary="sizes the KV cache withou
 
 
 @pytest.mark.timeout(120)
+def traced_counterexample(tmp_path, file_text: str, name: str):
+    """Variant ``name`` of a variant file holding ``file_text``, checked on the shared topology
+    with its counterexample written by ``--trace-out``: (the file, the trace, its JSON)."""
+    import json
+
+    from lockstep.cli import main
+
+    path = tmp_path / f"{name}.py"
+    path.write_text(file_text)
+    out = tmp_path / "traces"
+    assert main(["check", "--variant-file", str(path), "--variant", name,
+                 "--topology", "shared", "--buckets", "1,2,4,8", "--max-batch", "6",
+                 "--schedules", "14", "--fault-schedules", "0", "--no-progress", "--jobs", "1",
+                 "--trace-out", str(out)]) == 0
+    trace = out / f"{name}.shared.json"
+    return path, trace, json.loads(trace.read_text())
+
+
 def test_a_trace_of_a_drawn_run_records_its_memory_and_replays(tmp_path, capsys):
     """A counterexample under a drawn headroom (and rank overhead) replays only with them: the
     trace records both where they differ from the variant's own, `--replay` applies them, and a
@@ -250,15 +268,7 @@ def test_a_trace_of_a_drawn_run_records_its_memory_and_replays(tmp_path, capsys)
 
     from lockstep.cli import main
 
-    path = tmp_path / "dropping.py"
-    path.write_text(DROPPING_FILE)
-    out = tmp_path / "traces"
-    assert main(["check", "--variant-file", str(path), "--variant", "my-headroom-dropped",
-                 "--topology", "shared", "--buckets", "1,2,4,8", "--max-batch", "6",
-                 "--schedules", "14", "--fault-schedules", "0", "--no-progress", "--jobs", "1",
-                 "--trace-out", str(out)]) == 0
-    trace = out / "my-headroom-dropped.shared.json"
-    data = json.loads(trace.read_text())
+    path, trace, data = traced_counterexample(tmp_path, DROPPING_FILE, "my-headroom-dropped")
     assert data["scenario"]["memory_headroom_bytes"] > 0
     capsys.readouterr()
     assert main(["check", "--replay", str(trace), "--variant-file", str(path)]) == 0

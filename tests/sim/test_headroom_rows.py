@@ -21,7 +21,7 @@ from sim.strategies import RandomWalk
 from sim.variants import REGISTRY
 from tests.sim.test_headroom import (DROPPING_CONTROLLER, SPEC, DroppingController,
                                      RankZeroController, RefitDroppingController,
-                                     TwiceController, _fit)
+                                     TwiceController, _fit, traced_counterexample)
 
 ROWS = ("paged-kv-pressure", "chunked-prefill", "chunked-prefill-pressure",
         "overlapped-scheduling", "overlapped-eager", "correct-short-path")
@@ -185,22 +185,13 @@ def test_a_trace_of_a_run_drawn_twice_records_both_draws_and_replays(tmp_path, c
     headroom records all of them, and `--replay` accepts them: the workload's fields are the
     row's own draw's, under the headroom draw (`sim.check._own_draw`); before, a replay read
     such a trace's prompt lengths as an edit of a variant that draws no workload."""
-    import json
-
     from lockstep.cli import main
 
-    path = tmp_path / "short_dropping.py"
-    path.write_text(SHORT_DROPPING_FILE)
-    out = tmp_path / "traces"
-    assert main(["check", "--variant-file", str(path), "--variant", "my-short-headroom-dropped",
-                 "--topology", "shared", "--buckets", "1,2,4,8", "--max-batch", "6",
-                 "--schedules", "14", "--fault-schedules", "0", "--no-progress", "--jobs", "1",
-                 "--trace-out", str(out)]) == 0
-    data = json.loads((out / "my-short-headroom-dropped.shared.json").read_text())
+    path, trace, data = traced_counterexample(tmp_path, SHORT_DROPPING_FILE,
+                                              "my-short-headroom-dropped")
     scenario = data["scenario"]
     assert scenario["memory_headroom_bytes"] > 0 and "prompt_lengths" in scenario
     assert scenario["short_context"] is not None
     capsys.readouterr()
-    assert main(["check", "--replay", str(out / "my-short-headroom-dropped.shared.json"),
-                 "--variant-file", str(path)]) == 0
+    assert main(["check", "--replay", str(trace), "--variant-file", str(path)]) == 0
     assert "==> invariant (I9)" in capsys.readouterr().out
