@@ -7,6 +7,7 @@ counts it twice or takes it off another rank's report is caught by `lockstep che
 from __future__ import annotations
 
 import pickle
+import random
 from dataclasses import replace
 
 import pytest
@@ -14,7 +15,7 @@ import pytest
 from protocol.controller import Controller
 from sim.check import CLEAN, CheckSpec, check_correct
 from sim.hazards import HazardModel
-from sim.headroom import KINDS, HeadroomDraw, largest_headroom, refusal_expected
+from sim.headroom import KINDS, OVERHEAD_RANGE, HeadroomDraw, largest_headroom, refusal_expected
 from sim.run import run_schedule
 from sim.scenario import default_scenario
 from sim.strategies import RandomWalk
@@ -189,6 +190,28 @@ def test_the_draw_covers_every_kind_in_six_runs_and_is_a_function_of_seed_and_in
     assert busy.memory.rank_overhead == ((1, 64 << 20),)
     assert largest_headroom(busy) / 2 < busy.config.memory_headroom_bytes < largest_headroom(busy)
     assert draw.members() == HeadroomDraw(base, seed=3).members()
+
+
+def test_a_memory_that_holds_the_smallest_plan_with_no_byte_to_spare_is_still_drawn():
+    """At a bound of exactly 0 (headroom 0 fits, one byte does not) the draw and the members
+    still apply their overhead and headroom, as at any bound that is not negative; two mutants
+    that took a bound of 0 for "no plan at all" (`< 0` made `<= 0`, `>= 0` made `> 0`) survived
+    every test (tools/mutation.py, 2026-12-06)."""
+    base = CORRECT.scenario(default_scenario())
+    draw = HeadroomDraw(base, seed=3)
+    spare = largest_headroom(base)
+    assert spare > 0
+    at_zero = draw.drawn("exact", random.Random(0), overhead=(0, spare))
+    assert at_zero.memory.rank_overhead == ((0, spare),) and largest_headroom(at_zero) == 0
+    assert at_zero.config.memory_headroom_bytes == 0
+    # the members' busy scenario: its overhead leaves the smallest plan exactly room
+    last = base.config.world_size - 1
+    busy_spare = largest_headroom(draw._with_overhead((last, OVERHEAD_RANGE[0])))
+    tight = base.with_(memory=replace(base.memory, capacity=base.memory.capacity - busy_spare),
+                       config=replace(base.config, memory_headroom_bytes=1))  # its own: replaced
+    busy = HeadroomDraw(tight, seed=3).members()[-1]
+    assert busy.memory.rank_overhead == ((last, OVERHEAD_RANGE[0]),)
+    assert largest_headroom(busy) == 0 and busy.config.memory_headroom_bytes == 0
 
 
 @pytest.mark.timeout(120)
