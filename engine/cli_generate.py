@@ -60,12 +60,14 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=number, default=0.0,
                    help="divide the logits by this; 0 = greedy (default 0)")
     p.add_argument("--top-k", type=integer, default=0,
-                   help="keep the k most likely tokens; 0 or -1 = off (default 0)")
+                   help="keep the k most likely tokens; 0 or -1 = off (default 0); another "
+                        "value needs --temperature above 0")
     p.add_argument("--top-p", type=number, default=1.0,
                    help="keep the most likely tokens up to this probability mass; 1 = off "
-                        "(default 1)")
+                        "(default 1); another value needs --temperature above 0")
     p.add_argument("--seed", type=seed_arg, default=None,
-                   help="sampling seed, an integer in [0, 2**64) (default: a random one)")
+                   help="sampling seed, an integer in [0, 2**64) (default: a random one); "
+                        "needs --temperature above 0 (greedy decoding draws nothing)")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at end-of-sequence")
     p.add_argument("--logprobs", action="store_true", help="print each token's logprob")
     p.add_argument("--max-model-len", type=integer, default=None,
