@@ -71,7 +71,7 @@ def _rope_theta(hf, cfg_path: Path | None = None) -> float:
         return float(params["rope_theta"])
     theta = getattr(hf, "rope_theta", None)
     if theta is None:
-        raise ModelDirError("config.json names no rope_theta")
+        raise ModelDirError(f"{cfg_path or 'config.json'}: names no rope_theta")
     return float(theta)
 
 
@@ -112,7 +112,6 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
                         or "bfloat16").replace("torch.", ""),
         eos_token_ids=eos,
     )
-    _check_rope_theta(cfg, cfg_path)
     if cfg.num_q_heads % cfg.num_kv_heads:
         raise ModelDirError(f"{cfg_path}: num_attention_heads {cfg.num_q_heads} is not a "
                             f"multiple of num_key_value_heads {cfg.num_kv_heads}")
@@ -178,16 +177,6 @@ def _check_features(hf, cfg_path: Path) -> None:
     if kinds:
         raise ModelDirError(f"{cfg_path}: layer_types holds {kinds}; this engine implements "
                             "'full_attention' layers only")
-
-
-def _check_rope_theta(cfg: ModelConfig, cfg_path: Path) -> None:
-    """The RoPE base is divided by and raised to a power: a non-positive or NaN one makes the
-    first token NaN. (The other scalars are checked in `engine.config_json`.)"""
-    import math
-
-    if not (math.isfinite(cfg.rope_theta) and cfg.rope_theta > 0):
-        raise ModelDirError(f"{cfg_path}: rope_theta = {cfg.rope_theta!r}, expected a finite "
-                            "number > 0 (the RoPE base; Qwen3 uses 1000000.0)")
 
 
 def _eos_ids(d: Path, hf) -> tuple[int, ...]:

@@ -48,7 +48,8 @@ def read_config_json(cfg_path: Path) -> dict:
         ModelDirError: not a JSON object; an architecture or model_type other than Qwen3's;
             quantized or non-float weights; a shape field missing or not a positive integer;
             an odd head_dim; layer_types of another length than num_hidden_layers; a
-            max_position_embeddings or rms_norm_eps of the wrong type or out of range.
+            max_position_embeddings, rms_norm_eps or rope_theta of the wrong type (a bool
+            included) or out of range.
     """
     raw = read_json_object(cfg_path)
     _check_model_kind(raw, cfg_path)
@@ -111,11 +112,39 @@ def _check_shapes(raw: dict, cfg_path: Path) -> None:
                             f"{len(kinds)} layers; expected one layer_types entry per layer")
 
 
+def _finite_positive(value) -> bool:
+    """A JSON number (not a bool: True is an int to Python) that is a finite float > 0."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        value = float(value)  # an integer of 400 digits overflows here
+    except OverflowError:
+        return False
+    return math.isfinite(value) and value > 0
+
+
+def _rope_theta_field(raw: dict) -> tuple[str, object] | None:
+    """(field, value) of the RoPE base transformers 5 will use, as config.json spells it, or
+    None where it names none (transformers then uses 10000.0). Its order
+    (`RotaryEmbeddingConfigMixin.convert_rope_params_to_dict`): the ``rope_theta`` of
+    ``rope_scaling`` or else ``rope_parameters``, then the top-level ``rope_theta``; a null
+    value is kept, not skipped."""
+    name = "rope_scaling" if raw.get("rope_scaling") else "rope_parameters"
+    params = raw.get(name)
+    if isinstance(params, dict) and "rope_theta" in params:
+        return f"{name}.rope_theta", params["rope_theta"]
+    if "rope_theta" in raw:
+        return "rope_theta", raw["rope_theta"]
+    return None
+
+
 def _check_scalars(raw: dict, cfg_path: Path) -> None:
-    """max_position_embeddings (0 positions would refuse every request as too long) and
+    """max_position_embeddings (0 positions would refuse every request as too long),
     rms_norm_eps (a negative or non-finite epsilon makes the first token NaN; transformers
-    refuses an integer in its own words). rope_theta is checked in `engine.config`, where
-    rope_parameters and the top-level field are reconciled."""
+    refuses an integer in its own words) and the rope_theta in use (the RoPE base is divided
+    by and raised to a power: a non-positive or NaN one makes the first token NaN; null, a
+    string or a list was a TypeError from float(); true ran as 1.0). A top-level rope_theta
+    that disagrees with rope_parameters' is refused in `engine.config`."""
     if "max_position_embeddings" in raw and not _positive_int(raw["max_position_embeddings"]):
         raise ModelDirError(f"{cfg_path}: max_position_embeddings = "
                             f"{raw['max_position_embeddings']!r}, expected a positive integer "
@@ -127,6 +156,10 @@ def _check_scalars(raw: dict, cfg_path: Path) -> None:
     if not isinstance(eps, float) or not (math.isfinite(eps) and eps > 0):
         raise ModelDirError(f"{cfg_path}: rms_norm_eps = {eps!r}, expected a finite number > 0 "
                             "(Qwen3 uses 1e-06; 0 makes an all-zero row's norm NaN)")
+    theta = _rope_theta_field(raw)
+    if theta is not None and not _finite_positive(theta[1]):
+        raise ModelDirError(f"{cfg_path}: {theta[0]} = {theta[1]!r}, expected a finite number > 0 "
+                            "(the RoPE base; Qwen3 uses 1000000.0)")
     eos = raw.get("eos_token_id")
     ids = eos if isinstance(eos, list) else [eos]
     if eos is not None and not all(_whole(i) and 0 <= i < raw["vocab_size"] for i in ids):

@@ -304,3 +304,36 @@ def test_a_broken_config_field_is_named_in_config_json(model_copy, fields, messa
     msg = _rejects(model_copy, ModelDirError, message)
     assert msg.startswith(f"{model_copy / 'config.json'}: ") and "\n" not in msg, msg
     assert "transformers.AutoConfig:" not in msg and "generation_config" not in msg, msg
+
+
+@pytest.mark.parametrize("value", [None, [1], "abc", True, pytest.param(10**400, id="10**400")])
+@pytest.mark.parametrize("where", ["rope_theta", "rope_parameters.rope_theta",
+                                   "rope_theta beside rope_parameters without one"])
+def test_a_rope_theta_that_is_not_a_number_is_named(model_copy, where, value):
+    """Found by a fresh user: null or [1] was a TypeError traceback from float() in
+    engine/config.py, "abc" the line "could not convert string to float: 'abc'" naming neither
+    file nor field, and true ran as 1.0 (hidden_size: true was refused)."""
+    cfg = json.loads((model_copy / "config.json").read_text())
+    if where == "rope_parameters.rope_theta":
+        del cfg["rope_theta"]
+        cfg["rope_parameters"]["rope_theta"] = value
+    else:
+        cfg["rope_theta"] = value
+        if where == "rope_theta":
+            del cfg["rope_parameters"]
+        else:
+            del cfg["rope_parameters"]["rope_theta"]
+    (model_copy / "config.json").write_text(json.dumps(cfg))
+    field = "rope_parameters.rope_theta" if where.startswith("rope_parameters") else "rope_theta"
+    msg = _rejects(model_copy, ModelDirError)
+    assert msg == (f"{model_copy / 'config.json'}: {field} = {value!r}, expected a finite "
+                   "number > 0 (the RoPE base; Qwen3 uses 1000000.0)")
+
+
+def test_an_integer_rope_theta_is_accepted(model_copy):
+    """Qwen3's own config.json writes "rope_theta": 1000000, an integer."""
+    cfg = json.loads((model_copy / "config.json").read_text())
+    del cfg["rope_parameters"]
+    cfg["rope_theta"] = 1000000
+    (model_copy / "config.json").write_text(json.dumps(cfg))
+    assert load_model_config(model_copy).rope_theta == 1e6
