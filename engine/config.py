@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.config_json import read_config_json, read_json_object
-from engine.errors import ModelDirError, ParallelConfigError
+from engine.errors import ModelDirError, ParallelConfigError, unreadable
 
 
 @dataclass(frozen=True)
@@ -79,20 +79,24 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
     """Read and check `model_dir/config.json` (and generation_config.json when present).
 
     Raises:
-        ModelDirError: the directory or config.json is missing or unreadable, the architecture
+        ModelDirError: the directory or config.json is missing or unreadable (the OS's reason:
+            a directory the user may not enter was a PermissionError traceback), the architecture
             is not Qwen3ForCausalLM, a field is missing, of the wrong type or out of range
             (`engine.config_json`, before transformers reads the file), or a setting asks for
             arithmetic this engine does not implement (quantized weights, `_check_features`).
     """
     d = Path(model_dir)
-    if not d.is_dir():
-        raise ModelDirError(f"model directory {str(d)!r} "
-                            + ("is not a directory" if d.exists() else "does not exist"))
     cfg_path = d / "config.json"
-    if cfg_path.exists() and not cfg_path.is_file():
-        raise ModelDirError(f"{cfg_path}: not a file (a directory or a device stands there)")
-    if not cfg_path.is_file():
-        raise ModelDirError(f"{cfg_path}: missing (is {str(d)!r} a Hugging Face model dir?)")
+    try:
+        if not d.is_dir():
+            raise ModelDirError(f"model directory {str(d)!r} "
+                                + ("is not a directory" if d.exists() else "does not exist"))
+        if cfg_path.exists() and not cfg_path.is_file():
+            raise ModelDirError(f"{cfg_path}: not a file (a directory or a device stands there)")
+        if not cfg_path.is_file():
+            raise ModelDirError(f"{cfg_path}: missing (is {str(d)!r} a Hugging Face model dir?)")
+    except OSError as exc:  # pathlib raises where a directory on the path may not be entered
+        raise unreadable(exc.filename or cfg_path, exc) from None
     read_config_json(cfg_path)
     from transformers import AutoConfig
 

@@ -12,7 +12,7 @@ import json
 import math
 from pathlib import Path
 
-from engine.errors import ModelDirError
+from engine.errors import ModelDirError, unreadable
 
 SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM",)
 
@@ -30,11 +30,16 @@ def read_json_object(path: Path) -> dict:
     """The JSON object in ``path`` (a model directory's config or generation config).
 
     Raises:
-        ModelDirError: unreadable, not valid JSON, or not an object, naming the file.
+        ModelDirError: unreadable (the OS's reason: "cannot read: Permission denied"), not
+            valid JSON, or not an object, naming the file.
     """
     try:
-        raw = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
+        text = path.read_text()
+    except OSError as exc:  # it was "not valid JSON: [Errno 13] ...", though no JSON was read
+        raise unreadable(path, exc) from None
+    try:
+        raw = json.loads(text)
+    except ValueError as exc:
         raise ModelDirError(f"{path}: not valid JSON: {exc}") from None
     if not isinstance(raw, dict):
         raise ModelDirError(f"{path}: expected a JSON object, got {type(raw).__name__}")

@@ -25,6 +25,12 @@ class ModelDirError(ValueError):
     """A model directory is unusable: missing, incomplete, wrong architecture, bad shapes."""
 
 
+def unreadable(path, exc: OSError) -> ModelDirError:
+    """The error for a model file or directory the OS will not let the engine read, with the
+    OS's reason: ``/m/config.json: cannot read: Permission denied``."""
+    return ModelDirError(f"{path}: cannot read: {exc.strerror or exc}")
+
+
 class ParallelConfigError(ValueError):
     """The model cannot be split at the requested tensor-parallel size (heads, intermediate,
     vocab not divisible), or the parallel settings themselves are invalid."""

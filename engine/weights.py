@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from engine.config import ModelConfig
-from engine.errors import ModelDirError
+from engine.errors import ModelDirError, unreadable
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -53,8 +53,12 @@ def _tensor_files(d: Path) -> dict[str, Path] | None:
     index_path = d / INDEX_FILE
     if index_path.is_file():
         try:
-            index = json.loads(index_path.read_text())
-        except (OSError, ValueError) as exc:
+            text = index_path.read_text()
+        except OSError as exc:
+            raise unreadable(index_path, exc) from None
+        try:
+            index = json.loads(text)
+        except ValueError as exc:
             raise ModelDirError(f"{index_path}: unreadable index ({exc})") from exc
         weight_map = index.get("weight_map") if isinstance(index, dict) else None
         if not isinstance(weight_map, dict) or not all(
@@ -71,8 +75,20 @@ def _tensor_files(d: Path) -> dict[str, Path] | None:
             with safe_open(str(d / SINGLE_FILE), framework="pt") as f:
                 return {name: d / SINGLE_FILE for name in f.keys()}
         except Exception as exc:  # safetensors raises its own error types
-            raise ModelDirError(f"{d / SINGLE_FILE}: unreadable safetensors file ({exc})") \
-                from exc
+            raise _open_error(d / SINGLE_FILE) or ModelDirError(
+                f"{d / SINGLE_FILE}: unreadable safetensors file ({exc})") from exc
+    return None
+
+
+def _open_error(path: Path) -> ModelDirError | None:
+    """`engine.errors.unreadable` for ``path`` where the OS will not open it for reading, else
+    None: asked after `safe_open` refused a file, since safetensors says "No such file or
+    directory" of one that exists but may not be read."""
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as exc:
+        return unreadable(path, exc)
     return None
 
 
@@ -91,7 +107,8 @@ def stored_head_differs(model_dir: str | Path) -> bool:
     index that is rewritten changes its stamp and is compared again.
 
     Raises:
-        ModelDirError: the index or a shard holding either tensor is unreadable.
+        ModelDirError: the index or a shard holding either tensor cannot be read (the OS's
+            reason) or is not valid.
     """
     d = Path(model_dir)
     try:
@@ -146,8 +163,10 @@ def _compare_stored_head(model_dir: Path) -> bool:
                 if not torch.equal(head[start:stop], embed[start:stop]):
                     return True
     except Exception as exc:  # safetensors raises its own error types
-        raise ModelDirError(f"{model_dir}: cannot compare lm_head.weight with "
-                            f"model.embed_tokens.weight ({exc})") from exc
+        raise (_open_error(files["lm_head.weight"])
+               or _open_error(files["model.embed_tokens.weight"])
+               or ModelDirError(f"{model_dir}: cannot compare lm_head.weight with "
+                                f"model.embed_tokens.weight ({exc})")) from exc
     return False
 
 
@@ -155,9 +174,9 @@ class WeightIndex:
     """Where each tensor of a checkpoint lives, checked against a `ModelConfig`.
 
     Raises (from the constructor):
-        ModelDirError: no index and no single model.safetensors; the index names a shard file
-            that is missing or unreadable; an expected tensor is absent; a tensor's shape
-            differs from the config's.
+        ModelDirError: no index and no single model.safetensors; the index or a shard file
+            it names is missing, cannot be read (the OS's reason) or is not valid; an expected
+            tensor is absent; a tensor's shape differs from the config's.
     """
 
     def __init__(self, cfg: ModelConfig):
@@ -199,7 +218,8 @@ class WeightIndex:
             except ModelDirError:
                 raise
             except Exception as exc:  # safetensors raises its own error types
-                raise ModelDirError(f"{path}: unreadable safetensors shard ({exc})") from exc
+                raise _open_error(path) or ModelDirError(
+                    f"{path}: unreadable safetensors shard ({exc})") from exc
 
     def read(self, name: str, dim: int | None = None, start: int = 0, stop: int | None = None):
         """Read tensor `name`, or only `[start:stop]` along dimension `dim` (0 or 1).

@@ -337,3 +337,90 @@ def test_an_integer_rope_theta_is_accepted(model_copy):
     cfg["rope_theta"] = 1000000
     (model_copy / "config.json").write_text(json.dumps(cfg))
     assert load_model_config(model_copy).rope_theta == 1e6
+
+
+def _deny_reading(monkeypatch, path):
+    """Reading ``path`` raises PermissionError, as for a file of mode 000 (simulated: root
+    reads it anyway, and these tests may run as root). `safe_open` reads in Rust, so it is
+    made to fail with its own words for such a file ("No such file or directory: ...")."""
+    import builtins
+    import errno
+    import pathlib
+
+    import safetensors
+
+    def denied():
+        return PermissionError(errno.EACCES, "Permission denied", str(path))
+
+    read_text, real_open, safe_open = pathlib.Path.read_text, builtins.open, safetensors.safe_open
+
+    def fake_read_text(self, *args, **kwargs):
+        if self == path:
+            raise denied()
+        return read_text(self, *args, **kwargs)
+
+    def fake_open(file, *args, **kwargs):
+        if isinstance(file, (str, pathlib.Path)) and pathlib.Path(file) == path:
+            raise denied()
+        return real_open(file, *args, **kwargs)
+
+    def fake_safe_open(filename, *args, **kwargs):
+        if pathlib.Path(filename) == path:
+            raise safetensors.SafetensorError(f"No such file or directory: {path}")
+        return safe_open(filename, *args, **kwargs)
+
+    monkeypatch.setattr(pathlib.Path, "read_text", fake_read_text)
+    monkeypatch.setattr(builtins, "open", fake_open)
+    monkeypatch.setattr(safetensors, "safe_open", fake_safe_open)
+
+
+@pytest.mark.parametrize("name", ["config.json", "generation_config.json",
+                                  "model.safetensors.index.json", "a shard"])
+def test_an_unreadable_model_file_is_named_with_the_os_reason(model_copy, monkeypatch, name):
+    """Found by a fresh user (files of mode 000): config.json and generation_config.json were
+    "not valid JSON: [Errno 13] Permission denied", a shard "unreadable safetensors shard (No
+    such file or directory: ...)" though the file is there."""
+    if name == "a shard":
+        index = json.loads((model_copy / "model.safetensors.index.json").read_text())
+        name = sorted(set(index["weight_map"].values()))[1]
+    assert (model_copy / name).is_file()
+    _deny_reading(monkeypatch, model_copy / name)
+    msg = _rejects(model_copy, ModelDirError)
+    assert msg == f"{model_copy / name}: cannot read: Permission denied"
+
+
+def test_an_unreadable_single_model_safetensors_is_named_with_the_os_reason(model_copy,
+                                                                           monkeypatch):
+    import torch
+    from safetensors.torch import save_file
+
+    for f in model_copy.glob("*.safetensors*"):
+        f.unlink()
+    save_file({"unrelated": torch.zeros(2)}, str(model_copy / "model.safetensors"))
+    _deny_reading(monkeypatch, model_copy / "model.safetensors")
+    msg = _rejects(model_copy, ModelDirError)
+    assert msg == f"{model_copy / 'model.safetensors'}: cannot read: Permission denied"
+
+
+def test_a_model_directory_that_may_not_be_entered_is_one_line(model_copy, monkeypatch, capsys):
+    """Found by a fresh user: a model directory of mode 700 owned by another user was a
+    PermissionError traceback from check_before_load -> load_model_config. Simulated (root
+    enters any directory): looking at any file inside it raises PermissionError."""
+    import errno
+    import pathlib
+
+    from lockstep.cli import main
+
+    stat = pathlib.Path.stat
+
+    def fake_stat(self, *args, **kwargs):
+        if self.parent == model_copy:
+            raise PermissionError(errno.EACCES, "Permission denied", str(self))
+        return stat(self, *args, **kwargs)
+
+    monkeypatch.setattr(pathlib.Path, "stat", fake_stat)
+    msg = _rejects(model_copy, ModelDirError)
+    assert msg == f"{model_copy / 'config.json'}: cannot read: Permission denied"
+    capsys.readouterr()
+    assert main(["generate", "--model", str(model_copy), "--prompt-ids", "1"]) == 2
+    assert capsys.readouterr().err == f"lockstep generate: error: {msg}\n"
