@@ -26,21 +26,35 @@ ones (head_dim 128 whatever the hidden size), which then surface as a confusing 
 mismatch, so each must be present."""
 
 
-def read_json_object(path: Path) -> dict:
-    """The JSON object in ``path`` (a model directory's config or generation config).
+def load_json(path: Path):
+    """The JSON value in ``path`` (a model directory's config, generation config or index).
 
     Raises:
-        ModelDirError: unreadable (the OS's reason: "cannot read: Permission denied"), not
-            valid JSON, or not an object, naming the file.
+        ModelDirError: unreadable (the OS's reason: "cannot read: Permission denied") or not
+            valid JSON, naming the file; JSON nested deeper than Python's parser follows
+            (``[[[...]]]`` 100,000 deep) counts as not valid: it was a RecursionError traceback.
     """
     try:
         text = path.read_text()
     except OSError as exc:  # it was "not valid JSON: [Errno 13] ...", though no JSON was read
         raise unreadable(path, exc) from None
     try:
-        raw = json.loads(text)
+        return json.loads(text)
     except ValueError as exc:
         raise ModelDirError(f"{path}: not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ModelDirError(f"{path}: not valid JSON: arrays or objects nested too deeply to "
+                            "parse") from None
+
+
+def read_json_object(path: Path) -> dict:
+    """The JSON object in ``path`` (a model directory's config or generation config).
+
+    Raises:
+        ModelDirError: unreadable, not valid JSON (`load_json`), or not an object, naming the
+            file.
+    """
+    raw = load_json(path)
     if not isinstance(raw, dict):
         raise ModelDirError(f"{path}: expected a JSON object, got {type(raw).__name__}")
     return raw

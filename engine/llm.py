@@ -177,8 +177,9 @@ class LLM:
 
         try:
             return AutoTokenizer.from_pretrained(str(d))
-        # JSONDecodeError included; AttributeError: a file of JSON but not an object ([], 5)
-        except (ValueError, OSError, TypeError, KeyError, AttributeError) as exc:
+        # JSONDecodeError included; AttributeError: a file of JSON but not an object ([], 5);
+        # RecursionError: JSON nested deeper than Python's parser follows
+        except (ValueError, OSError, TypeError, KeyError, AttributeError, RecursionError) as exc:
             names = [f for f in ("tokenizer.json", "tokenizer_config.json") if (d / f).is_file()]
             line = " ".join(str(exc).split()) or type(exc).__name__  # all of it, one line
             # transformers' words for a config without its tokenizer.json speak of packages

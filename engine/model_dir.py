@@ -179,7 +179,7 @@ def remove_model_files(out: Path) -> list[str]:
         try:  # a hand-broken index names no shards: a number there was a TypeError
             names |= {v for v in json.loads(index.read_text()).get("weight_map", {}).values()
                       if isinstance(v, str)}
-        except (OSError, ValueError, AttributeError):
+        except (OSError, ValueError, AttributeError, RecursionError):
             pass
     names |= {p.name for p in out.iterdir()
               if re.fullmatch(r"model-\d{5}-of-\d{5}\.safetensors", p.name)}

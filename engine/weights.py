@@ -8,10 +8,10 @@ rank never loads a full tensor it does not own.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from engine.config import ModelConfig
+from engine.config_json import load_json
 from engine.errors import ModelDirError, unreadable
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -52,14 +52,7 @@ def _tensor_files(d: Path) -> dict[str, Path] | None:
     nor a single model.safetensors (`WeightIndex` raises for that)."""
     index_path = d / INDEX_FILE
     if index_path.is_file():
-        try:
-            text = index_path.read_text()
-        except OSError as exc:
-            raise unreadable(index_path, exc) from None
-        try:
-            index = json.loads(text)
-        except ValueError as exc:
-            raise ModelDirError(f"{index_path}: unreadable index ({exc})") from exc
+        index = load_json(index_path)
         weight_map = index.get("weight_map") if isinstance(index, dict) else None
         if not isinstance(weight_map, dict) or not all(
                 isinstance(name, str) and isinstance(fname, str)

@@ -15,6 +15,11 @@ from engine.llm import LLM
 from engine.weights import WeightIndex
 
 
+DEEP_JSON = "[" * 100_000 + "]" * 100_000
+"""JSON nested deeper than Python's parser follows (a fresh user's finding: a RecursionError
+traceback from every JSON file of a model directory)."""
+
+
 @pytest.fixture
 def model_copy(tiny_dir, tmp_path):
     d = tmp_path / "m"
@@ -172,11 +177,13 @@ def test_missing_shape_field_is_named_not_a_tensor_mismatch(model_copy, field):
     assert "shape" not in msg.split("missing")[0]
 
 
-@pytest.mark.parametrize("text", ["{'not json", "[]", "5"])
+@pytest.mark.parametrize("text", ["{'not json", "[]", "5",
+                                  pytest.param(DEEP_JSON, id="nested-100000-deep")])
 @pytest.mark.parametrize("name", ["tokenizer.json", "tokenizer_config.json"])
 def test_corrupt_tokenizer_is_a_model_dir_error_naming_the_files(model_copy, name, text):
     """A corrupt tokenizer file raised a bare JSONDecodeError naming no file (fresh user); one
-    of JSON but not an object ([], 5) an AttributeError traceback."""
+    of JSON but not an object ([], 5) an AttributeError traceback, one nested 100,000 deep a
+    RecursionError traceback."""
     if not (model_copy / name).is_file():
         pytest.skip(f"the tiny model has no {name}")
     (model_copy / name).write_text(text)
@@ -424,3 +431,15 @@ def test_a_model_directory_that_may_not_be_entered_is_one_line(model_copy, monke
     capsys.readouterr()
     assert main(["generate", "--model", str(model_copy), "--prompt-ids", "1"]) == 2
     assert capsys.readouterr().err == f"lockstep generate: error: {msg}\n"
+
+
+@pytest.mark.parametrize("name", ["config.json", "generation_config.json",
+                                  "model.safetensors.index.json"])
+@pytest.mark.parametrize("text", [DEEP_JSON, '{"a": ' * 100_000 + "1" + "}" * 100_000],
+                         ids=["arrays", "objects"])
+def test_json_nested_too_deeply_is_one_line_naming_the_file(model_copy, name, text):
+    """Old behaviour: a RecursionError traceback from json.loads."""
+    (model_copy / name).write_text(text)
+    msg = _rejects(model_copy, ModelDirError)
+    assert msg == (f"{model_copy / name}: not valid JSON: arrays or objects nested too deeply "
+                   "to parse")

@@ -185,15 +185,19 @@ def test_non_empty_out_needs_overwrite_and_seed_is_range_checked(tmp_path, capsy
     assert info.value.code == 2 and "outside [0, 2**64)" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("weight_map", [{"model.norm.weight": 5}, {"a": ["x"]}, [1], "x"])
+@pytest.mark.parametrize("weight_map", [{"model.norm.weight": 5}, {"a": ["x"]}, [1], "x",
+                                        pytest.param("deep", id="nested-100000-deep")])
 def test_overwrite_replaces_a_model_whose_index_is_broken(tmp_path, capsys, weight_map):
     """Old behaviour: --overwrite over an index whose weight_map named a number (or a list)
-    as a shard was a TypeError traceback; such an index names no shard to remove."""
+    as a shard was a TypeError traceback, over one nested 100,000 deep a RecursionError
+    traceback; such an index names no shard to remove."""
     from lockstep.cli import main
 
     out = tmp_path / "m"
     assert main(["make-model", "--preset", "tiny", "--out", str(out)]) == 0
-    (out / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    text = ("[" * 100_000 + "]" * 100_000 if weight_map == "deep"
+            else json.dumps({"weight_map": weight_map}))
+    (out / "model.safetensors.index.json").write_text(text)
     assert main(["make-model", "--preset", "tiny", "--out", str(out), "--overwrite"]) == 0
     index = json.loads((out / "model.safetensors.index.json").read_text())
     assert {p.name for p in out.glob("*.safetensors")} == set(index["weight_map"].values())
