@@ -25,8 +25,9 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=seed_arg, default=0,
                    help="weight seed, an integer in [0, 2**64) (default 0)")
     p.add_argument("--overwrite", action="store_true",
-                   help="replace the model already in --out (a directory holding config.json); "
-                        "a non-empty directory without one is refused even so")
+                   help="replace the model already in --out (a directory holding config.json) "
+                        "once the new one is completely written; a non-empty directory "
+                        "without one is refused even so")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"],
                    help="storage dtype (default bfloat16)")
     p.set_defaults(run=run)
@@ -91,22 +92,18 @@ SPACE_MARGIN = 1.02
 config and tokenizer files."""
 
 
-def _check_space(text: str, preset: str, dtype: str, overwrite: bool) -> str | None:
+def _check_space(text: str, preset: str, dtype: str) -> str | None:
     """The reason the disk of ``--out`` cannot hold the model, or None. Counted before anything
-    is written, so that a full disk never leaves half a model (or, with --overwrite, no model:
-    the old one is removed first)."""
+    is written, so that a full disk is named at once rather than after minutes of writing. A
+    model already there (--overwrite) is not counted as free: it stays until the new one is
+    complete (`engine.model_dir.write_model_dir`)."""
     import shutil
     from pathlib import Path
 
     from engine.model_dir import tensor_shapes
 
     need = sum(ITEMSIZE[dtype] * math.prod(shape) for _, shape in tensor_shapes(PRESETS[preset]))
-    path = Path(text)
-    freed = 0
-    if overwrite and path.is_dir():  # the model there is removed first: its space counts
-        freed = sum(f.stat().st_size for f in path.iterdir()
-                    if f.is_file() and f.name.endswith(".safetensors"))
-    free = shutil.disk_usage(path).free + freed
+    free = shutil.disk_usage(Path(text)).free
     if need * SPACE_MARGIN + (1 << 20) > free:
         return (f"--out {text!r}: the {preset} model ({dtype}) needs {need / 1e9:.2f} GB and "
                 f"its disk has {free / 1e9:.2f} GB free; choose another --out"
@@ -118,13 +115,14 @@ def _check_space(text: str, preset: str, dtype: str, overwrite: bool) -> str | N
 
 def run(args: argparse.Namespace) -> int:
     """Write the directory; returns the exit status (0 on success, 2 on a bad --out or one
-    whose disk is too small for the model, 1 if writing fails part-way)."""
+    whose disk is too small for the model, 1 if writing fails part-way, which leaves a model
+    already in --out as it was)."""
     from pathlib import Path
 
     existed = Path(args.out).exists()
     problem = _check_out(args.out, args.overwrite)
     if problem is None:
-        problem = _check_space(args.out, args.preset, args.dtype, args.overwrite)
+        problem = _check_space(args.out, args.preset, args.dtype)
         if problem is not None and not existed:  # leave no empty directory behind
             Path(args.out).rmdir()
     if problem:

@@ -104,10 +104,15 @@ def write_model_dir(preset: str, out: str | os.PathLike, seed: int = 0,
                     progress: Callable[[int, int], None] | None = None) -> Path:
     """Write a random-weight HF-layout Qwen3 directory.
 
+    The files are written into a temporary directory beside ``out`` (`_staging_dir`) and moved
+    into ``out`` only once all are written (`_swap_in`): a failure, Ctrl-C or SIGTERM part-way
+    leaves a model already in ``out`` as it was, and no temporary directory.
+
     Args:
         preset: a key of `engine.presets.PRESETS`.
-        out: directory to create (may exist; a model already there -- its index, shards,
-            config and tokenizer -- is removed first, so no stale shard stays beside new ones).
+        out: directory to write, created with its parents if missing. A model already there --
+            its index, shards, config and tokenizer (`model_files`) -- is replaced, so no stale
+            shard stays beside new ones; other files stay.
         seed: an integer in [0, 2**64); tensor `k` is drawn from
             `torch.Generator().manual_seed(derived_seed(seed * 1_000_003, k))`, so a tensor's
             value does not depend on the shard layout (`engine.seeds.derived_seed` wraps the
@@ -121,18 +126,34 @@ def write_model_dir(preset: str, out: str | os.PathLike, seed: int = 0,
         ValueError: unknown preset or dtype.
         OSError: the directory cannot be written.
     """
+    import shutil
+
     import torch
-    from safetensors.torch import save_file
 
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     if dtype not in dtypes:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(dtypes)}")
-    tdtype = dtypes[dtype]
     config = build_config(preset, dtype)
-    cfg = PRESETS[preset]
+    if shard_bytes is None:
+        shard_bytes = SHARD_BYTES.get(preset, DEFAULT_SHARD_BYTES)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    remove_model_files(out)
+    staging = _staging_dir(out)
+    try:
+        _write_files(staging, config, PRESETS[preset], seed, dtypes[dtype], shard_bytes,
+                     progress)
+        _swap_in(staging, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out
+
+
+def _write_files(out: Path, config, cfg: dict, seed: int, tdtype, shard_bytes: int,
+                 progress: Callable[[int, int], None] | None) -> None:
+    """Write the model of preset dict ``cfg`` (its `transformers.Qwen3Config` ``config``) into
+    the empty directory ``out``: config, generation config, tokenizer, shards, index."""
+    from safetensors.torch import save_file
+
     config.save_pretrained(out)
     write_tokenizer(out, cfg)
     gen = {"bos_token_id": cfg["bos_token_id"], "eos_token_id": cfg["eos_token_id"],
@@ -140,8 +161,6 @@ def write_model_dir(preset: str, out: str | os.PathLike, seed: int = 0,
     (out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
 
     shapes = tensor_shapes(cfg)
-    if shard_bytes is None:
-        shard_bytes = SHARD_BYTES.get(preset, DEFAULT_SHARD_BYTES)
     plan = _shard_plan(shapes, tdtype.itemsize, shard_bytes)
     weight_map, total = {}, 0
     for s, indices in enumerate(plan):
@@ -158,23 +177,28 @@ def write_model_dir(preset: str, out: str | os.PathLike, seed: int = 0,
         if progress is not None:
             progress(s + 1, len(plan))
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
-    return out
+    (out / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
 
 
-MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors.index.json",
+INDEX_FILE = "model.safetensors.index.json"
+
+MODEL_FILES = ("config.json", "generation_config.json", INDEX_FILE,
                "model.safetensors", "tokenizer.json", "tokenizer_config.json",
                "special_tokens_map.json")
 """Files of a model directory that `write_model_dir` writes or that a previous model left."""
 
+WEIGHT_ENTRIES = (INDEX_FILE, "model.safetensors")
+"""The files through which a loader finds a model's weights: `_swap_in` removes the old ones
+first and moves the new index in last."""
 
-def remove_model_files(out: Path) -> list[str]:
-    """Delete a model already in ``out``: MODEL_FILES, the shards its index names and any
-    ``model-NNNNN-of-NNNNN.safetensors``. Returns the names removed; other files stay."""
+
+def model_files(out: Path) -> list[str]:
+    """Names of the files of a model already in ``out``: MODEL_FILES, the shards its index
+    names and any ``model-NNNNN-of-NNNNN.safetensors``, sorted; other files are not named."""
     import re
 
     names = set()
-    index = out / "model.safetensors.index.json"
+    index = out / INDEX_FILE
     if index.is_file():
         try:  # a hand-broken index names no shards: a number there was a TypeError
             names |= {v for v in json.loads(index.read_text()).get("weight_map", {}).values()
@@ -184,13 +208,51 @@ def remove_model_files(out: Path) -> list[str]:
     names |= {p.name for p in out.iterdir()
               if re.fullmatch(r"model-\d{5}-of-\d{5}\.safetensors", p.name)}
     names |= {n for n in MODEL_FILES if (out / n).exists()}
-    removed = []
-    for name in sorted(names):
-        path = out / name
-        if path.is_file() and path.parent == out:
-            path.unlink()
-            removed.append(name)
-    return removed
+    return sorted(n for n in names if (out / n).is_file() and (out / n).parent == out)
+
+
+def _staging_dir(out: Path) -> Path:
+    """A new empty directory to write a model for ``out`` into: ``.NAME.make-model-XXXXXXXX``
+    beside ``out``, so that even a SIGKILL part-way leaves ``out`` as it was (and that
+    directory behind). Inside ``out`` where a file cannot be renamed from beside it into it
+    (its parent read-only, or ``out`` a mount point, even a bind mount of the same file
+    system): `_swap_in` moves the files by rename, and must not fail after it began."""
+    import shutil
+    import tempfile
+
+    real = out.resolve()
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=f".{real.name}.make-model-", dir=real.parent))
+    except OSError:
+        return Path(tempfile.mkdtemp(prefix=".make-model-", dir=real))
+    probe = real / staging.name  # a name no other file has
+    try:
+        (staging / "probe").touch()
+        os.rename(staging / "probe", probe)
+        probe.unlink()
+        return staging
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+        return Path(tempfile.mkdtemp(prefix=".make-model-", dir=real))
+
+
+def _swap_in(staging: Path, out: Path) -> None:
+    """Move the complete model in ``staging`` into ``out`` and remove the one it replaces.
+
+    Only renames within one file system and deletions: the old model's WEIGHT_ENTRIES go
+    first and the new index comes last, so that no moment has an index naming a mix of old and
+    new shards of the same names; a kill within these few steps leaves a directory without an
+    index, which the engine refuses and `lockstep make-model --overwrite` replaces.
+    """
+    old = model_files(out)
+    for name in WEIGHT_ENTRIES:
+        if name in old:
+            (out / name).unlink()
+    new = sorted(p.name for p in staging.iterdir())
+    for name in sorted(new, key=lambda n: n == INDEX_FILE):  # the index last
+        os.replace(staging / name, out / name)
+    for name in set(old) - set(new) - set(WEIGHT_ENTRIES):
+        (out / name).unlink()
 
 
 TOKENIZER_SPECIALS = {"bos_token_id": "<|bos|>", "eos_token_id": "<|endoftext|>"}

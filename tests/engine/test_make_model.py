@@ -357,3 +357,83 @@ def test_a_directory_left_by_an_interrupted_make_model_is_named_as_such(tmp_path
     assert len(err.splitlines()) == 1
     assert main(["make-model", "--preset", "tiny", "--out", str(out), "--overwrite"]) == 0
     assert any(out.glob("*.safetensors"))
+
+
+def _contents(d):
+    return {p.name: p.read_bytes() for p in sorted(d.iterdir())}
+
+
+@pytest.mark.parametrize("error, status", [(OSError(28, "No space left on device"), 1),
+                                           (KeyboardInterrupt(), 130)],
+                         ids=["disk-full", "ctrl-c"])
+def test_a_failure_part_way_leaves_the_model_being_replaced_intact(tmp_path, capsys,
+                                                                   monkeypatch, error, status):
+    """Found by a fresh user: --overwrite deleted the old model before writing the new one, so
+    a run killed part-way left some shards and no index (neither model). The new model is
+    written beside --out and moved in only when complete."""
+    import safetensors.torch
+
+    from lockstep.cli import main
+
+    out = tmp_path / "m"
+    assert main(["make-model", "--preset", "tiny", "--out", str(out), "--dtype", "float32"]) == 0
+    (out / "notes.txt").write_text("keep me")
+    before = _contents(out)
+    save, calls = safetensors.torch.save_file, []
+
+    def fail_at_the_third_shard(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise error
+        return save(*args, **kwargs)
+
+    monkeypatch.setattr(safetensors.torch, "save_file", fail_at_the_third_shard)
+    capsys.readouterr()
+    assert main(["make-model", "--preset", "tiny", "--out", str(out), "--overwrite",
+                 "--seed", "7"]) == status
+    assert len(calls) == 3
+    assert _contents(out) == before
+    assert [p.name for p in tmp_path.iterdir()] == ["m"]  # no temporary directory left
+    assert "Traceback" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("obstacle", ["read-only parent", "another file system"])
+def test_a_model_is_written_inside_out_where_it_cannot_be_moved_in_from_beside(
+        tmp_path, monkeypatch, obstacle):
+    """The temporary directory goes beside --out, but where its parent is read-only, or a
+    rename from there into --out fails (--out a mount point: EXDEV), it goes inside --out, and
+    leaves nothing behind either way."""
+    import errno
+    import os
+    import tempfile
+    from pathlib import Path
+
+    out = tmp_path / "m"
+    mkdtemp, rename, refused = tempfile.mkdtemp, os.rename, []
+
+    def read_only_parent(*args, dir=None, **kwargs):
+        if dir is not None and Path(dir) == tmp_path.resolve():
+            refused.append(dir)
+            raise PermissionError(errno.EACCES, "Permission denied", str(dir))
+        return mkdtemp(*args, dir=dir, **kwargs)
+
+    def across_file_systems(src, dst, *args, **kwargs):
+        if Path(src).parent.parent == tmp_path.resolve() and Path(dst).parent == out.resolve():
+            refused.append(src)
+            raise OSError(errno.EXDEV, "Invalid cross-device link", str(src))
+        return rename(src, dst, *args, **kwargs)
+
+    write_model_dir("tiny", out, dtype="float32")
+    first = _contents(out)
+    if obstacle == "read-only parent":
+        monkeypatch.setattr(tempfile, "mkdtemp", read_only_parent)
+    else:
+        monkeypatch.setattr(os, "rename", across_file_systems)
+    write_model_dir("tiny", out, seed=3, dtype="bfloat16")
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert {p.name for p in out.glob("*.safetensors")} == set(index["weight_map"].values())
+    assert sorted(p.name for p in out.iterdir() if not p.name.endswith(".safetensors")) == [
+        "config.json", "generation_config.json", "model.safetensors.index.json",
+        "tokenizer.json", "tokenizer_config.json"]
+    assert _contents(out) != first and [p.name for p in tmp_path.iterdir()] == ["m"]
+    assert refused, "the temporary directory was not tried beside --out"
