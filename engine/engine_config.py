@@ -38,6 +38,10 @@ SHORT_DECODE_MAX_BUCKET = 1
 batch-1 step 0.780 -> 0.736 ms at context 128, and batch 2 and 4 slower (0.793 -> 0.808,
 0.802 -> 0.853 ms; `engine.kernels.attention_oproj`)."""
 
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+"""Share of each GPU's memory the engine may hold where `LLM(..., gpu_memory_utilization=None)`
+(the default) leaves it unset."""
+
 
 def short_decode_default(device: str, cuda_graph: bool, world_size: int) -> bool:
     """`EngineConfig.short_decode` as `create` sets it: on with CUDA graphs at world size 1,
@@ -86,7 +90,9 @@ class EngineConfig:
             for every step's decode rows, mixed steps' too (their prefill runs eagerly
             first; I21) (CUDA only); `create` defaults to on with CUDA.
         gpu_memory_utilization: fraction (0, 1] of each GPU's memory the engine may hold
-            (weights, activations, graphs, KV cache). Default 0.9.
+            (weights, activations, graphs, KV cache). Default 0.9
+            (`DEFAULT_GPU_MEMORY_UTILIZATION`); `create` refuses it given with a device other
+            than CUDA, where nothing is measured against it.
         progress: print loading progress, capture progress and the memory report to stderr.
         trace: ranks return a `protocol.trace.TraceEvent` per backend op with each reply.
         dist_init_method: torch.distributed init method (tcp://host:port or env://); set by
@@ -126,7 +132,7 @@ class EngineConfig:
     step_timeout_s: float = 300.0
     startup_timeout_s: float = 300.0
     cuda_graph: bool = False
-    gpu_memory_utilization: float = 0.9
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
     progress: bool = False
     trace: bool = False
     dist_init_method: str = ""
@@ -143,7 +149,7 @@ class EngineConfig:
                page_size: int = 16, kv_cache_pages: int | None = None,
                max_prefill_tokens: int = 8192,
                step_timeout_s: float = 300.0, startup_timeout_s: float | None = None,
-               cuda_graph: bool | None = None, gpu_memory_utilization: float = 0.9,
+               cuda_graph: bool | None = None, gpu_memory_utilization: float | None = None,
                progress: bool = False, record_trace: bool = False, fault=None,
                graph_standin: bool = False,
                decode_overlap: bool | None = None) -> "EngineConfig":
@@ -152,7 +158,8 @@ class EngineConfig:
         Raises:
             ModelDirError, ParallelConfigError (ValueError): a bad directory or setting, named
                 with its value, before any rank starts or device memory is allocated; also
-                cuda_graph=True on CPU, or on a torch without separate instantiate/upload, or
+                cuda_graph=True on CPU, a gpu_memory_utilization given on CPU (None: the
+                default), or on a torch without separate instantiate/upload, or
                 an environment switch (`engine.env.SWITCHES`) set to other than 0 or 1.
         """
         from engine.weights import WeightIndex
@@ -183,6 +190,9 @@ class EngineConfig:
                                           "number of seconds below 1e9")
         if startup_timeout_s is None:
             startup_timeout_s = step_timeout_s
+        utilization_given = gpu_memory_utilization is not None
+        if not utilization_given:
+            gpu_memory_utilization = DEFAULT_GPU_MEMORY_UTILIZATION
         if not isinstance(model_dir, (str, os.PathLike)):
             raise ModelDirError(f"model_dir = {model_dir!r}, expected a path to a model "
                                 "directory")
@@ -225,6 +235,10 @@ class EngineConfig:
             model=model, decode_overlap=decode_overlap,
             short_decode=short_decode_default(device, cuda_graph, tensor_parallel_size))
         config.validate()
+        if utilization_given and device != "cuda":  # as `lockstep generate` refuses it
+            raise ParallelConfigError(
+                f"gpu_memory_utilization = {gpu_memory_utilization!r} applies to device = "
+                f"'cuda' only (device = {device!r} sizes its KV cache without it); leave it out")
         if cuda_graph and device == "cuda":
             from engine.graphs import GraphError, check_graph_support
 

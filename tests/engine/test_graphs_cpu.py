@@ -216,3 +216,15 @@ def test_watchdog_is_disarmed_after_a_sweep_error(tiny_dir):
            and [t for t in threading.enumerate() if isinstance(t, threading.Timer)]):
         time.sleep(0.05)
     assert not [t for t in threading.enumerate() if isinstance(t, threading.Timer)]
+
+
+def test_gpu_memory_utilization_given_on_cpu_is_refused_and_its_default_holds_on_cuda(tiny_dir):
+    """From Python, as `lockstep generate` refuses it (a fresh user's finding: on CPU it was
+    taken and did nothing); left out, the default reaches the config. A value out of range is
+    named as such first (the test above)."""
+    from engine.engine_config import DEFAULT_GPU_MEMORY_UTILIZATION, EngineConfig
+
+    with pytest.raises(ParallelConfigError, match=r"gpu_memory_utilization = 0\.5 applies to "
+                                                  r"device = 'cuda' only"):
+        EngineConfig.create(tiny_dir, gpu_memory_utilization=0.5)
+    assert EngineConfig.create(tiny_dir).gpu_memory_utilization == DEFAULT_GPU_MEMORY_UTILIZATION
