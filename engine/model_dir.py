@@ -14,8 +14,11 @@ import os
 from pathlib import Path
 from typing import Callable, Iterator
 
+from engine.config_json import load_json
+from engine.errors import ModelDirError
 from engine.presets import DEFAULT_SHARD_BYTES, PRESETS, SHARD_BYTES
 from engine.seeds import derived_seed
+from engine.weights import INDEX_FILE, SINGLE_FILE
 
 # Standard deviation of the random matrices: the `initializer_range` of Qwen3 configs.
 INIT_STD = 0.02
@@ -180,14 +183,11 @@ def _write_files(out: Path, config, cfg: dict, seed: int, tdtype, shard_bytes: i
     (out / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
 
 
-INDEX_FILE = "model.safetensors.index.json"
-
-MODEL_FILES = ("config.json", "generation_config.json", INDEX_FILE,
-               "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-               "special_tokens_map.json")
+MODEL_FILES = ("config.json", "generation_config.json", INDEX_FILE, SINGLE_FILE,
+               "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 """Files of a model directory that `write_model_dir` writes or that a previous model left."""
 
-WEIGHT_ENTRIES = (INDEX_FILE, "model.safetensors")
+WEIGHT_ENTRIES = (INDEX_FILE, SINGLE_FILE)
 """The files through which a loader finds a model's weights: `_swap_in` removes the old ones
 first and moves the new index in last."""
 
@@ -201,9 +201,9 @@ def model_files(out: Path) -> list[str]:
     index = out / INDEX_FILE
     if index.is_file():
         try:  # a hand-broken index names no shards: a number there was a TypeError
-            names |= {v for v in json.loads(index.read_text()).get("weight_map", {}).values()
-                      if isinstance(v, str)}
-        except (OSError, ValueError, AttributeError, RecursionError):
+            weight_map = load_json(index).get("weight_map", {})
+            names |= {v for v in weight_map.values() if isinstance(v, str)}
+        except (ModelDirError, AttributeError):
             pass
     names |= {p.name for p in out.iterdir()
               if re.fullmatch(r"model-\d{5}-of-\d{5}\.safetensors", p.name)}

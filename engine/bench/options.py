@@ -123,7 +123,7 @@ def parse_int_list(text: str, name: str, example: str = "1,8,64") -> list[int]:
         BenchArgError: naming `name`, the list (clipped) and the bad item (with `example` as
             the hint), or the first value given twice.
     """
-    from lockstep.args import clipped, option_integer
+    from lockstep.args import clipped, option_integer, too_many_digits
 
     items = [t.strip() for t in str(text).split(",")]
     out = []
@@ -131,8 +131,8 @@ def parse_int_list(text: str, name: str, example: str = "1,8,64") -> list[int]:
         try:
             value = option_integer(t)
         except ValueError as exc:  # the hint where the spelling is wrong, not the size
-            hint = (f" (expected comma-separated integers, e.g. {example})"
-                    if str(exc).endswith("is not an integer") else "")
+            hint = ("" if too_many_digits(t)
+                    else f" (expected comma-separated integers, e.g. {example})")
             raise BenchArgError(f"{name} {clipped(str(text))!r}: {exc}{hint}") from None
         if value in out:
             raise BenchArgError(f"{name} {clipped(str(text))!r}: {value} is given twice")
