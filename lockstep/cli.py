@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import signal
 import sys
 import threading
@@ -42,6 +43,23 @@ class OneLineParser(argparse.ArgumentParser):
         name = self.error_name or self.prog  # "lockstep check: error: ..."
         sys.stderr.write(f"{name}: error: {message}\n")
         raise SystemExit(2)
+
+    def _parse_optional(self, arg_string: str):
+        """argparse's reading of one argument as an option or not, except that a negative
+        value (`NEGATIVE_VALUE`) that names no option of this parser is a value: argparse
+        itself takes only "-5" and "-.5" so, and read "-inf", "-1e9" or "-1,2" after
+        `--temperature` as an unknown option, saying only "expected one argument"."""
+        if (NEGATIVE_VALUE.match(arg_string) and arg_string not in self._option_string_actions
+                and not self._has_negative_number_optionals):
+            return None
+        return super()._parse_optional(arg_string)
+
+
+NEGATIVE_VALUE = re.compile(r"-(?:\.?[0-9]|(?i:inf|infinity|nan)$)", re.ASCII)
+"""An argument that is a negative value, never an option: "-" then a digit or a point and a digit
+("-5", "-1e9", "-1_0", "-1,2", "-.5"), or -inf, -infinity or -nan in any case. No option of any
+lockstep parser is spelt so; one that is (argparse's "_has_negative_number_optionals") keeps
+argparse's reading. `-nan` is not `-n an` (bench's -n), an integer option given 'an'."""
 
 
 def _version() -> str:
@@ -72,28 +90,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-LIST_OPTIONS = frozenset({"--buckets", "--batch-sizes", "--context-lens", "--hf-batch-sizes",
-                          "--prompt-ids"})
-"""Options whose value is a comma-separated list of integers."""
-
-
-def join_negative_lists(argv: list[str]) -> list[str]:
-    """`--buckets -1,2` as `--buckets=-1,2`: argparse reads a value such as '-1,2' (a
-    negative number it cannot parse as one) as an unknown option and says only 'expected one
-    argument'; joined, the option's own check names the bad item."""
-    out: list[str] = []
-    it = iter(range(len(argv)))
-    for i in it:
-        a = argv[i]
-        if a in LIST_OPTIONS and i + 1 < len(argv) and argv[i + 1][:1] == "-" \
-                and argv[i + 1][1:2].isdigit():
-            out.append(f"{a}={argv[i + 1]}")
-            next(it, None)
-        else:
-            out.append(a)
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `lockstep` console script; returns the process exit status."""
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -102,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
 
         start_server()  # its workers' imports overlap this process's (see start_server)
     parser = build_parser()
-    args, unknown = parser.parse_known_args(join_negative_lists(argv))
+    args, unknown = parser.parse_known_args(argv)
     if unknown:  # named by the subcommand's parser, so the error has its prefix
         parser.subcommands.get(args.command, parser).error(
             f"unrecognized arguments: {' '.join(unknown)}")
