@@ -22,7 +22,43 @@ def _typed(parse, text: str):
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def integer(text: str) -> int:
+class Integer(int):
+    """An integer option's value, with the text it was given as (``text``, stripped), which
+    an error line repeats (`shown`): "+007" is not "7" there. Pickled, copied or computed
+    with, it is a plain int."""
+
+    def __new__(cls, value: int, text: str) -> "Integer":
+        self = super().__new__(cls, value)
+        self.text = text.strip()
+        return self
+
+    def __reduce__(self):
+        return int, (int(self),)
+
+
+class Number(float):
+    """A number option's value, with the text it was given as (``text``, stripped), which an
+    error line repeats (`shown`): float() reads "1e308" back as 1e+308, "1e400" as inf and
+    "-nan" as nan. Pickled, copied or computed with, it is a plain float."""
+
+    def __new__(cls, value: float, text: str) -> "Number":
+        self = super().__new__(cls, value)
+        self.text = text.strip()
+        return self
+
+    def __reduce__(self):
+        return float, (float(self),)
+
+
+def shown(value) -> str:
+    """``value`` as an error line repeats it: an option's value as it was typed (clipped), a
+    float default as ``:g`` spells it, anything else as str()."""
+    if isinstance(value, (Integer, Number)):
+        return args.clipped(value.text)
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def integer(text: str) -> Integer:
     """An integer option's value (`lockstep.args.option_integer`): int() alone also took "1_0"
     and other scripts' digits ("\u0662" for 2), and echoed a value of thousands of digits whole.
 
@@ -30,10 +66,10 @@ def integer(text: str) -> int:
         argparse.ArgumentTypeError: "'<text>' is not an integer" or "... has more than 20
             digits, above any value this option takes" (clipped).
     """
-    return _typed(args.option_integer, text)
+    return Integer(_typed(args.option_integer, text), text)
 
 
-def number(text: str) -> float:
+def number(text: str) -> Number:
     """A decimal option's value (`lockstep.args.number`: ASCII, no underscores), or NaN, which
     the option's own range check then names.
 
@@ -41,11 +77,11 @@ def number(text: str) -> float:
         argparse.ArgumentTypeError: "'<text>' is not a number" (clipped).
     """
     if _NAN.fullmatch(text.strip()):
-        return float("nan")
-    return _typed(args.number, text)
+        return Number(float("nan"), text)
+    return Number(_typed(args.number, text), text)
 
 
-def seed(text: str) -> int:
+def seed(text: str) -> Integer:
     """A 64-bit seed: an integer in [0, 2**64) (`lockstep.args.seed`); argparse type for
     ``--seed``."""
-    return _typed(args.seed, text)
+    return Integer(_typed(args.seed, text), text)

@@ -20,7 +20,7 @@ import sys
 from engine.bench.flags import apply_workload_flags
 from engine.bench.options import (MAX_STEPS, BenchArgError, BenchOptions, max_positions,
                                   parse_int_list, validate)
-from engine.cli_args import integer, number, seed as seed_arg
+from engine.cli_args import integer, number, seed as seed_arg, shown
 from engine.errors import cuda_missing
 from engine.presets import PRESETS
 
@@ -140,23 +140,23 @@ def check_throughput_args(args: argparse.Namespace, cfg: dict | None = None) -> 
     (`engine.bench.options.validate`), bounds ``--max-model-len`` by its
     max_position_embeddings. Raises BenchArgError."""
     if not 1 <= args.num_requests <= MAX_REQUESTS:
-        raise BenchArgError(f"--num-requests {args.num_requests}: expected 1..{MAX_REQUESTS}")
+        raise BenchArgError(f"--num-requests {shown(args.num_requests)}: expected 1..{MAX_REQUESTS}")
     if not 1 <= args.max_batch <= 256:
-        raise BenchArgError(f"--max-batch {args.max_batch}: expected 1..256")
+        raise BenchArgError(f"--max-batch {shown(args.max_batch)}: expected 1..256")
     if args.max_model_len < 2048:
-        raise BenchArgError(f"--max-model-len {args.max_model_len}: workload W needs 2048 "
+        raise BenchArgError(f"--max-model-len {shown(args.max_model_len)}: workload W needs 2048 "
                             "(prompts and outputs up to 1024 tokens each)")
     max_pos = max_positions(cfg or {})
     if max_pos and args.max_model_len > max_pos:
-        raise BenchArgError(f"--max-model-len {args.max_model_len}: the model holds at most "
+        raise BenchArgError(f"--max-model-len {shown(args.max_model_len)}: the model holds at most "
                             f"{max_pos} tokens (max_position_embeddings {max_pos})")
     if args.max_prefill_tokens < 1:
-        raise BenchArgError(f"--max-prefill-tokens {args.max_prefill_tokens}: expected >= 1")
+        raise BenchArgError(f"--max-prefill-tokens {shown(args.max_prefill_tokens)}: expected >= 1")
     if not (args.temperature > 0 and args.temperature < float("inf")):
-        raise BenchArgError(f"--temperature {args.temperature}: expected a finite number > 0 "
+        raise BenchArgError(f"--temperature {shown(args.temperature)}: expected a finite number > 0 "
                             "(the sampled pass's; the greedy passes always run)")
     if not 0 < args.top_p <= 1:
-        raise BenchArgError(f"--top-p {args.top_p}: expected a number in (0, 1]")
+        raise BenchArgError(f"--top-p {shown(args.top_p)}: expected a number in (0, 1]")
 
 
 def _gpu_problem(tensor_parallel_size: int) -> str | None:
@@ -167,7 +167,7 @@ def _gpu_problem(tensor_parallel_size: int) -> str | None:
     if problem is not None:
         return problem
     if torch.cuda.device_count() < tensor_parallel_size:
-        return (f"--tensor-parallel-size {tensor_parallel_size}: only "
+        return (f"--tensor-parallel-size {shown(tensor_parallel_size)}: only "
                 f"{torch.cuda.device_count()} GPU(s) visible")
     return None
 

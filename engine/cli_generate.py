@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from engine.cli_args import integer, number, seed as seed_arg
+from engine.cli_args import integer, number, seed as seed_arg, shown
 
 
 def _ids(text: str) -> list[int]:
@@ -141,13 +141,12 @@ def check_flags(args: argparse.Namespace) -> None:
         check_text(args.prompt, "--prompt")
     for flag, value, ok, expected in _number_checks(args):
         if not ok:
-            raise RequestError(f"{flag} {value:g} must be {expected}" if isinstance(value, float)
-                               else f"{flag} {value} must be {expected}")
+            raise RequestError(f"{flag} {shown(value)} must be {expected}")
     if args.cuda_graph and args.device != "cuda":
         raise RequestError(f"--cuda-graph needs --device cuda (--device {args.device} runs "
                            "eager only); drop --cuda-graph")
     if args.gpu_memory_utilization is not None and args.device != "cuda":
-        raise RequestError(f"--gpu-memory-utilization {args.gpu_memory_utilization:g} applies "
+        raise RequestError(f"--gpu-memory-utilization {shown(args.gpu_memory_utilization)} applies "
                            f"to --device cuda only (--device {args.device} sizes its KV cache "
                            "without it); drop it")
 
@@ -163,8 +162,7 @@ def _ignored_when_greedy(args: argparse.Namespace) -> str | None:
                              ("--top-p", args.top_p, args.top_p == 1),
                              ("--seed", args.seed, args.seed is None)):
         if not off:
-            shown = f"{value:g}" if isinstance(value, float) else value
-            return (f"{flag} {shown} has no effect with --temperature 0 (greedy, the "
+            return (f"{flag} {shown(value)} has no effect with --temperature 0 (greedy, the "
                     f"default); give a --temperature above 0 to sample, or drop {flag}")
     return None
 
@@ -186,7 +184,7 @@ def check_before_load(args: argparse.Namespace, params) -> None:
     check_flags(args)
     cfg = load_model_config(args.model)
     if args.top_k > cfg.vocab_size:  # named by its flag, before the request's own field check
-        raise RequestError(f"--top-k {args.top_k} is above the vocabulary size {cfg.vocab_size}")
+        raise RequestError(f"--top-k {shown(args.top_k)} is above the vocabulary size {cfg.vocab_size}")
     params.validate(cfg.vocab_size)
     ignored = _ignored_when_greedy(args)
     if ignored is not None:
@@ -208,11 +206,11 @@ def check_before_load(args: argparse.Namespace, params) -> None:
         length = len(args.prompt_ids)
     if args.max_model_len is not None and args.max_model_len > cfg.max_position:
         # named by its flag here; the engine's own check would name the field
-        raise RequestError(f"--max-model-len {args.max_model_len} exceeds the model's "
+        raise RequestError(f"--max-model-len {shown(args.max_model_len)} exceeds the model's "
                            f"max_position_embeddings {cfg.max_position}")
     limit = args.max_model_len if args.max_model_len is not None else min(cfg.max_position, 2048)
     if length + args.max_tokens > limit:
-        raise RequestError(f"prompt of {tokens(length)} + --max-tokens {args.max_tokens} exceeds "
+        raise RequestError(f"prompt of {tokens(length)} + --max-tokens {shown(args.max_tokens)} exceeds "
                            f"the max model length {limit}")
     problem = cuda_missing() if args.device == "cuda" else None
     if problem is not None:
@@ -222,7 +220,7 @@ def check_before_load(args: argparse.Namespace, params) -> None:
 
         visible = torch.cuda.device_count()
         if visible < args.tensor_parallel_size:
-            raise RequestError(f"--tensor-parallel-size {args.tensor_parallel_size} with "
+            raise RequestError(f"--tensor-parallel-size {shown(args.tensor_parallel_size)} with "
                                f"--device cuda needs that many GPUs; {visible} visible")
 
 
@@ -235,7 +233,7 @@ def _startup_failure(exc, args: argparse.Namespace) -> str:
 
     if isinstance(exc, LoadTimeoutError) and args.startup_timeout is None:
         return LoadTimeoutError.line(exc.ranks, exc.timeout_s, "--startup-timeout, defaulting "
-                                     f"to --step-timeout {args.step_timeout:g}")
+                                     f"to --step-timeout {shown(args.step_timeout)}")
     return str(exc)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 from engine.bench.options import BenchArgError
+from engine.cli_args import shown
 
 DECODE_ONLY = {"batch_sizes": "1,8,64,256", "context_lens": "128", "steps": 200, "warmup": 20,
                "no_graphs": False, "no_eager": False, "no_capture_sweep": False,
@@ -26,7 +27,7 @@ def _shown(dest: str, value) -> str:
     flag = "--" + dest.replace("_", "-")
     if value is True:
         return flag
-    return f"{flag} {value!r}" if isinstance(value, str) else f"{flag} {value}"
+    return f"{flag} {value!r}" if isinstance(value, str) else f"{flag} {shown(value)}"
 
 
 def apply_workload_flags(args: argparse.Namespace) -> None:

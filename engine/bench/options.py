@@ -17,6 +17,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.cli_args import shown
 from engine.presets import PRESETS
 
 # The engine's largest decode bucket (protocol.buckets.DEFAULT_DECODE_BUCKETS[-1]).
@@ -110,9 +111,9 @@ def check_range(flag: str, value: int, least: int, most: int | None = None) -> N
         BenchArgError: "FLAG VALUE: expected >= LEAST" or "... expected LEAST..MOST".
     """
     if most is None and value < least:
-        raise BenchArgError(f"{flag} {value}: expected >= {least}")
+        raise BenchArgError(f"{flag} {shown(value)}: expected >= {least}")
     if most is not None and not least <= value <= most:
-        raise BenchArgError(f"{flag} {value}: expected {least}..{most}")
+        raise BenchArgError(f"{flag} {shown(value)}: expected {least}..{most}")
 
 
 def parse_int_list(text: str, name: str, example: str = "1,8,64") -> list[int]:
@@ -207,7 +208,7 @@ def validate(opts: BenchOptions) -> dict:
     for key in ("num_attention_heads", "num_key_value_heads", "intermediate_size",
                 "vocab_size"):
         if key in cfg and cfg[key] % tp:
-            raise BenchArgError(f"--tensor-parallel-size {tp}: {key} {cfg[key]} is not "
+            raise BenchArgError(f"--tensor-parallel-size {shown(tp)}: {key} {cfg[key]} is not "
                                 f"divisible by it")
     check_range("--steps", opts.steps, 1, MAX_STEPS)
     check_range("--warmup", opts.warmup, 0, MAX_STEPS)

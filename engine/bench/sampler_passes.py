@@ -26,7 +26,7 @@ import sys
 import warnings
 from collections import Counter
 
-from engine.cli_args import integer, number
+from engine.cli_args import integer, number, shown
 from engine.bench.options import MAX_BATCH, BenchArgError, check_range
 from lockstep.cli import OneLineParser
 
@@ -198,7 +198,7 @@ def main(argv=None) -> int:
     except BenchArgError as exc:
         problem = str(exc)
     if problem is None and not abs(a.scale) <= MAX_SCALE:
-        problem = (f"--scale {a.scale}: expected a finite number of at most {MAX_SCALE:g} in "
+        problem = (f"--scale {shown(a.scale)}: expected a finite number of at most {MAX_SCALE:g} in "
                    "size (float32 logits of randn times it, with room for their spread)")
     too_late = "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1"
     if problem is None:

@@ -32,7 +32,7 @@ import time
 from engine.bench.options import (BenchArgError, BenchOptions, check_output_path, check_range,
                                   check_switches, cuda_missing, max_positions, model_shape,
                                   json_problem, parse_int_list)
-from engine.cli_args import integer
+from engine.cli_args import integer, shown
 from engine.cli_args import seed as seed_arg
 from engine.env import switch
 from engine.kernels.skinny_gemm import TileConfig, load_table, shape_key
@@ -511,7 +511,7 @@ def main(argv=None) -> int:
                                                                                "--rows"))
         max_pos = max_positions(cfg)
         if max_pos and args.context + 1 > max_pos:
-            raise BenchArgError(f"--context {args.context}: the model holds at most "
+            raise BenchArgError(f"--context {shown(args.context)}: the model holds at most "
                                 f"{max_pos - 1} cached tokens (max_position_embeddings "
                                 f"{max_pos})")
         results = _load_sweep(args.sweep)

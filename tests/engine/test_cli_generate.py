@@ -51,7 +51,7 @@ def test_generate_errors_exit_2_with_one_line(tiny_dir, capsys, argv, status, fr
     (["--temperature", "nan"], "--temperature nan must be"),
     (["--temperature", "inf"], "--temperature inf must be a finite number >= 0"),
     # named by its flag, not as SamplingParams' "temperature = 1e-06" (it was)
-    (["--temperature", "1e-6"], "--temperature 1e-06 must be 0 (greedy) or at least 1e-05"),
+    (["--temperature", "1e-6"], "--temperature 1e-6 must be 0 (greedy) or at least 1e-05"),
     (["--top-p", "2"], "--top-p 2 must be"),
     (["--top-k", "-2"], "--top-k -2 must be"),
     (["--top-k", "100000"], "--top-k 100000 is above the vocabulary size"),

@@ -66,7 +66,7 @@ def test_generate_number_options_take_ascii_decimals_only(flag, value, words, ca
 
 def test_nan_still_reaches_the_range_check_that_names_it(capsys, nothing_loads):
     assert main(["generate", "--model", "m", "--prompt-ids", "1", "--top-p", "NaN"]) == 2
-    assert capsys.readouterr().err.strip() == ("lockstep generate: error: --top-p nan must be "
+    assert capsys.readouterr().err.strip() == ("lockstep generate: error: --top-p NaN must be "
                                                "a number in (0, 1]")
 
 
@@ -118,3 +118,68 @@ def test_bench_integer_lists_take_ascii_digits_only(argv, value, words, capsys, 
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"lockstep bench: error: {argv[-1]} '1,") and words in err, err
     assert len(err.splitlines()) == 1 and len(err) < 200, err
+
+
+@pytest.mark.parametrize("flag, value, rule", [
+    ("--top-p", "1e308", "must be a number in (0, 1]"),
+    ("--top-p", " 1.50 ", "must be a number in (0, 1]"),
+    ("--temperature", "-nan", "must be a finite number >= 0 (0 = greedy)"),
+    ("--temperature", "-1E3", "must be a finite number >= 0 (0 = greedy)"),
+    ("--step-timeout", "1e400", "must be positive, finite seconds below 1e9"),
+    ("--startup-timeout", "-0.0", "must be positive, finite seconds below 1e9"),
+    ("--gpu-memory-utilization", "1e308", "must be a fraction in (0, 1]"),
+    ("--max-tokens", "+0", "must be an integer >= 1"),
+    ("--max-batch", "0300", "must be an integer from 1 to 256"),
+])
+def test_generate_names_a_value_as_it_was_typed(flag, value, rule, capsys, nothing_loads):
+    """Old behaviour: the value read back, "--top-p 1e+308", "--step-timeout inf",
+    "--temperature nan", "--max-batch 300"."""
+    assert main(["generate", "--model", "m", "--prompt-ids", "1", flag, value]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"lockstep generate: error: {flag} {value.strip()} {rule}")
+
+
+def test_a_flag_greedy_decoding_ignores_is_named_as_typed():
+    from engine.cli_generate import _ignored_when_greedy
+
+    args = build_parser().parse_args(["generate", "--model", "m", "--prompt-ids", "1",
+                                      "--top-p", ".50", "--seed", "007"])
+    assert _ignored_when_greedy(args).startswith("--top-p .50 has no effect")
+    args.top_p = 1.0
+    assert _ignored_when_greedy(args).startswith("--seed 007 has no effect")
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--workload", "throughput", "--top-p", "1e308"], "--top-p 1e308: expected a number in"),
+    (["--workload", "throughput", "--temperature", "1e400"], "--temperature 1e400: expected a "
+                                                             "finite number > 0"),
+    (["--workload", "throughput", "-n", "000"], "--num-requests 000: expected 1..65536"),
+    (["--temperature", "1e308"], "--temperature 1e308 applies to --workload throughput only"),
+    (["--steps", "+0"], "--steps +0: expected 1..100000"),
+])
+def test_bench_names_a_value_as_it_was_typed(argv, words, capsys, nothing_loads):
+    assert main(["bench", "--preset", "tiny", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"lockstep bench: error: {words}") and len(err.splitlines()) == 1, err
+
+
+def test_sampler_passes_names_its_scale_as_typed(capsys):
+    from engine.bench.sampler_passes import main as sampler_main
+
+    assert sampler_main(["--scale", "1e308"]) == 2
+    assert capsys.readouterr().err.startswith("sampler_passes: error: --scale 1e308: expected")
+
+
+def test_a_value_remembers_its_text_but_travels_as_a_plain_number():
+    import copy
+    import pickle
+
+    from engine.cli_args import integer, number, seed, shown
+
+    values = (integer(" +007 "), number("1e308"), seed("0009"))
+    assert [shown(v) for v in values] == ["+007", "1e308", "0009"]
+    assert values == (7, 1e308, 9) and shown(300.0) == "300" and shown(None) == "None"
+    assert shown(number("1." + "0" * 40)) == "1." + "0" * 27 + "..."  # clipped
+    for v in values:
+        assert type(pickle.loads(pickle.dumps(v))) in (int, float)
+        assert type(copy.deepcopy(v)) in (int, float)
