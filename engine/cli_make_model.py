@@ -113,12 +113,31 @@ def _check_space(text: str, preset: str, dtype: str) -> str | None:
 
 
 
+def _remove_stale_staging(text: str) -> None:
+    """`engine.model_dir.remove_stale_staging` of ``--out`` where it is a directory, naming
+    each directory removed on stderr; an --out that cannot be looked at is left to
+    `_check_out` to name."""
+    from pathlib import Path
+
+    from engine.model_dir import remove_stale_staging
+
+    try:
+        removed = remove_stale_staging(Path(text)) if text.strip() and Path(text).is_dir() else []
+    except (OSError, RuntimeError):  # RuntimeError: a symlink loop, to Path.resolve
+        return
+    for staging in removed:
+        print(f"lockstep make-model: removed {str(staging)!r}, left by an earlier run that was "
+              "killed while it wrote", file=sys.stderr)
+
+
 def run(args: argparse.Namespace) -> int:
     """Write the directory; returns the exit status (0 on success, 2 on a bad --out or one
     whose disk is too small for the model, 1 if writing fails part-way, which leaves a model
-    already in --out as it was)."""
+    already in --out as it was). The staging directories of --out left by killed runs are
+    removed first, so that neither the check of --out nor that of the disk counts them."""
     from pathlib import Path
 
+    _remove_stale_staging(args.out)  # before the checks: not in their way
     existed = Path(args.out).exists()
     problem = _check_out(args.out, args.overwrite)
     if problem is None:

@@ -109,7 +109,8 @@ def write_model_dir(preset: str, out: str | os.PathLike, seed: int = 0,
 
     The files are written into a temporary directory beside ``out`` (`_staging_dir`) and moved
     into ``out`` only once all are written (`_swap_in`): a failure, Ctrl-C or SIGTERM part-way
-    leaves a model already in ``out`` as it was, and no temporary directory.
+    leaves a model already in ``out`` as it was, and no temporary directory. One left by a run
+    that was SIGKILLed is removed first (`remove_stale_staging`).
 
     Args:
         preset: a key of `engine.presets.PRESETS`.
@@ -141,13 +142,15 @@ def write_model_dir(preset: str, out: str | os.PathLike, seed: int = 0,
         shard_bytes = SHARD_BYTES.get(preset, DEFAULT_SHARD_BYTES)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    staging = _staging_dir(out)
+    remove_stale_staging(out)
+    staging, lock = _locked_staging_dir(out)
     try:
         _write_files(staging, config, PRESETS[preset], seed, dtypes[dtype], shard_bytes,
                      progress)
         _swap_in(staging, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        os.close(lock)  # after the removal: no other run sees it unlocked before
     return out
 
 
@@ -214,9 +217,10 @@ def model_files(out: Path) -> list[str]:
 def _staging_dir(out: Path) -> Path:
     """A new empty directory to write a model for ``out`` into: ``.NAME.make-model-XXXXXXXX``
     beside ``out``, so that even a SIGKILL part-way leaves ``out`` as it was (and that
-    directory behind). Inside ``out`` where a file cannot be renamed from beside it into it
-    (its parent read-only, or ``out`` a mount point, even a bind mount of the same file
-    system): `_swap_in` moves the files by rename, and must not fail after it began."""
+    directory behind, until a later run for ``out`` removes it: `remove_stale_staging`).
+    Inside ``out`` where a file cannot be renamed from beside it into it (its parent
+    read-only, or ``out`` a mount point, even a bind mount of the same file system):
+    `_swap_in` moves the files by rename, and must not fail after it began."""
     import shutil
     import tempfile
 
@@ -236,6 +240,103 @@ def _staging_dir(out: Path) -> Path:
         return Path(tempfile.mkdtemp(prefix=".make-model-", dir=real))
 
 
+STAGING_LOCK = ".make-model.lock"
+"""The file in a staging directory on which its writer holds an exclusive flock until the
+directory is gone: the kernel drops the lock when the writer exits, even by SIGKILL, so a staging
+directory whose lock another process can take has no writer (`remove_stale_staging`). A lock,
+not a PID in the name: a PID is reused, and is not visible across PID namespaces (containers)
+sharing the directory."""
+
+STAGING_ATTEMPTS = 8
+"""Staging directories `_locked_staging_dir` tries: one is lost only to another run removing
+it as stale between its creation and its lock (microseconds), so a second try succeeds."""
+
+
+def _staging_candidates(out: Path) -> list[Path]:
+    """The directories that `_staging_dir` names for ``out``, of any run: ``.NAME.make-model-``
+    and tempfile's 8 characters beside ``out``, ``.make-model-`` and 8 inside it; real
+    directories only (no link), in folders that can be listed."""
+    import re
+
+    real = out.resolve()
+    found = []
+    for folder, prefix in ((real.parent, f".{real.name}.make-model-"), (real, ".make-model-")):
+        pattern = re.compile(re.escape(prefix) + r"[a-z0-9_]{8}")
+        try:
+            entries = list(folder.iterdir())
+        except OSError:
+            continue
+        found += [p for p in entries
+                  if pattern.fullmatch(p.name) and p.is_dir() and not p.is_symlink()]
+    return sorted(found)
+
+
+def remove_stale_staging(out: Path) -> list[Path]:
+    """Remove the staging directories of ``out`` (`_staging_candidates`) left by runs that no
+    longer write them (SIGKILLed, or a machine that went down): those whose STAGING_LOCK this
+    process can lock. A directory whose lock is held (another make-model of ``out`` writing
+    now), or that cannot be opened or locked, is kept. Returns the ones removed."""
+    import fcntl
+    import shutil
+
+    removed = []
+    for staging in _staging_candidates(out):
+        try:
+            fd = os.open(staging / STAGING_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            shutil.rmtree(staging, ignore_errors=True)
+            if not staging.exists():
+                removed.append(staging)
+        except OSError:  # held: its writer is alive
+            pass
+        finally:
+            os.close(fd)
+    return removed
+
+
+def _locked_staging_dir(out: Path) -> tuple[Path, int]:
+    """A new staging directory (`_staging_dir`) and the descriptor of its STAGING_LOCK, locked
+    exclusively: held until the directory is removed, so that no other run takes it as stale.
+
+    A run cleaning up may lock and remove the directory between its creation and the lock;
+    then the lock taken is of a removed file (its inode no longer the directory's lock file)
+    and another directory is made. Where the file system has no flock, the directory is used
+    unlocked (and no other run can lock it either, so none removes it).
+
+    Raises:
+        OSError: the directory cannot be made, or STAGING_ATTEMPTS were all removed.
+    """
+    import fcntl
+    import shutil
+
+    for _ in range(STAGING_ATTEMPTS):
+        staging = _staging_dir(out)
+        try:
+            fd = os.open(staging / STAGING_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+        except FileNotFoundError:  # removed as stale already
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # another run is removing it
+            os.close(fd)
+            continue
+        except OSError:  # no flock here
+            return staging, fd
+        try:
+            mine = os.stat(staging / STAGING_LOCK)
+        except FileNotFoundError:
+            mine = None
+        held = os.fstat(fd)
+        if mine is not None and (mine.st_dev, mine.st_ino) == (held.st_dev, held.st_ino):
+            return staging, fd
+        os.close(fd)
+        shutil.rmtree(staging, ignore_errors=True)
+    raise OSError(f"no staging directory for {out} stayed in place in {STAGING_ATTEMPTS} tries")
+
+
 def _swap_in(staging: Path, out: Path) -> None:
     """Move the complete model in ``staging`` into ``out`` and remove the one it replaces.
 
@@ -248,7 +349,7 @@ def _swap_in(staging: Path, out: Path) -> None:
     for name in WEIGHT_ENTRIES:
         if name in old:
             (out / name).unlink()
-    new = sorted(p.name for p in staging.iterdir())
+    new = sorted(p.name for p in staging.iterdir() if p.name != STAGING_LOCK)
     for name in sorted(new, key=lambda n: n == INDEX_FILE):  # the index last
         os.replace(staging / name, out / name)
     for name in set(old) - set(new) - set(WEIGHT_ENTRIES):

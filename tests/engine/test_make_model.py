@@ -437,3 +437,119 @@ def test_a_model_is_written_inside_out_where_it_cannot_be_moved_in_from_beside(
         "tokenizer.json", "tokenizer_config.json"]
     assert _contents(out) != first and [p.name for p in tmp_path.iterdir()] == ["m"]
     assert refused, "the temporary directory was not tried beside --out"
+
+
+HOLD_LOCK = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("locked", flush=True)
+sys.stdin.read()  # until the test closes stdin
+"""
+"""A stand-in for a make-model writing its staging directory now: it holds the lock."""
+
+
+@pytest.mark.timeout(120)
+def test_staging_directories_of_killed_runs_are_removed_and_a_live_one_is_kept(tmp_path,
+                                                                               capsys):
+    """A make-model SIGKILLed part-way left its hidden staging directory (beside --out, or
+    inside it where it could not go beside) behind for good: disk space never given back, and
+    one inside a new --out made the next run refuse it as "not empty and holds no model"."""
+    from engine.model_dir import STAGING_LOCK
+    from lockstep.cli import main
+
+    out = tmp_path / "m"
+    out.mkdir()
+    killed_beside = tmp_path / ".m.make-model-ab_d1234"  # a lock file no one holds
+    killed_inside = out / ".make-model-efgh5678"  # killed before it made its lock file
+    live = tmp_path / ".m.make-model-live0000"
+    not_ours = [tmp_path / ".n.make-model-abcd1234", tmp_path / ".m.make-model-abcd12345",
+                tmp_path / "m.make-model-abcd1234"]
+    for d in (killed_beside, killed_inside, live, *not_ours):
+        d.mkdir()
+        (d / "model-00001-of-00002.safetensors").write_bytes(b"part")
+    (killed_beside / STAGING_LOCK).touch()
+    (tmp_path / ".m.make-model-file0000").write_text("a file, not a staging directory")
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(live / STAGING_LOCK)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        assert main(["make-model", "--preset", "tiny", "--out", str(out)]) == 0
+    finally:
+        holder.stdin.close()
+        holder.wait()
+    err = capsys.readouterr().err
+    assert not killed_beside.exists() and not killed_inside.exists()
+    for d in (killed_beside, killed_inside):
+        assert f"removed {str(d.resolve())!r}, left by an earlier run" in err, err
+    assert (live / "model-00001-of-00002.safetensors").read_bytes() == b"part"
+    assert all((d / "model-00001-of-00002.safetensors").exists() for d in not_ours)
+    assert (tmp_path / ".m.make-model-file0000").is_file()
+    assert (out / "config.json").is_file() and any(out.glob("*.safetensors"))
+
+
+KILLED_PART_WAY = """
+import os, signal, sys
+import safetensors.torch
+from engine.model_dir import write_model_dir
+
+save, calls = safetensors.torch.save_file, []
+
+def save_then_die(*args, **kwargs):
+    calls.append(1)
+    if len(calls) == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return save(*args, **kwargs)
+
+safetensors.torch.save_file = save_then_die
+write_model_dir("tiny", sys.argv[1], seed=5, dtype="float32")
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_run_after_a_sigkill_removes_what_the_killed_run_was_writing(tmp_path):
+    import os
+    import signal
+
+    out = tmp_path / "m"
+    write_model_dir("tiny", out, dtype="float32")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    killed = subprocess.run([sys.executable, "-c", KILLED_PART_WAY, str(out)], env=env,
+                            capture_output=True, text=True, timeout=240)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    left = [p for p in tmp_path.iterdir() if p.name.startswith(".m.make-model-")]
+    assert len(left) == 1 and any(left[0].glob("*.safetensors")), left
+    write_model_dir("tiny", out, seed=6, dtype="float32")
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_a_staging_directory_whose_lock_is_held_is_not_written_into(tmp_path, monkeypatch):
+    """The writer of a new staging directory that a run cleaning up has locked first (to remove
+    it as stale) makes another instead of writing into one being removed."""
+    import fcntl
+    import os
+
+    import engine.model_dir as model_dir
+
+    made, held = [], []
+    staging_dir = model_dir._staging_dir
+
+    def locked_by_a_cleaner_first(out):
+        staging = staging_dir(out)
+        if not made:
+            fd = os.open(staging / model_dir.STAGING_LOCK, os.O_RDWR | os.O_CREAT)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            held.append(fd)
+        made.append(staging)
+        return staging
+
+    monkeypatch.setattr(model_dir, "_staging_dir", locked_by_a_cleaner_first)
+    out = tmp_path / "m"
+    try:
+        write_model_dir("tiny", out, dtype="float32")
+    finally:
+        os.close(held[0])
+    assert len(made) == 2 and not made[1].exists()
+    assert [p.name for p in made[0].iterdir()] == [model_dir.STAGING_LOCK]  # nothing written
+    assert (out / "config.json").is_file()
