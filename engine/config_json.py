@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 from engine.errors import ModelDirError, unreadable
@@ -45,6 +46,22 @@ def load_json(path: Path):
     except RecursionError:
         raise ModelDirError(f"{path}: not valid JSON: arrays or objects nested too deeply to "
                             "parse") from None
+
+
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+"""A JSON string, escapes included: the brackets inside one are not nesting."""
+
+
+def nesting_depth(text: str) -> int:
+    """The deepest nesting of arrays and objects in the JSON text ``text`` (0 for a bare
+    scalar), found without recursing: how a file that a recursive parser gives up on (Python's
+    json at about 1,000 levels, the tokenizers library at 128) is told apart from one refused
+    for another reason, and named."""
+    depth = deepest = 0
+    for bracket in re.findall(r"[][{}]", _JSON_STRING.sub('""', text)):
+        depth += 1 if bracket in "[{" else -1
+        deepest = max(deepest, depth)
+    return deepest
 
 
 def read_json_object(path: Path) -> dict:

@@ -178,14 +178,14 @@ class LLM:
         try:
             return AutoTokenizer.from_pretrained(str(d))
         # JSONDecodeError included; AttributeError: a file of JSON but not an object ([], 5);
-        # RecursionError: JSON nested deeper than Python's parser follows
-        except (ValueError, OSError, TypeError, KeyError, AttributeError, RecursionError) as exc:
-            names = [f for f in ("tokenizer.json", "tokenizer_config.json") if (d / f).is_file()]
-            line = " ".join(str(exc).split()) or type(exc).__name__  # all of it, one line
-            # transformers' words for a config without its tokenizer.json speak of packages
-            missing = "" if "tokenizer.json" in names else " (tokenizer.json is missing)"
-            raise ModelDirError(f"{d}: the tokenizer ({', '.join(names)}) cannot be "
-                                f"read{missing}: {line}") from None
+        # RecursionError: JSON nested deeper than Python's parser follows; a bare Exception:
+        # the tokenizers library refusing tokenizer.json (its schema, or nesting past 128)
+        except Exception as exc:  # noqa: BLE001 - narrowed on the next line
+            if type(exc) is not Exception and not isinstance(
+                    exc, (ValueError, OSError, TypeError, KeyError, AttributeError,
+                          RecursionError)):
+                raise
+            raise _tokenizer_error(d, exc) from None
 
     # -- driving the controller ------------------------------------------------------------
 
@@ -425,6 +425,48 @@ class LLM:
                 self.ranks.close(abort=True)
             except Exception:
                 pass
+
+
+TOKENIZER_JSON = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                  "added_tokens.json")
+"""The JSON files of a model directory that `transformers.AutoTokenizer` reads."""
+
+TOKENIZERS_MAX_DEPTH = 128
+"""The deepest nesting of arrays and objects the tokenizers library parses in tokenizer.json:
+serde_json's recursion limit (128 by default; "recursion limit exceeded" past it). Python's json
+follows about 1,000 levels, so a tokenizer file nested deeper than this is too deep for one of
+the two."""
+
+
+def _tokenizer_error(d: Path, exc: Exception) -> ModelDirError:
+    """The line for a tokenizer that `transformers.AutoTokenizer` could not load from ``d``.
+
+    Where the failure is a parser's depth limit -- a RecursionError (Python's json, or
+    transformers walking what it parsed), or the tokenizers library's bare Exception -- and a
+    tokenizer file is nested deeper than TOKENIZERS_MAX_DEPTH, that file alone is named, as
+    nested too deeply (the deepest, where several are). Otherwise the tokenizer files and
+    transformers' reason, on one line. Old behaviour: "maximum recursion depth exceeded"
+    naming tokenizer.json and tokenizer_config.json whichever was deep, and tokenizer.json
+    nested 200 deep a bare Exception traceback."""
+    from engine.config_json import nesting_depth
+
+    if isinstance(exc, RecursionError) or type(exc) is Exception:
+        depths = {}
+        for name in TOKENIZER_JSON:
+            try:
+                depths[name] = nesting_depth((d / name).read_text())
+            except (OSError, ValueError):  # absent, or not text: not the one nested too deeply
+                pass
+        deepest = max(depths, key=depths.get, default=None)
+        if deepest is not None and depths[deepest] > TOKENIZERS_MAX_DEPTH:
+            return ModelDirError(f"{d / deepest}: the tokenizer cannot be read: arrays or "
+                                 f"objects nested {depths[deepest]} deep, too deeply to parse")
+    names = [f for f in ("tokenizer.json", "tokenizer_config.json") if (d / f).is_file()]
+    line = " ".join(str(exc).split()) or type(exc).__name__  # all of it, one line
+    # transformers' words for a config without its tokenizer.json speak of packages
+    missing = "" if "tokenizer.json" in names else " (tokenizer.json is missing)"
+    return ModelDirError(f"{d}: the tokenizer ({', '.join(names)}) cannot be read{missing}: "
+                         f"{line}")
 
 
 def _is_id_list(prompts) -> bool:

@@ -191,6 +191,61 @@ def test_corrupt_tokenizer_is_a_model_dir_error_naming_the_files(model_copy, nam
     assert "\n" not in msg
 
 
+def _nest(d, name, key, depth):
+    """Set ``key`` of the JSON object in ``d / name`` to arrays nested ``depth`` deep."""
+    raw = json.loads((d / name).read_text())
+    raw[key] = "NESTED"
+    text = json.dumps(raw).replace('"NESTED"', "[" * depth + "]" * depth)
+    (d / name).write_text(text)
+
+
+@pytest.mark.parametrize("name, key, depth", [
+    ("tokenizer.json", None, 100_000), ("tokenizer_config.json", None, 100_000),
+    # past the tokenizers library's limit (128): a bare Exception traceback before
+    ("tokenizer.json", "normalizer", 200),
+    ("tokenizer_config.json", "deep", 2_000),
+])
+def test_a_tokenizer_file_nested_too_deeply_is_named_alone(model_copy, capsys, name, key,
+                                                           depth):
+    """Old behaviour: "maximum recursion depth exceeded while decoding a JSON array", naming
+    tokenizer.json and tokenizer_config.json whichever was nested too deeply."""
+    from lockstep.cli import main
+
+    if key is None:
+        (model_copy / name).write_text("[" * depth + "]" * depth)
+    else:
+        _nest(model_copy, name, key, depth)
+        depth += 1  # inside the file's object
+    msg = _rejects(model_copy, ModelDirError)
+    assert msg == (f"{model_copy / name}: the tokenizer cannot be read: arrays or objects "
+                   f"nested {depth} deep, too deeply to parse")
+    capsys.readouterr()
+    assert main(["generate", "--model", str(model_copy), "--prompt", "hi"]) == 2
+    assert capsys.readouterr().err == f"lockstep generate: error: {msg}\n"
+
+
+def test_a_tokenizer_json_the_tokenizers_library_refuses_is_one_line(model_copy, capsys):
+    """Valid JSON that is not a tokenizer (a normalizer of []): the tokenizers library raises
+    a bare Exception, which was a traceback."""
+    from lockstep.cli import main
+
+    raw = json.loads((model_copy / "tokenizer.json").read_text())
+    raw["normalizer"] = []
+    (model_copy / "tokenizer.json").write_text(json.dumps(raw))
+    msg = _rejects(model_copy, ModelDirError, "tokenizer.json", "cannot be read: ")
+    assert "\n" not in msg and "nested" not in msg
+    capsys.readouterr()
+    assert main(["generate", "--model", str(model_copy), "--prompt", "hi"]) == 2
+    assert capsys.readouterr().err == f"lockstep generate: error: {msg}\n"
+
+
+def test_nesting_depth_counts_brackets_outside_strings():
+    from engine.config_json import nesting_depth
+
+    assert nesting_depth('{"a": "[[{\\"[", "b": [[1], {}]}') == 3
+    assert nesting_depth("5") == 0 and nesting_depth("[" * 100_000 + "]" * 100_000) == 100_000
+
+
 def test_a_missing_tokenizer_json_is_named_with_the_whole_reason_on_one_line(model_copy):
     """Found by a fresh user: the message stopped mid-sentence ("... from one of: ")."""
     (model_copy / "tokenizer.json").unlink()
