@@ -48,6 +48,9 @@ MAX_ROWS = 8
 BLOCK_N = 128
 """Output features per program (the measured best at batch 1; module docstring)."""
 
+NUM_WARPS = 4
+"""Warps per program (the measured best at batch 1; module docstring)."""
+
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
@@ -58,13 +61,15 @@ class AttnOprojWorkspace:
 
     Args:
         device: where to allocate. kv_heads: this rank's kv heads. hidden: o_proj's output
-            features. block_n: output features per program.
+            features. block_n: output features per program. num_warps: warps per program.
     Raises:
         torch.OutOfMemoryError: allocation failed.
     """
 
-    def __init__(self, device, kv_heads: int, hidden: int, block_n: int = BLOCK_N):
+    def __init__(self, device, kv_heads: int, hidden: int, block_n: int = BLOCK_N,
+                 num_warps: int = NUM_WARPS):
         self.kv_heads, self.hidden, self.block_n = kv_heads, hidden, block_n
+        self.num_warps = num_warps
         self.partials = torch.empty(kv_heads * MAX_ROWS * hidden, dtype=torch.float32,
                                     device=device)
         self.counters = torch.zeros(-(-hidden // block_n), dtype=torch.int32, device=device)
@@ -244,5 +249,5 @@ def attention_oproj(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         GROUP_P2=triton.next_power_of_2(group), HEAD_DIM=D, PAGE=P,
         BLOCK_T=tile_tokens, BLOCK_N=block_n, STATS_STRIDE=skinny_gemm.MAX_ROWS,
         IEEE=q.dtype == torch.float32, UPCAST=_INTERPRETED and q.dtype != torch.float32,
-        num_warps=4, num_stages=1, **pdl_launch(q))
+        num_warps=workspace.num_warps, num_stages=1, **pdl_launch(q))
     return skinny_gemm.RowStats(blocks, B)
