@@ -32,10 +32,11 @@ import torch
 
 from engine.cli_args import integer
 from engine.bench.options import (BenchArgError, check_output_path, check_range, check_switches,
-                                  cuda_missing, json_problem, parse_int_list, parse_name_list)
+                                  cuda_missing, parse_int_list, parse_name_list, read_tool_json)
 from engine.kernels import fused
-from engine.kernels.skinny_gemm import (MAX_ROWS, TileConfig, Workspace, parse_table, shape_key,
-                                        skinny_gemm)
+from engine.json_fields import Field, FieldError
+from engine.kernels.skinny_gemm import (MAX_ROWS, TileConfig, Workspace, parse_table,
+                                        row_count_key, shape_key, skinny_gemm, tile_from_json)
 from engine.presets import PRESETS
 from lockstep.cli import OneLineParser
 
@@ -311,6 +312,43 @@ def check_tp(presets: list[str], tps: list[int]) -> None:
                                         "divisible by it")
 
 
+def sweep_results(doc: Field) -> list[dict]:
+    """The "results" of a gemm_sweep --json (`doc`, the whole file), every field `sweep_shape`
+    and `sweep_rope_shape` write checked: those the readers use (the shape, each row count's
+    cublas_us, triton tiles and best) must be there, the rest (weight_bytes, layers, rope,
+    baseline, the bandwidths) be of their kind where they are; fields neither writes (notes
+    such as the shipped sweep's "run") are left alone.
+
+    Raises:
+        FieldError / RowCountError: naming the first missing or mistyped field by its path.
+    """
+    def timed(t: Field) -> None:  # a tile and its time, or the error that ruled it out
+        t["config"].parse(tile_from_json)
+        if t.optional("us") is None and t.optional("error") is None:
+            raise FieldError(f"{t.path}: no 'us' or 'error' field")
+        t.if_present("us", Field.positive)
+        t.if_present("error", Field.string)
+
+    doc.if_present("device", Field.string)
+    for r in doc["results"].list():
+        r["N"].integer(), r["K"].integer(), r["swiglu"].boolean()
+        r.if_present("rope", Field.boolean)
+        r.if_present("weight_bytes", Field.integer)
+        r.if_present("layers", lambda names: [name.string() for name in names.list()])
+        for m, e in r["rows"].items():
+            row_count_key(m, r["rows"].path)
+            e["cublas_us"].positive()
+            for t in e["triton"].list():
+                timed(t)
+            if e["best"].value is not None:
+                e["best"]["us"].positive()
+                e["best"]["config"].parse(tile_from_json)
+            e.if_present("read_GBps_cublas", Field.positive)
+            e.if_present("read_GBps_triton", Field.positive)
+            e.if_present("baseline", lambda b: b.value == "cublas" or b.parse(tile_from_json))
+    return doc.value["results"]
+
+
 def to_table(results: list[dict]) -> dict:
     """The table the engine reads: {shape_key: {M: {"skinny": fastest tile, "skinny_us",
     "cublas_us"}}}; `engine.kernels.skinny_gemm.choose` takes the faster of the two. A row
@@ -473,16 +511,8 @@ def _table_from_json(args, parser) -> int:
         if table_path is None:
             raise BenchArgError("--from-json needs --table (where to write the table)")
         check_output_path("--table", table_path)
-        try:
-            with open(source) as f:
-                results = json.load(f)["results"]
-            table = to_table(results)
-            parse_table(table, source)
-        except OSError as exc:
-            raise BenchArgError(f"--from-json {source}: {exc.strerror}") from None
-        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
-            raise BenchArgError(f"--from-json {source}: not a sweep's --json "
-                                f"({json_problem(exc)})"[:300]) from None
+        table = to_table(read_tool_json("--from-json", source, "a gemm_sweep --json",
+                                        sweep_results))
         if not table:
             raise BenchArgError(f"--from-json {source}: the sweep measured no shape")
         target = os.path.realpath(table_path)  # through a symlink to the file it names

@@ -258,6 +258,27 @@ def json_problem(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
+def read_tool_json(flag: str, path: str, what: str, read):
+    """`read(Field(value))` of the JSON value in the file `path`, given as `flag`: a tool's own
+    --json read back (`engine.json_fields`), each field checked by `read`.
+
+    Raises:
+        BenchArgError: "FLAG PATH: <the OS's reason>" where the file cannot be read; "FLAG PATH:
+            not WHAT (<what is wrong>)" where it is not JSON or `read` refuses a field (its
+            path named), in one line.
+    """
+    from engine.json_fields import Field
+
+    try:
+        with open(path) as f:
+            raw = json.load(f)
+        return read(Field(raw))
+    except OSError as exc:
+        raise BenchArgError(f"{flag} {path}: {exc.strerror or exc}") from None
+    except (ValueError, RecursionError) as exc:
+        raise BenchArgError(f"{flag} {path}: not {what} ({json_problem(exc)})"[:300]) from None
+
+
 def check_output_path(flag: str, p: str) -> None:
     """Check, before a run, that the output file ``p`` given as ``flag`` can be written: not a
     directory or another non-regular file (a device, a FIFO), in a directory that exists, and

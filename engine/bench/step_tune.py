@@ -31,14 +31,15 @@ import time
 
 from engine.bench.options import (BenchArgError, BenchOptions, check_output_path, check_range,
                                   check_switches, cuda_missing, max_positions, model_shape,
-                                  json_problem, parse_int_list)
+                                  parse_int_list, read_tool_json)
 from engine.cli_args import integer, shown
 from engine.cli_args import seed as seed_arg
 from engine.env import switch
-from engine.kernels.skinny_gemm import TileConfig, load_table, shape_key
+from engine.json_fields import Field
+from engine.kernels.skinny_gemm import TileConfig, load_table, row_count_key, shape_key
 from engine.layers.linear import (FUSED_PLANS_PATH, ROLES, DecodeGemm, FusedLayerPlan,
-                                  LayerShapes, layer_key, load_fused_plans, parse_fused_plans,
-                                  plan_to_json)
+                                  LayerShapes, check_layer_key, layer_key, load_fused_plans,
+                                  parse_fused_plans, plan_from_json, plan_to_json)
 from engine.presets import PRESETS
 from engine.seeds import derived_seed
 from lockstep.cli import OneLineParser
@@ -328,24 +329,16 @@ def tune(timer: StepTimer, results: list[dict], rows: list[int], top: int, log) 
 
 
 def plans_from_records(records: list[dict]) -> dict:
-    """The plans file's content from --json records: per layer and row count, the winner
-    where its confirming time beat the start's by at least `MIN_GAIN`, else the start (a
-    plan at every tuned row count, so the file says what was decided there)."""
+    """The plans file's content from --json records (`tune`'s, or a file's checked by
+    `records_from_json`): per layer and row count, the winner where its confirming time beat
+    the start's by at least `MIN_GAIN`, else the start (a plan at every tuned row count, so
+    the file says what was decided there)."""
     plans: dict = {}
     for rec in records:
         for m, r in rec["rows"].items():
-            best, start = (_time_ms(r[f"confirm_{n}_ms"], f"confirm_{n}_ms")
-                           for n in ("best", "start"))
-            won = best < start * (1 - MIN_GAIN)
+            won = r["confirm_best_ms"] < r["confirm_start_ms"] * (1 - MIN_GAIN)
             plans.setdefault(rec["layer"], {})[str(int(m))] = r["best"] if won else r["start"]
     return plans
-
-
-def _time_ms(value, name: str) -> float:
-    ms = float(value)
-    if not 0 < ms < float("inf"):
-        raise ValueError(f"{name} {value!r} is not a positive finite time")
-    return ms
 
 
 def write_plans(path: str, plans: dict) -> None:
@@ -376,25 +369,56 @@ def write_plans(path: str, plans: dict) -> None:
 
 
 def _load_sweep(path: str) -> list[dict]:
-    """The sweep's "results", each with the fields `sweep_options` and the workspace read."""
-    try:
-        with open(path) as f:
-            results = json.load(f)["results"]
-        if not isinstance(results, list):
-            raise TypeError("results is not a list")
-        if not results:
-            raise ValueError("it measured no shape")
-        for r in results:
-            int(r["N"]), int(r["K"]), bool(r["swiglu"])
-            for entry in r["rows"].values():
-                for t in entry.get("triton", ()):
-                    if "us" in t:
-                        TileConfig(**t["config"]), float(t["us"])
-        return results
-    except OSError as exc:
-        raise BenchArgError(f"--sweep {path}: {exc.strerror}") from None
-    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
-        raise BenchArgError(f"--sweep {path}: not a gemm_sweep --json ({exc!r})"[:300]) from None
+    """The sweep's "results", every field checked (`engine.bench.gemm_sweep.sweep_results`).
+
+    Raises:
+        BenchArgError: naming --sweep, the file and the first bad field by its path; or that
+            the sweep measured nothing.
+    """
+    from engine.bench.gemm_sweep import sweep_results
+
+    results = read_tool_json("--sweep", path, "a gemm_sweep --json", sweep_results)
+    if not results:
+        raise BenchArgError(f"--sweep {path}: the sweep measured no shape")
+    return results
+
+
+def records_from_json(doc: Field) -> list[dict]:
+    """The "records" of a step_tune --json (`doc`, the whole file), every field `tune` writes
+    checked: those `plans_from_records` reads (each record's layer, and per row count the
+    start and best plans and their confirming times) must be there, the rest be of their kind
+    where they are; fields `tune` does not write (notes such as "model_note") are left alone.
+
+    Raises:
+        FieldError / RowCountError: naming the first missing or mistyped field by its path.
+    """
+    for rec in doc["records"].list():
+        rec["layer"].parse(check_layer_key)
+        for m, row in rec["rows"].items():
+            row_count_key(m, rec["rows"].path)
+            for name in ("start", "best"):
+                row[name].parse(plan_from_json)
+            for name in ("confirm_start_ms", "confirm_best_ms"):
+                row[name].positive()
+            row.if_present("start_ms", Field.positive)
+            row.if_present("best_ms", Field.positive)
+            row.if_present("graph", Field.string)
+            row.if_present("trials", lambda trials: [_check_trial(t) for t in trials.list()])
+        rec.if_present("preset", Field.string, nullable=True)
+        rec.if_present("model", Field.string, nullable=True)
+        rec.if_present("context", Field.integer)
+        rec.if_present("steps", Field.integer)
+        rec.if_present("device", Field.string)
+        rec.if_present("seconds", Field.positive)
+    return doc.value["records"]
+
+
+def _check_trial(trial: Field) -> None:
+    """One of a record's "trials" (`Trial` as `tune` writes it)."""
+    trial["role"].string(("start", *ROLES))
+    trial["plan"].parse(plan_from_json)
+    trial.if_present("ms", Field.positive, nullable=True)
+    trial.if_present("error", Field.string, nullable=True)
 
 
 def layer_shapes(cfg: dict) -> LayerShapes:
@@ -582,15 +606,8 @@ def _plans_from_json(args, parser) -> int:
     if args.plans is None:
         raise BenchArgError("--from-json needs --plans (where to write the plans)")
     check_output_path("--plans", args.plans)
-    try:
-        with open(args.from_json) as f:
-            plans = plans_from_records(json.load(f)["records"])
-        parse_fused_plans(plans, "its plans")
-    except OSError as exc:
-        raise BenchArgError(f"--from-json {args.from_json}: {exc.strerror}") from None
-    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
-        raise BenchArgError(f"--from-json {args.from_json}: not a step_tune --json "
-                            f"({json_problem(exc)})"[:300]) from None
+    plans = plans_from_records(read_tool_json("--from-json", args.from_json,
+                                              "a step_tune --json", records_from_json))
     _check_distinct((("--from-json", args.from_json), ("--plans", args.plans)))
     write_plans(args.plans, plans)
     count = sum(len(r) for r in plans.values())

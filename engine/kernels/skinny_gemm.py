@@ -767,15 +767,17 @@ def parse_table(raw, source: str) -> dict[str, dict[int, TableEntry]]:
     except RowCountError:
         raise
     except (AttributeError, KeyError, TypeError, ValueError, RecursionError) as exc:
-        raise ValueError(f"{source}: not a skinny GEMM table ({_table_problem(exc)})") from None
+        raise ValueError(f"{source}: not a skinny GEMM table ({tuning_problem(exc)})") from None
 
 
-def _table_problem(exc: Exception) -> str:
-    """What `parse_table` found wrong, in words (an exception's repr read "ValueError(...)")."""
+def tuning_problem(exc: Exception, keys: str = "shape keys") -> str:
+    """What `parse_table` (or `engine.layers.linear.parse_fused_plans`, whose file is an
+    object of `keys` too) found wrong, in words (an exception's repr read
+    "ValueError(...)")."""
     if isinstance(exc, KeyError):
         return f"an entry has no {exc.args[0]!r} field"
     if isinstance(exc, AttributeError):
-        return "expected an object of shape keys, each an object of row counts"
+        return f"expected an object of {keys}, each an object of row counts"
     if isinstance(exc, RecursionError):
         return "nested too deeply"
     return str(exc)
@@ -808,9 +810,21 @@ def _parse_entry(e) -> TableEntry:
     tile = e["skinny"]
     if tile is None:
         return TableEntry(None, float("inf"), cublas_us)
+    return TableEntry(tile_from_json(tile), _time_us(e["skinny_us"], "skinny_us"), cublas_us)
+
+
+def tile_from_json(tile) -> TileConfig:
+    """The tile in `tile`, a JSON object of `TileConfig` fields as the sweep and the tuner
+    write one (`TileConfig.__dict__`), the form of every tile in the table, the plans file and
+    the tools' --json.
+
+    Raises:
+        ValueError: naming what is wrong: not an object, a field unknown or missing, or the
+            value `TileConfig` refuses.
+    """
     if not isinstance(tile, dict):
         raise ValueError(f"tile {tile!r:.60} is not an object of TileConfig fields")
-    unknown = sorted(set(tile) - set(TileConfig.__dataclass_fields__))
+    unknown = sorted(map(str, set(tile) - set(TileConfig.__dataclass_fields__)))
     if unknown:
         raise ValueError(f"tile field(s) {', '.join(map(repr, unknown))} unknown; known: "
                          f"{', '.join(TileConfig.__dataclass_fields__)}")
@@ -818,7 +832,7 @@ def _parse_entry(e) -> TableEntry:
                if f.default is MISSING and name not in tile]
     if missing:
         raise ValueError(f"tile {tile!r:.80} lacks {', '.join(missing)}")
-    return TableEntry(TileConfig(**tile), _time_us(e["skinny_us"], "skinny_us"), cublas_us)
+    return TileConfig(**tile)
 
 
 _SHAPE_KEY = re.compile(r"[1-9][0-9]*x[1-9][0-9]*(?: swiglu)?(?: rope)?")

@@ -212,24 +212,52 @@ def parse_fused_plans(raw, source: str) -> dict[str, dict[int, FusedLayerPlan]]:
         RowCountError: "<source>: layer '<key>': row count ..." (`skinny_gemm.row_count_key`).
         ValueError: "<source>: not a fused-plan file (...)" for anything else.
     """
-    def plan(p: dict) -> FusedLayerPlan:
-        if not isinstance(p["rope"], bool):
-            raise TypeError(f"rope {p['rope']!r} is not true or false")
-        return FusedLayerPlan(*(skinny_gemm.TileConfig(**p[r]) for r in ROLES), rope=p["rope"])
-
-    def layer(key) -> str:
-        if not isinstance(key, str) or not _LAYER_KEY.fullmatch(key):
-            raise ValueError(f"layer {key!r} is not a layer_key")
-        return key
-
     try:
-        return {layer(key): {skinny_gemm.row_count_key(m, f"{source}: layer {key!r}"): plan(p)
-                             for m, p in rows.items()}
+        return {check_layer_key(key): {
+                    skinny_gemm.row_count_key(m, f"{source}: layer {key!r}"): plan_from_json(p)
+                    for m, p in rows.items()}
                 for key, rows in raw.items()}
     except skinny_gemm.RowCountError:
         raise
     except (AttributeError, KeyError, TypeError, ValueError, RecursionError) as exc:
-        raise ValueError(f"{source}: not a fused-plan file ({exc!r})") from None
+        raise ValueError(f"{source}: not a fused-plan file "
+                         f"({skinny_gemm.tuning_problem(exc, 'layer keys')})") from None
+
+
+def plan_from_json(p) -> FusedLayerPlan:
+    """The plan in `p`, the JSON object `plan_to_json` writes.
+
+    Raises:
+        ValueError: naming what is wrong: not an object, a field unknown or missing, a rope
+            that is not true or false, or the role and its tile's fault
+            (`skinny_gemm.tile_from_json`).
+    """
+    fields = (*ROLES, "rope")
+    if not isinstance(p, dict):
+        raise ValueError(f"plan {p!r:.60} is not an object of {', '.join(fields)}")
+    unknown = sorted(map(str, set(p) - set(fields)))
+    missing = [f for f in fields if f not in p]
+    if unknown or missing:
+        raise ValueError(f"plan field(s) {', '.join(map(repr, unknown or missing))} "
+                         f"{'unknown' if unknown else 'missing'}; a plan has "
+                         f"{', '.join(fields)}")
+    if not isinstance(p["rope"], bool):
+        raise ValueError(f"rope {p['rope']!r} is not true or false")
+    tiles = []
+    for role in ROLES:
+        try:
+            tiles.append(skinny_gemm.tile_from_json(p[role]))
+        except ValueError as exc:
+            raise ValueError(f"{role}: {exc}") from None
+    return FusedLayerPlan(*tiles, rope=p["rope"])
+
+
+def check_layer_key(key) -> str:
+    """`key` where it is a key `layer_key` writes. Raises ValueError naming it otherwise."""
+    if not isinstance(key, str) or not _LAYER_KEY.fullmatch(key):
+        raise ValueError(f"layer {key!r:.100} is not a layer_key ('qkv NxK, o_proj NxK, "
+                         "gate_up NxK, down NxK')")
+    return key
 
 
 _LAYER_KEY = re.compile(", ".join(rf"{role} \d+x\d+" for role in ROLES))

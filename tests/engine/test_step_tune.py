@@ -44,9 +44,11 @@ def test_descend_keeps_only_swaps_that_beat_the_current_plan_by_the_margin():
 
 def _sweep():
     def shape(n, k, swiglu, rope=False, tiles=()):
-        return {"N": n, "K": k, "swiglu": swiglu, "rope": rope, "rows": {"8": {"triton": [
-            {"config": t.__dict__, "us": us} for t, us in tiles] + [
-            {"config": D.__dict__, "error": "OutOfResources"}]}}}
+        best = min(tiles, key=lambda t: t[1], default=None)
+        return {"N": n, "K": k, "swiglu": swiglu, "rope": rope, "rows": {"8": {
+            "cublas_us": 10.0, "best": best and {"config": best[0].__dict__, "us": best[1]},
+            "triton": [{"config": t.__dict__, "us": us} for t, us in tiles] + [
+                {"config": D.__dict__, "error": "OutOfResources"}]}}}
 
     return [shape(96, 64, False, tiles=[(B, 3.0), (A, 2.0), (C, 4.0)]),
             shape(96, 64, False, rope=True, tiles=[(C, 5.0)]),
@@ -203,7 +205,7 @@ def test_the_shipped_plans_file_is_the_step_tune_json_in_docs(tmp_path):
     (["--preset", "qwen3-0.6b", "--sweep", "{tmp}/deep.json"], "not a gemm_sweep --json"),
     (["--from-json", "{tmp}/deep.json", "--plans", "{tmp}/p.json"], "not a step_tune --json"),
     (["--from-json", "{tmp}/nanrec.json", "--plans", "{tmp}/p.json"],
-     "confirm_best_ms nan is not a positive finite time"),
+     "records[0].rows['8'].confirm_best_ms = nan: expected a positive finite number"),
     (["--from-json", "{tmp}/keyrec.json", "--plans", "{tmp}/p.json"],
      "--from-json {tmp}/keyrec.json: not a step_tune --json"),
     # a fresh user's finding: the reason read "(KeyError('records'))"
@@ -234,8 +236,9 @@ def test_bad_arguments_are_one_line_before_any_gpu_work(tmp_path, capsys, argv, 
     (tmp_path / "badrec.json").write_text(json.dumps({"records": [bad_record]}))
     (tmp_path / "badsweep.json").write_text(json.dumps({"results": [{}]}))
     (tmp_path / "emptysweep.json").write_text(json.dumps({"results": []}))
-    zero = {"results": [{"N": 96, "K": 64, "swiglu": False, "rows": {"1": {"triton": [
-        {"config": {"block_n": 0, "block_k": 32, "split_k": 1}, "us": 1.0}]}}}]}
+    zero = {"results": [{"N": 96, "K": 64, "swiglu": False, "rows": {"1": {
+        "cublas_us": 2.0, "best": None, "triton": [
+            {"config": {"block_n": 0, "block_k": 32, "split_k": 1}, "us": 1.0}]}}}]}
     (tmp_path / "zerotile.json").write_text(json.dumps(zero))
     (tmp_path / "sweep.json").write_text(json.dumps({"results": _sweep()}))
     (tmp_path / "deep.json").write_text('{"results": ' + "[" * 100000 + "]" * 100000 + "}")
