@@ -36,7 +36,8 @@ from engine.cli_args import integer, shown
 from engine.cli_args import seed as seed_arg
 from engine.env import switch
 from engine.json_fields import Field
-from engine.kernels.skinny_gemm import TileConfig, load_table, row_count_key, shape_key
+from engine.kernels.skinny_gemm import (MAX_ROWS, TileConfig, load_table, row_count_key,
+                                        shape_key)
 from engine.layers.linear import (FUSED_PLANS_PATH, ROLES, DecodeGemm, FusedLayerPlan,
                                   LayerShapes, check_layer_key, layer_key, load_fused_plans,
                                   parse_fused_plans, plan_from_json, plan_to_json)
@@ -531,8 +532,9 @@ def main(argv=None) -> int:
             raise BenchArgError("LOCKSTEP_FUSED_NORM=0 keeps every layer unfused; there is no "
                                 "fused-layer plan to tune (unset it)")
         cfg = model_shape(BenchOptions(preset=args.preset, model=args.model))
-        rows = check_rows(cfg, None if args.rows is None else parse_int_list(args.rows,
-                                                                               "--rows"))
+        rows = None if args.rows is None else parse_int_list(args.rows, "--rows")
+        for m in rows or ():
+            check_range("--rows", m, 1, MAX_ROWS)
         max_pos = max_positions(cfg)
         if max_pos and args.context + 1 > max_pos:
             raise BenchArgError(f"--context {shown(args.context)}: the model holds at most "
@@ -549,6 +551,9 @@ def main(argv=None) -> int:
                 load_fused_plans(args.plans)
             except ValueError as exc:
                 raise BenchArgError(f"--plans {exc}") from None
+        # last: whether the table fuses the model's layer at these row counts, so that each
+        # value above is named even for a model the table has no entry for
+        rows = check_rows(cfg, rows)
     except BenchArgError as exc:
         print(f"step_tune: error: {exc}", file=sys.stderr)
         return 2

@@ -180,7 +180,7 @@ def test_the_shipped_plans_file_is_the_step_tune_json_in_docs(tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (["--preset", "qwen3-0.6b", "--rows", "3"],
      "--rows 3: the table measured this layer at row counts 1, 8, 16, 32, 64 only"),
-    (["--preset", "qwen3-0.6b", "--rows", "128"], "--rows 128: the table measured"),
+    (["--preset", "qwen3-0.6b", "--rows", "128"], "--rows 128: expected 1..64"),
     (["--preset", "qwen3-8b"], "no entry for this model's QKV shape 6144x4096"),
     (["--preset", "qwen3-0.6b", "--context", "40960"],
      "--context 40960: the model holds at most 40959 cached tokens"),
@@ -247,6 +247,27 @@ def test_bad_arguments_are_one_line_before_any_gpu_work(tmp_path, capsys, argv, 
     (tmp_path / "keyrec.json").write_text(json.dumps({"records": [
         dict(_record(1.0, 0.9), layer="qkv everything")]}))
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    assert step_tune.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("step_tune: error: ") and len(err.splitlines()) == 1, err
+    assert message.replace("{tmp}", str(tmp_path)) in err, err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--rows", "0"], "--rows 0: expected 1..64"),
+    (["--rows", "1,65"], "--rows 65: expected 1..64"),
+    (["--context", "99999999"], "--context 99999999: the model holds at most 2047 cached"),
+    (["--sweep", "{tmp}/none.json"], "--sweep {tmp}/none.json: No such file"),
+    (["--json", "{tmp}/none/x.json"], "--json '{tmp}/none/x.json': directory"),
+    (["--plans", "{tmp}/none/p.json"], "--plans '{tmp}/none/p.json': directory"),
+    ([], "the skinny GEMM table has no entry for this model's QKV shape 128x64"),
+])
+def test_each_bad_value_is_named_before_the_table_is_asked_about_the_model(tmp_path, capsys,
+                                                                          argv, message):
+    """A fresh user's finding: for a preset the skinny GEMM table has no entry for, every bad
+    value was answered with the table's "no entry for this model's QKV shape"; the table is
+    asked last, so each value is named as it is for a model the table holds."""
+    argv = ["--preset", "tiny", *(a.replace("{tmp}", str(tmp_path)) for a in argv)]
     assert step_tune.main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("step_tune: error: ") and len(err.splitlines()) == 1, err
