@@ -1,8 +1,8 @@
 """Read a Qwen3 checkpoint's tensors from safetensors shards, one rank's slice at a time.
 
 `WeightIndex` maps each HF tensor name to its shard (from model.safetensors.index.json, or the
-single model.safetensors) and checks names and shapes from the shard headers alone, before any
-rank starts. `read` returns one slice of one tensor through `safe_open(...).get_slice`, so a
+single model.safetensors) and checks names, dtypes and shapes from the shard headers alone,
+before any rank starts. `read` returns one slice of one tensor through `safe_open(...).get_slice`, so a
 rank never loads a full tensor it does not own.
 """
 
@@ -11,11 +11,18 @@ from __future__ import annotations
 from pathlib import Path
 
 from engine.config import ModelConfig
-from engine.config_json import load_json
+from engine.config_json import STORAGE_DTYPES, load_json
 from engine.errors import ModelDirError, unreadable
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
+
+SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
+"""The safetensors header's spelling of each dtype in `engine.config_json.STORAGE_DTYPES`: the
+tensor dtypes the loader takes. A tensor of any other (I32, F64, F8_E4M3, BOOL) would be
+converted silently by the copy into the model's parameters (an int32 shard loaded and
+generated tokens: a fresh user's finding), so it is refused from the header before any rank
+starts."""
 
 
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -169,7 +176,8 @@ class WeightIndex:
     Raises (from the constructor):
         ModelDirError: no index and no single model.safetensors; the index or a shard file
             it names is missing, cannot be read (the OS's reason) or is not valid; an expected
-            tensor is absent; a tensor's shape differs from the config's.
+            tensor is absent; a tensor's dtype is not one of `SAFETENSORS_DTYPES`, or its shape
+            differs from the config's.
     """
 
     def __init__(self, cfg: ModelConfig):
@@ -203,7 +211,13 @@ class WeightIndex:
                         if name not in present:
                             raise ModelDirError(f"{path}: tensor {name!r} is not in this shard, "
                                                 f"though the index says it is")
-                        shape = tuple(f.get_slice(name).get_shape())
+                        tensor = f.get_slice(name)
+                        dtype = tensor.get_dtype()
+                        if dtype not in SAFETENSORS_DTYPES:
+                            raise ModelDirError(
+                                f"{path}: tensor {name!r} has dtype {dtype}; this engine loads "
+                                f"weights stored as {', '.join(STORAGE_DTYPES)} only")
+                        shape = tuple(tensor.get_shape())
                         if shape != expected[name]:
                             raise ModelDirError(
                                 f"{path}: tensor {name!r} has shape {list(shape)}, expected "

@@ -121,6 +121,48 @@ def test_wrong_tensor_shape(model_copy):
     _rejects(model_copy, ModelDirError, name, "[48, 64]", "[32, 64]", shard.name)
 
 
+def _retype_tensor(d, name, dtype):
+    """Rewrite the shard of tensor `name` in model directory `d` with that tensor in `dtype`;
+    returns the shard's path."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    idx = json.loads((d / "model.safetensors.index.json").read_text())
+    shard = d / idx["weight_map"][name]
+    tensors = load_file(str(shard))
+    tensors[name] = (tensors[name] * 100).to(getattr(torch, dtype))
+    save_file(tensors, str(shard))
+    return shard
+
+
+@pytest.mark.parametrize("dtype, spelt", [("int32", "I32"), ("float64", "F64"),
+                                          ("float8_e4m3fn", "F8_E4M3"), ("bool", "BOOL")])
+def test_a_tensor_of_a_dtype_the_engine_does_not_load_is_named(model_copy, capsys, dtype,
+                                                                spelt):
+    """A fresh user's finding: an int32 tensor loaded silently (converted by the copy into the
+    float parameters) and `lockstep generate` printed tokens; the shard header's dtype is now
+    checked with its shape, before any rank starts."""
+    from lockstep.cli import main
+
+    name = "model.layers.0.self_attn.k_proj.weight"
+    shard = _retype_tensor(model_copy, name, dtype)
+    words = (f"{shard}: tensor {name!r} has dtype {spelt}; this engine loads weights stored "
+             "as float32, bfloat16, float16 only")
+    assert _rejects(model_copy, ModelDirError) == words
+    assert main(["generate", "--model", str(model_copy), "--prompt-ids", "1",
+                 "--max-tokens", "2"]) == 2
+    out, err = capsys.readouterr()
+    assert "token_ids" not in out
+    assert err == f"lockstep generate: error: {words}\n", err
+
+
+def test_float_tensors_of_another_storage_dtype_than_the_config_load(model_copy):
+    """A norm weight in bfloat16 within a float32 checkpoint is one of the storage dtypes:
+    copied into the float32 parameter as before."""
+    _retype_tensor(model_copy, "model.norm.weight", "bfloat16")
+    WeightIndex(load_model_config(model_copy))
+
+
 def test_wrong_config_field_shapes_are_caught_against_weights(model_copy):
     _edit_config(model_copy, intermediate_size=96)
     _rejects(model_copy, ModelDirError, "mlp.gate_proj.weight", "[96, 64]")
