@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
+from lockstep.args import clipped
 from protocol.errors import ConfigError
 from sim.checks import attribute_divergence
 from sim.guard import Stalled, describe, locate, watchdog
@@ -560,6 +561,68 @@ def check_variant(variant: Variant, spec: CheckSpec, topology: str, progress=Non
                 describe(variant.name, problem))]
 
 
+MODEL_TEXT = re.compile(r"[0-9a-f]{12}")
+"""A trace's ``model``: `sim.report.model_fingerprint`, 12 lowercase hex digits."""
+
+
+def _shown(value) -> str:
+    """A trace field's value as an error line repeats it: its JSON, clipped
+    (`lockstep.args.clipped`), so a 400-digit number is not printed whole."""
+    return clipped(json.dumps(value))
+
+
+def _check_recorded_header(data: dict, choices: list[str]) -> None:
+    """The trace's ``actions`` and ``model``, which the replay only compares: a value no
+    recording holds would read as the simulator's nondeterminism (``actions``) or be taken as
+    naming the code that recorded it (``model``). Both may be absent (``model`` is, in traces
+    written before 2026-12-06).
+
+    Raises:
+        ConfigError: naming the field and its value, clipped.
+    """
+    if "actions" in data:
+        actions = data["actions"]
+        if not _whole(actions) or actions < 0:
+            raise ConfigError(f"'actions' is {_shown(actions)}: not an integer of at least 0 "
+                              "(the recording's action count)")
+        if actions != len(choices):  # a run records one choice per action (`sim.run._run`)
+            raise ConfigError(f"'actions' is {_shown(actions)}, but the recording has "
+                              f"{len(choices)} choices, one per action")
+    if "model" in data and not (isinstance(data["model"], str)
+                                and MODEL_TEXT.fullmatch(data["model"])):
+        raise ConfigError(f"'model' is {_shown(data['model'])}: not 12 lowercase hex digits (the "
+                          "hash of the code that recorded the trace, `sim.report."
+                          "model_fingerprint`)")
+
+
+def fault_op_names(variant: Variant) -> tuple[str, ...]:
+    """Every op name a fault of ``variant``'s runs can hit, sorted: the protocol's backend ops
+    (`protocol.backend.Op` subclasses), the variant's own (`Variant.sim_ops`) and its fault
+    search's (`Variant.fault_search`)."""
+    import protocol.backend as backend
+
+    names = {c.name for c in vars(backend).values()
+             if isinstance(c, type) and issubclass(c, backend.Op) and c is not backend.Op}
+    names |= {c.name for c in variant.sim_ops}
+    if variant.fault_search is not None and variant.fault_search.op is not None:
+        names.add(variant.fault_search.op)
+    return tuple(sorted(names))
+
+
+def _check_fault_ops(variant: Variant, faults: tuple[Fault, ...]) -> None:
+    """Each of the trace's faults names an op ``variant``'s runs can make: one naming no op
+    never fires, and the replay read "exactly" a scenario no run had.
+
+    Raises:
+        ConfigError: naming the fault and its op, clipped, and the ops there are.
+    """
+    known = fault_op_names(variant)
+    for i, fault in enumerate(faults):
+        if fault.op not in known:
+            raise ConfigError(f"bad scenario in trace: faults[{i}]: op {clipped(repr(fault.op))} "
+                              f"is not an op of variant {variant.name!r} (ops: {', '.join(known)})")
+
+
 def _check_recorded_run(data: dict, choices: list[str], ranks: int) -> None:
     """What a trace file must hold for its replay to mean anything: choices that name only
     actors of its scenario, and a list of trace events. Without this a hand-edited file reads
@@ -752,8 +815,9 @@ def _values_text(values: tuple[int, ...]) -> str:
 
 
 def _departure(result: RunResult, data: dict, choices: list[str]) -> str | None:
-    """How the replayed ``result`` departs from the recording ``data`` (its choices, verdict,
-    trace events and action count), or None if it reproduces it exactly."""
+    """How the replayed ``result`` departs from the recording ``data`` (its choices, verdict and
+    trace events; its action count is its choices', `_check_recorded_header`), or None if it
+    reproduces it exactly."""
     if result.choices != choices:
         first = next((i for i, (a, b) in enumerate(zip(result.choices, choices)) if a != b),
                      min(len(result.choices), len(choices)))
@@ -771,9 +835,7 @@ def _departure(result: RunResult, data: dict, choices: list[str]) -> str | None:
             first = next((i for i, (a, b) in enumerate(zip(replayed, recorded)) if a != b),
                          min(len(replayed), len(recorded)))
             return f"replayed trace differs from the recording at event {first}"
-    if data.get("actions", result.actions) != result.actions:
-        return f"replay took {result.actions} actions, the recording says {data.get('actions')}"
-    return None
+    return None  # the recorded action count is the choices' (`_check_recorded_header`)
 
 
 def _replays_exactly(scenario: Scenario, variant: Variant, data: dict,
@@ -799,8 +861,8 @@ def replay_trace(data: dict) -> tuple[RunResult | None, str | None]:
 
     Raises:
         ConfigError: the file is not a lockstep trace of this format, names an unknown
-            variant, hazard or fault, or its drawn fields (``short_context``, ``faults``) are
-            not its recording's.
+            variant, hazard, fault or fault op, its ``actions`` or ``model`` is no recording's,
+            or its drawn fields (``short_context``, ``faults``) are not its recording's.
         Stalled: the variant's code stopped making progress (`sim.guard.watchdog`); whatever
             else the variant's code raises passes through.
     """
@@ -817,6 +879,7 @@ def replay_trace(data: dict) -> tuple[RunResult | None, str | None]:
     if not isinstance(data["variant"], str):  # a name; get_variant's close-match lookup needs one
         raise ConfigError(f"'variant' must be a string (a variant name), not "
                           f"{json.dumps(data['variant'])}")
+    _check_recorded_header(data, choices)
     if "scenario" not in data:  # replaying under defaults would report a wrong verdict as fact
         raise ConfigError("not a lockstep trace: it has no 'scenario' (the configuration its run "
                           "was made under; `lockstep check --trace-out` writes it)")
@@ -844,6 +907,7 @@ def replay_trace(data: dict) -> tuple[RunResult | None, str | None]:
         faults = tuple(Fault(**f) for f in spec_data.get("faults", ()))
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"bad scenario in trace: {exc}") from None
+    _check_fault_ops(variant, faults)
     # the fields drawn per run (`Variant.draw`, the faulted row's and a fault search's faults)
     # must be a run's: checked here, so an edited one is a bad trace, not a departure
     scenario = _with_recorded_workload(variant, scenario, spec_data)

@@ -441,6 +441,56 @@ def test_replay_checks_the_scenario_as_the_command_line_checks_options(fused_tra
     assert err.startswith(f"lockstep check: error: {path}: bad scenario in trace: ") and words in err
 
 
+def _fault_on(op):
+    return lambda d: d["scenario"].update(faults=[{"kind": "raise", "rank": 0, "op": op}])
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda d: d.update(actions="lots"),
+     "'actions' is \"lots\": not an integer of at least 0 (the recording's action count)"),
+    (lambda d: d.update(actions=-1), "'actions' is -1: not an integer of at least 0"),
+    (lambda d: d.update(actions=True), "'actions' is true: not an integer of at least 0"),
+    (lambda d: d.update(actions=10**400),  # clipped: it was printed whole
+     "'actions' is 10000000000000000000000000000..., but the recording has "),
+    (lambda d: d.update(actions=len(d["choices"]) - 1),
+     "choices, one per action"),
+    (lambda d: d.update(model=None), "'model' is null: not 12 lowercase hex digits"),
+    (lambda d: d.update(model=[1]), "'model' is [1]: not 12 lowercase hex digits"),
+    (lambda d: d.update(model="x" * 500),
+     "'model' is \"xxxxxxxxxxxxxxxxxxxxxxxxxxxx...: not 12"),
+    (_fault_on("nosuchop"), "bad scenario in trace: faults[0]: op 'nosuchop' is not an op of "
+                            "variant 'fused-sweep' (ops: allocate_kv, "),
+    (_fault_on("y" * 500), "faults[0]: op '" + "y" * 28 + "... is not an op"),
+])
+def test_replay_refuses_recorded_fields_no_recording_holds(fused_trace, tmp_path, capsys,
+                                                           no_simulation, edit, words):
+    """A fresh user's findings: an ``actions`` of "lots", -1 or 10**400 replayed into
+    "NONDETERMINISM: ... the recording says lots", exit 1 (the 400 digits printed whole); a
+    fault on op "nosuchop" never fired and the replay read "exactly"; a ``model`` of null or
+    [1] was taken. Each is now one line naming the field and its value, exit 2, before any
+    run."""
+    data = json.loads(json.dumps(fused_trace))
+    edit(data)
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(data))
+    assert main(["check", "--replay", str(path)]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert len(err.splitlines()) == 1 and captured.out == "" and len(err) < 600, err
+    assert err.startswith(f"lockstep check: error: {path}: ") and words in err, err
+
+
+def test_a_fault_on_an_op_of_the_variants_own_is_taken(fused_trace):
+    """The ops a trace's fault may name are the protocol's, the variant's own (`sim_ops`) and
+    its fault search's: a variant's own op is no mistake."""
+    from sim.check import fault_op_names
+
+    assert "instantiate" in fault_op_names(REGISTRY["fused-sweep"])
+    assert "nosuchop" not in fault_op_names(REGISTRY["fused-sweep"])
+    assert "zero_kv" in fault_op_names(REGISTRY["kv-zero-unordered"])
+    assert "zero_kv" not in fault_op_names(REGISTRY["fused-sweep"])
+
+
 @pytest.mark.parametrize("extra, dropped", [(["--matrix", "--explain"], "drop --explain"),
                                             (["--matrix", "--trace-out", "T"], "drop --trace-out"),
                                             (["--matrix", "--explain", "--trace-out", "T"],

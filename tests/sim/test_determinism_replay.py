@@ -41,10 +41,13 @@ def test_recorded_counterexample_replays_to_its_verdict(name, topology):
 
 
 def test_tampered_recording_is_reported_as_nondeterminism():
+    """A schedule the code cannot follow departs. Its action count is kept in step with its
+    choices: a count that is not theirs is a bad trace, refused before the replay."""
     spec = CheckSpec(schedules=50, fault_schedules=0)
     row = check_bad(REGISTRY["fused-sweep"], spec, "shared")
     data = to_json(row.minimal, "fused-sweep", scenario_spec(spec, "shared", row.minimal.world.scenario))
     data["choices"] = ["device1"] + data["choices"]
+    data["actions"] += 1
     result, problem = replay_trace(data)
     assert problem is not None and "departed" in problem
 
