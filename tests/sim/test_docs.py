@@ -82,9 +82,15 @@ def test_docs_check_says_so_when_nothing_is_stale(tmp_path, monkeypatch, capsys)
     assert capsys.readouterr().out.strip() == f"stale: {fresh}"
 
 
+MARKED_README = ("# lockstep\n\n<!-- walkthrough:fused-sweep:begin -->\n"
+                 "<!-- walkthrough:fused-sweep:end -->\n")
+"""The least README `lockstep docs` takes: the two markers of the generated diagram."""
+
+
 def _checkout(root: Path) -> Path:
-    """The least `lockstep docs` takes for a checkout: README.md, sim/ and protocol/."""
-    (root / "README.md").write_text("# lockstep\n")
+    """The least `lockstep docs` takes for a checkout: README.md (with the diagram's markers),
+    sim/ and protocol/."""
+    (root / "README.md").write_text(MARKED_README)
     for package in ("sim", "protocol"):
         (root / package).mkdir(exist_ok=True)
         (root / package / "__init__.py").write_text("")
@@ -147,6 +153,42 @@ def test_a_root_that_cannot_take_the_docs_is_one_line_before_rendering(
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
 
 
+BEGIN, END = "<!-- walkthrough:fused-sweep:begin -->", "<!-- walkthrough:fused-sweep:end -->"
+
+
+@pytest.mark.parametrize("readme, words", [
+    (MARKED_README.replace(END + "\n", ""), f"lacks the marker {END!r}"),
+    (MARKED_README.replace(BEGIN + "\n", ""), f"lacks the marker {BEGIN!r}"),
+    ("# lockstep\n", f"lacks the marker {BEGIN!r}"),
+    (MARKED_README + END + "\n", f"has 2 of the marker {END!r}"),
+    (f"# lockstep\n{END}\n{BEGIN}\n", f"has the marker {END!r} before {BEGIN!r}"),
+])
+@pytest.mark.parametrize("check", [False, True])
+def test_a_readme_without_the_diagram_markers_is_refused_naming_marker_and_file(
+        readme, words, check, tmp_path, monkeypatch, capsys):
+    """A fresh user's finding: with a marker deleted, `lockstep docs` left the README as it was
+    and `docs --check` said "the generated docs are up to date", so the diagram was never
+    checked again; the end marker before the begin was a ValueError traceback. Now one line
+    naming the marker and the README, exit 2, before rendering, nothing written."""
+    import sim.docs_cli as docs_cli
+    from lockstep.cli import main
+
+    monkeypatch.setattr(docs_cli, "walkthrough", lambda name: pytest.fail("rendered"))
+    _checkout(tmp_path)
+    (tmp_path / "README.md").write_text(readme)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    assert main(["docs", "--root", str(tmp_path), *(["--check"] if check else [])]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    readme_path = repr(str(tmp_path / "README.md"))
+    assert err.startswith(f"lockstep docs: error: --root {str(tmp_path)!r}: {readme_path} "), err
+    assert words in err and "\n" not in err and captured.out == "", err
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+    assert (tmp_path / "README.md").read_text() == readme
+    with pytest.raises(ValueError, match="marker"):  # render itself, called directly
+        docs_cli.render(tmp_path)
+
+
 def test_an_empty_root_is_refused_not_read_as_the_current_directory(monkeypatch, capsys):
     import sim.docs_cli as docs_cli
     from lockstep.cli import main
@@ -177,7 +219,7 @@ def test_an_unwritable_root_is_refused_before_rendering(monkeypatch, capsys):
 
     monkeypatch.setattr(docs_cli, "CHECKOUT_MARKS", ())
     monkeypatch.setattr(docs_cli, "render", lambda root: pytest.fail("rendered"))
-    monkeypatch.setattr(Path, "read_bytes", lambda self: b"")
+    monkeypatch.setattr(Path, "read_bytes", lambda self: MARKED_README.encode())
     problem = docs_cli.check_root("/proc")
     assert problem.startswith("--root '/proc': cannot write the docs: "), problem
 
