@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from lockstep.args import clipped
+from lockstep.args import MAX_DIGITS, clipped
 from protocol.errors import ConfigError
 from sim.checks import attribute_divergence
 from sim.guard import Stalled, describe, locate, watchdog
@@ -1042,7 +1042,7 @@ def check_scenario_value(name: str, value):
     if name in ("ranks", "max_batch", "short_context"):
         least = MIN_RANKS if name == "ranks" else 1
         if not _whole(value):
-            raise ConfigError(f"{value!r} is not an integer")
+            raise ConfigError(f"{clipped(repr(value))} is not an integer")
         if value < least:
             raise ConfigError(f"{value} must be at least {least}")
         if name != "short_context":
@@ -1050,7 +1050,7 @@ def check_scenario_value(name: str, value):
         return value
     if name == "memory_headroom_bytes":
         if not _whole(value) or value < 0:
-            raise ConfigError(f"{value!r} is not an integer of at least 0")
+            raise ConfigError(f"{clipped(repr(value))} is not an integer of at least 0")
         return value
     if name == "rank_overhead":
         if (not isinstance(value, (list, tuple))
@@ -1070,7 +1070,7 @@ def check_scenario_value(name: str, value):
         return tuple(value)
     if name == "buckets":
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{value!r} is not a list of integers")
+            raise ConfigError(f"{clipped(repr(value))} is not a list of integers")
         ints = all(type(v) is int for v in value)
         if ints:  # a bucket too large says so before the order does
             check_limits(buckets=tuple(value))
@@ -1080,14 +1080,14 @@ def check_scenario_value(name: str, value):
         return values
     if name == "hazards_off":
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{value!r} is not a list of hazard names ({', '.join(RULES)})")
+            raise ConfigError(f"{clipped(repr(value))} is not a list of hazard names ({', '.join(RULES)})")
         for hazard in value:
             if hazard not in RULES:
-                raise ConfigError(f"unknown hazard {hazard!r}; known: {', '.join(RULES)}")
+                raise ConfigError(f"unknown hazard {clipped(repr(hazard))}; known: {', '.join(RULES)}")
         return tuple(value)
     choices = {"topology": TOPOLOGIES, "h2_scope": H2_SCOPES, "h2_calls": H2_CALLS}[name]
     if not isinstance(value, str) or value not in choices:
-        raise ConfigError(f"{value!r} is not one of {', '.join(choices)}")
+        raise ConfigError(f"{clipped(repr(value))} is not one of {', '.join(choices)}")
     return value
 
 
@@ -1107,6 +1107,20 @@ largest bucket, `sim.limits.MAX_BUCKET`) and 8 more after it. (It was 64 while t
 at most 17 requests.)"""
 
 
+def _holds_huge_integer(value) -> bool:
+    """Whether ``value``, or any item of its lists however deep, is an integer of more than
+    MAX_DIGITS digits (`lockstep.args.MAX_DIGITS`: more than any field takes). Iterative: a
+    trace's lists may nest as deep as the JSON reader follows."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if _whole(item) and abs(item) >= 10**MAX_DIGITS:
+            return True
+        if isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return False
+
+
 def check_scenario_json(data: dict) -> dict:
     """A trace's ``scenario`` object with every field checked (`check_scenario_value`; faults:
     a list of objects with a known kind, a rank of the world, a whole occurrence >= 1 and a
@@ -1123,10 +1137,14 @@ def check_scenario_json(data: dict) -> dict:
     for name, value in data.items():
         if value is None or name == "faults" or (name == "buckets" and value == []):
             continue
+        shown = clipped(repr(value))
+        if _holds_huge_integer(value):  # echoed whole by the rules' messages, or past float()
+            raise ConfigError(f"bad scenario in trace: {name} = {shown}: an integer of more "
+                              f"than {MAX_DIGITS} digits, more than any field takes")
         try:
             out[name] = check_scenario_value(name, value)
         except ConfigError as exc:
-            raise ConfigError(f"bad scenario in trace: {name} = {value!r}: {exc}") from None
+            raise ConfigError(f"bad scenario in trace: {name} = {shown}: {exc}") from None
     faults = data.get("faults") or []
     if not isinstance(faults, list):
         raise ConfigError(f"bad scenario in trace: faults = {faults!r:.80}: not a list")
@@ -1139,19 +1157,21 @@ def check_scenario_json(data: dict) -> dict:
         if extra or not {"kind", "rank", "op"} <= set(f):
             raise ConfigError(f"{where} = {f!r:.120}: needs kind, rank and op (and optionally "
                               "occurrence, delay_s), nothing else")
+        shown = {k: clipped(repr(v)) for k, v in f.items()}
         if f["kind"] not in FAULT_KINDS:
-            raise ConfigError(f"{where}: kind {f['kind']!r} is not one of {', '.join(FAULT_KINDS)}")
+            raise ConfigError(f"{where}: kind {shown['kind']} is not one of {', '.join(FAULT_KINDS)}")
         if not _whole(f["rank"]) or not 0 <= f["rank"] < ranks:
-            raise ConfigError(f"{where}: rank {f['rank']!r} is not a rank of a world of {ranks}")
+            raise ConfigError(f"{where}: rank {shown['rank']} is not a rank of a world of {ranks}")
         if not isinstance(f["op"], str) or not f["op"]:
-            raise ConfigError(f"{where}: op {f['op']!r} is not an op name")
+            raise ConfigError(f"{where}: op {shown['op']} is not an op name")
         occurrence = f.get("occurrence", 1)
         if not _whole(occurrence) or occurrence < 1:
-            raise ConfigError(f"{where}: occurrence {occurrence!r} is not an integer >= 1")
+            raise ConfigError(f"{where}: occurrence {shown.get('occurrence')} is not an integer >= 1")
         delay = f.get("delay_s", 0.0)
         if (not isinstance(delay, (int, float)) or isinstance(delay, bool)
-                or not math.isfinite(delay) or delay < 0):
-            raise ConfigError(f"{where}: delay_s {delay!r} is not a finite number >= 0")
+                or _holds_huge_integer(delay) or not math.isfinite(delay) or delay < 0):
+            # math.isfinite of an integer past a float's range raises OverflowError
+            raise ConfigError(f"{where}: delay_s {shown.get('delay_s')} is not a finite number >= 0")
     out["faults"] = faults
     return out
 

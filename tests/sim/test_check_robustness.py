@@ -441,6 +441,39 @@ def test_replay_checks_the_scenario_as_the_command_line_checks_options(fused_tra
     assert err.startswith(f"lockstep check: error: {path}: bad scenario in trace: ") and words in err
 
 
+@pytest.mark.parametrize("field, value, words", [
+    ("faults", [{"kind": "slow", "rank": 0, "op": "record", "delay_s": -10**400}],
+     "faults[0]: delay_s -1000000000000000000000000000... is not a finite number >= 0"),
+    ("faults", [{"kind": "raise", "rank": 10**400, "op": "record"}],
+     "faults[0]: rank 10000000000000000000000000000... is not a rank of a world of 2"),
+    ("faults", [{"kind": "x" * 400, "rank": 0, "op": "record"}],
+     "faults[0]: kind '" + "x" * 28 + "... is not one of raise"),
+    ("ranks", 10**400, "ranks = 10000000000000000000000000000...: an integer of more than 20 "
+                       "digits, more than any field takes"),
+    ("short_context", 10**400, "short_context = 10000000000000000000000000000...: an integer "
+                               "of more than 20 digits"),
+    ("rank_overhead", [[0, 10**400]], "rank_overhead = [[0, 100000000000000000000000...: an "
+                                      "integer of more than 20 digits"),
+    ("topology", "x" * 400, "topology = '" + "x" * 28 + "...: '" + "x" * 28 + "... is not one of"),
+    ("hazards_off", ["x" * 400], "unknown hazard '" + "x" * 28 + "...; known: "),
+])
+def test_a_huge_or_long_scenario_value_is_named_clipped(fused_trace, tmp_path, capsys,
+                                                        no_simulation, field, value, words):
+    """Found beside a fresh user's 400-digit ``actions``: a 400-digit value was printed whole
+    (twice, for ranks: the field's and its rule's message), and a fault's delay_s of -10**400
+    was "OverflowError: int too large to convert to float", exit 1. Now one short line, exit 2,
+    before any run."""
+    data = json.loads(json.dumps(fused_trace))
+    data["scenario"][field] = value
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(data))
+    assert main(["check", "--replay", str(path)]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert len(err.splitlines()) == 1 and captured.out == "" and len(err) < 300, err
+    assert err.startswith(f"lockstep check: error: {path}: bad scenario in trace: ") and words in err, err
+
+
 def _fault_on(op):
     return lambda d: d["scenario"].update(faults=[{"kind": "raise", "rank": 0, "op": op}])
 
