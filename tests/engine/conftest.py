@@ -1,4 +1,5 @@
-"""Fixtures of the engine's CPU tests: random-weight model directories written once per session."""
+"""Fixtures of the engine's CPU tests: random-weight model directories written once per session,
+and a guard that an argument is refused before any model is read."""
 
 from __future__ import annotations
 
@@ -46,3 +47,19 @@ def hf_model():
         return cache[path]
 
     return load
+
+
+@pytest.fixture
+def nothing_loads(monkeypatch):
+    """Fail the test if the model is read or CUDA probed: the refusal must come first."""
+    import torch
+
+    import engine.config
+    import engine.llm
+
+    def loaded(*a, **k):
+        raise AssertionError("read the model or probed CUDA before refusing the argument")
+
+    monkeypatch.setattr(engine.llm, "LLM", loaded)
+    monkeypatch.setattr(engine.config, "load_model_config", loaded)
+    monkeypatch.setattr(torch.cuda, "is_available", loaded)

@@ -12,22 +12,6 @@ import pytest
 from lockstep.cli import OneLineParser, build_parser, main
 
 
-@pytest.fixture
-def nothing_loads(monkeypatch):
-    """Fail the test if the model is read or CUDA probed: the refusal must come first."""
-    import torch
-
-    import engine.config
-    import engine.llm
-
-    def loaded(*a, **k):
-        raise AssertionError("read the model or probed CUDA before refusing the argument")
-
-    monkeypatch.setattr(engine.llm, "LLM", loaded)
-    monkeypatch.setattr(engine.config, "load_model_config", loaded)
-    monkeypatch.setattr(torch.cuda, "is_available", loaded)
-
-
 def _error(argv, capsys) -> str:
     """The one error line of ``lockstep ARGV`` (exit status 2, by argparse or the command)."""
     try:

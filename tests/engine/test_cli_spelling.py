@@ -19,22 +19,6 @@ ODD_NUMBERS = [("0_5", "'0_5' is not a number"), ("\u0661", "'\u0661' is not a n
                ("1.5x", "'1.5x' is not a number")]
 
 
-@pytest.fixture
-def nothing_loads(monkeypatch):
-    """Fail the test if the model is read or CUDA probed: the refusal must come first."""
-    import torch
-
-    import engine.config
-    import engine.llm
-
-    def loaded(*a, **k):
-        raise AssertionError("read the model or probed CUDA before refusing the argument")
-
-    monkeypatch.setattr(engine.llm, "LLM", loaded)
-    monkeypatch.setattr(engine.config, "load_model_config", loaded)
-    monkeypatch.setattr(torch.cuda, "is_available", loaded)
-
-
 def _refused_by_argparse(argv, capsys) -> str:
     with pytest.raises(SystemExit) as info:
         main(argv)

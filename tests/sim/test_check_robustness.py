@@ -411,6 +411,20 @@ def fused_trace(tmp_path_factory):
     return json.loads((out / "fused-sweep.shared.json").read_text())
 
 
+def _replay_refusal(trace: dict, edit, tmp_path, capsys) -> tuple:
+    """(path, stderr line) of ``lockstep check --replay`` on a copy of ``trace`` changed by
+    ``edit``, asserting it is refused: exit 2, one line on stderr, nothing on stdout."""
+    data = json.loads(json.dumps(trace))
+    edit(data)
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(data))
+    assert main(["check", "--replay", str(path)]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert len(err.splitlines()) == 1 and captured.out == "", err
+    return path, err
+
+
 @pytest.mark.parametrize("field, value, words", [
     ("ranks", 1, "ranks = 1: 1 must be at least 2"),            # the CLI refuses --ranks 1
     ("ranks", "2", "ranks = '2': '2' is not an integer"),
@@ -430,14 +444,8 @@ def test_replay_checks_the_scenario_as_the_command_line_checks_options(fused_tra
     """Old behaviour: ranks 1 (refused as --ranks 1) replayed into a NONDETERMINISM report;
     strings gave "'>' not supported between instances of 'str' and 'int'"; "h2" as a hazard
     list was read as the hazards 'h' and '2'; an unknown field was ignored."""
-    data = json.loads(json.dumps(fused_trace))
-    data["scenario"][field] = value
-    path = tmp_path / "t.json"
-    path.write_text(json.dumps(data))
-    assert main(["check", "--replay", str(path)]) == 2
-    captured = capsys.readouterr()
-    err = captured.err.strip()
-    assert len(err.splitlines()) == 1 and captured.out == ""
+    path, err = _replay_refusal(fused_trace, lambda d: d["scenario"].update({field: value}),
+                                tmp_path, capsys)
     assert err.startswith(f"lockstep check: error: {path}: bad scenario in trace: ") and words in err
 
 
@@ -463,14 +471,9 @@ def test_a_huge_or_long_scenario_value_is_named_clipped(fused_trace, tmp_path, c
     (twice, for ranks: the field's and its rule's message), and a fault's delay_s of -10**400
     was "OverflowError: int too large to convert to float", exit 1. Now one short line, exit 2,
     before any run."""
-    data = json.loads(json.dumps(fused_trace))
-    data["scenario"][field] = value
-    path = tmp_path / "t.json"
-    path.write_text(json.dumps(data))
-    assert main(["check", "--replay", str(path)]) == 2
-    captured = capsys.readouterr()
-    err = captured.err.strip()
-    assert len(err.splitlines()) == 1 and captured.out == "" and len(err) < 300, err
+    path, err = _replay_refusal(fused_trace, lambda d: d["scenario"].update({field: value}),
+                                tmp_path, capsys)
+    assert len(err) < 300, err
     assert err.startswith(f"lockstep check: error: {path}: bad scenario in trace: ") and words in err, err
 
 
@@ -502,14 +505,8 @@ def test_replay_refuses_recorded_fields_no_recording_holds(fused_trace, tmp_path
     fault on op "nosuchop" never fired and the replay read "exactly"; a ``model`` of null or
     [1] was taken. Each is now one line naming the field and its value, exit 2, before any
     run."""
-    data = json.loads(json.dumps(fused_trace))
-    edit(data)
-    path = tmp_path / "t.json"
-    path.write_text(json.dumps(data))
-    assert main(["check", "--replay", str(path)]) == 2
-    captured = capsys.readouterr()
-    err = captured.err.strip()
-    assert len(err.splitlines()) == 1 and captured.out == "" and len(err) < 600, err
+    path, err = _replay_refusal(fused_trace, edit, tmp_path, capsys)
+    assert len(err) < 600, err
     assert err.startswith(f"lockstep check: error: {path}: ") and words in err, err
 
 
