@@ -5,6 +5,8 @@ records). A file edited by hand or written by something else is refused in one l
 the field by its path and says what was expected (`results[0].swiglu = 'garbage': expected
 true or false`), not in Python's words about the value ("'str' object has no attribute
 'items'"), and never accepted with a value that `bool()` or `int()` would bend into shape.
+Own code, not jsonschema: these tools run on the GPU machines, whose image names no schema
+library among its packages and cannot fetch one.
 """
 
 from __future__ import annotations
