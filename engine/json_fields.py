@@ -11,7 +11,7 @@ library among its packages and cannot fetch one.
 
 from __future__ import annotations
 
-import math
+import sys
 from dataclasses import dataclass
 from typing import Callable, Iterator, TypeVar
 
@@ -102,7 +102,9 @@ class Field:
     def positive(self) -> float:
         """A positive finite number (a time, a bandwidth): true and "2.5" are not numbers."""
         v = self.value
-        if type(v) not in (int, float) or not 0 < v < math.inf:
+        # an int past float's range (JSON's 400-digit integer) compares below inf, and float()
+        # of it raises OverflowError
+        if type(v) not in (int, float) or not 0 < v <= sys.float_info.max:
             raise self.refuse("a positive finite number")
         return float(v)
 

@@ -178,13 +178,14 @@ class LLM:
         try:
             return AutoTokenizer.from_pretrained(str(d))
         # JSONDecodeError included; AttributeError: a file of JSON but not an object ([], 5);
-        # RecursionError: JSON nested deeper than Python's parser follows; a bare Exception:
-        # the tokenizers library refusing tokenizer.json (its schema, or nesting past 128)
-        except Exception as exc:  # noqa: BLE001 - narrowed on the next line
-            if type(exc) is not Exception and not isinstance(
-                    exc, (ValueError, OSError, TypeError, KeyError, AttributeError,
-                          RecursionError)):
+        # RecursionError: JSON nested deeper than Python's parser follows
+        except (ValueError, OSError, TypeError, KeyError, AttributeError,
+                RecursionError) as exc:
+            raise _tokenizer_error(d, exc) from None
+        except Exception as exc:  # noqa: BLE001 - re-raised unless exactly Exception
+            if type(exc) is not Exception:
                 raise
+            # the tokenizers library refusing tokenizer.json (its schema, or nesting past 128)
             raise _tokenizer_error(d, exc) from None
 
     # -- driving the controller ------------------------------------------------------------

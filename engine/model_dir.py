@@ -282,7 +282,7 @@ def remove_stale_staging(out: Path) -> list[Path]:
     removed = []
     for staging in _staging_candidates(out):
         try:
-            fd = os.open(staging / STAGING_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+            fd = os.open(staging / STAGING_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         except OSError:
             continue
         try:
@@ -315,7 +315,7 @@ def _locked_staging_dir(out: Path) -> tuple[Path, int]:
     for _ in range(STAGING_ATTEMPTS):
         staging = _staging_dir(out)
         try:
-            fd = os.open(staging / STAGING_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+            fd = os.open(staging / STAGING_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         except FileNotFoundError:  # removed as stale already
             continue
         try:

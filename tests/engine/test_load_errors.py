@@ -159,8 +159,11 @@ def test_a_tensor_of_a_dtype_the_engine_does_not_load_is_named(model_copy, capsy
 def test_float_tensors_of_another_storage_dtype_than_the_config_load(model_copy):
     """A norm weight in bfloat16 within a float32 checkpoint is one of the storage dtypes:
     copied into the float32 parameter as before."""
+    import torch
+
     _retype_tensor(model_copy, "model.norm.weight", "bfloat16")
-    WeightIndex(load_model_config(model_copy))
+    index = WeightIndex(load_model_config(model_copy))
+    assert index.read("model.norm.weight").dtype == torch.bfloat16
 
 
 def test_wrong_config_field_shapes_are_caught_against_weights(model_copy):

@@ -488,6 +488,24 @@ def test_staging_directories_of_killed_runs_are_removed_and_a_live_one_is_kept(t
     assert (out / "config.json").is_file() and any(out.glob("*.safetensors"))
 
 
+
+def test_a_lock_file_that_is_a_link_creates_nothing_where_it_points(tmp_path):
+    """The stale-directory sweep opened each lock file with O_CREAT and followed a link: a
+    staging directory whose .make-model.lock linked elsewhere made that file (a reviewer's
+    finding). It is opened without following now, and such a directory is kept."""
+    from engine.model_dir import STAGING_LOCK, remove_stale_staging
+
+    out = tmp_path / "m"
+    out.mkdir()
+    staging = tmp_path / ".m.make-model-link0000"
+    staging.mkdir()
+    target = tmp_path / "elsewhere" / "created"
+    target.parent.mkdir()
+    (staging / STAGING_LOCK).symlink_to(target)
+    assert remove_stale_staging(out) == []
+    assert not target.exists() and staging.is_dir()
+
+
 KILLED_PART_WAY = """
 import os, signal, sys
 import safetensors.torch

@@ -147,6 +147,10 @@ def test_every_record_field_of_the_wrong_kind_is_named_by_its_path(tmp_path, cap
      "results[0].rows['1'].triton[0]: no 'us' or 'error' field"),
     (lambda d: d["results"][0]["rows"]["1"]["triton"][0]["config"].update(block_n=0),
      "results[0].rows['1'].triton[0].config: tile block_n 0: expected a positive integer"),
+    # past float's range: an OverflowError traceback (a reviewer's finding)
+    (lambda d: d["results"][0]["rows"]["1"].update(cublas_us=10**400),
+     "results[0].rows['1'].cublas_us = 1000000000000000000000000000000000000000000000000000000"
+     "00...: expected a positive finite number"),
 ])
 def test_a_bad_sweep_is_one_line_naming_the_field(tmp_path, capsys, change, words):
     doc = json.loads(json.dumps(SWEEP))
