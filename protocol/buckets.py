@@ -27,7 +27,8 @@ def validate_buckets(buckets: Sequence[int]) -> tuple[int, ...]:
         raise ConfigError("bucket list is empty; give at least one decode bucket")
     for i, b in enumerate(result):
         if not isinstance(b, int) or isinstance(b, bool) or b <= 0:
-            raise ConfigError(f"bucket {b!r} at position {i} is not a positive integer")
+            shown = repr(b) if len(repr(b)) <= 32 else f"{repr(b)[:29]}..."  # one line
+            raise ConfigError(f"bucket {shown} at position {i} is not a positive integer")
         if i and b <= result[i - 1]:
             raise ConfigError(
                 f"buckets must be strictly ascending: {result[i - 1]} then {b} at position {i}")

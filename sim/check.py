@@ -17,6 +17,7 @@ from typing import Callable
 
 from lockstep.args import MAX_DIGITS, clipped
 from protocol.errors import ConfigError
+from sim.common import OUTCOME_VERDICTS
 from sim.checks import attribute_divergence
 from sim.guard import Stalled, describe, locate, watchdog
 from sim.limits import MAX_BUCKET
@@ -572,10 +573,10 @@ def _shown(value) -> str:
 
 
 def _check_recorded_header(data: dict, choices: list[str]) -> None:
-    """The trace's ``actions`` and ``model``, which the replay only compares: a value no
-    recording holds would read as the simulator's nondeterminism (``actions``) or be taken as
-    naming the code that recorded it (``model``). Both may be absent (``model`` is, in traces
-    written before 2026-12-06).
+    """The trace's ``actions``, ``verdict`` and ``model``, which the replay only compares: a
+    value no recording holds would read as the simulator's nondeterminism (``actions``,
+    ``verdict``) or be taken as naming the code that recorded it (``model``). Each may be
+    absent (``model`` is, in traces written before 2026-12-06).
 
     Raises:
         ConfigError: naming the field and its value, clipped.
@@ -588,25 +589,15 @@ def _check_recorded_header(data: dict, choices: list[str]) -> None:
         if actions != len(choices):  # a run records one choice per action (`sim.run._run`)
             raise ConfigError(f"'actions' is {_shown(actions)}, but the recording has "
                               f"{len(choices)} choices, one per action")
+    if "verdict" in data and not (isinstance(data["verdict"], str)
+                                  and data["verdict"] in OUTCOME_VERDICTS):
+        raise ConfigError(f"'verdict' is {_shown(data['verdict'])}: not a verdict a run ends "
+                          f"with ({', '.join(OUTCOME_VERDICTS)})")
     if "model" in data and not (isinstance(data["model"], str)
                                 and MODEL_TEXT.fullmatch(data["model"])):
         raise ConfigError(f"'model' is {_shown(data['model'])}: not 12 lowercase hex digits (the "
                           "hash of the code that recorded the trace, `sim.report."
                           "model_fingerprint`)")
-
-
-def fault_op_names(variant: Variant) -> tuple[str, ...]:
-    """Every op name a fault of ``variant``'s runs can hit, sorted: the protocol's backend ops
-    (`protocol.backend.Op` subclasses), the variant's own (`Variant.sim_ops`) and its fault
-    search's (`Variant.fault_search`)."""
-    import protocol.backend as backend
-
-    names = {c.name for c in vars(backend).values()
-             if isinstance(c, type) and issubclass(c, backend.Op) and c is not backend.Op}
-    names |= {c.name for c in variant.sim_ops}
-    if variant.fault_search is not None and variant.fault_search.op is not None:
-        names.add(variant.fault_search.op)
-    return tuple(sorted(names))
 
 
 def _check_fault_ops(variant: Variant, faults: tuple[Fault, ...]) -> None:
@@ -616,7 +607,7 @@ def _check_fault_ops(variant: Variant, faults: tuple[Fault, ...]) -> None:
     Raises:
         ConfigError: naming the fault and its op, clipped, and the ops there are.
     """
-    known = fault_op_names(variant)
+    known = variant.fault_ops()
     for i, fault in enumerate(faults):
         if fault.op not in known:
             raise ConfigError(f"bad scenario in trace: faults[{i}]: op {clipped(repr(fault.op))} "

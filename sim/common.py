@@ -23,13 +23,17 @@ class SimFault(ProtocolError):
     kind = "sim"
 
 
+OUTCOME_VERDICTS = ("clean", "abort", "deadlock", "hang", "hang-at-exit", "divergence", "oom",
+                    "startup-refused", "invariant", "livelock", "budget")
+"""Every verdict a run can end with (`Outcome.verdict`); a trace's ``verdict`` is one of them."""
+
+
 @dataclass
 class Outcome:
     """How a run ended: a structured verdict.
 
     Attributes:
-        verdict: ``clean``, ``abort``, ``deadlock``, ``hang``, ``hang-at-exit``, ``divergence``,
-            ``oom``, ``startup-refused``, ``invariant``, ``livelock``, ``budget``.
+        verdict: one of OUTCOME_VERDICTS (`__post_init__` refuses another with ValueError).
         detail: one-paragraph explanation (the wait-for cycle for a deadlock).
         invariant: the invariant named by the verdict (``"I6"``), if any.
         cycle: wait-for cycle as (node, sentence) pairs, for deadlocks.
@@ -54,6 +58,11 @@ class Outcome:
     step: int | None = None
     check: str = ""
     at: int | None = None
+
+    def __post_init__(self):
+        if self.verdict not in OUTCOME_VERDICTS:
+            raise ValueError(f"Outcome verdict {self.verdict!r} is not one of "
+                             f"{', '.join(OUTCOME_VERDICTS)}")
 
     @property
     def kind(self) -> str:

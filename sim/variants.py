@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import ClassVar
 from pathlib import Path
 
+from lockstep.args import clipped
 from protocol.backend import (
     FreeGraphs,
     GraphMemory,
@@ -204,7 +205,9 @@ class Variant:
         """The scenario this variant runs under, from the base one.
 
         Raises:
-            ConfigError: ``adjust`` returned something other than a Scenario.
+            ConfigError: ``adjust`` returned something other than a Scenario, or one with a
+                fault on an op this variant's runs never make (`fault_ops`): it would never
+                fire, and the trace written would be refused on replay.
         """
         if not self.adjust:
             return base
@@ -212,7 +215,26 @@ class Variant:
         if not isinstance(out, Scenario):
             raise ConfigError(f"variant {self.name!r}: adjust returned {out!r:.80}, not a Scenario "
                               "(return the scenario it was given, changed with .with_(...))")
+        known = self.fault_ops()
+        for i, fault in enumerate(out.faults):
+            if fault.op not in known:
+                raise ConfigError(f"variant {self.name!r}: adjust's faults[{i}] is on op "
+                                  f"{clipped(repr(fault.op))}, which its runs never make (ops: "
+                                  f"{', '.join(known)})")
         return out
+
+    def fault_ops(self) -> tuple[str, ...]:
+        """Every op name a fault of this variant's runs can hit, sorted: the protocol's backend
+        ops (`protocol.backend.Op` subclasses), the variant's own (`sim_ops`) and its fault
+        search's (`fault_search`)."""
+        import protocol.backend as backend
+
+        names = {c.name for c in vars(backend).values()
+                 if isinstance(c, type) and issubclass(c, backend.Op) and c is not backend.Op}
+        names |= {c.name for c in self.sim_ops}
+        if self.fault_search is not None and self.fault_search.op is not None:
+            names.add(self.fault_search.op)
+        return tuple(sorted(names))
 
     def __reduce__(self):
         """Pickle a variant a fresh process can look up -- a shipped one, or one from a user's

@@ -90,3 +90,10 @@ def test_shape_collective_sizes():
     shape = ModelShape(hidden_size=2560, num_layers=36)
     assert shape.allreduces_per_step == 73
     assert shape.allreduce_bytes(8) == 8 * 2560 * 2
+
+
+def test_a_long_bad_bucket_is_named_clipped():
+    """A bucket of 500 characters was repeated whole (found replaying an edited trace)."""
+    with pytest.raises(ConfigError) as info:
+        validate_buckets((1, "x" * 500))
+    assert str(info.value) == f"bucket '{'x' * 28}... at position 1 is not a positive integer"

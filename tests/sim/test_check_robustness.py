@@ -490,6 +490,9 @@ def _fault_on(op):
      "'actions' is 10000000000000000000000000000..., but the recording has "),
     (lambda d: d.update(actions=len(d["choices"]) - 1),
      "choices, one per action"),
+    (lambda d: d.update(verdict="x" * 400),  # was NONDETERMINISM, exit 1, printed whole
+     "'verdict' is \"xxxxxxxxxxxxxxxxxxxxxxxxxxxx...: not a verdict a run ends with (clean, "),
+    (lambda d: d.update(verdict=None), "'verdict' is null: not a verdict a run ends with"),
     (lambda d: d.update(model=None), "'model' is null: not 12 lowercase hex digits"),
     (lambda d: d.update(model=[1]), "'model' is [1]: not 12 lowercase hex digits"),
     (lambda d: d.update(model="x" * 500),
@@ -510,15 +513,25 @@ def test_replay_refuses_recorded_fields_no_recording_holds(fused_trace, tmp_path
     assert err.startswith(f"lockstep check: error: {path}: ") and words in err, err
 
 
-def test_a_fault_on_an_op_of_the_variants_own_is_taken(fused_trace):
+def test_a_fault_on_an_op_of_the_variants_own_is_taken(tmp_path, capsys):
     """The ops a trace's fault may name are the protocol's, the variant's own (`sim_ops`) and
-    its fault search's: a variant's own op is no mistake."""
-    from sim.check import fault_op_names
-
-    assert "instantiate" in fault_op_names(REGISTRY["fused-sweep"])
-    assert "nosuchop" not in fault_op_names(REGISTRY["fused-sweep"])
-    assert "zero_kv" in fault_op_names(REGISTRY["kv-zero-unordered"])
-    assert "zero_kv" not in fault_op_names(REGISTRY["fused-sweep"])
+    its fault search's: a variant's own op is no mistake. On replay, a fault on
+    kv-zero-unordered's own ``zero_kv`` passes the op check (the recording's calls then refuse
+    it: no fault at that call), and one on a misspelt op does not."""
+    assert "instantiate" in REGISTRY["fused-sweep"].fault_ops()
+    assert "nosuchop" not in REGISTRY["fused-sweep"].fault_ops()
+    assert "zero_kv" in REGISTRY["kv-zero-unordered"].fault_ops()
+    assert "zero_kv" not in REGISTRY["fused-sweep"].fault_ops()
+    out = tmp_path / "traces"
+    assert main(["check", "--variant", "kv-zero-unordered", "--topology", "shared",
+                 "--schedules", "5", "--no-progress", "--jobs", "1", "--trace-out",
+                 str(out)]) == 0
+    trace = json.loads((out / "kv-zero-unordered.shared.json").read_text())
+    capsys.readouterr()
+    _, own = _replay_refusal(trace, _fault_on("zero_kv"), tmp_path, capsys)
+    _, typo = _replay_refusal(trace, _fault_on("zero_kvx"), tmp_path, capsys)
+    assert "is not an op" not in own and "zero_kv call(s)" in own, own
+    assert "op 'zero_kvx' is not an op of variant 'kv-zero-unordered'" in typo, typo
 
 
 @pytest.mark.parametrize("extra, dropped", [(["--matrix", "--explain"], "drop --explain"),
@@ -571,6 +584,10 @@ def test_a_mistake_in_a_user_variant_is_named_at_load(tmp_path, capsys, field, w
 @pytest.mark.parametrize("expected", ["deadlock", "clean"])
 @pytest.mark.parametrize("hook, words", [
     ("adjust=lambda sc: None", "adjust returned None, not a Scenario"),
+    # a fault on a misspelt op never fired, and the trace written was refused on replay
+    ("adjust=lambda sc: sc.with_(faults=(__import__('sim.scenario').scenario.Fault("
+     "'slow', 1, 'instanciate', 1, 1.0),))",
+     "adjust's faults[0] is on op 'instanciate', which its runs never make (ops: allocate_kv"),
     ("unreachable=lambda sc: 5", "unreachable returned 5; expected None (reachable) or a "
                                  "non-empty reason string"),
     ('unreachable=lambda sc: ""', "unreachable returned ''; expected None (reachable) or a "

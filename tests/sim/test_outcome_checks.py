@@ -9,6 +9,8 @@ each carried a name, a reduction could start from one and end on another and sti
 import ast
 import pathlib
 
+import pytest
+
 from protocol.invariants import check_trace
 from protocol.trace import TraceEvent as E
 from sim.common import Outcome
@@ -85,3 +87,16 @@ def test_every_trace_violation_names_its_clause_and_no_two_share_one():
             f"invariants.py:{call.lineno}: Violation without a clause")
         clauses.append(clause.value)
     assert len(clauses) == len(set(clauses)) >= 12
+
+
+def test_a_verdict_no_run_ends_with_is_refused_and_every_literal_one_is_known():
+    """OUTCOME_VERDICTS is what a trace's ``verdict`` is checked against on replay, so an
+    Outcome outside it would write a trace that its own replay refuses."""
+    from sim.common import OUTCOME_VERDICTS
+
+    with pytest.raises(ValueError, match="'deadlocked' is not one of clean, abort"):
+        Outcome("deadlocked")
+    literal = {v.value for path in sorted((ROOT / "sim").glob("*.py"))
+               for call in _calls(path, "Outcome")
+               if isinstance(v := _keyword(call, "verdict", 0), ast.Constant)}
+    assert literal and literal <= set(OUTCOME_VERDICTS), literal - set(OUTCOME_VERDICTS)
