@@ -22,32 +22,33 @@ def _typed(parse, text: str):
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-class Integer(int):
-    """An integer option's value, with the text it was given as (``text``, stripped), which
-    an error line repeats (`shown`): "+007" is not "7" there. Pickled, copied or computed
-    with, it is a plain int."""
+class _Typed:
+    """A number with the text it was given as (``text``, stripped), which an error line
+    repeats (`shown`). Pickled or copied it is the plain number (``_plain``), so nothing of
+    this class reaches a rank; computed with, it is one already."""
 
-    def __new__(cls, value: int, text: str) -> "Integer":
+    _plain: type
+
+    def __new__(cls, value, text: str):
         self = super().__new__(cls, value)
         self.text = text.strip()
         return self
 
     def __reduce__(self):
-        return int, (int(self),)
+        return self._plain, (self._plain(self),)
 
 
-class Number(float):
-    """A number option's value, with the text it was given as (``text``, stripped), which an
-    error line repeats (`shown`): float() reads "1e308" back as 1e+308, "1e400" as inf and
-    "-nan" as nan. Pickled, copied or computed with, it is a plain float."""
+class Integer(_Typed, int):
+    """An integer option's value as typed: "+007" is not "7" in an error line."""
 
-    def __new__(cls, value: float, text: str) -> "Number":
-        self = super().__new__(cls, value)
-        self.text = text.strip()
-        return self
+    _plain = int
 
-    def __reduce__(self):
-        return float, (float(self),)
+
+class Number(_Typed, float):
+    """A number option's value as typed: float() reads "1e308" back as 1e+308, "1e400" as inf
+    and "-nan" as nan."""
+
+    _plain = float
 
 
 def shown(value) -> str:
