@@ -827,14 +827,9 @@ def _row_notes(rows: list[Row]) -> list[str]:
         elif row.got == "not reachable here":
             out.append(f"note: {row.variant} / {row.topology}: not reachable here: {row.detail}")
         elif row.got == "vacuous":
-            few = DEFAULTS["fault_schedules"]
-            n = row.stats.schedules
-            hint = (f"; only {n} faulted schedule{'' if n == 1 else 's'} ran: raise "
-                    f"--fault-schedules (default {few})"
-                    if row.variant.endswith("+faults") and row.stats.schedules < few else "")
             out.append(f"note: {row.variant} / {row.topology}: vacuous: {row.detail}; a search "
-                       "that never does these cannot show the protocol handles them (is the max "
-                       f"batch or the bucket set too small to need them?){hint}")
+                       f"that never does these cannot show the protocol handles them "
+                       f"{_vacuous_causes(row)}")
         elif row.got == "incomplete":
             out.append(f"note: {row.variant} / {row.topology}: {row.detail}; a larger "
                        f"--time-budget (default {DEFAULTS['time_budget']:g} s) may finish it")
@@ -851,6 +846,24 @@ def _row_notes(rows: list[Row]) -> list[str]:
                        f"{row.expected}; a larger --schedules (default up to "
                        f"{DEFAULTS['schedules']}) or another --strategy may reach it")
     return out
+
+
+def _vacuous_causes(row: Row) -> str:
+    """What may have kept a vacuous row's search from what it must reach: a configuration that
+    never needs it, and, where the search ran fewer schedules than the default and did not
+    cover every state, those too few schedules (a fresh user's --schedules 5 read as a
+    configuration too small)."""
+    n = row.stats.schedules
+    subject, small = "the max batch or the bucket set", "too small to need them"
+    if row.variant.endswith("+faults"):
+        few = DEFAULTS["fault_schedules"]
+        return f"(is {subject} {small}?)" + (
+            f"; only {n} faulted schedule{'' if n == 1 else 's'} ran: raise "
+            f"--fault-schedules (default {few})" if n < few else "")
+    if n < DEFAULTS["schedules"] and not row.stats.complete:
+        return (f"(only {n} schedule{'' if n == 1 else 's'} ran: a larger --schedules (default "
+                f"up to {DEFAULTS['schedules']}) may reach them, unless {subject} is {small})")
+    return f"(is {subject} {small}?)"
 
 
 def _budget_note(row: Row) -> str:

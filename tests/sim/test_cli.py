@@ -527,6 +527,43 @@ def test_a_vacuous_row_says_under_the_table_what_was_never_reached(tmp_path, cap
 
 
 @pytest.mark.timeout(120)
+def test_a_vacuous_row_cut_short_by_schedules_names_the_schedules_first(capsys):
+    """Found by a fresh user: `lockstep check --schedules 5` read correct-short-path as vacuous
+    and asked only whether the max batch or the bucket set was too small, although the default
+    configuration reaches first_row_behind within the default schedules. A row whose search ran
+    fewer schedules than the default now names --schedules as the first cause; with the default
+    budget the same row passes, so that was the cause."""
+    argv = ["check", "--variant", "correct-short-path", "--topology", "shared",
+            "--no-progress", "--jobs", "1"]
+    assert main(argv + ["--schedules", "5"]) == 1
+    notes = [line for line in capsys.readouterr().out.splitlines()
+             if line.startswith("note: correct-short-path / shared: vacuous:")]
+    assert len(notes) == 1
+    assert notes[0].endswith("(only 5 schedules ran: a larger --schedules (default up to 300) "
+                             "may reach them, unless the max batch or the bucket set is too "
+                             "small to need them)"), notes[0]
+    assert main(argv) == 0
+    assert "vacuous" not in capsys.readouterr().out
+
+
+def test_a_vacuous_row_that_ran_every_schedule_blames_only_the_configuration():
+    """The schedules are not named where they cannot be the cause: a search that ran the
+    default number, or covered every state."""
+    def row(schedules, complete=False, variant="correct"):
+        return Row(variant, "shared", "clean", "vacuous",
+                   SearchStats(schedules=schedules, complete=complete))
+
+    config_only = "(is the max batch or the bucket set too small to need them?)"
+    assert cli._vacuous_causes(row(300)) == config_only
+    assert cli._vacuous_causes(row(7, complete=True)) == config_only
+    assert cli._vacuous_causes(row(7)).startswith("(only 7 schedules ran")
+    assert cli._vacuous_causes(row(1)).startswith("(only 1 schedule ran")
+    assert cli._vacuous_causes(row(18, variant="correct+faults")) == config_only
+    assert cli._vacuous_causes(row(2, variant="correct+faults")) == (
+        config_only + "; only 2 faulted schedules ran: raise --fault-schedules (default 18)")
+
+
+@pytest.mark.timeout(120)
 def test_trace_out_says_where_it_wrote_and_a_hazard_named_twice_is_switched_off_once(
         tmp_path, capsys):
     """Found by a fresh user: --trace-out wrote silently, and `--hazard-off h2 --hazard-off h2`
