@@ -44,6 +44,27 @@ class OneLineParser(argparse.ArgumentParser):
         sys.stderr.write(f"{name}: error: {message}\n")
         raise SystemExit(2)
 
+    def parse_known_args(self, args=None, namespace=None):
+        """argparse's parse, except that in a parser with required options an argument no option
+        takes is named before a required option is missed: `bench --presets tiny` (a typo of
+        --preset) said only "one of the arguments --preset --model is required". A first pass
+        with nothing required finds such arguments; an error in it is the one the real pass
+        would give."""
+        args = sys.argv[1:] if args is None else list(args)
+        needed = [a for a in self._actions if a.required] + [
+            g for g in self._mutually_exclusive_groups if g.required]
+        if needed:
+            for item in needed:
+                item.required = False
+            try:
+                _, stray = super().parse_known_args(args, argparse.Namespace())
+            finally:
+                for item in needed:
+                    item.required = True
+            if stray:
+                self.error(f"unrecognized arguments: {' '.join(stray)}")
+        return super().parse_known_args(args, namespace)
+
     def _parse_optional(self, arg_string: str):
         """argparse's reading of one argument as an option or not, except that a negative
         value (`NEGATIVE_VALUE`) that names no option of this parser is a value: argparse

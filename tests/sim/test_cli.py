@@ -163,6 +163,30 @@ def test_an_unknown_option_is_named_by_its_subcommand(argv, prefix, capsys):
     assert err[-1] == f"{prefix}: error: unrecognized arguments: --bogus"
 
 
+@pytest.mark.parametrize("argv, stray", [
+    (["bench", "--presets", "tiny"], "--presets tiny"),
+    (["bench", "--bogus"], "--bogus"),
+    (["make-model", "--out", "m", "--bogus"], "--bogus"),
+    (["make-model", "--prest", "tiny", "--out", "m"], "--prest tiny"),
+    (["generate", "--modle", "m", "--prompt-ids", "1"], "--modle m"),
+])
+def test_an_unknown_option_is_named_before_a_required_one_is_missed(argv, stray, capsys):
+    """Found by a fresh user: `lockstep bench --bogus` said only "one of the arguments --preset
+    --model is required", so a misspelt required option (--presets) read as one not given."""
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2
+    assert err == [f"lockstep {argv[0]}: error: unrecognized arguments: {stray}"]
+
+
+def test_a_required_option_missing_is_still_named(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "--steps", "3"])
+    assert capsys.readouterr().err.strip() == (
+        "lockstep bench: error: one of the arguments --preset --model is required")
+
+
 @pytest.mark.parametrize("argv", [["--replay", "a.json", "--replay", "b.json"],
                                   ["--replay=a.json", "--json", "--replay", "a.json"]])
 def test_replay_given_twice_is_refused_naming_the_option(argv, capsys, no_simulation):
