@@ -58,7 +58,8 @@ def short_decode_default(device: str, cuda_graph: bool, world_size: int) -> bool
 @dataclass(frozen=True)
 class EngineConfig:
     """Everything the controller and a rank need. Build it with `create` (checks, defaults);
-    direct construction takes the values as given (tests and benchmarks).
+    direct construction takes the values as given (tests and benchmarks), and `LLM` checks
+    them with `validate` before any rank starts.
 
     Attributes:
         model_dir: HF-layout Qwen3 directory.
@@ -69,7 +70,8 @@ class EngineConfig:
         max_batch: decode slots (most requests decoded together), 1..256.
         max_model_len: longest sequence, prompt + generated tokens; `create` defaults to
             min(max_position_embeddings, 2048).
-        page_size: tokens per KV page (power of two >= 16 for the Triton kernels).
+        page_size: tokens per KV page (power of two >= 16 for the Triton kernels), at most
+            max_model_len rounded up to a power of two (one page then holds a sequence).
         kv_cache_pages: most KV pages per rank (None: as many as memory allows, up to
             max_batch x pages_per_seq). Pages are handed out as sequences grow and a short
             cache preempts requests for recompute (I14), so any value that holds one
@@ -213,7 +215,8 @@ class EngineConfig:
                 raise ParallelConfigError(
                     f"tensor_parallel_size = {tensor_parallel_size} needs that many GPUs; "
                     f"{torch.cuda.device_count()} visible")
-        dtype = dtype or (model.torch_dtype if model.torch_dtype in DTYPES else "bfloat16")
+        if dtype is None:  # only None means the checkpoint's: "" or 0 is named by validate
+            dtype = model.torch_dtype if model.torch_dtype in DTYPES else "bfloat16"
         if max_model_len is None:
             max_model_len = min(model.max_position, 2048)
         if isinstance(max_model_len, int) and max_model_len > model.max_position:
@@ -367,3 +370,8 @@ class EngineConfig:
         if self.page_size & (self.page_size - 1) or self.page_size < 16:
             raise ParallelConfigError(f"page_size = {self.page_size}, expected a power of two "
                                       ">= 16 (Triton decode attention tile)")
+        most = max(16, 1 << (self.max_model_len - 1).bit_length())
+        if self.page_size > most:  # 2**28 reached the rank and failed its KV allocation there
+            raise ParallelConfigError(f"page_size = {self.page_size}, expected at most {most}: "
+                                      f"one page holds a whole sequence of max_model_len "
+                                      f"{self.max_model_len} tokens")

@@ -13,6 +13,7 @@ import os
 import random
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -21,6 +22,7 @@ from engine.errors import ModelDirError, RankError, RequestError, check_text, to
 from engine.sampling import SamplingParams, as_token_id
 from engine.engine_config import EngineConfig
 from engine.startup import StartupReport, StartupWatchdog
+from lockstep.args import clipped
 
 
 @dataclass
@@ -91,6 +93,7 @@ class LLM:
                 raise TypeError(f"LLM(EngineConfig, ...) takes no other arguments, got "
                                 f"{sorted(kwargs)}")
             config = model
+            config.validate()  # built directly, its values were taken as given
         else:
             config = EngineConfig.create(model, **kwargs)
         progress = config.progress
@@ -302,9 +305,10 @@ class LLM:
 
         if isinstance(prompts, str) or _is_id_list(prompts):
             prompts = [prompts]
-        if not isinstance(prompts, Sequence) and not hasattr(prompts, "__len__"):
-            raise RequestError(f"prompts = {prompts!r}, expected a text, a list of token ids, "
-                               "or a list of those")
+        if (isinstance(prompts, Mapping) or getattr(prompts, "ndim", 1) == 0
+                or not isinstance(prompts, Sequence) and not hasattr(prompts, "__len__")):
+            raise RequestError(f"prompts = {clipped(' '.join(repr(prompts).split()))}, expected "
+                               "a text, a list of token ids, or a list of those")
         prompts = list(prompts)
         if params is None or isinstance(params, SamplingParams):
             params = [params or SamplingParams()] * len(prompts)
@@ -314,29 +318,37 @@ class LLM:
         if len(params) != len(prompts):
             raise ValueError(f"{len(params)} SamplingParams for {len(prompts)} prompts")
         outs: list[RequestOutput] = []
-        ids: list[int | None] = []
+        stops: list[frozenset[int] | None] = []  # None: refused
+        # Every request is checked before any is submitted: an error no check foresaw then
+        # leaves nothing accepted behind in the controller, to run in a later call unreturned.
         for prompt, p in zip(prompts, params):
             out = RequestOutput(prompt_token_ids=[])
             outs.append(out)
-            ids.append(None)
+            stops.append(None)
             try:
                 out.prompt_token_ids = self._tokenize(prompt)
                 self._check_request(out.prompt_token_ids, p)
             except RequestError as exc:
                 out.error = exc
                 continue
+            stops[-1] = p.stop_ids() | (frozenset() if p.ignore_eos
+                                        else frozenset(self.cfg.eos_token_ids))
+        ids: list[int | None] = []
+        for out, p, stop in zip(outs, params, stops):
+            ids.append(None)
+            if stop is None:
+                continue
             rid = self._next_id
             self._next_id += 1
             seed = p.seed if p.seed is not None else random.randrange(2**62)
             out.seed = seed
-            stop = set(p.stop_token_ids) | (set() if p.ignore_eos else set(self.cfg.eos_token_ids))
             self._extras[rid] = (p, seed)
             self.controller.submit(Request(rid, tuple(out.prompt_token_ids), p.max_tokens,
-                                           frozenset(stop)))
+                                           stop))
             out.arrival_time = time.perf_counter()
             ids[-1] = rid
         self._drive()
-        for out, rid, p in zip(outs, ids, params):
+        for out, rid, p, stop in zip(outs, ids, params, stops):
             if rid is None:
                 continue
             self._extras.pop(rid, None)
@@ -345,7 +357,6 @@ class LLM:
             out.finish_time = self._finish.pop(rid, None)
             self.controller.requests.pop(rid, None)
             side = self._side.pop(rid, {})
-            stop = set(p.stop_token_ids) | (set() if p.ignore_eos else set(self.cfg.eos_token_ids))
             out.finish_reason = "stop" if out.token_ids and out.token_ids[-1] in stop else "length"
             if rid in self.controller.failed_requests:
                 self.controller.failed_requests.discard(rid)
@@ -370,7 +381,7 @@ class LLM:
                                    "has no tokenizer; pass token ids")
             check_text(prompt, "text prompt")
             return list(self.tokenizer.encode(prompt))
-        if not hasattr(prompt, "__iter__") or isinstance(prompt, bytes) \
+        if not hasattr(prompt, "__iter__") or isinstance(prompt, (bytes, Mapping)) \
                 or getattr(prompt, "ndim", 1) != 1:
             raise RequestError(f"prompt {prompt!r} is neither a text nor a list of token ids")
         if (type(prompt) in (list, tuple) and prompt and set(map(type, prompt)) == {int}
@@ -472,6 +483,8 @@ def _tokenizer_error(d: Path, exc: Exception) -> ModelDirError:
 
 def _is_id_list(prompts) -> bool:
     """True if ``prompts`` is one prompt of token ids (its first item is integer-like)."""
+    if isinstance(prompts, Mapping):  # {0: 5}[0] is integer-like, but a dict is no prompt
+        return False
     try:
         return len(prompts) > 0 and as_token_id(prompts[0]) is not None
     except (TypeError, KeyError, IndexError):

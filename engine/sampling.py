@@ -51,10 +51,12 @@ from __future__ import annotations
 
 import math
 import operator
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from engine.errors import RequestError
 from engine.seeds import SEED_LIMIT
+from lockstep.args import clipped
 
 try:  # Triton is optional on CPU-only machines.
     import triton
@@ -89,7 +91,9 @@ class SamplingParams:
         seed: seed of this request's sampling, an integer in [0, 2**64) (its 64 bits key the
             random stream; a larger one would alias a smaller one, so it is refused); None
             picks one per request (recorded in the output). Ignored when greedy.
-        stop_token_ids: extra tokens that end the request (kept in the output).
+        stop_token_ids: extra tokens that end the request (kept in the output): a list, tuple,
+            set or 1-D array of integer ids (numpy and torch integers taken as their value); an
+            iterator, read once by the check, is refused.
         ignore_eos: do not stop at the model's end-of-sequence tokens.
         logprobs: return the log-probability (natural log, of the unmodified model
             distribution) of every generated token.
@@ -128,9 +132,12 @@ class SamplingParams:
         for name in ("ignore_eos", "logprobs", "return_logits"):
             if not isinstance(getattr(self, name), bool):  # logprobs=5 is not vLLM's top-5
                 raise RequestError(f"{name} = {getattr(self, name)!r}, expected True or False")
-        if isinstance(self.stop_token_ids, (str, bytes)) or not hasattr(self.stop_token_ids, "__iter__"):
-            raise RequestError(f"stop_token_ids = {self.stop_token_ids!r}, expected a list of "
-                               "token ids")
+        stop = self.stop_token_ids
+        if (isinstance(stop, (str, bytes, Mapping)) or not hasattr(stop, "__iter__")
+                or iter(stop) is stop or getattr(stop, "ndim", 1) != 1):
+            # an iterator (a generator) would be used up by this check and leave no stop token
+            raise RequestError(f"stop_token_ids = {clipped(' '.join(repr(stop).split()))}, "
+                               "expected a list of token ids")
         if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) \
                 or self.max_tokens < 1:
             raise RequestError(f"max_tokens = {self.max_tokens!r}, expected an integer >= 1")
@@ -163,6 +170,11 @@ class SamplingParams:
             if not 0 <= i < vocab_size:
                 raise RequestError(f"stop token id {t!r} outside the vocabulary [0, {vocab_size})")
 
+    def stop_ids(self) -> frozenset[int]:
+        """The stop token ids as Python ints (a numpy or torch integer hashes otherwise, and a
+        0-d array not at all). Call after `validate`."""
+        return frozenset(as_token_id(t) for t in self.stop_token_ids)
+
 
 def as_token_id(value) -> int | None:
     """``value`` as a Python int if it is integer-like (int, numpy or torch integer, a 0-d
@@ -173,7 +185,7 @@ def as_token_id(value) -> int | None:
         return None
     try:
         return operator.index(value)
-    except TypeError:
+    except (TypeError, ValueError, RuntimeError, OverflowError):  # RuntimeError: a meta tensor
         return None
 
 

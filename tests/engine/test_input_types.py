@@ -151,3 +151,102 @@ def test_numpy_and_torch_scalars_in_sampling_params_are_named_by_type(params, wo
 def test_a_numpy_float64_is_a_python_float_and_is_taken():
     params = SamplingParams(temperature=np.float64(0.5), top_p=np.float64(0.9))
     assert params.validate(vocab_size=512) is None  # raises RequestError if refused
+
+
+def test_an_error_no_check_foresaw_leaves_no_accepted_request_behind(llm, monkeypatch):
+    """Found by a fresh user: a 0-d array as a stop id passed the checks, then `set()` raised
+    a raw TypeError after the first request of the call had been submitted; that request ran
+    in the next call, unreturned, and its tokens stayed in the controller. Every request is
+    now checked before any is submitted, so an unforeseen error leaves nothing behind."""
+    import engine.llm as llm_mod
+
+    def broken(self, prompt, p):
+        if p.max_tokens == 2:
+            raise TypeError("a check that raises what no check foresaw")
+        return original(self, prompt, p)
+
+    original = llm_mod.LLM._check_request
+    monkeypatch.setattr(llm_mod.LLM, "_check_request", broken)
+    with pytest.raises(TypeError):
+        llm.generate([[1, 2, 3], [4]], [GREEDY, SamplingParams(max_tokens=2)])
+    monkeypatch.undo()
+    assert llm._extras == {} and not llm.controller.outputs
+    assert not llm.controller.requests
+    out, = llm.generate([[5, 6]], GREEDY)
+    assert out.error is None and len(out.token_ids) == 3
+    assert llm._extras == {} and not llm.controller.outputs
+
+
+@pytest.mark.parametrize("spell", [
+    lambda t: [np.array(t)], lambda t: [torch.tensor(t)], lambda t: torch.tensor([t]),
+    lambda t: np.array([t]), lambda t: [np.int64(t)], lambda t: {t},
+], ids=["0-d array", "0-d tensor", "tensor", "array", "int64", "set"])
+def test_stop_ids_of_numpy_and_torch_types_stop_the_request(llm, spell):
+    """A 0-d array as a stop id was unhashable (a raw TypeError) and a torch scalar hashed by
+    identity, so it never matched the sampled id: the request ran to max_tokens."""
+    want = llm.generate([1, 2, 3], GREEDY)[0].token_ids
+    out, = llm.generate([1, 2, 3], SamplingParams(max_tokens=3, temperature=0,
+                                                  stop_token_ids=spell(want[1])))
+    assert out.error is None and out.token_ids == want[:2] and out.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("stop, shown", [
+    ((t for t in [5]), "stop_token_ids = <generator object"),
+    (iter([5]), "stop_token_ids = <list_iterator object"),
+    ({5: 1}, "stop_token_ids = {5: 1}"),
+    (torch.tensor([[1, 2], [3, 4]]), "stop_token_ids = tensor([[1, 2], [3, 4]])"),
+])
+def test_stop_ids_read_once_or_of_no_order_are_refused(llm, stop, shown):
+    """A generator of stop ids was used up by the check and left none: the request ran to
+    max_tokens with no word. A matrix's repr is on several lines; the error is one."""
+    out, = llm.generate([1, 2, 3], SamplingParams(max_tokens=3, stop_token_ids=stop))
+    assert isinstance(out.error, RequestError), out.error
+    assert str(out.error).startswith(shown) and "\n" not in str(out.error), out.error
+
+
+@pytest.mark.parametrize("prompts", [np.array(5), torch.tensor(5), {0: 5}, {"a": [1, 2]}])
+def test_a_scalar_array_or_a_dict_as_prompts_is_named(llm, prompts):
+    """`generate(np.array(5))` was a raw "iteration over a 0-d array"; `generate({0: 5})` was
+    served as the prompt [0], the dict's keys."""
+    with pytest.raises(RequestError, match=r"^prompts = .*, expected a text, a list of token "):
+        llm.generate(prompts, GREEDY)
+    out, = llm.generate([[1, 2, 3]], GREEDY)
+    assert out.error is None
+
+
+def test_a_meta_tensor_token_id_is_named_as_a_tensor(llm):
+    """torch's "Tensor.item() cannot be called on meta tensors" came through raw."""
+    good, bad = llm.generate([[1, 2, 3], [torch.tensor(3, device="meta")]], [GREEDY, GREEDY])
+    assert good.error is None and len(good.token_ids) == 3
+    assert str(bad.error).startswith("prompt token id tensor(..., device='meta'")
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    (dict(dtype=""), "dtype = '', expected one of"),
+    (dict(dtype=0), "dtype = 0, expected one of"),
+    (dict(page_size=2**28), "page_size = 268435456, expected at most 64: one page holds a "
+                            "whole sequence of max_model_len 64 tokens"),
+    (dict(page_size=128), "page_size = 128, expected at most 64"),
+])
+def test_a_falsy_dtype_or_a_page_past_the_longest_sequence_is_refused(tiny_dir, kwargs,
+                                                                       fragment, nothing_loads):
+    """dtype "" or 0 read as "the checkpoint's"; page_size 2**28 started the rank, whose KV
+    allocation then failed with the CPU allocator's message."""
+    with pytest.raises(ParallelConfigError, match=fragment):
+        LLM(tiny_dir, max_model_len=64, **kwargs)
+    assert multiprocessing.active_children() == []
+
+
+def test_a_page_as_long_as_the_longest_sequence_is_taken(tiny_dir):
+    with LLM(tiny_dir, max_model_len=48, page_size=64) as engine:
+        out, = engine.generate([[1, 2, 3]], GREEDY)
+    assert out.error is None and len(out.token_ids) == 3
+
+
+def test_an_engine_config_built_directly_is_checked(tiny_dir):
+    """`LLM(EngineConfig(..., dtype="float64"))` was a raw KeyError from the dtype's bytes."""
+    from engine.engine_config import EngineConfig
+
+    with pytest.raises(ParallelConfigError, match="dtype = 'float64', expected one of"):
+        LLM(EngineConfig(model_dir=str(tiny_dir), dtype="float64"))
+    assert multiprocessing.active_children() == []
