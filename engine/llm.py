@@ -22,7 +22,7 @@ from engine.errors import ModelDirError, RankError, RequestError, check_text, to
 from engine.sampling import SamplingParams, as_token_id
 from engine.engine_config import EngineConfig
 from engine.startup import StartupReport, StartupWatchdog
-from lockstep.args import clipped
+from lockstep.args import one_line_repr
 
 
 @dataclass
@@ -307,8 +307,8 @@ class LLM:
             prompts = [prompts]
         if (isinstance(prompts, Mapping) or getattr(prompts, "ndim", 1) == 0
                 or not isinstance(prompts, Sequence) and not hasattr(prompts, "__len__")):
-            raise RequestError(f"prompts = {clipped(' '.join(repr(prompts).split()))}, expected "
-                               "a text, a list of token ids, or a list of those")
+            raise RequestError(f"prompts = {one_line_repr(prompts)}, expected a text, a list "
+                               "of token ids, or a list of those")
         prompts = list(prompts)
         if params is None or isinstance(params, SamplingParams):
             params = [params or SamplingParams()] * len(prompts)
@@ -383,7 +383,8 @@ class LLM:
             return list(self.tokenizer.encode(prompt))
         if not hasattr(prompt, "__iter__") or isinstance(prompt, (bytes, Mapping)) \
                 or getattr(prompt, "ndim", 1) != 1:
-            raise RequestError(f"prompt {prompt!r} is neither a text nor a list of token ids")
+            raise RequestError(f"prompt {one_line_repr(prompt)} is neither a text nor a list "
+                               "of token ids")
         if (type(prompt) in (list, tuple) and prompt and set(map(type, prompt)) == {int}
                 and min(prompt) >= 0 and max(prompt) < self.cfg.vocab_size):
             # plain Python ints in range (bool is not `int` by type): checked by C-level

@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 
 from engine.errors import RequestError
 from engine.seeds import SEED_LIMIT
-from lockstep.args import clipped
+from lockstep.args import one_line_repr
 
 try:  # Triton is optional on CPU-only machines.
     import triton
@@ -134,10 +134,10 @@ class SamplingParams:
                 raise RequestError(f"{name} = {getattr(self, name)!r}, expected True or False")
         stop = self.stop_token_ids
         if (isinstance(stop, (str, bytes, Mapping)) or not hasattr(stop, "__iter__")
-                or iter(stop) is stop or getattr(stop, "ndim", 1) != 1):
+                or getattr(stop, "ndim", 1) != 1 or iter(stop) is stop):
             # an iterator (a generator) would be used up by this check and leave no stop token
-            raise RequestError(f"stop_token_ids = {clipped(' '.join(repr(stop).split()))}, "
-                               "expected a list of token ids")
+            raise RequestError(f"stop_token_ids = {one_line_repr(stop)}, expected a list of "
+                               "token ids")
         if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) \
                 or self.max_tokens < 1:
             raise RequestError(f"max_tokens = {self.max_tokens!r}, expected an integer >= 1")

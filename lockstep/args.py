@@ -24,6 +24,12 @@ def clipped(text: str) -> str:
     return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS - 3]}..."
 
 
+def one_line_repr(value) -> str:
+    """``repr(value)`` on one line (the rows of an array's repr joined by single spaces),
+    `clipped`: for an error line that repeats a value of any type."""
+    return clipped(" ".join(repr(value).split()))
+
+
 _SEED = re.compile(r"[+-]?[0-9]+", re.ASCII)
 """A seed as the engine has always spelt one: a sign and ASCII digits, no underscores; every
 integer option of `lockstep check` is spelt so too (`integer`)."""

@@ -45,15 +45,19 @@ class OneLineParser(argparse.ArgumentParser):
         raise SystemExit(2)
 
     def parse_known_args(self, args=None, namespace=None):
-        """argparse's parse, except that in a parser with required options an argument no option
-        takes is named before a required option is missed: `bench --presets tiny` (a typo of
-        --preset) said only "one of the arguments --preset --model is required". A first pass
-        with nothing required finds such arguments; an error in it is the one the real pass
-        would give."""
+        """argparse's parse, except that in a parser with required options and no positional
+        arguments an argument no option takes is named before a required option is missed:
+        `bench --presets tiny` (a typo of --preset) said only "one of the arguments --preset
+        --model is required". A first pass with nothing required finds such arguments, and
+        they are an error there, as every lockstep command makes them (so such a parser
+        returns no extras); an error in that pass is the one the real pass would give, and
+        `type` functions run in both passes. A parser with positional arguments is left as
+        argparse has it (Python 3.11's `parse_intermixed_args` reads positionals as extras).
+        A stray before the subcommand (`lockstep --bogus bench`) is still named after it."""
         args = sys.argv[1:] if args is None else list(args)
         needed = [a for a in self._actions if a.required] + [
             g for g in self._mutually_exclusive_groups if g.required]
-        if needed:
+        if needed and all(a.option_strings for a in self._actions):
             for item in needed:
                 item.required = False
             try:

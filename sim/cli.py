@@ -548,6 +548,7 @@ def _run(args, finished: _Finished | None = None) -> int:
                              "clean: no failing share to measure)\n")
         return _run_stats(variants, spec, args, finished)
     topologies = TOPOLOGIES if args.topology == "both" else (args.topology,)
+    budgets = default_budgets(variants)
     rows: list[Row] = []
     start = time.perf_counter()
     plan = [(f"{v.name} / {t}", planned_schedules(v, spec), _planned_rows(v, spec))
@@ -560,7 +561,7 @@ def _run(args, finished: _Finished | None = None) -> int:
         if args.json:
             return json.dumps({"ok": None, "interrupted": True, "seconds": time.perf_counter() - start,
                                "rows": [_row_json(r) for r in rows_so_far]}, indent=1)
-        return "\n".join([render_table(rows_so_far)] + _row_notes(rows_so_far))
+        return "\n".join([render_table(rows_so_far)] + _row_notes(rows_so_far, budgets))
 
     finished.render, finished.planned = partial, [n for _, _, n in plan]
     with CheckProgress(plan, spec.time_budget, disable=args.no_progress or None) as bar:
@@ -606,7 +607,7 @@ def _run(args, finished: _Finished | None = None) -> int:
                           "hazards_off": list(args.hazard_off), "h2_scope": spec.h2_scope,
                           "rows": out}, indent=1))
     else:
-        _print_text(rows, ok, elapsed, args, len(variants))
+        _print_text(rows, ok, elapsed, args, len(variants), budgets)
         for (name, topology), a in explained.items():
             print(f"explain: {name} / {topology}: {a.line()}")
             if a.story_hazards_off:
@@ -806,10 +807,11 @@ def _write_traces(directory: Path, rows: list[Row], spec: CheckSpec) -> None:
                          f"(.txt, .mmd, .json) written to {directory}\n")
 
 
-def _print_text(rows: list[Row], ok: bool, elapsed: float, args, n_variants: int) -> None:
+def _print_text(rows: list[Row], ok: bool, elapsed: float, args, n_variants: int,
+                budgets: dict[str, tuple[int, int]]) -> None:
     _print_model(args)
     print(render_table(rows))
-    for line in _row_notes(rows):
+    for line in _row_notes(rows, budgets):
         print(line)
     print(f"\n{_headline(rows)}: {_summary(rows)} in {elapsed:.1f} s")
     for row in rows:
@@ -818,8 +820,9 @@ def _print_text(rows: list[Row], ok: bool, elapsed: float, args, n_variants: int
                   + narrative(row.minimal))
 
 
-def _row_notes(rows: list[Row]) -> list[str]:
-    """The ``error:`` and ``note:`` lines printed under the verdict table."""
+def _row_notes(rows: list[Row], budgets: dict[str, tuple[int, int]]) -> list[str]:
+    """The ``error:`` and ``note:`` lines printed under the verdict table; ``budgets`` as
+    `default_budgets` gives them for the variants checked."""
     out = []
     for row in rows:
         if row.got == "error":
@@ -829,7 +832,7 @@ def _row_notes(rows: list[Row]) -> list[str]:
         elif row.got == "vacuous":
             out.append(f"note: {row.variant} / {row.topology}: vacuous: {row.detail}; a search "
                        f"that never does these cannot show the protocol handles them "
-                       f"{_vacuous_causes(row)}")
+                       f"{_vacuous_causes(row, budgets)}")
         elif row.got == "incomplete":
             out.append(f"note: {row.variant} / {row.topology}: {row.detail}; a larger "
                        f"--time-budget (default {DEFAULTS['time_budget']:g} s) may finish it")
@@ -848,21 +851,34 @@ def _row_notes(rows: list[Row]) -> list[str]:
     return out
 
 
-def _vacuous_causes(row: Row) -> str:
+def default_budgets(variants) -> dict[str, tuple[int, int]]:
+    """Per variant name, the schedules its clean row and its '+faults' row run under the
+    default options: CLEAN_SCHEDULES and the default --fault-schedules, each capped by the
+    variant's own ``schedules`` / ``fault_schedules``."""
+    def capped(default: int, cap: int | None) -> int:
+        return default if cap is None else min(default, cap)
+
+    return {v.name: (capped(CLEAN_SCHEDULES, v.schedules),
+                     capped(DEFAULTS["fault_schedules"], v.fault_schedules)) for v in variants}
+
+
+def _vacuous_causes(row: Row, budgets: dict[str, tuple[int, int]]) -> str:
     """What may have kept a vacuous row's search from what it must reach: a configuration that
-    never needs it, and, where the search ran fewer schedules than the default and did not
-    cover every state, those too few schedules (a fresh user's --schedules 5 read as a
-    configuration too small)."""
+    never needs it, or, where the search ran fewer schedules than the row runs by default
+    (`default_budgets`) and did not cover every state, those too few schedules (a fresh
+    user's --schedules 5 read as a configuration too small)."""
     n = row.stats.schedules
+    faulted = row.variant.endswith("+faults")
+    clean, faults = budgets.get(row.variant.removesuffix("+faults"),
+                                (CLEAN_SCHEDULES, DEFAULTS["fault_schedules"]))
     subject, small = "the max batch or the bucket set", "too small to need them"
-    if row.variant.endswith("+faults"):
-        few = DEFAULTS["fault_schedules"]
+    if faulted:
         return f"(is {subject} {small}?)" + (
             f"; only {n} faulted schedule{'' if n == 1 else 's'} ran: raise "
-            f"--fault-schedules (default {few})" if n < few else "")
-    if n < DEFAULTS["schedules"] and not row.stats.complete:
+            f"--fault-schedules (default {faults} for this row)" if n < faults else "")
+    if n < clean and not row.stats.complete:
         return (f"(only {n} schedule{'' if n == 1 else 's'} ran: a larger --schedules (default "
-                f"up to {DEFAULTS['schedules']}) may reach them, unless {subject} is {small})")
+                f"{clean} for this row) may reach them, unless {subject} is {small})")
     return f"(is {subject} {small}?)"
 
 

@@ -195,10 +195,13 @@ def test_stop_ids_of_numpy_and_torch_types_stop_the_request(llm, spell):
     (iter([5]), "stop_token_ids = <list_iterator object"),
     ({5: 1}, "stop_token_ids = {5: 1}"),
     (torch.tensor([[1, 2], [3, 4]]), "stop_token_ids = tensor([[1, 2], [3, 4]])"),
+    (np.array(5), "stop_token_ids = array(5), expected a list"),
+    (torch.tensor(5), "stop_token_ids = tensor(5), expected a list"),
 ])
 def test_stop_ids_read_once_or_of_no_order_are_refused(llm, stop, shown):
     """A generator of stop ids was used up by the check and left none: the request ran to
-    max_tokens with no word. A matrix's repr is on several lines; the error is one."""
+    max_tokens with no word. A matrix's repr is on several lines; the error is one. A 0-d
+    array was a raw "iteration over a 0-d array" for the whole call (a reviewer's finding)."""
     out, = llm.generate([1, 2, 3], SamplingParams(max_tokens=3, stop_token_ids=stop))
     assert isinstance(out.error, RequestError), out.error
     assert str(out.error).startswith(shown) and "\n" not in str(out.error), out.error
@@ -250,3 +253,10 @@ def test_an_engine_config_built_directly_is_checked(tiny_dir):
     with pytest.raises(ParallelConfigError, match="dtype = 'float64', expected one of"):
         LLM(EngineConfig(model_dir=str(tiny_dir), dtype="float64"))
     assert multiprocessing.active_children() == []
+
+
+def test_a_prompt_matrix_inside_the_list_is_named_on_one_line(llm):
+    """A reviewer's finding: its error repeated numpy's repr, one line per row."""
+    bad, good = llm.generate([np.ones((3, 3), dtype=int), [1, 2, 3]], GREEDY)
+    assert str(bad.error).startswith("prompt array([[1, 1, 1], [1, 1, 1], ")
+    assert "\n" not in str(bad.error) and good.error is None

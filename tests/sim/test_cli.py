@@ -180,6 +180,18 @@ def test_an_unknown_option_is_named_before_a_required_one_is_missed(argv, stray,
     assert err == [f"lockstep {argv[0]}: error: unrecognized arguments: {stray}"]
 
 
+def test_a_parser_with_positionals_keeps_argparse_s_reading():
+    """A reviewer's finding: the first pass read positionals as strays, so Python 3.11's
+    `parse_intermixed_args` (which parses them as extras) refused every positional."""
+    from lockstep.cli import OneLineParser
+
+    p = OneLineParser(prog="x")
+    p.add_argument("--a", required=True)
+    p.add_argument("files", nargs="+")
+    args = p.parse_intermixed_args(["f1", "--a", "1", "f2"])
+    assert (args.a, args.files) == ("1", ["f1", "f2"])
+
+
 def test_a_required_option_missing_is_still_named(capsys):
     with pytest.raises(SystemExit):
         main(["bench", "--steps", "3"])
@@ -563,28 +575,55 @@ def test_a_vacuous_row_cut_short_by_schedules_names_the_schedules_first(capsys):
     notes = [line for line in capsys.readouterr().out.splitlines()
              if line.startswith("note: correct-short-path / shared: vacuous:")]
     assert len(notes) == 1
-    assert notes[0].endswith("(only 5 schedules ran: a larger --schedules (default up to 300) "
-                             "may reach them, unless the max batch or the bucket set is too "
-                             "small to need them)"), notes[0]
+    assert notes[0].endswith("(only 5 schedules ran: a larger --schedules (default 20 for this "
+                             "row) may reach them, unless the max batch or the bucket set is "
+                             "too small to need them)"), notes[0]
     assert main(argv) == 0
     assert "vacuous" not in capsys.readouterr().out
 
 
-def test_a_vacuous_row_that_ran_every_schedule_blames_only_the_configuration():
-    """The schedules are not named where they cannot be the cause: a search that ran the
-    default number, or covered every state."""
-    def row(schedules, complete=False, variant="correct"):
-        return Row(variant, "shared", "clean", "vacuous",
-                   SearchStats(schedules=schedules, complete=complete))
+def test_a_vacuous_row_that_ran_its_default_schedules_blames_only_the_configuration():
+    """The schedules are named only where they can be the cause: fewer than the row runs by
+    default (35 for a clean row, 18 faulted, or the variant's own caps: correct-short-path
+    runs 20 and 10), and not every state covered. A reviewer's finding: compared with 300,
+    every vacuous clean row of a default run blamed --schedules."""
+    from sim.variants import CORRECT, get_variant
+
+    budgets = cli.default_budgets([CORRECT, get_variant("correct-short-path")])
+    assert budgets == {"correct": (35, 18), "correct-short-path": (20, 10)}
+
+    def causes(schedules, variant="correct", complete=False):
+        return cli._vacuous_causes(Row(variant, "shared", "clean", "vacuous", SearchStats(
+            schedules=schedules, complete=complete)), budgets)
 
     config_only = "(is the max batch or the bucket set too small to need them?)"
-    assert cli._vacuous_causes(row(300)) == config_only
-    assert cli._vacuous_causes(row(7, complete=True)) == config_only
-    assert cli._vacuous_causes(row(7)).startswith("(only 7 schedules ran")
-    assert cli._vacuous_causes(row(1)).startswith("(only 1 schedule ran")
-    assert cli._vacuous_causes(row(18, variant="correct+faults")) == config_only
-    assert cli._vacuous_causes(row(2, variant="correct+faults")) == (
-        config_only + "; only 2 faulted schedules ran: raise --fault-schedules (default 18)")
+    assert causes(35) == config_only
+    assert causes(20, "correct-short-path") == config_only
+    assert causes(7, complete=True) == config_only
+    assert causes(7).startswith("(only 7 schedules ran: a larger --schedules (default 35 for")
+    assert causes(1).startswith("(only 1 schedule ran")
+    assert causes(19, "correct-short-path").startswith("(only 19 schedules ran")
+    assert causes(18, "correct+faults") == config_only
+    assert causes(10, "correct-short-path+faults") == config_only
+    assert causes(2, "correct+faults") == (
+        config_only + "; only 2 faulted schedules ran: raise --fault-schedules (default 18 for "
+        "this row)")
+
+
+@pytest.mark.timeout(120)
+def test_a_vacuous_row_of_a_default_run_blames_only_the_configuration(tmp_path, capsys):
+    """A clean design that claims to reach preemption, under the default scenario (whose KV
+    pool never runs out) and the default schedules: nothing about --schedules."""
+    variant = tmp_path / "v.py"
+    variant.write_text(
+        "from sim.variants import Variant\n"
+        "WANTS = Variant(name='wants-preemption-default', summary='s', source='test',\n"
+        "    expected={'shared': 'clean', 'per-rank': 'clean'}, reaches=('preemption',))\n")
+    assert main(["check", "--variant-file", str(variant), "--topology", "shared",
+                 "--fault-schedules", "0", "--no-progress", "--jobs", "1"]) == 1
+    note, = [line for line in capsys.readouterr().out.splitlines()
+             if line.startswith("note: wants-preemption-default")]
+    assert note.endswith("(is the max batch or the bucket set too small to need them?)"), note
 
 
 @pytest.mark.timeout(120)
@@ -827,7 +866,8 @@ def test_a_search_too_small_to_catch_or_to_fire_faults_names_the_option_to_raise
     assert ("note: kv-zero-unordered / shared: not caught: 1 schedule found no invariant:I11; "
             "a larger --schedules (default up to 300)") in notes[0]
     assert notes[1].startswith("note: correct+faults / shared: vacuous:")
-    assert notes[1].endswith("only 1 faulted schedule ran: raise --fault-schedules (default 18)")
+    assert notes[1].endswith("only 1 faulted schedule ran: raise --fault-schedules (default 18 "
+                             "for this row)")
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "not caught" not in out and "raise --fault-schedules" not in out
