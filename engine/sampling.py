@@ -178,14 +178,16 @@ class SamplingParams:
 
 def as_token_id(value) -> int | None:
     """``value`` as a Python int if it is integer-like (int, numpy or torch integer, a 0-d
-    integer tensor), else None (bool, float, str, None and other types)."""
-    if isinstance(value, bool) or getattr(value, "dtype", None) is not None and (
+    integer tensor), else None (bool, float, str, None, a meta tensor, which holds no value,
+    and other types)."""
+    if isinstance(value, bool) or getattr(value, "is_meta", False) or getattr(
+            value, "dtype", None) is not None and (
             getattr(value, "is_floating_point", lambda: False)() or getattr(value, "ndim", 0) != 0
             or str(value.dtype) in ("bool", "torch.bool")):
         return None
     try:
         return operator.index(value)
-    except (TypeError, ValueError, RuntimeError, OverflowError):  # RuntimeError: a meta tensor
+    except (TypeError, ValueError, OverflowError):
         return None
 
 
