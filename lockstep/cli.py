@@ -52,8 +52,8 @@ class OneLineParser(argparse.ArgumentParser):
         they are an error there, as every lockstep command makes them (so such a parser
         returns no extras); an error in that pass is the one the real pass would give, and
         `type` functions run in both passes. A parser with positional arguments is left as
-        argparse has it (Python 3.11's `parse_intermixed_args` reads positionals as extras).
-        A stray before the subcommand (`lockstep --bogus bench`) is still named after it."""
+        argparse has it (Python 3.11's `parse_intermixed_args` reads positionals as extras);
+        `main` names a stray before the subcommand (`lockstep --bogus bench`) itself."""
         args = sys.argv[1:] if args is None else list(args)
         needed = [a for a in self._actions if a.required] + [
             g for g in self._mutually_exclusive_groups if g.required]
@@ -123,6 +123,12 @@ def main(argv: list[str] | None = None) -> int:
 
         start_server()  # its workers' imports overlap this process's (see start_server)
     parser = build_parser()
+    command = next((i for i, arg in enumerate(argv) if arg in parser.subcommands), None)
+    if command:  # a stray before the subcommand, named before the subcommand's own errors
+        _, stray = parser.parse_known_args(argv[:command])
+        if stray:
+            parser.subcommands[argv[command]].error(
+                f"unrecognized arguments: {' '.join(stray)}")
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # named by the subcommand's parser, so the error has its prefix
         parser.subcommands.get(args.command, parser).error(
