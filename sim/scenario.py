@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field, replace
 
@@ -11,6 +12,7 @@ from protocol.errors import ConfigError
 from protocol.requests import Request
 from sim.comms import DEFAULT_COMMUNICATORS, Communicator, check_communicators
 from sim.hazards import HazardModel
+from sim.limits import check_limits
 
 TOPOLOGIES = ("shared", "per-rank")
 """``shared``: every rank is a thread of one process (one driver lock), as in thread-per-rank
@@ -48,8 +50,20 @@ class Fault:
     def __post_init__(self) -> None:
         if self.kind not in FAULT_KINDS:
             raise ConfigError(f"fault kind {self.kind!r} is not one of {', '.join(FAULT_KINDS)}")
-        if self.occurrence < 1:
-            raise ConfigError(f"fault occurrence {self.occurrence} must be >= 1")
+        if not _is_int(self.rank):
+            raise ConfigError(f"fault rank {self.rank!r} is not an integer")
+        if not isinstance(self.op, str):
+            raise ConfigError(f"fault op {self.op!r} is not an op name")
+        if not _is_int(self.occurrence) or self.occurrence < 1:
+            # 2.5 was taken and matched no call: the fault never fired and the run read clean
+            raise ConfigError(f"fault occurrence {self.occurrence!r} must be an integer >= 1")
+        if (isinstance(self.delay_s, bool) or not isinstance(self.delay_s, (int, float))
+                or not 0 <= self.delay_s < math.inf):
+            raise ConfigError(f"fault delay_s {self.delay_s!r} must be a finite number >= 0")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -131,9 +145,33 @@ class Scenario:
     data_parallel: bool = False
 
     def __post_init__(self) -> None:
+        """Raises ConfigError naming the first field a run could not use as it reads: a
+        death_detect_s at or past the step timeout (or not finite) had the correct protocol
+        read as breaking I13, a zero vocabulary divided by zero, a negative action limit read
+        as a livelock (a fresh user's findings)."""
+        if not isinstance(self.config, ProtocolConfig):
+            raise ConfigError(f"config {self.config!r} is not a ProtocolConfig")
         if self.topology not in TOPOLOGIES:
             raise ConfigError(f"topology {self.topology!r} is not one of {', '.join(TOPOLOGIES)}")
+        for name, kind in (("hazards", HazardModel), ("memory", MemoryModel)):
+            if not isinstance(getattr(self, name), kind):
+                raise ConfigError(f"{name} {getattr(self, name)!r} is not a {kind.__name__}")
+        for name in ("workload", "faults", "communicators"):
+            if not isinstance(getattr(self, name), tuple):
+                raise ConfigError(f"{name} {getattr(self, name)!r} is not a tuple")
+        for name in ("pages_per_seq", "vocab", "max_actions"):
+            if not _is_int(getattr(self, name)) or getattr(self, name) < 1:
+                raise ConfigError(f"{name} {getattr(self, name)!r} is not an integer >= 1")
+        timeout = self.config.step_timeout_s
+        d = self.death_detect_s
+        if isinstance(d, bool) or not isinstance(d, (int, float)) or not 0 < d < timeout:
+            raise ConfigError(f"death_detect_s {d!r} must be a number of seconds above 0 and "
+                              f"below the step timeout ({timeout:g} s)")
+        if not isinstance(self.data_parallel, bool):
+            raise ConfigError(f"data_parallel {self.data_parallel!r} is not True or False")
         for fault in self.faults:
+            if not isinstance(fault, Fault):
+                raise ConfigError(f"fault {fault!r} is not a Fault")
             if not 0 <= fault.rank < self.config.world_size:
                 raise ConfigError(f"fault on rank {fault.rank}, outside world size "
                                   f"{self.config.world_size}")
@@ -206,6 +244,12 @@ def default_scenario(topology: str = "shared", world_size: int = 2,
                      **config_overrides) -> Scenario:
     """The `lockstep check` default: Qwen3-4B shapes, TP 2, the 36 buckets, max batch 256,
     startup sweep then a serving workload with admissions, retirements and compactions."""
+    if (isinstance(buckets, (str, bytes)) or not hasattr(buckets, "__len__")
+            or not len(buckets)):
+        raise ConfigError(f"buckets {buckets!r}: expected a non-empty list of batch sizes")
+    check_limits(ranks=world_size if _is_int(world_size) else None,
+                 buckets=[b for b in buckets if _is_int(b)],
+                 max_batch=max_batch if _is_int(max_batch) else None)
     max_batch = buckets[-1] if max_batch is None else max_batch
     config = ProtocolConfig(world_size=world_size, buckets=buckets, max_batch=max_batch,
                             shape=QWEN3_4B, **config_overrides)

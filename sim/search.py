@@ -12,6 +12,7 @@ one of them; rank 0 never is (it samples and carries the payload).
 from __future__ import annotations
 
 import ctypes
+import math
 import threading
 import time
 from collections import Counter
@@ -19,6 +20,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from protocol.errors import ConfigError
 from sim.guard import tick, watchdog
 from sim.run import RunResult, collector_off, run_schedule
 from sim.scenario import Scenario
@@ -109,6 +111,26 @@ def _tally(stats: SearchStats, result: RunResult, acceptable: Acceptable, progre
     return ok
 
 
+def check_budget(time_budget, **counts) -> None:
+    """Refuse a search budget that would let a search run nothing and pass, or never end: each
+    of ``counts`` (schedules, states, workers, examples, seed) an integer (>= 1, but a seed
+    any integer), ``time_budget`` a finite number of seconds above 0 (NaN compared false with
+    every deadline, so the search ran without one; 0 schedules read as "no failure").
+
+    Raises:
+        ConfigError: one line naming the argument and the value.
+    """
+    for name, value in counts.items():
+        if (not isinstance(value, int) or isinstance(value, bool)
+                or name != "seed" and value < 1):
+            raise ConfigError(f"{name} = {value!r}: expected an integer"
+                              + ("" if name == "seed" else " >= 1"))
+    if (isinstance(time_budget, bool) or not isinstance(time_budget, (int, float))
+            or not 0 < time_budget < math.inf):
+        raise ConfigError(f"time_budget = {time_budget!r}: expected a finite number of seconds "
+                          "above 0")
+
+
 PCT_STEPS = 2000
 """PCT's run length k (actions) where none was measured: about a default check's run."""
 
@@ -149,7 +171,13 @@ def sample_search(scenario_for: Callable[[int], Scenario], variant, acceptable: 
             ``jobs`` is, and with ``stop_on_failure`` the reported failure is the lowest-indexed
             failing run whatever ``jobs`` is. A job that cannot be pickled (a variant or
             scenario function defined in a closure) runs serially.
+    Raises:
+        ConfigError: a budget `check_budget` refuses, or a strategy other than random or pct.
     """
+    check_budget(time_budget, schedules=schedules, jobs=jobs, seed=seed)
+    if strategy not in ("random", "pct"):
+        raise ConfigError(f"strategy = {strategy!r}: expected 'random' or 'pct' (exhaustive "
+                          "and Hypothesis search are exhaustive_search and hypothesis_search)")
     start = time.perf_counter()
     deadline = start + time_budget
     stats = SearchStats()
@@ -218,7 +246,11 @@ def exhaustive_search(scenario: Scenario, variant, acceptable: Acceptable,
     expanded. ``stats.complete`` is True when the frontier emptied within the budget. With
     ``symmetry`` (and only where `World.symmetry_is_sound`), states that differ by a
     permutation of ranks 1..n-1 count as one.
+
+    Raises:
+        ConfigError: a budget `check_budget` refuses.
     """
+    check_budget(time_budget, max_states=max_states)
     stats = SearchStats()
     start = time.perf_counter()
     visited: set = set()
@@ -313,9 +345,13 @@ def hypothesis_search(scenario: Scenario, variant, acceptable: Acceptable, max_e
     shrinking towards zero prefers the first enabled actor -- fewer context switches. The
     search, shrinking included, ends when ``time_budget`` seconds are spent (`_interrupted_after`);
     the shortest failure found by then is the result.
+
+    Raises:
+        ConfigError: a budget `check_budget` refuses.
     """
     from sim.guard import paused, resumed
 
+    check_budget(time_budget, max_examples=max_examples, seed=seed)
     with paused():  # a slow import is not a stalled hook
         from hypothesis import HealthCheck, Phase, given, settings
         from hypothesis import seed as hseed

@@ -1,0 +1,128 @@
+"""The simulator's Python API refuses what a run could not use as it reads, in one line naming
+the argument, before any search: a fresh user's findings (a false I13 against the correct
+protocol from a death_detect_s past the step timeout, a search of 0 schedules or a NaN budget
+that "found no failure", a fault that could never fire, raw IndexError / ZeroDivisionError /
+MemoryError from deep inside)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from protocol.errors import ConfigError
+from sim.scenario import Fault, default_scenario
+from sim.search import exhaustive_search, hypothesis_search, sample_search
+from sim.strategies import RandomWalk
+from sim.run import run_schedule
+from sim.variants import CORRECT, get_variant
+
+SMALL = dict(world_size=2, buckets=(1, 2, 4), max_batch=4)
+
+
+def _one_line(exc: Exception) -> str:
+    text = str(exc)
+    assert "\n" not in text, text
+    return text
+
+
+@pytest.mark.parametrize("change, words", [
+    (dict(death_detect_s=math.inf), "death_detect_s inf must be a number of seconds above 0 "
+                                    "and below the step timeout (60 s)"),
+    (dict(death_detect_s=math.nan), "death_detect_s nan"),
+    (dict(death_detect_s=60.0), "death_detect_s 60.0"),
+    (dict(death_detect_s=-1.0), "death_detect_s -1.0"),
+    (dict(vocab=0), "vocab 0 is not an integer >= 1"),
+    (dict(vocab="x"), "vocab 'x' is not an integer >= 1"),
+    (dict(max_actions=-1), "max_actions -1 is not an integer >= 1"),
+    (dict(pages_per_seq=0), "pages_per_seq 0 is not an integer >= 1"),
+    (dict(config=None), "config None is not a ProtocolConfig"),
+    (dict(hazards=None), "hazards None is not a HazardModel"),
+    (dict(memory=None), "memory None is not a MemoryModel"),
+    (dict(workload=None), "workload None is not a tuple"),
+    (dict(faults=[Fault("raise", 0, "instantiate")]), "faults [Fault("),
+    (dict(faults=("raise",)), "fault 'raise' is not a Fault"),
+    (dict(data_parallel="yes"), "data_parallel 'yes' is not True or False"),
+])
+def test_a_scenario_field_a_run_cannot_use_is_named(change, words):
+    with pytest.raises(ConfigError) as info:
+        default_scenario(**SMALL).with_(**change)
+    assert _one_line(info.value).startswith(words), info.value
+
+
+def test_a_death_seen_before_the_step_timeout_still_reads_as_the_protocol_handles_it():
+    """The control for the refusal above: the same die fault with the default detection time
+    is the abort the correct protocol gives (with infinity it read as I13 broken)."""
+    sc = default_scenario(**SMALL).with_(faults=(Fault("die", 1, "prefill"),))
+    result = run_schedule(sc, CORRECT, RandomWalk(0))
+    assert result.outcome.verdict == "abort", result.outcome
+
+
+@pytest.mark.parametrize("args, words", [
+    (("raise", 0, "prefill", 2.5), "fault occurrence 2.5 must be an integer >= 1"),
+    (("raise", 0, "prefill", True), "fault occurrence True"),
+    (("raise", "0", "prefill"), "fault rank '0' is not an integer"),
+    (("die", 1, None), "fault op None is not an op name"),
+    (("slow", 0, "prefill", 1, -5), "fault delay_s -5 must be a finite number >= 0"),
+    (("slow", 0, "prefill", 1, math.nan), "fault delay_s nan"),
+])
+def test_a_fault_that_could_never_fire_as_written_is_named(args, words):
+    with pytest.raises(ConfigError) as info:
+        Fault(*args)
+    assert _one_line(info.value).startswith(words), info.value
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(buckets=()), "buckets (): expected a non-empty list of batch sizes"),
+    (dict(buckets=None), "buckets None: expected a non-empty list"),
+    (dict(world_size=65), "ranks 65 is above 64"),
+    (dict(buckets=(1, 4, 2**40), max_batch=4), "bucket 1099511627776 is above 1048576"),
+])
+def test_default_scenario_names_a_bucket_list_or_size_it_cannot_model(kwargs, words):
+    with pytest.raises(ConfigError) as info:
+        default_scenario(**kwargs)
+    assert _one_line(info.value).startswith(words), info.value
+
+
+FUSED_SWEEP = get_variant("fused-sweep")
+
+
+def _bad(result) -> bool:
+    return result.outcome.verdict == "clean"
+
+
+@pytest.mark.parametrize("search, kwargs, words", [
+    ("sample", dict(schedules=0), "schedules = 0: expected an integer >= 1"),
+    ("sample", dict(schedules=-3), "schedules = -3"),
+    ("sample", dict(schedules=2.5), "schedules = 2.5"),
+    ("sample", dict(time_budget=math.nan), "time_budget = nan: expected a finite number"),
+    ("sample", dict(time_budget=0), "time_budget = 0"),
+    ("sample", dict(time_budget="5"), "time_budget = '5'"),
+    ("sample", dict(jobs=0), "jobs = 0"),
+    ("sample", dict(seed=None), "seed = None: expected an integer"),
+    ("sample", dict(strategy="exhaustive"), "strategy = 'exhaustive': expected 'random' or "),
+    ("exhaustive", dict(max_states=-1), "max_states = -1"),
+    ("exhaustive", dict(time_budget=math.nan), "time_budget = nan"),
+    ("exhaustive", dict(time_budget=-1), "time_budget = -1"),
+    ("hypothesis", dict(time_budget=math.nan), "time_budget = nan"),
+    ("hypothesis", dict(max_examples=0), "max_examples = 0"),
+])
+def test_a_search_budget_that_runs_nothing_or_never_ends_is_refused(search, kwargs, words):
+    """Old behaviour: schedules=0 on fused-sweep (a deadlocking variant) returned no failure,
+    and a NaN budget searched without a deadline."""
+    sc = FUSED_SWEEP.scenario(default_scenario(**SMALL))
+    with pytest.raises(ConfigError) as info:
+        if search == "sample":
+            sample_search(lambda i: sc, FUSED_SWEEP, _bad, **kwargs)
+        elif search == "exhaustive":
+            exhaustive_search(sc, FUSED_SWEEP, _bad, **kwargs)
+        else:
+            hypothesis_search(sc, FUSED_SWEEP, _bad, **kwargs)
+    assert _one_line(info.value).startswith(words), info.value
+
+
+@pytest.mark.timeout(60)
+def test_the_smallest_budgets_still_search():
+    sc = FUSED_SWEEP.scenario(default_scenario(**SMALL))
+    result = sample_search(lambda i: sc, FUSED_SWEEP, _bad, schedules=1, time_budget=30)
+    assert result.stats.schedules == 1
