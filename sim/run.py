@@ -7,6 +7,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from protocol.errors import ConfigError
 from sim.guard import counting_choices
 from sim.scenario import Scenario
 from sim.world import Outcome, World
@@ -73,12 +74,16 @@ def run_schedule(scenario: Scenario, variant, chooser, on_state=None,
         on_state: optional callback(world) after every action (for state counting).
         deadline: ``time.perf_counter()`` value past which the run stops with verdict
             ``budget`` (not a protocol verdict: the search ran out of time mid-run).
+    Raises:
+        ConfigError: a scenario, variant or chooser of the wrong kind, or a chooser of one's
+            own that chose an actor not enabled.
     """
     # The cyclic collector finds nothing to free during a run (the world is alive throughout;
     # 0 objects in the runs measured), but its automatic passes scan the run's young objects
     # every few hundred allocations and promote them, so that the world, garbage once the run
     # is over, waits for a full collection. Off during the run, it scans a finished world about
     # once alive and once dead (see `freeze_imports`).
+    chooser = _checked(scenario, variant, chooser)
     automatic = gc.isenabled()
     gc.disable()
     try:
@@ -86,6 +91,48 @@ def run_schedule(scenario: Scenario, variant, chooser, on_state=None,
     finally:
         if automatic:
             gc.enable()
+
+
+class _OwnChooser:
+    """A chooser not of `sim.strategies`, whose every choice is checked against the enabled
+    actors: a name no actor has was a KeyError deep in the world, and a disabled actor's would
+    step it out of turn."""
+
+    def __init__(self, chooser):
+        self.chooser = chooser
+
+    def choose(self, enabled: list[str], step: int) -> str:
+        actor = self.chooser.choose(enabled, step)
+        if actor not in enabled:
+            raise ConfigError(f"chooser {type(self.chooser).__name__} chose {actor!r} at action "
+                              f"{step}, which is not enabled (enabled: {', '.join(enabled)})")
+        return actor
+
+
+def _checked(scenario, variant, chooser):
+    """``chooser`` as the run uses it (see `_OwnChooser`); raises ConfigError naming an
+    argument of the wrong kind, before the world is built."""
+    from sim.strategies import PCT, Drawn, RandomWalk, Replay, Sticky
+    from sim.variants import Variant
+
+    if not isinstance(scenario, Scenario):
+        raise ConfigError(f"scenario {scenario!r:.60}: expected a Scenario "
+                          "(sim.scenario.default_scenario makes one)")
+    if not isinstance(variant, Variant):
+        raise ConfigError(f"variant {variant!r:.60}: expected a Variant (sim.variants."
+                          "get_variant('correct'), or one of your own)")
+    if scenario.faults:
+        known = variant.fault_ops()
+        for fault in scenario.faults:
+            if fault.op not in known:  # it would never fire, and the run would read clean
+                raise ConfigError(f"fault op {fault.op!r:.40} is no op of {variant.name}'s runs; "
+                                  f"one of {', '.join(known)[:120]}...")
+    if isinstance(chooser, type) or not callable(getattr(chooser, "choose", None)):
+        raise ConfigError(f"chooser {chooser!r:.60}: expected an object with a "
+                          "choose(enabled, step) method, such as RandomWalk(seed)")
+    if type(chooser) in (RandomWalk, PCT, Replay, Sticky, Drawn):
+        return chooser
+    return _OwnChooser(chooser)
 
 
 def _run(scenario: Scenario, variant, chooser, on_state, deadline: float | None) -> RunResult:

@@ -12,6 +12,16 @@ from __future__ import annotations
 
 import random
 
+from protocol.errors import ConfigError
+
+
+def _integer(name: str, value, least: int | None = None) -> None:
+    """Raises ConfigError unless ``value`` is an int (not a bool) of at least ``least``."""
+    if not isinstance(value, int) or isinstance(value, bool) or (
+            least is not None and value < least):
+        raise ConfigError(f"{name} = {value!r}: expected an integer"
+                          + ("" if least is None else f" >= {least}"))
+
 
 class NondeterminismError(Exception):
     """A replayed run departed from its recording: the recorded actor was not enabled."""
@@ -23,6 +33,7 @@ class RandomWalk:
     name = "random"
 
     def __init__(self, seed: int):
+        _integer("seed", seed)  # None seeded from the OS: a run no one could repeat
         self.rng = random.Random(seed)
         self._bits = self.rng.getrandbits
 
@@ -49,6 +60,9 @@ class PCT:
     name = "pct"
 
     def __init__(self, seed: int, depth: int = 3, max_steps: int = 2000):
+        _integer("seed", seed)
+        _integer("depth", depth, 1)
+        _integer("max_steps", max_steps, 1)  # 0 failed at the first choice, in randrange
         self.rng = random.Random(seed)
         self.priority: dict[str, float] = {}
         self.change_points = sorted(self.rng.randrange(max_steps) for _ in range(max(0, depth - 1)))
@@ -72,6 +86,9 @@ class Replay:
     name = "replay"
 
     def __init__(self, choices: list[str]):
+        if isinstance(choices, str) or not isinstance(choices, (list, tuple)) or not all(
+                isinstance(c, str) for c in choices):
+            raise ConfigError(f"choices = {choices!r:.60}: expected a list of actor names")
         self.choices = choices
 
     def choose(self, enabled: list[str], step: int) -> str:

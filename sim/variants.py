@@ -279,6 +279,8 @@ def get_variant(name: str) -> Variant:
         ConfigError: no variant has that name; the message names the closest ones and where
             every name is listed (docs/variants.md).
     """
+    if not isinstance(name, str):
+        raise ConfigError(f"variant name {name!r:.60}: expected a string such as 'correct'")
     try:
         return REGISTRY[name]
     except KeyError:

@@ -13,7 +13,7 @@ import pytest
 from protocol.errors import ConfigError
 from sim.scenario import Fault, default_scenario
 from sim.search import exhaustive_search, hypothesis_search, sample_search
-from sim.strategies import RandomWalk
+from sim.strategies import PCT, RandomWalk, Replay
 from sim.run import run_schedule
 from sim.variants import CORRECT, get_variant
 
@@ -126,3 +126,49 @@ def test_the_smallest_budgets_still_search():
     sc = FUSED_SWEEP.scenario(default_scenario(**SMALL))
     result = sample_search(lambda i: sc, FUSED_SWEEP, _bad, schedules=1, time_budget=30)
     assert result.stats.schedules == 1
+
+
+class _Nobody:
+    def choose(self, enabled, step):
+        return "nobody"
+
+
+class _Last:
+    def choose(self, enabled, step):
+        return enabled[-1]
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda sc: run_schedule(sc, CORRECT, None), "chooser None: expected an object with a "
+                                                 "choose(enabled, step) method"),
+    (lambda sc: run_schedule(sc, CORRECT, "random"), "chooser 'random': expected"),
+    (lambda sc: run_schedule(sc, CORRECT, RandomWalk), "chooser <class "),
+    (lambda sc: run_schedule(sc, "correct", RandomWalk(0)), "variant 'correct': expected a "
+                                                            "Variant"),
+    (lambda sc: run_schedule(None, CORRECT, RandomWalk(0)), "scenario None: expected a "
+                                                            "Scenario"),
+    (lambda sc: run_schedule(sc, CORRECT, _Nobody()), "chooser _Nobody chose 'nobody' at "
+                                                      "action "),
+    (lambda sc: run_schedule(sc.with_(faults=(Fault("raise", 0, "nosuchop"),)), CORRECT,
+                             RandomWalk(0)), "fault op 'nosuchop' is no op of correct's runs; "
+                                             "one of "),
+    (lambda sc: get_variant(None), "variant name None: expected a string"),
+    (lambda sc: get_variant(["fused-sweep"]), "variant name ['fused-sweep']"),
+    (lambda sc: RandomWalk(None), "seed = None: expected an integer"),
+    (lambda sc: RandomWalk(1.5), "seed = 1.5"),
+    (lambda sc: PCT(0, max_steps=0), "max_steps = 0: expected an integer >= 1"),
+    (lambda sc: PCT(0, depth=2.5), "depth = 2.5"),
+    (lambda sc: Replay(None), "choices = None: expected a list of actor names"),
+])
+def test_a_run_s_arguments_of_the_wrong_kind_are_named(call, words):
+    """Old behaviour: AttributeError ('NoneType' object has no attribute 'choose' / 'config' /
+    'controller_cls' / 'lower'), a KeyError for a chooser's unknown actor, randrange's
+    "empty range" at the first choice, and RandomWalk(None) seeded from the OS."""
+    with pytest.raises(ConfigError) as info:
+        call(default_scenario(**SMALL))
+    assert _one_line(info.value).startswith(words), info.value
+
+
+def test_a_chooser_of_one_s_own_that_chooses_an_enabled_actor_runs():
+    result = run_schedule(default_scenario(**SMALL), CORRECT, _Last())
+    assert result.outcome.verdict == "clean"
