@@ -126,7 +126,7 @@ def _checked(scenario, variant, chooser):
         for fault in scenario.faults:
             if fault.op not in known:  # it would never fire, and the run would read clean
                 raise ConfigError(f"fault op {fault.op!r:.40} is no op of {variant.name}'s runs; "
-                                  f"one of {', '.join(known)[:120]}...")
+                                  f"one of {', '.join(known)}")
     if isinstance(chooser, type) or not callable(getattr(chooser, "choose", None)):
         raise ConfigError(f"chooser {chooser!r:.60}: expected an object with a "
                           "choose(enabled, step) method, such as RandomWalk(seed)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 import random
 from dataclasses import dataclass, field, replace
 
@@ -57,13 +58,18 @@ class Fault:
         if not _is_int(self.occurrence) or self.occurrence < 1:
             # 2.5 was taken and matched no call: the fault never fired and the run read clean
             raise ConfigError(f"fault occurrence {self.occurrence!r} must be an integer >= 1")
-        if (isinstance(self.delay_s, bool) or not isinstance(self.delay_s, (int, float))
-                or not 0 <= self.delay_s < math.inf):
+        if not _is_real(self.delay_s) or not 0 <= self.delay_s < math.inf:
             raise ConfigError(f"fault delay_s {self.delay_s!r} must be a finite number >= 0")
 
 
 def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    """An integer of any kind (a numpy one too), not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_real(value) -> bool:
+    """A real number of any kind (numpy's, a Fraction), not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -146,32 +152,40 @@ class Scenario:
 
     def __post_init__(self) -> None:
         """Raises ConfigError naming the first field a run could not use as it reads: a
-        death_detect_s at or past the step timeout (or not finite) had the correct protocol
-        read as breaking I13, a zero vocabulary divided by zero, a negative action limit read
+        death_detect_s past the step timeout (with a die fault) or not finite had the correct
+        protocol read as breaking I13, a zero vocabulary divided by zero, a negative action limit read
         as a livelock (a fresh user's findings)."""
         if not isinstance(self.config, ProtocolConfig):
-            raise ConfigError(f"config {self.config!r} is not a ProtocolConfig")
+            raise ConfigError(f"config {self.config!r:.60} is not a ProtocolConfig")
         if self.topology not in TOPOLOGIES:
             raise ConfigError(f"topology {self.topology!r} is not one of {', '.join(TOPOLOGIES)}")
         for name, kind in (("hazards", HazardModel), ("memory", MemoryModel)):
             if not isinstance(getattr(self, name), kind):
-                raise ConfigError(f"{name} {getattr(self, name)!r} is not a {kind.__name__}")
+                raise ConfigError(f"{name} {getattr(self, name)!r:.60} is not a "
+                                  f"{kind.__name__}")
         for name in ("workload", "faults", "communicators"):
-            if not isinstance(getattr(self, name), tuple):
-                raise ConfigError(f"{name} {getattr(self, name)!r} is not a tuple")
+            value = getattr(self, name)
+            if isinstance(value, list):  # a list reads as the tuple it holds
+                object.__setattr__(self, name, tuple(value))
+            elif not isinstance(value, tuple):
+                raise ConfigError(f"{name} {value!r:.60} is not a tuple")
         for name in ("pages_per_seq", "vocab", "max_actions"):
             if not _is_int(getattr(self, name)) or getattr(self, name) < 1:
-                raise ConfigError(f"{name} {getattr(self, name)!r} is not an integer >= 1")
+                raise ConfigError(f"{name} {getattr(self, name)!r:.60} is not an integer >= 1")
         timeout = self.config.step_timeout_s
         d = self.death_detect_s
-        if isinstance(d, bool) or not isinstance(d, (int, float)) or not 0 < d < timeout:
-            raise ConfigError(f"death_detect_s {d!r} must be a number of seconds above 0 and "
-                              f"below the step timeout ({timeout:g} s)")
+        if not _is_real(d) or not 0 < d < math.inf:
+            raise ConfigError(f"death_detect_s {d!r:.60} must be a finite number of seconds "
+                              "above 0")
+        if d > timeout and any(f.kind == "die" for f in self.faults if isinstance(f, Fault)):
+            # the step timeout fires first and names no failed rank: a false I13
+            raise ConfigError(f"death_detect_s {d!r} is past the step timeout ({timeout:g} s): "
+                              "a die fault's peers would time out before they saw the death")
         if not isinstance(self.data_parallel, bool):
-            raise ConfigError(f"data_parallel {self.data_parallel!r} is not True or False")
+            raise ConfigError(f"data_parallel {self.data_parallel!r:.60} is not True or False")
         for fault in self.faults:
             if not isinstance(fault, Fault):
-                raise ConfigError(f"fault {fault!r} is not a Fault")
+                raise ConfigError(f"fault {fault!r:.60} is not a Fault")
             if not 0 <= fault.rank < self.config.world_size:
                 raise ConfigError(f"fault on rank {fault.rank}, outside world size "
                                   f"{self.config.world_size}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import numbers
 import threading
 import time
 from collections import Counter
@@ -121,13 +122,13 @@ def check_budget(time_budget, **counts) -> None:
         ConfigError: one line naming the argument and the value.
     """
     for name, value in counts.items():
-        if (not isinstance(value, int) or isinstance(value, bool)
+        if (not isinstance(value, numbers.Integral) or isinstance(value, bool)
                 or name != "seed" and value < 1):
-            raise ConfigError(f"{name} = {value!r}: expected an integer"
+            raise ConfigError(f"{name} = {value!r:.60}: expected an integer"
                               + ("" if name == "seed" else " >= 1"))
-    if (isinstance(time_budget, bool) or not isinstance(time_budget, (int, float))
+    if (isinstance(time_budget, bool) or not isinstance(time_budget, numbers.Real)
             or not 0 < time_budget < math.inf):
-        raise ConfigError(f"time_budget = {time_budget!r}: expected a finite number of seconds "
+        raise ConfigError(f"time_budget = {time_budget!r:.60}: expected a finite number of seconds "
                           "above 0")
 
 

@@ -27,10 +27,11 @@ def _one_line(exc: Exception) -> str:
 
 
 @pytest.mark.parametrize("change, words", [
-    (dict(death_detect_s=math.inf), "death_detect_s inf must be a number of seconds above 0 "
-                                    "and below the step timeout (60 s)"),
+    (dict(death_detect_s=math.inf), "death_detect_s inf must be a finite number of seconds "
+                                    "above 0"),
     (dict(death_detect_s=math.nan), "death_detect_s nan"),
-    (dict(death_detect_s=60.0), "death_detect_s 60.0"),
+    (dict(death_detect_s=61.0, faults=(Fault("die", 1, "prefill"),)),
+     "death_detect_s 61.0 is past the step timeout (60 s): a die fault's peers would time out"),
     (dict(death_detect_s=-1.0), "death_detect_s -1.0"),
     (dict(vocab=0), "vocab 0 is not an integer >= 1"),
     (dict(vocab="x"), "vocab 'x' is not an integer >= 1"),
@@ -40,7 +41,6 @@ def _one_line(exc: Exception) -> str:
     (dict(hazards=None), "hazards None is not a HazardModel"),
     (dict(memory=None), "memory None is not a MemoryModel"),
     (dict(workload=None), "workload None is not a tuple"),
-    (dict(faults=[Fault("raise", 0, "instantiate")]), "faults [Fault("),
     (dict(faults=("raise",)), "fault 'raise' is not a Fault"),
     (dict(data_parallel="yes"), "data_parallel 'yes' is not True or False"),
 ])
@@ -48,6 +48,26 @@ def test_a_scenario_field_a_run_cannot_use_is_named(change, words):
     with pytest.raises(ConfigError) as info:
         default_scenario(**SMALL).with_(**change)
     assert _one_line(info.value).startswith(words), info.value
+
+
+def test_what_a_run_can_use_is_still_taken():
+    """A reviewer's findings on the first form of these checks: a step timeout of 5 s (the
+    default death_detect_s) with no die fault, lists for the workload or faults, numpy integers
+    and floats, and a Fraction budget all ran before and still do."""
+    import fractions
+
+    import numpy as np
+
+    sc = default_scenario(step_timeout_s=5, **SMALL)
+    assert sc.death_detect_s == 5.0
+    died = sc.with_(faults=[Fault("die", 1, "prefill")], workload=list(sc.workload))
+    assert isinstance(died.faults, tuple) and isinstance(died.workload, tuple)
+    assert run_schedule(died, CORRECT, RandomWalk(0)).outcome.verdict == "abort"
+    Fault("raise", np.int64(1), "prefill", np.int64(1), np.float32(0.5))
+    sc.with_(max_actions=np.int64(100_000), death_detect_s=np.float32(2.0))
+    result = sample_search(lambda i: sc, CORRECT, lambda r: True, "random", np.int64(2),
+                           fractions.Fraction(10))
+    assert result.stats.schedules == 2
 
 
 def test_a_death_seen_before_the_step_timeout_still_reads_as_the_protocol_handles_it():
