@@ -854,12 +854,11 @@ def _row_notes(rows: list[Row], budgets: dict[str, tuple[int, int]]) -> list[str
 def default_budgets(variants) -> dict[str, tuple[int, int]]:
     """Per variant name, the schedules its clean row and its '+faults' row run under the
     default options: CLEAN_SCHEDULES and the default --fault-schedules, each capped by the
-    variant's own ``schedules`` / ``fault_schedules``."""
-    def capped(default: int, cap: int | None) -> int:
-        return default if cap is None else min(default, cap)
-
-    return {v.name: (capped(CLEAN_SCHEDULES, v.schedules),
-                     capped(DEFAULTS["fault_schedules"], v.fault_schedules)) for v in variants}
+    variant's own ``schedules`` / ``fault_schedules`` (`variant_spec`)."""
+    defaults = CheckSpec(schedules=DEFAULTS["schedules"], clean_schedules=CLEAN_SCHEDULES,
+                         fault_schedules=DEFAULTS["fault_schedules"])
+    return {v.name: (variant_spec(v, defaults).planned_clean,
+                     variant_spec(v, defaults).fault_schedules) for v in variants}
 
 
 def _vacuous_causes(row: Row, budgets: dict[str, tuple[int, int]]) -> str:

@@ -51,23 +51,23 @@ class Fault:
     def __post_init__(self) -> None:
         if self.kind not in FAULT_KINDS:
             raise ConfigError(f"fault kind {self.kind!r} is not one of {', '.join(FAULT_KINDS)}")
-        if not _is_int(self.rank):
+        if not is_integer(self.rank):
             raise ConfigError(f"fault rank {self.rank!r} is not an integer")
         if not isinstance(self.op, str):
             raise ConfigError(f"fault op {self.op!r} is not an op name")
-        if not _is_int(self.occurrence) or self.occurrence < 1:
+        if not is_integer(self.occurrence) or self.occurrence < 1:
             # 2.5 was taken and matched no call: the fault never fired and the run read clean
             raise ConfigError(f"fault occurrence {self.occurrence!r} must be an integer >= 1")
-        if not _is_real(self.delay_s) or not 0 <= self.delay_s < math.inf:
+        if not is_real(self.delay_s) or not 0 <= self.delay_s < math.inf:
             raise ConfigError(f"fault delay_s {self.delay_s!r} must be a finite number >= 0")
 
 
-def _is_int(value) -> bool:
+def is_integer(value) -> bool:
     """An integer of any kind (a numpy one too), not a bool."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def _is_real(value) -> bool:
+def is_real(value) -> bool:
     """A real number of any kind (numpy's, a Fraction), not a bool."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
@@ -170,11 +170,11 @@ class Scenario:
             elif not isinstance(value, tuple):
                 raise ConfigError(f"{name} {value!r:.60} is not a tuple")
         for name in ("pages_per_seq", "vocab", "max_actions"):
-            if not _is_int(getattr(self, name)) or getattr(self, name) < 1:
+            if not is_integer(getattr(self, name)) or getattr(self, name) < 1:
                 raise ConfigError(f"{name} {getattr(self, name)!r:.60} is not an integer >= 1")
         timeout = self.config.step_timeout_s
         d = self.death_detect_s
-        if not _is_real(d) or not 0 < d < math.inf:
+        if not is_real(d) or not 0 < d < math.inf:
             raise ConfigError(f"death_detect_s {d!r:.60} must be a finite number of seconds "
                               "above 0")
         if d > timeout and any(f.kind == "die" for f in self.faults if isinstance(f, Fault)):
@@ -261,9 +261,9 @@ def default_scenario(topology: str = "shared", world_size: int = 2,
     if (isinstance(buckets, (str, bytes)) or not hasattr(buckets, "__len__")
             or not len(buckets)):
         raise ConfigError(f"buckets {buckets!r}: expected a non-empty list of batch sizes")
-    check_limits(ranks=world_size if _is_int(world_size) else None,
-                 buckets=[b for b in buckets if _is_int(b)],
-                 max_batch=max_batch if _is_int(max_batch) else None)
+    check_limits(ranks=world_size if is_integer(world_size) else None,
+                 buckets=[b for b in buckets if is_integer(b)],
+                 max_batch=max_batch if is_integer(max_batch) else None)
     max_batch = buckets[-1] if max_batch is None else max_batch
     config = ProtocolConfig(world_size=world_size, buckets=buckets, max_batch=max_batch,
                             shape=QWEN3_4B, **config_overrides)

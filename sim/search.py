@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ctypes
 import math
-import numbers
 import threading
 import time
 from collections import Counter
@@ -24,7 +23,7 @@ from dataclasses import dataclass, field
 from protocol.errors import ConfigError
 from sim.guard import tick, watchdog
 from sim.run import RunResult, collector_off, run_schedule
-from sim.scenario import Scenario
+from sim.scenario import Scenario, is_integer, is_real
 from sim.strategies import PCT, Drawn, RandomWalk
 from sim.world import World
 
@@ -122,12 +121,10 @@ def check_budget(time_budget, **counts) -> None:
         ConfigError: one line naming the argument and the value.
     """
     for name, value in counts.items():
-        if (not isinstance(value, numbers.Integral) or isinstance(value, bool)
-                or name != "seed" and value < 1):
+        if not is_integer(value) or name != "seed" and value < 1:
             raise ConfigError(f"{name} = {value!r:.60}: expected an integer"
                               + ("" if name == "seed" else " >= 1"))
-    if (isinstance(time_budget, bool) or not isinstance(time_budget, numbers.Real)
-            or not 0 < time_budget < math.inf):
+    if not is_real(time_budget) or not 0 < time_budget < math.inf:
         raise ConfigError(f"time_budget = {time_budget!r:.60}: expected a finite number of seconds "
                           "above 0")
 
