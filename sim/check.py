@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from lockstep.args import MAX_DIGITS, clipped
+from lockstep.args import MAX_DIGITS, SEED_LIMIT, clipped, one_line_repr
 from protocol.errors import ConfigError
 from sim.common import OUTCOME_VERDICTS
 from sim.checks import attribute_divergence
@@ -25,10 +25,11 @@ from sim.hazards import HazardModel
 from sim.headroom import HeadroomDraw, largest_headroom, refusal_expected
 from sim.reduce import reduce_schedule
 from sim.run import RunResult, run_schedule
-from sim.scenario import Fault, Scenario, default_scenario
+from sim.scenario import Fault, Scenario, default_scenario, is_integer
 from sim.faults import FaultSearch
-from sim.search import SearchResult, SearchStats, exhaustive_search, hypothesis_search, sample_search
-from sim.strategies import NondeterminismError, Replay
+from sim.search import (SearchResult, SearchStats, check_budget, exhaustive_search,
+                        hypothesis_search, sample_search)
+from sim.strategies import STRATEGIES, NondeterminismError, Replay
 from sim.variants import EVENT_REACH, Variant, get_variant
 
 from sim.world import ACTOR as _ACTOR
@@ -42,7 +43,22 @@ Reproduce command writes the story on its page. The table alone spends `CheckSpe
 
 @dataclass(frozen=True)
 class CheckSpec:
-    """What `lockstep check` explores for each variant (all of it serialisable to JSON)."""
+    """What `lockstep check` explores for each variant (all of it serialisable to JSON).
+
+    Each field takes what its `lockstep check` option takes (`sim.cli`), checked when the spec
+    is made (`__post_init__`), before anything runs: ``ranks`` 2 to 64, ``buckets`` and
+    ``max_batch`` as ``--buckets`` and ``--max-batch`` take them (`check_scenario_value`),
+    ``strategy`` None or one of `sim.strategies.STRATEGIES`, ``schedules`` and
+    ``clean_schedules`` (or None) and ``jobs`` integers >= 1, ``fault_schedules`` an integer
+    >= 0 (0: no faulted row), each at most its `sim.limits` bound, ``time_budget`` a finite
+    number of seconds above 0 and at most a day, ``seed`` an integer in [0, 2**64),
+    ``hazards_off`` hazard rule names (``h1`` ... ``h9``), ``h2_scope`` and ``h2_calls`` one
+    of theirs; ``reduce_attempts``, which no option sets, an integer >= 0. Integers of any kind
+    (numpy's) are kept as ints.
+
+    Raises:
+        ConfigError: one line naming the first field refused and its value.
+    """
 
     ranks: int = 2
     buckets: tuple[int, ...] | None = None
@@ -66,20 +82,52 @@ class CheckSpec:
     h2_scope: str = "process"
     h2_calls: str = "both"
 
+    def __post_init__(self) -> None:
+        """Refuses a field its `lockstep check` option would refuse (the class docstring):
+        built directly, ``schedules=0`` gave an ``incomplete`` row "after 0 of -1 schedules"
+        and ``fault_schedules=-1`` dropped the faulted row without a word (a review's
+        findings), where the command line refuses both before a spec is made."""
+        from sim.limits import check_limits
+
+        for name in ("ranks", "max_batch", "schedules", "clean_schedules", "fault_schedules",
+                     "seed", "jobs", "reduce_attempts"):
+            if is_integer(getattr(self, name)):  # numpy's too, kept as a plain int (for JSON)
+                object.__setattr__(self, name, int(getattr(self, name)))
+        for name in ("ranks", "buckets", "max_batch", "hazards_off", "h2_scope", "h2_calls"):
+            value = getattr(self, name)
+            if value is None and name in ("buckets", "max_batch"):
+                continue
+            try:  # the rule of the option, so a spec holds what the command line would take
+                object.__setattr__(self, name, check_scenario_value(name, value))
+            except ConfigError as exc:
+                raise ConfigError(f"{name} = {one_line_repr(value)}: {exc}") from None
+        if self.strategy is not None and self.strategy not in STRATEGIES:
+            raise ConfigError(f"strategy = {one_line_repr(self.strategy)}: expected None or one "
+                              f"of {', '.join(STRATEGIES)}")
+        counts = dict(schedules=self.schedules, jobs=self.jobs)
+        if self.clean_schedules is not None:
+            counts["clean_schedules"] = self.clean_schedules
+        check_budget(self.time_budget, **counts)
+        for name, least in (("fault_schedules", 0), ("reduce_attempts", 0)):
+            value = getattr(self, name)
+            if not is_integer(value) or value < least:
+                raise ConfigError(f"{name} = {one_line_repr(value)}: expected an integer >= "
+                                  f"{least}")
+        if not is_integer(self.seed) or not 0 <= self.seed < SEED_LIMIT:
+            raise ConfigError(f"seed = {one_line_repr(self.seed)}: expected an integer in "
+                              "[0, 2**64)")
+        check_limits(schedules=max(self.schedules, self.planned_clean),
+                     fault_schedules=self.fault_schedules, jobs=self.jobs,
+                     time_budget=self.time_budget)
+
     def strategy_for(self, variant) -> str:
         """The search strategy for ``variant``: the one asked for, else the variant's own
         (`Variant.strategy`, for a bug that needs a rare interleaving), else random."""
         return self.strategy or getattr(variant, "strategy", None) or "random"
 
     def scenario(self, topology: str) -> Scenario:
-        """The base scenario; raises ConfigError for a configuration the model cannot hold or
-        a value past `sim.limits` (checked before anything is built)."""
-        from sim.limits import check_limits
-
-        check_limits(ranks=self.ranks, buckets=self.buckets, max_batch=self.max_batch,
-                     schedules=max(self.schedules, self.planned_clean),
-                     fault_schedules=self.fault_schedules, jobs=self.jobs,
-                     time_budget=self.time_budget)
+        """The base scenario; raises ConfigError for a configuration the model cannot hold
+        (each field's own range and `sim.limits` bound were checked when the spec was made)."""
         kwargs = {}
         if self.buckets is not None:
             kwargs["buckets"] = self.buckets

@@ -192,3 +192,52 @@ def test_a_run_s_arguments_of_the_wrong_kind_are_named(call, words):
 def test_a_chooser_of_one_s_own_that_chooses_an_enabled_actor_runs():
     result = run_schedule(default_scenario(**SMALL), CORRECT, _Last())
     assert result.outcome.verdict == "clean"
+
+
+@pytest.mark.parametrize("change, words", [
+    (dict(schedules=0), "schedules = 0: expected an integer >= 1"),
+    (dict(schedules=2.5), "schedules = 2.5: expected an integer >= 1"),
+    (dict(clean_schedules=0), "clean_schedules = 0: expected an integer >= 1"),
+    (dict(fault_schedules=-1), "fault_schedules = -1: expected an integer >= 0"),
+    (dict(fault_schedules="5"), "fault_schedules = '5': expected an integer >= 0"),
+    (dict(jobs=0), "jobs = 0: expected an integer >= 1"),
+    (dict(jobs=257), "jobs 257 is above 256"),
+    (dict(time_budget=math.nan), "time_budget = nan: expected a finite number of seconds"),
+    (dict(time_budget=0), "time_budget = 0: expected a finite number of seconds"),
+    (dict(seed=-1), "seed = -1: expected an integer in [0, 2**64)"),
+    (dict(seed=None), "seed = None: expected an integer"),
+    (dict(reduce_attempts=-1), "reduce_attempts = -1: expected an integer >= 0"),
+    (dict(strategy="dfs"), "strategy = 'dfs': expected None or one of random, pct, "),
+    (dict(ranks=1), "ranks = 1: 1 must be at least 2"),
+    (dict(ranks="2"), "ranks = '2': '2' is not an integer"),
+    (dict(max_batch=0), "max_batch = 0: 0 must be at least 1"),
+    (dict(buckets=(4, 2)), "buckets = (4, 2): buckets must be strictly ascending"),
+    (dict(hazards_off=("H6",)), "hazards_off = ('H6',): unknown hazard 'H6'; known: h1, "),
+    (dict(hazards_off="h6"), "hazards_off = 'h6': 'h6' is not a list of hazard names"),
+    (dict(h2_scope="all"), "h2_scope = 'all': 'all' is not one of device, process, peers"),
+    (dict(h2_calls=None), "h2_calls = None: None is not one of assumed, measured, both"),
+])
+def test_a_check_spec_field_its_option_would_refuse_is_named(change, words):
+    """Old behaviour: a CheckSpec built directly took what `lockstep check` refuses:
+    ``schedules=0`` gave an ``incomplete`` row "after 0 of -1 schedules" and
+    ``fault_schedules=-1`` dropped the faulted row without a word."""
+    from sim.check import CheckSpec
+
+    with pytest.raises(ConfigError) as info:
+        CheckSpec(**change)
+    assert _one_line(info.value).startswith(words), info.value
+
+
+def test_a_check_spec_takes_what_its_options_take():
+    """``fault_schedules=0`` is ``--fault-schedules 0``: no faulted row, not an error; lists
+    read as tuples and numpy integers as ints (a spec is written as JSON in a trace)."""
+    import numpy as np
+
+    from sim.check import CheckSpec, has_faulted_row
+
+    spec = CheckSpec(fault_schedules=0, buckets=[1, 2, 4], hazards_off=["h6"],
+                     ranks=np.int64(3), seed=np.uint64(7), reduce_attempts=0)
+    assert not has_faulted_row(CORRECT, spec)
+    assert spec.buckets == (1, 2, 4) and spec.hazards_off == ("h6",)
+    assert type(spec.ranks) is int and type(spec.seed) is int
+    assert has_faulted_row(CORRECT, CheckSpec(fault_schedules=1))
