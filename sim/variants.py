@@ -63,8 +63,8 @@ class Variant:
 
     Attributes:
         name: registry name (``lockstep check --variant NAME``).
-        summary: what the design does, one sentence.
-        source: the public bug or discussion it comes from.
+        summary: what the design does, one sentence (a non-empty string).
+        source: the public bug or discussion it comes from (a non-empty string).
         expected: topology -> expected verdict, ``"clean"``, ``"deadlock"``, ``"divergence"``,
             ``"oom"``, ``"hang-at-exit"``, ``"startup-refused"`` or ``"invariant:I<n>"``.
         also_expected: further verdicts that catch a bad variant in a topology whose
@@ -75,6 +75,8 @@ class Variant:
             captured sets diverge, or it does not, and its capture runs out of memory). A
             topology expected clean stays clean: no verdict here passes it. Empty for most
             variants.
+        remedy: how the correct protocol avoids the bug, for the walkthrough `lockstep docs`
+            writes (a string; "" for none: the designs expected clean, a user's own).
         controller_cls: the controller class (a `protocol.Controller` subclass).
         worker_cls: the worker class (a `protocol.Worker` subclass).
         adjust: scenario -> scenario, for the fault or memory budget the variant needs.
@@ -165,6 +167,12 @@ class Variant:
         def bad(field_name: str, value, want: str) -> ConfigError:
             return ConfigError(f"variant {self.name!r}: {field_name} is {value!r:.80}; expected {want}")
 
+        for field_name in ("summary", "source"):  # None and 5 were taken, and printed by --list
+            value = getattr(self, field_name)
+            if not isinstance(value, str) or not value:
+                raise bad(field_name, value, "a non-empty string")
+        if not isinstance(self.remedy, str):
+            raise bad("remedy", self.remedy, 'a string ("" for none)')
         for field_name, base in (("controller_cls", Controller), ("worker_cls", Worker)):
             value = getattr(self, field_name)
             if not (isinstance(value, type) and issubclass(value, base)):

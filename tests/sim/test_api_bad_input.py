@@ -241,3 +241,44 @@ def test_a_check_spec_takes_what_its_options_take():
     assert spec.buckets == (1, 2, 4) and spec.hazards_off == ("h6",)
     assert type(spec.ranks) is int and type(spec.seed) is int
     assert has_faulted_row(CORRECT, CheckSpec(fault_schedules=1))
+
+
+EXPECTED_CLEAN = {"shared": "clean", "per-rank": "clean"}
+
+
+@pytest.mark.parametrize("change, words", [
+    (dict(summary=None), "variant 'mine': summary is None; expected a non-empty string"),
+    (dict(summary=""), "variant 'mine': summary is ''; expected a non-empty string"),
+    (dict(source=5), "variant 'mine': source is 5; expected a non-empty string"),
+    (dict(source=("vLLM #1",)), "variant 'mine': source is ('vLLM #1',); expected a "),
+    (dict(remedy=None), "variant 'mine': remedy is None; expected a string"),
+])
+def test_a_variant_s_text_fields_must_be_text(change, words):
+    """Old behaviour: ``Variant(summary=None, source=5)`` was taken, and `lockstep check
+    --list` printed "None"."""
+    from sim.variants import Variant
+
+    fields = dict(name="mine", summary="s", source="t", expected=EXPECTED_CLEAN) | change
+    with pytest.raises(ConfigError) as info:
+        Variant(**fields)
+    assert _one_line(info.value).startswith(words), info.value
+
+
+def test_every_shipped_variant_still_constructs(monkeypatch):
+    """The shipped variants (and the documented examples) pass the checks of their fields:
+    made again from their own fields, each is taken."""
+    from dataclasses import fields, replace
+    from pathlib import Path
+
+    import sim.variants as variants
+    from sim.variants import REGISTRY, SHIPPED, load_variant_file
+
+    for name in ("REGISTRY", "_ORIGIN", "_LOADED_FILES"):  # the examples register nowhere else
+        monkeypatch.setattr(variants, name, dict(getattr(variants, name)))
+    examples = Path(__file__).resolve().parents[2] / "docs" / "examples"
+    loaded = [v for path in sorted(examples.glob("*.py")) for v in load_variant_file(path)]
+    assert SHIPPED and loaded
+    for variant in [REGISTRY[n] for n in SHIPPED] + loaded:
+        again = replace(variant)
+        assert {f.name: getattr(again, f.name) for f in fields(again)} == \
+               {f.name: getattr(variant, f.name) for f in fields(variant)}

@@ -47,7 +47,7 @@ def test_the_default_check_searches_it_with_its_own_strategy(capsys):
 
 def test_a_variant_strategy_is_validated():
     with pytest.raises(ConfigError, match="'bogus'"):
-        Variant(name="x", summary="", source="", expected={"shared": "clean", "per-rank": "clean"},
+        Variant(name="x", summary="s", source="t", expected={"shared": "clean", "per-rank": "clean"},
                 strategy="bogus")
 
 
