@@ -27,6 +27,15 @@ OUTCOME_VERDICTS = ("clean", "abort", "deadlock", "hang", "hang-at-exit", "diver
                     "startup-refused", "invariant", "livelock", "budget")
 """Every verdict a run can end with (`Outcome.verdict`); a trace's ``verdict`` is one of them."""
 
+EVENTS = ("replay", "padded_replay", "mixed_replay", "eager_decode", "short_replay",
+          "short_declined", "first_row_behind", "chunked_prefill", "compaction_moves_live",
+          "preemption", "overlapped_step", "fed_row", "leftover_row", "idle_rank_step",
+          "fault_fired", "fault_fired_sweep", "fault_fired_serving")
+"""Every event a run counts (`sim.world.World.events`, a run's ``reached``) but one family,
+``fault_op_<op>`` (a fault fired on that op): the names a `sim.variants.Variant`'s ``reaches``
+may list. Each is counted where it happens (sim/world.py, sim/ops.py, sim/devices.py); a test
+(tests/sim/test_api_bad_input.py) holds this list to those places."""
+
 
 @dataclass
 class Outcome:

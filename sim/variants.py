@@ -40,6 +40,7 @@ from protocol.keys import GraphKey
 from protocol.memory import MemoryPlan, candidate_caps
 from protocol.worker import SYNC, Worker
 from protocol.eligibility import GraphPlan
+from sim.common import EVENTS
 from sim.devices import Kernel
 from sim.faults import FaultFamily
 from sim.headroom import HeadroomDraw
@@ -87,8 +88,9 @@ class Variant:
             handler(world, rank, device, kernel).
         symmetric: False if the variant's code treats ranks 1..n-1 differently (exhaustive
             search then keeps every rank apart instead of reducing by rank symmetry).
-        reaches: events (`sim.world.World.events` keys) a clean run of this variant must reach
-            besides graph replays and live compactions, e.g. ``"preemption"``.
+        reaches: events a clean run of this variant must reach besides graph replays and
+            live compactions, e.g. ``"preemption"``: each one of `sim.common.EVENTS`, or
+            ``fault_op_<op>`` for an op of its runs (`fault_ops`).
         schedules, fault_schedules: caps on the schedules (and faulted schedules; 0: no
             faulted row) `lockstep check` explores for this variant, for a design whose verdict
             does not depend on the schedule (a counterpart that shows a rule's fix is clean);
@@ -203,6 +205,12 @@ class Variant:
         if self.fault_search is not None and not isinstance(self.fault_search, FaultFamily):
             raise bad("fault_search", self.fault_search,
                       'None or a sim.faults.FaultFamily, e.g. FaultFamily("die", phase="serving")')
+        ops = self.fault_ops()
+        for event in self.reaches:  # a name no run records read later as a vacuous clean row
+            if event not in EVENTS and not (event.startswith("fault_op_")
+                                            and event[len("fault_op_"):] in ops):
+                raise bad("reaches entry", event, "an event a run records: "
+                          f"{', '.join(EVENTS)}, or fault_op_<op> for an op of its runs")
 
     @property
     def clean_everywhere(self) -> bool:

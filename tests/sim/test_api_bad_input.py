@@ -282,3 +282,39 @@ def test_every_shipped_variant_still_constructs(monkeypatch):
         again = replace(variant)
         assert {f.name: getattr(again, f.name) for f in fields(again)} == \
                {f.name: getattr(variant, f.name) for f in fields(variant)}
+
+
+@pytest.mark.parametrize("reaches, words", [
+    (("no-such-event",), "variant 'mine': reaches entry is 'no-such-event'; expected an event "
+                         "a run records: replay, padded_replay, "),
+    (("preemption", "Preemption"), "variant 'mine': reaches entry is 'Preemption'"),
+    (("fault_op_nosuchop",), "variant 'mine': reaches entry is 'fault_op_nosuchop'"),
+])
+def test_a_reaches_entry_no_run_records_is_named(reaches, words):
+    """Old behaviour: taken, and the clean row read ``vacuous`` ("never reached:
+    no-such-event") after its whole search."""
+    from sim.variants import Variant
+
+    with pytest.raises(ConfigError) as info:
+        Variant("mine", "s", "t", EXPECTED_CLEAN, reaches=reaches)
+    message = _one_line(info.value)
+    assert message.startswith(words), message
+    assert "fault_fired_serving, or fault_op_<op> for an op of its runs" in message
+
+
+def test_every_event_a_run_records_may_be_reached():
+    """`sim.common.EVENTS` is every name the simulator counts an event under: each literal
+    ``events["..."]`` / ``events.get("...")`` of sim/, and the fault phases; a fault on an op
+    of the variant's runs (``fault_op_<op>``) may be named too."""
+    import re
+    from pathlib import Path
+
+    from sim.common import EVENTS
+    from sim.variants import Variant
+
+    source = "".join(p.read_text() for p in (Path(__file__).resolve().parents[2] / "sim")
+                     .glob("*.py"))
+    counted = set(re.findall(r'events(?:\[|\.get\()\s*"([a-z_]+)"', source))
+    assert re.search(r'events\[f"fault_fired_\{phase\}"\]', source)
+    assert set(EVENTS) == counted | {"fault_fired_sweep", "fault_fired_serving"}
+    Variant("mine", "s", "t", EXPECTED_CLEAN, reaches=EVENTS + ("fault_op_instantiate",))
