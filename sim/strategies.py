@@ -11,7 +11,9 @@ remove context switches from a counterexample.
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 
+from lockstep.args import one_line_repr
 from protocol.errors import ConfigError
 
 
@@ -19,7 +21,7 @@ def _integer(name: str, value, least: int | None = None) -> None:
     """Raises ConfigError unless ``value`` is an int (not a bool) of at least ``least``."""
     if not isinstance(value, int) or isinstance(value, bool) or (
             least is not None and value < least):
-        raise ConfigError(f"{name} = {value!r}: expected an integer"
+        raise ConfigError(f"{name} = {one_line_repr(value)}: expected an integer"
                           + ("" if least is None else f" >= {least}"))
 
 
@@ -111,11 +113,27 @@ class Sticky:
     ``effective`` collects, at the step of each choice a listed switch changed, the actor it
     chose: the run's switches that are choices (not forced by a block), which replayed alone
     give the same run. It depends on the run only, not on how its switches were listed.
+
+    Raises:
+        ConfigError: ``switches`` is not a dict of step (an integer >= 0) -> actor name
+            (`sim.world.ACTOR`: ``controller``, ``collectives``, ``rank<n>``, ``device<n>``,
+            ``link<n>``), naming the first bad entry; ``{0: 'bogus'}`` never applied and the
+            run went on as if it were not listed.
     """
 
     name = "sticky"
 
     def __init__(self, switches: dict[int, str]):
+        from sim.world import ACTOR
+
+        if not isinstance(switches, Mapping):
+            raise ConfigError(f"switches = {one_line_repr(switches)}: expected a dict of step -> "
+                              "actor name")
+        for step, actor in switches.items():
+            _integer("switches step", step, 0)
+            if not isinstance(actor, str) or not ACTOR.fullmatch(actor):
+                raise ConfigError(f"switches[{step}] = {one_line_repr(actor)}: expected an actor "
+                                  "name: controller, collectives, rank<n>, device<n> or link<n>")
         self.switches = switches
         self.current: str | None = None
         self.effective: dict[int, str] = {}
@@ -139,11 +157,22 @@ class Sticky:
 
 
 class Drawn:
-    """Choices drawn from a callback (Hypothesis's ``data.draw``), for shrinking."""
+    """Choices drawn from a callback (Hypothesis's ``data.draw``), for shrinking.
+
+    Args:
+        draw_index: n -> an integer, read modulo n as the index of the enabled actor chosen
+            among n.
+
+    Raises:
+        ConfigError: ``draw_index`` is not callable (it failed only at the first choice).
+    """
 
     name = "hypothesis"
 
     def __init__(self, draw_index):
+        if not callable(draw_index):
+            raise ConfigError(f"draw_index = {one_line_repr(draw_index)}: expected a function of "
+                              "the number of enabled actors returning an index")
         self.draw_index = draw_index
 
     def choose(self, enabled: list[str], step: int) -> str:

@@ -13,7 +13,7 @@ import pytest
 from protocol.errors import ConfigError
 from sim.scenario import Fault, default_scenario
 from sim.search import exhaustive_search, hypothesis_search, sample_search
-from sim.strategies import PCT, RandomWalk, Replay
+from sim.strategies import PCT, Drawn, RandomWalk, Replay, Sticky
 from sim.run import run_schedule
 from sim.variants import CORRECT, get_variant
 
@@ -318,3 +318,37 @@ def test_every_event_a_run_records_may_be_reached():
     assert re.search(r'events\[f"fault_fired_\{phase\}"\]', source)
     assert set(EVENTS) == counted | {"fault_fired_sweep", "fault_fired_serving"}
     Variant("mine", "s", "t", EXPECTED_CLEAN, reaches=EVENTS + ("fault_op_instantiate",))
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda: Sticky({0: "bogus"}), "switches[0] = 'bogus': expected an actor name: controller, "
+                                   "collectives, rank<n>, device<n> or link<n>"),
+    (lambda: Sticky({3: None}), "switches[3] = None: expected an actor name"),
+    (lambda: Sticky({-1: "rank0"}), "switches step = -1: expected an integer >= 0"),
+    (lambda: Sticky({"0": "rank0"}), "switches step = '0': expected an integer >= 0"),
+    (lambda: Sticky([(0, "rank0")]), "switches = [(0, 'rank0')]: expected a dict of step -> "
+                                     "actor name"),
+    (lambda: Sticky(None), "switches = None: expected a dict"),
+    (lambda: Drawn(None), "draw_index = None: expected a function of the number of enabled "
+                          "actors returning an index"),
+    (lambda: Drawn(5), "draw_index = 5: expected a function"),
+])
+def test_a_sticky_or_drawn_chooser_s_arguments_are_checked(call, words):
+    """Old behaviour: ``Sticky({0: 'bogus'})`` never applied its switch and the run went on as
+    if it were not listed; ``Drawn(None)`` failed at the first choice ('NoneType' object is not
+    callable)."""
+    with pytest.raises(ConfigError) as info:
+        call()
+    assert _one_line(info.value).startswith(words), info.value
+
+
+def test_a_sticky_chooser_of_every_actor_kind_runs():
+    """Sticky takes the switch points of a real run (`sim.reduce.switch_points`) and replays
+    it; every kind of actor name is taken."""
+    from sim.reduce import switch_points
+
+    sc = default_scenario(**SMALL)
+    run = run_schedule(sc, CORRECT, RandomWalk(0))
+    again = run_schedule(sc, CORRECT, Sticky(switch_points(run.choices)))
+    assert again.choices == run.choices
+    Sticky({0: "controller", 1: "collectives", 2: "rank1", 3: "device0", 4: "link1"})
