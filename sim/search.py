@@ -20,6 +20,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from lockstep.args import one_line_repr
 from protocol.errors import ConfigError
 from sim.guard import tick, watchdog
 from sim.run import RunResult, collector_off, run_schedule
@@ -129,6 +130,19 @@ def check_budget(time_budget, **counts) -> None:
                           "above 0")
 
 
+def check_flags(**flags) -> None:
+    """Refuse a search's switch (``stop_on_failure``, ``symmetry``, ``shrink``) that is not True
+    or False: ``symmetry='no'`` read as true, and the search merged states it was asked to
+    keep apart.
+
+    Raises:
+        ConfigError: one line naming the argument and the value.
+    """
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise ConfigError(f"{name} = {one_line_repr(value)}: expected True or False")
+
+
 PCT_STEPS = 2000
 """PCT's run length k (actions) where none was measured: about a default check's run."""
 
@@ -170,9 +184,11 @@ def sample_search(scenario_for: Callable[[int], Scenario], variant, acceptable: 
             failing run whatever ``jobs`` is. A job that cannot be pickled (a variant or
             scenario function defined in a closure) runs serially.
     Raises:
-        ConfigError: a budget `check_budget` refuses, or a strategy other than random or pct.
+        ConfigError: a budget `check_budget` refuses, a strategy other than random or pct, or
+            a ``stop_on_failure`` other than True or False (`check_flags`).
     """
     check_budget(time_budget, schedules=schedules, jobs=jobs, seed=seed)
+    check_flags(stop_on_failure=stop_on_failure)
     if strategy not in ("random", "pct"):
         raise ConfigError(f"strategy = {strategy!r}: expected 'random' or 'pct' (exhaustive "
                           "and Hypothesis search are exhaustive_search and hypothesis_search)")
@@ -246,9 +262,11 @@ def exhaustive_search(scenario: Scenario, variant, acceptable: Acceptable,
     permutation of ranks 1..n-1 count as one.
 
     Raises:
-        ConfigError: a budget `check_budget` refuses.
+        ConfigError: a budget `check_budget` refuses, or a ``stop_on_failure`` or ``symmetry``
+            other than True or False (`check_flags`).
     """
     check_budget(time_budget, max_states=max_states)
+    check_flags(stop_on_failure=stop_on_failure, symmetry=symmetry)
     stats = SearchStats()
     start = time.perf_counter()
     visited: set = set()
@@ -345,11 +363,13 @@ def hypothesis_search(scenario: Scenario, variant, acceptable: Acceptable, max_e
     the shortest failure found by then is the result.
 
     Raises:
-        ConfigError: a budget `check_budget` refuses.
+        ConfigError: a budget `check_budget` refuses, or a ``shrink`` other than True or False
+            (`check_flags`).
     """
     from sim.guard import paused, resumed
 
     check_budget(time_budget, max_examples=max_examples, seed=seed)
+    check_flags(shrink=shrink)
     with paused():  # a slow import is not a stalled hook
         from hypothesis import HealthCheck, Phase, given, settings
         from hypothesis import seed as hseed

@@ -126,10 +126,17 @@ def _bad(result) -> bool:
     ("exhaustive", dict(time_budget=-1), "time_budget = -1"),
     ("hypothesis", dict(time_budget=math.nan), "time_budget = nan"),
     ("hypothesis", dict(max_examples=0), "max_examples = 0"),
+    ("sample", dict(stop_on_failure="no"), "stop_on_failure = 'no': expected True or False"),
+    ("exhaustive", dict(symmetry="no"), "symmetry = 'no': expected True or False"),
+    ("exhaustive", dict(symmetry=None), "symmetry = None: expected True or False"),
+    ("exhaustive", dict(stop_on_failure=0), "stop_on_failure = 0: expected True or False"),
+    ("hypothesis", dict(shrink="false"), "shrink = 'false': expected True or False"),
 ])
-def test_a_search_budget_that_runs_nothing_or_never_ends_is_refused(search, kwargs, words):
+def test_a_search_budget_that_runs_nothing_or_never_ends_is_refused(search, kwargs, words,
+                                                                     no_simulation):
     """Old behaviour: schedules=0 on fused-sweep (a deadlocking variant) returned no failure,
-    and a NaN budget searched without a deadline."""
+    a NaN budget searched without a deadline, and a switch given as text (``symmetry='no'``)
+    read as true. Refused before any run (`no_simulation`)."""
     sc = FUSED_SWEEP.scenario(default_scenario(**SMALL))
     with pytest.raises(ConfigError) as info:
         if search == "sample":
