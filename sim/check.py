@@ -116,9 +116,13 @@ class CheckSpec:
         if not is_integer(self.seed) or not 0 <= self.seed < SEED_LIMIT:
             raise ConfigError(f"seed = {one_line_repr(self.seed)}: expected an integer in "
                               "[0, 2**64)")
-        check_limits(schedules=max(self.schedules, self.planned_clean),
-                     fault_schedules=self.fault_schedules, jobs=self.jobs,
-                     time_budget=self.time_budget)
+        check_limits(schedules=self.schedules, fault_schedules=self.fault_schedules,
+                     jobs=self.jobs, time_budget=self.time_budget)
+        if self.clean_schedules is not None:
+            try:  # check_limits names its bound "schedules"; this field is another
+                check_limits(schedules=self.clean_schedules)
+            except ConfigError as exc:
+                raise ConfigError(f"clean_schedules = {self.clean_schedules}: {exc}") from None
 
     def strategy_for(self, variant) -> str:
         """The search strategy for ``variant``: the one asked for, else the variant's own

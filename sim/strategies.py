@@ -10,6 +10,7 @@ remove context switches from a counterexample.
 
 from __future__ import annotations
 
+import numbers
 import random
 from collections.abc import Mapping
 
@@ -17,12 +18,14 @@ from lockstep.args import one_line_repr
 from protocol.errors import ConfigError
 
 
-def _integer(name: str, value, least: int | None = None) -> None:
-    """Raises ConfigError unless ``value`` is an int (not a bool) of at least ``least``."""
-    if not isinstance(value, int) or isinstance(value, bool) or (
+def _integer(name: str, value, least: int | None = None) -> int:
+    """``value`` as an int; raises ConfigError unless it is an integer of any kind (numpy's
+    too, as `sim.search.check_budget` takes them; not a bool) of at least ``least``."""
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or (
             least is not None and value < least):
         raise ConfigError(f"{name} = {one_line_repr(value)}: expected an integer"
                           + ("" if least is None else f" >= {least}"))
+    return int(value)
 
 
 class NondeterminismError(Exception):
@@ -35,8 +38,8 @@ class RandomWalk:
     name = "random"
 
     def __init__(self, seed: int):
-        _integer("seed", seed)  # None seeded from the OS: a run no one could repeat
-        self.rng = random.Random(seed)
+        # None seeded from the OS: a run no one could repeat
+        self.rng = random.Random(_integer("seed", seed))
         self._bits = self.rng.getrandbits
 
     def choose(self, enabled: list[str], step: int) -> str:
@@ -62,9 +65,9 @@ class PCT:
     name = "pct"
 
     def __init__(self, seed: int, depth: int = 3, max_steps: int = 2000):
-        _integer("seed", seed)
-        _integer("depth", depth, 1)
-        _integer("max_steps", max_steps, 1)  # 0 failed at the first choice, in randrange
+        seed = _integer("seed", seed)
+        depth = _integer("depth", depth, 1)
+        max_steps = _integer("max_steps", max_steps, 1)  # 0 failed at its first choice
         self.rng = random.Random(seed)
         self.priority: dict[str, float] = {}
         self.change_points = sorted(self.rng.randrange(max_steps) for _ in range(max(0, depth - 1)))

@@ -68,6 +68,13 @@ def test_what_a_run_can_use_is_still_taken():
     result = sample_search(lambda i: sc, CORRECT, lambda r: True, "random", np.int64(2),
                            fractions.Fraction(10))
     assert result.stats.schedules == 2
+    for strategy in ("random", "pct"):  # a numpy seed: RandomWalk once refused what it derived
+        seeded = sample_search(lambda i: sc, CORRECT, lambda r: True, strategy, 2, 10,
+                               seed=np.int64(5))
+        plain = sample_search(lambda i: sc, CORRECT, lambda r: True, strategy, 2, 10, seed=5)
+        assert seeded.stats.schedules == plain.stats.schedules == 2
+        assert seeded.stats.actions == plain.stats.actions
+    assert PCT(np.int64(1), np.int64(2), np.int64(50)).change_points == PCT(1, 2, 50).change_points
 
 
 def test_a_death_seen_before_the_step_timeout_still_reads_as_the_protocol_handles_it():
@@ -209,6 +216,7 @@ def test_a_chooser_of_one_s_own_that_chooses_an_enabled_actor_runs():
     (dict(fault_schedules="5"), "fault_schedules = '5': expected an integer >= 0"),
     (dict(jobs=0), "jobs = 0: expected an integer >= 1"),
     (dict(jobs=257), "jobs 257 is above 256"),
+    (dict(clean_schedules=2_000_000), "clean_schedules = 2000000: schedules 2000000 is above "),
     (dict(time_budget=math.nan), "time_budget = nan: expected a finite number of seconds"),
     (dict(time_budget=0), "time_budget = 0: expected a finite number of seconds"),
     (dict(seed=-1), "seed = -1: expected an integer in [0, 2**64)"),
