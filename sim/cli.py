@@ -30,7 +30,7 @@ from sim.check import (NOT_REACHABLE, TRACE_REDUCE_ATTEMPTS, CheckSpec, Row,
                        variant_spec, verdict_label)
 from sim.guard import Stalled, describe, watchdog
 from sim.hazards import H2_CALLS, H2_SCOPES, RULES, HazardModel
-from sim.limits import check_limits
+from sim.limits import MAX_JOBS, check_limits
 from sim.progress import CheckProgress
 from sim.report import narrative, write_trace
 from sim.rows import check_rows, expects_clean, planned_schedules
@@ -187,7 +187,7 @@ def add_parser(subparsers, name: str) -> None:
     p.add_argument("--jobs", action=OnceOption, default=None,
                    type=_typed(_bounded(_positive_int, "jobs"), "--jobs"),
                    help=f"worker processes for random and PCT search (default: the CPU count, "
-                        f"{os.cpu_count() or 1} here)")
+                        f"at most {MAX_JOBS}: {min(os.cpu_count() or 1, MAX_JOBS)} here)")
     p.add_argument("--hazard-off", action="append", default=[], metavar="HAZARD",
                    type=_typed(_hazard, "--hazard-off"),
                    help=f"switch a hazard rule off (repeatable): {HAZARD_HELP} (docs/hazards.md); "
@@ -499,7 +499,7 @@ def _run(args, finished: _Finished | None = None) -> int:
     faults_given, jobs_given = args.fault_schedules is not None, args.jobs is not None
     for key, value in DEFAULTS.items():
         if getattr(args, key) is None:
-            setattr(args, key, value if key != "jobs" else os.cpu_count() or 1)
+            setattr(args, key, value if key != "jobs" else min(os.cpu_count() or 1, MAX_JOBS))
     try:
         loaded = list(dict.fromkeys(v.name for path in args.variant_file
                                     for v in load_variant_file(path)))  # a file given twice: once

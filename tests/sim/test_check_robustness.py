@@ -260,12 +260,24 @@ def test_the_interrupt_lines_planned_total_is_the_row_count(monkeypatch, capsys)
     assert made[0].total == sum(made[0].planned) == len(rows)
 
 
-def test_more_jobs_than_cpus_is_warned(capsys):
-    jobs = str((os.cpu_count() or 1) * 32)
+def test_more_jobs_than_cpus_is_warned(capsys, monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)  # cpus x 32 was past the 256 limit above 8
+    jobs = "64"
     assert main(["check", "--variant", "single-warmup", "--topology", "shared", "--jobs", jobs,
                  "--no-progress", "--schedules", "10"]) == 0
     err = capsys.readouterr().err
     assert f"--jobs {jobs} is more than the" in err
+
+
+def test_the_default_jobs_on_a_machine_of_more_cpus_than_the_limit_is_the_limit(capsys,
+                                                                                  monkeypatch):
+    """The default --jobs is the CPU count; above MAX_JOBS (256) it was refused as if given:
+    "jobs 384 is above 256" on a machine of 384 CPUs, for a plain `lockstep check`."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 384)
+    assert main(["check", "--variant", "single-warmup", "--topology", "shared", "--json",
+                 "--no-progress", "--schedules", "10"]) == 0
+    captured = capsys.readouterr()
+    assert "above" not in captured.err and json.loads(captured.out)["headline"] == "OK"
 
 
 def test_progress_estimate_never_exceeds_the_time_budget():
