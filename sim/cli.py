@@ -50,7 +50,9 @@ def _int(text: str, minimum: int | None = None) -> int:
 def _hazard(text: str) -> str:
     """A hazard rule name, in either case (the docs write H2; the rules are h1..h9)."""
     if text.lower() not in RULES:
-        raise ValueError(f"invalid choice: {text!r} (choose from {', '.join(RULES)})")
+        several = "," in text and all(part.strip().lower() in RULES for part in text.split(","))
+        raise ValueError(f"invalid choice: {text!r} (choose from {', '.join(RULES)})" + (
+            "; give --hazard-off once per hazard" if several else ""))
     return text.lower()
 
 
@@ -504,6 +506,12 @@ def _run(args, finished: _Finished | None = None) -> int:
         loaded = list(dict.fromkeys(v.name for path in args.variant_file
                                     for v in load_variant_file(path)))  # a file given twice: once
         names = list(dict.fromkeys(args.variant)) or loaded or list(SHIPPED)
+        for name in names:  # a fresh user's "--variant a,b"
+            if "," in name and name not in REGISTRY and all(
+                    part.strip() in REGISTRY for part in name.split(",")):
+                return _fail(f"--variant {name!r} names several variants; give --variant once "
+                             "per variant (--variant " + " --variant ".join(
+                                 part.strip() for part in name.split(",")) + ")")
         variants = [get_variant(n) for n in names]
         spec = CheckSpec(ranks=args.ranks, buckets=args.buckets, max_batch=args.max_batch,
                          strategy=args.strategy, schedules=args.schedules,

@@ -363,7 +363,7 @@ def test_gpu_memory_utilization_on_cpu_is_refused_before_the_model_is_read(devic
                  "--gpu-memory-utilization", "0.5"]) == 2
     assert capsys.readouterr().err.strip() == (
         "lockstep generate: error: --gpu-memory-utilization 0.5 applies to --device cuda only "
-        "(--device cpu sizes its KV cache without it); drop it")
+        "(--device cpu, the default, sizes its KV cache without it); drop it")
 
 
 @pytest.mark.parametrize("flag, passed", [([], {}),

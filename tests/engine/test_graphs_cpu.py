@@ -178,7 +178,8 @@ def test_cli_cuda_graph_flags(tiny_dir, capsys):
 
     base = ["generate", "--model", str(tiny_dir), "--prompt-ids", "1,2,3", "--max-tokens", "3"]
     assert main(base + ["--cuda-graph"]) == 2
-    assert "--cuda-graph needs --device cuda" in capsys.readouterr().err
+    assert ("--cuda-graph needs --device cuda (--device cpu, the default, runs eager only)"
+            in capsys.readouterr().err)
     assert main(base + ["--no-cuda-graph", "--max-batch", "2"]) == 0
     out = capsys.readouterr()
     assert out.out.startswith("token_ids: ") and "CUDA graphs off" in out.err

@@ -65,6 +65,8 @@ def _rewrite(trace, edit):
     (["check", "--time-budget", "nan"], "--time-budget: 'nan' is not a number"),
     (["check", "--strategy", "magic"], "invalid choice: 'magic'"),
     (["check", "--topology", "ring"], "invalid choice: 'ring'"),
+    (["check", "--hazard-off", "h2,H3"], "(choose from h1, h2, h3, h4, h5, h6, h7, h8, h9); give "
+     "--hazard-off once per hazard"),
 ])
 def test_bad_arguments_exit_2_with_one_line(argv, needle, capsys):
     with pytest.raises(SystemExit) as info:
@@ -106,6 +108,10 @@ def test_the_seed_range_is_the_engine_s_and_leading_zeros_are_not_digits():
     (["check", "--list", "--variant", "nope"], "`lockstep check --list` prints them"),
     (["check", "--variant", "early-token-reed"], "did you mean early-token-read"),
     (["check", "--variant", "FUSED-SWEEP"], "did you mean fused-sweep"),
+    # a fresh user's comma lists: an unknown variant, an invalid hazard, and no word on why
+    (["check", "--variant", "fused-sweep,split-eligibility"],
+     "--variant 'fused-sweep,split-eligibility' names several variants; give --variant once per "
+     "variant (--variant fused-sweep --variant split-eligibility)"),
     (["check", "--variant-file", "/nonexistent.py"], "does not exist"),
     (["check", "--max-batch", "300"], "--max-batch 300 exceeds the largest default bucket 256"),
     (["check", "--replay", "/nonexistent.json"], "does not exist"),
