@@ -20,6 +20,7 @@ import threading
 import time
 from dataclasses import fields, replace
 from pathlib import Path
+from typing import Callable
 
 from lockstep.args import clipped, integer, number, option_integer, seed, within_digits
 from lockstep.paths import nearest_existing, write_refused
@@ -724,9 +725,11 @@ def _run_matrix(variants, spec: CheckSpec, args, finished: _Finished) -> int:
     print(render_markdown(cells))
     for line in unreachable_notes(cells):
         print(f"note: {line}")
-    for c in cells:
-        if c.row.got == "error":
-            print(f"error: {c.row.variant} / {c.config}: {c.row.detail}")
+    budgets = default_budgets(variants)
+    for c in cells:  # a vacuous cell had no note (a fresh user's --matrix --schedules 5)
+        if c.row.got != NOT_REACHABLE:
+            for line in _row_notes([c.row], budgets, lambda row: c.config):
+                print(line)
     print(f"\n{_headline(rows)}: {_summary(rows)} in {elapsed:.1f} s")
     return 0 if ok else 1
 
@@ -828,30 +831,33 @@ def _print_text(rows: list[Row], ok: bool, elapsed: float, args, n_variants: int
                   + narrative(row.minimal))
 
 
-def _row_notes(rows: list[Row], budgets: dict[str, tuple[int, int]]) -> list[str]:
+def _row_notes(rows: list[Row], budgets: dict[str, tuple[int, int]],
+               where: Callable[[Row], str] = lambda row: row.topology) -> list[str]:
     """The ``error:`` and ``note:`` lines printed under the verdict table; ``budgets`` as
-    `default_budgets` gives them for the variants checked."""
+    `default_budgets` gives them for the variants checked; ``where`` names a row's place after
+    its variant (the topology; the matrix's configuration)."""
     out = []
     for row in rows:
+        place = where(row)
         if row.got == "error":
-            out.append(f"error: {row.variant} / {row.topology}: {row.detail}")
+            out.append(f"error: {row.variant} / {place}: {row.detail}")
         elif row.got == "not reachable here":
-            out.append(f"note: {row.variant} / {row.topology}: not reachable here: {row.detail}")
+            out.append(f"note: {row.variant} / {place}: not reachable here: {row.detail}")
         elif row.got == "vacuous":
-            out.append(f"note: {row.variant} / {row.topology}: vacuous: {row.detail}; a search "
+            out.append(f"note: {row.variant} / {place}: vacuous: {row.detail}; a search "
                        f"that never does these cannot show the protocol handles them "
                        f"{_vacuous_causes(row, budgets)}")
         elif row.got == "incomplete":
-            out.append(f"note: {row.variant} / {row.topology}: {row.detail}; a larger "
+            out.append(f"note: {row.variant} / {place}: {row.detail}; a larger "
                        f"--time-budget (default {DEFAULTS['time_budget']:g} s) may finish it")
         elif row.stats.budget_reached:
-            out.append(f"note: {row.variant} / {row.topology}: {_budget_note(row)}")
+            out.append(f"note: {row.variant} / {place}: {_budget_note(row)}")
         elif row.got == "startup-refused" and row.expected in ("clean", "abort"):
             # a design expected clean refused a run whose memory holds a plan: say so, since
             # the story below ends in the refusal alone (`sim.check.VerdictIn`)
-            out.append(f"note: {row.variant} / {row.topology}: {row.detail}")
+            out.append(f"note: {row.variant} / {place}: {row.detail}")
         elif row.compared and row.got == "clean" and row.expected != "clean":
-            out.append(f"note: {row.variant} / {row.topology}: not caught: "
+            out.append(f"note: {row.variant} / {place}: not caught: "
                        f"{row.stats.schedules} schedule{'s' * (row.stats.schedules != 1)} "
                        "found no "
                        f"{row.expected}; a larger --schedules (default up to "
@@ -946,19 +952,25 @@ def render_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+UNPROVEN = ("incomplete", "vacuous")
+"""Verdicts of a search that found no failure but did not establish the expected verdict
+either: ``incomplete`` (the time budget ended it first) and ``vacuous`` (it never did what the
+row must exercise, as a --schedules 5 check of the short path did not). Their status reads
+``unproven``, and a check whose only shortfalls they are ends NOT PROVEN."""
+
+
 def _headline(rows: list[Row]) -> str:
     """The word before the summary line: NOTHING CHECKED when every row's bug is not reachable
     in this configuration (exit 0 still: nothing is contradicted); OK when every row is as
-    expected; NOT PROVEN when the only rows that are not are searches the time budget ended
-    before they finished or failed (nothing contradicts the expected verdicts, but the search
-    did not establish them); else FAILED. Fresh users read "OK: 0/0 verdicts" as a pass, and
-    "FAILED" and "MISMATCH" after a short --time-budget as a bug found in the correct
-    protocol."""
+    expected; NOT PROVEN when the only rows that are not are `UNPROVEN` (nothing contradicts
+    the expected verdicts, but the search did not establish them); else FAILED. Fresh users
+    read "OK: 0/0 verdicts" as a pass, and "FAILED" and "MISMATCH" after a short
+    --time-budget or --schedules as a bug found in the correct protocol."""
     if rows and all(r.got == NOT_REACHABLE for r in rows):
         return "NOTHING CHECKED"
     if all(r.passed for r in rows):
         return "OK"
-    if all(r.passed or r.got == "incomplete" for r in rows):
+    if all(r.passed or r.got in UNPROVEN for r in rows):
         return "NOT PROVEN"
     return "FAILED"
 
@@ -966,7 +978,7 @@ def _headline(rows: list[Row]) -> str:
 def _status(row: Row) -> str:
     if row.got == "not reachable here":
         return "n/a"
-    if row.got == "incomplete":
+    if row.got in UNPROVEN:
         return "unproven"
     if not row.compared:
         return "error" if row.got == "error" else row.report

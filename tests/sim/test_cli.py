@@ -592,6 +592,31 @@ def test_a_vacuous_row_cut_short_by_schedules_names_the_schedules_first(capsys):
     assert "vacuous" not in capsys.readouterr().out
 
 
+@pytest.mark.timeout(120)
+def test_a_vacuous_row_is_unproven_in_the_table_and_the_matrix(capsys):
+    """A fresh user's `--matrix --schedules 5`: the vacuous cells had no note (only the table's
+    word), and the check ended FAILED, as if the correct protocol had been caught, where a
+    search cut short by its budget ends NOT PROVEN. A vacuous row contradicts nothing either:
+    its status reads unproven, each matrix cell gets its note, and the headline is NOT
+    PROVEN (still exit 1: nothing was established)."""
+    argv = ["check", "--variant", "correct-short-path", "--schedules", "5", "--no-progress",
+            "--jobs", "1"]
+    assert main(argv + ["--topology", "shared"]) == 1
+    out = capsys.readouterr().out
+    row = [line for line in out.splitlines() if line.startswith("correct-short-path ")]
+    assert row and row[0].split()[3] == "vacuous" and row[0].endswith("unproven"), row
+    assert out.rstrip().splitlines()[-1].startswith("NOT PROVEN: ")
+    assert main(argv + ["--matrix", "--fault-schedules", "2"]) == 1
+    out = capsys.readouterr().out
+    cells = sum(line.count("vacuous (expected clean)") for line in out.splitlines()
+                if line.startswith("| correct-short-path |"))
+    notes = [line for line in out.splitlines()
+             if line.startswith("note: correct-short-path / TP") and ": vacuous: " in line]
+    assert cells >= 1 and len(notes) == cells, (cells, notes)
+    assert all("only 5 schedules ran" in note for note in notes)
+    assert out.rstrip().splitlines()[-1].startswith("NOT PROVEN: ")
+
+
 def test_a_vacuous_row_that_ran_its_default_schedules_blames_only_the_configuration():
     """The schedules are named only where they can be the cause: fewer than the row runs by
     default (35 for a clean row, 18 faulted, or the variant's own caps: correct-short-path
