@@ -142,15 +142,15 @@ def check_flags(args: argparse.Namespace) -> None:
     for flag, value, ok, expected in _number_checks(args):
         if not ok:
             raise RequestError(f"{flag} {shown(value)} must be {expected}")
-    # a fresh user who never gave --device read "(--device cpu ...)" as something they typed
-    device = f"--device {args.device}" + (", the default," if args.device == "cpu" else "")
+    # cpu is the only other device; a fresh user who never gave --device read "(--device cpu
+    # runs ...)" as something they had typed
     if args.cuda_graph and args.device != "cuda":
-        raise RequestError(f"--cuda-graph needs --device cuda ({device} runs eager only); give "
-                           "--device cuda or drop --cuda-graph")
+        raise RequestError("--cuda-graph needs --device cuda (--device cpu, the default, runs "
+                           "eager only); give --device cuda or drop --cuda-graph")
     if args.gpu_memory_utilization is not None and args.device != "cuda":
         raise RequestError(f"--gpu-memory-utilization {shown(args.gpu_memory_utilization)} applies "
-                           f"to --device cuda only ({device} sizes its KV cache without it); "
-                           "drop it")
+                           "to --device cuda only (--device cpu, the default, sizes its KV cache "
+                           "without it); drop it")
 
 
 def _ignored_when_greedy(args: argparse.Namespace) -> str | None:

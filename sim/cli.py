@@ -48,12 +48,24 @@ def _int(text: str, minimum: int | None = None) -> int:
     return value
 
 
+def default_jobs() -> int:
+    """--jobs when not given: the CPU count, at most MAX_JOBS (a machine of more CPUs was
+    refused as if it had been given)."""
+    return min(os.cpu_count() or 1, MAX_JOBS)
+
+
+def _listed(text: str, known) -> list[str] | None:
+    """The names of a comma list whose every non-empty part is one of ``known``, or None: a
+    fresh user's ``--variant a,b`` or ``--hazard-off h2,h3``."""
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    return parts if "," in text and parts and all(part in known for part in parts) else None
+
+
 def _hazard(text: str) -> str:
     """A hazard rule name, in either case (the docs write H2; the rules are h1..h9)."""
     if text.lower() not in RULES:
-        several = "," in text and all(part.strip().lower() in RULES for part in text.split(","))
         raise ValueError(f"invalid choice: {text!r} (choose from {', '.join(RULES)})" + (
-            "; give --hazard-off once per hazard" if several else ""))
+            "; give --hazard-off once per hazard" if _listed(text.lower(), RULES) else ""))
     return text.lower()
 
 
@@ -190,7 +202,7 @@ def add_parser(subparsers, name: str) -> None:
     p.add_argument("--jobs", action=OnceOption, default=None,
                    type=_typed(_bounded(_positive_int, "jobs"), "--jobs"),
                    help=f"worker processes for random and PCT search (default: the CPU count, "
-                        f"at most {MAX_JOBS}: {min(os.cpu_count() or 1, MAX_JOBS)} here)")
+                        f"at most {MAX_JOBS}: {default_jobs()} here)")
     p.add_argument("--hazard-off", action="append", default=[], metavar="HAZARD",
                    type=_typed(_hazard, "--hazard-off"),
                    help=f"switch a hazard rule off (repeatable): {HAZARD_HELP} (docs/hazards.md); "
@@ -502,17 +514,17 @@ def _run(args, finished: _Finished | None = None) -> int:
     faults_given, jobs_given = args.fault_schedules is not None, args.jobs is not None
     for key, value in DEFAULTS.items():
         if getattr(args, key) is None:
-            setattr(args, key, value if key != "jobs" else min(os.cpu_count() or 1, MAX_JOBS))
+            setattr(args, key, value if key != "jobs" else default_jobs())
     try:
         loaded = list(dict.fromkeys(v.name for path in args.variant_file
                                     for v in load_variant_file(path)))  # a file given twice: once
         names = list(dict.fromkeys(args.variant)) or loaded or list(SHIPPED)
-        for name in names:  # a fresh user's "--variant a,b"
-            if "," in name and name not in REGISTRY and all(
-                    part.strip() in REGISTRY for part in name.split(",")):
-                return _fail(f"--variant {name!r} names several variants; give --variant once "
-                             "per variant (--variant " + " --variant ".join(
-                                 part.strip() for part in name.split(",")) + ")")
+        for name in names:
+            if name not in REGISTRY and (parts := _listed(name, REGISTRY)):
+                given = "--variant " + " --variant ".join(parts)
+                return _fail(f"--variant {name!r}: a variant's name has no comma; give {given}"
+                             if len(parts) == 1 else f"--variant {name!r} names several "
+                             f"variants; give --variant once per variant ({given})")
         variants = [get_variant(n) for n in names]
         spec = CheckSpec(ranks=args.ranks, buckets=args.buckets, max_batch=args.max_batch,
                          strategy=args.strategy, schedules=args.schedules,

@@ -139,7 +139,7 @@ def check_flags(**flags) -> None:
         ConfigError: one line naming the argument and the value.
     """
     for name, value in flags.items():
-        if not isinstance(value, bool):
+        if not (isinstance(value, bool) or type(value).__name__ in ("bool", "bool_")):  # numpy's
             raise ConfigError(f"{name} = {one_line_repr(value)}: expected True or False")
 
 
@@ -188,6 +188,7 @@ def sample_search(scenario_for: Callable[[int], Scenario], variant, acceptable: 
             a ``stop_on_failure`` other than True or False (`check_flags`).
     """
     check_budget(time_budget, schedules=schedules, jobs=jobs, seed=seed)
+    seed = int(seed)  # a numpy seed overflowed in _chooser's arithmetic: another search
     check_flags(stop_on_failure=stop_on_failure)
     if strategy not in ("random", "pct"):
         raise ConfigError(f"strategy = {strategy!r}: expected 'random' or 'pct' (exhaustive "
@@ -369,6 +370,7 @@ def hypothesis_search(scenario: Scenario, variant, acceptable: Acceptable, max_e
     from sim.guard import paused, resumed
 
     check_budget(time_budget, max_examples=max_examples, seed=seed)
+    seed = int(seed)
     check_flags(shrink=shrink)
     with paused():  # a slow import is not a stalled hook
         from hypothesis import HealthCheck, Phase, given, settings

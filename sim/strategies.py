@@ -10,19 +10,18 @@ remove context switches from a counterexample.
 
 from __future__ import annotations
 
-import numbers
 import random
 from collections.abc import Mapping
 
 from lockstep.args import one_line_repr
 from protocol.errors import ConfigError
+from sim.scenario import is_integer
 
 
 def _integer(name: str, value, least: int | None = None) -> int:
     """``value`` as an int; raises ConfigError unless it is an integer of any kind (numpy's
     too, as `sim.search.check_budget` takes them; not a bool) of at least ``least``."""
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or (
-            least is not None and value < least):
+    if not is_integer(value) or (least is not None and value < least):
         raise ConfigError(f"{name} = {one_line_repr(value)}: expected an integer"
                           + ("" if least is None else f" >= {least}"))
     return int(value)

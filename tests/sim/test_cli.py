@@ -67,6 +67,7 @@ def _rewrite(trace, edit):
     (["check", "--topology", "ring"], "invalid choice: 'ring'"),
     (["check", "--hazard-off", "h2,H3"], "(choose from h1, h2, h3, h4, h5, h6, h7, h8, h9); give "
      "--hazard-off once per hazard"),
+    (["check", "--hazard-off", "h2,"], "; give --hazard-off once per hazard"),
 ])
 def test_bad_arguments_exit_2_with_one_line(argv, needle, capsys):
     with pytest.raises(SystemExit) as info:
@@ -112,6 +113,10 @@ def test_the_seed_range_is_the_engine_s_and_leading_zeros_are_not_digits():
     (["check", "--variant", "fused-sweep,split-eligibility"],
      "--variant 'fused-sweep,split-eligibility' names several variants; give --variant once per "
      "variant (--variant fused-sweep --variant split-eligibility)"),
+    (["check", "--variant", "correct,,fused-sweep"], "give --variant once per variant (--variant "
+     "correct --variant fused-sweep)"),
+    (["check", "--variant", "correct,"], "--variant 'correct,': a variant's name has no comma; "
+     "give --variant correct"),
     (["check", "--variant-file", "/nonexistent.py"], "does not exist"),
     (["check", "--max-batch", "300"], "--max-batch 300 exceeds the largest default bucket 256"),
     (["check", "--replay", "/nonexistent.json"], "does not exist"),
