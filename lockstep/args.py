@@ -19,15 +19,23 @@ SEED_LIMIT = 2**64
 and a 64-bit Philox key take."""
 
 
-def clipped(text: str) -> str:
-    """``text``, or its first SHOWN_CHARS - 3 characters and "..." when it is longer."""
-    return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS - 3]}..."
+def clipped(text: str, limit: int = SHOWN_CHARS) -> str:
+    """``text``, or its first ``limit`` - 3 characters and "..." when it is longer than
+    ``limit`` (SHOWN_CHARS unless a message wants more of its value)."""
+    return text if len(text) <= limit else f"{text[:limit - 3]}..."
 
 
-def one_line_repr(value) -> str:
+def one_line_repr(value, limit: int = SHOWN_CHARS) -> str:
     """``repr(value)`` on one line (the rows of an array's repr joined by single spaces),
-    `clipped`: for an error line that repeats a value of any type."""
-    return clipped(" ".join(repr(value).split()))
+    `clipped` to ``limit`` characters: for an error line that repeats a value of any type.
+
+    Spelt so, not as a format spec such as ``{value!r:.60}``, which cut without a mark (a reader
+    could not tell the value was cut) and kept the line breaks of a numpy array's or a tensor's
+    repr, so a bad-input error ran over several lines. ``limit`` is SHOWN_CHARS unless a
+    message wants more of its value (a fault's fields, a list of pairs); it must be at least 4,
+    room for one character and the "...".
+    """
+    return clipped(" ".join(repr(value).split()), limit)
 
 
 _SEED = re.compile(r"[+-]?[0-9]+", re.ASCII)
