@@ -15,10 +15,13 @@ import sys
 from dataclasses import dataclass
 from typing import Callable, Iterator, TypeVar
 
+from lockstep.args import one_line_repr
+
 T = TypeVar("T")
 
 SHOWN_CHARS = 60
-"""Most characters of a refused value shown in its message: one line, even for a long list."""
+"""Most characters of a refused value shown in its message: one line, even for a long list
+(`lockstep.args.one_line_repr`, whose own default is 32)."""
 
 
 class FieldError(ValueError):
@@ -26,8 +29,8 @@ class FieldError(ValueError):
 
 
 def _shown(value) -> str:
-    text = repr(value)
-    return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS - 3]}..."
+    """``value`` as a refusal repeats it: `lockstep.args.one_line_repr` at SHOWN_CHARS."""
+    return one_line_repr(value, SHOWN_CHARS)
 
 
 @dataclass(frozen=True)

@@ -341,9 +341,10 @@ def scenario_family(variant: Variant, base: Scenario, seed: int):
     family = variant.draw(base, seed)
     first = family(0) if callable(family) else None
     if not isinstance(first, Scenario):
-        raise ConfigError(f"variant {variant.name!r}: draw(scenario, seed) gave {family!r:.80}, "
-                          "whose run 0 is not a Scenario (return a function of the run index "
-                          "that returns a Scenario, as sim.scenario.ShortContextDraw does)")
+        raise ConfigError(f"variant {variant.name!r}: draw(scenario, seed) gave "
+                          f"{one_line_repr(family, 80)}, whose run 0 is not a Scenario (return a "
+                          "function of the run index that returns a Scenario, as "
+                          "sim.scenario.ShortContextDraw does)")
     return family
 
 
@@ -368,8 +369,9 @@ def _unreachable(variant: Variant, scenario: Scenario) -> str | None:
     """
     reason = variant.unreachable(scenario) if variant.unreachable else None
     if reason is not None and not (isinstance(reason, str) and reason):
-        raise ConfigError(f"variant {variant.name!r}: unreachable returned {reason!r:.80}; "
-                          "expected None (reachable) or a non-empty reason string")
+        raise ConfigError(f"variant {variant.name!r}: unreachable returned "
+                          f"{one_line_repr(reason, 80)}; expected None (reachable) or a non-empty "
+                          "reason string")
     return reason
 
 
@@ -716,8 +718,9 @@ def _check_recorded_faults(trace: list, faults: tuple[Fault, ...]) -> None:
             # the edited one: the fault at the same site, else the only one, else all of them
             at = [i for i, f in enumerate(faults) if (f.rank, f.op) == (rank, op)]
             at = at or ([0] if len(faults) == 1 else [])
-            field_text = (f"faults[{at[0]}] = {faults[at[0]].__dict__!r:.200}" if at else
-                          f"faults = {[f.__dict__ for f in faults]!r:.200}")
+            field_text = (f"faults[{at[0]}] = {one_line_repr(faults[at[0]].__dict__, 200)}"
+                          if at else
+                          f"faults = {one_line_repr([f.__dict__ for f in faults], 200)}")
             raise ConfigError(f"bad scenario in trace: {field_text}: the recording injects "
                               f"{kind} on rank {rank} in {op} call {occurrence}, which its "
                               "faults do not name")
@@ -725,9 +728,10 @@ def _check_recorded_faults(trace: list, faults: tuple[Fault, ...]) -> None:
     for i, fault in enumerate(faults):
         made = calls.get((fault.rank, fault.op), 0)
         if named[i] not in fired and made >= fault.occurrence:
-            raise ConfigError(f"bad scenario in trace: faults[{i}] = {fault.__dict__!r:.200}: the "
-                              f"recording's rank {fault.rank} makes {made} {fault.op} call(s) "
-                              f"and call {fault.occurrence} has no fault")
+            raise ConfigError(f"bad scenario in trace: faults[{i}] = "
+                              f"{one_line_repr(fault.__dict__, 200)}: the recording's rank "
+                              f"{fault.rank} makes {made} {fault.op} call(s) and call "
+                              f"{fault.occurrence} has no fault")
 
 
 def _recorded_calls(trace: list) -> dict[tuple[int, str], int]:
@@ -806,7 +810,7 @@ def _with_recorded_workload(variant: Variant, scenario: Scenario, data: dict) ->
         given, own = data.get(name), own_of(scenario)
         if given is None or tuple(given) == own:
             continue
-        shown = f"{name} = {list(given)!r:.120}"
+        shown = f"{name} = {one_line_repr(list(given), 120)}"
         if not draws:
             raise ConfigError(f"bad scenario in trace: {shown}: variant {variant.name!r} runs "
                               f"the check's workload as it is, with {before} "
@@ -837,8 +841,9 @@ def _with_recorded_memory(variant: Variant, scenario: Scenario, data: dict) -> S
     for name, given, own in (("memory_headroom_bytes", headroom, own_headroom),
                              ("rank_overhead", overhead, own_overhead)):
         if given is not None and given != own and not draws:
-            raise ConfigError(f"bad scenario in trace: {name} = {given!r:.120}: variant "
-                              f"{variant.name!r} runs its own memory, with {name} {own!r:.120}")
+            raise ConfigError(f"bad scenario in trace: {name} = {one_line_repr(given, 120)}: "
+                              f"variant {variant.name!r} runs its own memory, with {name} "
+                              f"{one_line_repr(own, 120)}")
     ranks = scenario.config.world_size
     for rank, _ in overhead or ():
         if rank >= ranks:
@@ -1100,13 +1105,14 @@ def check_scenario_value(name: str, value):
                 or not all(isinstance(p, (list, tuple)) and len(p) == 2 and _whole(p[0])
                            and _whole(p[1]) and p[0] >= 0 and p[1] >= 0 for p in value)
                 or len({p[0] for p in value}) != len(value)):
-            raise ConfigError(f"{value!r:.120} is not a list of [rank, bytes] pairs, one per "
-                              "rank, each at least 0")
+            raise ConfigError(f"{one_line_repr(value, 120)} is not a list of [rank, bytes] pairs, "
+                              "one per rank, each at least 0")
         return tuple(sorted((p[0], p[1]) for p in value))
     if name in ("prompt_lengths", "max_tokens"):
         if (not isinstance(value, (list, tuple)) or not value
                 or not all(_whole(n) and n >= 1 for n in value)):
-            raise ConfigError(f"{value!r:.120} is not a list of integers of at least 1")
+            raise ConfigError(f"{one_line_repr(value, 120)} is not a list of integers of at "
+                              "least 1")
         if len(value) > MAX_PROMPT_LENGTHS:
             raise ConfigError(f"{len(value)} lengths: at most {MAX_PROMPT_LENGTHS}, one per "
                               "request of the check's workload")
@@ -1190,16 +1196,17 @@ def check_scenario_json(data: dict) -> dict:
             raise ConfigError(f"bad scenario in trace: {name} = {shown}: {exc}") from None
     faults = data.get("faults") or []
     if not isinstance(faults, list):
-        raise ConfigError(f"bad scenario in trace: faults = {faults!r:.80}: not a list")
+        raise ConfigError(f"bad scenario in trace: faults = {one_line_repr(faults, 80)}: "
+                          "not a list")
     ranks = out.get("ranks", MIN_RANKS)
     for i, f in enumerate(faults):
         where = f"bad scenario in trace: faults[{i}]"
         if not isinstance(f, dict):
-            raise ConfigError(f"{where} = {f!r:.80}: not an object")
+            raise ConfigError(f"{where} = {one_line_repr(f, 80)}: not an object")
         extra = [k for k in f if k not in ("kind", "rank", "op", "occurrence", "delay_s")]
         if extra or not {"kind", "rank", "op"} <= set(f):
-            raise ConfigError(f"{where} = {f!r:.120}: needs kind, rank and op (and optionally "
-                              "occurrence, delay_s), nothing else")
+            raise ConfigError(f"{where} = {one_line_repr(f, 120)}: needs kind, rank and op (and "
+                              "optionally occurrence, delay_s), nothing else")
         shown = {k: clipped(repr(v)) for k, v in f.items()}
         if f["kind"] not in FAULT_KINDS:
             raise ConfigError(f"{where}: kind {shown['kind']} is not one of {', '.join(FAULT_KINDS)}")

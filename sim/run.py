@@ -7,6 +7,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from lockstep.args import one_line_repr
 from protocol.errors import ConfigError
 from sim.guard import counting_choices
 from sim.scenario import Scenario
@@ -116,19 +117,19 @@ def _checked(scenario, variant, chooser):
     from sim.variants import Variant
 
     if not isinstance(scenario, Scenario):
-        raise ConfigError(f"scenario {scenario!r:.60}: expected a Scenario "
+        raise ConfigError(f"scenario {one_line_repr(scenario, 60)}: expected a Scenario "
                           "(sim.scenario.default_scenario makes one)")
     if not isinstance(variant, Variant):
-        raise ConfigError(f"variant {variant!r:.60}: expected a Variant (sim.variants."
+        raise ConfigError(f"variant {one_line_repr(variant, 60)}: expected a Variant (sim.variants."
                           "get_variant('correct'), or one of your own)")
     if scenario.faults:
         known = variant.fault_ops()
         for fault in scenario.faults:
             if fault.op not in known:  # it would never fire, and the run would read clean
-                raise ConfigError(f"fault op {fault.op!r:.40} is no op of {variant.name}'s runs; "
-                                  f"one of {', '.join(known)}")
+                raise ConfigError(f"fault op {one_line_repr(fault.op, 40)} is no op of "
+                                  f"{variant.name}'s runs; one of {', '.join(known)}")
     if isinstance(chooser, type) or not callable(getattr(chooser, "choose", None)):
-        raise ConfigError(f"chooser {chooser!r:.60}: expected an object with a "
+        raise ConfigError(f"chooser {one_line_repr(chooser, 60)}: expected an object with a "
                           "choose(enabled, step) method, such as RandomWalk(seed)")
     if type(chooser) in (RandomWalk, PCT, Replay, Sticky, Drawn):
         return chooser

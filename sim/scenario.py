@@ -7,6 +7,7 @@ import numbers
 import random
 from dataclasses import dataclass, field, replace
 
+from lockstep.args import one_line_repr
 from protocol.buckets import DEFAULT_DECODE_BUCKETS
 from protocol.config import QWEN3_4B, ProtocolConfig
 from protocol.errors import ConfigError
@@ -156,36 +157,38 @@ class Scenario:
         protocol read as breaking I13, a zero vocabulary divided by zero, a negative action limit read
         as a livelock (a fresh user's findings)."""
         if not isinstance(self.config, ProtocolConfig):
-            raise ConfigError(f"config {self.config!r:.60} is not a ProtocolConfig")
+            raise ConfigError(f"config {one_line_repr(self.config, 60)} is not a ProtocolConfig")
         if self.topology not in TOPOLOGIES:
             raise ConfigError(f"topology {self.topology!r} is not one of {', '.join(TOPOLOGIES)}")
         for name, kind in (("hazards", HazardModel), ("memory", MemoryModel)):
             if not isinstance(getattr(self, name), kind):
-                raise ConfigError(f"{name} {getattr(self, name)!r:.60} is not a "
+                raise ConfigError(f"{name} {one_line_repr(getattr(self, name), 60)} is not a "
                                   f"{kind.__name__}")
         for name in ("workload", "faults", "communicators"):
             value = getattr(self, name)
             if isinstance(value, list):  # a list reads as the tuple it holds
                 object.__setattr__(self, name, tuple(value))
             elif not isinstance(value, tuple):
-                raise ConfigError(f"{name} {value!r:.60} is not a tuple")
+                raise ConfigError(f"{name} {one_line_repr(value, 60)} is not a tuple")
         for name in ("pages_per_seq", "vocab", "max_actions"):
             if not is_integer(getattr(self, name)) or getattr(self, name) < 1:
-                raise ConfigError(f"{name} {getattr(self, name)!r:.60} is not an integer >= 1")
+                raise ConfigError(f"{name} {one_line_repr(getattr(self, name), 60)} is not an "
+                                  "integer >= 1")
         timeout = self.config.step_timeout_s
         d = self.death_detect_s
         if not is_real(d) or not 0 < d < math.inf:
-            raise ConfigError(f"death_detect_s {d!r:.60} must be a finite number of seconds "
-                              "above 0")
+            raise ConfigError(f"death_detect_s {one_line_repr(d, 60)} must be a finite number of "
+                              "seconds above 0")
         if d > timeout and any(f.kind == "die" for f in self.faults if isinstance(f, Fault)):
             # the step timeout fires first and names no failed rank: a false I13
             raise ConfigError(f"death_detect_s {d!r} is past the step timeout ({timeout:g} s): "
                               "a die fault's peers would time out before they saw the death")
         if not isinstance(self.data_parallel, bool):
-            raise ConfigError(f"data_parallel {self.data_parallel!r:.60} is not True or False")
+            raise ConfigError(f"data_parallel {one_line_repr(self.data_parallel, 60)} is not True "
+                              "or False")
         for fault in self.faults:
             if not isinstance(fault, Fault):
-                raise ConfigError(f"fault {fault!r:.60} is not a Fault")
+                raise ConfigError(f"fault {one_line_repr(fault, 60)} is not a Fault")
             if not 0 <= fault.rank < self.config.world_size:
                 raise ConfigError(f"fault on rank {fault.rank}, outside world size "
                                   f"{self.config.world_size}")

@@ -123,11 +123,11 @@ def check_budget(time_budget, **counts) -> None:
     """
     for name, value in counts.items():
         if not is_integer(value) or name != "seed" and value < 1:
-            raise ConfigError(f"{name} = {value!r:.60}: expected an integer"
+            raise ConfigError(f"{name} = {one_line_repr(value, 60)}: expected an integer"
                               + ("" if name == "seed" else " >= 1"))
     if not is_real(time_budget) or not 0 < time_budget < math.inf:
-        raise ConfigError(f"time_budget = {time_budget!r:.60}: expected a finite number of seconds "
-                          "above 0")
+        raise ConfigError(f"time_budget = {one_line_repr(time_budget, 60)}: expected a finite "
+                          "number of seconds above 0")
 
 
 def check_flags(**flags) -> None:

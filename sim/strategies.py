@@ -92,7 +92,8 @@ class Replay:
     def __init__(self, choices: list[str]):
         if isinstance(choices, str) or not isinstance(choices, (list, tuple)) or not all(
                 isinstance(c, str) for c in choices):
-            raise ConfigError(f"choices = {choices!r:.60}: expected a list of actor names")
+            raise ConfigError(f"choices = {one_line_repr(choices, 60)}: expected a list of actor "
+                              "names")
         self.choices = choices
 
     def choose(self, enabled: list[str], step: int) -> str:

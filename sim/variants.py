@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import ClassVar
 from pathlib import Path
 
-from lockstep.args import clipped
+from lockstep.args import clipped, one_line_repr
 from protocol.backend import (
     FreeGraphs,
     GraphMemory,
@@ -148,7 +148,8 @@ class Variant:
                               f"{', '.join(STRATEGIES)}")
         if not isinstance(self.also_expected, tuple):
             raise ConfigError(f"variant {self.name!r}: also_expected is "
-                              f"{self.also_expected!r:.80}; expected a tuple of verdicts")
+                              f"{one_line_repr(self.also_expected, 80)}; expected a tuple of "
+                              "verdicts")
         for verdict in self.also_expected:
             if verdict not in VERDICTS or verdict == "clean":
                 raise ConfigError(f"variant {self.name!r}: also_expected verdict {verdict!r} is "
@@ -167,7 +168,8 @@ class Variant:
         naming the variant and the field, not later from inside the simulator (a
         ``'str' object is not callable`` at world.py, or a TypeError traceback)."""
         def bad(field_name: str, value, want: str) -> ConfigError:
-            return ConfigError(f"variant {self.name!r}: {field_name} is {value!r:.80}; expected {want}")
+            return ConfigError(f"variant {self.name!r}: {field_name} is "
+                               f"{one_line_repr(value, 80)}; expected {want}")
 
         for field_name in ("summary", "source"):  # None and 5 were taken, and printed by --list
             value = getattr(self, field_name)
@@ -229,8 +231,9 @@ class Variant:
         """
         out = self.adjust(base) if self.adjust else base
         if not isinstance(out, Scenario):
-            raise ConfigError(f"variant {self.name!r}: adjust returned {out!r:.80}, not a Scenario "
-                              "(return the scenario it was given, changed with .with_(...))")
+            raise ConfigError(f"variant {self.name!r}: adjust returned {one_line_repr(out, 80)}, "
+                              "not a Scenario (return the scenario it was given, changed with "
+                              ".with_(...))")
         known = self.fault_ops() if out.faults else ()
         for i, fault in enumerate(out.faults):
             if fault.op not in known:
@@ -301,7 +304,8 @@ def get_variant(name: str) -> Variant:
             every name is listed (docs/variants.md).
     """
     if not isinstance(name, str):
-        raise ConfigError(f"variant name {name!r:.60}: expected a string such as 'correct'")
+        raise ConfigError(f"variant name {one_line_repr(name, 60)}: expected a string such as "
+                          "'correct'")
     try:
         return REGISTRY[name]
     except KeyError:
@@ -359,7 +363,7 @@ def load_variant_file(path: str | Path) -> list[Variant]:
     if listed is not None:
         if not isinstance(listed, (list, tuple)) or not all(isinstance(v, Variant) for v in listed):
             raise ConfigError(f"variant file {str(path)!r}: VARIANTS must be a list of Variant "
-                              f"objects, got {listed!r:.80}")
+                              f"objects, got {one_line_repr(listed, 80)}")
         found = list(listed)
     else:
         found = [v for v in vars(module).values()

@@ -32,6 +32,7 @@ from dataclasses import MISSING, dataclass
 import torch
 
 from engine.kernels.pdl import pdl_launch
+from lockstep.args import one_line_repr
 
 try:  # Triton is optional on CPU-only machines; the torch path needs none of it.
     import triton
@@ -804,8 +805,8 @@ def row_count_key(m, where: str) -> int:
 
 def _parse_entry(e) -> TableEntry:
     if not isinstance(e, dict):
-        raise ValueError(f"entry {e!r:.60} is not an object with skinny, skinny_us and "
-                         "cublas_us")
+        raise ValueError(f"entry {one_line_repr(e, 60)} is not an object with skinny, "
+                         "skinny_us and cublas_us")
     cublas_us = _time_us(e["cublas_us"], "cublas_us")
     tile = e["skinny"]
     if tile is None:
@@ -823,7 +824,7 @@ def tile_from_json(tile) -> TileConfig:
             value `TileConfig` refuses.
     """
     if not isinstance(tile, dict):
-        raise ValueError(f"tile {tile!r:.60} is not an object of TileConfig fields")
+        raise ValueError(f"tile {one_line_repr(tile, 60)} is not an object of TileConfig fields")
     unknown = sorted(map(str, set(tile) - set(TileConfig.__dataclass_fields__)))
     if unknown:
         raise ValueError(f"tile field(s) {', '.join(map(repr, unknown))} unknown; known: "
@@ -831,7 +832,7 @@ def tile_from_json(tile) -> TileConfig:
     missing = [name for name, f in TileConfig.__dataclass_fields__.items()
                if f.default is MISSING and name not in tile]
     if missing:
-        raise ValueError(f"tile {tile!r:.80} lacks {', '.join(missing)}")
+        raise ValueError(f"tile {one_line_repr(tile, 80)} lacks {', '.join(missing)}")
     return TileConfig(**tile)
 
 

@@ -20,6 +20,7 @@ from torch import nn
 from engine.kernels import fused, skinny_gemm
 from engine.parallel import TPGroup
 from engine.weights import WeightIndex
+from lockstep.args import one_line_repr
 
 
 class DecodeGemm:
@@ -234,7 +235,7 @@ def plan_from_json(p) -> FusedLayerPlan:
     """
     fields = (*ROLES, "rope")
     if not isinstance(p, dict):
-        raise ValueError(f"plan {p!r:.60} is not an object of {', '.join(fields)}")
+        raise ValueError(f"plan {one_line_repr(p, 60)} is not an object of {', '.join(fields)}")
     unknown = sorted(map(str, set(p) - set(fields)))
     missing = [f for f in fields if f not in p]
     if unknown or missing:
@@ -255,8 +256,8 @@ def plan_from_json(p) -> FusedLayerPlan:
 def check_layer_key(key) -> str:
     """`key` where it is a key `layer_key` writes. Raises ValueError naming it otherwise."""
     if not isinstance(key, str) or not _LAYER_KEY.fullmatch(key):
-        raise ValueError(f"layer {key!r:.100} is not a layer_key ('qkv NxK, o_proj NxK, "
-                         "gate_up NxK, down NxK')")
+        raise ValueError(f"layer {one_line_repr(key, 100)} is not a layer_key ('qkv NxK, "
+                         "o_proj NxK, gate_up NxK, down NxK')")
     return key
 
 

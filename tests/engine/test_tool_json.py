@@ -207,6 +207,20 @@ def test_field_paths_and_kinds():
         assert words in str(info.value), str(info.value)
 
 
+def test_a_refused_value_is_one_line_of_at_most_60_characters():
+    """`engine.json_fields` shows a value as `lockstep.args.one_line_repr` does, at its own 60
+    characters: a value whose repr spans lines (a numpy array handed to `Field`) is joined onto
+    one line, and a cut is marked with "..."."""
+    import numpy as np
+
+    with pytest.raises(FieldError) as info:
+        Field(np.arange(100).reshape(10, 10), "rows").list()
+    assert str(info.value) == ("rows = array([[ 0, 1, 2, 3, 4, 5, 6, 7, 8, 9], [10, 11, 12, 13, "
+                               "...: expected a list")
+    with pytest.raises(FieldError) as info:
+        Field("y" * 58, "name").list()
+    assert str(info.value) == f"name = {'y' * 58!r}: expected a list"  # 60 characters: whole
+
 @pytest.mark.parametrize("raw, words", [
     ([1], "expected an object of layer keys, each an object of row counts"),
     ({RECORDS["records"][0]["layer"]: {"8": PLAN | {"qkv": TILE | {"colour": 3}}}},

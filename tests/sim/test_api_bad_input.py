@@ -396,3 +396,48 @@ def test_a_sticky_chooser_of_every_actor_kind_runs():
     again = run_schedule(sc, CORRECT, Sticky(switch_points(run.choices)))
     assert again.choices == run.choices
     Sticky({0: "controller", 1: "collectives", 2: "rank1", 3: "device0", 4: "link1"})
+
+
+ROWS = "array([[ 0, 1, 2, 3, 4, 5, 6, 7, 8, 9], [10, 11, 12, 13, ..."  # np.arange(100), 10 x 10
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda sc, a: sc.with_(config=a), f"config {ROWS} is not a ProtocolConfig"),
+    (lambda sc, a: sc.with_(workload=a), f"workload {ROWS} is not a tuple"),
+    (lambda sc, a: sc.with_(vocab=a), f"vocab {ROWS} is not an integer >= 1"),
+    (lambda sc, a: sc.with_(data_parallel=a), f"data_parallel {ROWS} is not True or False"),
+    (lambda sc, a: sc.with_(faults=(a,)), f"fault {ROWS} is not a Fault"),
+    (lambda sc, a: get_variant(a), f"variant name {ROWS}: expected a string such as 'correct'"),
+    (lambda sc, a: run_schedule(a, CORRECT, RandomWalk(0)), f"scenario {ROWS}: expected a "
+                                                            "Scenario"),
+    (lambda sc, a: run_schedule(sc, a, RandomWalk(0)), f"variant {ROWS}: expected a Variant"),
+    (lambda sc, a: Replay(a), f"choices = {ROWS}: expected a list of actor names"),
+    (lambda sc, a: sample_search(lambda i: sc, CORRECT, _bad, time_budget=a),
+     f"time_budget = {ROWS}: expected a finite number of seconds above 0"),
+])
+def test_a_value_whose_repr_spans_lines_is_named_on_one_line(call, words):
+    """A numpy array's repr spans lines. Old behaviour: these messages cut it with a format
+    spec (``{value!r:.60}``), which kept its first line break (the message ran over two lines,
+    the second starting ``[10, 11, 1``) and gave no sign of the cut. Now its rows are joined
+    and the cut is marked with "..." (`lockstep.args.one_line_repr`)."""
+    import numpy as np
+
+    with pytest.raises(ConfigError) as info:
+        call(default_scenario(**SMALL), np.arange(100).reshape(10, 10))
+    assert _one_line(info.value).startswith(words), info.value
+
+
+@pytest.mark.parametrize("field_name", ["summary", "also_expected"])
+def test_a_variant_field_whose_repr_spans_lines_is_named_on_one_line(field_name):
+    """A Variant field shows up to 80 characters of the value, cut with "..."."""
+    import numpy as np
+
+    from sim.variants import Variant
+
+    fields = dict(name="mine", summary="s", source="t", expected=EXPECTED_CLEAN)
+    with pytest.raises(ConfigError) as info:
+        Variant(**fields | {field_name: np.arange(100).reshape(10, 10)})
+    message = _one_line(info.value)
+    shown = "array([[ 0, 1, 2, 3, 4, 5, 6, 7, 8, 9], [10, 11, 12, 13, 14, 15, 16, 17, 18, ..."
+    assert len(shown) == 80
+    assert message.startswith(f"variant 'mine': {field_name} is {shown}; expected "), message
