@@ -1,0 +1,249 @@
+"""Stand-alone experiment behind docs/benchmarks.md, 2026-12-06 (session of 18:18 UTC): how
+close to the HBM floor can a decode step of one launch per GEMM come at all?
+
+Qwen3-4B's batch-1 step is a chain of about 6 launches a layer (36 layers) plus the LM head;
+its gap to the floor is the same in microseconds on an H100 and an H200 (about 611 us), so it
+is latency, not bandwidth. This script times a step with the same chain and the same bytes
+but no arithmetic: each GEMM is replaced by a kernel that only streams its weight (sums it in
+float32), each of the two small launches (q/k norm + RoPE + KV write, attention) by a kernel
+that reads nothing, and each launch reads one value its predecessor wrote, so the chain keeps
+its data dependencies. Its time over the floor is what launches and dependencies cost a chain
+of ideal kernels; the engine's step can come no closer to the floor than that without a
+persistent kernel (fewer launches), whatever its tiles.
+
+Timed as one CUDA graph of the whole chain (median of the replays, CUDA events), for:
+  one launch    every byte of the step in one streaming kernel (the bytes alone);
+  chain         217 launches (36 x [qkv, rope, attention, o_proj, gate_up, down] + LM head),
+                with programmatic dependent launch (PDL), each streaming kernel loading its
+                weight after `gdc_wait` (as the engine's multi-tile GEMMs do);
+  chain, pre    the same, each weight streamed before `gdc_wait` (the best PDL allows: only
+                the one value from its predecessor waits);
+  chain, no PDL the same 217 launches without PDL;
+  GEMMs only    the 145 streaming launches alone (PDL, after the wait);
+  empty chain   217 launches that read nothing (PDL), the launch and dependency cost alone.
+The floor is the step's bytes over the read bandwidth of `torch.sum` measured in the same run
+(`engine.bench.floor.measure_read_bandwidth`), as `lockstep bench` computes it.
+
+    python docs/experiments/launch-chain-floor.py --out $OUT/launch-chain.json   # GPU
+    TRITON_INTERPRET=1 python docs/experiments/launch-chain-floor.py --check      # CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, os.getcwd())
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+# Qwen3-4B (hidden 2560, intermediate 9728, 32 query and 8 kv heads of 128, 36 layers, tied
+# 151,936 x 2560 embedding as the LM head), weights [N, K] in bfloat16.
+LAYER_WEIGHTS = {"qkv": 6144 * 2560, "o_proj": 2560 * 4096, "gate_up": 19456 * 2560,
+                 "down": 2560 * 9728}
+LM_HEAD = 151936 * 2560
+NUM_LAYERS = 36
+LAYER = ("qkv", "rope", "attention", "o_proj", "gate_up", "down")
+"""One layer's launches in the engine's unfused-rope batch-1 plan; rope and attention read no
+weight."""
+
+
+@triton.jit
+def stream_kernel(w_ptr, per_program, dep_ptr, out_ptr, BLOCK: tl.constexpr, PDL: tl.constexpr,
+                  BEFORE_WAIT: tl.constexpr):
+    """Sum this program's `per_program` weights (a multiple of BLOCK) and the value its
+    predecessor left at dep_ptr[0]; write it to out_ptr[program]."""
+    pid = tl.program_id(0)
+    base = w_ptr + pid.to(tl.int64) * per_program
+    offs = tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK], tl.float32)
+    if PDL and not BEFORE_WAIT:
+        tl.extra.cuda.gdc_wait()
+    for i in tl.range(0, per_program, BLOCK):
+        acc += tl.load(base + i + offs).to(tl.float32)
+    if PDL and BEFORE_WAIT:
+        tl.extra.cuda.gdc_wait()
+    dep = tl.load(dep_ptr)
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+    tl.store(out_ptr + pid, tl.sum(acc) + dep)
+
+
+@triton.jit
+def empty_kernel(dep_ptr, out_ptr, PDL: tl.constexpr):
+    """Read the value the predecessor left at dep_ptr[0] and write it on (no weight)."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+    dep = tl.load(dep_ptr)
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+    tl.store(out_ptr + tl.program_id(0), dep + 1.0)
+
+
+def plan_chain(layers: int, block: int, programs: int, lm_head: int = LM_HEAD,
+               layer_weights: dict[str, int] = LAYER_WEIGHTS) -> list[tuple[str, int, int]]:
+    """The chain's launches as (name, offset into the weight buffer, weights a program reads);
+    0 weights for a launch that reads none. Each streaming launch reads its weight rounded up to
+    programs x block (the buffer holds that slack), so every program reads whole blocks."""
+    chain, offset = [], 0
+
+    def stream(name: str, n: int) -> None:
+        nonlocal offset
+        per = -(-n // (programs * block)) * block
+        chain.append((name, offset, per))
+        offset += per * programs
+
+    for _ in range(layers):
+        for name in LAYER:
+            if name in layer_weights:
+                stream(name, layer_weights[name])
+            else:
+                chain.append((name, 0, 0))
+    stream("lm_head", lm_head)
+    return chain
+
+
+def buffer_elements(chain, programs: int) -> int:
+    return max(off + per * programs for _, off, per in chain)
+
+
+def run_chain(chain, w, dep, outs, programs: int, block: int, warps: int, pdl: bool,
+              before_wait: bool, small_programs: int, keep=lambda name: True) -> None:
+    """Launch `chain` once; outs is a ring of per-launch output buffers, each launch reading
+    element 0 of the one before."""
+    launch = {"launch_pdl": True} if pdl else {}
+    prev = dep
+    for i, (name, off, per) in enumerate(c for c in chain if keep(c[0])):
+        out = outs[i % len(outs)]
+        if per:
+            stream_kernel[(programs,)](w[off:], per, prev, out, BLOCK=block, PDL=pdl,
+                                      BEFORE_WAIT=before_wait, num_warps=warps, **launch)
+        else:
+            empty_kernel[(small_programs,)](prev, out, PDL=pdl, num_warps=4, **launch)
+        prev = out
+
+
+def check() -> None:
+    """Interpreter check: every streaming launch sums exactly its slice (float64 oracle), and
+    each launch adds its predecessor's value."""
+    block, programs = 64, 3
+    sizes = {"qkv": 500, "o_proj": 100, "gate_up": 1000, "down": 300}
+    chain = plan_chain(2, block, programs, lm_head=700, layer_weights=sizes)
+    w = torch.randn(buffer_elements(chain, programs), dtype=torch.bfloat16)
+    dep = torch.tensor([0.5], dtype=torch.float32)
+    outs = [torch.zeros(max(programs, 4), dtype=torch.float32) for _ in range(len(chain))]
+    for before in (False, True):
+        run_chain(chain, w, dep, outs, programs, block, 4, False, before, 4)
+        prev = 0.5
+        for (name, off, per), out in zip(chain, outs):
+            if per:
+                want = w[off:off + per * programs].double().view(programs, per).sum(1) + prev
+                assert torch.allclose(out[:programs].double(), want, rtol=1e-5, atol=1e-3), name
+            else:
+                assert out[0].item() == (torch.tensor(prev, dtype=torch.float32) + 1.0).item(), name
+            prev = out[0].item()
+    print("launch-chain-floor: interpreter check passed "
+          f"({len(chain)} launches, {sum(1 for c in chain if c[2])} streaming)")
+
+
+def time_graph(fn, repeats: int) -> tuple[float, float]:
+    """(median, p90) ms of one replay of a graph that holds `fn()` once."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    for _ in range(3):
+        g.replay()
+    times = []
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    times.sort()
+    return times[len(times) // 2], times[int(len(times) * 0.9)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="interpreter check only")
+    parser.add_argument("--out", default=None, help="JSON of every timing")
+    parser.add_argument("--repeats", type=int, default=20)
+    args = parser.parse_args()
+    if args.check:
+        check()
+        return
+    from engine.bench.floor import measure_read_bandwidth
+
+    device = torch.device("cuda")
+    bandwidth = measure_read_bandwidth(device)
+    step_bytes = 2 * (NUM_LAYERS * sum(LAYER_WEIGHTS.values()) + LM_HEAD)
+    floor_ms = step_bytes / bandwidth * 1e3
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    result = {"device": torch.cuda.get_device_name(device), "read_TBps": bandwidth / 1e12,
+              "step_GB": step_bytes / 1e9, "floor_ms": floor_ms, "settings": []}
+    print(f"{result['device']}: read {bandwidth / 1e12:.3f} TB/s, {step_bytes / 1e9:.3f} GB a "
+          f"step, floor {floor_ms:.3f} ms")
+    dep = torch.zeros(1, dtype=torch.float32, device=device)
+    w = None
+    for programs_per_sm, block, warps in ((1, 8192, 8), (2, 8192, 8), (4, 4096, 8),
+                                          (4, 8192, 8), (8, 4096, 4)):
+        programs = programs_per_sm * sms
+        chain = plan_chain(NUM_LAYERS, block, programs)
+        n = buffer_elements(chain, programs)
+        if w is None or w.numel() < n:
+            w = None
+            torch.cuda.empty_cache()
+            w = torch.empty(int(n * 1.02), dtype=torch.bfloat16, device=device).normal_()
+        outs = [torch.zeros(programs, dtype=torch.float32, device=device) for _ in range(8)]
+        # each launch reads its weight rounded up to whole blocks: the floor of a setting is
+        # its own bytes (a few percent above the step's), so every row compares like with like
+        read = 2 * sum(per * programs for _, _, per in chain)
+        whole = [("all", 0, -(-read // 2 // (programs * block)) * block)]
+        assert whole[0][2] * programs <= w.numel()
+        row = {"programs": programs, "block": block, "warps": warps, "read_GB": read / 1e9}
+
+        def timed(label, fn):
+            med, p90 = time_graph(fn, args.repeats)
+            own_floor = read / bandwidth * 1e3
+            row[label] = {"ms": med, "p90_ms": p90, "x_floor": med / own_floor}
+            print(f"  {programs:4d} programs, block {block:5d}, {warps} warps, {label:14s}"
+                  f" {med:7.3f} ms (p90 {p90:.3f}) {med / own_floor:5.2f}x its floor "
+                  f"({read / 1e9:.2f} GB)", flush=True)
+
+        common = dict(programs=programs, block=block, warps=warps, small_programs=32)
+        timed("one launch", lambda: run_chain(whole, w, dep, outs, pdl=False, before_wait=False,
+                                              **common))
+        timed("chain", lambda: run_chain(chain, w, dep, outs, pdl=True, before_wait=False,
+                                         **common))
+        timed("chain, pre", lambda: run_chain(chain, w, dep, outs, pdl=True, before_wait=True,
+                                              **common))
+        timed("chain, no PDL", lambda: run_chain(chain, w, dep, outs, pdl=False,
+                                                 before_wait=False, **common))
+        timed("GEMMs only", lambda: run_chain(chain, w, dep, outs, pdl=True, before_wait=False,
+                                              keep=lambda name: name not in ("rope", "attention"),
+                                              **common))
+        med, p90 = time_graph(lambda: run_chain([(c[0], 0, 0) for c in chain], w, dep, outs,
+                                                pdl=True, before_wait=False, **common),
+                              args.repeats)
+        row["empty chain"] = {"ms": med, "p90_ms": p90, "us_per_launch": med * 1e3 / len(chain)}
+        print(f"  {programs:4d} programs, block {block:5d}, {warps} warps, empty chain     "
+              f"{med:7.3f} ms (p90 {p90:.3f}) {med * 1e3 / len(chain):.2f} us a launch",
+              flush=True)
+        result["settings"].append(row)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
