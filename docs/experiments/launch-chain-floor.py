@@ -154,22 +154,9 @@ def check() -> None:
 
 def time_graph(fn, repeats: int) -> tuple[float, float]:
     """(median, p90) ms of one replay of a graph that holds `fn()` once."""
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    for _ in range(3):
-        g.replay()
-    times = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    times.sort()
+    from engine.bench.gemm_sweep import graph_times
+
+    times = graph_times(fn, repeats)
     return times[len(times) // 2], times[int(len(times) * 0.9)]
 
 

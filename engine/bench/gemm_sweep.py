@@ -92,6 +92,13 @@ MAX_REPEATS = 1_000
 
 def time_graph(fn, repeats: int) -> float:
     """Median ms of one replay of a graph that holds `fn()` once."""
+    times = graph_times(fn, repeats)
+    return times[len(times) // 2]
+
+
+def graph_times(fn, repeats: int) -> list[float]:
+    """ms of each of `repeats` replays (after 3 warm-up ones) of a graph that holds `fn()` once
+    (run once eagerly first, for compiles), sorted; CUDA events."""
     fn()
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
@@ -107,8 +114,7 @@ def time_graph(fn, repeats: int) -> float:
         b.record()
         b.synchronize()
         times.append(a.elapsed_time(b))
-    times.sort()
-    return times[len(times) // 2]
+    return sorted(times)
 
 
 def time_tiles(entry: dict, configs, check, launch, weights: list, repeats: int):
