@@ -235,6 +235,7 @@ class ModelledBackend:
         if handler is None:
             raise SimFault(f"the simulator models no backend op {op.name!r} "
                            f"({type(op).__name__})", kind="unmodelled")
+        host.lock_blocked = False  # set again by `locked` if the handler waits for the lock
         return handler(self, r, host, op, probe)
 
     def _perform_record(self, r: int, host: Host, op: Record) -> int:
@@ -483,6 +484,7 @@ class ModelledBackend:
         acquired = False
         if w.hz.h1_driver_lock:
             if holder is not None and holder != r:
+                host.lock_blocked = True
                 return BLOCKED
             if holder is None:
                 acquired = True

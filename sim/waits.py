@@ -66,7 +66,10 @@ def wait_edges(world) -> list[tuple[str, str, str, str | None]]:
             continue  # wedged (injected hang) or slow (waits on the clock): no actor to wait on
         holder = world.locks[p]
         if (hz.h1_driver_lock and holder not in (None, r)
-                and (isinstance(op, LOCKING_OPS) or getattr(op, "takes_driver_lock", False))):
+                and (isinstance(op, LOCKING_OPS) or getattr(op, "takes_driver_lock", False)
+                     # a variant's own op that waits in `locked` (a user who forgot the flag
+                     # read a deadlock as the watchdog's abort); reset before each of its probes
+                     or (host.lock_blocked and type(op) in world.variant.sim_ops))):
             edges.append((me, f"rank{holder}",
                           f"rank {r}'s {what} waits for process {p}'s driver lock, held by "
                           f"rank {holder}'s {_op_text(world, holder)}", "h1"))

@@ -67,6 +67,9 @@ class Host:
         fault_armed: the fault acting on the current op, if any.
         started: the current op has begun (its fault, if any, has been drawn).
         result: the value of the op that just finished.
+        lock_blocked: the last probe of a variant's own op (`Variant.sim_ops`) found the
+            driver lock held by another thread (`ModelledBackend.locked`): a wait for that
+            lock, declared or not; read only for such ops (the shipped ones are known).
     """
 
     rank: int
@@ -79,6 +82,7 @@ class Host:
     fault_armed: object = None
     started: bool = False
     result: object = None
+    lock_blocked: bool = False
 
     @property
     def cmd(self) -> Command | None:

@@ -37,6 +37,24 @@ def test_pct_finds_the_warmup_free_deadlock_at_once():
 
 
 @pytest.mark.timeout(300)
+def test_a_variant_op_waiting_for_the_driver_lock_is_seen_without_its_flag(monkeypatch):
+    """A variant author's finding: an op of one's own that waits in `backend.locked` but did not
+    declare ``takes_driver_lock`` left its wait for the lock out of the wait-for graph, so the
+    deadlock read as the startup watchdog's abort (an acceptable verdict under faults). The wait
+    is now seen from the op's own probe; the flag changes nothing."""
+    from sim.variants_rare import AllocScratch, FreeScratch
+
+    verdicts = []
+    for flag in (True, False):
+        for op in (AllocScratch, FreeScratch):
+            monkeypatch.setattr(op, "takes_driver_lock", flag)
+        found = _search("warmup-scratch-free", "pct", 10).failure
+        verdicts.append((found.outcome.verdict, found.outcome.detail))
+    assert verdicts[0] == verdicts[1] and verdicts[0][0] == "deadlock"
+    assert "driver lock" in " ".join(why for _, why in found.outcome.cycle)
+
+
+@pytest.mark.timeout(300)
 def test_the_default_check_searches_it_with_its_own_strategy(capsys):
     assert main(["check", "--variant", "warmup-scratch-free", "--no-progress", "--jobs", "1"]) == 0
     out = capsys.readouterr().out
