@@ -57,7 +57,8 @@ class CheckSpec:
     (numpy's) are kept as ints.
 
     Raises:
-        ConfigError: one line naming the first field refused and its value.
+        ConfigError: one line naming the first field refused and its value, or the fields that
+            do not go together (`scenario`: a max_batch past the largest bucket, say).
     """
 
     ranks: int = 2
@@ -123,6 +124,9 @@ class CheckSpec:
                 check_limits(schedules=self.clean_schedules)
             except ConfigError as exc:
                 raise ConfigError(f"clean_schedules = {self.clean_schedules}: {exc}") from None
+        # the fields together (max_batch past the largest bucket, a bucket set the model cannot
+        # hold): a variant author's spec was taken, and every row blamed the variant instead
+        self.scenario("shared")
 
     def strategy_for(self, variant) -> str:
         """The search strategy for ``variant``: the one asked for, else the variant's own

@@ -238,6 +238,10 @@ def test_a_chooser_of_one_s_own_that_chooses_an_enabled_actor_runs():
     (dict(hazards_off="h6"), "hazards_off = 'h6': 'h6' is not a list of hazard names"),
     (dict(h2_scope="all"), "h2_scope = 'all': 'all' is not one of device, process, peers"),
     (dict(h2_calls=None), "h2_calls = None: None is not one of assumed, measured, both"),
+    # a variant author's finding: taken, and each row then blamed the variant for it
+    (dict(ranks=3, buckets=(1, 4, 8), max_batch=12),
+     "max_batch=12 exceeds the largest of buckets 1,4,8; add a bucket (buckets) or lower "
+     "max_batch"),
 ])
 def test_a_check_spec_field_its_option_would_refuse_is_named(change, words):
     """Old behaviour: a CheckSpec built directly took what `lockstep check` refuses:
