@@ -89,8 +89,11 @@ class Variant:
         symmetric: False if the variant's code treats ranks 1..n-1 differently (exhaustive
             search then keeps every rank apart instead of reducing by rank symmetry).
         reaches: events a clean run of this variant must reach besides graph replays and
-            live compactions, e.g. ``"preemption"``: each one of `sim.common.EVENTS`, or
-            ``fault_op_<op>`` for an op of its runs (`fault_ops`).
+            live compactions, e.g. ``"preemption"``: each one of `sim.common.EVENTS`, of its own
+            ``events``, or ``fault_op_<op>`` for an op of its runs (`fault_ops`).
+        events: names of events the variant's own handlers count
+            (``world.count_event(name)``), so that ``reaches`` may require them: a clean
+            counterpart whose own op never ran would otherwise read clean.
         schedules, fault_schedules: caps on the schedules (and faulted schedules; 0: no
             faulted row) `lockstep check` explores for this variant, for a design whose verdict
             does not depend on the schedule (a counterpart that shows a rule's fix is clean);
@@ -133,6 +136,7 @@ class Variant:
     unreachable: Callable[[Scenario], str | None] | None = None
     strategy: str | None = None
     draw: Callable[[Scenario, int], Callable[[int], Scenario]] | None = None
+    events: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -207,12 +211,16 @@ class Variant:
         if self.fault_search is not None and not isinstance(self.fault_search, FaultFamily):
             raise bad("fault_search", self.fault_search,
                       'None or a sim.faults.FaultFamily, e.g. FaultFamily("die", phase="serving")')
+        if (not isinstance(self.events, tuple)
+                or not all(isinstance(e, str) and e for e in self.events)):
+            raise bad("events", self.events, 'a tuple of event names, e.g. ("scrub",)')
         ops = self.fault_ops()
         for event in self.reaches:  # a name no run records read later as a vacuous clean row
-            if event not in EVENTS and not (event.startswith("fault_op_")
-                                            and event[len("fault_op_"):] in ops):
+            if event not in EVENTS + self.events and not (
+                    event.startswith("fault_op_") and event[len("fault_op_"):] in ops):
                 raise bad("reaches entry", event, "an event a run records: "
-                          f"{', '.join(EVENTS)}, or fault_op_<op> for an op of its runs")
+                          f"{', '.join(EVENTS)}, one of its own events (declared in events), "
+                          "or fault_op_<op> for an op of its runs")
 
     @property
     def clean_everywhere(self) -> bool:

@@ -205,6 +205,11 @@ class World:
         self.trace.append(_tuple_new(TraceEvent, (actor, kind, what, seq, rank, detail, ok,
                                                   self.clock, ())))
 
+    def count_event(self, name: str, n: int = 1) -> None:
+        """Count ``n`` occurrences of event ``name`` in `events`: a variant's own handler counts
+        what its ``reaches`` requires (`sim.variants.Variant.events`)."""
+        self.events[name] = self.events.get(name, 0) + n
+
     def current_seq(self) -> int | None:
         """The sequence number of the controller's outstanding command, if any."""
         current = self.ctrl.current

@@ -7,11 +7,15 @@ MemoryError from deep inside)."""
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import pytest
 
+from protocol.backend import Op
 from protocol.errors import ConfigError
+from protocol.worker import Worker
+from sim.common import DONE
 from sim.scenario import Fault, default_scenario
 from sim.search import exhaustive_search, hypothesis_search, sample_search
 from sim.strategies import PCT, Drawn, RandomWalk, Replay, Sticky
@@ -345,7 +349,54 @@ def test_a_reaches_entry_no_run_records_is_named(reaches, words):
         Variant("mine", "s", "t", EXPECTED_CLEAN, reaches=reaches)
     message = _one_line(info.value)
     assert message.startswith(words), message
-    assert "fault_fired_serving, or fault_op_<op> for an op of its runs" in message
+    assert ("fault_fired_serving, one of its own events (declared in events), or fault_op_<op> "
+            "for an op of its runs") in message
+
+
+@dataclass(frozen=True)
+class _Note(Op):
+    """A variant's own op in the warm-up: counts the event ``noted`` when its flag says so."""
+
+    name: ClassVar[str] = "note"
+    counts: bool = True
+
+
+def _sim_note(backend, r, host, op, probe):
+    if not probe and op.counts:
+        backend.world.count_event("noted")
+    return DONE if probe else backend.done(host)
+
+
+class _NotingWorker(Worker):
+    counts = True
+
+    def _ops_warmup(self, command):
+        return [_Note(self.counts)] + super()._ops_warmup(command)
+
+
+class _SilentWorker(_NotingWorker):
+    counts = False
+
+
+@pytest.mark.timeout(120)
+def test_a_variant_s_own_event_may_be_required():
+    """A variant author's finding: ``reaches`` took only the simulator's own events, so a clean
+    counterpart could not require that its own op ran (a handler that never fired read
+    clean). Declared in ``events`` and counted with ``world.count_event``, it may be named;
+    a run that never counts it is vacuous, naming it."""
+    from sim.check import CheckSpec, check_variant
+    from sim.variants import Variant
+
+    spec = CheckSpec(buckets=(1, 2, 4, 8), max_batch=8, schedules=3, fault_schedules=0, jobs=1)
+    rows = {}
+    for worker in (_NotingWorker, _SilentWorker):
+        variant = Variant(f"mine-{worker.counts}", "s", "t", EXPECTED_CLEAN, worker_cls=worker,
+                          sim_ops={_Note: _sim_note}, reaches=("noted",), events=("noted",))
+        rows[worker.counts] = check_variant(variant, spec, "shared")[0]
+    assert rows[True].got == "clean" and "noted" in rows[True].detail
+    assert rows[False].got == "vacuous" and rows[False].detail == "never reached: noted"
+    with pytest.raises(ConfigError, match="events is 'noted'; expected a tuple of event names"):
+        Variant("mine", "s", "t", EXPECTED_CLEAN, events="noted")
 
 
 def test_every_event_a_run_records_may_be_reached():
