@@ -801,7 +801,7 @@ class World:
                         f"collective sequences differ across ranks: device {r} spins in "
                         f"{sig_text(stream[0])}, but rank {q} finished command {current.seq} "
                         f"({type(current).__name__}) after {peer.enqueued_collectives} collectives "
-                        "and will issue no matching one", "I3", rank=q, step=current.seq,
+                        "and will issue no matching one", "I2", rank=q, step=current.seq,
                         check="orphan-collective")
         return None
 

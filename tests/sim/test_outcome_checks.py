@@ -100,3 +100,22 @@ def test_a_verdict_no_run_ends_with_is_refused_and_every_literal_one_is_known():
                for call in _calls(path, "Outcome")
                if isinstance(v := _keyword(call, "verdict", 0), ast.Constant)}
     assert literal and literal <= set(OUTCOME_VERDICTS), literal - set(OUTCOME_VERDICTS)
+
+
+@pytest.mark.timeout(120)
+def test_a_collective_a_peer_never_issues_is_an_i2_divergence_as_a_mismatched_one_is():
+    """Both checks of "collective sequences differ across ranks" name I2 (every rank issues the
+    broadcast collective sequence): the orphan check named I3 (uniform captured-ness), so a
+    variant author's rank that warmed up once more, alone, read as a captured-set bug."""
+    from sim.check import CheckSpec, check_bad
+    from sim.variants import REGISTRY
+
+    orphan = check_bad(REGISTRY["dp-idle-rank-skips-forward"], CheckSpec(schedules=20, jobs=1),
+                       "shared").minimal
+    assert orphan.outcome.check == "orphan-collective"
+    assert (orphan.outcome.verdict, orphan.outcome.invariant) == ("divergence", "I2")
+    # autotune-cache-shared needs a rare interleaving: PCT
+    met = check_bad(REGISTRY["autotune-cache-shared"],
+                    CheckSpec(schedules=20, jobs=1, strategy="pct"), "shared").minimal
+    assert met.outcome.check == "device-collectives-differ"
+    assert met.outcome.invariant == orphan.outcome.invariant
