@@ -281,3 +281,23 @@ def test_a_walkthrough_s_reproduce_command_writes_the_story_on_its_page(name, tm
     capsys.readouterr()
     [written] = tmp_path.glob("*.txt")
     assert written.read_text().strip() == _story_block(text).strip()
+
+
+@pytest.mark.timeout(300)
+def test_the_python_api_page_s_property_tests_pass():
+    """docs/python-api.md's example file runs as its page says (pytest from the root), and
+    its tests ran examples rather than rejecting them all."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    example = root / "docs" / "examples" / "property" / "test_property.py"
+    assert str(example.relative_to(root)) in (root / "docs" / "python-api.md").read_text()
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           str(example), "--hypothesis-show-statistics"], cwd=root,
+                          capture_output=True, text=True, timeout=280,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "2 passed" in done.stdout
+    assert done.stdout.count("15 passing") == 2, done.stdout[-2000:]
