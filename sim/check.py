@@ -53,8 +53,9 @@ class CheckSpec:
     >= 0 (0: no faulted row), each at most its `sim.limits` bound, ``time_budget`` a finite
     number of seconds above 0 and at most a day, ``seed`` an integer in [0, 2**64),
     ``hazards_off`` hazard rule names (``h1`` ... ``h9``), ``h2_scope`` and ``h2_calls`` one
-    of theirs; ``reduce_attempts``, which no option sets, an integer >= 0. Integers of any kind
-    (numpy's) are kept as ints.
+    of theirs; ``reduce_attempts``, which no option sets, an integer >= 0. The integer fields
+    take numpy's integers too, kept as ints; ``buckets`` takes plain ints, as ``--buckets``
+    does, and ``hazards_off`` a list or tuple of names.
 
     Raises:
         ConfigError: one line naming the first field refused and its value, or the fields that
