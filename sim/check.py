@@ -595,13 +595,23 @@ def has_faulted_row(variant: Variant, spec: CheckSpec) -> bool:
 
 
 def check_variant(variant: Variant, spec: CheckSpec, topology: str, progress=None) -> list[Row]:
-    """Rows for one variant in one topology.
+    """Rows for one variant in one topology (``"shared"`` or ``"per-rank"``): one for a bad
+    variant; for a design expected clean its row and, where it has one, its ``+faults`` row
+    (`has_faulted_row`).
 
     A variant whose own code raises, or never returns (see `sim.guard.watchdog`), gets one
     row with verdict ``error`` and a one-line detail naming the variant and the place.
+
+    Raises:
+        ConfigError: a topology other than those two (a caller's mistake, which an ``error``
+            row blamed on the variant).
     """
+    from sim.scenario import TOPOLOGIES
     from sim.workers import WorkerError
 
+    if topology not in TOPOLOGIES:
+        raise ConfigError(f"topology = {one_line_repr(topology)}: expected one of "
+                          f"{', '.join(TOPOLOGIES)} (check each for 'both')")
     spec = variant_spec(variant, spec)
     try:
         with watchdog():

@@ -258,6 +258,17 @@ def test_a_check_spec_field_its_option_would_refuse_is_named(change, words):
     assert _one_line(info.value).startswith(words), info.value
 
 
+def test_check_variant_names_a_topology_it_does_not_have():
+    """A Python user's finding: ``check_variant(v, spec, "both")`` gave an ``error`` row that
+    blamed the variant ("variant 'x': ConfigError: topology 'both' ... (at <string>:15)")."""
+    from sim.check import CheckSpec, check_variant
+
+    with pytest.raises(ConfigError) as info:
+        check_variant(CORRECT, CheckSpec(), "both")
+    assert _one_line(info.value) == ("topology = 'both': expected one of shared, per-rank (check "
+                                     "each for 'both')")
+
+
 def test_a_check_spec_takes_what_its_options_take():
     """``fault_schedules=0`` is ``--fault-schedules 0``: no faulted row, not an error; lists
     read as tuples and numpy integers as ints (a spec is written as JSON in a trace)."""

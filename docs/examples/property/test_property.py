@@ -1,7 +1,7 @@
 """Property-based tests of a TP step protocol with lockstep's simulator (docs/python-api.md).
 
-Run with `pytest docs/examples/property/test_property.py` from the repository's root (lockstep
-installed, or `PYTHONPATH=.`). Hypothesis draws the configuration (ranks, buckets, max batch,
+Run with `python -m pytest docs/examples/property/test_property.py` from the repository's
+root, with lockstep's environment (`.venv/bin/python`, or after `source .venv/bin/activate`). Hypothesis draws the configuration (ranks, buckets, max batch,
 process topology); the simulator searches interleavings of each.
 """
 
@@ -42,7 +42,7 @@ SETTINGS = settings(max_examples=15, deadline=None,
 @SETTINGS
 @given(scenarios())
 def test_the_correct_protocol_is_clean_and_not_vacuous(scenario):
-    result = sample_search(lambda run: scenario, CORRECT,
+    result = sample_search(lambda run: CORRECT.scenario(scenario), CORRECT,
                            lambda r: r.outcome.verdict == "clean", schedules=10)
     assert result.failure is None, result.failure.outcome.detail
     # a clean search that never replayed or compacted a live slot shows nothing
