@@ -334,24 +334,37 @@ def _interrupted_after(seconds: float):
     the block, wherever it is. Hypothesis's shrinker orders the choices of a long schedule
     (thousands of draws) for minutes without calling the test function, so a budget checked
     between runs does not end it: unfenced-preempt-store's row took 151 s of a 60 s budget,
-    471 runs taking 27 s of it. The exception is delivered only while the block runs."""
+    471 runs taking 27 s of it. The exception is delivered only while the block runs, and
+    again every `REDELIVER_S` until the block ends: one that lands in a gc callback (Hypothesis
+    registers one) is printed as "Exception ignored" and lost, and the search ran on."""
     thread, lock, live = threading.get_ident(), threading.Lock(), [True]
+    timers = []
 
     def interrupt():
         with lock:
             if live[0]:
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread),
                                                            ctypes.py_object(_BudgetSpent))
+                arm(REDELIVER_S)
 
-    timer = threading.Timer(max(0.0, seconds), interrupt)
-    timer.daemon = True
-    timer.start()
+    def arm(delay: float) -> None:
+        timer = threading.Timer(delay, interrupt)
+        timer.daemon = True
+        timers.append(timer)
+        timer.start()
+
+    arm(max(0.0, seconds))
     try:
         yield
     finally:
         with lock:  # a call that lands in here is delivered here, inside the caller's `try`
             live[0] = False
-        timer.cancel()
+        for timer in timers:
+            timer.cancel()
+
+
+REDELIVER_S = 0.5
+"""Seconds between deliveries of a spent budget's `_BudgetSpent` until the search ends."""
 
 
 def hypothesis_search(scenario: Scenario, variant, acceptable: Acceptable, max_examples: int = 200,
