@@ -883,8 +883,8 @@ def default_budgets(variants) -> dict[str, tuple[int, int]]:
     variant's own ``schedules`` / ``fault_schedules`` (`variant_spec`)."""
     defaults = CheckSpec(schedules=DEFAULTS["schedules"], clean_schedules=CLEAN_SCHEDULES,
                          fault_schedules=DEFAULTS["fault_schedules"])
-    return {v.name: (variant_spec(v, defaults).planned_clean,
-                     variant_spec(v, defaults).fault_schedules) for v in variants}
+    specs = {v.name: variant_spec(v, defaults) for v in variants}
+    return {name: (spec.planned_clean, spec.fault_schedules) for name, spec in specs.items()}
 
 
 def _vacuous_causes(row: Row, budgets: dict[str, tuple[int, int]]) -> str:
