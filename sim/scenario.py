@@ -50,17 +50,22 @@ class Fault:
     delay_s: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.kind not in FAULT_KINDS:
-            raise ConfigError(f"fault kind {self.kind!r} is not one of {', '.join(FAULT_KINDS)}")
+        # every value shown on one line (an array's repr spans several), and a kind tested as a
+        # string first (an array's `in` raised numpy's "truth value ... is ambiguous")
+        if not isinstance(self.kind, str) or self.kind not in FAULT_KINDS:
+            raise ConfigError(f"fault kind {one_line_repr(self.kind, 60)} is not one of "
+                              f"{', '.join(FAULT_KINDS)}")
         if not is_integer(self.rank):
-            raise ConfigError(f"fault rank {self.rank!r} is not an integer")
+            raise ConfigError(f"fault rank {one_line_repr(self.rank, 60)} is not an integer")
         if not isinstance(self.op, str):
-            raise ConfigError(f"fault op {self.op!r} is not an op name")
+            raise ConfigError(f"fault op {one_line_repr(self.op, 60)} is not an op name")
         if not is_integer(self.occurrence) or self.occurrence < 1:
             # 2.5 was taken and matched no call: the fault never fired and the run read clean
-            raise ConfigError(f"fault occurrence {self.occurrence!r} must be an integer >= 1")
+            raise ConfigError(f"fault occurrence {one_line_repr(self.occurrence, 60)} must be an "
+                              "integer >= 1")
         if not is_real(self.delay_s) or not 0 <= self.delay_s < math.inf:
-            raise ConfigError(f"fault delay_s {self.delay_s!r} must be a finite number >= 0")
+            raise ConfigError(f"fault delay_s {one_line_repr(self.delay_s, 60)} must be a finite "
+                              "number >= 0")
 
 
 def is_integer(value) -> bool:
@@ -158,8 +163,9 @@ class Scenario:
         as a livelock (a fresh user's findings)."""
         if not isinstance(self.config, ProtocolConfig):
             raise ConfigError(f"config {one_line_repr(self.config, 60)} is not a ProtocolConfig")
-        if self.topology not in TOPOLOGIES:
-            raise ConfigError(f"topology {self.topology!r} is not one of {', '.join(TOPOLOGIES)}")
+        if not isinstance(self.topology, str) or self.topology not in TOPOLOGIES:
+            raise ConfigError(f"topology {one_line_repr(self.topology, 60)} is not one of "
+                              f"{', '.join(TOPOLOGIES)}")
         for name, kind in (("hazards", HazardModel), ("memory", MemoryModel)):
             if not isinstance(getattr(self, name), kind):
                 raise ConfigError(f"{name} {one_line_repr(getattr(self, name), 60)} is not a "

@@ -480,6 +480,14 @@ ROWS = "array([[ 0, 1, 2, 3, 4, 5, 6, 7, 8, 9], [10, 11, 12, 13, ..."  # np.aran
     (lambda sc, a: Replay(a), f"choices = {ROWS}: expected a list of actor names"),
     (lambda sc, a: sample_search(lambda i: sc, CORRECT, _bad, time_budget=a),
      f"time_budget = {ROWS}: expected a finite number of seconds above 0"),
+    # a final review's finding: these still showed an array's repr over several lines, and a
+    # kind or topology array raised numpy's "truth value ... is ambiguous" from `in`
+    (lambda sc, a: Fault(a, 1, "instantiate"), f"fault kind {ROWS} is not one of raise, "),
+    (lambda sc, a: Fault("raise", a, "instantiate"), f"fault rank {ROWS} is not an integer"),
+    (lambda sc, a: Fault("raise", 1, a), f"fault op {ROWS} is not an op name"),
+    (lambda sc, a: Fault("raise", 1, "instantiate", a), f"fault occurrence {ROWS} must be an "),
+    (lambda sc, a: Fault("slow", 1, "instantiate", 1, a), f"fault delay_s {ROWS} must be a "),
+    (lambda sc, a: sc.with_(topology=a), f"topology {ROWS} is not one of shared, per-rank"),
 ])
 def test_a_value_whose_repr_spans_lines_is_named_on_one_line(call, words):
     """A numpy array's repr spans lines. Old behaviour: these messages cut it with a format
