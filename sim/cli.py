@@ -975,13 +975,16 @@ def _headline(rows: list[Row]) -> str:
     """The word before the summary line: NOTHING CHECKED when every row's bug is not reachable
     in this configuration (exit 0 still: nothing is contradicted); OK when every row is as
     expected; NOT PROVEN when the only rows that are not are `UNPROVEN` (nothing contradicts
-    the expected verdicts, but the search did not establish them); else FAILED. Fresh users
-    read "OK: 0/0 verdicts" as a pass, and "FAILED" and "MISMATCH" after a short
-    --time-budget or --schedules as a bug found in the correct protocol."""
+    the expected verdicts, but the search did not establish them); REPORTED when no row was
+    compared with an expected verdict (a model with a hazard off, `_model_changes`) and every
+    search ran to a verdict; else FAILED. Fresh users read "OK: 0/0 verdicts" as a pass, "OK"
+    over verdicts that differ from the full model's as a pass too, and "FAILED" and
+    "MISMATCH" after a short --time-budget or --schedules as a bug found in the correct
+    protocol."""
     if rows and all(r.got == NOT_REACHABLE for r in rows):
         return "NOTHING CHECKED"
     if all(r.passed for r in rows):
-        return "OK"
+        return "OK" if any(r.compared for r in rows) or not rows else "REPORTED"
     if all(r.passed or r.got in UNPROVEN for r in rows):
         return "NOT PROVEN"
     return "FAILED"
