@@ -42,7 +42,9 @@ class SearchStats:
         failing: runs whose verdict was not acceptable.
         verdicts: verdict -> count.
         reached: event -> count over all runs (graph replays, live-slot moves, faults fired).
-        complete: True if an exhaustive search covered every reachable state.
+        complete: True if an exhaustive search settled its verdict: it covered every
+            reachable state, or it stopped at its first failure (``stop_on_failure``), whose
+            verdict no further state can change.
         scenarios: scenarios searched one at a time (exhaustive or Hypothesis search over
             every member of a drawn or faulted family, each with its own budget of
             schedules); 0 for a sample search, which draws a scenario per run.
@@ -258,7 +260,8 @@ def exhaustive_search(scenario: Scenario, variant, acceptable: Acceptable,
 
     A state is the world's fingerprint (controller, workers, hosts, streams, locks, memory,
     clock); two schedules reaching one fingerprint have the same futures, so only the first is
-    expanded. ``stats.complete`` is True when the frontier emptied within the budget. With
+    expanded. ``stats.complete`` is True when the frontier emptied within the budget, or when
+    the search stopped at a failure (``stop_on_failure``: the verdict is settled). With
     ``symmetry`` (and only where `World.symmetry_is_sound`), states that differ by a
     permutation of ranks 1..n-1 count as one.
 
