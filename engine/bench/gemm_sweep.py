@@ -35,8 +35,9 @@ from engine.bench.options import (BenchArgError, check_output_path, check_range,
                                   cuda_missing, parse_int_list, parse_name_list, read_tool_json)
 from engine.kernels import fused
 from engine.json_fields import Field, FieldError
-from engine.kernels.skinny_gemm import (MAX_ROWS, TileConfig, Workspace, parse_table,
-                                        row_count_key, shape_key, skinny_gemm, tile_from_json)
+from engine.kernels.skinny_gemm import (GEMV_MAX_ROWS, MAX_ROWS, TileConfig, Workspace,
+                                        parse_table, row_count_key, shape_key, skinny_gemm,
+                                        tile_from_json)
 from engine.presets import PRESETS
 from lockstep.cli import OneLineParser
 
@@ -54,6 +55,15 @@ XTMA_SPACE = dict(block_n=(32, 64, 128), block_k=(64, 128), split_k=(1, 2, 4),
 (`TileConfig.x_tma`); those whose stages (weights and a 64-row activation tile) would not fit
 `TMA_SMEM_BYTES` are left out. At 32-64 rows of Qwen3-4B's gate_up the first such kernel
 read 19456 x 2560 in 29.7 us against 33.4 for cuBLAS (one H200, 2026-12-04)."""
+GEMV_SPACE = dict(block_n=(4, 8, 16), block_k=(512, 1024, 2048), split_k=(1, 2, 4),
+                  num_warps=(4, 8))
+"""Tiles whose products run on the CUDA cores (`TileConfig.gemv`), timed at up to
+`GEMV_MAX_ROWS` rows; those whose per-tile products (rows x block_n x block_k, rows padded
+to a power of two, twice that for SwiGLU's two accumulators) exceed `GEMV_MAX_PRODUCT` are left
+out (they would not fit the registers). Narrow tiles give
+N / block_n programs without a K split: 320-640 for Qwen3-4B's o_proj, whose tensor-core
+tile runs one program per SM on 40 SMs (docs/benchmarks.md, 2026-12-06)."""
+GEMV_MAX_PRODUCT = 16384
 TMA_SMEM_BYTES = 200 * 1024
 """Shared memory a TMA tile's weight stages may take (an H200 SM has 228 KB)."""
 COPIES_BYTES = 128 * 1024**2
@@ -162,7 +172,7 @@ def sweep_shape(n: int, k: int, swiglu: bool, rows, workspace, repeats: int, log
                 if not err < 2e-2:
                     raise AssertionError(f"relative error {err}")
 
-        configs = gemm_space(k, swiglu)
+        configs = gemm_space(k, swiglu) + gemv_space(k, m, swiglu)
         best = time_tiles(entry, configs, check,
                           lambda cfg, w: skinny_gemm(x, w, workspace, cfg, swiglu=swiglu),
                           ws, repeats)
@@ -190,6 +200,18 @@ def gemm_space(k: int, swiglu: bool) -> list[TileConfig]:
              if (bn * (2 if swiglu else 1) + MAX_ROWS) * bk * 2 * st <= TMA_SMEM_BYTES]
     return [c for c in pointer + tma + x_tma
             if not (c.split_k > 1 and k // c.split_k < c.block_k)]
+
+
+def gemv_space(k: int, m: int, swiglu: bool) -> list[TileConfig]:
+    """The `GEMV_SPACE` tiles `sweep_shape` times at `m` rows over K = k: none past
+    `GEMV_MAX_ROWS` rows; per-tile products within `GEMV_MAX_PRODUCT`; a split shorter than one
+    block_k left out."""
+    if m > GEMV_MAX_ROWS:
+        return []
+    products = (1 << (m - 1).bit_length()) * (2 if swiglu else 1)
+    return [TileConfig(bn, bk, sk, nw, 1, gemv=True)
+            for bn, bk, sk, nw in itertools.product(*GEMV_SPACE.values())
+            if products * bn * bk <= GEMV_MAX_PRODUCT and k // sk >= bk]
 
 
 def rope_space(k: int, half: int) -> list[TileConfig]:
@@ -445,7 +467,7 @@ def main(argv=None) -> int:
     # every layer's widest shape, so that the rope kind's QKV fits when --layers leaves it out
     max_n = max(n for n, _, _ in sweep_shapes(presets, tps, LAYERS))
     workspace = Workspace("cuda", max_n, max(max(SPACE["split_k"]), ROPE_MAX_SPLIT),
-                          -(-max_n // min(SPACE["block_n"])))
+                          -(-max_n // min(SPACE["block_n"] + GEMV_SPACE["block_n"])))
     results = []
     log = lambda s: print(s, flush=True)  # noqa: E731
     for (n, k, sw), names in shapes.items() if "gemm" in kinds else ():

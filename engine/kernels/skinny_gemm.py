@@ -10,7 +10,10 @@ in a fixed order (a serial fix-up: deterministic, no second launch). An optional
 epilogue computes silu(gate) * up of a fused [gate | up] weight in the same launch, so the
 MLP's activation costs no launch of its own; the same pairing of two accumulators gives a QKV
 launch whose programs each hold one head's two rotate-half halves and do the q/k RMSNorm, RoPE
-and KV-cache write in the epilogue (`skinny_gemm_qkv_rope`).
+and KV-cache write in the epilogue (`skinny_gemm_qkv_rope`). At 1-8 rows a tile may instead
+do its products as multiply-adds on the CUDA cores (`TileConfig.gemv`): no 16-row padding, and
+tiles narrower than a tensor-core tile, so a small weight spreads over more programs without a
+K split.
 
     `skinny_gemm(x, w, plan, swiglu=False)`   the Triton kernel (CUDA).
     `skinny_gemm_torch(x, w, swiglu=False)`   the same function in torch (CPU path, oracle).
@@ -55,7 +58,10 @@ class TileConfig:
     iteration (block_k), programs along K (split_k), warps and software-pipeline stages;
     `tma`: the weight tiles come through a tensor descriptor; `x_tma` (only with `tma`): the
     activation tiles too, [rows, block_k] per bulk copy instead of per-thread loads (at 32-64
-    rows an activation tile is as many bytes as a 64-row weight tile)."""
+    rows an activation tile is as many bytes as a 64-row weight tile); `gemv`: the products
+    as multiply-adds on the CUDA cores, each tile's sums over K reduced in registers, instead
+    of a tensor-core `tl.dot` padded to 16 rows, so a tile may be narrower than 16 features
+    and a program's rows of x are not padded (at most GEMV_MAX_ROWS rows)."""
 
     block_n: int
     block_k: int
@@ -64,13 +70,14 @@ class TileConfig:
     num_stages: int = 4
     tma: bool = False
     x_tma: bool = False
+    gemv: bool = False
 
     def __post_init__(self):
         """Raises ValueError naming the first field that is not a positive int, or not a power
         of two where Triton needs one (block_n and block_k are `tl.arange` lengths; num_warps
         a warp count), or a `tma` that is not a bool or whose tile a tensor descriptor cannot
-        hold (at most TMA_MAX_BOX rows and columns, at least 16 of each), or an `x_tma`
-        without `tma`: a table or plans
+        hold (at most TMA_MAX_BOX rows and columns, at least 16 of each), an `x_tma`
+        without `tma`, a `gemv` that is not a bool or a `gemv` with `x_tma`: a table or plans
         file from elsewhere is checked on load, before any launch divides by it or compiles
         it."""
         for name in ("block_n", "block_k", "split_k", "num_warps", "num_stages"):
@@ -79,12 +86,15 @@ class TileConfig:
                 raise ValueError(f"tile {name} {value!r}: expected a positive integer")
             if name in ("block_n", "block_k", "num_warps") and value & (value - 1):
                 raise ValueError(f"tile {name} {value}: expected a power of two")
-        for name in ("tma", "x_tma"):
+        for name in ("tma", "x_tma", "gemv"):
             if type(getattr(self, name)) is not bool:
                 raise ValueError(f"tile {name} {getattr(self, name)!r}: expected true or false")
         if self.x_tma and not self.tma:
             raise ValueError("tile x_tma true with tma false: the activation's descriptor "
                              "tiles feed the weight-descriptor (tma) form of the kernel")
+        if self.gemv and self.x_tma:
+            raise ValueError("tile gemv true with x_tma true: a gemv tile's rows of x are not "
+                             "padded to the 16 a tensor-descriptor tile of x needs")
         if self.tma and not (16 <= self.block_n <= TMA_MAX_BOX
                              and 16 <= self.block_k <= TMA_MAX_BOX):
             raise ValueError(f"tile block_n {self.block_n} x block_k {self.block_k} with tma: "
@@ -93,6 +103,10 @@ class TileConfig:
 
 TMA_MAX_BOX = 256
 """Most elements along one side of a tensor-descriptor (TMA) tile (the hardware's box limit)."""
+
+GEMV_MAX_ROWS = 8
+"""Most rows a `gemv` tile serves: its products are rows x block_n x block_k multiply-adds per
+tile on the CUDA cores, which past a few rows cost more than the weight read they overlap."""
 
 
 def default_config(n_out: int, k: int, sms: int = 132) -> TileConfig:
@@ -164,7 +178,7 @@ if triton is not None:
                             RESIDUAL: tl.constexpr, STATS_STRIDE: tl.constexpr,
                             UPCAST: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr,
                             ONE_TILE: tl.constexpr, PAIRED: tl.constexpr,
-                            ROW_STEP: tl.constexpr,
+                            ROW_STEP: tl.constexpr, GEMV: tl.constexpr, ROW_ACC: tl.constexpr,
                             qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, pt_ptr, kc_ptr,
                             vc_ptr, stride_cos, stride_pt, stride_kp, stride_kt, stride_kh,
                             stride_qh, qk_eps, HEADS: tl.constexpr, NQ: tl.constexpr,
@@ -254,18 +268,18 @@ if triton is not None:
                 xt = xt.to(tl.float32)
                 wt = wt.to(tl.float32)
                 ut = ut.to(tl.float32)
-            acc += _dot(wt, xt, IEEE)
+            acc += _dot(wt, xt, IEEE, GEMV)
             if PAIRED:
-                acc_up += _dot(ut, xt, IEEE)
+                acc_up += _dot(ut, xt, IEEE, GEMV)
         elif ONE_TILE:
             xt = tl.load(x_rows + k[None, :], mask=mmask[:, None] & kmask[None, :], other=0.0)
             if UPCAST:
                 xt = xt.to(tl.float32)
                 wt = wt.to(tl.float32)
                 ut = ut.to(tl.float32)
-            acc += _dot(xt, wt, IEEE)
+            acc += _dot(xt, wt, IEEE, GEMV)
             if PAIRED:
-                acc_up += _dot(xt, ut, IEEE)
+                acc_up += _dot(xt, ut, IEEE, GEMV)
         elif TMA:
             for k0 in range(k_begin, k_begin + K_SPLIT, BLOCK_K):
                 if X_TMA:
@@ -279,13 +293,18 @@ if triton is not None:
                 if UPCAST:
                     xt = xt.to(tl.float32)
                     wt = wt.to(tl.float32)
-                acc += _dot(wt, xt, IEEE)
+                acc += _dot(wt, xt, IEEE, GEMV)
                 if PAIRED:
                     ut = w_desc.load([row0 + HALF, k0])
                     if UPCAST:
                         ut = ut.to(tl.float32)
-                    acc_up += _dot(ut, xt, IEEE)
+                    acc_up += _dot(ut, xt, IEEE, GEMV)
         else:
+            # ROW_ACC (a gemv tile of one row): the [BLOCK_K, BLOCK_N] products accumulate
+            # across the loop in the weight tile's layout and are summed over K once after it,
+            # instead of a reduction across the program's threads per tile
+            acc_k = tl.zeros([BLOCK_K if ROW_ACC else 1, BLOCK_N], tl.float32)
+            acc_k_up = tl.zeros([BLOCK_K if ROW_ACC else 1, BLOCK_N], tl.float32)
             for k0 in range(k_begin, k_begin + K_SPLIT, BLOCK_K):
                 k = k0 + kk
                 kmask = k < K
@@ -296,13 +315,22 @@ if triton is not None:
                 if UPCAST:
                     xt = xt.to(tl.float32)
                     wt = wt.to(tl.float32)
-                acc += _dot(xt, wt, IEEE)
+                if ROW_ACC:
+                    acc_k += wt.to(tl.float32) * tl.trans(xt.to(tl.float32))
+                else:
+                    acc += _dot(xt, wt, IEEE, GEMV)
                 if PAIRED:
                     ut = tl.load(w_cols + HALF * stride_wn + k[:, None],
                                  mask=kmask[:, None] & nmask[None, :], other=0.0)
                     if UPCAST:
                         ut = ut.to(tl.float32)
-                    acc_up += _dot(xt, ut, IEEE)
+                    if ROW_ACC:
+                        acc_k_up += ut.to(tl.float32) * tl.trans(xt.to(tl.float32))
+                    else:
+                        acc_up += _dot(xt, ut, IEEE, GEMV)
+            if ROW_ACC:
+                acc += tl.sum(acc_k, axis=0)[None, :]
+                acc_up += tl.sum(acc_k_up, axis=0)[None, :]
         if TMA:
             acc = tl.trans(acc)
             acc_up = tl.trans(acc_up)
@@ -348,7 +376,16 @@ if triton is not None:
                              mmask, nmask, stride_om, SWIGLU, NORM_IN, RESIDUAL, STATS_STRIDE)
 
     @triton.jit
-    def _dot(a, b, IEEE: tl.constexpr):
+    def _dot(a, b, IEEE: tl.constexpr, GEMV: tl.constexpr = False):
+        if GEMV:  # [P, K] x [K, Q] as float32 multiply-adds, summed over K in registers
+            # one row of x: products in the weight tile's own layout, no 3-D intermediate
+            if a.shape[0] == 1:
+                return tl.sum(tl.trans(a.to(tl.float32)) * b.to(tl.float32), axis=0)[None, :]
+            if b.shape[1] == 1:
+                return tl.sum(a.to(tl.float32) * tl.trans(b.to(tl.float32)), axis=1)[:, None]
+            # K last, the weight's contiguous axis, so the loads' layout needs no conversion
+            bt = tl.trans(b.to(tl.float32))
+            return tl.sum(a.to(tl.float32)[:, None, :] * bt[None, :, :], axis=2)
         if IEEE:  # float32 models: exact products, not TF32
             return tl.dot(a, b, input_precision="ieee")
         return tl.dot(a, b)
@@ -457,8 +494,8 @@ def skinny_gemm(x: torch.Tensor, w: torch.Tensor, workspace: Workspace,
         [M, N] or [M, N / 2] in x's dtype.
     Raises:
         RuntimeError: Triton is not installed.
-        ValueError: M above MAX_ROWS, mismatched K, a split the workspace cannot hold, or
-            row_stats of another row count.
+        ValueError: M above MAX_ROWS (above GEMV_MAX_ROWS for a `gemv` tile), mismatched K,
+            a split the workspace cannot hold, or row_stats of another row count.
     """
     n_out = w.shape[0] // 2 if swiglu else w.shape[0]
     if out is None:
@@ -617,8 +654,12 @@ def _launch(x, w, out, workspace, config, swiglu, row_stats, eps, residual, rope
     if residual and blocks > workspace.max_blocks:
         raise ValueError(f"skinny_gemm_add_residual: {blocks} column blocks exceed the "
                          f"workspace's {workspace.max_blocks} rows of statistics")
+    if cfg.gemv and M > GEMV_MAX_ROWS:
+        raise ValueError(f"skinny_gemm: a gemv tile serves at most {GEMV_MAX_ROWS} rows, "
+                         f"x has {M}")
     stats_in = row_stats.partials if row_stats is not None else 0
-    block_m = max(16, triton.next_power_of_2(M))
+    # tl.dot's operands are at least 16 rows; a gemv tile's sums need no padding
+    block_m = triton.next_power_of_2(M) if cfg.gemv else max(16, triton.next_power_of_2(M))
     tma = cfg.tma and tma_supported(x.device)
     # x unaligned for a bulk copy (a view at an odd offset): per-thread loads of the same
     # values, the same products
@@ -634,7 +675,8 @@ def _launch(x, w, out, workspace, config, swiglu, row_stats, eps, residual, rope
         UPCAST=_INTERPRETED and x.dtype != torch.float32,
         IEEE=x.dtype == torch.float32,
         ONE_TILE=k_split <= cfg.block_k, PAIRED=swiglu or rope is not None,
-        ROW_STEP=row_step, **_head_args(rope, w, out),
+        ROW_STEP=row_step, GEMV=cfg.gemv, ROW_ACC=cfg.gemv and block_m == 1 and not tma,
+        **_head_args(rope, w, out),
         w_desc=_weight_descriptor(w, cfg) if tma else None, TMA=tma,
         x_desc=TensorDescriptor.from_tensor(x, [block_m, cfg.block_k]) if x_tma else None,
         X_TMA=x_tma,
@@ -753,7 +795,8 @@ def parse_table(raw, source: str) -> dict[str, dict[int, TableEntry]]:
         RowCountError: "<source>: shape '<key>': row count ..." (`row_count_key`).
         ValueError: "<source>: not a skinny GEMM table (...)" for anything else, naming the
             bad key or value: a shape key `shape_key` would not write, a time that is not a
-            positive finite number (true, a string), a tile `TileConfig` refuses.
+            positive finite number (true, a string), a tile `TileConfig` refuses, a `gemv`
+            tile at a row count above GEMV_MAX_ROWS (`check_tile_rows`).
     """
     def shape(key) -> str:
         if not isinstance(key, str) or not _SHAPE_KEY.fullmatch(key):
@@ -762,9 +805,13 @@ def parse_table(raw, source: str) -> dict[str, dict[int, TableEntry]]:
         return key
 
     try:
-        return {shape(key): {row_count_key(m, f"{source}: shape {key!r}"): _parse_entry(e)
-                             for m, e in rows.items()}
-                for key, rows in raw.items()}
+        table = {shape(key): {row_count_key(m, f"{source}: shape {key!r}"): _parse_entry(e)
+                              for m, e in rows.items()}
+                 for key, rows in raw.items()}
+        for key, rows in table.items():
+            for m, e in rows.items():
+                check_tile_rows(e.config, m, f"shape {key!r}")
+        return table
     except RowCountError:
         raise
     except (AttributeError, KeyError, TypeError, ValueError, RecursionError) as exc:
@@ -801,6 +848,18 @@ def row_count_key(m, where: str) -> int:
             and int(m) <= MAX_ROWS:
         return int(m)
     raise RowCountError(f"{where}: row count {m!r}: expected an integer in 1..{MAX_ROWS}")
+
+
+def check_tile_rows(tile: TileConfig | None, rows: int, where: str) -> None:
+    """Refuse a `gemv` tile at a table or plans row count above GEMV_MAX_ROWS (its entry would
+    serve steps of more rows than the kernel takes, found only at the first such launch).
+
+    Raises:
+        ValueError: "<where>: row count <rows>: a gemv tile serves at most GEMV_MAX_ROWS rows".
+    """
+    if tile is not None and tile.gemv and rows > GEMV_MAX_ROWS:
+        raise ValueError(f"{where}: row count {rows}: a gemv tile serves at most "
+                         f"{GEMV_MAX_ROWS} rows")
 
 
 def _parse_entry(e) -> TableEntry:

@@ -211,13 +211,19 @@ def parse_fused_plans(raw, source: str) -> dict[str, dict[int, FusedLayerPlan]]:
 
     Raises:
         RowCountError: "<source>: layer '<key>': row count ..." (`skinny_gemm.row_count_key`).
-        ValueError: "<source>: not a fused-plan file (...)" for anything else.
+        ValueError: "<source>: not a fused-plan file (...)" for anything else, a `gemv` tile
+            at a row count above `skinny_gemm.GEMV_MAX_ROWS` included.
     """
     try:
-        return {check_layer_key(key): {
-                    skinny_gemm.row_count_key(m, f"{source}: layer {key!r}"): plan_from_json(p)
-                    for m, p in rows.items()}
-                for key, rows in raw.items()}
+        plans = {check_layer_key(key): {
+                     skinny_gemm.row_count_key(m, f"{source}: layer {key!r}"): plan_from_json(p)
+                     for m, p in rows.items()}
+                 for key, rows in raw.items()}
+        for key, rows in plans.items():
+            for m, plan in rows.items():
+                for role in ROLES:
+                    skinny_gemm.check_tile_rows(getattr(plan, role), m, f"layer {key!r} {role}")
+        return plans
     except skinny_gemm.RowCountError:
         raise
     except (AttributeError, KeyError, TypeError, ValueError, RecursionError) as exc:

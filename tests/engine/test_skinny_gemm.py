@@ -44,7 +44,14 @@ cases = [(1, 96, 512, False, sg.TileConfig(16, 64, 4)),    # split-K fix-up, M =
          (5, 200, 296, True, sg.TileConfig(64, 64, 2, tma=True, x_tma=True)),
          (17, 96, 512, False, sg.TileConfig(64, 64, 4, tma=True, x_tma=True)),
          (3, 48, 1000, False, sg.TileConfig(16, 128, 3, tma=True, x_tma=True)),
-         (4, 64, 104, True, sg.TileConfig(32, 128, 1, tma=True, x_tma=True))]
+         (4, 64, 104, True, sg.TileConfig(32, 128, 1, tma=True, x_tma=True)),
+         # products on the CUDA cores (gemv): 1-8 rows unpadded, tiles narrower than 16
+         (1, 96, 512, False, sg.TileConfig(8, 64, 4, gemv=True)),     # split, one row
+         (3, 200, 300, True, sg.TileConfig(4, 128, 2, gemv=True)),    # SwiGLU, ragged
+         (1, 200, 300, True, sg.TileConfig(4, 64, 2, gemv=True)),     # one row's K sums
+         (8, 48, 1000, False, sg.TileConfig(16, 256, 1, gemv=True)),  # loop, no split
+         (2, 80, 296, False, sg.TileConfig(16, 64, 5, gemv=True)),    # one tile, split
+         (5, 200, 296, True, sg.TileConfig(64, 64, 2, tma=True, gemv=True))]
 real_from_tensor = sg.TensorDescriptor.from_tensor
 described = []  # the data pointers of every tensor a descriptor was built over
 sg.TensorDescriptor.from_tensor = staticmethod(
@@ -69,7 +76,7 @@ print("ok", len(cases))
 def test_triton_kernel_in_interpreter_matches_float64():
     res = run_in_triton_interpreter(_TRITON_CHECK)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert "ok 17" in res.stdout
+    assert "ok 23" in res.stdout
 
 
 def test_torch_path_swiglu_matches_its_definition():
@@ -269,6 +276,45 @@ def test_a_table_row_count_outside_1_to_64_is_one_line_naming_the_file_shape_and
     assert sorted(sg.load_table(str(path))["2048x1024"]) == [1, 64]
 
 
+def test_a_gemv_tile_past_its_rows_is_refused_on_load_and_at_launch(tmp_path):
+    """A gemv tile serves at most GEMV_MAX_ROWS rows: a table or plans file naming one at a
+    larger row count is refused when read (one line naming the file, shape and row count),
+    not at the first step of that size; a launch of more rows is refused before the kernel."""
+    from engine.layers.linear import FUSED_PLANS_PATH, load_fused_plans
+
+    tile = {"block_n": 8, "block_k": 512, "split_k": 1, "num_warps": 8, "num_stages": 1,
+            "gemv": True}
+    entry = {"skinny": tile, "skinny_us": 5.0, "cublas_us": 6.0}
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps({"2560x4096": {"8": entry, "16": entry}}))
+    with pytest.raises(ValueError) as info:
+        sg.load_table(str(path))
+    assert str(info.value) == (f"{path}: not a skinny GEMM table (shape '2560x4096': row count "
+                               f"16: a gemv tile serves at most {sg.GEMV_MAX_ROWS} rows)")
+    path.write_text(json.dumps({"2560x4096": {"8": entry}}))
+    assert sg.load_table(str(path))["2560x4096"][8].config.gemv
+    with open(FUSED_PLANS_PATH) as f:
+        plans = json.load(f)
+    layer = next(iter(plans))
+    rows = max(plans[layer], key=int)
+    plans[layer][rows]["down"] = tile
+    plans_path = tmp_path / "plans.json"
+    plans_path.write_text(json.dumps(plans))
+    with pytest.raises(ValueError, match=rf"layer {layer!r} down: row count {rows}: a gemv "
+                                         "tile serves at most 8 rows"):
+        load_fused_plans(str(plans_path))
+    if sg.triton is None:
+        return
+    ws = sg.Workspace("cpu", 64, 1, 16)
+    with pytest.raises(ValueError, match="a gemv tile serves at most 8 rows, x has 9"):
+        sg.skinny_gemm(torch.zeros(9, 32), torch.zeros(64, 32), ws,
+                       sg.TileConfig(**tile))
+    with pytest.raises(ValueError, match="gemv true with x_tma true"):
+        sg.TileConfig(64, 64, 1, tma=True, x_tma=True, gemv=True)
+    with pytest.raises(ValueError, match="tile gemv 1: expected true or false"):
+        sg.TileConfig(8, 64, 1, gemv=1)
+
+
 def test_skinny_gemm_rejects_more_rows_than_it_serves():
     ws = sg.Workspace("cpu", 64, 1, 4)
     if sg.triton is None:
@@ -341,6 +387,9 @@ cases = [(1, 96, 256, 80, False, sg.TileConfig(16, 64, 4), sg.TileConfig(16, 32,
           sg.TileConfig(64, 64, 3, tma=True)),
          (5, 200, 296, 96, True, sg.TileConfig(32, 64, 2, tma=True, x_tma=True),
           sg.TileConfig(64, 64, 1, tma=True, x_tma=True)),
+         # gemv tiles on both sides: narrow columns (more partial sums per row), split-K
+         (3, 96, 256, 80, True, sg.TileConfig(4, 64, 2, gemv=True),
+          sg.TileConfig(8, 128, 1, gemv=True)),
          (17, 64, 128, 48, False, None, None)]  # last: the row-count check below uses it
 for M, H, K, N, swiglu, pcfg, ccfg in cases:
     for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
@@ -391,7 +440,7 @@ def test_residual_epilogue_and_folded_norm_in_interpreter_match_float64():
     SwiGLU, split-K on either side) equals RMSNorm then GEMM in float64."""
     res = run_in_triton_interpreter(_RESIDUAL_NORM_CHECK)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert "ok 7" in res.stdout
+    assert "ok 8" in res.stdout
 
 
 _ROPE_CHECK = r"""
@@ -418,7 +467,10 @@ cases = [(1, 4, 2, 128, sg.TileConfig(16, 32, 4), False),
          (5, 2, 1, 96, sg.TileConfig(16, 64, 1, tma=True), True),
          (2, 2, 1, 128, sg.TileConfig(16, 32, 2, tma=True), False),
          (5, 2, 1, 96, sg.TileConfig(16, 32, 3, tma=True, x_tma=True), True),
-         (1, 4, 2, 128, sg.TileConfig(16, 64, 1, tma=True, x_tma=True), False)]
+         (1, 4, 2, 128, sg.TileConfig(16, 64, 1, tma=True, x_tma=True), False),
+         # the products on the CUDA cores (gemv): split-K, and one unsplit loop
+         (1, 4, 2, 128, sg.TileConfig(16, 32, 4, gemv=True), True),
+         (5, 2, 1, 96, sg.TileConfig(16, 32, 1, gemv=True), False)]
 for M, nq, nkv, K, cfg, normed in cases:
     for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
         N = (nq + 2 * nkv) * D
@@ -482,7 +534,7 @@ def test_qkv_rope_epilogue_in_interpreter_matches_the_two_launches_and_float64()
     oracle. A tile whose block_n is not half a head is refused."""
     res = run_in_triton_interpreter(_ROPE_CHECK)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert "ok 10" in res.stdout
+    assert "ok 12" in res.stdout
 
 
 def test_fold_norm_weight_scales_columns_in_float32():

@@ -25,6 +25,15 @@ def _cases():
                 yield pytest.param(n, k, "swiglu" in key, m, entry.config,
                                    id=f"{key}-M{m}")
     yield from _plan_cases()
+    # tiles on the CUDA cores (gemv) at Qwen3-4B's o_proj and gate_up, whether or not the
+    # table or a plan names one: narrower than a tensor-core tile, split and unsplit, 1-8 rows
+    for n, k, swiglu in ((2560, 4096, False), (19456, 2560, True)):
+        for m, cfg in ((1, sg.TileConfig(8, 1024, 1, 8, 1, gemv=True)),
+                       (1, sg.TileConfig(4, 512, 4, 4, 1, gemv=True)),
+                       (3, sg.TileConfig(16, 256, 2, 4, 1, gemv=True)),
+                       (8, sg.TileConfig(4, 512, 1, 8, 1, gemv=True))):
+            yield pytest.param(n, k, swiglu, m, cfg, id=f"gemv {n}x{k}-M{m}-{cfg.block_n}x"
+                                                        f"{cfg.block_k}s{cfg.split_k}")
 
 
 def _plan_cases():
@@ -138,6 +147,11 @@ def _fused_cases():
             tiles = [e.config if e is not None else None for e in entries]
             if all(tiles):
                 yield pytest.param(hidden, q_out, o_in, inter, m, tiles, id=f"{name}-M{m}")
+    # every GEMM of the chain on the CUDA cores (gemv tiles), split and unsplit
+    gemv = [sg.TileConfig(8, 1024, 1, 8, 1, gemv=True), sg.TileConfig(4, 512, 2, 4, 1, gemv=True),
+            sg.TileConfig(8, 512, 1, 4, 1, gemv=True), sg.TileConfig(4, 1024, 4, 8, 1, gemv=True)]
+    for m in (1, 5):
+        yield pytest.param(2560, 6144, 4096, 9728, m, gemv, id=f"4b-M{m}-gemv")
 
 
 @pytest.mark.parametrize("hidden, q_out, o_in, inter, m, tiles", list(_fused_cases()))
@@ -152,7 +166,7 @@ def test_fused_layer_chain_matches_float64_and_replays_identically(hidden, q_out
     torch.manual_seed(m)
     eps = 1e-6
     dev = dict(dtype=torch.bfloat16, device="cuda")
-    ws = sg.Workspace("cuda", 2 * inter, 8, 2 * inter // 16)
+    ws = sg.Workspace("cuda", 2 * inter, 8, 2 * inter // min(t.block_n for t in tiles))
     attn = torch.randn(m, o_in, **dev)
     res0 = torch.randn(m, hidden, **dev)
     w_o = torch.randn(hidden, o_in, **dev) / o_in ** 0.5
