@@ -17,7 +17,7 @@ from typing import Callable
 
 from lockstep.args import MAX_DIGITS, SEED_LIMIT, clipped, one_line_repr
 from protocol.errors import ConfigError
-from sim.common import OUTCOME_VERDICTS
+from sim.common import OUTCOME_VERDICTS, fault_phase_event
 from sim.checks import attribute_divergence
 from sim.guard import Stalled, describe, locate, watchdog
 from sim.limits import MAX_BUCKET
@@ -430,7 +430,7 @@ def check_correct(variant: Variant, spec: CheckSpec, topology: str, progress=Non
                                       max_attempts=spec.reduce_attempts)
         elif fstats.schedules == 0 or fstats.budget_reached:
             got, detail, minimal = "incomplete", _incomplete(fstats, spec.fault_schedules), None
-        elif not (fstats.reached.get("fault_fired_sweep") and fstats.reached.get("fault_fired_serving")):
+        elif not all(fstats.reached.get(fault_phase_event(p)) for p in ("sweep", "serving")):
             from sim.faults import fault_coverage
             got, minimal = "vacuous", None
             detail = "injected faults did not fire in both the sweep and serving: " + fault_coverage(fstats.reached)

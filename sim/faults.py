@@ -22,6 +22,7 @@ import random
 from collections import Counter
 from dataclasses import dataclass
 
+from sim.common import FAULT_OP_EVENT, fault_phase_event
 from sim.scenario import FAULT_KINDS, Fault, Scenario
 
 PHASES = ("sweep", "serving")
@@ -65,9 +66,9 @@ def random_fault(scenario: Scenario, index: int, seed: int) -> Fault:
 
 def fault_coverage(reached) -> str:
     """One line: faults fired per phase and per op, from a run's or a search's counters."""
-    phases = ", ".join(f"{p} {reached.get('fault_fired_' + p, 0)}" for p in PHASES)
-    ops = sorted(((k[len("fault_op_"):], v) for k, v in reached.items()
-                  if k.startswith("fault_op_") and v), key=lambda kv: (-kv[1], kv[0]))
+    phases = ", ".join(f"{p} {reached.get(fault_phase_event(p), 0)}" for p in PHASES)
+    ops = sorted(((k[len(FAULT_OP_EVENT):], v) for k, v in reached.items()
+                  if k.startswith(FAULT_OP_EVENT) and v), key=lambda kv: (-kv[1], kv[0]))
     return f"faults fired: {phases}; by op: " + ", ".join(f"{op} {n}" for op, n in ops)
 
 

@@ -40,7 +40,7 @@ from protocol.keys import GraphKey
 from protocol.memory import MemoryPlan, candidate_caps
 from protocol.worker import SYNC, Worker
 from protocol.eligibility import GraphPlan
-from sim.common import EVENTS
+from sim.common import EVENTS, FAULT_OP_EVENT
 from sim.devices import Kernel
 from sim.faults import FaultFamily
 from sim.headroom import HeadroomDraw
@@ -217,7 +217,7 @@ class Variant:
         ops = self.fault_ops()
         for event in self.reaches:  # a name no run records read later as a vacuous clean row
             if event not in EVENTS + self.events and not (
-                    event.startswith("fault_op_") and event[len("fault_op_"):] in ops):
+                    event.startswith(FAULT_OP_EVENT) and event[len(FAULT_OP_EVENT):] in ops):
                 raise bad("reaches entry", event, "an event a run records: "
                           f"{', '.join(EVENTS)}, one of its own events (declared in events), "
                           "or fault_op_<op> for an op of its runs")
@@ -248,7 +248,7 @@ class Variant:
                 raise ConfigError(f"variant {self.name!r}: adjust's faults[{i}] is on op "
                                   f"{clipped(repr(fault.op))}, which its runs never make (ops: "
                                   f"{', '.join(known)})")
-        faulted = [e for e in self.reaches if e.startswith(("fault_op_", "fault_fired"))]
+        faulted = [e for e in self.reaches if e.startswith((FAULT_OP_EVENT, "fault_fired"))]
         if faulted and not out.faults:  # a review's finding: vacuous always, blamed on the size
             raise ConfigError(f"variant {self.name!r}: reaches {faulted[0]!r}, which a run "
                               "counts only when a fault fires, but its scenario has no faults "

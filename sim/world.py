@@ -40,6 +40,8 @@ from sim.common import (
     Collective,
     Outcome,
     SimFault,
+    fault_op_event,
+    fault_phase_event,
     sig_text,
 )
 from sim.devices import Device, DeviceModel, Graph, padded_rows
@@ -726,8 +728,8 @@ class World:
     def _fire(self, r: int, host: Host, op: Op, fault) -> int:
         self.events["fault_fired"] += 1
         phase = "serving" if self.ctrl.serving or self.served_steps else "sweep"
-        self.events[f"fault_fired_{phase}"] = self.events.get(f"fault_fired_{phase}", 0) + 1
-        self.events[f"fault_op_{op.name}"] = self.events.get(f"fault_op_{op.name}", 0) + 1
+        for event in (fault_phase_event(phase), fault_op_event(op.name)):
+            self.events[event] = self.events.get(event, 0) + 1
         self.fired_faults.append(fault)
         self.event(f"rank{r}", "fault", op.name, host.cmd.seq, r, f"injected {fault.kind}")
         if fault.kind == "die":

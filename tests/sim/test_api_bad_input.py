@@ -417,7 +417,7 @@ def test_every_event_a_run_records_may_be_reached():
     import re
     from pathlib import Path
 
-    from sim.common import EVENTS
+    from sim.common import EVENTS, fault_op_event, fault_phase_event
     from sim.variants import Variant
 
     source = "".join(p.read_text() for p in (Path(__file__).resolve().parents[2] / "sim")
@@ -425,8 +425,9 @@ def test_every_event_a_run_records_may_be_reached():
     from sim.faults import PHASES
 
     counted = set(re.findall(r"""events(?:\[|\.get\()\s*["']([a-z_]+)["']""", source))
-    assert re.search(r'events\[f"fault_fired_\{phase\}"\]', source)
-    assert set(EVENTS) == counted | {f"fault_fired_{phase}" for phase in PHASES}
+    assert re.search(r"fault_phase_event\(phase\), fault_op_event\(op.name\)", source)
+    assert set(EVENTS) == counted | {fault_phase_event(phase) for phase in PHASES}
+    assert fault_op_event("instantiate") == "fault_op_instantiate"
     Variant("mine", "s", "t", EXPECTED_CLEAN, reaches=EVENTS + ("fault_op_instantiate",))
 
 
