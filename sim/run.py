@@ -128,6 +128,10 @@ def _checked(scenario, variant, chooser):
             if fault.op not in known:  # it would never fire, and the run would read clean
                 raise ConfigError(f"fault op {one_line_repr(fault.op, 40)} is no op of "
                                   f"{variant.name}'s runs; one of {', '.join(known)}")
+    if isinstance(chooser, (list, tuple)) or hasattr(chooser, "__array__"):
+        # a numpy array has a choose method of its own, which failed deep inside the run
+        raise ConfigError(f"chooser {one_line_repr(chooser, 60)}: a sequence of choices; "
+                          "wrap a list of actor names in Replay(choices)")
     if isinstance(chooser, type) or not callable(getattr(chooser, "choose", None)):
         raise ConfigError(f"chooser {one_line_repr(chooser, 60)}: expected an object with a "
                           "choose(enabled, step) method, such as RandomWalk(seed)")

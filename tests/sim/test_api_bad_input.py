@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
+import numpy as np
 import pytest
 
 from protocol.backend import Op
@@ -188,6 +189,11 @@ class _Last:
                                                  "choose(enabled, step) method"),
     (lambda sc: run_schedule(sc, CORRECT, "random"), "chooser 'random': expected"),
     (lambda sc: run_schedule(sc, CORRECT, RandomWalk), "chooser <class "),
+    # numpy's array has a choose method of its own: it failed inside the run
+    (lambda sc: run_schedule(sc, CORRECT, np.array(["controller", "rank0"])),
+     "chooser array(['controller', 'rank0'], dtype='<U10'): a sequence of choices; wrap a list "
+     "of actor names in Replay(choices)"),
+    (lambda sc: run_schedule(sc, CORRECT, ["controller"]), "chooser ['controller']: a sequence"),
     (lambda sc: run_schedule(sc, "correct", RandomWalk(0)), "variant 'correct': expected a "
                                                             "Variant"),
     (lambda sc: run_schedule(None, CORRECT, RandomWalk(0)), "scenario None: expected a "
