@@ -378,7 +378,8 @@ if triton is not None:
     @triton.jit
     def _dot(a, b, IEEE: tl.constexpr, GEMV: tl.constexpr = False):
         if GEMV:  # [P, K] x [K, Q] as float32 multiply-adds, summed over K in registers
-            # one row of x: products in the weight tile's own layout, no 3-D intermediate
+            # one row of x (a is x's [1, K] tile, or, in the TMA form, b is its [K, 1]
+            # transpose): products in the weight tile's own layout, no 3-D intermediate
             if a.shape[0] == 1:
                 return tl.sum(tl.trans(a.to(tl.float32)) * b.to(tl.float32), axis=0)[None, :]
             if b.shape[1] == 1:
