@@ -3,7 +3,8 @@
 For each linear layer shape of the named presets (QKV, o_proj, gate_up with the SwiGLU
 epilogue, down_proj; per rank at each TP size asked for) and each row count M, it times:
     cublas:  F.linear (and, for gate_up, the separate `fused.silu_mul` launch after it);
-    triton:  `skinny_gemm` at every tile configuration of the search space.
+    triton:  `skinny_gemm` at every tile configuration of the search space (`sweep_tiles`;
+             with `--gemv` also the tiles on the CUDA cores).
 Each measurement captures a CUDA graph of one call per weight copy, cycling through enough
 distinct copies (>= 128 MB) that the weights come from HBM, not the 60 MB L2, as in a real
 step; the time per call is the replay time over the copies (median of `repeats` replays).
@@ -57,8 +58,8 @@ XTMA_SPACE = dict(block_n=(32, 64, 128), block_k=(64, 128), split_k=(1, 2, 4),
 read 19456 x 2560 in 29.7 us against 33.4 for cuBLAS (one H200, 2026-12-04)."""
 GEMV_SPACE = dict(block_n=(4, 8, 16), block_k=(512, 1024, 2048), split_k=(1, 2, 4),
                   num_warps=(4, 8))
-"""Tiles whose products run on the CUDA cores (`TileConfig.gemv`), timed at up to
-`GEMV_MAX_ROWS` rows; those whose per-tile products (rows x block_n x block_k, rows padded
+"""Tiles whose products run on the CUDA cores (`TileConfig.gemv`), timed with `--gemv` at up
+to `GEMV_MAX_ROWS` rows; those whose per-tile products (rows x block_n x block_k, rows padded
 to a power of two, twice that for SwiGLU's two accumulators) exceed `GEMV_MAX_PRODUCT` are left
 out (they would not fit the registers). Narrow tiles give
 N / block_n programs without a K split: 320-640 for Qwen3-4B's o_proj, whose tensor-core
@@ -146,8 +147,10 @@ def time_tiles(entry: dict, configs, check, launch, weights: list, repeats: int)
     return entry["best"]
 
 
-def sweep_shape(n: int, k: int, swiglu: bool, rows, workspace, repeats: int, log) -> dict:
-    """Times cuBLAS and every Triton configuration at each row count; per-call microseconds."""
+def sweep_shape(n: int, k: int, swiglu: bool, rows, workspace, repeats: int, log,
+                gemv: bool = False) -> dict:
+    """Times cuBLAS and every Triton configuration (`sweep_tiles`) at each row count;
+    per-call microseconds."""
     dev = "cuda"
     wbytes = n * k * 2
     copies = max(2, -(-COPIES_BYTES // wbytes))
@@ -172,8 +175,7 @@ def sweep_shape(n: int, k: int, swiglu: bool, rows, workspace, repeats: int, log
                 if not err < 2e-2:
                     raise AssertionError(f"relative error {err}")
 
-        configs = gemm_space(k, swiglu) + gemv_space(k, m, swiglu)
-        best = time_tiles(entry, configs, check,
+        best = time_tiles(entry, sweep_tiles(k, m, swiglu, gemv), check,
                           lambda cfg, w: skinny_gemm(x, w, workspace, cfg, swiglu=swiglu),
                           ws, repeats)
         entry["read_GBps_cublas"] = wbytes / entry["cublas_us"] / 1e3
@@ -184,6 +186,16 @@ def sweep_shape(n: int, k: int, swiglu: bool, rows, workspace, repeats: int, log
             f"{best['us'] if best else float('nan'):.2f} us {best['config'] if best else ''}")
     del ws
     return out
+
+
+def sweep_tiles(k: int, m: int, swiglu: bool, gemv: bool) -> list[TileConfig]:
+    """The tiles `sweep_shape` times at `m` rows over K = k: `gemm_space`, and with `gemv`
+    also `gemv_space`. The gemv tiles are left out unless asked for: alone they were the
+    fastest of 4B's qkv, o_proj and down at one row (H200), but in the decode step they were
+    slower (H100) or no faster (H200's `step_tune`): docs/benchmarks.md, 2026-12-06, session
+    of 23:06 UTC. A table made from a sweep with them would pick them where they are not
+    faster."""
+    return gemm_space(k, swiglu) + (gemv_space(k, m, swiglu) if gemv else [])
 
 
 def gemm_space(k: int, swiglu: bool) -> list[TileConfig]:
@@ -414,6 +426,10 @@ def main(argv=None) -> int:
     p.add_argument("--layers", default=",".join(LAYERS),
                    help=f"which linear layers the gemm kind times, comma-separated (default "
                         f"{','.join(LAYERS)})")
+    p.add_argument("--gemv", action="store_true",
+                   help=f"also time the tiles on the CUDA cores (TileConfig.gemv) at up to "
+                        f"{GEMV_MAX_ROWS} rows; off by default: they win alone but not in the "
+                        "decode step (docs/benchmarks.md)")
     p.add_argument("--json", help="write every measurement here")
     p.add_argument("--table", help="merge the engine's per-shape choice into this file")
     p.add_argument("--from-json", metavar="JSON",
@@ -472,7 +488,7 @@ def main(argv=None) -> int:
     log = lambda s: print(s, flush=True)  # noqa: E731
     for (n, k, sw), names in shapes.items() if "gemm" in kinds else ():
         print(f"-- {', '.join(names)}", flush=True)
-        r = sweep_shape(n, k, sw, rows, workspace, args.repeats, log)
+        r = sweep_shape(n, k, sw, rows, workspace, args.repeats, log, args.gemv)
         r["layers"] = names
         results.append(r)
     rope_shapes = {}

@@ -811,3 +811,15 @@ def test_a_malformed_table_says_what_is_wrong_in_words_not_an_exception_repr(raw
     message = str(info.value)
     assert message.startswith(f"{path}: not a skinny GEMM table (") and message.endswith(")")
     assert words in message and "Error(" not in message and "\n" not in message, message
+
+
+def test_sweep_times_gemv_tiles_only_when_asked():
+    """The sweep leaves the CUDA-core tiles out unless asked (they lost in the decode step),
+    and with them asked still times none past GEMV_MAX_ROWS rows."""
+    from engine.bench.gemm_sweep import gemm_space, sweep_tiles
+
+    assert sweep_tiles(4096, 1, False, False) == gemm_space(4096, False)
+    with_gemv = sweep_tiles(4096, 1, False, True)
+    extra = [t for t in with_gemv if t.gemv]
+    assert extra and with_gemv == gemm_space(4096, False) + extra
+    assert not any(t.gemv for t in sweep_tiles(4096, sg.GEMV_MAX_ROWS + 1, False, True))
