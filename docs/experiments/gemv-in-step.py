@@ -3,7 +3,7 @@ GEMM at a time (docs/benchmarks.md, 2026-12-06, session of 23:06 UTC).
 
 For each plan it prints the graph-replayed step's median (`engine.bench.step_tune.StepTimer`,
 100 replays after 10) in two rounds, and in the second also the device timeline of 20 profiled
-replays (`engine.bench.kernel_profile.step_timeline`): each kernel's exposed, busy and overlap
+replays (`engine.bench.profile.replay_timeline`): each kernel's exposed, busy and overlap
 time per step, the skinny GEMM's four calls of a layer as `[0]`-`[3]` (qkv, o_proj, gate_up,
 down). The gemv tiles are the fastest the 1-row H200 sweep timed alone
 (docs/benchmarks-gemm-sweep-gemv-qwen3-4b-h200.json). On one GPU:
@@ -20,9 +20,8 @@ import shutil
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from engine.bench.kernel_profile import is_kernel_event, step_timeline
 from engine.bench.modeldir import write_random_model_fast
-from engine.bench.profile import layer_labels
+from engine.bench.profile import replay_timeline
 from engine.bench.step_tune import StepTimer
 from engine.kernels.skinny_gemm import TileConfig
 
@@ -44,15 +43,7 @@ def timeline(timer: StepTimer) -> str:
             ex.prepare_replay(check)
             ex.launch(key)
         torch.cuda.synchronize()
-    kernels = sorted(((e.name, e.time_range.start, e.time_range.end) for e in prof.events()
-                      if is_kernel_event(e)), key=lambda k: k[1])
-    per = len(kernels) // REPLAYS
-    labelled = []
-    for s in range(REPLAYS):
-        step = kernels[s * per:(s + 1) * per]
-        labelled += [(n, a, b) for n, (_, a, b) in
-                     zip(layer_labels([k[0] for k in step], LAYERS), step)]
-    t = step_timeline(labelled, REPLAYS)
+    t = replay_timeline(prof.events(), REPLAYS, LAYERS)
     return f"span {t['span_us']:.1f} us; " + "; ".join(
         f"{r['name'][-24:]} exposed {r['exposed_us']:.0f} busy {r['busy_us']:.0f} "
         f"overlap {r['overlap_us']:.0f}" for r in t["rows"][:9])

@@ -158,22 +158,38 @@ def layer_labels(names: list[str], num_layers: int) -> list[str]:
     return out
 
 
-def print_timeline(events, args, num_layers: int) -> None:
-    """Print `step_timeline` of the profiled replays (kernels labelled by `layer_labels`)."""
+def replay_timeline(events, steps: int, num_layers: int) -> dict:
+    """`kernel_profile.step_timeline` of `steps` profiled replays, each kernel labelled by
+    `layer_labels` (the skinny GEMM's calls of a layer apart).
+
+    Args:
+        events: the profiler's events (kernels are picked out by `is_kernel_event`).
+    Raises:
+        ValueError: the kernels do not split into `steps` equal steps (the profiler lost
+            some), or those steps launch different kernels.
+    """
     from engine.bench.kernel_profile import is_kernel_event, step_timeline
 
     kernels = sorted(((e.name, e.time_range.start, e.time_range.end) for e in events
                       if is_kernel_event(e)), key=lambda k: k[1])
-    if len(kernels) % args.steps:
-        raise SystemExit(f"profile: {len(kernels)} kernels over {args.steps} replays: the "
-                         "profiler lost some; run again")
-    per_step = len(kernels) // args.steps
+    if len(kernels) % steps:
+        raise ValueError(f"{len(kernels)} kernels over {steps} replays: the profiler lost "
+                         "some; run again")
+    per_step = len(kernels) // steps
     labelled = []
-    for s in range(args.steps):
+    for s in range(steps):
         step = kernels[s * per_step:(s + 1) * per_step]
         names = layer_labels([k[0] for k in step], num_layers)
         labelled += [(n, k[1], k[2]) for n, k in zip(names, step)]
-    t = step_timeline(labelled, args.steps)
+    return step_timeline(labelled, steps)
+
+
+def print_timeline(events, args, num_layers: int) -> None:
+    """Print `replay_timeline` of the profiled replays."""
+    try:
+        t = replay_timeline(events, args.steps, num_layers)
+    except ValueError as exc:
+        raise SystemExit(f"profile: {exc}") from None
     print(f"{args.preset} batch {args.batch} ctx {args.context}: {t['launches']} kernels per "
           f"step, span {t['span_us']:.1f} us (median of {args.steps} replays)")
     print(f"{'exposed us':>10} {'busy us':>9} {'overlap us':>10} {'calls':>5}  kernel")

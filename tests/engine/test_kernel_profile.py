@@ -155,6 +155,25 @@ def test_layer_labels_number_the_calls_of_a_kernel_within_a_layer():
         ["embed"] + ["gemm[0]", "attn", "gemm[1]"] * 3 + ["head"])
 
 
+def test_replay_timeline_labels_each_layers_gemm_calls_apart_and_skips_non_kernels():
+    import pytest
+
+    from engine.bench.profile import replay_timeline
+
+    # two replays of a 2-layer step: gemm, attn, gemm per layer; a memset beside each
+    one = [("gemm", 0, 4), ("attn", 4, 5), ("gemm", 5, 8), ("gemm", 8, 12), ("attn", 12, 13),
+           ("gemm", 13, 16)]
+    events = [_Event(n, "CUDA", a + 100 * s, b + 100 * s) for s in (1, 0) for n, a, b in one]
+    events += [_Event("Memset (Device)", "CUDA", 50, 51), _Event("gemm", "CPU", 0, 1)]
+    t = replay_timeline(events, steps=2, num_layers=2)
+    rows = {r["name"]: r for r in t["rows"]}
+    assert t["launches"] == 6 and t["span_us"] == 16
+    assert rows["gemm[0]"]["busy_us"] == 8 and rows["gemm[1]"]["busy_us"] == 6
+    assert rows["attn"]["calls"] == 2
+    with pytest.raises(ValueError, match="5 kernels over 2 replays: the profiler lost some"):
+        replay_timeline(events[1:6], steps=2, num_layers=2)
+
+
 def test_profile_refuses_bad_arguments_in_one_line_before_touching_a_gpu(capsys):
     import pytest
 
