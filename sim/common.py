@@ -27,6 +27,10 @@ OUTCOME_VERDICTS = ("clean", "abort", "deadlock", "hang", "hang-at-exit", "diver
                     "startup-refused", "invariant", "livelock", "budget")
 """Every verdict a run can end with (`Outcome.verdict`); a trace's ``verdict`` is one of them."""
 
+FAULT_FIRED_EVENT = "fault_fired"
+"""The event a run counts for every fault fired; ``<it>_<phase>`` counts those of one phase
+(`fault_phase_event`)."""
+
 FAULT_OP_EVENT = "fault_op_"
 """Prefix of the events that count faults fired on one op (``fault_op_<op>``, `fault_op_event`)."""
 
@@ -38,13 +42,13 @@ def fault_op_event(op: str) -> str:
 
 def fault_phase_event(phase: str) -> str:
     """The event a run counts when a fault fires in ``phase`` ("sweep" or "serving")."""
-    return "fault_fired_" + phase
+    return f"{FAULT_FIRED_EVENT}_{phase}"
 
 
 EVENTS = ("replay", "padded_replay", "mixed_replay", "eager_decode", "short_replay",
           "short_declined", "first_row_behind", "chunked_prefill", "compaction_moves_live",
           "preemption", "overlapped_step", "fed_row", "leftover_row", "idle_rank_step",
-          "fault_fired", fault_phase_event("sweep"), fault_phase_event("serving"))
+          FAULT_FIRED_EVENT, fault_phase_event("sweep"), fault_phase_event("serving"))
 """Every event a run counts (`sim.world.World.events`, a run's ``reached``) but one family,
 ``fault_op_<op>`` (a fault fired on that op): the names a `sim.variants.Variant`'s ``reaches``
 may list. Each is counted where it happens (sim/world.py, sim/ops.py, sim/devices.py); a test

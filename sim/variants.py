@@ -40,7 +40,7 @@ from protocol.keys import GraphKey
 from protocol.memory import MemoryPlan, candidate_caps
 from protocol.worker import SYNC, Worker
 from protocol.eligibility import GraphPlan
-from sim.common import EVENTS, FAULT_OP_EVENT
+from sim.common import EVENTS, FAULT_FIRED_EVENT, FAULT_OP_EVENT
 from sim.devices import Kernel
 from sim.faults import FaultFamily
 from sim.headroom import HeadroomDraw
@@ -248,7 +248,7 @@ class Variant:
                 raise ConfigError(f"variant {self.name!r}: adjust's faults[{i}] is on op "
                                   f"{clipped(repr(fault.op))}, which its runs never make (ops: "
                                   f"{', '.join(known)})")
-        faulted = [e for e in self.reaches if e.startswith((FAULT_OP_EVENT, "fault_fired"))]
+        faulted = [e for e in self.reaches if e.startswith((FAULT_OP_EVENT, FAULT_FIRED_EVENT))]
         if faulted and not out.faults:  # a review's finding: vacuous always, blamed on the size
             raise ConfigError(f"variant {self.name!r}: reaches {faulted[0]!r}, which a run "
                               "counts only when a fault fires, but its scenario has no faults "

@@ -35,6 +35,7 @@ from sim.checks import abort_checks, final_checks, page_divergence, slot_diverge
 from sim.common import (
     BLOCKED,
     DONE,
+    FAULT_FIRED_EVENT,
     FOREVER,
     PROGRESS,
     Collective,
@@ -147,7 +148,7 @@ class World:
         self.exiting = False
         self.events = {"replay": 0, "padded_replay": 0, "mixed_replay": 0, "eager_decode": 0,
                        "compaction_moves_live": 0,
-                       "fault_fired": 0, "preemption": 0}
+                       FAULT_FIRED_EVENT: 0, "preemption": 0}
         for dev in self.devices:
             dev.allocate("kv", ModelledKV(cfg.max_batch + 1))  # placeholder until allocate_kv
             dev.allocate("replay-inputs",
@@ -726,7 +727,7 @@ class World:
         return status
 
     def _fire(self, r: int, host: Host, op: Op, fault) -> int:
-        self.events["fault_fired"] += 1
+        self.events[FAULT_FIRED_EVENT] += 1
         phase = "serving" if self.ctrl.serving or self.served_steps else "sweep"
         for event in (fault_phase_event(phase), fault_op_event(op.name)):
             self.events[event] = self.events.get(event, 0) + 1

@@ -418,12 +418,12 @@ def test_a_variant_s_own_event_may_be_required():
 
 def test_every_event_a_run_records_may_be_reached():
     """`sim.common.EVENTS` is every name the simulator counts an event under: each literal
-    ``events["..."]`` / ``events.get("...")`` of sim/, and the fault phases; a fault on an op
-    of the variant's runs (``fault_op_<op>``) may be named too."""
+    ``events["..."]`` / ``events.get("...")`` of sim/, every fault fired and the fault phases;
+    a fault on an op of the variant's runs (``fault_op_<op>``) may be named too."""
     import re
     from pathlib import Path
 
-    from sim.common import EVENTS, fault_op_event, fault_phase_event
+    from sim.common import EVENTS, FAULT_FIRED_EVENT, fault_op_event, fault_phase_event
     from sim.variants import Variant
 
     source = "".join(p.read_text() for p in (Path(__file__).resolve().parents[2] / "sim")
@@ -432,7 +432,9 @@ def test_every_event_a_run_records_may_be_reached():
 
     counted = set(re.findall(r"""events(?:\[|\.get\()\s*["']([a-z_]+)["']""", source))
     assert re.search(r"fault_phase_event\(phase\), fault_op_event\(op.name\)", source)
-    assert set(EVENTS) == counted | {fault_phase_event(phase) for phase in PHASES}
+    assert re.search(r"events\[FAULT_FIRED_EVENT\] \+= 1", source)
+    assert set(EVENTS) == counted | {FAULT_FIRED_EVENT} | {fault_phase_event(phase)
+                                                          for phase in PHASES}
     assert fault_op_event("instantiate") == "fault_op_instantiate"
     Variant("mine", "s", "t", EXPECTED_CLEAN, reaches=EVENTS + ("fault_op_instantiate",))
 
