@@ -12,7 +12,10 @@ The reading is conservative: a pointer counts as loaded where any `tl.load` (or 
 it or a variable derived from it, in either arm of an `if` and in any loop; a store is any
 `tl.store` or atomic. Pointer parameters are those named `*_ptr` (the engine's convention) and
 tensor descriptors named `*_desc` (whose `.load` reads the tensor the descriptor names); a
-load or store whose address derives from none of them is refused rather than skipped.
+load or store whose address derives from none of them is refused rather than skipped. A call
+of a helper (another `triton.jit` function of the kernel's module) loads and stores, at the
+call, what the helper's own source loads and stores of the pointers it is handed; a helper
+whose source cannot be read may load and store every pointer it is handed.
 """
 
 from __future__ import annotations
@@ -51,22 +54,25 @@ class MemoryOrder:
     waits: bool
 
 
-def memory_order(kernel) -> MemoryOrder:
+def memory_order(kernel, namespace: dict | None = None) -> MemoryOrder:
     """Read `kernel`'s source (a `triton.jit` function, a plain function or source text).
 
+    Args:
+        namespace: where the kernel's helpers are looked up by name (default: the module
+            globals of `kernel`; source text has none unless given).
     Raises:
         ValueError: the source holds no function definition, or a load or store whose address
             derives from no `*_ptr` parameter.
     """
-    src = kernel if isinstance(kernel, str) else inspect.getsource(getattr(kernel, "fn", kernel))
+    fn_obj = None if isinstance(kernel, str) else getattr(kernel, "fn", kernel)
+    src = kernel if fn_obj is None else inspect.getsource(fn_obj)
+    if namespace is None:
+        namespace = getattr(fn_obj, "__globals__", {})
     tree = ast.parse(textwrap.dedent(src))
     fn = next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)), None)
     if fn is None:
         raise ValueError("no function definition in the kernel source")
-    pointers = {a.arg for a in fn.args.args if a.arg.endswith(("_ptr", "_desc"))}
-    walker = _Walker(pointers)
-    for stmt in fn.body:
-        walker.visit(stmt)
+    walker = _walk(fn, namespace)
     before = frozenset(p for p, waited in walker.loads if not waited)
     after = frozenset(p for p, waited in walker.loads if waited)
     stores = frozenset(p for p, _ in walker.stores)
@@ -76,6 +82,32 @@ def memory_order(kernel) -> MemoryOrder:
     else:
         trigger = "after wait" if walker.trigger_waited else "before wait"
     return MemoryOrder(before, after, stores, early_stores, trigger, walker.waited)
+
+
+def _walk(fn: ast.FunctionDef, namespace: dict) -> "_Walker":
+    pointers = {a.arg for a in fn.args.args if a.arg.endswith(("_ptr", "_desc"))}
+    walker = _Walker(pointers, namespace)
+    for stmt in fn.body:
+        walker.visit(stmt)
+    return walker
+
+
+def _helper_effects(name: str, namespace: dict) -> tuple[list[str], set[str], set[str]] | None:
+    """(parameter names, pointer parameters loaded, stored) of the helper `name` in
+    `namespace`, or None where its source cannot be read."""
+    helper = namespace.get(name)
+    fn_obj = getattr(helper, "fn", helper)
+    try:
+        src = inspect.getsource(fn_obj)
+    except (OSError, TypeError):
+        return None
+    fn = next((n for n in ast.walk(ast.parse(textwrap.dedent(src)))
+               if isinstance(n, ast.FunctionDef)), None)
+    if fn is None:
+        return None
+    walker = _walk(fn, getattr(fn_obj, "__globals__", namespace))
+    params = [a.arg for a in fn.args.args]
+    return params, {p for p, _ in walker.loads}, {p for p, _ in walker.stores}
 
 
 def _is_descriptor_call(node: ast.Call) -> bool:
@@ -92,7 +124,8 @@ class _Walker(ast.NodeVisitor):
     """Visits statements in source order, tracking which variables derive from which
     pointer parameters and whether the wait has been passed."""
 
-    def __init__(self, pointers: set[str]):
+    def __init__(self, pointers: set[str], namespace: dict):
+        self.namespace = namespace
         self.derived = {p: {p} for p in pointers}
         self.waited = False
         self.trigger_waited: bool | None = None
@@ -138,12 +171,20 @@ class _Walker(ast.NodeVisitor):
             self.visit(kw.value)
         name = _call_name(node)
         if isinstance(node.func, ast.Name) and name not in _LOADS | _STORES | _ATOMICS:
-            # a helper of the kernel (`_skinny_epilogue(...)`): whatever pointer it is handed
-            # it may load and store, at this point of the caller
-            for arg in list(node.args) + [kw.value for kw in node.keywords]:
+            # a helper of the kernel (`_skinny_epilogue(...)`): what it loads and stores of
+            # the pointers it is handed, at this point of the caller
+            effects = _helper_effects(name, self.namespace)
+            params = effects[0] if effects else []
+            handed = list(zip(params, node.args)) + [(kw.arg, kw.value) for kw in node.keywords]
+            if not effects:
+                handed = [(None, arg) for arg in list(node.args)
+                          + [kw.value for kw in node.keywords]]
+            for param, arg in handed:
                 for p in self._sources(arg):
-                    self.loads.append((p, self.waited))
-                    self.stores.append((p, self.waited))
+                    if effects is None or param in effects[1]:
+                        self.loads.append((p, self.waited))
+                    if effects is None or param in effects[2]:
+                        self.stores.append((p, self.waited))
             return
         if name == "gdc_wait":
             self.waited = True

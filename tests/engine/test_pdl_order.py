@@ -106,7 +106,7 @@ def decode_chain(sources: dict | None = None, rope: bool = False,
     sources = sources or {}
     chain = list(STEP_START)
     for name, kernel, buffers in layer(0, rope, short) + layer(1, rope, short):
-        order = pdl_order.memory_order(sources.get(kernel, kernel))
+        order = pdl_order.memory_order(sources.get(kernel, kernel), kernel.fn.__globals__)
         chain.append(spec(name, order, buffers))
     return chain
 
@@ -295,3 +295,24 @@ def test_a_tensor_descriptor_load_reads_the_tensor_the_descriptor_names():
     assert order.loads_after_wait == {"a_desc"} and not order.loads_before_wait
     with pytest.raises(ValueError, match="derives from no pointer"):
         pdl_order.memory_order(src.replace("a_desc.load", "other.load"))
+
+
+def _reads_only(table_ptr, i):
+    return tl.load(table_ptr + i)  # only read as source, never run
+
+
+def _writes_only(dst_ptr, value):
+    tl.store(dst_ptr, value)  # only read as source
+
+
+def test_a_helper_loads_and_stores_what_its_own_source_does():
+    """A call of a helper of the kernel's module counts the helper's own loads and stores of
+    the pointers it is handed (a table only read is not written); a helper whose source
+    cannot be found may load and store everything it is handed."""
+    src = ("def k(t_ptr, o_ptr, PDL):\n    tl.extra.cuda.gdc_wait()\n"
+           "    v = _reads_only(t_ptr, 3)\n    _writes_only(o_ptr, v)\n"
+           "    _unknown(t_ptr)\n")
+    order = pdl_order.memory_order(src.replace("    _unknown(t_ptr)\n", ""), globals())
+    assert order.loads_after_wait == {"t_ptr"} and order.stores == {"o_ptr"}
+    order = pdl_order.memory_order(src, globals())
+    assert order.stores == {"o_ptr", "t_ptr"}
