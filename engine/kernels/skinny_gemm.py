@@ -148,6 +148,8 @@ class Workspace:
         self.partials = torch.empty(max_split * MAX_ROWS * max_n, dtype=torch.float32,
                                     device=device)
         self.counters = torch.zeros(max_blocks, dtype=torch.int32, device=device)
+        # arrivals per kv head of a QKV launch that attends in its tail (`AttendTail`)
+        self.group_counters = torch.zeros(max_blocks, dtype=torch.int32, device=device)
         self.stats = torch.zeros(max_blocks * MAX_ROWS, dtype=torch.float32, device=device)
 
     def fits(self, n: int, split: int, blocks: int) -> bool:
@@ -183,13 +185,18 @@ if triton is not None:
                             vc_ptr, stride_cos, stride_pt, stride_kp, stride_kt, stride_kh,
                             stride_qh, qk_eps, HEADS: tl.constexpr, NQ: tl.constexpr,
                             NKV: tl.constexpr, PAGE: tl.constexpr,
-                            w_desc, TMA: tl.constexpr, x_desc, X_TMA: tl.constexpr):
+                            w_desc, TMA: tl.constexpr, x_desc, X_TMA: tl.constexpr,
+                            o_ptr, lens_ptr, group_count_ptr, stride_ob, scale,
+                            ATTEND: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
+                            BLOCK_T: tl.constexpr):
         # PAIRED: two accumulators over weight rows n and n + HALF (SwiGLU's gate and up, or
         # HEADS' two rotate-half halves of head pid_n, whose rows start at pid_n * ROW_STEP).
         # TMA: the weight tiles come through the tensor descriptor w_desc (Hopper's bulk copy,
         # zeros past its edges) as [BLOCK_N, BLOCK_K], and the products are W @ x^T, the
         # weight's rows on the MMA's M side; the accumulators are transposed after the loop.
         # X_TMA (with TMA): x's [BLOCK_M, BLOCK_K] tiles through x_desc as well, transposed.
+        # ATTEND (with HEADS): the last program of each kv head's group to finish its head
+        # attends the group's query heads over the row's one tile of cached tokens.
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         m = tl.arange(0, BLOCK_M)
@@ -362,6 +369,12 @@ if triton is not None:
                                     hd, mmask, pos, page, w_lo, w_hi, c_lo, c_hi, s_lo, s_hi,
                                     stride_om, stride_qh, stride_kp, stride_kt, stride_kh,
                                     qk_eps, NORM_IN, NQ, NKV, PAGE, BLOCK_N)
+                    if ATTEND:
+                        _attend_group_tail(out_ptr, kc_ptr, vc_ptr, pt_ptr, lens_ptr, slot_ptr,
+                                           group_count_ptr, o_ptr, pid_n, M, stride_om,
+                                           stride_qh, stride_pt, stride_kp, stride_kt,
+                                           stride_kh, stride_ob, scale, NQ, NKV, GROUP,
+                                           BLOCK_G, 2 * BLOCK_N, PAGE, BLOCK_T, IEEE, UPCAST)
                 else:
                     _skinny_epilogue(acc, acc_up, ss, res, K, eps, out_ptr, stats_ptr, pid_n,
                                      m, n, mmask, nmask, stride_om, SWIGLU, NORM_IN, RESIDUAL,
@@ -371,6 +384,12 @@ if triton is not None:
                             mmask, pos, page, w_lo, w_hi, c_lo, c_hi, s_lo, s_hi, stride_om,
                             stride_qh, stride_kp, stride_kt, stride_kh, qk_eps, NORM_IN, NQ,
                             NKV, PAGE, BLOCK_N)
+            if ATTEND:
+                _attend_group_tail(out_ptr, kc_ptr, vc_ptr, pt_ptr, lens_ptr, slot_ptr,
+                                   group_count_ptr, o_ptr, pid_n, M, stride_om, stride_qh,
+                                   stride_pt, stride_kp, stride_kt, stride_kh, stride_ob,
+                                   scale, NQ, NKV, GROUP, BLOCK_G, 2 * BLOCK_N, PAGE, BLOCK_T,
+                                   IEEE, UPCAST)
         else:
             _skinny_epilogue(acc, acc_up, ss, res, K, eps, out_ptr, stats_ptr, pid_n, m, n,
                              mmask, nmask, stride_om, SWIGLU, NORM_IN, RESIDUAL, STATS_STRIDE)
@@ -459,6 +478,55 @@ if triton is not None:
             tl.store(v_row, lo.to(vc_ptr.dtype.element_ty), mask=mask)
             tl.store(v_row + HALF, hi.to(vc_ptr.dtype.element_ty), mask=mask)
 
+
+    @triton.jit
+    def _attend_group_tail(q_ptr, kc_ptr, vc_ptr, pt_ptr, lens_ptr, slot_ptr, count_ptr, o_ptr,
+                           head, M, stride_qm, stride_qh, stride_pt, stride_kp, stride_kt,
+                           stride_kh, stride_ob, scale, NQ: tl.constexpr, NKV: tl.constexpr,
+                           GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr,
+                           PAGE: tl.constexpr, BLOCK_T: tl.constexpr, IEEE: tl.constexpr,
+                           UPCAST: tl.constexpr):
+        # After this program stored its head (a query head of kv head h's group, K head h or
+        # V head h): count the group's GROUP + 2 arrivals; the last attends the group for
+        # every row over the row's first BLOCK_T cached tokens, reading the others' q, K and V
+        # through L2 (their stores are ordered before their arrival, this load after it).
+        kvh = tl.where(head < NQ, head // GROUP, tl.where(head < NQ + NKV, head - NQ,
+                                                          head - NQ - NKV))
+        tl.debug_barrier()
+        arrived = tl.atomic_add(count_ptr + kvh, 1, sem="acq_rel")
+        if arrived == GROUP + 1:
+            tl.store(count_ptr + kvh, 0)
+            d = tl.arange(0, HEAD_DIM)
+            g = tl.arange(0, BLOCK_G)
+            t = tl.arange(0, BLOCK_T)
+            gmask = g < GROUP
+            for r in range(M):
+                slot = tl.load(slot_ptr + r, cache_modifier=".cg").to(tl.int64)
+                length = tl.minimum(tl.load(lens_ptr + slot, cache_modifier=".cg"), BLOCK_T)
+                kmask = t < length
+                page = tl.load(pt_ptr + slot * stride_pt + t // PAGE, mask=kmask, other=0,
+                               cache_modifier=".cg").to(tl.int64)
+                qr = tl.load(q_ptr + r * stride_qm + (kvh * GROUP + g)[:, None] * stride_qh
+                             + d[None, :], mask=gmask[:, None], other=0.0,
+                             cache_modifier=".cg")
+                base = (page[:, None] * stride_kp + (t % PAGE)[:, None] * stride_kt
+                        + kvh * stride_kh + d[None, :])
+                k = tl.load(kc_ptr + base, mask=kmask[:, None], other=0.0, cache_modifier=".cg")
+                v = tl.load(vc_ptr + base, mask=kmask[:, None], other=0.0, cache_modifier=".cg")
+                if UPCAST:
+                    qr = qr.to(tl.float32)
+                    k = k.to(tl.float32)
+                s = _dot(qr, tl.trans(k), IEEE) * scale
+                s = tl.where(kmask[None, :], s, float("-inf"))
+                p = tl.exp(s - tl.max(s, 1)[:, None])
+                l = tl.sum(p, 1)
+                if UPCAST:
+                    pv = _dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32), IEEE)
+                else:
+                    pv = _dot(p.to(v.dtype), v, IEEE)
+                o = pv / l[:, None]
+                tl.store(o_ptr + r * stride_ob + (kvh * GROUP + g)[:, None] * HEAD_DIM
+                         + d[None, :], o.to(o_ptr.dtype.element_ty), mask=gmask[:, None])
 
 @dataclass(frozen=True)
 class RowStats:
@@ -561,9 +629,33 @@ class RopeKV:
     eps: float
 
 
+@dataclass(frozen=True)
+class AttendTail:
+    """Decode attention in the tail of `skinny_gemm_qkv_rope`, for steps whose every row's
+    context holds at most `tile_tokens` tokens (the short path, `protocol.keys.SHORT`): the
+    last of a kv head's group of programs (its query heads, its K head, its V head) to store
+    its head attends the group's query heads for every row, so attention costs no launch of
+    its own and is computed once per (row, kv head). A row with more cached tokens is attended
+    over its first `tile_tokens` only: nothing on the device can tell.
+
+    Attributes:
+        out: [T, nq * D] attention output (q's dtype, contiguous), the input of o_proj.
+        seq_lens: int32 [slots] cached tokens per slot, the step's own token included
+            (`engine.kernels.decode_attention`'s argument).
+        scale: softmax scale, usually D ** -0.5.
+        tile_tokens: tokens attended per row, a power of two of whole pages.
+    """
+
+    out: torch.Tensor
+    seq_lens: torch.Tensor
+    scale: float
+    tile_tokens: int
+
+
 def skinny_gemm_qkv_rope(x: torch.Tensor, w: torch.Tensor, workspace: Workspace,
                          config: TileConfig, rope: RopeKV, row_stats: RowStats | None = None,
-                         eps: float = 0.0, out: torch.Tensor | None = None) -> torch.Tensor:
+                         eps: float = 0.0, out: torch.Tensor | None = None,
+                         attend: AttendTail | None = None) -> torch.Tensor:
     """The QKV projection with `fused.qk_norm_rope_kv` as its epilogue, one launch: each
     program's columns are one head's two rotate-half halves, so the head's RMSNorm and RoPE
     need nothing outside the program. Rounds as the two launches do (`skinny_gemm` then
@@ -577,6 +669,7 @@ def skinny_gemm_qkv_rope(x: torch.Tensor, w: torch.Tensor, workspace: Workspace,
             and stages as for any tile.
         rope: the layer's norms, tables, step positions and caches (`RopeKV`).
         out: optional [T, nq, D] buffer for q.
+        attend: attend in the launch's tail (`AttendTail`), writing attend.out.
     Returns:
         q [T, nq, D], normalised and rotated; K (normalised, rotated) and V are stored at
         page_table[slot, pos // page_size], row pos % page_size of the caches.
@@ -585,7 +678,9 @@ def skinny_gemm_qkv_rope(x: torch.Tensor, w: torch.Tensor, workspace: Workspace,
         ValueError: as `skinny_gemm`; also block_n != D / 2, w's rows not (nq + 2 nkv) * D,
             fewer positions or slots than rows, cos/sin not D wide, caches or tables of
             unequal strides or a strided last dim, or `out` not [T, nq, D] with a contiguous
-            last dim.
+            last dim; with `attend`, an output that is not [T, nq * D] contiguous in q's
+            dtype, a tile that is not a power of two of whole pages, kv heads that do not
+            divide nq, or more kv heads than the workspace has counters.
     """
     D = rope.q_weight.shape[0]
     if config.block_n * 2 != D or w.shape[0] != (rope.nq + 2 * rope.nkv) * D:
@@ -607,13 +702,48 @@ def skinny_gemm_qkv_rope(x: torch.Tensor, w: torch.Tensor, workspace: Workspace,
     elif tuple(out.shape) != (T, rope.nq, D) or out.stride(-1) != 1:
         raise ValueError(f"skinny_gemm_qkv_rope: out {tuple(out.shape)} for q of "
                          f"{(T, rope.nq, D)}, last dim contiguous")
-    _launch(x, w, out, workspace, config, False, row_stats, eps, residual=False, rope=rope)
+    if attend is not None:
+        _check_attend(attend, T, rope, D, workspace)
+    _launch(x, w, out, workspace, config, False, row_stats, eps, residual=False, rope=rope,
+            attend=attend)
     return out
+
+
+def _check_attend(attend: AttendTail, T: int, rope: RopeKV, D: int, workspace: Workspace
+                  ) -> None:
+    """Raises the ValueError `skinny_gemm_qkv_rope` documents for a bad `attend`."""
+    o, page, tile = attend.out, rope.k_cache.shape[1], attend.tile_tokens
+    if (tuple(o.shape) != (T, rope.nq * D) or not o.is_contiguous()
+            or o.dtype != rope.q_weight.dtype):
+        raise ValueError(f"skinny_gemm_qkv_rope: attention output {tuple(o.shape)} {o.dtype}"
+                         f" for {T} rows of {rope.nq} heads of {D}: expected "
+                         f"{(T, rope.nq * D)} contiguous in {rope.q_weight.dtype}")
+    if type(tile) is not int or tile < page or tile % page or tile & (tile - 1):
+        raise ValueError(f"skinny_gemm_qkv_rope: attention tile of {tile!r} tokens over pages "
+                         f"of {page}: expected a power of two that whole pages fill")
+    if rope.nq % rope.nkv or rope.nkv > workspace.max_blocks:
+        raise ValueError(f"skinny_gemm_qkv_rope: {rope.nq} query heads over {rope.nkv} kv "
+                         f"heads with {workspace.max_blocks} group counters: expected kv "
+                         "heads that divide the query heads, at most one per counter")
 
 
 _HEAD_NAMES = ("qw_ptr", "kw_ptr", "cos_ptr", "sin_ptr", "pos_ptr", "slot_ptr", "pt_ptr",
                "kc_ptr", "vc_ptr", "stride_cos", "stride_pt", "stride_kp", "stride_kt",
                "stride_kh", "stride_qh", "qk_eps")
+
+
+def _attend_args(attend: AttendTail | None, rope: RopeKV | None, w: torch.Tensor,
+                 workspace: Workspace) -> dict:
+    """The kernel's ATTEND arguments by name (the weight as every pointer without `attend`,
+    as `_head_args` does)."""
+    if attend is None:
+        return dict(o_ptr=w, lens_ptr=w, group_count_ptr=w, stride_ob=0, scale=1.0,
+                    ATTEND=False, GROUP=1, BLOCK_G=16, BLOCK_T=16)
+    group = rope.nq // rope.nkv
+    return dict(o_ptr=attend.out, lens_ptr=attend.seq_lens,
+                group_count_ptr=workspace.group_counters, stride_ob=attend.out.stride(0),
+                scale=attend.scale, ATTEND=True, GROUP=group,
+                BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_T=attend.tile_tokens)
 
 
 def _head_args(rope: RopeKV | None, w: torch.Tensor, out: torch.Tensor) -> dict:
@@ -631,7 +761,8 @@ def _head_args(rope: RopeKV | None, w: torch.Tensor, out: torch.Tensor) -> dict:
                 PAGE=kc.shape[1])
 
 
-def _launch(x, w, out, workspace, config, swiglu, row_stats, eps, residual, rope=None) -> int:
+def _launch(x, w, out, workspace, config, swiglu, row_stats, eps, residual, rope=None,
+            attend=None) -> int:
     """Check the shapes, launch the kernel; returns the number of column blocks."""
     if triton is None:
         raise RuntimeError("skinny_gemm needs triton (pip install triton)")
@@ -680,7 +811,7 @@ def _launch(x, w, out, workspace, config, swiglu, row_stats, eps, residual, rope
         **_head_args(rope, w, out),
         w_desc=_weight_descriptor(w, cfg) if tma else None, TMA=tma,
         x_desc=TensorDescriptor.from_tensor(x, [block_m, cfg.block_k]) if x_tma else None,
-        X_TMA=x_tma,
+        X_TMA=x_tma, **_attend_args(attend, rope, w, workspace),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(x))
     return blocks
 

@@ -19,13 +19,14 @@ ATTN_WS = {"acc_ptr": "split partials", "stats_ptr": "split stats", "count_ptr":
 
 HEAD_PTRS = ("qw_ptr", "kw_ptr", "cos_ptr", "sin_ptr", "pos_ptr", "slot_ptr", "pt_ptr",
              "kc_ptr", "vc_ptr")
+ATTEND_PTRS = ("o_ptr", "lens_ptr", "group_count_ptr")
 
 
 def gemm(x: str, w: str, out: str) -> dict:
     """A skinny GEMM launch without the rope epilogue: its head pointers are the weight
     (`skinny_gemm._head_args`)."""
     return {"x_ptr": x, "x_desc": x, "w_ptr": w, "w_desc": w, "out_ptr": out, **GEMM_WS,
-            **dict.fromkeys(HEAD_PTRS, w)}
+            **dict.fromkeys(HEAD_PTRS + ATTEND_PTRS, w)}
 
 
 def rope_buffers(i: int) -> dict:
@@ -34,20 +35,34 @@ def rope_buffers(i: int) -> dict:
             "pt_ptr": "page_table", "kc_ptr": f"k_cache {i}", "vc_ptr": f"v_cache {i}"}
 
 
-def layer(i: int, rope: bool = False, short: bool = False) -> list[tuple[str, object, dict]]:
+def layer(i: int, rope: bool = False, short: bool = False, tail: bool = False
+          ) -> list[tuple[str, object, dict]]:
     # layer 0 normalises the embedding first; later layers' QKV folds the norm in. With
     # `rope` the QKV GEMM also does the q/k norm + RoPE + KV write (FusedLayerPlan.rope); with
-    # `short` (and rope) attention and o_proj are one launch (engine.kernels.attention_oproj).
+    # `short` (and rope) attention and o_proj are one launch (engine.kernels.attention_oproj);
+    # with `tail` (and rope) the QKV launch attends in its tail (skinny_gemm.AttendTail).
     first = [(f"input norm {i}", fused._add_rms_norm_kernel,
               {"x_ptr": "residual", "res_ptr": "residual", "w_ptr": f"input_norm {i}",
                "out_ptr": "normed"})] if i == 0 else []
     x = "normed" if i == 0 else "residual"
+    if tail:
+        return first + [
+            (f"qkv+attention {i}", skinny_gemm._skinny_gemm_kernel,
+             {"x_ptr": x, "x_desc": x, "w_ptr": f"w_qkv {i}", "w_desc": f"w_qkv {i}",
+              "out_ptr": "q", **GEMM_WS, **rope_buffers(i), "o_ptr": "attn_out",
+              "lens_ptr": "seq_lens", "group_count_ptr": "group counters"}),
+            (f"o_proj {i}", skinny_gemm._skinny_gemm_kernel,
+             gemm("attn_out", f"w_o {i}", "residual")),
+            (f"gate_up {i}", skinny_gemm._skinny_gemm_kernel,
+             gemm("residual", f"w_gate_up {i}", "act")),
+            (f"down {i}", skinny_gemm._skinny_gemm_kernel, gemm("act", f"w_down {i}", "residual")),
+        ]
     if rope:
         qkv = [(f"qkv {i}", skinny_gemm._skinny_gemm_kernel,
                 {"x_ptr": x, "x_desc": x, "w_ptr": f"w_qkv {i}", "w_desc": f"w_qkv {i}",
                  "out_ptr": "q",
                  **GEMM_WS,
-                 **rope_buffers(i)})]
+                 **rope_buffers(i), **dict.fromkeys(ATTEND_PTRS, f"w_qkv {i}")})]
     else:
         qkv = [(f"qkv {i}", skinny_gemm._skinny_gemm_kernel, gemm(x, f"w_qkv {i}", "qkv")),
                (f"q/k norm {i}", fused._qk_norm_rope_kv_kernel,
@@ -100,12 +115,12 @@ def spec(name: str, order: pdl_order.MemoryOrder, buffers: dict) -> KernelSpec:
 
 
 def decode_chain(sources: dict | None = None, rope: bool = False,
-                 short: bool = False) -> list[KernelSpec]:
-    """Step start, then two fused layers (6 launches; with `rope` 5; with `short` one
-    fewer); `sources` replaces a kernel's source text."""
+                 short: bool = False, tail: bool = False) -> list[KernelSpec]:
+    """Step start, then two fused layers (6 launches; with `rope` 5; with `short` or `tail`
+    4); `sources` replaces a kernel's source text."""
     sources = sources or {}
     chain = list(STEP_START)
-    for name, kernel, buffers in layer(0, rope, short) + layer(1, rope, short):
+    for name, kernel, buffers in layer(0, rope, short, tail) + layer(1, rope, short, tail):
         order = pdl_order.memory_order(sources.get(kernel, kernel), kernel.fn.__globals__)
         chain.append(spec(name, order, buffers))
     return chain
@@ -166,6 +181,21 @@ def test_the_four_launch_layer_has_no_stale_read_in_any_order():
         "w_o 1", "slot_ids", "seq_lens", "page_table"}
     assert {"q", "k_cache 1", "v_cache 1", "residual"} <= by_name[
         "attention+o_proj 1"].reads_after_wait
+
+
+def test_the_layer_attending_in_the_qkv_tail_has_no_stale_read_in_any_order():
+    """The QKV launch that attends in its tail loads, before its wait, what the rope epilogue
+    does; the o_proj after it reads the attention output only after its own wait."""
+    chain = decode_chain(tail=True)
+    res = check_chain(chain)
+    assert res.stale is None, str(res.stale)
+    assert res.overlapped and res.states > len(chain)
+    by_name = {k.name: k for k in chain}
+    assert by_name["qkv+attention 1"].reads_before_wait == {
+        "w_qkv 1", "positions", "slot_ids", "page_table", "q_norm 1", "k_norm 1", "cos", "sin"}
+    assert {"attn_out", "q", "k_cache 1", "v_cache 1", "group counters"} <= by_name[
+        "qkv+attention 1"].writes
+    assert "attn_out" in by_name["o_proj 1"].reads_after_wait
 
 
 @pytest.mark.parametrize("line, buffer", [
@@ -316,3 +346,8 @@ def test_a_helper_loads_and_stores_what_its_own_source_does():
     assert order.loads_after_wait == {"t_ptr"} and order.stores == {"o_ptr"}
     order = pdl_order.memory_order(src, globals())
     assert order.stores == {"o_ptr", "t_ptr"}
+    # the QKV tail's attention reads the step's slots, lengths and page table, never writes them
+    order = pdl_order.memory_order(skinny_gemm._skinny_gemm_kernel)
+    assert {"o_ptr", "group_count_ptr", "kc_ptr", "vc_ptr", "out_ptr"} <= order.stores
+    assert not {"slot_ptr", "lens_ptr", "pt_ptr"} & order.stores
+    assert {"lens_ptr", "slot_ptr", "pt_ptr"} <= order.loads_after_wait

@@ -537,6 +537,91 @@ def test_qkv_rope_epilogue_in_interpreter_matches_the_two_launches_and_float64()
     assert "ok 12" in res.stdout
 
 
+_ATTEND_CHECK = r"""
+import os, sys
+os.environ["TRITON_INTERPRET"] = "1"
+import torch
+sys.path.insert(0, os.getcwd())
+from engine.kernels import skinny_gemm as sg
+from engine.kernels.decode_attention import paged_decode_attention_reference
+torch.manual_seed(0)
+ws = sg.Workspace("cpu", 1024, 8, 64)
+D, P, eps, tile = 32, 4, 1e-6, 16
+inv = 1.0 / (10000 ** (torch.arange(0, D, 2).float() / D))
+angles = torch.outer(torch.arange(64).float(), inv).repeat(1, 2)
+cos, sin = angles.cos(), angles.sin()
+# (M, nq, nkv, K, tile): split-K fix-up (group 2), one unsplit loop (group 4), tensor
+# descriptors, a group of 1
+cases = [(1, 4, 2, 128, sg.TileConfig(16, 32, 4)),
+         (3, 4, 1, 96, sg.TileConfig(16, 64, 1)),
+         (2, 4, 2, 128, sg.TileConfig(16, 32, 2, tma=True)),
+         (1, 2, 2, 64, sg.TileConfig(16, 64, 1, tma=True))]
+for M, nq, nkv, K, cfg in cases:
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
+        N = (nq + 2 * nkv) * D
+        x = torch.randn(M, K, dtype=dtype)
+        w = torch.randn(N, K, dtype=dtype) / K ** 0.5
+        qw, kw = (1 + 0.1 * torch.randn(2, D)).to(dtype)
+        # the last row's context is longer than the tile: only its first `tile` tokens count
+        pos = torch.tensor([5, 11, 15][:M - 1] + [21])
+        slots = torch.randperm(8)[:M].to(torch.int32)
+        pt = torch.randperm(64).to(torch.int32).reshape(8, 8)
+        lens = torch.zeros(8, dtype=torch.int32)
+        lens[slots.long()] = (pos + 1).to(torch.int32)
+        old = [torch.randn(65, P, nkv, D).to(dtype) for _ in range(2)]
+        def run(attend):
+            kc, vc = [c.clone() for c in old]
+            rope = sg.RopeKV(qw, kw, cos, sin, pos, slots, pt, kc, vc, nq, nkv, eps)
+            q = sg.skinny_gemm_qkv_rope(x, w, ws, cfg, rope, attend=attend)
+            return q, kc, vc
+        q1, k1, v1 = run(None)
+        for _ in range(2):  # the second launch needs the counters the first left at zero
+            o = torch.full((M, nq * D), float("nan"), dtype=dtype)
+            q2, k2, v2 = run(sg.AttendTail(o, lens, D ** -0.5, tile))
+            assert torch.equal(q2, q1) and torch.equal(k2, k1) and torch.equal(v2, v1)
+            assert int(ws.group_counters.abs().sum()) == 0, "a group counter was left non-zero"
+            assert int(ws.counters.abs().sum()) == 0, "a counter was left non-zero"
+        # float64 oracle over each row's first `tile` tokens of the launch's q and caches
+        ref = paged_decode_attention_reference(q1, k1, v1, pt, lens.clamp(max=tile), slots,
+                                               D ** -0.5).reshape(M, nq * D)
+        err = ((o.double() - ref).norm() / ref.norm()).item()
+        assert err < tol, (M, nq, nkv, dtype, err)
+        # the long row differs from attention over its whole context
+        full = paged_decode_attention_reference(q1, k1, v1, pt, lens, slots, D ** -0.5)
+        assert (o[-1].double() - full[-1].reshape(-1)).abs().max() > 10 * tol
+bad = [dict(out=torch.zeros(1, 4 * D + 1)), dict(tile_tokens=24), dict(tile_tokens=2)]
+for change in bad:
+    args = dict(out=torch.zeros(1, 4 * D), seq_lens=lens, scale=1.0, tile_tokens=tile)
+    args.update(change)
+    kc, vc = [c.clone().float() for c in old]
+    rope = sg.RopeKV(qw.float(), kw.float(), cos, sin, pos, slots, pt, kc, vc, 4, 2, eps)
+    x1 = torch.randn(1, 64)
+    try:
+        sg.skinny_gemm_qkv_rope(x1, torch.randn(8 * D, 64), ws, sg.TileConfig(16, 64, 1), rope,
+                                attend=sg.AttendTail(**args))
+    except ValueError as exc:
+        print("refused:", exc)
+    else:
+        raise AssertionError(f"accepted {change}")
+print("ok", len(cases))
+"""
+
+
+def test_attention_in_the_qkv_tail_matches_float64_and_leaves_the_rest_unchanged():
+    """`skinny_gemm_qkv_rope(..., attend=AttendTail(...))`: the last program of each kv head's
+    group attends it, in the interpreter, equal to the float64 decode attention over each row's
+    first tile of tokens (a row past the tile is cut there), with q, K and V bit-identical to
+    the launch without it and every counter back at zero; a bad output, tile or group is
+    refused with a one-line error."""
+    res = run_in_triton_interpreter(_ATTEND_CHECK)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "ok 4" in res.stdout
+    refusals = [line for line in res.stdout.splitlines() if line.startswith("refused:")]
+    assert len(refusals) == 3
+    assert "attention output (1, 129)" in refusals[0]
+    assert "tile of 24 tokens" in refusals[1] and "tile of 2 tokens" in refusals[2]
+
+
 def test_fold_norm_weight_scales_columns_in_float32():
     w = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], dtype=torch.bfloat16)
     sg.fold_norm_weight(w, torch.tensor([0.5, 1.0, 2.0], dtype=torch.bfloat16))

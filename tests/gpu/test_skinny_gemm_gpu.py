@@ -312,6 +312,70 @@ def test_qkv_rope_epilogue_matches_the_two_launches_and_replays_identically(hidd
     assert int(ws.counters.abs().sum()) == 0
 
 
+@pytest.mark.parametrize("hidden, nq, nkv, m, tile", [
+    (2560, 32, 8, 1, (64, 128, 1, 4, 4, True)),   # Qwen3-4B (group 4), the 8-row rope tile
+    (2560, 32, 8, 1, (64, 128, 2, 4, 4, True)),   # split-K: the fix-up program attends
+    (2560, 32, 8, 3, (64, 128, 1, 8, 4, True)),
+    (1024, 16, 8, 1, (64, 128, 1, 4, 4, False)),  # Qwen3-0.6B (group 2), pointer tiles
+])
+def test_attention_in_the_qkv_tail_matches_float64_and_replays_identically(hidden, nq, nkv, m,
+                                                                           tile):
+    """`skinny_gemm_qkv_rope(..., attend=...)` at real layer shapes, 128-token tile, pages of
+    16, PDL on where supported: the attention output against float64 over each row's first
+    128 tokens of the launch's own q, K and V (one row past the tile), q/K/V bit-identical to
+    the launch without the tail, bit-identical across a CUDA graph's replays, counters at zero."""
+    from engine.kernels import skinny_gemm as sg
+    from engine.kernels.decode_attention import paged_decode_attention_reference
+
+    torch.manual_seed(m + nq)
+    d, page, eps, tokens = 128, 16, 1e-6, 128
+    cfg = sg.TileConfig(*tile[:5], tma=tile[5])
+    dev = dict(dtype=torch.bfloat16, device="cuda")
+    ws = sg.Workspace("cuda", (nq + 2 * nkv) * d, 16, 256)
+    w_qkv = torch.randn((nq + 2 * nkv) * d, hidden, **dev) / hidden ** 0.5
+    qw, kw = 1 + 0.1 * torch.randn(2, d, **dev)
+    angles = torch.outer(torch.arange(4096, device="cuda").float(),
+                         1e-6 ** (torch.arange(0, d, 2, device="cuda").float() / d)).repeat(1, 2)
+    cos, sin = angles.cos().contiguous(), angles.sin().contiguous()
+    x = torch.randn(m, hidden, **dev)
+    pos = torch.tensor([127, 40, 300][:m], device="cuda")  # at 3 rows, one past the tile
+    slots = torch.randperm(m, device="cuda").to(torch.int32)
+    pt = torch.randperm(m * 32, device="cuda").to(torch.int32).view(m, 32)
+    lens = torch.zeros(m, dtype=torch.int32, device="cuda")
+    lens[slots.long()] = (pos + 1).to(torch.int32)
+    old = [torch.randn(m * 32 + 1, page, nkv, d, **dev) for _ in range(2)]
+    k1, v1 = [c.clone() for c in old]
+    q1 = sg.skinny_gemm_qkv_rope(x, w_qkv, ws, cfg,
+                                 sg.RopeKV(qw, kw, cos, sin, pos, slots, pt, k1, v1, nq, nkv, eps))
+    k2, v2 = [c.clone() for c in old]
+    o = torch.full((m, nq * d), float("nan"), **dev)
+    rope = sg.RopeKV(qw, kw, cos, sin, pos, slots, pt, k2, v2, nq, nkv, eps)
+    tail = sg.AttendTail(o, lens, d ** -0.5, tokens)
+
+    def launch():
+        return sg.skinny_gemm_qkv_rope(x, w_qkv, ws, cfg, rope, attend=tail)
+
+    q2 = launch()
+    torch.cuda.synchronize()
+    assert torch.equal(q2, q1) and torch.equal(k2, k1) and torch.equal(v2, v1)
+    want = paged_decode_attention_reference(q1, k1, v1, pt, lens.clamp(max=tokens), slots,
+                                            d ** -0.5).reshape(m, nq * d)
+    err = ((o.double().cpu() - want).norm() / want.norm()).item()
+    assert err < 1e-2, err
+    eager = o.clone()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        launch()
+    for _ in range(2):
+        o.fill_(float("nan"))
+        k2.copy_(old[0])
+        v2.copy_(old[1])
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(o, eager)
+    assert int(ws.counters.abs().sum()) == 0 and int(ws.group_counters.abs().sum()) == 0
+
+
 @pytest.mark.parametrize("n, k, swiglu, m, cfg", [
     (19456, 2560, True, 64, (32, 64, 1, 4)),
     (6144, 2560, False, 33, (64, 128, 1, 5)),
