@@ -18,7 +18,8 @@ graph a run with graphs on and one with graphs off differ in rounding:
   q/k norm + RoPE + KV write in the QKV GEMM's epilogue (`skinny_gemm.skinny_gemm_qkv_rope`);
   4 on the short path (`protocol.keys.SHORT`: a decode step whose every row's context fits
   one tile, `StepContext.short`) where the plan has that epilogue, attention and o_proj
-  being one launch (`engine.kernels.attention_oproj`; `fuses_attention_oproj`).
+  being one launch (`engine.kernels.attention_oproj`; `fuses_attention_oproj`), or, where
+  the plan says `attend`, the QKV launch attending in its tail (`skinny_gemm.AttendTail`).
   The tiles are the step-tuned plan's where `engine/layers/fused_plans.json` has one.
   o_proj and down_proj add their output into the residual in their epilogue and leave each row's sum of squares in the GEMM workspace; QKV
   and gate_up read the residual itself and scale each output row by 1 / rms, their weights
@@ -137,10 +138,13 @@ class Qwen3DecoderLayer(nn.Module):
         if stats is None:
             x, _ = self.input_layernorm.add_forward(residual, None)
         rope = attn.rope_kv(positions, ctx) if plan.rope else None
+        short = ctx.short is not None and ctx.short.workspace is not None and not ctx.prefill
+        tail = attn.tail_attention(x.shape[0], ctx) if short and plan.attend else None
         qkv = attn.qkv_proj(x, tile=plan.qkv, row_stats=stats, eps=self.input_layernorm.eps,
-                            rope=rope)
-        if (ctx.short is not None and ctx.short.workspace is not None and not ctx.prefill
-                and fuses_attention_oproj(plan, x.shape[0])):
+                            rope=rope, attend=tail)
+        if tail is not None:
+            stats = attn.o_proj(tail.out, residual=residual, tile=plan.o_proj)
+        elif short and fuses_attention_oproj(plan, x.shape[0]):
             stats = attn.attend_project(qkv, residual, attn.o_proj.gemm.workspace, ctx)
         else:
             o = (attn.attend_rotated(qkv, ctx) if plan.rope
@@ -154,12 +158,13 @@ class Qwen3DecoderLayer(nn.Module):
 def fuses_attention_oproj(plan: FusedLayerPlan, rows: int) -> bool:
     """Whether the short path's fused layer form (`plan`) at `rows` rows runs attention and
     o_proj as one launch: where the plan puts the q/k norm + RoPE + KV write in the QKV GEMM
-    (`FusedLayerPlan.rope`; the fused kernel takes q already rotated) and the rows fit
+    (`FusedLayerPlan.rope`; the fused kernel takes q already rotated), does not attend in
+    that launch's tail instead (`FusedLayerPlan.attend`), and the rows fit
     `attention_oproj.MAX_ROWS`. Elsewhere a short-path graph runs the same kernels as the
-    `DECODE` graph of its bucket. Behind a separate q/k norm launch the fused kernel was
+    `DECODE` graph of its bucket, or with `attend` the QKV launch attends. Behind a separate q/k norm launch the fused kernel was
     slower: Qwen3-4B at one row, context 128, 2.839 ms against 2.546 with the short path off
     (H200, 2026-12-03, docs/benchmarks.md)."""
-    return plan.rope and rows <= attention_oproj.MAX_ROWS
+    return plan.rope and not plan.attend and rows <= attention_oproj.MAX_ROWS
 
 
 class Qwen3ForCausalLM(nn.Module):
@@ -216,6 +221,12 @@ class Qwen3ForCausalLM(nn.Module):
         runs unfused)."""
         plan = self.fused_plan(rows)
         return plan is not None and fuses_attention_oproj(plan, rows)
+
+    def attends_in_qkv_tail(self, rows: int) -> bool:
+        """Whether a short-path step of `rows` rows attends in the QKV launch's tail
+        (`FusedLayerPlan.attend` of the fused plan at that row count)."""
+        plan = self.fused_plan(rows)
+        return plan is not None and plan.attend
 
     def set_fused_plan(self, rows: int, plan: FusedLayerPlan) -> None:
         """Run the fused layer form at `rows` rows with `plan`'s tiles from the next forward

@@ -7,9 +7,9 @@ Needs a GPU and a model directory (`python3 -m lockstep make-model --preset qwen
 OUT.json`. Each variant is timed by `engine.bench.step_tune.StepTimer` (graph replay of the
 step the controller replays at one row and context 128: the short path; median of 100
 replays), which also checks each variant's eager logits against the first variant's and its
-graph replay against its eager step. The fused layer's forward is patched here so that, on
-the short path, the QKV launch with the rope epilogue also attends (`attend=`) and o_proj
-reads its output: 4 launches a layer. Variants: the shipped plan; the rope epilogue alone in
+graph replay against its eager step. A plan with `attend` (`FusedLayerPlan.attend`) runs,
+on the short path, the QKV launch with the rope epilogue attending in its tail and o_proj
+reading its output: 4 launches a layer. Variants: the shipped plan; the rope epilogue alone in
 each QKV tile (attention and o_proj as the plan runs them, the fused attention + o_proj off);
 the same tiles attending in the tail.
 """
@@ -18,63 +18,33 @@ import dataclasses
 import json
 import sys
 
-import torch
-
 import engine.model as model_mod
 from engine.bench.step_tune import StepTimer
-from engine.kernels import skinny_gemm as sg
 from engine.kernels.skinny_gemm import TileConfig
 
 TILES = [TileConfig(64, 128, 1, 4, 4, tma=True), TileConfig(64, 128, 1, 4, 5, tma=True),
          TileConfig(64, 128, 2, 4, 4, tma=True), TileConfig(64, 128, 1, 8, 4, tma=True),
-         TileConfig(64, 128, 4, 4, 4, tma=True), TileConfig(64, 128, 1, 4, 4),
-         TileConfig(64, 256, 1, 4, 2, tma=True)]
+         TileConfig(64, 128, 1, 4, 4)]
 """QKV tiles of half a head (D = 128): the 2-8-row plan's 4-stage TMA tile first."""
-
-MODE = {"attend": False}
-
-
-def forward_fused(self, positions, residual, stats, ctx, plan):
-    """`Qwen3DecoderLayer.forward_fused`, with the QKV tail's attention where MODE asks."""
-    if not (MODE["attend"] and plan.rope and ctx.short is not None and not ctx.prefill):
-        return ORIGINAL(self, positions, residual, stats, ctx, plan)
-    attn, mlp = self.self_attn, self.mlp
-    x = residual
-    if stats is None:
-        x, _ = self.input_layernorm.add_forward(residual, None)
-    o = torch.empty(x.shape[0], attn.nq * attn.d, dtype=x.dtype, device=x.device)
-    tail = sg.AttendTail(o, ctx.kv.seq_lens, attn.scale, ctx.short.tokens)
-    sg.skinny_gemm_qkv_rope(x, attn.qkv_proj.weight, attn.qkv_proj.gemm.workspace, plan.qkv,
-                            attn.rope_kv(positions, ctx), row_stats=stats,
-                            eps=self.input_layernorm.eps, attend=tail)
-    stats = attn.o_proj(o, residual=residual, tile=plan.o_proj)
-    act = mlp.gate_up_proj(residual, swiglu=True, tile=plan.gate_up, row_stats=stats,
-                           eps=self.post_attention_layernorm.eps)
-    return mlp.down_proj(act, residual=residual, tile=plan.down)
-
-
-ORIGINAL = model_mod.Qwen3DecoderLayer.forward_fused
 
 
 def main(model_dir: str, out: str) -> None:
-    model_mod.Qwen3DecoderLayer.forward_fused = forward_fused
     fused = model_mod.fuses_attention_oproj
     timer = StepTimer(model_dir, [1], 128, 100, 10, TILES)
     start = timer.start_plan(1)
-    variants = {"plan": (start, False, True)}
+    variants = {"plan": (start, True)}
     for tile in TILES:
         name = (f"{tile.block_n}x{tile.block_k} s{tile.split_k} w{tile.num_warps} "
                 f"st{tile.num_stages}" + (" tma" if tile.tma else ""))
         rope_plan = dataclasses.replace(start, qkv=tile, rope=True)
-        variants[f"rope {name}"] = (rope_plan, False, False)
-        variants[f"rope + attend {name}"] = (rope_plan, True, False)
+        variants[f"rope {name}"] = (rope_plan, False)
+        variants[f"rope + attend {name}"] = (dataclasses.replace(rope_plan, attend=True), False)
     times = {name: [] for name in variants}
     errors = {}
     for _ in range(2):
-        for name, (plan, attend, oproj) in variants.items():
+        for name, (plan, oproj) in variants.items():
             if name in errors:
                 continue
-            MODE["attend"] = attend
             model_mod.fuses_attention_oproj = fused if oproj else (lambda plan, rows: False)
             try:
                 times[name].append(timer.time(1, plan))

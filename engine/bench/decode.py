@@ -278,6 +278,7 @@ def measure_rank(rank: int, world_size: int, opts, model_dir: str) -> dict:
                 point["graph"] = str(graph_key)
                 if graph_key.path == SHORT:
                     point["short_fused"] = ex.model.fuses_short_path(bucket)
+                    point["short_tail"] = ex.model.attends_in_qkv_tail(bucket)
                 ex.prepare_replay(steps[0])
                 ex._step = None
                 eager_logits = ex.decode_forward(

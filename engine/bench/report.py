@@ -66,7 +66,7 @@ def build_document(opts, ranks: list[dict], hf: list[dict], command: str) -> dic
                     row[f"{mode}_x_roofline"] = p[mode]["median_ms"] / row["roofline_ms"]
         if "graphs" in p and "eager" in p:
             row["graphs_over_eager"] = p["graphs"]["median_ms"] / p["eager"]["median_ms"]
-        for k in ("graph", "short_fused", "graph_vs_eager_max_abs", "logits_finite", "allreduce", "profile"):
+        for k in ("graph", "short_fused", "short_tail", "graph_vs_eager_max_abs", "logits_finite", "allreduce", "profile"):
             if k in p:
                 row[k] = p[k]
         h = hf_by.get((p["batch"], p["context"]))
@@ -127,9 +127,14 @@ def format_table(doc: dict) -> str:
     if doc.get("graph_source"):
         lines.append(f"graphs: {doc['graph_source']}")
     short = [r for r in doc["rows"] if (r.get("graph") or "").startswith(SHORT + "@")]
-    for fused, how in ((True, "attention fused into o_proj"),
-                       (False, "no rope epilogue or unfused: the decode path's kernels")):
-        rows = [r for r in short if r.get("short_fused", False) is fused]
+    def short_form(r):
+        return ("fused" if r.get("short_fused", False)
+                else "tail" if r.get("short_tail", False) else "decode")
+
+    for form, how in (("fused", "attention fused into o_proj"),
+                      ("tail", "attention in the QKV launch's tail"),
+                      ("decode", "no rope epilogue or unfused: the decode path's kernels")):
+        rows = [r for r in short if short_form(r) == form]
         if rows:
             lines.append(f"short path ({how}) replayed at: " + ", ".join(
                 f"batch {r['batch']} ctx {r['context']}" for r in rows))

@@ -44,6 +44,7 @@ from engine.layers.linear import (FUSED_PLANS_PATH, ROLES, DecodeGemm, FusedLaye
 from engine.presets import PRESETS
 from engine.seeds import derived_seed
 from lockstep.cli import OneLineParser
+from protocol.keys import SHORT
 
 SWEEP_JSON = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), "docs", "benchmarks-gemm-sweep-h200.json")
@@ -94,6 +95,16 @@ def sweep_options(results: list[dict], shapes, rows: int, top: int
     return out
 
 
+def with_tail_attention(options: dict) -> dict:
+    """`options` with each rope QKV tile also tried attending in its tail (attend=True, the
+    short path's 4-launch form of `FusedLayerPlan.attend`), after the tile without it: for a
+    row count whose graph is the short path's."""
+    qkv = []
+    for tile, rope, *_ in options.get("qkv", ()):
+        qkv += [(tile, rope, False)] + ([(tile, True, True)] if rope else [])
+    return {**options, "qkv": qkv}
+
+
 @dataclasses.dataclass(frozen=True)
 class Trial:
     """One timed plan: the GEMM it changed ("start" for the starting plan), the plan, its step
@@ -109,7 +120,8 @@ def descend(start: FusedLayerPlan, options: dict, time_plan) -> tuple[FusedLayer
     """One pass of coordinate descent over the GEMMs in `ROLES` order.
 
     Args:
-        start: the first plan. options: `sweep_options`' {role: [(tile, rope)]}.
+        start: the first plan. options: `sweep_options`' {role: [(tile, rope)]}; a qkv
+            option may carry a third item, attend (`with_tail_attention`).
         time_plan: plan -> step median in ms; raises (ValueError, RuntimeError) for a plan
             that cannot run or computes wrong logits.
     Returns:
@@ -120,8 +132,9 @@ def descend(start: FusedLayerPlan, options: dict, time_plan) -> tuple[FusedLayer
     best, best_ms = start, time_plan(start)
     trials = [Trial("start", start, best_ms)]
     for role in ROLES:
-        for tile, rope in options.get(role, ()):
-            changes = {role: tile, **({"rope": rope} if role == "qkv" else {})}
+        for tile, rope, *attend in options.get(role, ()):
+            changes = {role: tile, **({"rope": rope, "attend": bool(attend and attend[0])}
+                                      if role == "qkv" else {})}
             plan = dataclasses.replace(best, **changes)
             if plan == best or any(t.plan == plan for t in trials):
                 continue
@@ -253,7 +266,6 @@ class StepTimer:
 
         from engine.bench.decode import bench_worker, time_steps
         from engine.executor import PhaseTimer
-        from protocol.keys import SHORT
 
         ex, key = self.ex, self.key(bucket)
         self.model.set_fused_plan(bucket, plan)
@@ -312,8 +324,10 @@ def tune(timer: StepTimer, results: list[dict], rows: list[int], top: int, log) 
         start = timer.start_plan(m)
         if start is None:
             raise ValueError(f"the layer runs unfused at {m} rows; nothing to tune there")
-        best, trials = descend(start, sweep_options(results, shapes, m, top),
-                               lambda p, m=m: timer.time(m, p))
+        options = sweep_options(results, shapes, m, top)
+        if timer.key(m).path == SHORT:
+            options = with_tail_attention(options)
+        best, trials = descend(start, options, lambda p, m=m: timer.time(m, p))
         pairs = [(timer.time(m, start), timer.time(m, best)) for _ in range(CONFIRM_ROUNDS)]
         again_start = sum(a for a, _ in pairs) / len(pairs)
         again_best = sum(b for _, b in pairs) / len(pairs)

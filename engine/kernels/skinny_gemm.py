@@ -10,7 +10,8 @@ in a fixed order (a serial fix-up: deterministic, no second launch). An optional
 epilogue computes silu(gate) * up of a fused [gate | up] weight in the same launch, so the
 MLP's activation costs no launch of its own; the same pairing of two accumulators gives a QKV
 launch whose programs each hold one head's two rotate-half halves and do the q/k RMSNorm, RoPE
-and KV-cache write in the epilogue (`skinny_gemm_qkv_rope`). At 1-8 rows a tile may instead
+and KV-cache write in the epilogue (`skinny_gemm_qkv_rope`), and on the short path may also
+attend in its tail (`AttendTail`). At 1-8 rows a tile may instead
 do its products as multiply-adds on the CUDA cores (`TileConfig.gemv`): no 16-row padding, and
 tiles narrower than a tensor-core tile, so a small weight spreads over more programs without a
 K split.

@@ -137,6 +137,13 @@ class Qwen3Attention(nn.Module):
             self.scale, self.o_proj.weight, residual, ctx.short.workspace, gemm_workspace,
             ctx.short.tokens)
 
+    def tail_attention(self, rows: int, ctx: StepContext) -> "skinny_gemm.AttendTail":
+        """The short path's attention in the QKV launch's tail (`skinny_gemm.AttendTail`):
+        a new [rows, nq * head_dim] output, every row's context within `ctx.short.tokens`."""
+        out = torch.empty(rows, self.nq * self.d, dtype=self.q_norm.weight.dtype,
+                          device=self.q_norm.weight.device)
+        return skinny_gemm.AttendTail(out, ctx.kv.seq_lens, self.scale, ctx.short.tokens)
+
     def attend_rotated(self, q: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         """q: [T, nq, head_dim] normalised and rotated, this step's K and V already in the
         cache -> [T, nq * head_dim], the attention output before o_proj."""

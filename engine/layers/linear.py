@@ -122,11 +122,12 @@ class DecodeGemm:
 
     def qkv_rope(self, x: torch.Tensor, w: torch.Tensor, config: "skinny_gemm.TileConfig",
                  rope: "skinny_gemm.RopeKV", stats: "skinny_gemm.RowStats | None",
-                 eps: float) -> torch.Tensor:
+                 eps: float, attend: "skinny_gemm.AttendTail | None" = None) -> torch.Tensor:
         """q [T, nq, D] of the QKV projection with the q/k norm + RoPE + KV write in its
-        epilogue (`skinny_gemm.skinny_gemm_qkv_rope`); `stats` None: x is already normalised."""
+        epilogue (`skinny_gemm.skinny_gemm_qkv_rope`); `stats` None: x is already normalised;
+        with `attend`, the attention in the launch's tail too."""
         return skinny_gemm.skinny_gemm_qkv_rope(x, w, self.workspace, config, rope,
-                                                row_stats=stats, eps=eps)
+                                                row_stats=stats, eps=eps, attend=attend)
 
     def tile(self, x: torch.Tensor, w: torch.Tensor, config: "skinny_gemm.TileConfig",
              swiglu: bool = False) -> torch.Tensor:
@@ -165,13 +166,26 @@ class LayerShapes:
 class FusedLayerPlan:
     """The skinny tile of each GEMM of a fused decoder layer at one row count; with `rope`,
     qkv is a `skinny_gemm.skinny_gemm_qkv_rope` tile (the q/k norm + RoPE + KV write in the
-    QKV GEMM's epilogue: 5 launches per layer instead of 6)."""
+    QKV GEMM's epilogue: 5 launches per layer instead of 6). On the short path
+    (`protocol.keys.SHORT`) a rope plan runs attention and o_proj as one launch
+    (`engine.kernels.attention_oproj`), or with `attend` (rope only) attends in the QKV
+    launch's tail (`skinny_gemm.AttendTail`): 4 launches either way.
+
+    Raises:
+        ValueError: `attend` without `rope`.
+    """
 
     qkv: "skinny_gemm.TileConfig"
     o_proj: "skinny_gemm.TileConfig"
     gate_up: "skinny_gemm.TileConfig"
     down: "skinny_gemm.TileConfig"
     rope: bool = False
+    attend: bool = False
+
+    def __post_init__(self):
+        if self.attend and not self.rope:
+            raise ValueError("plan attend true with rope false: the QKV launch attends in "
+                             "the tail of its rope epilogue")
 
 
 ROLES = ("qkv", "o_proj", "gate_up", "down")
@@ -189,8 +203,12 @@ FUSED_PLANS_PATH = os.path.join(os.path.dirname(__file__), "fused_plans.json")
 
 
 def plan_to_json(plan: FusedLayerPlan) -> dict:
-    """{"qkv": tile fields, ..., "rope": bool}: the form `load_fused_plans` reads."""
-    return {**{r: dataclasses.asdict(getattr(plan, r)) for r in ROLES}, "rope": plan.rope}
+    """{"qkv": tile fields, ..., "rope": bool} and "attend": true where set: the form
+    `load_fused_plans` reads (plans written before `attend` existed read as attend false)."""
+    out = {**{r: dataclasses.asdict(getattr(plan, r)) for r in ROLES}, "rope": plan.rope}
+    if plan.attend:
+        out["attend"] = True
+    return out
 
 
 def load_fused_plans(path: str = FUSED_PLANS_PATH) -> dict[str, dict[int, FusedLayerPlan]]:
@@ -236,27 +254,28 @@ def plan_from_json(p) -> FusedLayerPlan:
 
     Raises:
         ValueError: naming what is wrong: not an object, a field unknown or missing, a rope
-            that is not true or false, or the role and its tile's fault
-            (`skinny_gemm.tile_from_json`).
+            or attend that is not true or false, attend without rope, or the role and its
+            tile's fault (`skinny_gemm.tile_from_json`).
     """
     fields = (*ROLES, "rope")
     if not isinstance(p, dict):
         raise ValueError(f"plan {one_line_repr(p, 60)} is not an object of {', '.join(fields)}")
-    unknown = sorted(map(str, set(p) - set(fields)))
+    unknown = sorted(map(str, set(p) - set(fields) - {"attend"}))
     missing = [f for f in fields if f not in p]
     if unknown or missing:
         raise ValueError(f"plan field(s) {', '.join(map(repr, unknown or missing))} "
                          f"{'unknown' if unknown else 'missing'}; a plan has "
-                         f"{', '.join(fields)}")
-    if not isinstance(p["rope"], bool):
-        raise ValueError(f"rope {p['rope']!r} is not true or false")
+                         f"{', '.join(fields)} (and optionally attend)")
+    for flag in ("rope", "attend"):
+        if not isinstance(p.get(flag, False), bool):
+            raise ValueError(f"{flag} {p[flag]!r} is not true or false")
     tiles = []
     for role in ROLES:
         try:
             tiles.append(skinny_gemm.tile_from_json(p[role]))
         except ValueError as exc:
             raise ValueError(f"{role}: {exc}") from None
-    return FusedLayerPlan(*tiles, rope=p["rope"])
+    return FusedLayerPlan(*tiles, rope=p["rope"], attend=p.get("attend", False))
 
 
 def check_layer_key(key) -> str:
@@ -312,7 +331,8 @@ class ColumnParallelLinear(nn.Module):
     def forward(self, x: torch.Tensor, swiglu: bool = False,
                 tile: "skinny_gemm.TileConfig | None" = None,
                 row_stats: "skinny_gemm.RowStats | None" = None, eps: float = 0.0,
-                rope: "skinny_gemm.RopeKV | None" = None) -> torch.Tensor:
+                rope: "skinny_gemm.RopeKV | None" = None,
+                attend: "skinny_gemm.AttendTail | None" = None) -> torch.Tensor:
         """x: [T, in] -> [T, sum(out_parts)], same dtype; with swiglu (two fused parts
         [gate | up]) -> [T, out_parts[0]] = silu(gate) * up.
 
@@ -320,9 +340,9 @@ class ColumnParallelLinear(nn.Module):
         passes the un-normalised residual as x: the output is RMSNorm(x) @ W^T over the
         norm-folded weight (`DecodeGemm.normed`). With `rope` (a QKV weight, a
         `FusedLayerPlan.rope` tile) it returns q [T, nq, D] and writes K and V into the
-        cache (`DecodeGemm.qkv_rope`)."""
+        cache (`DecodeGemm.qkv_rope`), and with `attend` also attends in its tail."""
         if rope is not None:
-            return self.gemm.qkv_rope(x, self.weight, tile, rope, row_stats, eps)
+            return self.gemm.qkv_rope(x, self.weight, tile, rope, row_stats, eps, attend)
         if tile is not None:
             if row_stats is not None:
                 return self.gemm.normed(x, self.weight, tile, row_stats, eps, swiglu)

@@ -176,12 +176,15 @@ def test_report_names_the_points_that_replayed_the_short_path():
     rank["points"][0].update(graph="decode-short@1", short_fused=True)
     rank["points"].append(dict(rank["points"][0], batch=8, bucket=8, graph="decode@8"))
     rank["points"].append(dict(rank["points"][0], context=64, short_fused=False))
+    rank["points"].append(dict(rank["points"][0], context=32, short_fused=False,
+                               short_tail=True))
     table = format_table(build_document(BenchOptions(preset="qwen3-4b"), [rank], [], "b"))
     assert "captured 37 graphs of 36 buckets" in table
     lines = table.splitlines()
     assert "short path (attention fused into o_proj) replayed at: batch 1 ctx 128" in lines
     assert ("short path (no rope epilogue or unfused: the decode path's kernels) "
             "replayed at: batch 1 ctx 64") in lines
+    assert "short path (attention in the QKV launch's tail) replayed at: batch 1 ctx 32" in lines
 
 
 def test_report_warns_when_graph_logits_differ():

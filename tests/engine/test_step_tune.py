@@ -42,6 +42,39 @@ def test_descend_keeps_only_swaps_that_beat_the_current_plan_by_the_margin():
         step_tune.descend(FusedLayerPlan(A, A, A, D), options, time_plan)
 
 
+def test_the_short_path_also_tries_each_rope_tile_attending_in_its_tail():
+    """`with_tail_attention` adds, after each rope QKV tile, the same tile with attend; descend
+    keeps it where the step gains by the margin, and a plan never attends without rope."""
+    options = {"qkv": [(A, False), (B, True)], "o_proj": [(B, False)]}
+    tail = step_tune.with_tail_attention(options)
+    assert tail["qkv"] == [(A, False, False), (B, True, False), (B, True, True)]
+    assert tail["o_proj"] == options["o_proj"]
+
+    def time_plan(plan):
+        return 1.0 - 0.02 * plan.rope - 0.03 * plan.attend
+
+    best, trials = step_tune.descend(FusedLayerPlan(A, A, A, A), tail, time_plan)
+    assert best == FusedLayerPlan(B, A, A, A, rope=True, attend=True)
+    assert [t.plan.attend for t in trials if t.role == "qkv"] == [False, True]
+    best, _ = step_tune.descend(FusedLayerPlan(A, A, A, A), tail,
+                                lambda plan: 1.0 - 0.02 * plan.rope + 0.03 * plan.attend)
+    assert best == FusedLayerPlan(B, A, A, A, rope=True)
+    with pytest.raises(ValueError, match="attend true with rope false"):
+        FusedLayerPlan(A, A, A, A, attend=True)
+
+
+def test_a_plan_that_attends_round_trips_and_an_older_plan_reads_as_not_attending():
+    plan = FusedLayerPlan(B, A, C, A, rope=True, attend=True)
+    assert linear.plan_from_json(linear.plan_to_json(plan)) == plan
+    older = linear.plan_to_json(FusedLayerPlan(B, A, C, A, rope=True))
+    assert "attend" not in older and linear.plan_from_json(older).attend is False
+    for bad, message in ((dict(older, attend=1), "attend 1 is not true or false"),
+                         (dict(older, rope=False, attend=True), "attend true with rope false"),
+                         (dict(older, attends=True), "'attends' unknown")):
+        with pytest.raises(ValueError, match=message):
+            linear.plan_from_json(bad)
+
+
 def _sweep():
     def shape(n, k, swiglu, rope=False, tiles=()):
         best = min(tiles, key=lambda t: t[1], default=None)

@@ -23,8 +23,15 @@ def qwen06_dir(tmp_path_factory):
 
 
 @pytest.mark.timeout(600)
-def test_short_path_across_the_tile_boundary_matches_hf_and_replays_bit_identically(qwen06_dir):
+@pytest.mark.parametrize("tail", [False, True], ids=["attention+o_proj", "qkv-tail"])
+def test_short_path_across_the_tile_boundary_matches_hf_and_replays_bit_identically(
+        qwen06_dir, tail, monkeypatch):
+    """`tail`: the 1-row plan attends in the QKV launch's tail (`FusedLayerPlan.attend`)
+    instead of fusing attention into o_proj."""
+    import dataclasses
+
     from engine.engine_config import SHORT_DECODE_TOKENS
+    from engine.layers.linear import DecodeGemm
     from engine.llm import LLM
     from engine.sampling import SamplingParams
     from engine.testing import hf_cuda_logits
@@ -33,12 +40,21 @@ def test_short_path_across_the_tile_boundary_matches_hf_and_replays_bit_identica
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, 151936, (SHORT_DECODE_TOKENS - 20,), generator=g).tolist()
     n = 40  # decode contexts SHORT_DECODE_TOKENS - 19 .. + 19
+    if tail:
+        shipped = DecodeGemm.fused_layer_plan
+
+        def attending(self, shapes, rows):
+            plan = shipped(self, shapes, rows)
+            return dataclasses.replace(plan, attend=True) if rows == 1 and plan.rope else plan
+
+        monkeypatch.setattr(DecodeGemm, "fused_layer_plan", attending)
     with LLM(qwen06_dir, device="cuda", max_batch=4, max_model_len=512,
              record_trace=True) as llm:
         assert llm.config.short_context == SHORT_DECODE_TOKENS
         ex = llm.ranks.executor
         assert GraphKey(1, SHORT) in ex.graphs.keys and GraphKey(2, SHORT) not in ex.graphs.keys
-        assert ex.model.fuses_short_path(1)
+        assert ex.model.fuses_short_path(1) != tail
+        assert ex.model.fused_plan(1).attend == tail
         before = sum(1 for e in llm.trace if e.kind == "op" and e.what == "launch")
         out, = llm.generate([prompt], SamplingParams(max_tokens=n, temperature=0,
                                                       ignore_eos=True, return_logits=True))
