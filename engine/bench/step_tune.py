@@ -68,8 +68,18 @@ repeats part of the sum differs by the order of the logits themselves. The kerne
 correctness is the tests' (float64 oracles)."""
 
 
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """One candidate of a GEMM for `descend`: its tile, and for the QKV GEMM whether the plan
+    then has the rope epilogue (`FusedLayerPlan.rope`) and attends in its tail (`attend`)."""
+
+    tile: TileConfig
+    rope: bool = False
+    attend: bool = False
+
+
 def sweep_options(results: list[dict], shapes, rows: int, top: int
-                  ) -> dict[str, list[tuple[TileConfig, bool]]]:
+                  ) -> dict[str, list[Option]]:
     """Each GEMM's candidate tiles at `rows` from sweep results (`gemm_sweep --json`'s
     "results"): the `top` fastest the sweep timed at that row count, by shape; for "qkv" also
     the `top` fastest of the rope epilogue's sweep, with rope=True. A shape or row count the
@@ -78,7 +88,7 @@ def sweep_options(results: list[dict], shapes, rows: int, top: int
     Args:
         shapes: the layer's `engine.layers.linear.LayerShapes`.
     Returns:
-        {role: [(tile, rope), ...]} in sweep order (fastest first).
+        {role: [Option, ...]} in sweep order (fastest first).
     """
     def fastest(n, k, swiglu, rope):
         for r in results:
@@ -90,8 +100,8 @@ def sweep_options(results: list[dict], shapes, rows: int, top: int
                 return [TileConfig(**t["config"]) for t in timed[:top]]
         return []
 
-    out = {role: [(t, False) for t in fastest(*getattr(shapes, role), False)] for role in ROLES}
-    out["qkv"] += [(t, True) for t in fastest(*shapes.qkv, True)]
+    out = {role: [Option(t) for t in fastest(*getattr(shapes, role), False)] for role in ROLES}
+    out["qkv"] += [Option(t, rope=True) for t in fastest(*shapes.qkv, True)]
     return out
 
 
@@ -100,8 +110,8 @@ def with_tail_attention(options: dict) -> dict:
     short path's 4-launch form of `FusedLayerPlan.attend`), after the tile without it: for a
     row count whose graph is the short path's."""
     qkv = []
-    for tile, rope, *_ in options.get("qkv", ()):
-        qkv += [(tile, rope, False)] + ([(tile, True, True)] if rope else [])
+    for option in options.get("qkv", ()):
+        qkv += [option] + ([dataclasses.replace(option, attend=True)] if option.rope else [])
     return {**options, "qkv": qkv}
 
 
@@ -120,8 +130,8 @@ def descend(start: FusedLayerPlan, options: dict, time_plan) -> tuple[FusedLayer
     """One pass of coordinate descent over the GEMMs in `ROLES` order.
 
     Args:
-        start: the first plan. options: `sweep_options`' {role: [(tile, rope)]}; a qkv
-            option may carry a third item, attend (`with_tail_attention`).
+        start: the first plan. options: `sweep_options`' {role: [Option]} (the QKV
+            GEMM's with attend, `with_tail_attention`).
         time_plan: plan -> step median in ms; raises (ValueError, RuntimeError) for a plan
             that cannot run or computes wrong logits.
     Returns:
@@ -132,9 +142,9 @@ def descend(start: FusedLayerPlan, options: dict, time_plan) -> tuple[FusedLayer
     best, best_ms = start, time_plan(start)
     trials = [Trial("start", start, best_ms)]
     for role in ROLES:
-        for tile, rope, *attend in options.get(role, ()):
-            changes = {role: tile, **({"rope": rope, "attend": bool(attend and attend[0])}
-                                      if role == "qkv" else {})}
+        for option in options.get(role, ()):
+            changes = {role: option.tile, **({"rope": option.rope, "attend": option.attend}
+                                             if role == "qkv" else {})}
             plan = dataclasses.replace(best, **changes)
             if plan == best or any(t.plan == plan for t in trials):
                 continue

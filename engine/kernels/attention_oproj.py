@@ -92,7 +92,7 @@ def attention_oproj_reference(q, k_cache, v_cache, page_table, seq_lens, slot_id
 
 
 if triton is not None:
-    from engine.kernels.skinny_gemm import _dot, _skinny_epilogue
+    from engine.kernels.skinny_gemm import _dot, _one_tile_attention, _skinny_epilogue
 
     @triton.jit
     def _attn_oproj_kernel(q_ptr, k_ptr, v_ptr, pt_ptr, lens_ptr, slots_ptr, w_ptr, out_ptr,
@@ -147,19 +147,9 @@ if triton is not None:
                 + h * stride_kh + d[None, :])
         k = tl.load(k_ptr + base, mask=kmask[:, None], other=0.0)
         v = tl.load(v_ptr + base, mask=kmask[:, None], other=0.0)
-        if UPCAST:
-            qr = qr.to(tl.float32)
-            k = k.to(tl.float32)
-        s = _dot(qr, tl.trans(k), IEEE) * scale
-        s = tl.where(kmask[None, :], s, float("-inf"))
-        p = tl.exp(s - tl.max(s, 1)[:, None])
-        l = tl.sum(p, 1)
-        if UPCAST:
-            pv = _dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32), IEEE)
-        else:
-            pv = _dot(p.to(v.dtype), v, IEEE)
+        attended = _one_tile_attention(qr, k, v, kmask, scale, IEEE, UPCAST)
         # rounded as the unfused launch stores attention's output; padding heads zero
-        o = tl.where(gmask[:, None], pv / l[:, None], 0.0).to(out_ptr.dtype.element_ty)
+        o = tl.where(gmask[:, None], attended, 0.0).to(out_ptr.dtype.element_ty)
         if UPCAST:
             both = _dot(o.to(tl.float32), wg.to(tl.float32), IEEE)
         else:
@@ -209,12 +199,14 @@ def attention_oproj(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         residual: [B, hidden] in q's dtype, contiguous; overwritten.
         workspace: partials of `workspace.block_n` output features per program.
         gemm_workspace: the skinny GEMMs' workspace, whose statistics the next GEMM reads.
-        tile_tokens: tokens attended per row, a power of two of whole pages; a longer row is
-            attended over its first `tile_tokens` tokens only (module docstring).
+        tile_tokens: tokens attended per row, a power of two of at least 16 filled by whole
+            pages; a longer row is attended over its first `tile_tokens` tokens only (module
+            docstring).
     Raises:
         RuntimeError: Triton is not installed.
-        ValueError: more than MAX_ROWS rows, shapes that do not match, or a tile that is no
-            power of two of whole pages.
+        ValueError: more than MAX_ROWS rows, shapes that do not match, a tile that is no
+            power of two of at least 16 filled by whole pages
+            (`skinny_gemm.check_tile_tokens`), or K/V caches of two layouts.
     """
     if triton is None:
         raise RuntimeError("attention_oproj needs triton (pip install triton)")
@@ -228,11 +220,10 @@ def attention_oproj(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                          f"{tuple(residual.shape)}, {Hkv} kv heads for a workspace of "
                          f"{workspace.kv_heads} x {workspace.hidden}: expected B <= "
                          f"{MAX_ROWS}, w [hidden, Hq * D], residual [B, hidden]")
-    if (tile_tokens < P or tile_tokens % P or tile_tokens & (tile_tokens - 1)
-            or k_cache.stride(-1) != 1 or v_cache.stride() != k_cache.stride()):
-        raise ValueError(f"attention_oproj: tile of {tile_tokens} tokens over pages of {P}: "
-                         "expected a power of two that whole pages fill, and K/V caches of one "
-                         "layout, contiguous in head_dim")
+    skinny_gemm.check_tile_tokens(tile_tokens, P, "attention_oproj")
+    if k_cache.stride(-1) != 1 or v_cache.stride() != k_cache.stride():
+        raise ValueError(f"attention_oproj: K/V caches of strides {k_cache.stride()} and "
+                         f"{v_cache.stride()}: expected one layout, contiguous in head_dim")
     group = Hq // Hkv
     block_n = workspace.block_n
     blocks = triton.cdiv(hidden, block_n)

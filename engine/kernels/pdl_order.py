@@ -24,6 +24,7 @@ import ast
 import inspect
 import textwrap
 from dataclasses import dataclass
+from typing import NamedTuple
 
 _LOADS = {"load"}
 _STORES = {"store"}
@@ -92,10 +93,23 @@ def _walk(fn: ast.FunctionDef, namespace: dict) -> "_Walker":
     return walker
 
 
-def _helper_effects(name: str, namespace: dict) -> tuple[list[str], set[str], set[str]] | None:
-    """(parameter names, pointer parameters loaded, stored) of the helper `name` in
-    `namespace`, or None where its source cannot be read."""
-    helper = namespace.get(name)
+class HelperEffects(NamedTuple):
+    """What a helper of a kernel does with the pointers it is handed, read from its source."""
+
+    params: list[str]
+    loads: set[str]
+    stores: set[str]
+
+
+def _helper_effects(name: str, helper) -> HelperEffects | None:
+    """The `HelperEffects` of `helper` (a `triton.jit` or plain function) called as `name`,
+    or None where its source cannot be read.
+
+    Raises:
+        ValueError: naming the helper: it waits or triggers (the kernel's PDL order would then
+            depend on where the call sits, which this reading does not follow), or its source
+            has a load or store of an address that derives from no `*_ptr` parameter.
+    """
     fn_obj = getattr(helper, "fn", helper)
     try:
         src = inspect.getsource(fn_obj)
@@ -105,9 +119,28 @@ def _helper_effects(name: str, namespace: dict) -> tuple[list[str], set[str], se
                if isinstance(n, ast.FunctionDef)), None)
     if fn is None:
         return None
-    walker = _walk(fn, getattr(fn_obj, "__globals__", namespace))
-    params = [a.arg for a in fn.args.args]
-    return params, {p for p, _ in walker.loads}, {p for p, _ in walker.stores}
+    try:
+        walker = _walk(fn, getattr(fn_obj, "__globals__", {}))
+    except ValueError as exc:
+        raise ValueError(f"helper {name}: {exc}") from None
+    if walker.waited or walker.trigger_waited is not None:
+        raise ValueError(f"helper {name} calls gdc_wait or gdc_launch_dependents; keep the "
+                         "PDL wait and trigger in the kernel itself")
+    return HelperEffects([a.arg for a in fn.args.args], {p for p, _ in walker.loads},
+                         {p for p, _ in walker.stores})
+
+
+def _helper(node: ast.Call, namespace: dict):
+    """The function a call names in `namespace` (`_h(...)` or `module._h(...)`) where it is a
+    helper the reading follows: a `triton.jit` function or a plain function not of Triton's
+    own language (`tl.load`, `tl.where`, ...); else None."""
+    if isinstance(node.func, ast.Name):
+        return namespace.get(node.func.id)
+    if isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name):
+        module = namespace.get(node.func.value.id)
+        if inspect.ismodule(module) and not module.__name__.startswith("triton"):
+            return getattr(module, node.func.attr, None)
+    return None
 
 
 def _is_descriptor_call(node: ast.Call) -> bool:
@@ -170,20 +203,24 @@ class _Walker(ast.NodeVisitor):
         for kw in node.keywords:
             self.visit(kw.value)
         name = _call_name(node)
-        if isinstance(node.func, ast.Name) and name not in _LOADS | _STORES | _ATOMICS:
+        helper = _helper(node, self.namespace)
+        if (isinstance(node.func, ast.Name) or helper is not None) and \
+                name not in _LOADS | _STORES | _ATOMICS:
             # a helper of the kernel (`_skinny_epilogue(...)`): what it loads and stores of
-            # the pointers it is handed, at this point of the caller
-            effects = _helper_effects(name, self.namespace)
-            params = effects[0] if effects else []
-            handed = list(zip(params, node.args)) + [(kw.arg, kw.value) for kw in node.keywords]
-            if not effects:
+            # the pointers it is handed, at this point of the caller; one whose source cannot
+            # be read may load and store every pointer it is handed
+            effects = _helper_effects(name, helper) if helper is not None else None
+            if effects is None:
                 handed = [(None, arg) for arg in list(node.args)
                           + [kw.value for kw in node.keywords]]
+            else:
+                handed = (list(zip(effects.params, node.args))
+                          + [(kw.arg, kw.value) for kw in node.keywords])
             for param, arg in handed:
                 for p in self._sources(arg):
-                    if effects is None or param in effects[1]:
+                    if effects is None or param in effects.loads:
                         self.loads.append((p, self.waited))
-                    if effects is None or param in effects[2]:
+                    if effects is None or param in effects.stores:
                         self.stores.append((p, self.waited))
             return
         if name == "gdc_wait":

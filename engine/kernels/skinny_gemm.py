@@ -22,7 +22,9 @@ K split.
 
 Graph safety (I12): the kernel reads no host value that changes between steps; the split-K
 partials and arrival counters live in a `Workspace` allocated before capture, and the last
-program of each column block resets its counter, so every replay starts from zeros.
+program of each column block resets its counter (the last program of each kv head's group
+its group counter, with `AttendTail`), so every replay starts from zeros. An `AttendTail`'s
+lengths are the engine's fixed `seq_lens` buffer, which each step rewrites in place.
 """
 
 from __future__ import annotations
@@ -134,7 +136,9 @@ class Workspace:
     another and each leaves its counters at zero.
 
     It also holds the row statistics (`RowStats`) a residual launch leaves for the next norm:
-    `stats`, float32 [max_blocks * MAX_ROWS], sums of squares at [block * MAX_ROWS + row].
+    `stats`, float32 [max_blocks * MAX_ROWS], sums of squares at [block * MAX_ROWS + row]; and
+    `group_counters`, int32 [max_blocks], the arrivals per kv head of a QKV launch that
+    attends in its tail (`AttendTail`; every launch leaves them at zero).
 
     Args:
         device: CUDA device. max_n: widest partial row any launch writes (2 x width for a
@@ -412,6 +416,23 @@ if triton is not None:
         return tl.dot(a, b)
 
     @triton.jit
+    def _one_tile_attention(q, k, v, kmask, scale, IEEE: tl.constexpr, UPCAST: tl.constexpr):
+        # softmax(q k^T * scale) v over one tile: q [G, D], k and v [T, D] (tokens where kmask
+        # is false masked out) -> float32 [G, D]; the probabilities rounded to v's dtype
+        if UPCAST:
+            q = q.to(tl.float32)
+            k = k.to(tl.float32)
+        s = _dot(q, tl.trans(k), IEEE) * scale
+        s = tl.where(kmask[None, :], s, float("-inf"))
+        p = tl.exp(s - tl.max(s, 1)[:, None])
+        l = tl.sum(p, 1)
+        if UPCAST:
+            pv = _dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32), IEEE)
+        else:
+            pv = _dot(p.to(v.dtype), v, IEEE)
+        return pv / l[:, None]
+
+    @triton.jit
     def _skinny_epilogue(acc, acc_up, ss, res, K, eps, out_ptr, stats_ptr, pid_n, m, n, mmask,
                          nmask, stride_om, SWIGLU: tl.constexpr, NORM_IN: tl.constexpr,
                          RESIDUAL: tl.constexpr, STATS_STRIDE: tl.constexpr):
@@ -514,18 +535,7 @@ if triton is not None:
                         + kvh * stride_kh + d[None, :])
                 k = tl.load(kc_ptr + base, mask=kmask[:, None], other=0.0, cache_modifier=".cg")
                 v = tl.load(vc_ptr + base, mask=kmask[:, None], other=0.0, cache_modifier=".cg")
-                if UPCAST:
-                    qr = qr.to(tl.float32)
-                    k = k.to(tl.float32)
-                s = _dot(qr, tl.trans(k), IEEE) * scale
-                s = tl.where(kmask[None, :], s, float("-inf"))
-                p = tl.exp(s - tl.max(s, 1)[:, None])
-                l = tl.sum(p, 1)
-                if UPCAST:
-                    pv = _dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32), IEEE)
-                else:
-                    pv = _dot(p.to(v.dtype), v, IEEE)
-                o = pv / l[:, None]
+                o = _one_tile_attention(qr, k, v, kmask, scale, IEEE, UPCAST)
                 tl.store(o_ptr + r * stride_ob + (kvh * GROUP + g)[:, None] * HEAD_DIM
                          + d[None, :], o.to(o_ptr.dtype.element_ty), mask=gmask[:, None])
 
@@ -640,11 +650,14 @@ class AttendTail:
     over its first `tile_tokens` only: nothing on the device can tell.
 
     Attributes:
-        out: [T, nq * D] attention output (q's dtype, contiguous), the input of o_proj.
-        seq_lens: int32 [slots] cached tokens per slot, the step's own token included
-            (`engine.kernels.decode_attention`'s argument).
+        out: [T, nq * D] attention output, contiguous, in the dtype of the q/k norm weights
+            (the model's, as q), the input of o_proj.
+        seq_lens: int32, indexed by `RopeKV.slot_ids`: cached tokens per slot, the step's own
+            token included, at least 1 for every row's slot (`engine.kernels.decode_attention`'s
+            argument; the engine's is max_slots + 2 long).
         scale: softmax scale, usually D ** -0.5.
-        tile_tokens: tokens attended per row, a power of two of whole pages.
+        tile_tokens: tokens attended per row, a power of two of at least 16 filled by whole
+            pages (`check_tile_tokens`).
     """
 
     out: torch.Tensor
@@ -710,6 +723,19 @@ def skinny_gemm_qkv_rope(x: torch.Tensor, w: torch.Tensor, workspace: Workspace,
     return out
 
 
+def check_tile_tokens(tile, page: int, caller: str) -> None:
+    """Refuse a one-tile attention's tile (`AttendTail.tile_tokens`, `attention_oproj`'s
+    `tile_tokens`) that is not a power of two of at least 16 tokens (a side of its `tl.dot`s)
+    filled by whole pages of `page` tokens.
+
+    Raises:
+        ValueError: "<caller>: tile of <tile> tokens over pages of <page>: ...".
+    """
+    if type(tile) is not int or tile < max(page, 16) or tile % page or tile & (tile - 1):
+        raise ValueError(f"{caller}: tile of {tile!r} tokens over pages of {page}: expected a "
+                         "power of two of at least 16 that whole pages fill")
+
+
 def _check_attend(attend: AttendTail, T: int, rope: RopeKV, D: int, workspace: Workspace
                   ) -> None:
     """Raises the ValueError `skinny_gemm_qkv_rope` documents for a bad `attend`."""
@@ -719,9 +745,7 @@ def _check_attend(attend: AttendTail, T: int, rope: RopeKV, D: int, workspace: W
         raise ValueError(f"skinny_gemm_qkv_rope: attention output {tuple(o.shape)} {o.dtype}"
                          f" for {T} rows of {rope.nq} heads of {D}: expected "
                          f"{(T, rope.nq * D)} contiguous in {rope.q_weight.dtype}")
-    if type(tile) is not int or tile < page or tile % page or tile & (tile - 1):
-        raise ValueError(f"skinny_gemm_qkv_rope: attention tile of {tile!r} tokens over pages "
-                         f"of {page}: expected a power of two that whole pages fill")
+    check_tile_tokens(tile, page, "skinny_gemm_qkv_rope")
     if rope.nq % rope.nkv or rope.nkv > workspace.max_blocks:
         raise ValueError(f"skinny_gemm_qkv_rope: {rope.nq} query heads over {rope.nkv} kv "
                          f"heads with {workspace.max_blocks} group counters: expected kv "

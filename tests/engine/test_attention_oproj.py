@@ -88,6 +88,8 @@ def test_the_oracle_attends_a_long_row_over_its_first_tile_only():
     ("tile below a page", dict(tile=2), "tile of 2 tokens over pages of 4"),
     ("tile of part pages", dict(tile=6), "tile of 6 tokens over pages of 4"),
     ("tile no power of two", dict(tile=12), "tile of 12 tokens over pages of 4"),
+    ("tile under 16", dict(tile=8), "tile of 8 tokens over pages of 4: expected a power of two "
+                                    "of at least 16"),
 ])
 def test_attention_oproj_refuses_shapes_that_do_not_match(what, args, message):
     if ao.triton is None:

@@ -335,10 +335,20 @@ def _writes_only(dst_ptr, value):
     tl.store(dst_ptr, value)  # only read as source
 
 
+def _waits(a_ptr):
+    tl.extra.cuda.gdc_wait()  # only read as source
+    return tl.load(a_ptr)  # only read as source
+
+
+def _loads_unnamed(a):
+    return tl.load(a)  # only read as source
+
+
 def test_a_helper_loads_and_stores_what_its_own_source_does():
-    """A call of a helper of the kernel's module counts the helper's own loads and stores of
-    the pointers it is handed (a table only read is not written); a helper whose source
-    cannot be found may load and store everything it is handed."""
+    """A call of a helper of the kernel's module (by name or through a module) counts the
+    helper's own loads and stores of the pointers it is handed (a table only read is not
+    written); a helper whose source cannot be found may load and store everything it is
+    handed; a helper that waits, or whose own reading fails, is refused naming it."""
     src = ("def k(t_ptr, o_ptr, PDL):\n    tl.extra.cuda.gdc_wait()\n"
            "    v = _reads_only(t_ptr, 3)\n    _writes_only(o_ptr, v)\n"
            "    _unknown(t_ptr)\n")
@@ -346,6 +356,19 @@ def test_a_helper_loads_and_stores_what_its_own_source_does():
     assert order.loads_after_wait == {"t_ptr"} and order.stores == {"o_ptr"}
     order = pdl_order.memory_order(src, globals())
     assert order.stores == {"o_ptr", "t_ptr"}
+    # a helper named through its module is followed too
+    import types
+
+    module = types.ModuleType("helpers")
+    module._reads_only = _reads_only
+    order = pdl_order.memory_order(src.replace("_reads_only(", "helpers._reads_only(").replace(
+        "    _unknown(t_ptr)\n", ""), {**globals(), "helpers": module})
+    assert order.loads_after_wait == {"t_ptr"} and order.stores == {"o_ptr"}
+    for helper, message in (("_waits", "helper _waits calls gdc_wait"),
+                            ("_loads_unnamed", "helper _loads_unnamed: line 2: tl.load")):
+        with pytest.raises(ValueError, match=message):
+            pdl_order.memory_order(src.replace("_reads_only(t_ptr, 3)", f"{helper}(t_ptr)"),
+                                   globals())
     # the QKV tail's attention reads the step's slots, lengths and page table, never writes them
     order = pdl_order.memory_order(skinny_gemm._skinny_gemm_kernel)
     assert {"o_ptr", "group_count_ptr", "kc_ptr", "vc_ptr", "out_ptr"} <= order.stores

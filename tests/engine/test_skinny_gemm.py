@@ -589,20 +589,54 @@ for M, nq, nkv, K, cfg in cases:
         # the long row differs from attention over its whole context
         full = paged_decode_attention_reference(q1, k1, v1, pt, lens, slots, D ** -0.5)
         assert (o[-1].double() - full[-1].reshape(-1)).abs().max() > 10 * tol
-bad = [dict(out=torch.zeros(1, 4 * D + 1)), dict(tile_tokens=24), dict(tile_tokens=2)]
-for change in bad:
-    args = dict(out=torch.zeros(1, 4 * D), seq_lens=lens, scale=1.0, tile_tokens=tile)
+# A q-head program as the last arrival: kv head 1's counter starts at GROUP + 1, so the
+# group's first program to arrive (query head 2) attends, before query head 3, K head 1 and
+# V head 1 stored theirs: it sees q of head 3 as the buffer held it (zeros) and the caches
+# as they were; the counter is left at GROUP + 1 by the three arrivals after its reset. (The
+# interpreter runs programs in order, so otherwise the V head always arrives last.)
+nq, nkv, K, cfg = 4, 2, 64, sg.TileConfig(16, 64, 1)
+M, pos, slots = 1, torch.tensor([9]), torch.tensor([3], dtype=torch.int32)
+lens = torch.zeros(8, dtype=torch.int32)
+lens[3] = 10
+x = torch.randn(M, K)
+w = torch.randn((nq + 2 * nkv) * D, K) / K ** 0.5
+qw, kw = 1 + 0.1 * torch.randn(2, D)
+old = [torch.randn(65, P, nkv, D) for _ in range(2)]
+kc, vc = [c.clone() for c in old]
+rope = sg.RopeKV(qw, kw, cos, sin, pos, slots, pt, kc, vc, nq, nkv, eps)
+o = torch.full((M, nq * D), float("nan"))
+ws.group_counters[1] = 3
+q = sg.skinny_gemm_qkv_rope(x, w, ws, cfg, rope, out=torch.zeros(M, nq, D),
+                            attend=sg.AttendTail(o, lens, D ** -0.5, tile))
+assert int(ws.group_counters[1]) == 3 and int(ws.group_counters[0]) == 0
+ws.group_counters.zero_()
+seen = q.clone()
+seen[:, 3] = 0
+stale = paged_decode_attention_reference(seen, *old, pt, lens, slots, D ** -0.5).reshape(M, -1)
+fresh = paged_decode_attention_reference(q, kc, vc, pt, lens, slots, D ** -0.5).reshape(M, -1)
+group = slice(2 * D, 4 * D)  # kv head 1's query heads 2 and 3
+assert (o[:, group].double() - stale[:, group]).abs().max() < 1e-5
+assert (o[:, :2 * D].double() - fresh[:, :2 * D]).abs().max() < 1e-5
+assert (stale[:, group] - fresh[:, group]).abs().max() > 1e-3
+# refusals: (AttendTail change, query heads, kv heads, workspace)
+small_ws = sg.Workspace("cpu", 1024, 8, 1)
+bad = [(dict(out=torch.zeros(1, 4 * D + 1)), 4, 2, ws),
+       (dict(out=torch.zeros(1, 4 * D, dtype=torch.bfloat16)), 4, 2, ws),
+       (dict(tile_tokens=24), 4, 2, ws), (dict(tile_tokens=2), 4, 2, ws),
+       (dict(tile_tokens=8), 4, 2, ws),
+       (dict(out=torch.zeros(1, 3 * D)), 3, 2, ws), ({}, 4, 2, small_ws)]
+for change, nq, nkv, space in bad:
+    args = dict(out=torch.zeros(1, nq * D), seq_lens=lens, scale=1.0, tile_tokens=tile)
     args.update(change)
-    kc, vc = [c.clone().float() for c in old]
-    rope = sg.RopeKV(qw.float(), kw.float(), cos, sin, pos, slots, pt, kc, vc, 4, 2, eps)
-    x1 = torch.randn(1, 64)
+    kc, vc = [c.clone() for c in old]
+    rope = sg.RopeKV(qw, kw, cos, sin, pos, slots, pt, kc, vc, nq, nkv, eps)
     try:
-        sg.skinny_gemm_qkv_rope(x1, torch.randn(8 * D, 64), ws, sg.TileConfig(16, 64, 1), rope,
-                                attend=sg.AttendTail(**args))
+        sg.skinny_gemm_qkv_rope(torch.randn(1, 64), torch.randn((nq + 2 * nkv) * D, 64), space,
+                                sg.TileConfig(16, 64, 1), rope, attend=sg.AttendTail(**args))
     except ValueError as exc:
         print("refused:", exc)
     else:
-        raise AssertionError(f"accepted {change}")
+        raise AssertionError(f"accepted {change}, {nq} / {nkv} heads")
 print("ok", len(cases))
 """
 
@@ -611,15 +645,22 @@ def test_attention_in_the_qkv_tail_matches_float64_and_leaves_the_rest_unchanged
     """`skinny_gemm_qkv_rope(..., attend=AttendTail(...))`: the last program of each kv head's
     group attends it, in the interpreter, equal to the float64 decode attention over each row's
     first tile of tokens (a row past the tile is cut there), with q, K and V bit-identical to
-    the launch without it and every counter back at zero; a bad output, tile or group is
+    the launch without it and every counter back at zero; a query-head program arriving last
+    attends its own group (a counter started at 2 makes it last); a bad output (shape,
+    dtype), tile (not a power of two, not whole pages, under 16), group or workspace is
     refused with a one-line error."""
     res = run_in_triton_interpreter(_ATTEND_CHECK)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "ok 4" in res.stdout
     refusals = [line for line in res.stdout.splitlines() if line.startswith("refused:")]
-    assert len(refusals) == 3
+    assert len(refusals) == 7
     assert "attention output (1, 129)" in refusals[0]
-    assert "tile of 24 tokens" in refusals[1] and "tile of 2 tokens" in refusals[2]
+    assert "torch.bfloat16" in refusals[1] and "expected (1, 128) contiguous in torch.float32" \
+        in refusals[1]
+    for line, tokens in zip(refusals[2:5], (24, 2, 8)):
+        assert f"tile of {tokens} tokens" in line
+    assert "3 query heads over 2 kv heads" in refusals[5]
+    assert "2 kv heads with 1 group counters" in refusals[6]
 
 
 def test_fold_norm_weight_scales_columns_in_float32():

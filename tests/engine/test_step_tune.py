@@ -31,8 +31,9 @@ def test_descend_keeps_only_swaps_that_beat_the_current_plan_by_the_margin():
         ms = 1.0 + cost.get(("o_proj", plan.o_proj), 0) + cost.get(("gate_up", plan.gate_up), 0)
         return ms + (cost[("qkv", "rope")] if plan.rope else 0)
 
-    options = {"qkv": [(A, False), (B, True)], "o_proj": [(B, False)],
-               "gate_up": [(B, False), (C, False)], "down": [(D, False)]}
+    Option = step_tune.Option
+    options = {"qkv": [Option(A), Option(B, rope=True)], "o_proj": [Option(B)],
+               "gate_up": [Option(B), Option(C)], "down": [Option(D)]}
     best, trials = step_tune.descend(start, options, time_plan)
     assert best == FusedLayerPlan(B, A, C, A, rope=True)
     assert [t.role for t in trials] == ["start", "qkv", "o_proj", "gate_up", "gate_up", "down"]
@@ -45,9 +46,10 @@ def test_descend_keeps_only_swaps_that_beat_the_current_plan_by_the_margin():
 def test_the_short_path_also_tries_each_rope_tile_attending_in_its_tail():
     """`with_tail_attention` adds, after each rope QKV tile, the same tile with attend; descend
     keeps it where the step gains by the margin, and a plan never attends without rope."""
-    options = {"qkv": [(A, False), (B, True)], "o_proj": [(B, False)]}
+    Option = step_tune.Option
+    options = {"qkv": [Option(A), Option(B, rope=True)], "o_proj": [Option(B)]}
     tail = step_tune.with_tail_attention(options)
-    assert tail["qkv"] == [(A, False, False), (B, True, False), (B, True, True)]
+    assert tail["qkv"] == [Option(A), Option(B, rope=True), Option(B, rope=True, attend=True)]
     assert tail["o_proj"] == options["o_proj"]
 
     def time_plan(plan):
@@ -91,10 +93,11 @@ def _sweep():
 
 def test_sweep_options_are_the_fastest_timed_tiles_per_shape_and_the_rope_launch():
     opts = step_tune.sweep_options(_sweep(), SHAPES, 8, top=2)
-    assert opts["qkv"] == [(A, False), (B, False), (C, True)]
+    Option = step_tune.Option
+    assert opts["qkv"] == [Option(A), Option(B), Option(C, rope=True)]
     assert opts["o_proj"] == []                      # a shape the sweep lacks
-    assert opts["gate_up"] == [(D, False)]           # swiglu is its own shape
-    assert opts["down"] == [(B, False)]
+    assert opts["gate_up"] == [Option(D)]            # swiglu is its own shape
+    assert opts["down"] == [Option(B)]
     assert step_tune.sweep_options(_sweep(), SHAPES, 1, top=2)["qkv"] == []  # no such rows
 
 
