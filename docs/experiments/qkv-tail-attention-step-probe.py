@@ -16,6 +16,7 @@ the same tiles attending in the tail.
 
 import dataclasses
 import json
+import os
 import sys
 
 import engine.model as model_mod
@@ -25,15 +26,17 @@ from engine.kernels.skinny_gemm import TileConfig
 TILES = [TileConfig(64, 128, 1, 4, 4, tma=True), TileConfig(64, 128, 1, 4, 5, tma=True),
          TileConfig(64, 128, 2, 4, 4, tma=True), TileConfig(64, 128, 1, 8, 4, tma=True),
          TileConfig(64, 128, 1, 4, 4)]
-"""QKV tiles of half a head (D = 128): the 2-8-row plan's 4-stage TMA tile first."""
+"""QKV tiles of half a head (D = 128): the 2-8-row plan's 4-stage TMA tile first. PROBE_TILES=n
+in the environment times the first n only."""
 
 
 def main(model_dir: str, out: str) -> None:
     fused = model_mod.fuses_attention_oproj
-    timer = StepTimer(model_dir, [1], 128, 100, 10, TILES)
+    tiles = TILES[:int(os.environ.get("PROBE_TILES", len(TILES)))]
+    timer = StepTimer(model_dir, [1], 128, 100, 10, tiles)
     start = timer.start_plan(1)
     variants = {"plan": (start, True)}
-    for tile in TILES:
+    for tile in tiles:
         name = (f"{tile.block_n}x{tile.block_k} s{tile.split_k} w{tile.num_warps} "
                 f"st{tile.num_stages}" + (" tma" if tile.tma else ""))
         rope_plan = dataclasses.replace(start, qkv=tile, rope=True)
