@@ -187,7 +187,9 @@ def add_parser(subparsers, name: str) -> None:
                    help="schedules per variant and topology (default: up to 300 for a bad "
                         f"variant, stopping at its first failure; {CLEAN_SCHEDULES} fault-free "
                         "ones for the correct protocol); a Hypothesis search of several "
-                        "scenarios in turn shares them among those, at least one each")
+                        "scenarios in turn shares them among those, at least one each; a "
+                        "variant may cap its own (correct-eager runs at most 20: each row's "
+                        "detail counts what ran)")
     p.add_argument("--fault-schedules", action=OnceOption, default=None,
                    type=_typed(_bounded(lambda t: _int(t, 0), "fault_schedules"),
                                "--fault-schedules"),
