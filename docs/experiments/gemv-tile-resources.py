@@ -39,13 +39,15 @@ GEMV_TILES = [sg.TileConfig(8, 1024, 1, 8, 1, gemv=True),
 _POINTERS = dict(x_ptr="*bf16", w_ptr="*bf16", out_ptr="*bf16", part_ptr="*fp32",
                  count_ptr="*i32", stats_ptr="*fp32", qw_ptr="*bf16", kw_ptr="*bf16",
                  cos_ptr="*fp32", sin_ptr="*fp32", pos_ptr="*i64", slot_ptr="*i32",
-                 pt_ptr="*i32", kc_ptr="*bf16", vc_ptr="*bf16")
+                 pt_ptr="*i32", kc_ptr="*bf16", vc_ptr="*bf16", o_ptr="*bf16",
+                 lens_ptr="*i32", group_count_ptr="*i32")
 _DIVISIBLE = ("K", "K_SPLIT", "N_OUT", "HALF")
 _BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
 
-def compile_tile(m: int, n: int, k: int, swiglu: bool, cfg: sg.TileConfig):
-    """The cubin of one launch as `skinny_gemm._launch` would make it (TMA without x_tma)."""
+def compile_tile(m: int, n: int, k: int, swiglu: bool, cfg: sg.TileConfig, **constexprs):
+    """The cubin of one launch as `skinny_gemm._launch` would make it (TMA without x_tma);
+    `constexprs` replace the plain GEMM's (the rope epilogue's HEADS, NQ, ...)."""
     kernel = sg._skinny_gemm_kernel
     block_m = triton.next_power_of_2(m) if cfg.gemv else max(16, triton.next_power_of_2(m))
     k_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
@@ -54,7 +56,9 @@ def compile_tile(m: int, n: int, k: int, swiglu: bool, cfg: sg.TileConfig):
                  RESIDUAL=False, STATS_STRIDE=sg.MAX_ROWS, UPCAST=False, IEEE=False, PDL=True,
                  ONE_TILE=k_split <= cfg.block_k, PAIRED=swiglu, ROW_STEP=cfg.block_n,
                  GEMV=cfg.gemv, ROW_ACC=cfg.gemv and block_m == 1 and not cfg.tma,
-                 HEADS=False, NQ=1, NKV=1, PAGE=1, TMA=cfg.tma, X_TMA=False, x_desc=None)
+                 HEADS=False, NQ=1, NKV=1, PAGE=1, TMA=cfg.tma, X_TMA=False, x_desc=None,
+                 ATTEND=False, GROUP=1, BLOCK_G=16, BLOCK_T=16)
+    const.update(constexprs)
     signature = {}
     for name in kernel.arg_names:
         if name in const:
@@ -65,7 +69,7 @@ def compile_tile(m: int, n: int, k: int, swiglu: bool, cfg: sg.TileConfig):
         elif name in _POINTERS:
             signature[name] = _POINTERS[name]
         else:
-            signature[name] = "fp32" if name in ("eps", "qk_eps") else "i32"
+            signature[name] = "fp32" if name in ("eps", "qk_eps", "scale") else "i32"
     if not cfg.tma:
         const["w_desc"] = None
     attrs = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]]

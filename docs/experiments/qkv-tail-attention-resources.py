@@ -13,8 +13,6 @@ import importlib.util
 import os
 
 import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 
 from engine.kernels import skinny_gemm as sg
 
@@ -23,45 +21,18 @@ _spec = importlib.util.spec_from_file_location(
 gtr = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(gtr)
 
-POINTERS = dict(gtr._POINTERS, o_ptr="*bf16", lens_ptr="*i32", group_count_ptr="*i32")
 TILES = [sg.TileConfig(64, 128, 1, 4, 4, tma=True), sg.TileConfig(64, 128, 1, 4, 5, tma=True),
          sg.TileConfig(64, 128, 1, 4, 3, tma=True), sg.TileConfig(64, 128, 2, 4, 4, tma=True),
          sg.TileConfig(64, 256, 1, 4, 2, tma=True), sg.TileConfig(64, 128, 1, 4, 4),
          sg.TileConfig(64, 128, 1, 8, 4, tma=True)]
 
 
-def compile_rope_tile(cfg: sg.TileConfig, attend: bool, n: int = 6144, k: int = 2560):
+def compile_rope_tile(cfg: sg.TileConfig, attend: bool):
     """The cubin of a 4B QKV launch at one row with the rope epilogue (32 query and 8 kv heads
     of 128, pages of 16, the norm folded in), attending over a 128-token tile where asked."""
-    kernel = sg._skinny_gemm_kernel
-    k_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
-    const = dict(SWIGLU=False, BLOCK_M=16, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                 SPLIT_K=triton.cdiv(k, k_split), NORM_IN=True, STATS_BLOCK=128,
-                 RESIDUAL=False, STATS_STRIDE=sg.MAX_ROWS, UPCAST=False, IEEE=False, PDL=True,
-                 ONE_TILE=k_split <= cfg.block_k, PAIRED=True, ROW_STEP=2 * cfg.block_n,
-                 GEMV=False, ROW_ACC=False, HEADS=True, NQ=32, NKV=8, PAGE=16, TMA=cfg.tma,
-                 X_TMA=False, x_desc=None, ATTEND=attend, GROUP=4, BLOCK_G=16, BLOCK_T=128)
-    signature = {}
-    for name in kernel.arg_names:
-        if name in const:
-            signature[name] = "constexpr"
-        elif name == "w_desc":
-            signature[name] = (f"tensordesc<bf16[{cfg.block_n}, {cfg.block_k}]>" if cfg.tma
-                               else "constexpr")
-        elif name in POINTERS:
-            signature[name] = POINTERS[name]
-        else:
-            signature[name] = "fp32" if name in ("eps", "qk_eps", "scale") else "i32"
-    if not cfg.tma:
-        const["w_desc"] = None
-    attrs = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]]
-             for name in kernel.arg_names
-             if signature[name] != "constexpr" and (name in POINTERS or name in gtr._DIVISIBLE
-                                                    or name.startswith("stride"))}
-    src = ASTSource(fn=kernel, signature=signature, attrs=attrs,
-                    constexprs={(kernel.arg_names.index(n),): v for n, v in const.items()})
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                          options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+    return gtr.compile_tile(1, 6144, 2560, False, cfg, NORM_IN=True, STATS_BLOCK=128,
+                            PAIRED=True, ROW_STEP=2 * cfg.block_n, HEADS=True, NQ=32, NKV=8,
+                            PAGE=16, ATTEND=attend, GROUP=4, BLOCK_G=16, BLOCK_T=128)
 
 
 def main() -> None:

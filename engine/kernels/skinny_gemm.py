@@ -153,7 +153,6 @@ class Workspace:
         self.partials = torch.empty(max_split * MAX_ROWS * max_n, dtype=torch.float32,
                                     device=device)
         self.counters = torch.zeros(max_blocks, dtype=torch.int32, device=device)
-        # arrivals per kv head of a QKV launch that attends in its tail (`AttendTail`)
         self.group_counters = torch.zeros(max_blocks, dtype=torch.int32, device=device)
         self.stats = torch.zeros(max_blocks * MAX_ROWS, dtype=torch.float32, device=device)
 
@@ -500,7 +499,6 @@ if triton is not None:
             tl.store(v_row, lo.to(vc_ptr.dtype.element_ty), mask=mask)
             tl.store(v_row + HALF, hi.to(vc_ptr.dtype.element_ty), mask=mask)
 
-
     @triton.jit
     def _attend_group_tail(q_ptr, kc_ptr, vc_ptr, pt_ptr, lens_ptr, slot_ptr, count_ptr, o_ptr,
                            head, M, stride_qm, stride_qh, stride_pt, stride_kp, stride_kt,
@@ -538,6 +536,7 @@ if triton is not None:
                 o = _one_tile_attention(qr, k, v, kmask, scale, IEEE, UPCAST)
                 tl.store(o_ptr + r * stride_ob + (kvh * GROUP + g)[:, None] * HEAD_DIM
                          + d[None, :], o.to(o_ptr.dtype.element_ty), mask=gmask[:, None])
+
 
 @dataclass(frozen=True)
 class RowStats:
@@ -693,8 +692,8 @@ def skinny_gemm_qkv_rope(x: torch.Tensor, w: torch.Tensor, workspace: Workspace,
             fewer positions or slots than rows, cos/sin not D wide, caches or tables of
             unequal strides or a strided last dim, or `out` not [T, nq, D] with a contiguous
             last dim; with `attend`, an output that is not [T, nq * D] contiguous in q's
-            dtype, a tile that is not a power of two of whole pages, kv heads that do not
-            divide nq, or more kv heads than the workspace has counters.
+            dtype, a tile that `check_tile_tokens` refuses, kv heads that do not divide nq,
+            or more kv heads than the workspace has counters.
     """
     D = rope.q_weight.shape[0]
     if config.block_n * 2 != D or w.shape[0] != (rope.nq + 2 * rope.nkv) * D:
