@@ -237,6 +237,17 @@ def _rope_cases():
                                       + ("-tma" if t.tma else ""))
 
 
+def _qkv_layer(hidden: int, nq: int, nkv: int, d: int):
+    """A random bf16 QKV weight [(nq + 2 nkv) d, hidden], q/k norm weights [d] near 1 and
+    float32 RoPE tables [4096, d] (rotate-half layout), on the GPU."""
+    dev = dict(dtype=torch.bfloat16, device="cuda")
+    w_qkv = torch.randn((nq + 2 * nkv) * d, hidden, **dev) / hidden ** 0.5
+    qw, kw = 1 + 0.1 * torch.randn(2, d, **dev)
+    angles = torch.outer(torch.arange(4096, device="cuda").float(),
+                         1e-6 ** (torch.arange(0, d, 2, device="cuda").float() / d)).repeat(1, 2)
+    return w_qkv, qw, kw, angles.cos().contiguous(), angles.sin().contiguous()
+
+
 @pytest.mark.parametrize("hidden, nq, nkv, m, tile", list(_rope_cases()))
 def test_qkv_rope_epilogue_matches_the_two_launches_and_replays_identically(hidden, nq, nkv,
                                                                             m, tile):
@@ -252,11 +263,7 @@ def test_qkv_rope_epilogue_matches_the_two_launches_and_replays_identically(hidd
     dev = dict(dtype=torch.bfloat16, device="cuda")
     ws = sg.Workspace("cuda", (nq + 2 * nkv) * d, 16, 256)
     w_down = torch.randn(hidden, inter, **dev) / inter ** 0.5
-    w_qkv = torch.randn((nq + 2 * nkv) * d, hidden, **dev) / hidden ** 0.5
-    qw, kw = 1 + 0.1 * torch.randn(2, d, **dev)
-    angles = torch.outer(torch.arange(4096, device="cuda").float(),
-                         1e-6 ** (torch.arange(0, d, 2, device="cuda").float() / d)).repeat(1, 2)
-    cos, sin = angles.cos().contiguous(), angles.sin().contiguous()
+    w_qkv, qw, kw, cos, sin = _qkv_layer(hidden, nq, nkv, d)
     act = torch.randn(m, inter, **dev)
     res0 = torch.randn(m, hidden, **dev)
     pos = torch.randint(0, 4096, (m,), device="cuda")
@@ -332,11 +339,7 @@ def test_attention_in_the_qkv_tail_matches_float64_and_replays_identically(hidde
     cfg = sg.TileConfig(*tile[:5], tma=tile[5])
     dev = dict(dtype=torch.bfloat16, device="cuda")
     ws = sg.Workspace("cuda", (nq + 2 * nkv) * d, 16, 256)
-    w_qkv = torch.randn((nq + 2 * nkv) * d, hidden, **dev) / hidden ** 0.5
-    qw, kw = 1 + 0.1 * torch.randn(2, d, **dev)
-    angles = torch.outer(torch.arange(4096, device="cuda").float(),
-                         1e-6 ** (torch.arange(0, d, 2, device="cuda").float() / d)).repeat(1, 2)
-    cos, sin = angles.cos().contiguous(), angles.sin().contiguous()
+    w_qkv, qw, kw, cos, sin = _qkv_layer(hidden, nq, nkv, d)
     x = torch.randn(m, hidden, **dev)
     pos = torch.tensor([127, 40, 300][:m], device="cuda")  # at 3 rows, one past the tile
     slots = torch.randperm(m, device="cuda").to(torch.int32)
