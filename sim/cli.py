@@ -247,8 +247,21 @@ def add_parser(subparsers, name: str) -> None:
                         "reads that at the default configuration) and one-line summaries, and "
                         "check nothing")
     p.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    shown = p.add_mutually_exclusive_group()
+    shown.add_argument("--no-progress", action="store_true",
+                       help="no progress bar (default: a bar on stderr where it is a terminal)")
+    shown.add_argument("--progress", action="store_true",
+                       help="the progress bar on stderr even where it is not a terminal (a "
+                            "log file, a pipe)")
     p.set_defaults(run=run)
+
+
+def _bar_disabled(args) -> bool | None:
+    """`CheckProgress`'s ``disable``: True with --no-progress, False with --progress, None
+    (tqdm's choice: a bar only on a terminal) otherwise."""
+    if args.no_progress:
+        return True
+    return False if args.progress else None
 
 
 def _variant_list(variants, spec: CheckSpec, as_json: bool) -> str:
@@ -587,7 +600,7 @@ def _run(args, finished: _Finished | None = None) -> int:
         return "\n".join([render_table(rows_so_far)] + _row_notes(rows_so_far, budgets))
 
     finished.render, finished.planned = partial, [n for _, _, n in plan]
-    with CheckProgress(plan, spec.time_budget, disable=args.no_progress or None) as bar:
+    with CheckProgress(plan, spec.time_budget, disable=_bar_disabled(args)) as bar:
         def on_rows(new: list[Row], planned: int) -> None:
             bar.next_row()  # tops the row up to its planned schedules
             index = order[new[0].variant, new[0].topology]
@@ -714,7 +727,7 @@ def _run_matrix(variants, spec: CheckSpec, args, finished: _Finished) -> int:
             for b in BUCKET_SETS for r in RANKS for v in variants for t in TOPOLOGIES]
     finished.render, finished.planned = partial, [n for _, _, n in plan]
     checked = 0
-    with CheckProgress(plan, spec.time_budget, disable=args.no_progress or None) as bar:
+    with CheckProgress(plan, spec.time_budget, disable=_bar_disabled(args)) as bar:
         def progress(n):
             bar.step(n)
         for b in BUCKET_SETS:
@@ -768,7 +781,7 @@ def _run_stats(variants, spec: CheckSpec, args, finished: _Finished) -> int:
     finished.unit = "row"
     plan = [(f"{v.name} / {t}", spec.schedules * len(STATS_STRATEGIES), 1)
             for v in bad for t in topologies]
-    with CheckProgress(plan, spec.time_budget, disable=args.no_progress or None) as bar:
+    with CheckProgress(plan, spec.time_budget, disable=_bar_disabled(args)) as bar:
         for variant in bad:
             for topology in topologies:
                 shares.append(failing_shares(variant, spec, topology, bar.step))

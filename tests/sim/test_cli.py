@@ -1127,3 +1127,20 @@ def test_a_trace_of_deeply_nested_json_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err == (f"lockstep check: error: trace file {str(deep)!r} is not a trace: its JSON "
                    "nests too deeply\n"), err
+
+
+@pytest.mark.timeout(120)
+def test_progress_forces_the_bar_where_stderr_is_not_a_terminal(capsys):
+    """A fresh user's matrix run in a log stayed silent for six minutes: tqdm shows no bar
+    off a terminal. --progress shows it anyway; without it (stderr captured here, not a
+    terminal) there is none; --progress with --no-progress is refused."""
+    argv = ["check", "--variant", "single-warmup", "--schedules", "5", "--jobs", "1"]
+    assert main(argv + ["--progress"]) == 0
+    assert "lockstep check" in capsys.readouterr().err
+    assert main(argv) == 0
+    assert "lockstep check" not in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(argv + ["--progress", "--no-progress"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "not allowed with argument" in err and len(err.strip().splitlines()) <= 3
