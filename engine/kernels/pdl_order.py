@@ -13,9 +13,10 @@ it or a variable derived from it, in either arm of an `if` and in any loop; a st
 `tl.store` or atomic. Pointer parameters are those named `*_ptr` (the engine's convention) and
 tensor descriptors named `*_desc` (whose `.load` reads the tensor the descriptor names); a
 load or store whose address derives from none of them is refused rather than skipped. A call
-of a helper (another `triton.jit` function of the kernel's module) loads and stores, at the
-call, what the helper's own source loads and stores of the pointers it is handed; a helper
-whose source cannot be read may load and store every pointer it is handed.
+of a helper (a function of the kernel's module, or one named through a module it imports)
+loads and stores, at the call, what the helper's own source loads and stores of the pointers
+it is handed; a helper whose source cannot be read may load and store every pointer it is
+handed, and one that waits or triggers is refused.
 """
 
 from __future__ import annotations
