@@ -618,6 +618,27 @@ group = slice(2 * D, 4 * D)  # kv head 1's query heads 2 and 3
 assert (o[:, group].double() - stale[:, group]).abs().max() < 1e-5
 assert (o[:, :2 * D].double() - fresh[:, :2 * D]).abs().max() < 1e-5
 assert (stale[:, group] - fresh[:, group]).abs().max() > 1e-3
+# the engine's sizes: heads of 128, pages of 16, a 128-token tile, group 4, a full tile
+D2, P2 = 128, 16
+ws = sg.Workspace("cpu", 12 * D2, 8, 64)
+inv2 = 1.0 / (10000 ** (torch.arange(0, D2, 2).float() / D2))
+angles2 = torch.outer(torch.arange(256).float(), inv2).repeat(1, 2)
+for cfg in (sg.TileConfig(64, 128, 1, tma=True), sg.TileConfig(64, 128, 2)):
+    x = torch.randn(1, 256, dtype=torch.bfloat16)
+    w = (torch.randn(12 * D2, 256) / 16).to(torch.bfloat16)
+    qw2, kw2 = (1 + 0.1 * torch.randn(2, D2)).to(torch.bfloat16)
+    lens2 = torch.zeros(4, dtype=torch.int32)
+    lens2[2] = 128
+    kc, vc = [torch.randn(65, P2, 2, D2).to(torch.bfloat16) for _ in range(2)]
+    rope = sg.RopeKV(qw2, kw2, angles2.cos(), angles2.sin(), torch.tensor([127]),
+                     torch.tensor([2], dtype=torch.int32), pt[:4], kc, vc, 8, 2, eps)
+    o = torch.full((1, 8 * D2), float("nan"), dtype=torch.bfloat16)
+    q = sg.skinny_gemm_qkv_rope(x, w, ws, cfg, rope,
+                                attend=sg.AttendTail(o, lens2, D2 ** -0.5, 128))
+    ref = paged_decode_attention_reference(q, kc, vc, pt[:4], lens2, rope.slot_ids,
+                                           D2 ** -0.5).reshape(1, -1)
+    assert ((o.double() - ref).norm() / ref.norm()).item() < 2e-2
+    assert int(ws.group_counters.abs().sum()) == 0
 # refusals: (AttendTail change, query heads, kv heads, workspace)
 small_ws = sg.Workspace("cpu", 1024, 8, 1)
 bad = [(dict(out=torch.zeros(1, 4 * D + 1)), 4, 2, ws),
@@ -645,7 +666,8 @@ def test_attention_in_the_qkv_tail_matches_float64_and_leaves_the_rest_unchanged
     """`skinny_gemm_qkv_rope(..., attend=AttendTail(...))`: the last program of each kv head's
     group attends it, in the interpreter, equal to the float64 decode attention over each row's
     first tile of tokens (a row past the tile is cut there), with q, K and V bit-identical to
-    the launch without it and every counter back at zero; a query-head program arriving last
+    the launch without it and every counter back at zero, also at the engine's sizes (heads
+    of 128, a 128-token tile of pages of 16, group 4); a query-head program arriving last
     attends its own group (a counter started at 2 makes it last); a bad output (shape,
     dtype), tile (not a power of two, not whole pages, under 16), group or workspace is
     refused with a one-line error."""
