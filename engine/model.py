@@ -161,9 +161,9 @@ def fuses_attention_oproj(plan: FusedLayerPlan, rows: int) -> bool:
     (`FusedLayerPlan.rope`; the fused kernel takes q already rotated), does not attend in
     that launch's tail instead (`FusedLayerPlan.attend`), and the rows fit
     `attention_oproj.MAX_ROWS`. Elsewhere a short-path graph runs the same kernels as the
-    `DECODE` graph of its bucket, or with `attend` the QKV launch attends. Behind a separate q/k norm launch the fused kernel was
-    slower: Qwen3-4B at one row, context 128, 2.839 ms against 2.546 with the short path off
-    (H200, 2026-12-03, docs/benchmarks.md)."""
+    `DECODE` graph of its bucket, or with `attend` the QKV launch attends. Behind a separate
+    q/k norm launch the fused kernel was slower: Qwen3-4B at one row, context 128, 2.839 ms
+    against 2.546 with the short path off (H200, 2026-12-03, docs/benchmarks.md)."""
     return plan.rope and not plan.attend and rows <= attention_oproj.MAX_ROWS
 
 

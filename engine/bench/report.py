@@ -66,7 +66,8 @@ def build_document(opts, ranks: list[dict], hf: list[dict], command: str) -> dic
                     row[f"{mode}_x_roofline"] = p[mode]["median_ms"] / row["roofline_ms"]
         if "graphs" in p and "eager" in p:
             row["graphs_over_eager"] = p["graphs"]["median_ms"] / p["eager"]["median_ms"]
-        for k in ("graph", "short_fused", "short_tail", "graph_vs_eager_max_abs", "logits_finite", "allreduce", "profile"):
+        for k in ("graph", "short_fused", "short_tail", "graph_vs_eager_max_abs",
+                  "logits_finite", "allreduce", "profile"):
             if k in p:
                 row[k] = p[k]
         h = hf_by.get((p["batch"], p["context"]))
