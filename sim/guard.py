@@ -8,6 +8,11 @@ takes microseconds) and raises `Stalled` in the main thread when it has not. Tim
 stay cooperative (searches check them between runs); the watchdog only ends a search that is
 stuck inside one call, which no budget check can reach.
 
+CPU time the garbage collector spends is the interpreter's, not a hook's: an interval without
+a `tick` in which the collector took at least half the CPU does not count as a stall (a full
+collection of a large heap, as a long `--matrix` builds, took over `CHECK_S` and stopped a
+correct search on a fresh user's machine).
+
 The watchdog uses SIGPROF and ``ITIMER_PROF`` (CPU time), so it works in the main thread of a
 POSIX process only (elsewhere it does nothing) and leaves SIGALRM to others (pytest-timeout).
 A hook that blocks without using CPU (a sleep, a lock, a read) burns no CPU time, so the CPU
@@ -19,6 +24,7 @@ bound one level up).
 
 from __future__ import annotations
 
+import gc
 import importlib
 import os
 import signal
@@ -44,6 +50,21 @@ _WALL_POLL_S = 0.25
 """How often the wall-clock thread looks at the tick count."""
 
 _LAZY = ("sim.waits", "sim.checks", "networkx")
+_GC = [0.0, None]  # CPU seconds the collector spent while watched; start of one in progress
+
+
+def _on_gc(phase: str, info: dict) -> None:
+    """`gc.callbacks` entry of a watched process: adds up the collector's CPU time."""
+    if phase == "start":
+        _GC[1] = time.process_time()
+    elif _GC[1] is not None:
+        _GC[0] += time.process_time() - _GC[1]
+        _GC[1] = None
+
+
+def _collector_cpu() -> float:
+    """CPU seconds the garbage collector has spent while watched, one in progress included."""
+    return _GC[0] + (time.process_time() - _GC[1] if _GC[1] is not None else 0.0)
 _TICKS = [0]
 _RUN: list[list] = [[]]  # the choice list of the run in progress (`counting_choices`)
 _PAUSED = [0]
@@ -147,7 +168,8 @@ def resumed():
 @contextmanager
 def watchdog():
     """Raise `Stalled` in this thread if this process spends `CHECK_S` seconds of CPU time, or
-    `WALL_S` seconds of wall time, without a `tick` (unless `paused`).
+    `WALL_S` seconds of wall time, without a `tick` (unless `paused`, or the garbage collector
+    took at least half of that CPU time: module docstring).
 
     The first bound counts CPU time (``ITIMER_PROF``), so a loaded machine that leaves the
     process waiting for a CPU never looks like a stall; a hook that loops burns CPU and is
@@ -165,17 +187,18 @@ def watchdog():
         except ImportError:
             pass
     old_handler = signal.getsignal(signal.SIGPROF)
-    seen = [progress()]
+    seen = [progress(), _collector_cpu()]
     wall_stalled = [False]
 
     def fire(signum, frame):
         wall = wall_stalled[0]
-        if wall or (seen[0] == progress() and not _PAUSED[0]):
+        collecting = _collector_cpu() - seen[1] >= CHECK_S / 2
+        if wall or (seen[0] == progress() and not _PAUSED[0] and not collecting):
             signal.setitimer(signal.ITIMER_PROF, 0)
             wall_stalled[0] = False
             where = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}" if frame else "?"
             raise Stalled(where, wall=wall)
-        seen[0] = progress()
+        seen[0], seen[1] = progress(), _collector_cpu()
 
     stop = threading.Event()
     lock = threading.Lock()  # no SIGPROF is sent once the handler is being restored
@@ -195,6 +218,7 @@ def watchdog():
                     signal.pthread_kill(main, signal.SIGPROF)
                 return
 
+    gc.callbacks.append(_on_gc)
     signal.signal(signal.SIGPROF, fire)
     signal.setitimer(signal.ITIMER_PROF, CHECK_S, CHECK_S)
     thread = threading.Thread(target=watch_wall, name="lockstep-wall-watchdog", daemon=True)
@@ -207,6 +231,8 @@ def watchdog():
         thread.join()
         signal.setitimer(signal.ITIMER_PROF, 0)
         signal.signal(signal.SIGPROF, old_handler)
+        gc.callbacks.remove(_on_gc)
+        _GC[1] = None
 
 
 __all__ = ["tick", "progress", "counting_choices", "watchdog", "paused", "resumed", "describe", "locate", "Stalled", "VariantCodeError", "CHECK_S", "WALL_S", "BLOCKED_CPU_S"]

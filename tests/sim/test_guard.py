@@ -5,6 +5,7 @@ hook that blocks for less than `WALL_S` is left alone, and an error names the ho
 `tests/sim/test_check_robustness.py` covers the same ground through the command line; these
 are the cheap cases, in a file the mutation tool's simulator killer runs."""
 
+import gc
 import os
 import subprocess
 import sys
@@ -121,3 +122,29 @@ def test_the_watchdog_loads_the_modules_a_step_imports_before_its_clock_runs():
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)},
                          capture_output=True, text=True, timeout=50, check=True).stdout
     assert out.split() == ["True", "True", "True"]
+
+
+def _burn(seconds: float) -> None:
+    """Spend `seconds` of CPU time without a simulated action."""
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+
+
+@pytest.mark.timeout(30)
+def test_cpu_time_in_the_garbage_collector_is_not_a_stalled_hook():
+    """A fresh user's `--matrix` stopped a correct search with "no simulated action for 0.5 s"
+    between two runs: a full collection of the heap the matrix had built. CPU time spent
+    collecting (here a collection reported to the watchdog's `gc.callbacks` entry around
+    the burn) does not count; the same burn outside one does."""
+    from sim import guard
+
+    with guard.watchdog():
+        assert guard._on_gc in gc.callbacks
+        guard._on_gc("start", {})
+        _burn(3 * guard.CHECK_S)
+        guard._on_gc("stop", {})
+    assert guard._on_gc not in gc.callbacks
+    with pytest.raises(guard.Stalled, match="no simulated action for 0.5 s"):
+        with guard.watchdog():
+            _burn(3 * guard.CHECK_S)
