@@ -31,6 +31,8 @@ test: .venv/installed
 	$(PY) -m pytest -q
 
 gpu-test:
+	@python3 -c "import torch, triton, transformers, safetensors, pytest" 2>/dev/null || { \
+	  echo "make gpu-test: python3 lacks one of torch, triton, transformers, safetensors, pytest: this target runs the GPU tests with the system Python of a CUDA machine (README, Set-up); .venv/bin/python -m pytest -m gpu skips them on a machine without CUDA"; exit 2; }
 	PYTHONPATH=. python3 -m pytest -m gpu -q
 
 # Mutation testing of protocol/ (docs/mutation.md): a deterministic sample of the generated

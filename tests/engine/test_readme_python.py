@@ -57,3 +57,22 @@ def test_readme_states_the_torch_version_the_makefile_installs():
     readme = (ROOT / "README.md").read_text()
     assert f"torch {pinned}" in readme
     assert "source .venv/bin/activate" in readme and ".venv/bin/lockstep" in readme
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(subprocess.run(["which", "make"], capture_output=True).returncode != 0,
+                    reason="needs make")
+def test_make_gpu_test_without_torch_says_so_in_one_line(tmp_path):
+    """`make gpu-test` under a python3 that cannot import torch (here: this interpreter with
+    site-packages off) stops with one line naming what it needs, not 47 collection tracebacks
+    (a fresh user's finding on a CPU machine)."""
+    shim = tmp_path / "python3"
+    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S "$@"\n')
+    shim.chmod(0o755)
+    env = dict(os.environ, PATH=f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    proc = subprocess.run(["make", "-s", "gpu-test"], capture_output=True, text=True, env=env,
+                          cwd=ROOT, timeout=50)
+    assert proc.returncode == 2
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("make gpu-test: python3 lacks"), proc.stdout
+    assert "Traceback" not in proc.stdout + proc.stderr and "test session" not in proc.stdout
