@@ -58,6 +58,21 @@ def is_kernel_event(e) -> bool:
     return e.device_type.name == "CUDA" and not e.name.startswith(("Memcpy", "Memset"))
 
 
+def kernel_events(run, calls: int = 1) -> list:
+    """The device kernels (`is_kernel_event`) of `calls` calls of `run()`, in launch order:
+    torch profiler with CUDA activity, the device synchronized before and after. Each event
+    has ``name`` and ``device_time`` (us)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            run()
+        torch.cuda.synchronize()
+    return [e for e in prof.events() if is_kernel_event(e)]
+
+
 def launches_per_step(replay, steps: int = 10) -> dict:
     """Kernels a step launches: torch profiler (CUDA activity) over `steps` calls of
     `replay()` (one decode step each, e.g. a graph replay).
@@ -69,22 +84,13 @@ def launches_per_step(replay, steps: int = 10) -> dict:
     Raises:
         ValueError: steps < 1.
     """
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
     if steps < 1:
         raise ValueError(f"steps = {steps}, expected >= 1")
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            replay()
-        torch.cuda.synchronize()
     kernels: dict[str, list] = {}
-    for e in prof.events():
-        if is_kernel_event(e):
-            k = kernels.setdefault(e.name, [0, 0.0])
-            k[0] += 1
-            k[1] += e.device_time
+    for e in kernel_events(replay, steps):
+        k = kernels.setdefault(e.name, [0, 0.0])
+        k[0] += 1
+        k[1] += e.device_time
     total_us = sum(k[1] for k in kernels.values())
     top = sorted(kernels.items(), key=lambda kv: -kv[1][1])[:8]
     return {"launches": sum(k[0] for k in kernels.values()) / steps,

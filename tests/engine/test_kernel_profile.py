@@ -199,3 +199,42 @@ def test_profile_without_a_gpu_is_a_one_line_error(capsys, monkeypatch):
     assert profile.main(["--preset", "tiny"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("profile: error: needs a CUDA GPU"), err
+
+
+def test_launches_per_step_counts_the_kernels_of_each_call(monkeypatch):
+    """`kernel_events` keeps device kernels only (no memcpy/memset, no CPU events) in order,
+    and `launches_per_step` divides them by the calls (a fake profiler: no GPU here)."""
+    import types
+
+    from engine.bench import kernel_profile
+
+    calls = []
+
+    def event(name, device="CUDA", us=2.0):
+        return types.SimpleNamespace(name=name, device_type=types.SimpleNamespace(name=device),
+                                     device_time=us)
+
+    class FakeProfile:
+        def __init__(self, activities):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def events(self):
+            return [e for _ in calls for e in (event("gemm"), event("MemcpyHtoD"),
+                                               event("attn", us=4.0), event("cpu op", "CPU"))]
+
+    monkeypatch.setattr(torch.profiler, "profile", FakeProfile)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    names = [e.name for e in kernel_profile.kernel_events(lambda: calls.append(1), 2)]
+    assert names == ["gemm", "attn", "gemm", "attn"]
+    calls.clear()
+    got = kernel_profile.launches_per_step(lambda: calls.append(1), steps=3)
+    assert got["launches"] == 2 and got["device_ms"] == pytest.approx(6e-3)
+    assert [name for name, _, _ in got["top"]] == ["attn", "gemm"]
+    with pytest.raises(ValueError, match="steps = 0"):
+        kernel_profile.launches_per_step(lambda: None, steps=0)

@@ -20,16 +20,6 @@ FUSED_OPROJ = "_attn_oproj_kernel"
 """Attention fused into o_proj (`engine.kernels.attention_oproj`)."""
 
 
-def kernel_names(step) -> list[str]:
-    """The device kernels `step()` launches, in order (torch profiler)."""
-    from engine.bench.kernel_profile import is_kernel_event
-
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        step()
-        torch.cuda.synchronize()
-    return [e.name for e in prof.events() if is_kernel_event(e)]
-
-
 @pytest.fixture(scope="module")
 def qwen06_dir(tmp_path_factory):
     from engine.model_dir import write_model_dir
@@ -46,6 +36,7 @@ def test_short_path_across_the_tile_boundary_matches_hf_and_replays_bit_identica
     instead of fusing attention into o_proj."""
     import dataclasses
 
+    from engine.bench.kernel_profile import kernel_events
     from engine.engine_config import SHORT_DECODE_TOKENS
     from engine.layers.linear import DecodeGemm
     from engine.llm import LLM
@@ -81,8 +72,8 @@ def test_short_path_across_the_tile_boundary_matches_hf_and_replays_bit_identica
         llm.generate([prompt[:50]], SamplingParams(max_tokens=3, temperature=0,
                                                     ignore_eos=True))
         torch.cuda.synchronize()
-        short_kernels = kernel_names(lambda: ex.decode_forward(1, short=True))
-        split_kernels = kernel_names(lambda: ex.decode_forward(1))
+        short_kernels = [e.name for e in kernel_events(lambda: ex.decode_forward(1, short=True))]
+        split_kernels = [e.name for e in kernel_events(lambda: ex.decode_forward(1))]
         eager_short = ex.decode_forward(1, short=True).clone()
         eager_split = ex.decode_forward(1).clone()
         ex.graphs.launch(GraphKey(1, SHORT))
