@@ -65,6 +65,8 @@ def _on_gc(phase: str, info: dict) -> None:
 def _collector_cpu() -> float:
     """CPU seconds the garbage collector has spent while watched, one in progress included."""
     return _GC[0] + (time.process_time() - _GC[1] if _GC[1] is not None else 0.0)
+
+
 _TICKS = [0]
 _RUN: list[list] = [[]]  # the choice list of the run in progress (`counting_choices`)
 _PAUSED = [0]
