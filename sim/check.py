@@ -878,9 +878,9 @@ def _values_text(values: tuple[int, ...]) -> str:
 
 
 def _departure(result: RunResult, data: dict, choices: list[str]) -> str | None:
-    """How the replayed ``result`` departs from the recording ``data`` (its choices, verdict and
-    trace events; its action count is its choices', `_check_recorded_header`), or None if it
-    reproduces it exactly."""
+    """How the replayed ``result`` departs from the recording ``data`` (its choices, its verdict
+    and trace events where it records them; its action count is its choices',
+    `_check_recorded_header`), or None if it reproduces it exactly."""
     if result.choices != choices:
         first = next((i for i, (a, b) in enumerate(zip(result.choices, choices)) if a != b),
                      min(len(result.choices), len(choices)))
@@ -888,9 +888,8 @@ def _departure(result: RunResult, data: dict, choices: list[str]) -> str | None:
                  if first < min(len(result.choices), len(choices)) else
                  f"the run took {len(result.choices)} actions, the recording has {len(choices)}")
         return f"replay departed from its recording at action {first}: {where}"
-    if result.outcome.verdict != data.get("verdict"):
-        return (f"replay gave verdict {result.outcome.verdict}, the recording "
-                f"{data.get('verdict')}")
+    if "verdict" in data and result.outcome.verdict != data["verdict"]:
+        return f"replay gave verdict {result.outcome.verdict}, the recording {data['verdict']}"
     recorded = data.get("trace")
     if recorded is not None:
         replayed = [e.to_json() for e in result.world.trace]

@@ -1144,3 +1144,27 @@ def test_progress_forces_the_bar_where_stderr_is_not_a_terminal(capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "not allowed with argument" in err and len(err.strip().splitlines()) <= 3
+
+
+@pytest.mark.parametrize("verdict, code, words", [
+    (None, 0, "replayed {n} actions exactly: deadlock"),
+    ("clean", 1, "NONDETERMINISM: replay gave verdict deadlock, the recording clean"),
+])
+def test_a_replay_compares_the_verdict_only_where_the_trace_records_one(fused_trace, capsys,
+                                                                       verdict, code, words):
+    """A fresh user's finding: a trace without its ``verdict`` (a field the format allows to be
+    absent, as ``actions`` and ``model`` are) replayed as "NONDETERMINISM: replay gave verdict
+    deadlock, the recording None", exit 1. A recorded verdict the replay does not give is still
+    a departure."""
+    n = len(json.loads(fused_trace.read_text())["choices"])
+
+    def edit(d):
+        if verdict is None:
+            d.pop("verdict")
+        else:
+            d["verdict"] = verdict
+
+    _rewrite(fused_trace, edit)
+    assert main(["check", "--replay", str(fused_trace)]) == code
+    out = capsys.readouterr().out
+    assert out.startswith(words.format(n=n)), out
