@@ -67,6 +67,12 @@ def _tensor_files(d: Path) -> dict[str, Path] | None:
             # a list or a map of numbers was a TypeError traceback (a fresh user's finding)
             raise ModelDirError(f"{index_path}: no \"weight_map\" object mapping tensor names "
                                 "to shard file names")
+        for name, fname in weight_map.items():
+            # the index names files of this directory (as the Hub writes it); a path out of it
+            # (absolute, or through "..") was followed without a word (a fresh user's finding)
+            if Path(fname).is_absolute() or ".." in Path(fname).parts:
+                raise ModelDirError(f"{index_path}: shard {fname!r} (of {name!r}) is not a file "
+                                    f"name inside {d}")
         return {name: d / fname for name, fname in weight_map.items()}
     if (d / SINGLE_FILE).is_file():
         from safetensors import safe_open
@@ -174,8 +180,9 @@ class WeightIndex:
     """Where each tensor of a checkpoint lives, checked against a `ModelConfig`.
 
     Raises (from the constructor):
-        ModelDirError: no index and no single model.safetensors; the index or a shard file
-            it names is missing, cannot be read (the OS's reason) or is not valid; an expected
+        ModelDirError: no index and no single model.safetensors; the index names a shard
+            outside the directory; the index or a shard file it names is missing, is a
+            directory, cannot be read (the OS's reason) or is not valid; an expected
             tensor is absent; a tensor's dtype is not one of `SAFETENSORS_DTYPES`, or its shape
             differs from the config's.
     """
@@ -202,7 +209,8 @@ class WeightIndex:
             by_file.setdefault(self.files[name], []).append(name)
         for path, names in by_file.items():
             if not path.is_file():
-                raise ModelDirError(f"{path}: shard file is missing (named by the index for "
+                what = "is a directory, not a file" if path.is_dir() else "is missing"
+                raise ModelDirError(f"{path}: shard file {what} (named by the index for "
                                     f"{names[0]!r})")
             try:
                 with safe_open(str(path), framework="pt") as f:

@@ -77,6 +77,33 @@ def test_missing_shard(model_copy):
     _rejects(model_copy, ModelDirError, shard, "missing")
 
 
+def test_a_shard_that_is_a_directory_is_named_so(model_copy):
+    """It read "shard file is missing" of a directory there (a fresh user's finding)."""
+    idx = json.loads((model_copy / "model.safetensors.index.json").read_text())
+    shard = sorted(set(idx["weight_map"].values()))[1]
+    (model_copy / shard).unlink()
+    (model_copy / shard).mkdir()
+    msg = _rejects(model_copy, ModelDirError, shard, "is a directory, not a file")
+    assert "missing" not in msg
+
+
+@pytest.mark.parametrize("outside", ["../{d}/{shard}", "{abs}"])
+def test_a_shard_named_outside_the_model_directory_is_refused(model_copy, tmp_path, outside):
+    """An index entry of "../m/model-00001-of-00005.safetensors" loaded from another
+    directory without a word (a fresh user's finding): the index names files of its own
+    directory, as the Hub writes it."""
+    other = tmp_path / "other"
+    shutil.copytree(model_copy, other)
+    path = model_copy / "model.safetensors.index.json"
+    idx = json.loads(path.read_text())
+    name, shard = next(iter(idx["weight_map"].items()))
+    bad = outside.format(d="other", shard=shard, abs=other / shard)
+    idx["weight_map"][name] = bad
+    path.write_text(json.dumps(idx))
+    _rejects(model_copy, ModelDirError, "model.safetensors.index.json", repr(bad), repr(name),
+             f"is not a file name inside {model_copy}")
+
+
 @pytest.mark.parametrize("index", ["[]", '{"weight_map": []}', '{"weight_map": null}',
                                    '{"weight_map": {"model.norm.weight": 5}}', '{}'])
 def test_an_index_without_a_weight_map_object_is_named(model_copy, index):
