@@ -13,6 +13,7 @@ from pathlib import Path
 from engine.config import ModelConfig
 from engine.config_json import STORAGE_DTYPES, load_json
 from engine.errors import ModelDirError, unreadable
+from lockstep.args import one_line_repr
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -71,8 +72,8 @@ def _tensor_files(d: Path) -> dict[str, Path] | None:
             # the index names files of this directory (as the Hub writes it); a path out of it
             # (absolute, or through "..") was followed without a word (a fresh user's finding)
             if Path(fname).is_absolute() or ".." in Path(fname).parts:
-                raise ModelDirError(f"{index_path}: shard {fname!r} (of {name!r}) is not a file "
-                                    f"name inside {d}")
+                raise ModelDirError(f"{index_path}: shard {one_line_repr(fname, 120)} (of "
+                                    f"{one_line_repr(name)}) is not a file name inside {d}")
         return {name: d / fname for name, fname in weight_map.items()}
     if (d / SINGLE_FILE).is_file():
         from safetensors import safe_open

@@ -13,6 +13,7 @@ from engine.config import check_parallel, load_model_config
 from engine.errors import ModelDirError, ParallelConfigError
 from engine.llm import LLM
 from engine.weights import WeightIndex
+from lockstep.args import one_line_repr
 
 
 DEEP_JSON = "[" * 100_000 + "]" * 100_000
@@ -100,8 +101,8 @@ def test_a_shard_named_outside_the_model_directory_is_refused(model_copy, tmp_pa
     bad = outside.format(d="other", shard=shard, abs=other / shard)
     idx["weight_map"][name] = bad
     path.write_text(json.dumps(idx))
-    _rejects(model_copy, ModelDirError, "model.safetensors.index.json", repr(bad), repr(name),
-             f"is not a file name inside {model_copy}")
+    _rejects(model_copy, ModelDirError, "model.safetensors.index.json", one_line_repr(bad, 120),
+             one_line_repr(name), f"is not a file name inside {model_copy}")
 
 
 @pytest.mark.parametrize("index", ["[]", '{"weight_map": []}', '{"weight_map": null}',
