@@ -27,11 +27,12 @@ install: .venv/installed
 check: .venv/installed
 	.venv/bin/lockstep check
 
-# One pytest worker per CPU (pytest-xdist). On this project's 2-core machine, 2026-12-07: 593 s
-# with 2 workers against 12-13 minutes in one process, which had brought CI (install included)
-# to 916 s. `.venv/bin/python -m pytest FILE` still runs in one process.
+# One pytest worker per CPU, at most 8 (pytest-xdist; a test may start 2-4 rank processes).
+# On this project's 2-core machine, 2026-12-07: 533-593 s with 2 workers against 12-13 minutes
+# in one process, which had brought CI (install included) to 916 s.
+# `.venv/bin/python -m pytest FILE` still runs in one process.
 test: .venv/installed
-	$(PY) -m pytest -q -n auto
+	$(PY) -m pytest -q -n auto --maxprocesses 8
 
 gpu-test:
 	@python3 -c "import torch, triton, transformers, safetensors, pytest" 2>/dev/null || { \
