@@ -950,10 +950,11 @@ def _summary(rows: list[Row]) -> str:
 def _row_json(row: Row) -> dict:
     s = row.stats
     # a row whose bug this configuration cannot reach was checked against no verdict: its
-    # expected verdict is null here, as the table's column reads "-"
-    expected = None if row.got == NOT_REACHABLE else row.expected
-    return {"variant": row.variant, "topology": row.topology, "expected": expected,
-            "got": row.got, "passed": row.passed, "schedules": s.schedules, "states": s.actions,
+    # expected verdict and whether it passed are null here, as the table reads "-" and "n/a"
+    unchecked = row.got == NOT_REACHABLE
+    return {"variant": row.variant, "topology": row.topology,
+            "expected": None if unchecked else row.expected, "got": row.got,
+            "passed": None if unchecked else row.passed, "schedules": s.schedules, "states": s.actions,
             "unique_states": s.unique_states if s.hashed else None, "complete": s.complete,
             "budget_reached": s.budget_reached, "seconds": round(s.seconds, 3),
             "failing_percent": round(s.failing_percent, 2), "minimal_trace_length": row.minimal_length,

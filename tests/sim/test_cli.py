@@ -945,8 +945,9 @@ def test_a_trace_that_cannot_be_written_is_named_by_its_own_path(tmp_path, capsy
 
 
 def test_a_row_not_reachable_here_has_no_expected_verdict_in_json(capsys):
-    """The table's expected column reads "-" for such a row; the JSON gave the variant's
-    expected verdict (a fresh helper's finding: "clean" for warmup-scratch-free per-rank)."""
+    """The table's expected column reads "-" for such a row, and its status "n/a"; the JSON gave
+    the variant's expected verdict (a fresh helper's finding: "clean" for warmup-scratch-free
+    per-rank) and "passed": true for a row checked against no verdict."""
     import json
 
     argv = ["check", "--variant", "warmup-scratch-free", "--buckets", "1,2,4,8", "--json",
@@ -954,7 +955,9 @@ def test_a_row_not_reachable_here_has_no_expected_verdict_in_json(capsys):
     assert main(argv) == 0
     rows = {r["topology"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
     assert rows["per-rank"]["got"] == "not reachable here" and rows["per-rank"]["expected"] is None
+    assert rows["per-rank"]["passed"] is None  # it read true: a JSON reader counted a pass
     assert rows["shared"]["expected"] == rows["shared"]["got"] == "deadlock"
+    assert rows["shared"]["passed"] is True
 
 
 @pytest.mark.timeout(300)
