@@ -671,6 +671,9 @@ def _report_only(variant, rows: list[Row], args) -> None:
     if _compares_bad(args) or expects_clean(variant):
         return
     for row in rows:
+        row.compared = False
+        if row.got == NOT_REACHABLE:  # checked against no verdict, so none to report as
+            continue                  # differing (a reviewer saw "differs" for such a row)
         # a verdict the full model's check would pass as one of the design's other harms
         # reads so, not "differs" (a reviewer saw split-eligibility's also_expected oom under
         # --hazard-off h3 read "differs")
@@ -682,7 +685,6 @@ def _report_only(variant, rows: list[Row], args) -> None:
         # a search the budget ended has no verdict to report: not a pass (a reviewer saw two
         # such rows under --hazard-off end "OK", exit 0, counted as verdicts that differ)
         row.passed = row.got not in ("error", "incomplete")
-        row.compared = False
 
 
 def _model_changes(args) -> list[tuple[str, str]]:
@@ -930,14 +932,14 @@ def _budget_note(row: Row) -> str:
 
 
 def _summary(rows: list[Row]) -> str:
-    compared = [r for r in rows if r.compared]
-    unreachable = [r for r in compared if r.got == "not reachable here"]
-    compared = [r for r in compared if r.got != "not reachable here"]
+    unreachable = [r for r in rows if r.got == NOT_REACHABLE]
+    compared = [r for r in rows if r.compared and r.got != NOT_REACHABLE]
     text = (f"{sum(r.passed for r in compared)}/{len(compared)} verdicts as expected"
-            if compared or unreachable else "no verdict compared with an expected one")
+            if compared or (unreachable and all(r.compared for r in unreachable))
+            else "no verdict compared with an expected one")
     if unreachable:
         text += f", {len(unreachable)} not reachable here"
-    others = [r for r in rows if not r.compared]
+    others = [r for r in rows if not r.compared and r.got != NOT_REACHABLE]
     if others:
         changed = sum(r.report == "differs" for r in others)
         harms = sum(r.report == "other harm" for r in others)
@@ -958,7 +960,8 @@ def _row_json(row: Row) -> dict:
             "unique_states": s.unique_states if s.hashed else None, "complete": s.complete,
             "budget_reached": s.budget_reached, "seconds": round(s.seconds, 3),
             "failing_percent": round(s.failing_percent, 2), "minimal_trace_length": row.minimal_length,
-            "compared": row.compared, "report": None if row.compared else row.report,
+            "compared": row.compared,
+            "report": None if row.compared or unchecked else row.report,
             "detail": row.detail,
             "choices": row.minimal.choices if row.minimal else None}
 

@@ -1171,3 +1171,23 @@ def test_a_replay_compares_the_verdict_only_where_the_trace_records_one(fused_tr
     assert main(["check", "--replay", str(fused_trace)]) == code
     out = capsys.readouterr().out
     assert out.startswith(words.format(n=n)), out
+
+
+def test_a_row_not_reachable_under_another_model_is_not_reported_as_differing(capsys):
+    """A reviewer's finding: under --hazard-off, warmup-scratch-free's per-rank row (not
+    reachable here: checked against no verdict) read "report": "differs" in the JSON and was
+    counted in "2 of 2 bad-variant verdicts differ"."""
+    import json
+
+    argv = ["check", "--variant", "warmup-scratch-free", "--buckets", "1,2,4,8", "--hazard-off",
+            "h3", "--no-progress", "--jobs", "1"]
+    assert main(argv + ["--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    rows = {r["topology"]: r for r in data["rows"]}
+    assert rows["per-rank"]["got"] == "not reachable here"
+    assert rows["per-rank"]["report"] is None and rows["per-rank"]["passed"] is None
+    assert rows["shared"]["report"] == "differs" and data["headline"] == "REPORTED"
+    assert main(argv) == 0
+    summary = capsys.readouterr().out.strip().splitlines()[-1]
+    assert ("no verdict compared with an expected one, 1 not reachable here; 1 of 1 "
+            "bad-variant verdicts differ") in summary, summary
