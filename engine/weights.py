@@ -8,7 +8,8 @@ rank never loads a full tensor it does not own.
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
+from pathlib import Path, PurePath
 
 from engine.config import ModelConfig
 from engine.config_json import STORAGE_DTYPES, load_json
@@ -70,8 +71,8 @@ def _tensor_files(d: Path) -> dict[str, Path] | None:
                                 "to shard file names")
         for name, fname in weight_map.items():
             # the index names files of this directory (as the Hub writes it); a path out of it
-            # (absolute, or through "..") was followed without a word (a fresh user's finding)
-            if Path(fname).is_absolute() or ".." in Path(fname).parts:
+            # (absolute, or up through "..") was followed without a word (a fresh user's finding)
+            if not _names_a_file_inside(fname):
                 raise ModelDirError(f"{index_path}: shard {one_line_repr(fname, 120)} (of "
                                     f"{one_line_repr(name)}) is not a file name inside {d}")
         return {name: d / fname for name, fname in weight_map.items()}
@@ -85,6 +86,14 @@ def _tensor_files(d: Path) -> dict[str, Path] | None:
             raise _open_error(d / SINGLE_FILE) or ModelDirError(
                 f"{d / SINGLE_FILE}: unreadable safetensors file ({exc})") from exc
     return None
+
+
+def _names_a_file_inside(fname: str) -> bool:
+    """Whether an index's shard name ``fname`` is a relative path that stays inside its
+    directory: not empty or ".", no drive or root (``PurePath.anchor``), not up through ".."
+    once normalised ("sub/../x" stays inside)."""
+    normal = os.path.normpath(fname) if fname else "."
+    return not PurePath(fname).anchor and normal != "." and PurePath(normal).parts[0] != ".."
 
 
 def _open_error(path: Path) -> ModelDirError | None:
@@ -115,7 +124,7 @@ def stored_head_differs(model_dir: str | Path) -> bool:
 
     Raises:
         ModelDirError: the index or a shard holding either tensor cannot be read (the OS's
-            reason) or is not valid.
+            reason) or is not valid, or the index names a shard outside the directory.
     """
     d = Path(model_dir)
     try:
@@ -211,8 +220,9 @@ class WeightIndex:
         for path, names in by_file.items():
             if not path.is_file():
                 what = "is a directory, not a file" if path.is_dir() else "is missing"
-                raise ModelDirError(f"{path}: shard file {what} (named by the index for "
-                                    f"{names[0]!r})")
+                # the name is the index's, which may hold a line break
+                raise ModelDirError(f"{one_line_repr(str(path), 160)}: shard file {what} (named "
+                                    f"by the index for {one_line_repr(names[0])})")
             try:
                 with safe_open(str(path), framework="pt") as f:
                     present = set(f.keys())

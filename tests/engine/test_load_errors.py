@@ -88,7 +88,7 @@ def test_a_shard_that_is_a_directory_is_named_so(model_copy):
     assert "missing" not in msg
 
 
-@pytest.mark.parametrize("outside", ["../{d}/{shard}", "{abs}"])
+@pytest.mark.parametrize("outside", ["../{d}/{shard}", "{abs}", "", ".", "sub/../../{d}/{shard}"])
 def test_a_shard_named_outside_the_model_directory_is_refused(model_copy, tmp_path, outside):
     """An index entry of "../m/model-00001-of-00005.safetensors" loaded from another
     directory without a word (a fresh user's finding): the index names files of its own
@@ -103,6 +103,30 @@ def test_a_shard_named_outside_the_model_directory_is_refused(model_copy, tmp_pa
     path.write_text(json.dumps(idx))
     _rejects(model_copy, ModelDirError, "model.safetensors.index.json", one_line_repr(bad, 120),
              one_line_repr(name), f"is not a file name inside {model_copy}")
+
+
+@pytest.mark.parametrize("inside", ["./{shard}", "sub/../{shard}"])
+def test_a_shard_name_that_stays_inside_the_directory_loads(model_copy, inside):
+    """A reviewer's finding: "sub/../x" was refused as a name outside the directory."""
+    (model_copy / "sub").mkdir()
+    path = model_copy / "model.safetensors.index.json"
+    idx = json.loads(path.read_text())
+    name, shard = next(iter(idx["weight_map"].items()))
+    idx["weight_map"][name] = inside.format(shard=shard)
+    path.write_text(json.dumps(idx))
+    cfg = load_model_config(model_copy)
+    assert WeightIndex(cfg).files[name].resolve() == (model_copy / shard).resolve()
+
+
+def test_a_missing_shard_whose_name_breaks_the_line_is_one_line(model_copy):
+    """The index's names reach the error: one with a line break made it two lines."""
+    path = model_copy / "model.safetensors.index.json"
+    idx = json.loads(path.read_text())
+    name = next(iter(idx["weight_map"]))
+    idx["weight_map"][name] = "gone\nshard.safetensors"
+    path.write_text(json.dumps(idx))
+    msg = _rejects(model_copy, ModelDirError, "shard file is missing")
+    assert "\n" not in msg and "gone\\nshard" in msg, msg
 
 
 @pytest.mark.parametrize("index", ["[]", '{"weight_map": []}', '{"weight_map": null}',
