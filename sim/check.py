@@ -914,12 +914,12 @@ def _replays_exactly(scenario: Scenario, variant: Variant, data: dict,
 def replay_trace(data: dict) -> tuple[RunResult | None, str | None]:
     """Re-run a recorded trace JSON exactly; returns (result, nondeterminism message or None).
 
-    The replay must take the recorded choices, give the recorded verdict and reproduce the
-    recorded trace event for event; any departure is reported as nondeterminism, unless the
-    scenario's fields drawn per run are what departs: a ``short_context`` that no run of the
-    variant has, or one at which the recording does not replay while another drawn value
-    replays it exactly, and faults that the recording's fault events contradict, are a bad
-    trace (an edit by hand), not the simulator's nondeterminism.
+    The replay must take the recorded choices and give the recorded verdict and trace event
+    for event, where the trace records them; any departure is reported as nondeterminism,
+    unless the scenario's fields drawn per run are what departs: a ``short_context`` that no
+    run of the variant has, or one at which the recording does not replay while another drawn
+    value replays it exactly, and faults that the recording's fault events contradict, are a
+    bad trace (an edit by hand), not the simulator's nondeterminism.
 
     Raises:
         ConfigError: the file is not a lockstep trace of this format, names an unknown
