@@ -92,7 +92,7 @@ def _names_a_file_inside(fname: str) -> bool:
     """Whether an index's shard name ``fname`` is a relative path that stays inside its
     directory: not empty or ".", no drive or root (``PurePath.anchor``), not up through ".."
     once normalised ("sub/../x" stays inside)."""
-    normal = os.path.normpath(fname) if fname else "."
+    normal = os.path.normpath(fname)  # "" is "." too
     return not PurePath(fname).anchor and normal != "." and PurePath(normal).parts[0] != ".."
 
 
