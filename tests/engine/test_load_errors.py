@@ -88,6 +88,17 @@ def test_a_shard_that_is_a_directory_is_named_so(model_copy):
     assert "missing" not in msg
 
 
+def _name_first_shard(d, shard_name) -> tuple[str, str, str]:
+    """Point the index's first tensor at ``shard_name(shard)`` (its shard's old name given);
+    returns (tensor name, old shard name, new shard name)."""
+    path = d / "model.safetensors.index.json"
+    idx = json.loads(path.read_text())
+    name, shard = next(iter(idx["weight_map"].items()))
+    idx["weight_map"][name] = new = shard_name(shard)
+    path.write_text(json.dumps(idx))
+    return name, shard, new
+
+
 @pytest.mark.parametrize("outside", ["../{d}/{shard}", "{abs}", "", ".", "sub/../../{d}/{shard}"])
 def test_a_shard_named_outside_the_model_directory_is_refused(model_copy, tmp_path, outside):
     """An index entry of "../m/model-00001-of-00005.safetensors" loaded from another
@@ -95,12 +106,8 @@ def test_a_shard_named_outside_the_model_directory_is_refused(model_copy, tmp_pa
     directory, as the Hub writes it."""
     other = tmp_path / "other"
     shutil.copytree(model_copy, other)
-    path = model_copy / "model.safetensors.index.json"
-    idx = json.loads(path.read_text())
-    name, shard = next(iter(idx["weight_map"].items()))
-    bad = outside.format(d="other", shard=shard, abs=other / shard)
-    idx["weight_map"][name] = bad
-    path.write_text(json.dumps(idx))
+    name, _, bad = _name_first_shard(
+        model_copy, lambda shard: outside.format(d="other", shard=shard, abs=other / shard))
     _rejects(model_copy, ModelDirError, "model.safetensors.index.json", one_line_repr(bad, 120),
              one_line_repr(name), f"is not a file name inside {model_copy}")
 
@@ -109,22 +116,14 @@ def test_a_shard_named_outside_the_model_directory_is_refused(model_copy, tmp_pa
 def test_a_shard_name_that_stays_inside_the_directory_loads(model_copy, inside):
     """A reviewer's finding: "sub/../x" was refused as a name outside the directory."""
     (model_copy / "sub").mkdir()
-    path = model_copy / "model.safetensors.index.json"
-    idx = json.loads(path.read_text())
-    name, shard = next(iter(idx["weight_map"].items()))
-    idx["weight_map"][name] = inside.format(shard=shard)
-    path.write_text(json.dumps(idx))
+    name, shard, _ = _name_first_shard(model_copy, lambda shard: inside.format(shard=shard))
     cfg = load_model_config(model_copy)
     assert WeightIndex(cfg).files[name].resolve() == (model_copy / shard).resolve()
 
 
 def test_a_missing_shard_whose_name_breaks_the_line_is_one_line(model_copy):
     """The index's names reach the error: one with a line break made it two lines."""
-    path = model_copy / "model.safetensors.index.json"
-    idx = json.loads(path.read_text())
-    name = next(iter(idx["weight_map"]))
-    idx["weight_map"][name] = "gone\nshard.safetensors"
-    path.write_text(json.dumps(idx))
+    _name_first_shard(model_copy, lambda shard: "gone\nshard.safetensors")
     msg = _rejects(model_copy, ModelDirError, "shard file is missing")
     assert "\n" not in msg and "gone\\nshard" in msg, msg
 
