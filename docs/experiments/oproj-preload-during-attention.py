@@ -1,0 +1,126 @@
+"""o_proj's weight loaded during the decode attention (docs/benchmarks.md, 2026-12-07, session
+of 08:31 UTC).
+
+At context 128 the attention launch is exposed about 4 us a layer at batch 1 (6 at batch 8) and
+reads 0.5 MB, so HBM idles while it runs; o_proj, next, then reads its 21 MB weight only after
+the attention's last program has finished (its plan tile loops over K, so nothing of it is
+loaded before its PDL wait). This times the Qwen3-4B step with o_proj as a one-tile tile (each
+program's whole K range one block_k tile, whose weights the kernel loads before its wait:
+`skinny_gemm`'s ONE_TILE) and the attention launching its dependents right after its own wait
+(`decode_attention.TRIGGER_AT_WAIT`) instead of after its loop, so that o_proj's programs are
+resident, and loading, while the attention runs; each of the two alone too, and the attention
+asking L2 for its K/V before its own wait.
+
+The switches it sets (`decode_attention.TRIGGER_AT_WAIT` and `PREFETCH_KV_L2`, `skinny_gemm.
+ONE_TILE_TRIGGER_AT_EXIT`: a one-tile launch triggers its dependents at exit, not after its
+product) are not on main; apply `oproj-preload-during-attention.patch` (beside this file) first.
+Results: docs/benchmarks-oproj-preload-h100.json.
+
+For each bucket and variant it prints the graph-replayed step's median (`engine.bench.step_tune.
+StepTimer`, 100 replays after 10) in two rounds, and in the second round the device timeline of
+20 profiled replays (exposed / busy us per step of the most exposed kernels). On one GPU:
+
+    git apply docs/experiments/oproj-preload-during-attention.patch
+    PYTHONPATH=. python3 docs/experiments/oproj-preload-during-attention.py [out.json [1,8]]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import sys
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from engine.bench.modeldir import write_random_model_fast
+from engine.bench.profile import replay_timeline
+from engine.bench.step_tune import StepTimer
+from engine.kernels import decode_attention, skinny_gemm
+from engine.kernels.skinny_gemm import TileConfig
+
+REPLAYS = 20
+LAYERS = 36
+BUCKETS = (1, 8)
+# one-tile o_proj tiles (K = 4096): programs, and on sm_90 with Triton 3.6 the programs an SM
+# holds (registers, shared memory) -> one wave's slots, from ptxas
+TILES = {
+    "ptr 64x256 s16 (640 progs, 660 slots)": TileConfig(64, 256, 16, 4, 1),
+    "tma 64x256 s16 (640 progs, 528 slots)": TileConfig(64, 256, 16, 4, 1, tma=True),
+    "tma 32x256 s16 (1280 progs, 660 slots)": TileConfig(32, 256, 16, 4, 1, tma=True),
+    "ptr 32x512 s8 (640 progs, 528 slots)": TileConfig(32, 512, 8, 4, 1),
+    "tma 128x256 s16 w8 (320 progs, 264 slots)": TileConfig(128, 256, 16, 8, 1, tma=True),
+}
+# (o_proj tile name or None for the plan's, attention triggers at its wait, a one-tile launch
+# triggers at its exit instead of after its product, the attention asks L2 for its first tile's
+# earlier K/V before its wait)
+P64, T64, T32, T128 = (next(n for n in TILES if n.startswith(p))
+                       for p in ("ptr 64x256", "tma 64x256", "tma 32x256", "tma 128x256"))
+VARIANTS = [(None, False, False, False), (None, False, False, True), (None, True, False, True),
+            (P64, True, True, False)] + [(t, True, True, True) for t in (P64, T64, T32, T128)]
+
+
+def timeline(timer: StepTimer, bucket: int) -> dict:
+    ex, key = timer.ex, timer.key(bucket)
+    check = timer._check[bucket][0]
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(REPLAYS):
+            ex.prepare_replay(check)
+            ex.launch(key)
+        torch.cuda.synchronize()
+    t = replay_timeline(prof.events(), REPLAYS, LAYERS)
+    return {"span_us": t["span_us"],
+            "rows": [{k: r[k] for k in ("name", "exposed_us", "busy_us", "overlap_us")}
+                     for r in t["rows"][:8]]}
+
+
+def main() -> None:
+    out_path = sys.argv[1] if len(sys.argv) > 1 else None
+    buckets = [int(b) for b in sys.argv[2].split(",")] if len(sys.argv) > 2 else BUCKETS
+    model_dir = str(write_random_model_fast("qwen3-4b", "bfloat16", 0))
+    record: dict = {"gpu": torch.cuda.get_device_name(), "buckets": {}}
+    try:
+        timer = StepTimer(model_dir, list(buckets), 128, 100, 10, list(TILES.values()), 0)
+        for bucket in buckets:
+            start = timer.start_plan(bucket)
+            times: dict = {}
+            lines: dict = {}
+            for round_ in range(2):
+                for tile, early, at_exit, prefetch in VARIANTS:
+                    label = (f"o_proj {tile}" if tile else "plan") + (
+                        ", attention triggers at its wait" if early else "") + (
+                        ", o_proj triggers at exit" if at_exit else "") + (
+                        ", K/V prefetched to L2" if prefetch else "")
+                    plan = start if tile is None else dataclasses.replace(start,
+                                                                          o_proj=TILES[tile])
+                    decode_attention.TRIGGER_AT_WAIT = early
+                    skinny_gemm.ONE_TILE_TRIGGER_AT_EXIT = at_exit
+                    decode_attention.PREFETCH_KV_L2 = prefetch
+                    try:
+                        ms = timer.time(bucket, plan)
+                    except Exception as e:  # an experiment: report and go on
+                        print(f"b{bucket} {label}: failed: {str(e)[:300]}", flush=True)
+                        continue
+                    times.setdefault(label, []).append(ms)
+                    summary = ""
+                    if round_:
+                        lines[label] = timeline(timer, bucket)
+                        summary = " | " + "; ".join(
+                            f"{r['name'][-22:]} {r['exposed_us']:.0f}/{r['busy_us']:.0f}"
+                            for r in lines[label]["rows"][:7])
+                    print(f"b{bucket} round {round_} {label}: {ms:.4f} ms{summary}", flush=True)
+            record["buckets"][bucket] = {"plan": str(start), "times_ms": times,
+                                         "timelines": lines}
+            decode_attention.TRIGGER_AT_WAIT = False
+            skinny_gemm.ONE_TILE_TRIGGER_AT_EXIT = False
+            decode_attention.PREFETCH_KV_L2 = False
+    finally:
+        shutil.rmtree(model_dir, ignore_errors=True)
+    if out_path:
+        with open(out_path, "w") as f:
+            json.dump(record, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
