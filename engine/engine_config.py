@@ -97,8 +97,9 @@ class EngineConfig:
             than CUDA, where nothing is measured against it.
         progress: print loading progress, capture progress and the memory report to stderr.
         trace: ranks return a `protocol.trace.TraceEvent` per backend op with each reply.
-        dist_init_method: torch.distributed init method (tcp://host:port or env://); set by
-            the transport.
+        dist_init_method: torch.distributed init method (tcp://host:port or env://) of spawned
+            ranks; empty (the default): they meet at a store the spawning process holds
+            (`engine.rendezvous`).
         fault: test hook, None in normal use: (rank, command seq, "raise" | "exit" | "kill" |
             "stop" | "hang") makes that rank fail, exit, get SIGKILL, get SIGSTOP or go silent
             when it receives that command (rank in 0..world_size - 1, seq >= 0, a kind of

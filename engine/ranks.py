@@ -6,7 +6,8 @@ reply that poisons it). Two transports carry commands:
 
     `InProcessRanks`   world size 1: the executor lives in the caller's process.
     `SpawnedRanks`     one process per rank (torch.multiprocessing spawn context), a duplex
-                       pipe per rank as the command channel; gloo on CPU, NCCL on CUDA.
+                       pipe per rank as the command channel; gloo on CPU, NCCL on CUDA; the
+                       ranks meet at a store the controller holds (`engine.rendezvous`).
     `TorchrunRanks`    processes launched by `torchrun` (env:// rendezvous, so multi-node
                        works): rank 0 drives and runs its own executor; the command channel is
                        a separate gloo group (broadcast the command, gather the replies);
@@ -21,7 +22,6 @@ an exit that would run driver teardown, H8) and joins it, so no process is left 
 from __future__ import annotations
 
 import os
-import socket
 import time
 import traceback
 from multiprocessing.connection import wait as mp_wait
@@ -29,6 +29,7 @@ from typing import Any
 
 from engine.errors import LoadTimeoutError, RankError
 from engine.engine_config import EngineConfig
+from engine.rendezvous import HeldStore, StoreAddress, join_process_group
 
 # Seconds a killed rank process is given to be reaped before we stop waiting for it.
 JOIN_TIMEOUT_S = 10.0
@@ -109,12 +110,6 @@ class InProcessRanks:
         """Nothing to kill in-process (the watchdog aborts this process)."""
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def rank_title(rank: int, settings: EngineConfig) -> str:
     """The process title of a rank process, as `ps` shows it."""
     return (f"lockstep rank {rank}/{settings.world_size} ({settings.device}, "
@@ -158,7 +153,8 @@ def _stopped(p) -> bool:
         return False
 
 
-def rank_main(rank: int, settings: EngineConfig, protocol_config, conn) -> None:
+def rank_main(rank: int, settings: EngineConfig, protocol_config, conn,
+              store: StoreAddress | None = None) -> None:
     """Body of one rank process: set up the group, load the model, serve commands.
 
     Sends ("ready", rank) once loaded, or ("error", text) if setup fails, then one
@@ -170,12 +166,13 @@ def rank_main(rank: int, settings: EngineConfig, protocol_config, conn) -> None:
     # itself; a rank that took it would print a KeyboardInterrupt traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        _serve(rank, settings, protocol_config, conn)
+        _serve(rank, settings, protocol_config, conn, store)
     except (EOFError, OSError):  # the parent went away (killed, or it closed our pipe): stop
         return
 
 
-def _serve(rank: int, settings: EngineConfig, protocol_config, conn) -> None:
+def _serve(rank: int, settings: EngineConfig, protocol_config, conn,
+           store: StoreAddress | None) -> None:
     try:
         try:  # a dependency in pyproject; a bare GPU machine may lack it: titles are cosmetic
             import setproctitle
@@ -195,10 +192,12 @@ def _serve(rank: int, settings: EngineConfig, protocol_config, conn) -> None:
         backend = "nccl" if settings.device == "cuda" else "gloo"
         import datetime
 
-        dist.init_process_group(backend, init_method=settings.dist_init_method, rank=rank,
-                                world_size=settings.world_size,
-                                timeout=datetime.timedelta(
-                                    seconds=settings.step_timeout_s + COLLECTIVE_GRACE_S))
+        timeout = datetime.timedelta(seconds=settings.step_timeout_s + COLLECTIVE_GRACE_S)
+        if store is not None:
+            join_process_group(backend, store, rank, settings.world_size, timeout)
+        else:
+            dist.init_process_group(backend, init_method=settings.dist_init_method, rank=rank,
+                                    world_size=settings.world_size, timeout=timeout)
         executor = RankExecutor(settings, TPGroup(rank, settings.world_size))
         executor.load_model()
         worker = _make_worker(settings, protocol_config, rank)
@@ -258,21 +257,22 @@ class SpawnedRanks:
     """
 
     def __init__(self, settings: EngineConfig, protocol_config):
-        import dataclasses
-
         import torch.multiprocessing as mp
 
         _exit_if_importing_main()
-        if not settings.dist_init_method:
-            settings = dataclasses.replace(
-                settings, dist_init_method=f"tcp://127.0.0.1:{_free_port()}")
         self.settings = settings
         ctx = mp.get_context("spawn")
         self.conns, self.procs = [], []
+        # without an init method of the caller's, the ranks meet at a store this process
+        # holds from before they start until close (engine.rendezvous)
+        self._store = (None if settings.dist_init_method
+                       else HeldStore(settings.step_timeout_s + COLLECTIVE_GRACE_S))
+        address = self._store.address if self._store is not None else None
         try:
             for rank in range(settings.world_size):
                 parent, child = ctx.Pipe(duplex=True)
-                p = ctx.Process(target=rank_main, args=(rank, settings, protocol_config, child),
+                p = ctx.Process(target=rank_main,
+                                args=(rank, settings, protocol_config, child, address),
                                 name=f"lockstep-rank{rank}", daemon=True)
                 p.start()
                 child.close()
@@ -401,6 +401,9 @@ class SpawnedRanks:
         for c in self.conns:
             c.close()
         self.procs, self.conns = [], []
+        if self._store is not None:
+            self._store.close()
+            self._store = None
 
 
 def torchrun_env() -> tuple[int, int] | None:

@@ -32,6 +32,7 @@ import os
 import time
 import traceback
 
+from engine.rendezvous import HeldStore, StoreAddress, join_process_group
 from engine.seeds import derived_seed
 
 # Decode buckets of the engine (pegainfer's 36); mirrors protocol.buckets.DEFAULT_DECODE_BUCKETS.
@@ -369,7 +370,7 @@ def allreduce_latency(rows: int, hidden: int, dtype, dev, repeats: int = 20) -> 
     return {"bytes": x.numel() * x.element_size(), "median_us": _pct(times, 0.5)}
 
 
-def _rank_entry(rank: int, world_size: int, opts, model_dir: str, init_method: str,
+def _rank_entry(rank: int, world_size: int, opts, model_dir: str, store: StoreAddress,
                 queue) -> None:
     try:
         import datetime
@@ -379,9 +380,8 @@ def _rank_entry(rank: int, world_size: int, opts, model_dir: str, init_method: s
 
         os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # never NVLink multicast here
         torch.cuda.set_device(rank)
-        dist.init_process_group("nccl", init_method=init_method, rank=rank,
-                                world_size=world_size, device_id=torch.device("cuda", rank),
-                                timeout=datetime.timedelta(seconds=600))
+        join_process_group("nccl", store, rank, world_size, datetime.timedelta(seconds=600),
+                           device_id=torch.device("cuda", rank))
         res = measure_rank(rank, world_size, opts, model_dir)
         dist.barrier()
         dist.destroy_process_group()
@@ -407,12 +407,11 @@ def measure_engine(opts, model_dir: str) -> list[dict]:
 
     import torch.multiprocessing as mp
 
-    from engine.ranks import _free_port
-
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    init = f"tcp://127.0.0.1:{_free_port()}"
-    procs = [ctx.Process(target=_rank_entry, args=(r, world, opts, str(model_dir), init, q),
+    store = HeldStore(600)
+    procs = [ctx.Process(target=_rank_entry,
+                         args=(r, world, opts, str(model_dir), store.address, q),
                          daemon=True) for r in range(world)]
     for p in procs:
         p.start()
@@ -432,4 +431,5 @@ def measure_engine(opts, model_dir: str) -> list[dict]:
             if p.is_alive():
                 p.kill()
                 p.join()
+        store.close()
     return [results[r] for r in range(world)]
