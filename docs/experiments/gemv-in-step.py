@@ -17,16 +17,13 @@ import dataclasses
 import json
 import shutil
 
-import torch
-from torch.profiler import ProfilerActivity, profile
+from step_probe import timeline
 
 from engine.bench.modeldir import write_random_model_fast
-from engine.bench.profile import replay_timeline
 from engine.bench.step_tune import StepTimer
 from engine.kernels.skinny_gemm import TileConfig
 
 SWEEP = "docs/benchmarks-gemm-sweep-gemv-qwen3-4b-h200.json"
-REPLAYS = 20
 LAYERS = 36
 
 
@@ -34,19 +31,12 @@ def gemv(block_n: int, block_k: int, split_k: int, num_warps: int) -> TileConfig
     return TileConfig(block_n, block_k, split_k, num_warps, 1, gemv=True)
 
 
-def timeline(timer: StepTimer) -> str:
+def timeline_text(timer: StepTimer) -> str:
     """The exposed / busy / overlap us per step of the nine most exposed kernels."""
-    ex, key = timer.ex, timer.key(1)
-    check = timer._check[1][0]
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(REPLAYS):
-            ex.prepare_replay(check)
-            ex.launch(key)
-        torch.cuda.synchronize()
-    t = replay_timeline(prof.events(), REPLAYS, LAYERS)
+    t = timeline(timer, 1, LAYERS, rows=9)
     return f"span {t['span_us']:.1f} us; " + "; ".join(
         f"{r['name'][-24:]} exposed {r['exposed_us']:.0f} busy {r['busy_us']:.0f} "
-        f"overlap {r['overlap_us']:.0f}" for r in t["rows"][:9])
+        f"overlap {r['overlap_us']:.0f}" for r in t["rows"])
 
 
 def main() -> None:
@@ -69,7 +59,7 @@ def main() -> None:
         for round_ in range(2):
             for name, plan in plans.items():
                 line = f"round {round_} {name}: step {timer.time(1, plan):.4f} ms"
-                print(line + (" " + timeline(timer) if round_ else ""), flush=True)
+                print(line + (" " + timeline_text(timer) if round_ else ""), flush=True)
     finally:
         shutil.rmtree(model_dir, ignore_errors=True)
 

@@ -32,15 +32,13 @@ import shutil
 import sys
 
 import torch
-from torch.profiler import ProfilerActivity, profile
+from step_probe import summary, timeline
 
 from engine.bench.modeldir import write_random_model_fast
-from engine.bench.profile import replay_timeline
 from engine.bench.step_tune import StepTimer
 from engine.kernels import decode_attention, skinny_gemm
 from engine.kernels.skinny_gemm import TileConfig
 
-REPLAYS = 20
 LAYERS = 36
 BUCKETS = (1, 8)
 # one-tile o_proj tiles (K = 4096): programs, and on sm_90 with Triton 3.6 the programs an SM
@@ -59,20 +57,6 @@ P64, T64, T32, T128 = (next(n for n in TILES if n.startswith(p))
                        for p in ("ptr 64x256", "tma 64x256", "tma 32x256", "tma 128x256"))
 VARIANTS = [(None, False, False, False), (None, False, False, True), (None, True, False, True),
             (P64, True, True, False)] + [(t, True, True, True) for t in (P64, T64, T32, T128)]
-
-
-def timeline(timer: StepTimer, bucket: int) -> dict:
-    ex, key = timer.ex, timer.key(bucket)
-    check = timer._check[bucket][0]
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(REPLAYS):
-            ex.prepare_replay(check)
-            ex.launch(key)
-        torch.cuda.synchronize()
-    t = replay_timeline(prof.events(), REPLAYS, LAYERS)
-    return {"span_us": t["span_us"],
-            "rows": [{k: r[k] for k in ("name", "exposed_us", "busy_us", "overlap_us")}
-                     for r in t["rows"][:8]]}
 
 
 def main() -> None:
@@ -103,13 +87,11 @@ def main() -> None:
                         print(f"b{bucket} {label}: failed: {str(e)[:300]}", flush=True)
                         continue
                     times.setdefault(label, []).append(ms)
-                    summary = ""
+                    text = ""
                     if round_:
-                        lines[label] = timeline(timer, bucket)
-                        summary = " | " + "; ".join(
-                            f"{r['name'][-22:]} {r['exposed_us']:.0f}/{r['busy_us']:.0f}"
-                            for r in lines[label]["rows"][:7])
-                    print(f"b{bucket} round {round_} {label}: {ms:.4f} ms{summary}", flush=True)
+                        lines[label] = timeline(timer, bucket, LAYERS)
+                        text = " | " + summary(lines[label], 7)
+                    print(f"b{bucket} round {round_} {label}: {ms:.4f} ms{text}", flush=True)
             record["buckets"][bucket] = {"plan": str(start), "times_ms": times,
                                          "timelines": lines}
             decode_attention.TRIGGER_AT_WAIT = False
