@@ -27,15 +27,11 @@ StepTimer`, 100 replays after 10) in two rounds, and in the second round the dev
 from __future__ import annotations
 
 import dataclasses
-import json
-import shutil
+import functools
 import sys
 
-import torch
-from step_probe import summary, timeline
+from step_probe import probe_qwen3_4b, rounds
 
-from engine.bench.modeldir import write_random_model_fast
-from engine.bench.step_tune import StepTimer
 from engine.kernels import decode_attention, skinny_gemm
 from engine.kernels.skinny_gemm import TileConfig
 
@@ -52,56 +48,43 @@ TILES = {
 }
 # (o_proj tile name or None for the plan's, attention triggers at its wait, a one-tile launch
 # triggers at its exit instead of after its product, the attention asks L2 for its first tile's
-# earlier K/V before its wait)
+# earlier K/V before its wait); the last of the session's three calls ran these (the first two: every
+# tile with and without the attention's trigger at its wait, then also with o_proj's at exit;
+# docs/benchmarks-oproj-preload-h100.json holds all three)
 P64, T64, T32, T128 = (next(n for n in TILES if n.startswith(p))
                        for p in ("ptr 64x256", "tma 64x256", "tma 32x256", "tma 128x256"))
 VARIANTS = [(None, False, False, False), (None, False, False, True), (None, True, False, True),
             (P64, True, True, False)] + [(t, True, True, True) for t in (P64, T64, T32, T128)]
 
 
+def switch(early: bool, at_exit: bool, prefetch: bool) -> None:
+    """Set the patch's three switches."""
+    decode_attention.TRIGGER_AT_WAIT = early
+    skinny_gemm.ONE_TILE_TRIGGER_AT_EXIT = at_exit
+    decode_attention.PREFETCH_KV_L2 = prefetch
+
+
+def per_bucket(timer, bucket: int) -> dict:
+    start = timer.start_plan(bucket)
+    variants = []
+    for tile, early, at_exit, prefetch in VARIANTS:
+        label = (f"o_proj {tile}" if tile else "plan") + (
+            ", attention triggers at its wait" if early else "") + (
+            ", o_proj triggers at exit" if at_exit else "") + (
+            ", K/V prefetched to L2" if prefetch else "")
+        plan = start if tile is None else dataclasses.replace(start, o_proj=TILES[tile])
+        variants.append((label, functools.partial(switch, early, at_exit, prefetch), plan))
+    try:
+        times, lines = rounds(timer, bucket, variants, LAYERS, 7)
+    finally:
+        switch(False, False, False)
+    return {"plan": str(start), "times_ms": times, "timelines": lines}
+
+
 def main() -> None:
     out_path = sys.argv[1] if len(sys.argv) > 1 else None
     buckets = [int(b) for b in sys.argv[2].split(",")] if len(sys.argv) > 2 else BUCKETS
-    model_dir = str(write_random_model_fast("qwen3-4b", "bfloat16", 0))
-    record: dict = {"gpu": torch.cuda.get_device_name(), "buckets": {}}
-    try:
-        timer = StepTimer(model_dir, list(buckets), 128, 100, 10, list(TILES.values()), 0)
-        for bucket in buckets:
-            start = timer.start_plan(bucket)
-            times: dict = {}
-            lines: dict = {}
-            for round_ in range(2):
-                for tile, early, at_exit, prefetch in VARIANTS:
-                    label = (f"o_proj {tile}" if tile else "plan") + (
-                        ", attention triggers at its wait" if early else "") + (
-                        ", o_proj triggers at exit" if at_exit else "") + (
-                        ", K/V prefetched to L2" if prefetch else "")
-                    plan = start if tile is None else dataclasses.replace(start,
-                                                                          o_proj=TILES[tile])
-                    decode_attention.TRIGGER_AT_WAIT = early
-                    skinny_gemm.ONE_TILE_TRIGGER_AT_EXIT = at_exit
-                    decode_attention.PREFETCH_KV_L2 = prefetch
-                    try:
-                        ms = timer.time(bucket, plan)
-                    except Exception as e:  # an experiment: report and go on
-                        print(f"b{bucket} {label}: failed: {str(e)[:300]}", flush=True)
-                        continue
-                    times.setdefault(label, []).append(ms)
-                    text = ""
-                    if round_:
-                        lines[label] = timeline(timer, bucket, LAYERS)
-                        text = " | " + summary(lines[label], 7)
-                    print(f"b{bucket} round {round_} {label}: {ms:.4f} ms{text}", flush=True)
-            record["buckets"][bucket] = {"plan": str(start), "times_ms": times,
-                                         "timelines": lines}
-            decode_attention.TRIGGER_AT_WAIT = False
-            skinny_gemm.ONE_TILE_TRIGGER_AT_EXIT = False
-            decode_attention.PREFETCH_KV_L2 = False
-    finally:
-        shutil.rmtree(model_dir, ignore_errors=True)
-    if out_path:
-        with open(out_path, "w") as f:
-            json.dump(record, f, indent=1)
+    probe_qwen3_4b(buckets, TILES.values(), per_bucket, out_path)
 
 
 if __name__ == "__main__":

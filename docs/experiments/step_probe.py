@@ -36,3 +36,51 @@ def summary(line: dict, rows: int) -> str:
     """'name exposed/busy; ...' of a `timeline`'s first `rows` kernels."""
     return "; ".join(f"{r['name'][-22:]} {r['exposed_us']:.0f}/{r['busy_us']:.0f}"
                      for r in line["rows"][:rows])
+
+
+def rounds(timer: StepTimer, bucket: int, variants: list, layers: int, rows: int,
+           count: int = 2) -> tuple[dict, dict]:
+    """Time each (label, set_up, plan) of `variants` at `bucket` rows, `count` rounds in turn
+    (`set_up()` first sets the experiment's switches), printing each median; in the last round
+    also each `timeline`. A trial that raises is reported and skipped. Returns
+    ({label: [ms per round]}, {label: timeline})."""
+    times: dict = {}
+    lines: dict = {}
+    for round_ in range(count):
+        for label, set_up, plan in variants:
+            set_up()
+            try:
+                ms = timer.time(bucket, plan)
+            except Exception as e:  # an experiment: report and go on
+                print(f"b{bucket} {label}: failed: {str(e)[:300]}", flush=True)
+                continue
+            times.setdefault(label, []).append(ms)
+            text = ""
+            if round_ == count - 1:
+                lines[label] = timeline(timer, bucket, layers)
+                text = " | " + summary(lines[label], rows)
+            print(f"b{bucket} round {round_} {label}: {ms:.4f} ms{text}", flush=True)
+    return times, lines
+
+
+def probe_qwen3_4b(buckets, extra_tiles: list, per_bucket, out_path: str | None) -> None:
+    """Make a random-weight Qwen3-4B directory and a `StepTimer` over it (context 128, 100
+    replays after 10, `extra_tiles` in its workspace), record `per_bucket(timer, bucket)` (a
+    dict) for each of `buckets`, write {"gpu", "buckets"} to `out_path` when given, and remove
+    the directory."""
+    import json
+    import shutil
+
+    from engine.bench.modeldir import write_random_model_fast
+
+    model_dir = str(write_random_model_fast("qwen3-4b", "bfloat16", 0))
+    record: dict = {"gpu": torch.cuda.get_device_name(), "buckets": {}}
+    try:
+        timer = StepTimer(model_dir, list(buckets), 128, 100, 10, list(extra_tiles), 0)
+        for bucket in buckets:
+            record["buckets"][bucket] = per_bucket(timer, bucket)
+    finally:
+        shutil.rmtree(model_dir, ignore_errors=True)
+    if out_path:
+        with open(out_path, "w") as f:
+            json.dump(record, f, indent=1)

@@ -19,15 +19,11 @@ rounds, and in the second the exposed / busy us per step of the most exposed ker
 
 from __future__ import annotations
 
-import json
-import shutil
+import functools
 import sys
 
-import torch
-from step_probe import summary, timeline
+from step_probe import probe_qwen3_4b, rounds
 
-from engine.bench.modeldir import write_random_model_fast
-from engine.bench.step_tune import StepTimer
 from engine.kernels import skinny_gemm
 
 LAYERS = 36
@@ -43,32 +39,19 @@ def main() -> None:
     out_path = sys.argv[2] if len(sys.argv) > 2 else None
     variants = {"main": set(), **{f"{name} at {where}": {shape} for name, shape in SHAPES.items()},
                 f"all four at {where}": set(SHAPES.values())}
-    model_dir = str(write_random_model_fast("qwen3-4b", "bfloat16", 0))
-    record: dict = {"gpu": torch.cuda.get_device_name(), "buckets": {}}
-    try:
-        timer = StepTimer(model_dir, list(BUCKETS), 128, 100, 10, [], 0)
-        for bucket in BUCKETS:
-            plan = timer.start_plan(bucket)
-            times: dict = {}
-            lines: dict = {}
-            for round_ in range(2):
-                for label, shapes in variants.items():
-                    setattr(skinny_gemm, f"TRIGGER_AT_{where.upper()}_SHAPES", shapes)
-                    ms = timer.time(bucket, plan)
-                    times.setdefault(label, []).append(ms)
-                    text = ""
-                    if round_:
-                        lines[label] = timeline(timer, bucket, LAYERS)
-                        text = " | " + summary(lines[label], 6)
-                    print(f"b{bucket} round {round_} {label}: {ms:.4f} ms{text}", flush=True)
-            record["buckets"][bucket] = {"plan": str(plan), "times_ms": times,
-                                         "timelines": lines}
-            setattr(skinny_gemm, f"TRIGGER_AT_{where.upper()}_SHAPES", set())
-    finally:
-        shutil.rmtree(model_dir, ignore_errors=True)
-    if out_path:
-        with open(out_path, "w") as f:
-            json.dump(record, f, indent=1)
+    switch = f"TRIGGER_AT_{where.upper()}_SHAPES"
+
+    def per_bucket(timer, bucket: int) -> dict:
+        plan = timer.start_plan(bucket)
+        try:
+            times, lines = rounds(timer, bucket, [
+                (label, functools.partial(setattr, skinny_gemm, switch, shapes), plan)
+                for label, shapes in variants.items()], LAYERS, 6)
+        finally:
+            setattr(skinny_gemm, switch, set())
+        return {"plan": str(plan), "times_ms": times, "timelines": lines}
+
+    probe_qwen3_4b(BUCKETS, [], per_bucket, out_path)
 
 
 if __name__ == "__main__":
