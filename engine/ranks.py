@@ -154,8 +154,9 @@ def _stopped(p) -> bool:
 
 
 def rank_main(rank: int, settings: EngineConfig, protocol_config, conn,
-              store: StoreAddress | None = None) -> None:
-    """Body of one rank process: set up the group, load the model, serve commands.
+              store_address: StoreAddress | None) -> None:
+    """Body of one rank process: set up the group (through the held store at `store_address`,
+    or with `settings.dist_init_method` where that is None), load the model, serve commands.
 
     Sends ("ready", rank) once loaded, or ("error", text) if setup fails, then one
     (reply, outputs) per command until Teardown.
@@ -166,13 +167,13 @@ def rank_main(rank: int, settings: EngineConfig, protocol_config, conn,
     # itself; a rank that took it would print a KeyboardInterrupt traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        _serve(rank, settings, protocol_config, conn, store)
+        _serve(rank, settings, protocol_config, conn, store_address)
     except (EOFError, OSError):  # the parent went away (killed, or it closed our pipe): stop
         return
 
 
 def _serve(rank: int, settings: EngineConfig, protocol_config, conn,
-           store: StoreAddress | None) -> None:
+           store_address: StoreAddress | None) -> None:
     try:
         try:  # a dependency in pyproject; a bare GPU machine may lack it: titles are cosmetic
             import setproctitle
@@ -193,8 +194,8 @@ def _serve(rank: int, settings: EngineConfig, protocol_config, conn,
         import datetime
 
         timeout = datetime.timedelta(seconds=settings.step_timeout_s + COLLECTIVE_GRACE_S)
-        if store is not None:
-            join_process_group(backend, store, rank, settings.world_size, timeout)
+        if store_address is not None:
+            join_process_group(backend, store_address, rank, settings.world_size, timeout)
         else:
             dist.init_process_group(backend, init_method=settings.dist_init_method, rank=rank,
                                     world_size=settings.world_size, timeout=timeout)
@@ -265,8 +266,7 @@ class SpawnedRanks:
         self.conns, self.procs = [], []
         # without an init method of the caller's, the ranks meet at a store this process
         # holds from before they start until close (engine.rendezvous)
-        self._store = (None if settings.dist_init_method
-                       else HeldStore(settings.step_timeout_s + COLLECTIVE_GRACE_S))
+        self._store = None if settings.dist_init_method else HeldStore()
         address = self._store.address if self._store is not None else None
         try:
             for rank in range(settings.world_size):
@@ -389,21 +389,24 @@ class SpawnedRanks:
                 p.kill()
 
     def close(self, abort: bool = False) -> None:
-        """Stop every rank process: join after Teardown, or kill (abort) and reap."""
-        for p in self.procs:
-            if abort and p.is_alive():
-                p.kill()
-        for p in self.procs:
-            p.join(JOIN_TIMEOUT_S)
-            if p.is_alive():
-                p.kill()
+        """Stop every rank process: join after Teardown, or kill (abort) and reap; then stop
+        the store they met at, even when interrupted."""
+        try:
+            for p in self.procs:
+                if abort and p.is_alive():
+                    p.kill()
+            for p in self.procs:
                 p.join(JOIN_TIMEOUT_S)
-        for c in self.conns:
-            c.close()
-        self.procs, self.conns = [], []
-        if self._store is not None:
-            self._store.close()
-            self._store = None
+                if p.is_alive():
+                    p.kill()
+                    p.join(JOIN_TIMEOUT_S)
+            for c in self.conns:
+                c.close()
+            self.procs, self.conns = [], []
+        finally:
+            if self._store is not None:
+                self._store.close()
+                self._store = None
 
 
 def torchrun_env() -> tuple[int, int] | None:

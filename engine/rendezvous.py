@@ -15,6 +15,7 @@ import dataclasses
 import datetime
 
 HOST = "127.0.0.1"
+SERVER_TIMEOUT_S = 60
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,19 +28,19 @@ class StoreAddress:
 
 class HeldStore:
     """A TCPStore server on a port the OS picks (port 0), open from construction to `close`.
+    torch's server listens on every interface; the ranks reach it through loopback (HOST).
+    The spawning process makes no store operation of its own, so the server's timeout
+    (SERVER_TIMEOUT_S) bounds nothing here; each rank's client takes its own.
 
-    Args:
-        timeout_s: seconds the store's own operations may wait (none are made in the spawning
-            process; the ranks' clients take their own timeout).
     Raises:
         RuntimeError (torch's DistNetworkError): the server could not start.
     """
 
-    def __init__(self, timeout_s: float):
+    def __init__(self):
         import torch.distributed as dist
 
         self._server = dist.TCPStore(HOST, 0, is_master=True, wait_for_workers=False,
-                                     timeout=datetime.timedelta(seconds=timeout_s))
+                                     timeout=datetime.timedelta(seconds=SERVER_TIMEOUT_S))
         self.address = StoreAddress(HOST, self._server.port)
 
     def close(self) -> None:
@@ -53,8 +54,9 @@ def join_process_group(backend: str, address: StoreAddress, rank: int, world_siz
     one of `world_size` ranks; `kwargs` go to `torch.distributed.init_process_group`.
 
     Raises:
-        RuntimeError (torch's DistStoreError / DistNetworkError): the store is unreachable or
-            the other ranks did not join within `timeout`.
+        RuntimeError (torch's DistStoreError / DistNetworkError): the other ranks did not join
+            within `timeout`, or the store was unreachable (torch retries a failed connect, so
+            that takes up to about twice `timeout`).
     """
     import torch.distributed as dist
 

@@ -370,8 +370,8 @@ def allreduce_latency(rows: int, hidden: int, dtype, dev, repeats: int = 20) -> 
     return {"bytes": x.numel() * x.element_size(), "median_us": _pct(times, 0.5)}
 
 
-def _rank_entry(rank: int, world_size: int, opts, model_dir: str, store: StoreAddress,
-                queue) -> None:
+def _rank_entry(rank: int, world_size: int, opts, model_dir: str,
+                store_address: StoreAddress, queue) -> None:
     try:
         import datetime
 
@@ -380,8 +380,8 @@ def _rank_entry(rank: int, world_size: int, opts, model_dir: str, store: StoreAd
 
         os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # never NVLink multicast here
         torch.cuda.set_device(rank)
-        join_process_group("nccl", store, rank, world_size, datetime.timedelta(seconds=600),
-                           device_id=torch.device("cuda", rank))
+        join_process_group("nccl", store_address, rank, world_size,
+                           datetime.timedelta(seconds=600), device_id=torch.device("cuda", rank))
         res = measure_rank(rank, world_size, opts, model_dir)
         dist.barrier()
         dist.destroy_process_group()
@@ -409,14 +409,14 @@ def measure_engine(opts, model_dir: str) -> list[dict]:
 
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    store = HeldStore(600)
+    store = HeldStore()
     procs = [ctx.Process(target=_rank_entry,
                          args=(r, world, opts, str(model_dir), store.address, q),
                          daemon=True) for r in range(world)]
-    for p in procs:
-        p.start()
     results: dict[int, dict] = {}
     try:
+        for p in procs:
+            p.start()
         while len(results) < world:
             try:
                 rank, status, payload = q.get(timeout=1800)
@@ -426,10 +426,14 @@ def measure_engine(opts, model_dir: str) -> list[dict]:
                 raise RuntimeError(f"bench rank {rank} failed:\n{payload}")
             results[rank] = payload
     finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-                p.join()
-        store.close()
+        try:
+            for p in procs:
+                if p.pid is None:  # never started
+                    continue
+                p.join(timeout=30)
+                if p.is_alive():
+                    p.kill()
+                    p.join()
+        finally:
+            store.close()
     return [results[r] for r in range(world)]

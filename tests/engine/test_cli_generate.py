@@ -155,14 +155,12 @@ def test_tp2_spawned_and_torchrun_give_the_tp1_tokens(tiny_dir, capsys):
     if torchrun is None:
         pytest.skip("torchrun not installed beside this python")
     import signal
-    import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    proc = subprocess.Popen([torchrun, "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-                             "--master-port", str(port), "-m", "lockstep", *args], cwd=ROOT,
+    # --standalone: torchrun's agent binds a free port itself and holds it (a port chosen here
+    # and closed could be taken by another test worker before the agent binds it)
+    proc = subprocess.Popen([torchrun, "--standalone", "--nproc-per-node", "2",
+                             "-m", "lockstep", *args], cwd=ROOT,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:

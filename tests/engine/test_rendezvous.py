@@ -22,7 +22,7 @@ def _bindable(port: int) -> bool:
 
 @pytest.mark.timeout(60)
 def test_held_store_keeps_its_port_until_closed():
-    store = HeldStore(10)
+    store = HeldStore()
     port = store.address.port
     assert port > 0
     assert not _bindable(port)
@@ -47,7 +47,7 @@ def test_two_ranks_join_through_a_held_store():
 
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    store = HeldStore(30)
+    store = HeldStore()
     procs = [ctx.Process(target=_join_and_sum, args=(r, store.address, queue), daemon=True)
              for r in range(2)]
     try:
@@ -63,27 +63,102 @@ def test_two_ranks_join_through_a_held_store():
     assert got == {0: 3.0, 1: 3.0}
 
 
-@pytest.mark.timeout(300)
-def test_spawned_ranks_hold_their_store_while_running(tiny_dir, monkeypatch):
-    """Spawned ranks without an init method of the caller's meet at a port the controller
-    holds from before they start (the window the old free-port choice left open) until the
-    LLM is closed."""
+@pytest.mark.timeout(60, method="thread")  # a wait in C++ ignores signals
+def test_a_rank_alone_gives_up_after_its_timeout():
+    """A rank whose peers never join fails once its client's timeout passes, instead of
+    waiting on the store for torch's default of 30 minutes."""
+    import time
+
+    from torch.distributed import DistError
+
+    store = HeldStore()
+    try:
+        start = time.monotonic()
+        with pytest.raises(DistError):
+            join_process_group("gloo", store.address, 0, 2, datetime.timedelta(seconds=2))
+        assert time.monotonic() - start < 30
+    finally:
+        store.close()
+
+
+@pytest.mark.timeout(60, method="thread")  # a wait in C++ ignores signals
+def test_an_unreachable_store_fails_within_about_twice_the_timeout():
+    """A rank whose store is gone fails once its client's connect timeout passes (torch
+    retries a failed connect), not after TCPStore's default of 5 minutes."""
+    import time
+
+    from torch.distributed import DistError
+
+    store = HeldStore()
+    address = store.address
+    store.close()
+    start = time.monotonic()
+    with pytest.raises(DistError):
+        join_process_group("gloo", address, 0, 2, datetime.timedelta(seconds=2))
+    assert time.monotonic() - start < 30
+
+
+@pytest.fixture
+def recorded_stores(monkeypatch):
+    """Each HeldStore the ranks module makes: (port, whether the port was free at once)."""
     import engine.ranks as ranks_mod
-    from engine.llm import LLM
-    from engine.sampling import SamplingParams
 
     seen = []
 
     class Recording(HeldStore):
-        def __init__(self, timeout_s):
-            super().__init__(timeout_s)
+        def __init__(self):
+            super().__init__()
             seen.append((self.address.port, _bindable(self.address.port)))
 
     monkeypatch.setattr(ranks_mod, "HeldStore", Recording)
+    return seen
+
+
+@pytest.mark.timeout(300)
+def test_spawned_ranks_hold_their_store_while_running(tiny_dir, recorded_stores):
+    """Spawned ranks without an init method of the caller's meet at a port the controller
+    holds from before they start (the window the old free-port choice left open) until the
+    LLM is closed."""
+    from engine.llm import LLM
+    from engine.sampling import SamplingParams
+
     with LLM(tiny_dir, tensor_parallel_size=2, max_batch=2, max_model_len=32) as llm:
-        (port, bindable_at_start), = seen
+        (port, bindable_at_start), = recorded_stores
         assert not bindable_at_start
         out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2, ignore_eos=True))
         assert len(out[0].token_ids) == 2
         assert not _bindable(port)
     assert _bindable(port)
+
+
+@pytest.mark.timeout(300)
+def test_a_failed_run_releases_the_store(tiny_dir, recorded_stores):
+    """The abort path (a rank killed mid-run) stops the store too."""
+    from engine.errors import RankError
+    from engine.llm import LLM
+    from engine.sampling import SamplingParams
+
+    with pytest.raises(RankError):
+        with LLM(tiny_dir, tensor_parallel_size=2, max_batch=2, max_model_len=32,
+                 _fault=(1, 6, "kill")) as llm:
+            llm.generate([[1, 2, 3]], SamplingParams(max_tokens=20, ignore_eos=True))
+    (port, _), = recorded_stores
+    assert _bindable(port)
+
+
+@pytest.mark.timeout(300)
+def test_an_init_method_of_the_callers_is_used(tiny_dir, tmp_path, recorded_stores):
+    """A config that names its own init method (here a file, free of ports) makes no store."""
+    import dataclasses
+
+    from engine.engine_config import EngineConfig
+    from engine.llm import LLM
+    from engine.sampling import SamplingParams
+
+    config = dataclasses.replace(
+        EngineConfig.create(tiny_dir, tensor_parallel_size=2, max_batch=2, max_model_len=32),
+        dist_init_method=f"file://{tmp_path / 'rendezvous'}")
+    with LLM(config) as llm:
+        out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2, ignore_eos=True))
+    assert len(out[0].token_ids) == 2
+    assert recorded_stores == []

@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
-import socket
 import time
 
 import pytest
 import torch
+
+from engine.rendezvous import HeldStore
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
@@ -23,18 +24,20 @@ pytestmark = [pytest.mark.gpu,
 WATCHDOG_S = 90.0  # far above the barrier sweep's time for this model (about a second)
 
 
-def _rank(rank: int, model_dir: str, port: int, skew_s: float, q) -> None:
+def _rank(rank: int, model_dir: str, store_address, skew_s: float, q) -> None:
+    import datetime
+
     import torch.distributed as dist
 
     from engine.executor import RankExecutor
+    from engine.rendezvous import join_process_group
     from engine.parallel import TPGroup
     from engine.engine_config import EngineConfig
     from protocol.keys import GraphKey
 
     try:
         torch.cuda.set_device(rank)
-        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=2)
+        join_process_group("nccl", store_address, rank, 2, datetime.timedelta(minutes=10))
         buckets = (1, 2, 4, 8, 16, 20, 24, 32)
         settings = EngineConfig(model_dir, world_size=2, device="cuda", max_batch=32,
                                   max_model_len=64, buckets=buckets, cuda_graph=True)
@@ -68,12 +71,10 @@ def test_fused_sweep_experiment(tmp_path, skew_s):
     from engine.model_dir import write_model_dir
 
     d = write_model_dir("tiny-tied", tmp_path / "m", seed=8, dtype="float32")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    store = HeldStore()
     ctx = multiprocessing.get_context("spawn")
     q = ctx.Queue()
-    procs = [ctx.Process(target=_rank, args=(r, str(d), port, skew_s, q), daemon=True)
+    procs = [ctx.Process(target=_rank, args=(r, str(d), store.address, skew_s, q), daemon=True)
              for r in range(2)]
     for p in procs:
         p.start()
@@ -92,6 +93,7 @@ def test_fused_sweep_experiment(tmp_path, skew_s):
         if p.is_alive():
             p.kill()
             p.join(10)
+    store.close()
     report = {"skew_s": skew_s, "outcome": "hung" if hung else "completed",
               "ranks": {str(r): v for r, v in results.items()}, "watchdog_s": WATCHDOG_S}
     print(f"\nfused sweep (no barrier, no upload phase), skew {skew_s} s: {report}")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -82,11 +81,9 @@ def test_torchrun_nccl_gives_the_tp1_tokens(tiny_tied):
     one = subprocess.run([sys.executable, "-m", "lockstep", *args], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=200)
     assert one.returncode == 0, one.stderr[-3000:]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
-                             "2", "--master-addr", "127.0.0.1", "--master-port", str(port),
+    # --standalone: the agent binds a free port itself and holds it
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                             "--nproc-per-node", "2",
                              "-m", "lockstep", *args, "-tp", "2"], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
