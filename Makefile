@@ -37,6 +37,8 @@ test: .venv/installed
 gpu-test:
 	@python3 -c "import torch, triton, transformers, safetensors, pytest" 2>/dev/null || { \
 	  echo "make gpu-test: python3 lacks one of torch, triton, transformers, safetensors, pytest: this target runs the GPU tests with the system Python of a CUDA machine (README, Set-up); .venv/bin/python -m pytest -m gpu skips them on a machine without CUDA"; exit 2; }
+	@python3 -c "import torch; raise SystemExit(0 if torch.cuda.is_available() else 1)" || { \
+	  echo "make gpu-test: python3's torch sees no CUDA GPU (torch.cuda.is_available() is False), so every GPU test would skip: run it on a CUDA machine (README, Set-up)"; exit 2; }
 	PYTHONPATH=. python3 -m pytest -m gpu -q
 
 # Mutation testing of protocol/ (docs/mutation.md): a deterministic sample of the generated

@@ -320,8 +320,13 @@ def get_variant(name: str) -> Variant:
         # names are lower case; FUSED-SWEEP got no hint while fused-swep did (a fresh user)
         close = difflib.get_close_matches(name.lower(), list(REGISTRY), n=3, cutoff=0.5)
         hint = f"did you mean {', '.join(close)}? " if close else ""
+        listed = ("`lockstep check --list` prints them, docs/variants.md describes them"
+                  if len(REGISTRY) == len(SHIPPED) else
+                  f"`lockstep check --list` prints the {len(SHIPPED)} shipped, `--list` with "
+                  f"the same --variant-file options the {len(REGISTRY) - len(SHIPPED)} from "
+                  "files")
         raise ConfigError(f"unknown variant {name!r}; {hint}{len(REGISTRY)} are known: "
-                          "`lockstep check --list` prints them, docs/variants.md describes them") from None
+                          f"{listed}") from None
 
 
 def load_variant_file(path: str | Path) -> list[Variant]:

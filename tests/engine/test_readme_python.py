@@ -76,3 +76,27 @@ def test_make_gpu_test_without_torch_says_so_in_one_line(tmp_path):
     lines = proc.stdout.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("make gpu-test: python3 lacks"), proc.stdout
     assert "Traceback" not in proc.stdout + proc.stderr and "test session" not in proc.stdout
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(subprocess.run(["which", "make"], capture_output=True).returncode != 0,
+                    reason="needs make")
+def test_make_gpu_test_without_a_gpu_says_so_in_one_line(tmp_path):
+    """`make gpu-test` under a python3 with every package but no CUDA GPU (here: this
+    interpreter, as after `source .venv/bin/activate` on a CPU machine) stops with one line,
+    instead of reporting every GPU test skipped and exiting 0 (a fresh user's finding)."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this python sees a GPU: the target would run the GPU suite")
+    shim = tmp_path / "python3"
+    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    shim.chmod(0o755)
+    env = dict(os.environ, PATH=f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    proc = subprocess.run(["make", "-s", "gpu-test"], capture_output=True, text=True, env=env,
+                          cwd=ROOT, timeout=100)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("make gpu-test: python3's torch sees no CUDA"), \
+        proc.stdout
+    assert "skipped" not in proc.stdout + proc.stderr

@@ -1191,3 +1191,29 @@ def test_a_row_not_reachable_under_another_model_is_not_reported_as_differing(ca
     summary = capsys.readouterr().out.strip().splitlines()[-1]
     assert ("no verdict compared with an expected one, 1 not reachable here; 1 of 1 "
             "bad-variant verdicts differ") in summary, summary
+
+
+def test_unknown_variant_with_a_variant_file_says_how_to_list_them_all():
+    """With a variant file, the count of known variants includes the file's, and plain
+    `--list` prints only the shipped ones, `--list` with the file only the file's: the hint
+    says which prints which (a fresh user's finding). New processes: this one may have
+    registered example files already."""
+    res = subprocess.run([sys.executable, "-m", "lockstep", "check", "--variant-file",
+                          "docs/examples/state_variants.py", "--variant", "nope"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2, res.stderr
+    err = res.stderr.strip()
+    assert len(err.splitlines()) == 1
+    listed = subprocess.run([sys.executable, "-m", "lockstep", "check", "--variant-file",
+                             "docs/examples/state_variants.py", "--list"],
+                            capture_output=True, text=True, timeout=60)
+    shipped = subprocess.run([sys.executable, "-m", "lockstep", "check", "--list"],
+                             capture_output=True, text=True, timeout=60)
+    def rows(out: str) -> int:  # the table's rows: after the header, before a blank line
+        return len(out.split("\n\n")[0].strip().splitlines()) - 1
+
+    n_file, n_shipped = rows(listed.stdout), rows(shipped.stdout)
+    assert n_file > 0 and n_shipped > 0
+    assert (f"{n_file + n_shipped} are known: `lockstep check --list` prints the {n_shipped} "
+            f"shipped, `--list` with the same --variant-file options the {n_file} from files"
+            ) in err, err
