@@ -59,19 +59,27 @@ def test_readme_states_the_torch_version_the_makefile_installs():
     assert "source .venv/bin/activate" in readme and ".venv/bin/lockstep" in readme
 
 
+needs_make = pytest.mark.skipif(
+    subprocess.run(["which", "make"], capture_output=True).returncode != 0, reason="needs make")
+
+
+def _make_gpu_test(tmp_path, python_flags: str, timeout: float) -> subprocess.CompletedProcess:
+    """`make -s gpu-test` with `python3` on PATH this interpreter run with `python_flags`."""
+    shim = tmp_path / "python3"
+    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" {python_flags} "$@"\n')
+    shim.chmod(0o755)
+    env = dict(os.environ, PATH=f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    return subprocess.run(["make", "-s", "gpu-test"], capture_output=True, text=True, env=env,
+                          cwd=ROOT, timeout=timeout)
+
+
 @pytest.mark.timeout(60)
-@pytest.mark.skipif(subprocess.run(["which", "make"], capture_output=True).returncode != 0,
-                    reason="needs make")
+@needs_make
 def test_make_gpu_test_without_torch_says_so_in_one_line(tmp_path):
     """`make gpu-test` under a python3 that cannot import torch (here: this interpreter with
     site-packages off) stops with one line naming what it needs, not 47 collection tracebacks
     (a fresh user's finding on a CPU machine)."""
-    shim = tmp_path / "python3"
-    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S "$@"\n')
-    shim.chmod(0o755)
-    env = dict(os.environ, PATH=f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
-    proc = subprocess.run(["make", "-s", "gpu-test"], capture_output=True, text=True, env=env,
-                          cwd=ROOT, timeout=50)
+    proc = _make_gpu_test(tmp_path, "-S", 50)
     assert proc.returncode == 2
     lines = proc.stdout.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("make gpu-test: python3 lacks"), proc.stdout
@@ -79,8 +87,7 @@ def test_make_gpu_test_without_torch_says_so_in_one_line(tmp_path):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.skipif(subprocess.run(["which", "make"], capture_output=True).returncode != 0,
-                    reason="needs make")
+@needs_make
 def test_make_gpu_test_without_a_gpu_says_so_in_one_line(tmp_path):
     """`make gpu-test` under a python3 with every package but no CUDA GPU (here: this
     interpreter, as after `source .venv/bin/activate` on a CPU machine) stops with one line,
@@ -89,12 +96,7 @@ def test_make_gpu_test_without_a_gpu_says_so_in_one_line(tmp_path):
 
     if torch.cuda.is_available():
         pytest.skip("this python sees a GPU: the target would run the GPU suite")
-    shim = tmp_path / "python3"
-    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
-    shim.chmod(0o755)
-    env = dict(os.environ, PATH=f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
-    proc = subprocess.run(["make", "-s", "gpu-test"], capture_output=True, text=True, env=env,
-                          cwd=ROOT, timeout=100)
+    proc = _make_gpu_test(tmp_path, "", 100)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = proc.stdout.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("make gpu-test: python3's torch sees no CUDA"), \
