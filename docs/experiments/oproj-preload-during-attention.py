@@ -48,9 +48,9 @@ TILES = {
 }
 # (o_proj tile name or None for the plan's, attention triggers at its wait, a one-tile launch
 # triggers at its exit instead of after its product, the attention asks L2 for its first tile's
-# earlier K/V before its wait); the last of the session's three calls ran these (the first two: every
-# tile with and without the attention's trigger at its wait, then also with o_proj's at exit;
-# docs/benchmarks-oproj-preload-h100.json holds all three)
+# earlier K/V before its wait); the last of the session's four calls ran these (the first two: every
+# tile with and without the attention's trigger at its wait; the third also with o_proj's at
+# exit; docs/benchmarks-oproj-preload-h100.json holds all four)
 P64, T64, T32, T128 = (next(n for n in TILES if n.startswith(p))
                        for p in ("ptr 64x256", "tma 64x256", "tma 32x256", "tma 128x256"))
 VARIANTS = [(None, False, False, False), (None, False, False, True), (None, True, False, True),
