@@ -66,36 +66,30 @@ def test_two_ranks_join_through_a_held_store():
 @pytest.mark.timeout(60, method="thread")  # a wait in C++ ignores signals
 def test_a_rank_alone_gives_up_after_its_timeout():
     """A rank whose peers never join fails once its client's timeout passes, instead of
-    waiting on the store for torch's default of 30 minutes."""
-    import time
-
+    waiting on the store for torch's default of 30 minutes; the test's timeout is what tells
+    the two apart."""
     from torch.distributed import DistError
 
     store = HeldStore()
-    try:
-        start = time.monotonic()
+    try:  # without the client's timeout this waits past the test's own timeout
         with pytest.raises(DistError):
             join_process_group("gloo", store.address, 0, 2, datetime.timedelta(seconds=2))
-        assert time.monotonic() - start < 30
     finally:
         store.close()
 
 
 @pytest.mark.timeout(60, method="thread")  # a wait in C++ ignores signals
-def test_an_unreachable_store_fails_within_about_twice_the_timeout():
-    """A rank whose store is gone fails once its client's connect timeout passes (torch
-    retries a failed connect), not after TCPStore's default of 5 minutes."""
-    import time
-
+def test_an_unreachable_store_fails_within_its_timeout():
+    """A rank whose store is gone fails once its client's connect timeout passes (about twice
+    it: torch retries a failed connect), not after TCPStore's default of 5 minutes; the test's
+    timeout is what tells the two apart."""
     from torch.distributed import DistError
 
     store = HeldStore()
     address = store.address
     store.close()
-    start = time.monotonic()
-    with pytest.raises(DistError):
+    with pytest.raises(DistError):  # without the client's timeout: 5 minutes, past the test's
         join_process_group("gloo", address, 0, 2, datetime.timedelta(seconds=2))
-    assert time.monotonic() - start < 30
 
 
 @pytest.fixture
