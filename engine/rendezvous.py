@@ -15,7 +15,6 @@ import dataclasses
 import datetime
 
 HOST = "127.0.0.1"
-SERVER_TIMEOUT_S = 60
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,8 +28,8 @@ class StoreAddress:
 class HeldStore:
     """A TCPStore server on a port the OS picks (port 0), open from construction to `close`.
     torch's server listens on every interface; the ranks reach it through loopback (HOST).
-    The spawning process makes no store operation of its own, so the server's timeout
-    (SERVER_TIMEOUT_S) bounds nothing here; each rank's client takes its own.
+    The spawning process makes no store operation of its own; each rank's client takes its
+    own timeout (`join_process_group`).
 
     Raises:
         RuntimeError (torch's DistNetworkError): the server could not start.
@@ -39,8 +38,7 @@ class HeldStore:
     def __init__(self):
         import torch.distributed as dist
 
-        self._server = dist.TCPStore(HOST, 0, is_master=True, wait_for_workers=False,
-                                     timeout=datetime.timedelta(seconds=SERVER_TIMEOUT_S))
+        self._server = dist.TCPStore(HOST, 0, is_master=True, wait_for_workers=False)
         self.address = StoreAddress(HOST, self._server.port)
 
     def close(self) -> None:
