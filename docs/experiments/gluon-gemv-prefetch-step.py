@@ -18,7 +18,7 @@ import sys
 
 import torch
 from gluon_gemv import gemv
-from step_probe import probe_qwen3_4b, rounds
+from step_probe import probe_switches
 
 from engine.kernels import skinny_gemm
 
@@ -90,18 +90,8 @@ def main() -> None:
     checked = check_kernel()
     variants = {"main": set(), "o_proj gluon": {O_PROJ}, "qkv gluon": {QKV},
                 "both gluon": {O_PROJ, QKV}}
-
-    def per_bucket(timer, bucket: int) -> dict:
-        plan = timer.start_plan(bucket)
-        try:
-            times, lines = rounds(timer, bucket, [
-                (label, lambda s=shapes: route(s), plan) for label, shapes in variants.items()],
-                LAYERS, 6)
-        finally:
-            route(set())
-        return {"plan": str(plan), "times_ms": times, "timelines": lines, "kernel": checked}
-
-    probe_qwen3_4b((1,), [], per_bucket, out_path)
+    probe_switches((1,), variants, route, set(), LAYERS, out_path,
+                   extra=lambda timer, bucket: {"kernel": checked})
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import sys
 
-from step_probe import probe_qwen3_4b, rounds
+from step_probe import probe_switches
 
 from engine.kernels import decode_attention, fused
 
@@ -38,18 +38,8 @@ def switch(stages: int, eviction: str) -> None:
 
 def main() -> None:
     out_path = sys.argv[1] if len(sys.argv) > 1 else None
-
-    def per_bucket(timer, bucket: int) -> dict:
-        plan = timer.start_plan(bucket)
-        try:
-            times, lines = rounds(timer, bucket, [
-                (label, lambda s=setting: switch(*s), plan)
-                for label, setting in VARIANTS.items()], LAYERS, 6)
-        finally:
-            switch(*VARIANTS["main"])
-        return {"plan": str(plan), "times_ms": times, "timelines": lines}
-
-    probe_qwen3_4b(BUCKETS, [], per_bucket, out_path)
+    probe_switches(BUCKETS, VARIANTS, lambda setting: switch(*setting), VARIANTS["main"],
+                   LAYERS, out_path)
 
 
 if __name__ == "__main__":

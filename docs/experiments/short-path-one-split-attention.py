@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import sys
 
-from step_probe import probe_qwen3_4b, rounds
+from step_probe import probe_switches
 
 from engine.kernels import decode_attention
 
@@ -39,19 +39,8 @@ def switch(splits, tile_tokens: int, warps: int) -> None:
 
 def main() -> None:
     out_path = sys.argv[1] if len(sys.argv) > 1 else None
-
-    def per_bucket(timer, bucket: int) -> dict:
-        plan = timer.start_plan(bucket)
-        try:
-            times, lines = rounds(timer, bucket, [
-                (label, lambda s=setting: switch(*s), plan)
-                for label, setting in VARIANTS.items()], LAYERS, 6)
-        finally:
-            switch(*SHIPPED)
-        return {"plan": str(plan), "key": str(timer.key(bucket)), "times_ms": times,
-                "timelines": lines}
-
-    probe_qwen3_4b((1,), [], per_bucket, out_path)
+    probe_switches((1,), VARIANTS, lambda setting: switch(*setting), SHIPPED, LAYERS, out_path,
+                   extra=lambda timer, bucket: {"key": str(timer.key(bucket))})
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@ this folder on the import path).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch.profiler import ProfilerActivity, profile
 
@@ -84,3 +86,24 @@ def probe_qwen3_4b(buckets, extra_tiles: list, per_bucket, out_path: str | None)
     if out_path:
         with open(out_path, "w") as f:
             json.dump(record, f, indent=1)
+
+
+def probe_switches(buckets, variants: dict, apply, default, layers: int, out_path: str | None,
+                   extra=None) -> None:
+    """`probe_qwen3_4b` at each of `buckets`: the bucket's starting plan timed by `rounds` under
+    each setting of `variants` ({label: setting}, put in place by `apply(setting)`), and
+    `apply(default)` after, whatever happened. Records {"plan", "times_ms", "timelines"} per
+    bucket, and what `extra(timer, bucket)` returns (a dict) when given."""
+
+    def per_bucket(timer: StepTimer, bucket: int) -> dict:
+        plan = timer.start_plan(bucket)
+        try:
+            times, lines = rounds(timer, bucket, [
+                (label, functools.partial(apply, setting), plan)
+                for label, setting in variants.items()], layers, 6)
+        finally:
+            apply(default)
+        return {"plan": str(plan), "times_ms": times, "timelines": lines,
+                **(extra(timer, bucket) if extra else {})}
+
+    probe_qwen3_4b(buckets, [], per_bucket, out_path)

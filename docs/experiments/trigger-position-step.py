@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import sys
 
-from step_probe import probe_qwen3_4b, rounds
+from step_probe import probe_switches
 
 from engine.kernels import skinny_gemm
 
@@ -40,18 +40,8 @@ def main() -> None:
     variants = {"main": set(), **{f"{name} at {where}": {shape} for name, shape in SHAPES.items()},
                 f"all four at {where}": set(SHAPES.values())}
     switch = f"TRIGGER_AT_{where.upper()}_SHAPES"
-
-    def per_bucket(timer, bucket: int) -> dict:
-        plan = timer.start_plan(bucket)
-        try:
-            times, lines = rounds(timer, bucket, [
-                (label, functools.partial(setattr, skinny_gemm, switch, shapes), plan)
-                for label, shapes in variants.items()], LAYERS, 6)
-        finally:
-            setattr(skinny_gemm, switch, set())
-        return {"plan": str(plan), "times_ms": times, "timelines": lines}
-
-    probe_qwen3_4b(BUCKETS, [], per_bucket, out_path)
+    probe_switches(BUCKETS, variants, functools.partial(setattr, skinny_gemm, switch), set(),
+                   LAYERS, out_path)
 
 
 if __name__ == "__main__":
