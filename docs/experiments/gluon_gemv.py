@@ -53,7 +53,7 @@ def _gemv_kernel(w_desc, x_ptr, out_ptr, stats_ptr, stats_in, K, eps,
             mbarrier.expect(bars.index(i), w_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(w_desc, [row0, i * BLOCK_K], bars.index(i),
                                             smem.index(i))
-    if PDL:  # written inline: two argument-less helpers compiled to one function
+    if PDL:  # x and the row statistics are the previous launches' writes
         gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [],
                                   dtype=gl.int32, is_pure=False, pack=1)
     kk = gl.arange(0, CHUNK_K, layout=cols)
