@@ -39,6 +39,23 @@ JOIN_TIMEOUT_S = 10.0
 COLLECTIVE_GRACE_S = 30.0
 
 
+def reap(procs, timeout_s: float = JOIN_TIMEOUT_S) -> None:
+    """Join each started process for up to `timeout_s` seconds; SIGKILL one that is still alive
+    and join it again for as long. Processes never started are skipped (joining one raises).
+
+    Args:
+        procs: `multiprocessing.Process` objects (any start method).
+        timeout_s: seconds to wait for each process, before and again after its kill.
+    """
+    for p in procs:
+        if p.pid is None:
+            continue
+        p.join(timeout_s)
+        if p.is_alive():
+            p.kill()
+            p.join(timeout_s)
+
+
 def execute(worker, executor, command, extras: dict | None) -> tuple[Any, dict, list]:
     """Run `command` on one rank.
 
@@ -395,11 +412,7 @@ class SpawnedRanks:
             for p in self.procs:
                 if abort and p.is_alive():
                     p.kill()
-            for p in self.procs:
-                p.join(JOIN_TIMEOUT_S)
-                if p.is_alive():
-                    p.kill()
-                    p.join(JOIN_TIMEOUT_S)
+            reap(self.procs)
             for c in self.conns:
                 c.close()
             self.procs, self.conns = [], []

@@ -32,6 +32,7 @@ import os
 import time
 import traceback
 
+from engine.ranks import reap
 from engine.rendezvous import HeldStore, StoreAddress, join_process_group
 from engine.seeds import derived_seed
 
@@ -427,13 +428,7 @@ def measure_engine(opts, model_dir: str) -> list[dict]:
             results[rank] = payload
     finally:
         try:
-            for p in procs:
-                if p.pid is None:  # never started
-                    continue
-                p.join(timeout=30)
-                if p.is_alive():
-                    p.kill()
-                    p.join()
+            reap(procs, timeout_s=30)
         finally:
             store.close()
     return [results[r] for r in range(world)]

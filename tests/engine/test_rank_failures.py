@@ -104,3 +104,25 @@ def test_script_without_main_guard_gets_one_line(tiny_dir, tmp_path):
     assert "unguarded.py" in last
     assert "bootstrapping phase" not in proc.stderr
     assert proc.stderr.count("Traceback") == 1  # the script's own uncaught error only
+
+
+@pytest.mark.timeout(60)
+def test_reap_kills_a_process_that_outlives_its_join_and_skips_one_never_started():
+    """`engine.ranks.reap`, shared by `SpawnedRanks.close` and the bench's spawned ranks:
+    a process that exits is joined, one that hangs is killed and joined, and one that never
+    started is left alone (joining it would raise)."""
+    import signal
+    import time
+
+    from engine.ranks import reap
+
+    ctx = multiprocessing.get_context("fork")
+    done = ctx.Process(target=time.sleep, args=(0,))
+    hung = ctx.Process(target=time.sleep, args=(600,))
+    never = ctx.Process(target=time.sleep, args=(0,))
+    done.start()
+    hung.start()
+    reap([done, never, hung], timeout_s=0.5)
+    assert done.exitcode == 0
+    assert hung.exitcode == -signal.SIGKILL
+    assert never.pid is None and never.exitcode is None
