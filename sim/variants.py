@@ -317,8 +317,9 @@ def get_variant(name: str) -> Variant:
     try:
         return REGISTRY[name]
     except KeyError:
-        # names are lower case; FUSED-SWEEP got no hint while fused-swep did (a fresh user)
-        close = difflib.get_close_matches(name.lower(), list(REGISTRY), n=3, cutoff=0.5)
+        # names are lower case; FUSED-SWEEP got no hint while fused-swep did (a fresh user).
+        # Below 0.6 the suggestions were noise: "nonexist" drew "no-liveness" (0.53)
+        close = difflib.get_close_matches(name.lower(), list(REGISTRY), n=3, cutoff=0.6)
         hint = f"did you mean {', '.join(close)}? " if close else ""
         listed = ("`lockstep check --list` prints them, docs/variants.md describes them"
                   if len(REGISTRY) == len(SHIPPED) else

@@ -152,3 +152,23 @@ def test_the_shipped_variants_are_the_ones_the_docs_list():
     assert listed[0] == "variant" and sorted(listed[1:]) == sorted(SHIPPED)
     pages = {p.stem for p in (DOCS / "walkthroughs").glob("*.md")} - {"README"}
     assert pages == set(BAD)
+
+
+@pytest.mark.parametrize("typed,suggested", [
+    ("fused-swep", "fused-sweep"),
+    ("FUSED-SWEEP", "fused-sweep"),
+    ("lazy-capture", "lazy-serving-capture"),
+    ("local_bucket", "local-bucket"),
+    ("nonexist", None),  # drew "no-liveness" at difflib's 0.53 (a fresh user's finding)
+])
+def test_an_unknown_variant_suggests_only_close_names(typed, suggested):
+    from protocol.errors import ConfigError
+    from sim.variants import get_variant
+
+    with pytest.raises(ConfigError) as err:
+        get_variant(typed)
+    message = str(err.value)
+    if suggested is None:
+        assert "did you mean" not in message, message
+    else:
+        assert f"did you mean {suggested}" in message, message
