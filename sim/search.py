@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import sys
 import threading
 import time
 from collections import Counter
@@ -339,9 +340,13 @@ def _interrupted_after(seconds: float):
     between runs does not end it: unfenced-preempt-store's row took 151 s of a 60 s budget,
     471 runs taking 27 s of it. The exception is delivered only while the block runs, and
     again every `REDELIVER_S` until the block ends: one that lands in a gc callback (Hypothesis
-    registers one) is printed as "Exception ignored" and lost, and the search ran on."""
+    registers one) is lost, and the search ran on. While the block runs such a lost delivery
+    is not printed either (`_quiet_budget_hook`): it reached a user as an "Exception ignored"
+    traceback."""
     thread, lock, live = threading.get_ident(), threading.Lock(), [True]
     timers = []
+    previous_hook = sys.unraisablehook
+    sys.unraisablehook = _quiet_budget_hook(previous_hook)
 
     def interrupt():
         with lock:
@@ -364,6 +369,18 @@ def _interrupted_after(seconds: float):
             live[0] = False
         for timer in timers:
             timer.cancel()
+        sys.unraisablehook = previous_hook
+
+
+def _quiet_budget_hook(previous: Callable) -> Callable:
+    """A `sys.unraisablehook` that drops a `_BudgetSpent` delivered where Python cannot raise
+    it (a gc or weakref callback; `_interrupted_after` delivers it again) and hands anything
+    else to ``previous``."""
+    def hook(unraisable) -> None:
+        if unraisable.exc_type is _BudgetSpent:
+            return
+        previous(unraisable)
+    return hook
 
 
 REDELIVER_S = 0.5

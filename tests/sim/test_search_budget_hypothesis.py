@@ -121,3 +121,29 @@ def test_a_budget_interrupt_that_is_swallowed_is_delivered_again():
                     if len(caught) == 2:
                         raise
     assert len(caught) == 2
+
+
+def test_a_budget_interrupt_lost_in_a_callback_is_not_printed_and_others_still_are():
+    """A `_BudgetSpent` delivered inside a gc or weakref callback cannot propagate; Python hands
+    it to `sys.unraisablehook`, which printed an "Exception ignored" traceback to a user of
+    `lockstep check --strategy hypothesis` (a fresh user's trial saw it as a test warning).
+    Inside `_interrupted_after` the hook drops it, passes anything else on, and is restored
+    after."""
+    import sys
+    import types
+
+    from sim.search import _BudgetSpent, _interrupted_after
+
+    seen = []
+    outer, record = sys.unraisablehook, seen.append
+    sys.unraisablehook = record
+    try:
+        with _interrupted_after(60.0):
+            for exc_type in (_BudgetSpent, ValueError):
+                sys.unraisablehook(types.SimpleNamespace(exc_type=exc_type, exc_value=None,
+                                                         exc_traceback=None, err_msg=None,
+                                                         object=None))
+        assert sys.unraisablehook is record
+    finally:
+        sys.unraisablehook = outer
+    assert [u.exc_type for u in seen] == [ValueError]
