@@ -13,7 +13,7 @@ At 1 and 8 rows (the plans' tiles otherwise), each variant's step median over 10
 replays, two rounds, and a device timeline in the second. On one GPU:
 
     git apply docs/experiments/split-k-no-fixup-step.patch
-    PYTHONPATH=. python3 docs/experiments/split-k-no-fixup-step.py OUT.json
+    PYTHONPATH=. python3 docs/experiments/split-k-no-fixup-step.py OUT.json [BUCKETS, e.g. 1,8]
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ def probe(ks: frozenset):
 
 def main() -> None:
     out_path = sys.argv[1] if len(sys.argv) > 1 else None
+    buckets = tuple(int(b) for b in sys.argv[2].split(",")) if len(sys.argv) > 2 else (1, 8)
     extra = [tma(64, 256, s, 5) for s in (2, 4)] + [tma(64, 128, s, 4) for s in (2, 4)]
 
     def per_bucket(timer, bucket: int) -> dict:
@@ -62,7 +63,7 @@ def main() -> None:
             sg.PROBE_NO_FIXUP_K = frozenset()
         return {"plan": str(start), "times_ms": times, "timelines": lines}
 
-    probe_qwen3_4b((1, 8), extra, per_bucket, out_path)
+    probe_qwen3_4b(buckets, extra, per_bucket, out_path)
 
 
 if __name__ == "__main__":
