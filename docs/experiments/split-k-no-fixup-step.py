@@ -20,13 +20,17 @@ At 1 and 8 rows (the plans' tiles otherwise), each variant's step median over 10
 replays, two rounds, and a device timeline in the second. On one GPU:
 
     git apply docs/experiments/split-k-no-fixup-step.patch
-    PYTHONPATH=. python3 docs/experiments/split-k-no-fixup-step.py OUT.json [BUCKETS, e.g. 1,8]
+    PYTHONPATH=. python3 docs/experiments/split-k-no-fixup-step.py OUT.json [BUCKETS [quick]]
+
+BUCKETS, e.g. 1,8 (the default); a third argument leaves the o_proj splits out (the session's
+second call, at 1 row, timed the plan, down without its fix-up and the deferred sum only).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import sys
+from pathlib import Path
 
 from step_probe import probe_qwen3_4b, rounds
 
@@ -69,8 +73,9 @@ def check_deferred_on_gpu() -> str:
     try:
         subprocess.run([sys.executable, "-m", "lockstep", "make-model", "--preset", "tiny",
                         "--out", path, "--overwrite"], check=True, capture_output=True)
-        res = subprocess.run([sys.executable, "split-k-deferred-check.py", path, "bfloat16",
-                              "cuda"], capture_output=True, text=True, timeout=300)
+        check = Path(__file__).with_name("split-k-deferred-check.py")
+        res = subprocess.run([sys.executable, str(check), path, "bfloat16", "cuda"],
+                             capture_output=True, text=True, timeout=300)
         return (res.stdout + res.stderr[-2000:]).strip()
     finally:
         shutil.rmtree(path, ignore_errors=True)
