@@ -409,9 +409,8 @@ class SpawnedRanks:
         """Stop every rank process: join after Teardown, or kill (abort) and reap; then stop
         the store they met at, even when interrupted."""
         try:
-            for p in self.procs:
-                if abort and p.is_alive():
-                    p.kill()
+            if abort:
+                self.kill()
             reap(self.procs)
             for c in self.conns:
                 c.close()
