@@ -8,6 +8,7 @@ import socket
 
 import pytest
 
+from engine.ranks import reap
 from engine.rendezvous import HeldStore, join_process_group
 
 
@@ -55,10 +56,7 @@ def test_two_ranks_join_through_a_held_store():
             p.start()
         got = dict(queue.get(timeout=90) for _ in procs)
     finally:
-        for p in procs:
-            p.join(30)
-            if p.is_alive():
-                p.kill()
+        reap(procs, timeout_s=30)
         store.close()
     assert got == {0: 3.0, 1: 3.0}
 
