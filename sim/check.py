@@ -20,7 +20,7 @@ from protocol.errors import ConfigError
 from sim.common import OUTCOME_VERDICTS, fault_phase_event
 from sim.checks import attribute_divergence
 from sim.guard import Stalled, describe, locate, watchdog
-from sim.limits import MAX_BUCKET
+from sim.limits import MAX_BUCKET, MIN_RANKS
 from sim.hazards import HazardModel
 from sim.headroom import HeadroomDraw, largest_headroom, refusal_expected
 from sim.reduce import reduce_schedule
@@ -1075,8 +1075,6 @@ def check_coverage_reachable(scenario: Scenario) -> None:
                           fields=("max_batch",))
 
 
-MIN_RANKS = 2
-"""The smallest world `lockstep check` models: every hazard is between ranks."""
 
 
 def _whole(value) -> bool:

@@ -74,3 +74,38 @@ def test_a_run_that_reached_done_with_a_request_unserved_is_a_divergence():
     outcome = final_checks(world)
     assert (outcome.verdict, outcome.check) == ("divergence", "unfinished")
     assert f"requests [{lost}] never finished" == outcome.detail
+
+
+DIVERGENCES = [(name, topology) for name, variant in REGISTRY.items()
+               for topology, verdict in variant.expected.items() if verdict == "divergence"]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name,topology", DIVERGENCES)
+def test_a_replayed_minimal_divergence_gives_the_checks_outcome_once_attributed(name, topology):
+    """docs/python-api.md's recipe: `check_variant`'s minimal run, replayed with `Replay` and
+    passed through `attribute_divergence`, has the row's outcome, step and detail included."""
+    from sim.check import check_variant
+    from sim.run import run_schedule
+    from sim.strategies import Replay
+
+    variant = REGISTRY[name]
+    row = check_variant(variant, CheckSpec(jobs=1), topology)[0]
+    assert row.got == "divergence", row.detail
+    minimal = row.minimal
+    again = run_schedule(minimal.world.scenario, variant, Replay(minimal.choices))
+    named = attribute_divergence(minimal.world.scenario, variant, again)
+    assert named.choices == minimal.choices and named.outcome == minimal.outcome
+
+
+@pytest.mark.timeout(120)
+def test_a_bare_replay_of_an_end_of_run_divergence_lacks_its_step():
+    """Why the recipe attributes: the end-of-run token check names no step by itself."""
+    from sim.check import check_variant
+    from sim.run import run_schedule
+    from sim.strategies import Replay
+
+    variant = REGISTRY["async-row-parallel"]
+    minimal = check_variant(variant, CheckSpec(jobs=1), "shared")[0].minimal
+    again = run_schedule(minimal.world.scenario, variant, Replay(minimal.choices))
+    assert minimal.outcome.step is not None and again.outcome.step is None
