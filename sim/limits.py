@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from protocol.errors import ConfigError
 
+MIN_RANKS = 2
+"""Fewest ranks (world size) the simulator models: every hazard it models is between ranks."""
+
 MAX_RANKS = 64
 """Most ranks (world size) the simulator models: eight 8-GPU nodes; TP groups are 2-8 wide."""
 

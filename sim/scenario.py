@@ -14,7 +14,7 @@ from protocol.errors import ConfigError
 from protocol.requests import Request
 from sim.comms import DEFAULT_COMMUNICATORS, Communicator, check_communicators
 from sim.hazards import HazardModel
-from sim.limits import check_limits
+from sim.limits import MIN_RANKS, check_limits
 
 TOPOLOGIES = ("shared", "per-rank")
 """``shared``: every rank is a thread of one process (one driver lock), as in thread-per-rank
@@ -266,7 +266,15 @@ def default_scenario(topology: str = "shared", world_size: int = 2,
                      buckets: tuple[int, ...] = DEFAULT_DECODE_BUCKETS, max_batch: int | None = None,
                      **config_overrides) -> Scenario:
     """The `lockstep check` default: Qwen3-4B shapes, TP 2, the 36 buckets, max batch 256,
-    startup sweep then a serving workload with admissions, retirements and compactions."""
+    startup sweep then a serving workload with admissions, retirements and compactions.
+
+    Raises:
+        ConfigError: a world of fewer than `sim.limits.MIN_RANKS` ranks (as `lockstep check
+            --ranks` refuses), an empty bucket list, or a value `ProtocolConfig` refuses.
+    """
+    if is_integer(world_size) and world_size < MIN_RANKS:
+        raise ConfigError(f"world_size {world_size} must be at least {MIN_RANKS}: every hazard "
+                          "the simulator models is between ranks")
     if (isinstance(buckets, (str, bytes)) or not hasattr(buckets, "__len__")
             or not len(buckets)):
         raise ConfigError(f"buckets {buckets!r}: expected a non-empty list of batch sizes")

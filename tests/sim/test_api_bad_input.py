@@ -115,6 +115,9 @@ def test_a_fault_that_could_never_fire_as_written_is_named(args, words):
     (dict(buckets=()), "buckets (): expected a non-empty list of batch sizes"),
     (dict(buckets=None), "buckets None: expected a non-empty list"),
     (dict(world_size=65), "ranks 65 is above 64"),
+    (dict(world_size=1), "world_size 1 must be at least 2: every hazard the simulator models "
+                         "is between ranks"),
+    (dict(world_size=0), "world_size 0 must be at least 2"),
     (dict(buckets=(1, 4, 2**40), max_batch=4), "bucket 1099511627776 is above 1048576"),
 ])
 def test_default_scenario_names_a_bucket_list_or_size_it_cannot_model(kwargs, words):
