@@ -1182,10 +1182,16 @@ def _holds_huge_integer(value) -> bool:
     return False
 
 
+NULLABLE_FIELDS = ("buckets", "max_batch")
+"""The scenario fields a trace writes as null: the option was not given (`CheckSpec.to_json`)."""
+
+
 def check_scenario_json(data: dict) -> dict:
     """A trace's ``scenario`` object with every field checked (`check_scenario_value`; faults:
     a list of objects with a known kind, a rank of the world, a whole occurrence >= 1 and a
-    finite delay >= 0); null fields are left out. Raises ConfigError naming the field."""
+    finite delay >= 0); a null ``buckets`` or ``max_batch`` (the defaults, as `CheckSpec.to_json`
+    writes them) is left out. Raises ConfigError naming the field, also for a null elsewhere,
+    which no recording holds and which would let a default stand in for the recorded value."""
     import math
 
     from sim.scenario import FAULT_KINDS
@@ -1196,6 +1202,10 @@ def check_scenario_json(data: dict) -> dict:
                           f"known: {', '.join(SCENARIO_FIELDS)}")
     out = {}
     for name, value in data.items():
+        if value is None and name not in NULLABLE_FIELDS:
+            raise ConfigError(f"bad scenario in trace: {name} = null: a recording writes a "
+                              f"value here (null only for {' and '.join(NULLABLE_FIELDS)}, "
+                              "their defaults)")
         if value is None or name == "faults" or (name == "buckets" and value == []):
             continue
         shown = clipped(repr(value))

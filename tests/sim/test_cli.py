@@ -400,6 +400,11 @@ def test_variant_file_may_derive_from_a_shipped_variant(tmp_path, capsys):
     (lambda d: d.pop("scenario"), "it has no 'scenario'"),
     (lambda d: d.update(scenario={}), "trace's 'scenario' lacks ranks, buckets, max_batch"),
     (lambda d: d["scenario"].pop("h2_calls"), "trace's 'scenario' lacks h2_calls ("),
+    # a fresh user's finding: a null stood in for the default, and the replay "departed"
+    (lambda d: d["scenario"].update(topology=None),
+     "topology = null: a recording writes a value here (null only for buckets and max_batch"),
+    (lambda d: d["scenario"].update(ranks=None), "bad scenario in trace: ranks = null"),
+    (lambda d: d["scenario"].update(faults=None), "bad scenario in trace: faults = null"),
     # a fresh user's finding: these leaked "TypeError ... (at difflib.py:280)", exit 1
     # a fresh user's finding: hand-edited traces read as the simulator's NONDETERMINISM
     (lambda d: d["choices"].__setitem__(0, "rank7"),
