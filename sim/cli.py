@@ -1044,6 +1044,8 @@ def _replay(path: str, as_json: bool, trace_out: Path | None = None) -> int:
         return _fail(f"trace file {path!r} is not UTF-8 text")
     except json.JSONDecodeError as exc:
         return _fail(f"trace file {path!r} is not JSON: {exc}")
+    except ValueError as exc:  # an integer of thousands of digits (Python's conversion limit)
+        return _fail(f"trace file {path!r} is not a trace: a value in it cannot be read ({exc})")
     except RecursionError:  # json.loads of thousands of nested brackets
         return _fail(f"trace file {path!r} is not a trace: its JSON nests too deeply")
     except OSError as exc:  # a fresh user's finding: a PermissionError traceback

@@ -286,6 +286,12 @@ def main(argv: list[str] | None = None) -> int:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         return fail(f"{where} is not JSON: {exc}")
+    except ValueError as exc:  # an integer of thousands of digits (Python's conversion limit)
+        return fail(f"{where} is not the JSON of `lockstep check --explain --json`: a value "
+                    f"in it cannot be read ({exc})")
+    except RecursionError:
+        return fail(f"{where} is not the JSON of `lockstep check --explain --json`: it nests "
+                    "too deeply")
     problem = check_json_problem(data)
     if problem is not None:
         return fail(f"{where} is not the JSON of `lockstep check --explain --json`: {problem}")

@@ -1139,6 +1139,18 @@ def test_a_trace_of_deeply_nested_json_is_one_line(tmp_path, capsys):
                    "nests too deeply\n"), err
 
 
+def test_a_trace_holding_an_integer_of_thousands_of_digits_is_one_line(tmp_path, capsys):
+    """Found by a fresh user: a 10,000-digit number gave a ValueError traceback from
+    `json.loads` (Python's limit on converting long digit strings)."""
+    trace = tmp_path / "big.json"
+    trace.write_text('{"variant": "fused-sweep", "choices": [], "format": 1' + "0" * 10_000 + "}")
+    assert main(["check", "--replay", str(trace)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"lockstep check: error: trace file {str(trace)!r} is not a trace: a "
+                          "value in it cannot be read (Exceeds the limit"), err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+
+
 @pytest.mark.timeout(120)
 def test_progress_forces_the_bar_where_stderr_is_not_a_terminal(capsys):
     """A fresh user's matrix run in a log stayed silent for six minutes: tqdm shows no bar

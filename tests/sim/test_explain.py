@@ -168,6 +168,8 @@ def test_an_ablation_verdict_is_marked_only_where_the_check_still_passes_it():
     ('{"rows": [{"variant": "x"}]}', "row 0 has no 'topology' string"),
     ('{"rows": [{"variant": "x", "topology": "shared", "got": "deadlock", "explain": {}}]}',
      "row 0 (x / shared): 'explain' needs 'needed'"),
+    ('{"rows": ' + "1" * 5000 + "}", "a value in it cannot be read (Exceeds the limit"),
+    ("[" * 100_000, "it nests too deeply"),
 ])
 def test_sim_explain_bad_input_is_one_line(monkeypatch, capsys, text, words):
     """Old behaviour: a JSONDecodeError or KeyError traceback."""
