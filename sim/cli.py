@@ -181,7 +181,8 @@ def add_parser(subparsers, name: str) -> None:
                         "process per rank), or both (default both)")
     p.add_argument("--strategy", action=OnceOption, choices=STRATEGIES, default=None,
                    help="schedule search strategy (default random); a variant whose bug needs "
-                        "a rare interleaving names its own (docs/search-stats.md)")
+                        "a rare interleaving names its own, which this option replaces, so such "
+                        "a variant may then go unfound (docs/search-stats.md)")
     p.add_argument("--schedules", action=OnceOption, default=None,
                    type=_typed(_bounded(_positive_int, "schedules"), "--schedules"),
                    help="schedules per variant and topology (default: up to 300 for a bad "
@@ -890,8 +891,18 @@ def _row_notes(rows: list[Row], budgets: dict[str, tuple[int, int]],
                        f"{row.stats.schedules} schedule{'s' * (row.stats.schedules != 1)} "
                        "found no "
                        f"{row.expected}; a larger --schedules (default up to "
-                       f"{DEFAULTS['schedules']}) or another --strategy may reach it")
+                       f"{DEFAULTS['schedules']}) or another --strategy may reach it"
+                       + _own_strategy(row.variant))
     return out
+
+
+def _own_strategy(name: str) -> str:
+    """The clause a "not caught" note adds for a variant that names its own search strategy."""
+    from sim.variants import REGISTRY
+
+    own = getattr(REGISTRY.get(name), "strategy", None)
+    return (f" ({name} names {own} as its own, which an explicit --strategy replaces)"
+            if own else "")
 
 
 def default_budgets(variants) -> dict[str, tuple[int, int]]:

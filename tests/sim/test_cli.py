@@ -1236,3 +1236,19 @@ def test_unknown_variant_with_a_variant_file_says_how_to_list_them_all():
     assert (f"{n_file + n_shipped} are known: `lockstep check --list` prints the {n_shipped} "
             f"shipped, `--list` with the same --variant-file options the {n_file} from files"
             ) in err, err
+
+
+@pytest.mark.timeout(120)
+def test_a_missed_variant_that_names_its_own_strategy_says_an_explicit_one_replaced_it(capsys):
+    """Found by a fresh user: `--strategy random` on warmup-scratch-free (a rare interleaving,
+    searched with PCT by default) printed FAILED with no word that the option had replaced the
+    variant's own strategy."""
+    argv = ["check", "--variant", "warmup-scratch-free", "--topology", "shared", "--strategy",
+            "random", "--schedules", "3", "--no-progress", "--jobs", "1"]
+    assert main(argv) == 1
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
+    assert notes[0].endswith("(warmup-scratch-free names pct as its own, which an explicit "
+                             "--strategy replaces)"), notes
+    from sim.cli import _own_strategy
+
+    assert _own_strategy("local-bucket") == ""  # searched with the default, nothing to add
