@@ -1189,9 +1189,10 @@ NULLABLE_FIELDS = ("buckets", "max_batch")
 def check_scenario_json(data: dict) -> dict:
     """A trace's ``scenario`` object with every field checked (`check_scenario_value`; faults:
     a list of objects with a known kind, a rank of the world, a whole occurrence >= 1 and a
-    finite delay >= 0); a null ``buckets`` or ``max_batch`` (the defaults, as `CheckSpec.to_json`
-    writes them) is left out. Raises ConfigError naming the field, also for a null elsewhere,
-    which no recording holds and which would let a default stand in for the recorded value."""
+    finite delay >= 0). A null ``buckets`` or ``max_batch`` (the defaults, as `CheckSpec.to_json`
+    writes them) is left out, as is a null field that a recording may leave out (read as
+    missing). Raises ConfigError naming the field, also for a null in a field every recording
+    holds (`SCENARIO_KEYS`), which would let a default stand in for the recorded value."""
     import math
 
     from sim.scenario import FAULT_KINDS
@@ -1202,7 +1203,7 @@ def check_scenario_json(data: dict) -> dict:
                           f"known: {', '.join(SCENARIO_FIELDS)}")
     out = {}
     for name, value in data.items():
-        if value is None and name not in NULLABLE_FIELDS:
+        if value is None and name in SCENARIO_KEYS and name not in NULLABLE_FIELDS:
             raise ConfigError(f"bad scenario in trace: {name} = null: a recording writes a "
                               f"value here (null only for {' and '.join(NULLABLE_FIELDS)}, "
                               "their defaults)")
