@@ -50,11 +50,17 @@ def _checked_out(text: str, overwrite: bool = False) -> str | None:
     ``--out`` would otherwise leave a tree of new directories wherever the typo pointed. A
     non-empty directory must hold a model (a config.json), and is then replaced only with
     ``overwrite``: a non-empty directory without one (``/``, ``/tmp``, a home directory) is
-    refused even with it, since the model files would be scattered among the user's files."""
+    refused even with it, since the model files would be scattered among the user's files.
+    A path that is not UTF-8 is refused before anything is created (`utf8_refused`)."""
     from pathlib import Path
+
+    from engine.model_dir import utf8_refused
 
     if not text.strip():
         return "--out is empty; name the directory to write"
+    refused = utf8_refused(text)
+    if refused is not None:
+        return f"--out {text!r} {refused}; choose another --out"
     path = Path(text)
     if path.exists() and not path.is_dir():
         return f"--out {text!r} exists and is not a directory"

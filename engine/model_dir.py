@@ -127,7 +127,8 @@ def write_model_dir(preset: str, out: str | os.PathLike, seed: int = 0,
     Returns:
         The directory path.
     Raises:
-        ValueError: unknown preset or dtype.
+        ValueError: unknown preset or dtype; ``out`` not UTF-8 (`utf8_refused`), raised
+            before anything is created.
         OSError: the directory cannot be written.
     """
     import shutil
@@ -140,6 +141,9 @@ def write_model_dir(preset: str, out: str | os.PathLike, seed: int = 0,
     config = build_config(preset, dtype)
     if shard_bytes is None:
         shard_bytes = SHARD_BYTES.get(preset, DEFAULT_SHARD_BYTES)
+    refused = utf8_refused(out)
+    if refused is not None:
+        raise ValueError(f"{os.fspath(out)!r} {refused}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     remove_stale_staging(out)
@@ -152,6 +156,25 @@ def write_model_dir(preset: str, out: str | os.PathLike, seed: int = 0,
         shutil.rmtree(staging, ignore_errors=True)
         os.close(lock)  # after the removal: no other run sees it unlocked before
     return out
+
+
+def utf8_refused(out: str | os.PathLike) -> str | None:
+    """Why no model can be written to ``out`` for the bytes of its path, or None. The
+    tokenizers library writes tokenizer.json only to a path that is UTF-8 text; non-UTF-8 bytes
+    in a path reach Python as lone surrogates (``\\udcff``), and it raised a UnicodeEncodeError
+    after every shard was written. ``out`` is checked as given and as the real path it
+    resolves to, beside which the files are first written (`_staging_dir`). The reason follows
+    the path: "is not valid UTF-8 text: '\\udcff' at character 8; ..."."""
+    given = os.fspath(out)
+    for path in (given, os.path.realpath(given)):
+        try:
+            path.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            where = "is" if path == given else f"resolves to {path!r},"
+            return (f"{where} not valid UTF-8 text: {path[exc.start:exc.end]!r} at character "
+                    f"{exc.start}; the tokenizers library writes tokenizer.json only to a "
+                    "UTF-8 path")
+    return None
 
 
 def _write_files(out: Path, config, cfg: dict, seed: int, tdtype, shard_bytes: int,

@@ -571,3 +571,21 @@ def test_a_staging_directory_whose_lock_is_held_is_not_written_into(tmp_path, mo
     assert len(made) == 2 and not made[1].exists()
     assert [p.name for p in made[0].iterdir()] == [model_dir.STAGING_LOCK]  # nothing written
     assert (out / "config.json").is_file()
+
+
+def test_a_non_utf8_out_is_one_line_and_nothing_is_created(tmp_path, capsys, monkeypatch):
+    """Non-UTF-8 bytes in --out reach Python as lone surrogates: the tokenizers library raised
+    a UnicodeEncodeError traceback after every shard was written, and left the directory."""
+    from lockstep.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    out = str(tmp_path / b"\xff\xfe".decode("utf-8", "surrogateescape"))
+    assert main(["make-model", "--preset", "tiny", "--out", out]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"lockstep make-model: error: --out {out!r} is not valid UTF-8 text: "
+                   f"'\\udcff\\udcfe' at character {len(str(tmp_path)) + 1}; the tokenizers "
+                   "library writes tokenizer.json only to a UTF-8 path; choose another --out")
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(ValueError, match="is not valid UTF-8 text"):
+        write_model_dir("tiny", out)
+    assert list(tmp_path.iterdir()) == []
