@@ -34,11 +34,16 @@ def load_json(path: Path):
         ModelDirError: unreadable (the OS's reason: "cannot read: Permission denied") or not
             valid JSON, naming the file; JSON nested deeper than Python's parser follows
             (``[[[...]]]`` 100,000 deep) counts as not valid: it was a RecursionError traceback.
+            So does text that is not UTF-8 (JSON's one encoding, RFC 8259 8.1), named with
+            the first bad byte and its offset: it was "'utf-8' codec can't decode byte 0xff
+            in position 6", naming no file.
     """
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:  # it was "not valid JSON: [Errno 13] ...", though no JSON was read
         raise unreadable(path, exc) from None
+    except UnicodeDecodeError as exc:
+        raise ModelDirError(f"{path}: not valid JSON: {not_utf8(exc)}") from None
     try:
         return json.loads(text)
     except ValueError as exc:
@@ -46,6 +51,13 @@ def load_json(path: Path):
     except RecursionError:
         raise ModelDirError(f"{path}: not valid JSON: arrays or objects nested too deeply to "
                             "parse") from None
+
+
+def not_utf8(exc: UnicodeDecodeError) -> str:
+    """The words for a file that is not UTF-8 text, from the error decoding it: "not UTF-8
+    text: byte 0xff at offset 6 (invalid start byte)"."""
+    return (f"not UTF-8 text: byte 0x{exc.object[exc.start]:02x} at offset {exc.start} "
+            f"({exc.reason})")
 
 
 _JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')

@@ -457,12 +457,23 @@ def _tokenizer_error(d: Path, exc: Exception) -> ModelDirError:
     Where the failure is a parser's depth limit -- a RecursionError (Python's json, or
     transformers walking what it parsed), or the tokenizers library's bare Exception -- and a
     tokenizer file is nested deeper than TOKENIZERS_MAX_DEPTH, that file alone is named, as
-    nested too deeply (the deepest, where several are). Otherwise the tokenizer files and
-    transformers' reason, on one line. Old behaviour: "maximum recursion depth exceeded"
+    nested too deeply (the deepest, where several are). Where it is a UnicodeDecodeError, the
+    first tokenizer file that is not UTF-8 is named, with its bad byte. Otherwise the tokenizer
+    files and transformers' reason, on one line. Old behaviour: "maximum recursion depth exceeded"
     naming tokenizer.json and tokenizer_config.json whichever was deep, and tokenizer.json
     nested 200 deep a bare Exception traceback."""
-    from engine.config_json import nesting_depth
+    from engine.config_json import nesting_depth, not_utf8
 
+    if isinstance(exc, UnicodeDecodeError):  # it named neither the file nor the problem
+        for name in TOKENIZER_JSON:
+            try:
+                if (d / name).is_file():  # a FIFO would block the read
+                    (d / name).read_text(encoding="utf-8")
+            except UnicodeDecodeError as bad:
+                return ModelDirError(f"{d / name}: the tokenizer cannot be read: "
+                                     f"{not_utf8(bad)}")
+            except OSError:
+                pass
     if isinstance(exc, RecursionError) or type(exc) is Exception:
         depths = {}
         for name in TOKENIZER_JSON:

@@ -594,3 +594,27 @@ def test_json_nested_too_deeply_is_one_line_naming_the_file(model_copy, name, te
     msg = _rejects(model_copy, ModelDirError)
     assert msg == (f"{model_copy / name}: not valid JSON: arrays or objects nested too deeply "
                    "to parse")
+
+
+@pytest.mark.parametrize("name", ["config.json", "generation_config.json",
+                                  "model.safetensors.index.json"])
+def test_a_json_file_that_is_not_utf8_is_named_with_its_byte(model_copy, name, capsys):
+    """Old behaviour: "'utf-8' codec can't decode byte 0xff in position 6: invalid start
+    byte", naming neither the file nor what was wrong with it."""
+    from lockstep.cli import main
+
+    (model_copy / name).write_bytes(b'{"a":"\xff"}')
+    msg = _rejects(model_copy, ModelDirError)
+    assert msg == (f"{model_copy / name}: not valid JSON: not UTF-8 text: byte 0xff at offset 6 "
+                   "(invalid start byte)")
+    assert main(["generate", "--model", str(model_copy), "--prompt-ids", "1"]) == 2
+    assert capsys.readouterr().err == f"lockstep generate: error: {msg}\n"
+
+
+@pytest.mark.parametrize("name", ["tokenizer.json", "tokenizer_config.json"])
+def test_a_tokenizer_file_that_is_not_utf8_is_named_alone(model_copy, name):
+    """Old behaviour: both tokenizer files named, and Python's codec words for the reason."""
+    (model_copy / name).write_bytes(b'{"a":"\xff"}')
+    msg = _rejects(model_copy, ModelDirError)
+    assert msg == (f"{model_copy / name}: the tokenizer cannot be read: not UTF-8 text: byte "
+                   "0xff at offset 6 (invalid start byte)")
