@@ -192,12 +192,11 @@ def check_before_load(args: argparse.Namespace, params) -> None:
     if ignored is not None:
         raise RequestError(ignored)
     if args.prompt is not None:
-        if not any((Path(args.model) / f).is_file()
-                   for f in ("tokenizer.json", "tokenizer_config.json")):
+        from engine.llm import LLM, has_tokenizer
+
+        if not has_tokenizer(Path(args.model)):  # a tokenizer file that is a FIFO named so
             raise RequestError(f"text prompt given but {args.model} has no tokenizer; use "
                                "--prompt-ids")
-        from engine.llm import LLM
-
         # tokenized here too, so a prompt too long is refused before any rank starts
         length = len(LLM._load_tokenizer(Path(args.model)).encode(args.prompt))
     else:

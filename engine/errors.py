@@ -31,6 +31,56 @@ def unreadable(path, exc: OSError) -> ModelDirError:
     return ModelDirError(f"{path}: cannot read: {exc.strerror or exc}")
 
 
+def special_kind(path) -> str | None:
+    """What stands at ``path`` where it is there but is no regular file -- "a directory", "a
+    FIFO", "a character device", "a block device", "a socket", "a loop of links", with "a
+    link to '/dev/zero', " before it for a link -- or None for a regular file or nothing (a
+    dangling link included). Asked with stat before a file is opened: opening a FIFO blocks
+    until something writes to it, and /dev/zero reads forever.
+
+    Raises:
+        OSError: the OS will not let ``path`` be looked at (a directory on the way that may
+            not be entered).
+    """
+    import errno
+    import stat
+    from pathlib import Path
+
+    path = Path(path)
+    try:
+        mode = path.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        return "a loop of links"
+    if stat.S_ISREG(mode):
+        return None
+    kind = next((what for test, what in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                                         (stat.S_ISCHR, "a character device"),
+                                         (stat.S_ISBLK, "a block device"),
+                                         (stat.S_ISSOCK, "a socket")) if test(mode)),
+                "another kind of file")
+    if path.is_symlink():
+        import os
+
+        kind = f"a link to {os.readlink(path)!r}, {kind}"
+    return kind
+
+
+def not_regular(path) -> ModelDirError | None:
+    """The error for a model file that is there but is no regular file, or None (a regular
+    file, or nothing there: the caller names a missing file in its own words):
+    ``/m/tokenizer.json: not a regular file (a FIFO)``; where ``path`` cannot be looked at, the
+    `unreadable` error."""
+    try:
+        kind = special_kind(path)
+    except OSError as exc:
+        return unreadable(path, exc)
+    return None if kind is None else ModelDirError(f"{path}: not a regular file ({kind})")
+
+
 class ParallelConfigError(ValueError):
     """The model cannot be split at the requested tensor-parallel size (heads, intermediate,
     vocab not divisible), or the parallel settings themselves are invalid."""

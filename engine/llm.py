@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from engine.errors import ModelDirError, RankError, RequestError, check_text, tokens
+from engine.errors import (ModelDirError, RankError, RequestError, check_text, not_regular,
+                           tokens)
 from engine.sampling import SamplingParams, as_token_id
 from engine.engine_config import EngineConfig
 from engine.startup import StartupReport, StartupWatchdog
@@ -174,7 +175,13 @@ class LLM:
 
     @staticmethod
     def _load_tokenizer(d: Path):
-        if not any((d / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+        """The tokenizer of model directory ``d``, or None where it has none (`has_tokenizer`).
+
+        Raises:
+            ModelDirError: a tokenizer file is no regular file (`has_tokenizer`), or
+                transformers cannot load the tokenizer (`_tokenizer_error`).
+        """
+        if not has_tokenizer(d):
             return None
         from transformers import AutoTokenizer
 
@@ -449,6 +456,21 @@ TOKENIZERS_MAX_DEPTH = 128
 serde_json's recursion limit (128 by default; "recursion limit exceeded" past it). Python's json
 follows about 1,000 levels, so a tokenizer file nested deeper than this is too deep for one of
 the two."""
+
+
+def has_tokenizer(d: Path) -> bool:
+    """Whether model directory ``d`` holds tokenizer.json or tokenizer_config.json.
+
+    Raises:
+        ModelDirError: a tokenizer file (`TOKENIZER_JSON`) is there but no regular file
+            (`engine.errors.not_regular`): a FIFO as tokenizer.json read as "missing", one as
+            tokenizer_config.json was passed over, and transformers would block opening one.
+    """
+    for name in TOKENIZER_JSON:
+        special = not_regular(d / name)
+        if special is not None:
+            raise special
+    return any((d / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json"))
 
 
 def _tokenizer_error(d: Path, exc: Exception) -> ModelDirError:

@@ -13,7 +13,7 @@ from pathlib import Path, PurePath
 
 from engine.config import ModelConfig
 from engine.config_json import STORAGE_DTYPES, load_json
-from engine.errors import ModelDirError, unreadable
+from engine.errors import ModelDirError, not_regular, special_kind, unreadable
 from lockstep.args import one_line_repr
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -58,8 +58,15 @@ HEAD_COMPARE_ROWS = 8192
 
 def _tensor_files(d: Path) -> dict[str, Path] | None:
     """Tensor name -> shard file of the checkpoint in `d`, None where it has neither an index
-    nor a single model.safetensors (`WeightIndex` raises for that)."""
+    nor a single model.safetensors (`WeightIndex` raises for that). The one in use that is
+    there but no regular file is refused (`engine.errors.not_regular`): it read as absent."""
     index_path = d / INDEX_FILE
+    for path in (index_path, d / SINGLE_FILE):  # the index first, as it is used first
+        special = not_regular(path)
+        if special is not None:
+            raise special
+        if path.is_file():
+            break
     if index_path.is_file():
         index = load_json(index_path)
         weight_map = index.get("weight_map") if isinstance(index, dict) else None
@@ -192,7 +199,8 @@ class WeightIndex:
     Raises (from the constructor):
         ModelDirError: no index and no single model.safetensors; the index names a shard
             outside the directory; the index or a shard file it names is missing, is a
-            directory, cannot be read (the OS's reason) or is not valid; an expected
+            directory or another file that is no regular file (a FIFO, a link to /dev/zero),
+            cannot be read (the OS's reason) or is not valid; an expected
             tensor is absent; a tensor's dtype is not one of `SAFETENSORS_DTYPES`, or its shape
             differs from the config's.
     """
@@ -218,8 +226,10 @@ class WeightIndex:
                                     "checkpoint")
             by_file.setdefault(self.files[name], []).append(name)
         for path, names in by_file.items():
-            if not path.is_file():
-                what = "is a directory, not a file" if path.is_dir() else "is missing"
+            kind = special_kind(path)  # a link to /dev/zero read as missing
+            if kind is not None or not path.is_file():
+                what = ("is a directory, not a file" if kind == "a directory" else
+                        f"is not a regular file ({kind})" if kind else "is missing")
                 # the name is the index's, which may hold a line break
                 raise ModelDirError(f"{one_line_repr(str(path), 160)}: shard file {what} (named "
                                     f"by the index for {one_line_repr(names[0])})")

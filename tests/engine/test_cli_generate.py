@@ -326,7 +326,7 @@ def test_a_config_json_that_is_a_directory_is_named_so_not_missing(tmp_path, cap
     assert main(["generate", "--model", str(tmp_path / "m"), "--prompt-ids", "1,2",
                  "--max-tokens", "2"]) == 2
     err = capsys.readouterr().err
-    assert f"{tmp_path / 'm' / 'config.json'}: not a file (a directory" in err, err
+    assert f"{tmp_path / 'm' / 'config.json'}: not a regular file (a directory)" in err, err
     assert len(err.strip().splitlines()) == 1 and "missing" not in err, err
 
 

@@ -618,3 +618,50 @@ def test_a_tokenizer_file_that_is_not_utf8_is_named_alone(model_copy, name):
     msg = _rejects(model_copy, ModelDirError)
     assert msg == (f"{model_copy / name}: the tokenizer cannot be read: not UTF-8 text: byte "
                    "0xff at offset 6 (invalid start byte)")
+
+
+def _fifo(path):
+    import os
+
+    os.mkfifo(path)
+
+
+def _link_to_dev_zero(path):
+    path.symlink_to("/dev/zero")
+
+
+@pytest.mark.timeout(60)  # opening a FIFO blocks: a regression hangs rather than fails
+@pytest.mark.parametrize("name", ["config.json", "generation_config.json",
+                                  "model.safetensors.index.json", "model.safetensors",
+                                  "tokenizer.json", "tokenizer_config.json",
+                                  "special_tokens_map.json"])
+@pytest.mark.parametrize("make", [_fifo, _link_to_dev_zero], ids=["fifo", "link-to-dev-zero"])
+def test_a_model_file_that_is_no_regular_file_is_named_so(model_copy, capsys, name, make):
+    """A fresh user's finding: tokenizer.json as a FIFO read "tokenizer.json is missing", the
+    index as one "no model.safetensors.index.json and no model.safetensors", and
+    generation_config.json or tokenizer_config.json as one was passed over (exit 0)."""
+    from lockstep.cli import main
+
+    if name == "model.safetensors":  # read only where there is no index
+        (model_copy / "model.safetensors.index.json").unlink()
+    (model_copy / name).unlink(missing_ok=True)
+    make(model_copy / name)
+    kind = ("a FIFO" if make is _fifo else "a link to '/dev/zero', a character device")
+    msg = _rejects(model_copy, ModelDirError)
+    assert msg == f"{model_copy / name}: not a regular file ({kind})"
+    assert main(["generate", "--model", str(model_copy), "--prompt", "hi"]) == 2
+    assert capsys.readouterr().err == f"lockstep generate: error: {msg}\n"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("make", [_fifo, _link_to_dev_zero], ids=["fifo", "link-to-dev-zero"])
+def test_a_shard_that_is_no_regular_file_is_named_so(model_copy, make):
+    """It read "shard file is missing" of a link to /dev/zero (a fresh user's finding)."""
+    idx = json.loads((model_copy / "model.safetensors.index.json").read_text())
+    shard = sorted(set(idx["weight_map"].values()))[1]
+    (model_copy / shard).unlink()
+    make(model_copy / shard)
+    kind = ("a FIFO" if make is _fifo else "a link to '/dev/zero', a character device")
+    msg = _rejects(model_copy, ModelDirError)
+    assert msg.startswith(f"{str(model_copy / shard)!r}: shard file is not a regular file "
+                          f"({kind}) (named by the index for "), msg
