@@ -78,6 +78,11 @@ def _rope_theta(hf, cfg_path: Path | None = None) -> float:
 def load_model_config(model_dir: str | Path) -> ModelConfig:
     """Read and check `model_dir/config.json` (and generation_config.json when present).
 
+    Of generation_config.json only ``eos_token_id`` is read (`_eos_ids`). Its sampling fields
+    (``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``min_p``, ...) are ignored, and so
+    not checked: a request samples only as its `engine.sampling.SamplingParams` says (in
+    `lockstep generate`, its flags: greedy by default), never as the model directory suggests.
+
     Raises:
         ModelDirError: the directory or config.json is missing or unreadable (the OS's reason:
             a directory the user may not enter was a PermissionError traceback), config.json or
@@ -190,7 +195,8 @@ def _check_features(hf, cfg_path: Path) -> None:
 def _eos_ids(d: Path, hf) -> tuple[int, ...]:
     """The end-of-sequence ids: generation_config.json's ``eos_token_id`` when it has one, else
     config.json's; each must be a token id of the vocabulary (one that can never be sampled
-    would make ``ignore_eos=False`` silently the same as True)."""
+    would make ``ignore_eos=False`` silently the same as True). The file's other fields are
+    not read (`load_model_config`)."""
     raw, where = None, d / "config.json"
     gen = d / "generation_config.json"
     special = not_regular(gen)  # a FIFO was silently passed over

@@ -77,7 +77,9 @@ MIN_TEMPERATURE = 1e-5
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to pick each new token of one request.
+    """How to pick each new token of one request. The defaults are these fields' own: a model
+    directory's generation_config.json is not read for them (its sampling fields are ignored,
+    `engine.config.load_model_config`).
 
     Attributes:
         max_tokens: new tokens to generate, >= 1 (the first comes from the prefill).

@@ -148,6 +148,33 @@ def test_eos_from_generation_config_stops_unless_ignored(tiny_dir, tmp_path):
     assert ignored.token_ids == free.token_ids
 
 
+def test_sampling_fields_of_generation_config_are_ignored_not_checked(tiny_dir, tmp_path,
+                                                                      capsys):
+    """What load_model_config's docstring and the README say: only eos_token_id is read, so
+    values that no request could carry (temperature -3, top_p 7) neither fail nor change the
+    tokens; a request samples as its SamplingParams say."""
+    import json
+    import shutil
+
+    from lockstep.cli import main
+
+    d = tmp_path / "gen"
+    shutil.copytree(tiny_dir, d)
+    gen = json.loads((d / "generation_config.json").read_text())
+    gen.update(do_sample=True, temperature=-3, top_p=7, top_k="many", min_p=None)
+    (d / "generation_config.json").write_text(json.dumps(gen))
+    params = [SamplingParams(max_tokens=6, temperature=0, ignore_eos=True),
+              SamplingParams(max_tokens=6, seed=3, ignore_eos=True)]
+    outs = {}
+    for model in (tiny_dir, d):
+        with LLM(model, max_batch=2, max_model_len=32) as llm:
+            outs[model] = [o.token_ids for o in llm.generate([PROMPT, PROMPT], params)]
+    assert outs[d] == outs[tiny_dir]
+    assert main(["generate", "--model", str(d), "--prompt-ids", "1,2", "--max-tokens",
+                 "2"]) == 0
+    capsys.readouterr()
+
+
 def test_closed_llm_refuses_work(tiny_dir):
     llm = LLM(tiny_dir, max_batch=1, max_model_len=32)
     llm.shutdown()
