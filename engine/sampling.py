@@ -86,10 +86,11 @@ class SamplingParams:
         temperature: 0 for greedy (argmax); otherwise logits are multiplied by 1/temperature,
             > 0.
         top_k: keep the k most likely tokens (ties with the k-th kept); 0 or -1 keeps all.
+            Ignored when greedy.
         top_p: keep the most likely tokens until their probability reaches top_p (ties with the
-            last kept token kept), in (0, 1].
+            last kept token kept), in (0, 1]. Ignored when greedy.
         min_p: keep tokens whose probability is at least min_p times the most likely one's,
-            in [0, 1]; 0 keeps all.
+            in [0, 1]; 0 keeps all. Ignored when greedy.
         seed: seed of this request's sampling, an integer in [0, 2**64) (its 64 bits key the
             random stream; a larger one would alias a smaller one, so it is refused); None
             picks one per request (recorded in the output). Ignored when greedy.
@@ -101,6 +102,12 @@ class SamplingParams:
             distribution) of every generated token.
         return_logits: return the float32 logits [n, vocab] the model produced for every
             generated token (for tests and debugging: large).
+
+    With temperature 0 (greedy) the most likely token is taken, and top_k, top_p, min_p and
+    seed are not used (no cut drops the most likely token, and nothing is drawn); they are
+    still range-checked by `validate`, and accepted. `lockstep generate` instead refuses
+    --top-k, --top-p or --seed with --temperature 0, where a flag that does nothing had been
+    taken without a word.
     """
 
     max_tokens: int = 16

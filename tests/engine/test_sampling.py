@@ -377,3 +377,18 @@ def test_the_cuda_path_reads_the_logits_once_greedy_and_twice_with_top_p():
     pytest.importorskip("triton")
     res = run_in_triton_interpreter(_PASSES_CHECK)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_greedy_accepts_and_ignores_top_k_top_p_min_p_and_seed():
+    """What SamplingParams' docstring says (`lockstep generate` refuses the flags instead): a
+    greedy row's cuts and seed reach neither the batch's tensors nor its token."""
+    cut = SamplingParams(temperature=0, top_k=3, top_p=0.5, min_p=0.9, seed=7)
+    cut.validate(100)
+    plain = SamplingParams(temperature=0)
+    a, b = BatchParams.from_params([cut], [7], [0]), BatchParams.from_params([plain], [11], [0])
+    for name in ("inv_temp", "noise", "top_k", "top_p", "min_p"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+    assert not (a.any_top_k or a.any_top_p or a.any_min_p)
+    logits = _logits(1, 100, 3)
+    assert int(sample_batch(logits, a)[0][0]) == int(torch.argmax(logits[0]))
+    assert sample_reference(logits[0], cut, 7, 0)[0] == int(torch.argmax(logits[0]))
