@@ -281,8 +281,9 @@ def read_tool_json(flag: str, path: str, what: str, read):
 
 def check_output_path(flag: str, p: str) -> None:
     """Check, before a run, that the output file ``p`` given as ``flag`` can be written: not a
-    directory or another non-regular file (a device, a FIFO), in a directory that exists, and
-    writable there.
+    directory or another non-regular file (a device, a FIFO), in a directory that exists (a
+    file where a directory of the path should be is named as not a directory), and writable
+    there.
 
     Writability is tested by creating and removing a temporary file in the target directory
     (and, where ``p`` exists, opening it for appending without changing it), not with
@@ -300,7 +301,7 @@ def check_output_path(flag: str, p: str) -> None:
 
 
 def _check_output_path(flag: str, p: str) -> None:
-    from lockstep.paths import write_refused
+    from lockstep.paths import nearest_existing, write_refused
 
     if not p:
         raise BenchArgError(f"{flag} '': give a file path")
@@ -310,6 +311,10 @@ def _check_output_path(flag: str, p: str) -> None:
     if path.exists() and not path.is_file():  # a FIFO would block the test-open below
         raise BenchArgError(f"{flag} {p!r} is not a regular file; give a file path")
     parent = path.resolve().parent
+    blocking = nearest_existing(parent)
+    if not blocking.is_dir():  # it read "does not exist or is not writable" of a file there
+        raise BenchArgError(f"{flag} {p!r}: {str(blocking)!r} is not a directory; give a "
+                            "path in a directory")
     if not parent.is_dir():
         raise BenchArgError(f"{flag} {p!r}: directory {str(parent)!r} does not exist "
                             "or is not writable")

@@ -63,6 +63,24 @@ def test_bad_argument_is_one_line_naming_it_and_exit_2(argv, needle, capsys, mon
     assert needle in err and len(err.splitlines()) == 1, err
 
 
+@pytest.mark.parametrize("under", ["afile/x.json", "afile/sub/x.json"])
+def test_a_json_path_under_a_file_names_the_file_as_not_a_directory(under, tmp_path, capsys,
+                                                                    monkeypatch):
+    """Old behaviour: "directory '.../afile' does not exist or is not writable" of a regular
+    file afile (a tester's finding); checked before anything touches the GPU."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available",
+                        lambda: pytest.fail("touched CUDA before the argument checks"))
+    (tmp_path / "afile").write_text("x")
+    out = str(tmp_path / under)
+    assert main(["bench", "--preset", "tiny", "--json", out]) == 2
+    assert capsys.readouterr().err == (
+        f"lockstep bench: error: --json {out!r}: {str(tmp_path / 'afile')!r} is not a "
+        "directory; give a path in a directory\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
 class _nullctx:
     def __enter__(self):
         return self
