@@ -364,15 +364,7 @@ def load_variant_file(path: str | Path) -> list[Variant]:
     key = str(path.resolve())
     if key in _LOADED_FILES:
         return _LOADED_FILES[key]
-    spec = importlib.util.spec_from_file_location(f"lockstep_user_variants_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-    except ConfigError as exc:  # a Variant(...) with a bad field: the variant names itself
-        raise ConfigError(f"variant file {str(path)!r}: {exc}{_line_in(path, exc)}") from None
-    except (Exception, SystemExit) as exc:  # a user's file can raise anything; report it
-        raise ConfigError(f"variant file {str(path)!r} failed to import: {type(exc).__name__}: "
-                          f"{exc}{_line_in(path, exc)}") from None
+    module = _import_user_file(path, key)
     listed = getattr(module, "VARIANTS", None)
     if listed is not None:
         if not isinstance(listed, (list, tuple)) or not all(isinstance(v, Variant) for v in listed):
@@ -399,6 +391,38 @@ def load_variant_file(path: str | Path) -> list[Variant]:
 
 
 _LOADED_FILES: dict[str, list[Variant]] = {}
+
+
+def _import_user_file(path: Path, key: str):
+    """Run the user's file ``path`` (resolved: ``key``) as a module, as Python runs a script:
+    its folder first on ``sys.path`` while it runs (a helper module beside it imports), and the
+    module in ``sys.modules`` under a name unique to the path (a dataclass under ``from
+    __future__ import annotations`` looks its module up there; it was an AttributeError).
+
+    Raises:
+        ConfigError: the file raises (SystemExit included), naming the line.
+    """
+    import hashlib
+
+    name = f"lockstep_user_variants_{path.stem}_{hashlib.sha1(key.encode()).hexdigest()[:8]}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    folder = str(Path(key).parent)
+    sys.path.insert(0, folder)
+    try:
+        spec.loader.exec_module(module)
+    except ConfigError as exc:  # a Variant(...) with a bad field: the variant names itself
+        del sys.modules[name]
+        raise ConfigError(f"variant file {str(path)!r}: {exc}{_line_in(path, exc)}") from None
+    except (Exception, SystemExit) as exc:  # a user's file can raise anything; report it
+        del sys.modules[name]
+        raise ConfigError(f"variant file {str(path)!r} failed to import: {type(exc).__name__}: "
+                          f"{exc}{_line_in(path, exc)}") from None
+    finally:
+        if folder in sys.path:
+            sys.path.remove(folder)
+    return module
 
 
 def _line_in(path: Path, exc: BaseException) -> str:

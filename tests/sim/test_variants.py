@@ -100,6 +100,39 @@ def test_a_variant_this_process_has_is_unpickled_from_the_registry_without_its_f
         variants._LOADED_FILES.pop(str(path.resolve()), None)
 
 
+def test_a_variant_file_loads_as_a_script_would(tmp_path):
+    """A fresh user's findings: a file that starts with ``from __future__ import annotations``
+    (as every shipped variant module does) and defines a dataclass Op failed to import
+    (AttributeError: the module was not in sys.modules), and one that imports a helper module
+    beside it failed with "No module named". The folder is on sys.path only while it runs."""
+    import sys
+
+    import sim.variants as variants
+
+    (tmp_path / "variant_helpers_beside.py").write_text("NAME = 'test-script-like-variant'\n")
+    path = tmp_path / "scripted.py"
+    path.write_text("from __future__ import annotations\n"
+                    "from dataclasses import dataclass, replace\n"
+                    "from typing import ClassVar\n"
+                    "from protocol.backend import Op\n"
+                    "from sim.variants import REGISTRY\n"
+                    "from variant_helpers_beside import NAME\n"
+                    "@dataclass(frozen=True)\n"
+                    "class SizedOp(Op):\n"
+                    "    name: ClassVar[str] = 'sized'\n"
+                    "    size: int = 0\n"
+                    "V = replace(REGISTRY['correct'], name=NAME)\n")
+    try:
+        [variant] = load_variant_file(path)
+        assert variant.name == "test-script-like-variant"
+        assert str(tmp_path) not in sys.path
+    finally:
+        REGISTRY.pop("test-script-like-variant", None)
+        variants._ORIGIN.pop("test-script-like-variant", None)
+        variants._LOADED_FILES.pop(str(path.resolve()), None)
+        sys.modules.pop("variant_helpers_beside", None)
+
+
 @pytest.mark.timeout(120)
 def test_a_variant_registered_by_code_reaches_the_workers_of_a_parallel_search(monkeypatch):
     """`register` from the caller's own code puts a variant in this process's registry only; a
