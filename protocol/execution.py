@@ -16,6 +16,7 @@ from protocol.backend import SYNC, AwaitStep, Backend, Op, ReadTokens, ReplayRow
 from protocol.commands import Command, Reply, Step
 from protocol.errors import ProtocolError
 from protocol.trace import TraceEvent
+from protocol.worker import hook_ops
 
 _tuple_new = tuple.__new__
 
@@ -49,7 +50,8 @@ class CommandRun:
         self._actor = f"rank{worker.rank}"  # the events' actor, formatted once per command
         self._extra_sync = False
         try:
-            self.ops: list[Op] = list(worker.ops_for(command))
+            self.ops: list[Op] = list(hook_ops(worker.ops_for(command),
+                                               f"ops_for({type(command).__name__})"))
         except ProtocolError as exc:
             self.ops = []
             self._finish(worker.fail(command, exc))

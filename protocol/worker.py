@@ -61,6 +61,27 @@ from protocol.slots import SlotMap
 __all__ = ["SYNC", "Worker"]
 
 
+def hook_ops(ops, hook: str) -> Sequence[Op]:
+    """``ops`` as returned by the worker hook named ``hook``, checked to be a list (or tuple)
+    of ops.
+
+    A variant's Worker subclass overrides these hooks; one that returned a string or None
+    failed deep inside the driver ("'str' object has no attribute 'name'"), naming no hook.
+
+    Raises:
+        TypeError: ``ops`` is not a list of `protocol.backend.Op`, naming the hook.
+    """
+    if not isinstance(ops, (list, tuple)) or not all(isinstance(op, Op) for op in ops):
+        raise TypeError(f"Worker.{hook} returned {_short_repr(ops)}; expected a list of "
+                        "protocol.backend.Op")
+    return ops
+
+
+def _short_repr(value, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 class Worker:
     """One rank's protocol state.
 
@@ -169,14 +190,14 @@ class Worker:
         return [GRAPH_MEMORY, SYNC]
 
     def _ops_step(self, step: Step) -> list[Op]:
-        ops = self.apply_slot_changes(step)
-        ops += self.apply_page_changes(step)
+        ops = list(hook_ops(self.apply_slot_changes(step), "apply_slot_changes"))
+        ops += hook_ops(self.apply_page_changes(step), "apply_page_changes")
         if step.admits or step.chunk is not None:
             ops.append(Prefill(step.admits, step.chunk))
         if step.rows:
-            ops += self.forward_ops(step)
+            ops += hook_ops(self.forward_ops(step), "forward_ops")
         if step.overlap:
-            return ops + self.overlapped_tail(step)
+            return ops + hook_ops(self.overlapped_tail(step), "overlapped_tail")
         samples = self.rank == 0 and bool(step.rows or step.admits)
         if samples:  # enqueued behind the forward: its host work overlaps the device's
             ops.append(EnqueueSample(step))

@@ -236,7 +236,13 @@ class ModelledBackend:
             raise SimFault(f"the simulator models no backend op {op.name!r} "
                            f"({type(op).__name__})", kind="unmodelled")
         host.lock_blocked = False  # set again by `locked` if the handler waits for the lock
-        return handler(self, r, host, op, probe)
+        status = handler(self, r, host, op, probe)
+        if type(status) is not int or status not in (BLOCKED, PROGRESS, DONE):
+            # a fresh user's handler returned "yes": read as not DONE, the run ended in livelock
+            raise TypeError(f"sim_ops handler {getattr(handler, '__qualname__', handler)!r} "
+                            f"for {type(op).__name__} returned {status!r}; expected BLOCKED, "
+                            "PROGRESS or DONE (sim.common)")
+        return status
 
     def _perform_record(self, r: int, host: Host, op: Record) -> int:
         return self.record(r, host, op.key, False)

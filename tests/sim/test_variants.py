@@ -205,3 +205,51 @@ def test_an_unknown_variant_suggests_only_close_names(typed, suggested):
         assert "did you mean" not in message, message
     else:
         assert f"did you mean {suggested}" in message, message
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("returned, shown", [("'launch'", "'launch'"), ("None", "None"),
+                                             ("[1]", "[1]")])
+def test_a_worker_hook_returning_no_list_of_ops_is_an_error_naming_the_hook(returned, shown):
+    """A fresh user's forward_ops returning a string failed with "'str' object has no attribute
+    'name' (at ops.py:236)", and None with a TypeError inside protocol/worker.py: neither named
+    the hook."""
+    from dataclasses import replace
+
+    from protocol.worker import Worker
+
+    class BadWorker(Worker):
+        def forward_ops(self, step):
+            return eval(returned)
+
+    bad = replace(REGISTRY["correct"], name="test-bad-forward-ops", worker_cls=BadWorker)
+    with pytest.raises(TypeError) as info:  # `lockstep check` makes it the variant's error row
+        check_correct(bad, CheckSpec(schedules=2, fault_schedules=0, jobs=1), "shared")
+    assert str(info.value) == (f"Worker.forward_ops returned {shown}; expected a list of "
+                               "protocol.backend.Op")
+
+
+@pytest.mark.timeout(120)
+def test_a_sim_op_handler_returning_no_status_is_an_error_naming_the_handler(tmp_path):
+    """A fresh user's handler returned "yes": read as not DONE forever, the run ended in
+    `livelock` after 200,000 actions, naming neither the handler nor its value."""
+    import sim.variants as variants
+
+    text = Path("docs/examples/state_variants.py").read_text()
+    assert "    return backend.done(host)\n" in text
+    path = tmp_path / "yes_handler.py"
+    path.write_text(text.replace("    return backend.done(host)\n", "    return 'yes'\n")
+                    .replace('name="my-', 'name="test-yes-'))
+    loaded = load_variant_file(path)
+    try:
+        variant = REGISTRY["test-yes-fresh-logits"]
+        with pytest.raises(TypeError) as info:
+            check_bad(variant, CheckSpec(schedules=2, fault_schedules=0, jobs=1), "shared")
+        assert str(info.value).startswith("sim_ops handler '_sim_new_logits' for NewLogits "
+                                          "returned 'yes'; expected BLOCKED, PROGRESS or DONE")
+    finally:
+        for v in loaded:
+            REGISTRY.pop(v.name, None)
+            variants._ORIGIN.pop(v.name, None)
+        variants._LOADED_FILES.pop(str(path.resolve()), None)
+
