@@ -26,7 +26,7 @@ from protocol.errors import ConfigError
 from sim.guard import tick, watchdog
 from sim.run import RunResult, collector_off, run_schedule
 from sim.scenario import Scenario, is_integer, is_real
-from sim.strategies import PCT, Drawn, RandomWalk
+from sim.strategies import PCT, Drawn, NondeterminismError, RandomWalk
 from sim.world import World
 
 
@@ -189,6 +189,8 @@ def sample_search(scenario_for: Callable[[int], Scenario], variant, acceptable: 
     Raises:
         ConfigError: a budget `check_budget` refuses, a strategy other than random or pct, or
             a ``stop_on_failure`` other than True or False (`check_flags`).
+        sim.strategies.NondeterminismError: a run that failed in a worker process passed when
+            run again in this one (the variant's code keeps state between runs).
     """
     check_budget(time_budget, schedules=schedules, jobs=jobs, seed=seed)
     seed = int(seed)  # a numpy seed overflowed in _chooser's arithmetic: another search
@@ -566,4 +568,10 @@ def _parallel_sample_search(scenario_for, variant, acceptable, strategy, seed, l
     if failures:
         i = min(failures)
         failure = run_schedule(scenario_for(i), variant, _chooser(strategy, seed, i, steps))
+        if acceptable(failure):  # a fresh user's variant kept state in a class attribute
+            raise NondeterminismError(
+                f"variant {variant.name!r}: run {i} failed in a worker process and passed when "
+                "run again in this one: the variant's code does not behave the same on every "
+                "run of a schedule (state kept between runs, such as a class attribute or a "
+                "module global?)")
     return SearchResult(total, failure)

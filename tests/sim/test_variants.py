@@ -253,3 +253,39 @@ def test_a_sim_op_handler_returning_no_status_is_an_error_naming_the_handler(tmp
             variants._ORIGIN.pop(v.name, None)
         variants._LOADED_FILES.pop(str(path.resolve()), None)
 
+
+@pytest.mark.timeout(180)
+def test_a_variant_whose_runs_differ_is_an_error_not_a_clean_row(tmp_path):
+    """A fresh user's Worker kept state in a class attribute: rank 1 skipped its forward the
+    first time it met a bucket. A worker process of a parallel search found the divergence, and
+    this process, whose attribute an earlier row had filled, ran that schedule again clean: the
+    row read `clean` after 5 schedules (the search had stopped at its failure)."""
+    import sim.variants as variants
+    from sim.strategies import NondeterminismError
+
+    path = tmp_path / "class_cache.py"
+    path.write_text(
+        "from protocol.worker import Worker\n"
+        "from sim.variants import Variant\n"
+        "class ForgetfulWorker(Worker):\n"
+        "    _seen = set()\n"
+        "    def forward_ops(self, step):\n"
+        "        key = (self.rank, step.key)\n"
+        "        if self.rank == 1 and key not in ForgetfulWorker._seen:\n"
+        "            ForgetfulWorker._seen.add(key)\n"
+        "            return []\n"
+        "        return super().forward_ops(step)\n"
+        "V = Variant(name='test-class-cache', summary='s', source='a fresh user',\n"
+        "            expected={'shared': 'divergence', 'per-rank': 'divergence'},\n"
+        "            worker_cls=ForgetfulWorker)\n")
+    [variant] = load_variant_file(path)
+    try:
+        spec = CheckSpec(schedules=60, jobs=2)
+        assert check_bad(variant, spec, "shared").got == "divergence"  # fills the attribute here
+        with pytest.raises(NondeterminismError, match="run [0-9]+ failed in a worker process "
+                                                      "and passed when run again in this one"):
+            check_bad(variant, spec, "per-rank")
+    finally:
+        REGISTRY.pop(variant.name, None)
+        variants._ORIGIN.pop(variant.name, None)
+        variants._LOADED_FILES.pop(str(path.resolve()), None)
