@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import time
 import traceback
+from contextlib import contextmanager
 from multiprocessing.connection import wait as mp_wait
 from typing import Any
 
@@ -267,6 +268,28 @@ def _is_failure(message) -> bool:
     return getattr(reply, "ok", True) is False
 
 
+@contextmanager
+def sigint_ignored_by_children():
+    """SIGINT ignored in this process while a rank is started in it, so that the rank starts
+    with it ignored: an ignored disposition survives the spawn's exec, while `rank_main`, which
+    ignores it too, runs only after the child has imported the main module and unpickled its
+    arguments. A terminal's Ctrl-C reaches the whole process group, and a rank still importing
+    printed a KeyboardInterrupt traceback (a fresh user's finding, TP 2 on the CPU). Only the
+    main thread may set a handler; elsewhere this does nothing. A Ctrl-C in the few
+    milliseconds of a start is not seen by this process either."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 class SpawnedRanks:
     """One process per rank, spawned; commands over duplex pipes.
 
@@ -291,7 +314,8 @@ class SpawnedRanks:
                 p = ctx.Process(target=rank_main,
                                 args=(rank, settings, protocol_config, child, address),
                                 name=f"lockstep-rank{rank}", daemon=True)
-                p.start()
+                with sigint_ignored_by_children():
+                    p.start()
                 child.close()
                 self.conns.append(parent)
                 self.procs.append(p)

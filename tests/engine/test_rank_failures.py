@@ -126,3 +126,35 @@ def test_reap_kills_a_process_that_outlives_its_join_and_skips_one_never_started
     assert done.exitcode == 0
     assert hung.exitcode == -signal.SIGKILL
     assert never.pid is None and never.exitcode is None
+
+
+def _report_sigint(queue) -> None:
+    import signal
+
+    queue.put(signal.getsignal(signal.SIGINT) == signal.SIG_IGN)
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_starts_with_sigint_ignored_and_the_parent_keeps_its_handler():
+    """A fresh user's Ctrl-C at TP 2 (sent to the whole process group) caught a rank still
+    importing, before `rank_main` ignores SIGINT: a KeyboardInterrupt traceback. The ranks now
+    start with it ignored; the parent's own handler is back once they have started."""
+    import signal
+
+    from engine.ranks import reap, sigint_ignored_by_children
+
+    ctx = multiprocessing.get_context("spawn")
+    before = signal.getsignal(signal.SIGINT)
+    seen = []
+    for ignored in (True, False):
+        queue = ctx.Queue()
+        p = ctx.Process(target=_report_sigint, args=(queue,), daemon=True)
+        if ignored:
+            with sigint_ignored_by_children():
+                p.start()
+        else:
+            p.start()
+        seen.append(queue.get(timeout=60))
+        reap([p], 30)
+    assert seen == [True, False]  # without it a spawned child takes Ctrl-C as Python's default
+    assert signal.getsignal(signal.SIGINT) is before
