@@ -84,7 +84,7 @@ class LLM:
     """
 
     def __init__(self, model: "str | Path | EngineConfig", **kwargs):
-        self._closed = True
+        self._closed, self._closed_by = True, "its start failed"
         if "_fault" in kwargs:  # test hooks
             kwargs["fault"] = kwargs.pop("_fault")
         if "_graph_standin" in kwargs:
@@ -149,8 +149,8 @@ class LLM:
         watchdog.arm()
         try:
             self._drive()  # the startup sweep, under the watchdog (I6)
-        except BaseException:  # Ctrl-C or SIGTERM included: no rank outlives a failed start
-            self._abort()
+        except BaseException as exc:  # Ctrl-C or SIGTERM included: no rank outlives a failed start
+            self._abort(exc)
             raise
         finally:
             watchdog.disarm()
@@ -218,8 +218,8 @@ class LLM:
                     self._event("controller", "abort", action.how, detail=str(action.error),
                                 ok=False)
                 self._startup.close()
-                self._abort()
                 err = action.error
+                self._abort(err)
                 rank = min(getattr(err, "failed", ()) or getattr(err, "uncollected", ()) or (0,))
                 raise RankError(rank, str(err)) from err
             if isinstance(action, Wait):  # cannot happen: collect() returns every reply
@@ -254,9 +254,9 @@ class LLM:
                         side = self._side.setdefault(rid, {})
                         for k, v in out.items():
                             side.setdefault(k, []).append(v)
-            except BaseException:
+            except BaseException as exc:
                 self._startup.close()
-                self._abort()
+                self._abort(exc)
                 raise
             if isinstance(command, Step):
                 now = self._last_step_end = time.perf_counter()
@@ -283,8 +283,10 @@ class LLM:
 
         self.trace.append(TraceEvent(actor, kind, what, seq, None, detail, ok, time.monotonic()))
 
-    def _abort(self) -> None:
+    def _abort(self, cause: BaseException) -> None:
         self._closed = True
+        self._closed_by = ("interrupted by Ctrl-C" if isinstance(cause, KeyboardInterrupt)
+                           else f"stopped by {type(cause).__name__}: {_first_line(cause)}")
         self.ranks.close(abort=True)
 
     # -- public API ----------------------------------------------------------------------------
@@ -304,10 +306,11 @@ class LLM:
                 prompt or SamplingParams is reported in its RequestOutput's ``error``).
             ValueError: a list of SamplingParams not one per prompt.
             RankError: a rank failed; the engine is then closed.
-            RuntimeError: the engine is closed.
+            RuntimeError: the engine is closed, saying why (shut down, interrupted, a rank
+                failure or another error); a Ctrl-C during a call also closes it.
         """
         if self._closed:
-            raise RuntimeError("this LLM is closed (after shutdown or a rank failure)")
+            raise RuntimeError(f"this LLM is closed ({self._closed_by}); build a new LLM")
         from protocol.requests import Request
 
         if isinstance(prompts, str) or _is_id_list(prompts):
@@ -430,7 +433,7 @@ class LLM:
         try:
             self._drive()
         finally:
-            self._closed = True
+            self._closed, self._closed_by = True, "shut down"
             self.ranks.close(abort=False)
 
     def __enter__(self) -> "LLM":
@@ -456,6 +459,13 @@ TOKENIZERS_MAX_DEPTH = 128
 serde_json's recursion limit (128 by default; "recursion limit exceeded" past it). Python's json
 follows about 1,000 levels, so a tokenizer file nested deeper than this is too deep for one of
 the two."""
+
+
+def _first_line(exc: BaseException, limit: int = 200) -> str:
+    """The first line of ``exc``'s text, at most ``limit`` characters (for one-line messages)."""
+    lines = str(exc).strip().splitlines()
+    line = lines[0] if lines else ""
+    return line if len(line) <= limit else line[:limit - 3] + "..."
 
 
 def has_tokenizer(d: Path) -> bool:

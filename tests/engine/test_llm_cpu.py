@@ -178,8 +178,9 @@ def test_sampling_fields_of_generation_config_are_ignored_not_checked(tiny_dir, 
 def test_closed_llm_refuses_work(tiny_dir):
     llm = LLM(tiny_dir, max_batch=1, max_model_len=32)
     llm.shutdown()
-    with pytest.raises(RuntimeError, match="closed"):
+    with pytest.raises(RuntimeError) as info:
         llm.generate([[1, 2]])
+    assert str(info.value) == "this LLM is closed (shut down); build a new LLM"
 
 
 def test_an_in_process_rank_failure_closes_the_llm(tiny_dir):
@@ -189,8 +190,26 @@ def test_an_in_process_rank_failure_closes_the_llm(tiny_dir):
     with pytest.raises(RankError) as info:
         llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4, ignore_eos=True))
     assert info.value.rank == 0 and "injected fault at command 6" in str(info.value)
-    with pytest.raises(RuntimeError, match="closed"):
+    with pytest.raises(RuntimeError) as info:
         llm.generate([[1, 2]])
+    assert str(info.value).startswith("this LLM is closed (stopped by ")
+    assert "injected fault at command 6" in str(info.value)
+
+
+def test_an_llm_closed_by_ctrl_c_says_so(tiny_dir, monkeypatch):
+    """A fresh user caught KeyboardInterrupt around generate and called it again: "this LLM is
+    closed (after shutdown or a rank failure)" named neither."""
+    llm = LLM(tiny_dir, max_batch=1, max_model_len=32)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(llm.ranks, "collect", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2, ignore_eos=True))
+    with pytest.raises(RuntimeError) as info:
+        llm.generate([[1, 2]])
+    assert str(info.value) == "this LLM is closed (interrupted by Ctrl-C); build a new LLM"
 
 
 @pytest.mark.timeout(300)
