@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import importlib.util
 import sys
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
@@ -51,6 +52,9 @@ EVENT_REACH: dict[str, Callable[[Scenario], str | None]] = {}
 can reach the event; a clean row leaves such an event out of what it must reach and says why
 (`sim.check.check_correct`). Filled by the modules whose variants name the event."""
 
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+"""A variant name: one table cell, one file name of `--trace-out`."""
 
 VERDICTS = ("clean", "abort", "deadlock", "hang", "hang-at-exit", "divergence", "oom",
             "startup-refused", "livelock") + tuple(f"invariant:I{n}" for n in range(1, 22))
@@ -141,6 +145,14 @@ class Variant:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ConfigError(f"variant name {self.name!r} must be a non-empty string")
+        if not _NAME.fullmatch(self.name):  # a fresh user's name of spaces or a newline broke
+            # the verdict table; '+' marks a row's faulted half ("correct+faults")
+            raise ConfigError(f"variant name {clipped(repr(self.name))} must be letters, digits, "
+                              "'-', '_' and '.', starting with a letter or digit")
+        if not isinstance(self.expected, Mapping):
+            raise ConfigError(f"variant {self.name!r}: expected is "
+                              f"{one_line_repr(self.expected, 80)}; expected a dict of topology "
+                              f"({', '.join(map(repr, TOPOLOGIES))}) -> verdict")
         for topology in TOPOLOGIES:
             verdict = self.expected.get(topology) if isinstance(self.expected, Mapping) else None
             if verdict not in VERDICTS:

@@ -289,3 +289,24 @@ def test_a_variant_whose_runs_differ_is_an_error_not_a_clean_row(tmp_path):
         REGISTRY.pop(variant.name, None)
         variants._ORIGIN.pop(variant.name, None)
         variants._LOADED_FILES.pop(str(path.resolve()), None)
+
+
+@pytest.mark.parametrize("fields, words", [
+    (dict(name="   "), "variant name '   ' must be letters, digits, '-', '_' and '.'"),
+    (dict(name="a\nb"), "variant name 'a\\nb' must be letters"),
+    (dict(name="x+faults"), "variant name 'x+faults' must be letters"),
+    (dict(name="zz", expected="divergence"),
+     "variant 'zz': expected is 'divergence'; expected a dict of topology ('shared', "
+     "'per-rank') -> verdict"),
+])
+def test_a_variant_name_or_expected_a_table_cannot_hold_is_refused(fields, words):
+    """A fresh variant author's name of spaces printed a blank cell and one with a newline broke
+    the verdict table; `expected="divergence"` read "expected verdict for topology 'shared' is
+    None"."""
+    from dataclasses import replace
+
+    from protocol.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        replace(REGISTRY["correct"], **fields)
+    assert str(info.value).startswith(words), info.value
