@@ -662,6 +662,11 @@ def _check_recorded_header(data: dict, choices: list[str]) -> None:
                                   and data["verdict"] in OUTCOME_VERDICTS):
         raise ConfigError(f"'verdict' is {_shown(data['verdict'])}: not a verdict a run ends "
                           f"with ({', '.join(OUTCOME_VERDICTS)})")
+    if "variant_file" in data and not (isinstance(data["variant_file"], str)
+                                       and MODEL_TEXT.fullmatch(data["variant_file"])):
+        raise ConfigError(f"'variant_file' is {_shown(data['variant_file'])}: not 12 lowercase "
+                          "hex digits (the hash of the variant file that recorded the trace, "
+                          "`sim.report.variant_file_fingerprint`)")
     if "model" in data and not (isinstance(data["model"], str)
                                 and MODEL_TEXT.fullmatch(data["model"])):
         raise ConfigError(f"'model' is {_shown(data['model'])}: not 12 lowercase hex digits (the "
@@ -1016,9 +1021,14 @@ def _recorded_by_other_code(data: dict) -> str:
     """What a departing replay adds when the trace was recorded by other code of `protocol/`
     and `sim/` (`sim.report.model_fingerprint`), or does not say which: a schedule recorded by
     one version need not replay on another, so that, not nondeterminism, may be the cause."""
-    from sim.report import model_fingerprint
+    from sim.report import model_fingerprint, variant_file_fingerprint
 
     recorded, running = data.get("model"), model_fingerprint()
+    file_then = data.get("variant_file")
+    file_now = variant_file_fingerprint(data.get("variant"))
+    if file_then is not None and file_now is not None and file_then != file_now:
+        return (f"; the variant file was edited since the recording (variant_file {file_then}, "
+                f"now {file_now}), and its schedule need not replay on the new code")
     if recorded == running:
         return ""
     if recorded is None:

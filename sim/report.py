@@ -33,6 +33,22 @@ def model_fingerprint() -> str:
             digest.update(f"{package}/{path.name}\0".encode())
             digest.update(path.read_bytes())
     return digest.hexdigest()[:12]
+
+
+def variant_file_fingerprint(variant_name: str) -> str | None:
+    """12 hex digits of a hash of the file that defined ``variant_name``
+    (`sim.variants.load_variant_file`), or None for a variant from no file or a file no longer
+    readable. A trace records it (``"variant_file"``): a fresh user's replay after editing the
+    file read as the simulator's NONDETERMINISM."""
+    from sim.variants import _ORIGIN
+
+    origin = _ORIGIN.get(variant_name)
+    try:
+        return None if origin is None else hashlib.sha256(Path(origin).read_bytes()).hexdigest()[:12]
+    except OSError:
+        return None
+
+
 NOISY_OPS = {"graph_memory", "release_slot", "move_slot", "prepare_replay"}
 _GAP = "     ... (events in between left out)"
 EARLIER = "earlier"
@@ -195,6 +211,8 @@ def to_json(result: RunResult, variant_name: str, scenario_spec: dict) -> dict:
     return {
         "format": TRACE_FORMAT,
         "model": model_fingerprint(),
+        **({"variant_file": fingerprint}
+           if (fingerprint := variant_file_fingerprint(variant_name)) is not None else {}),
         "variant": variant_name,
         "scenario": scenario_spec,
         "verdict": result.outcome.verdict,

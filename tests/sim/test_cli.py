@@ -404,6 +404,7 @@ def test_variant_file_may_derive_from_a_shipped_variant(tmp_path, capsys):
     (lambda d: d["scenario"].update(topology=None),
      "topology = null: a recording writes a value here (null only for buckets and max_batch"),
     (lambda d: d["scenario"].update(ranks=None), "bad scenario in trace: ranks = null"),
+    (lambda d: d.update(variant_file="xyz"), "'variant_file' is \"xyz\": not 12 lowercase hex"),
     (lambda d: d["scenario"].update(faults=None), "bad scenario in trace: faults = null"),
     # a fresh user's finding: these leaked "TypeError ... (at difflib.py:280)", exit 1
     # a fresh user's finding: hand-edited traces read as the simulator's NONDETERMINISM
@@ -1252,3 +1253,46 @@ def test_a_missed_variant_that_names_its_own_strategy_says_an_explicit_one_repla
     from sim.cli import _own_strategy
 
     assert _own_strategy("local-bucket") == ""  # searched with the default, nothing to add
+
+
+@pytest.mark.timeout(120)
+def test_a_replay_after_its_variant_file_was_edited_says_so(tmp_path, capsys):
+    """A fresh variant author replayed a trace after editing the file and read NONDETERMINISM
+    with no word on the edit: the trace now records the file's hash (`variant_file`)."""
+    import sim.variants as variants
+    from sim.variants import REGISTRY
+
+    path = tmp_path / "edited_variant.py"
+    source = ("from protocol.worker import Worker\n"
+              "from sim.variants import Variant\n"
+              "class SkipWorker(Worker):\n"
+              "    def forward_ops(self, step):\n"
+              "        if self.rank == 1 and step.key is not None and step.key.bucket == 1:\n"
+              "            return []\n"
+              "        return super().forward_ops(step)\n"
+              "V = Variant(name='test-edited-file', summary='s', source='x',\n"
+              "            expected={'shared': 'divergence', 'per-rank': 'divergence'},\n"
+              "            worker_cls=SkipWorker)\n")
+    path.write_text(source)
+    out = tmp_path / "traces"
+    try:
+        assert main(["check", "--variant-file", str(path), "--variant", "test-edited-file",
+                     "--topology", "shared", "--no-progress", "--jobs", "1",
+                     "--trace-out", str(out)]) == 0
+        trace = out / "test-edited-file.shared.json"
+        recorded = json.loads(trace.read_text())["variant_file"]
+        assert re.fullmatch("[0-9a-f]{12}", recorded)
+        capsys.readouterr()
+        assert main(["check", "--replay", str(trace)]) == 0  # this process has the file loaded
+        assert "exactly" in capsys.readouterr().out
+        variants._LOADED_FILES.pop(str(path.resolve()), None)
+        REGISTRY.pop("test-edited-file", None)
+        path.write_text(source.replace("bucket == 1", "bucket == 2"))
+        assert main(["check", "--replay", str(trace), "--variant-file", str(path)]) == 1
+        text = capsys.readouterr().out
+        assert "NONDETERMINISM: replay departed" in text
+        assert f"the variant file was edited since the recording (variant_file {recorded}, now " in text
+    finally:
+        REGISTRY.pop("test-edited-file", None)
+        variants._ORIGIN.pop("test-edited-file", None)
+        variants._LOADED_FILES.pop(str(path.resolve()), None)
