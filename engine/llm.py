@@ -23,7 +23,7 @@ from engine.errors import (ModelDirError, RankError, RequestError, check_text, n
 from engine.sampling import SamplingParams, as_token_id
 from engine.engine_config import EngineConfig
 from engine.startup import StartupReport, StartupWatchdog
-from lockstep.args import one_line_repr
+from lockstep.args import clipped, one_line_repr
 
 
 @dataclass
@@ -286,7 +286,8 @@ class LLM:
     def _abort(self, cause: BaseException) -> None:
         self._closed = True
         self._closed_by = ("interrupted by Ctrl-C" if isinstance(cause, KeyboardInterrupt)
-                           else f"stopped by {type(cause).__name__}: {_first_line(cause)}")
+                           else f"stopped by {type(cause).__name__}: "
+                                f"{clipped((str(cause).strip().splitlines() or [''])[0], 200)}")
         self.ranks.close(abort=True)
 
     # -- public API ----------------------------------------------------------------------------
@@ -459,13 +460,6 @@ TOKENIZERS_MAX_DEPTH = 128
 serde_json's recursion limit (128 by default; "recursion limit exceeded" past it). Python's json
 follows about 1,000 levels, so a tokenizer file nested deeper than this is too deep for one of
 the two."""
-
-
-def _first_line(exc: BaseException, limit: int = 200) -> str:
-    """The first line of ``exc``'s text, at most ``limit`` characters (for one-line messages)."""
-    lines = str(exc).strip().splitlines()
-    line = lines[0] if lines else ""
-    return line if len(line) <= limit else line[:limit - 3] + "..."
 
 
 def has_tokenizer(d: Path) -> bool:
