@@ -283,8 +283,8 @@ def run(args: argparse.Namespace) -> int:
         llm.shutdown()
         print(f"lockstep generate: error: {exc}", file=sys.stderr)
         return 1
-    except BaseException:  # Ctrl-C or SIGTERM mid-step: stop the ranks, no teardown handshake
-        llm._abort()
+    except BaseException as exc:  # Ctrl-C or SIGTERM mid-step: stop the ranks, no teardown
+        llm._abort(exc)
         raise
     llm.shutdown()
     if out.error is not None:
