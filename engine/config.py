@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.config_json import read_config_json, read_json_object
-from engine.errors import ModelDirError, ParallelConfigError, not_regular, unreadable
+from engine.errors import ModelDirError, ParallelConfigError, refuse_not_regular, unreadable
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
     Raises:
         ModelDirError: the directory or config.json is missing or unreadable (the OS's reason:
             a directory the user may not enter was a PermissionError traceback), config.json or
-            generation_config.json is there but no regular file (`engine.errors.not_regular`:
+            generation_config.json is there but no regular file (`engine.errors.refuse_not_regular`:
             a FIFO would block the read; one for generation_config.json was passed over),
             either is not valid JSON, the architecture
             is not Qwen3ForCausalLM, a field is missing, of the wrong type or out of range
@@ -99,9 +99,7 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
         if not d.is_dir():
             raise ModelDirError(f"model directory {str(d)!r} "
                                 + ("is not a directory" if d.exists() else "does not exist"))
-        special = not_regular(cfg_path)
-        if special is not None:
-            raise special
+        refuse_not_regular(cfg_path)
         if not cfg_path.is_file():
             raise ModelDirError(f"{cfg_path}: missing (is {str(d)!r} a Hugging Face model dir?)")
     except OSError as exc:  # pathlib raises where a directory on the path may not be entered
@@ -199,9 +197,7 @@ def _eos_ids(d: Path, hf) -> tuple[int, ...]:
     not read (`load_model_config`)."""
     raw, where = None, d / "config.json"
     gen = d / "generation_config.json"
-    special = not_regular(gen)  # a FIFO was silently passed over
-    if special is not None:
-        raise special
+    refuse_not_regular(gen)  # a FIFO was silently passed over
     if gen.is_file():
         raw, where = read_json_object(gen).get("eos_token_id"), gen
     if raw is None:

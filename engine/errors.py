@@ -69,16 +69,20 @@ def special_kind(path) -> str | None:
     return kind
 
 
-def not_regular(path) -> ModelDirError | None:
-    """The error for a model file that is there but is no regular file, or None (a regular
-    file, or nothing there: the caller names a missing file in its own words):
-    ``/m/tokenizer.json: not a regular file (a FIFO)``; where ``path`` cannot be looked at, the
-    `unreadable` error."""
+def refuse_not_regular(path) -> None:
+    """Refuse a model file that is there but is no regular file; a regular file, or nothing
+    there, passes (the caller names a missing file in its own words).
+
+    Raises:
+        ModelDirError: ``/m/tokenizer.json: not a regular file (a FIFO)``; where ``path``
+            cannot be looked at, the `unreadable` error.
+    """
     try:
         kind = special_kind(path)
     except OSError as exc:
-        return unreadable(path, exc)
-    return None if kind is None else ModelDirError(f"{path}: not a regular file ({kind})")
+        raise unreadable(path, exc) from None
+    if kind is not None:
+        raise ModelDirError(f"{path}: not a regular file ({kind})")
 
 
 class ParallelConfigError(ValueError):

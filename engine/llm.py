@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from engine.errors import (ModelDirError, RankError, RequestError, check_text, not_regular,
+from engine.errors import (ModelDirError, RankError, RequestError, check_text, refuse_not_regular,
                            tokens)
 from engine.sampling import SamplingParams, as_token_id
 from engine.engine_config import EngineConfig
@@ -467,13 +467,11 @@ def has_tokenizer(d: Path) -> bool:
 
     Raises:
         ModelDirError: a tokenizer file (`TOKENIZER_JSON`) is there but no regular file
-            (`engine.errors.not_regular`): a FIFO as tokenizer.json read as "missing", one as
+            (`engine.errors.refuse_not_regular`): a FIFO as tokenizer.json read as "missing", one as
             tokenizer_config.json was passed over, and transformers would block opening one.
     """
     for name in TOKENIZER_JSON:
-        special = not_regular(d / name)
-        if special is not None:
-            raise special
+        refuse_not_regular(d / name)
     return any((d / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json"))
 
 

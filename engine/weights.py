@@ -13,7 +13,7 @@ from pathlib import Path, PurePath
 
 from engine.config import ModelConfig
 from engine.config_json import STORAGE_DTYPES, load_json
-from engine.errors import ModelDirError, not_regular, special_kind, unreadable
+from engine.errors import ModelDirError, refuse_not_regular, special_kind, unreadable
 from lockstep.args import one_line_repr
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -59,12 +59,10 @@ HEAD_COMPARE_ROWS = 8192
 def _tensor_files(d: Path) -> dict[str, Path] | None:
     """Tensor name -> shard file of the checkpoint in `d`, None where it has neither an index
     nor a single model.safetensors (`WeightIndex` raises for that). The one in use that is
-    there but no regular file is refused (`engine.errors.not_regular`): it read as absent."""
+    there but no regular file is refused (`engine.errors.refuse_not_regular`): it read as absent."""
     index_path = d / INDEX_FILE
     for path in (index_path, d / SINGLE_FILE):  # the index first, as it is used first
-        special = not_regular(path)
-        if special is not None:
-            raise special
+        refuse_not_regular(path)
         if path.is_file():
             break
     if index_path.is_file():
