@@ -81,9 +81,14 @@ class Idle:
     """Serving with nothing to do: submit a request or call `shutdown`."""
 
 
+ABORT_HOWS = ("abort", "exit")
+"""How a controller may stop its ranks (`Abort.how`, `Controller.abort_how`)."""
+
+
 @dataclass(frozen=True)
 class Abort:
-    """Stop every rank now. ``how`` is ``"abort"``: never exit, whose driver teardown can hang (H8)."""
+    """Stop every rank now. ``how`` is ``"abort"``: never exit, whose driver teardown can hang
+    (H8); one of `ABORT_HOWS` (a variant's controller may say ``"exit"``)."""
 
     error: ProtocolError
     how: str = "abort"

@@ -35,7 +35,7 @@ from protocol.backend import (
 )
 from protocol.buckets import select_bucket
 from protocol.commands import Command, Reply, Step
-from protocol.controller import Controller
+from protocol.controller import ABORT_HOWS, Controller
 from protocol.errors import ConfigError, StartupRefused
 from protocol.keys import GraphKey
 from protocol.memory import MemoryPlan, candidate_caps
@@ -197,6 +197,9 @@ class Variant:
             value = getattr(self, field_name)
             if not (isinstance(value, type) and issubclass(value, base)):
                 raise bad(field_name, value, f"a subclass of {base.__module__}.{base.__name__}")
+        if self.controller_cls.abort_how not in ABORT_HOWS:  # "explode" was taken silently
+            raise bad("controller_cls.abort_how", self.controller_cls.abort_how,
+                      " or ".join(map(repr, ABORT_HOWS)))
         for field_name in ("adjust", "unreachable", "draw"):
             value = getattr(self, field_name)
             if value is not None and not callable(value):
@@ -223,12 +226,12 @@ class Variant:
         if self.fault_search is not None and not isinstance(self.fault_search, FaultFamily):
             raise bad("fault_search", self.fault_search,
                       'None or a sim.faults.FaultFamily, e.g. FaultFamily("die", phase="serving")')
-        if (not isinstance(self.events, tuple)
+        if (not isinstance(self.events, (tuple, list))
                 or not all(isinstance(e, str) and e for e in self.events)):
             raise bad("events", self.events, 'a tuple of event names, e.g. ("scrub",)')
         ops = self.fault_ops()
         for event in self.reaches:  # a name no run records read later as a vacuous clean row
-            if event not in EVENTS + self.events and not (
+            if event not in EVENTS + tuple(self.events) and not (
                     event.startswith(FAULT_OP_EVENT) and event[len(FAULT_OP_EVENT):] in ops):
                 raise bad("reaches entry", event, "an event a run records: "
                           f"{', '.join(EVENTS)}, one of its own events (declared in events), "

@@ -310,3 +310,22 @@ def test_a_variant_name_or_expected_a_table_cannot_hold_is_refused(fields, words
     with pytest.raises(ConfigError) as info:
         replace(REGISTRY["correct"], **fields)
     assert str(info.value).startswith(words), info.value
+
+
+def test_a_controller_that_stops_its_ranks_in_no_known_way_is_refused_and_events_may_be_a_list():
+    """A fresh variant author's `abort_how = "explode"` was taken silently; `events` refused the
+    list that `reaches` accepts."""
+    from dataclasses import replace
+
+    from protocol.controller import Controller
+    from protocol.errors import ConfigError
+
+    class Exploding(Controller):
+        abort_how = "explode"
+
+    with pytest.raises(ConfigError) as info:
+        replace(REGISTRY["correct"], name="test-explode", controller_cls=Exploding)
+    assert str(info.value) == ("variant 'test-explode': controller_cls.abort_how is 'explode'; "
+                               "expected 'abort' or 'exit'")
+    listed = replace(REGISTRY["correct"], name="test-listed", events=["scrub"], reaches=["scrub"])
+    assert list(listed.events) == ["scrub"]
