@@ -283,9 +283,12 @@ class LLM:
 
         self.trace.append(TraceEvent(actor, kind, what, seq, None, detail, ok, time.monotonic()))
 
-    def _abort(self, cause: BaseException) -> None:
+    def _abort(self, cause: BaseException | None = None) -> None:
+        """Stop every rank now (no teardown handshake); ``cause``, what made the caller stop,
+        is named by a later call's "this LLM is closed" error."""
         self._closed = True
-        self._closed_by = ("interrupted by Ctrl-C" if isinstance(cause, KeyboardInterrupt)
+        self._closed_by = ("aborted" if cause is None else
+                           "interrupted by Ctrl-C" if isinstance(cause, KeyboardInterrupt)
                            else f"stopped by {type(cause).__name__}: "
                                 f"{clipped((str(cause).strip().splitlines() or [''])[0], 200)}")
         self.ranks.close(abort=True)
