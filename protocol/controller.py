@@ -50,6 +50,7 @@ from protocol.errors import (
     ConfigError,
     PageError,
     ProtocolError,
+    checked_hook_result,
     RankFailure,
     ReplyError,
     WatchdogExpired,
@@ -173,7 +174,11 @@ class Controller:
         self.phase = "startup"
         self.failure: ProtocolError | None = None
         self.memory: MemoryPlan | None = None
-        self._stages = self.startup_stages()
+        stages = self.startup_stages()
+        self._stages = checked_hook_result(
+            stages, "Controller.startup_stages",
+            isinstance(stages, (list, tuple)) and all(isinstance(n, str) for n in stages),
+            "a list of stage names")
         self._stage = 0
         self._reports: dict[int, Any] = {}
         self.slots = SlotTable(config.max_batch)
@@ -508,17 +513,30 @@ class Controller:
             seq = self.seq + 1
             command: Command | None
             if name == "warmup":
-                command = Warmup(seq, self.warmup_sizes())
+                sizes = self.warmup_sizes()
+                checked_hook_result(sizes, "Controller.warmup_sizes",
+                                    isinstance(sizes, (list, tuple)) and all(
+                                        type(n) is int and n > 0 for n in sizes),
+                                    "a tuple of message sizes in bytes, each an int > 0")
+                command = Warmup(seq, tuple(sizes))
             elif name == "profile":
                 command = ProfileMemory(seq, self.plan.buckets[-1])  # buckets are never empty
             elif name == "measure":
-                command = MeasureGraphs(seq, self.measure_keys())
+                keys = self.measure_keys()
+                checked_hook_result(keys, "Controller.measure_keys",
+                                    isinstance(keys, (list, tuple)) and all(
+                                        isinstance(k, GraphKey) for k in keys),
+                                    "a tuple of protocol.keys.GraphKey")
+                command = MeasureGraphs(seq, tuple(keys))
             elif name == "allocate":
                 command = AllocateKV(seq, self.memory.kv_pages if self.memory else 0,
                                      self.memory.batch_cap if self.memory else None,
                                      self.config.page_size)
             elif name.startswith("sweep"):
                 command = self.sweep_commands(seq, self._sweep_index)
+                checked_hook_result(command, "Controller.sweep_commands",
+                                    command is None or isinstance(command, Command),
+                                    "a protocol.commands.Command or None")
                 if command is None:
                     self._stage += 1
                     continue
@@ -545,7 +563,10 @@ class Controller:
                 for key, nbytes in (rep.payload or {}).items():
                     graph_bytes[key] = max(graph_bytes.get(key, 0), nbytes)
             try:
-                self.memory = self.fit_memory(self._reports.get("memory", {}), graph_bytes)
+                fitted = self.fit_memory(self._reports.get("memory", {}), graph_bytes)
+                self.memory = checked_hook_result(fitted, "Controller.fit_memory",
+                                                  isinstance(fitted, MemoryPlan),
+                                                  "a protocol.memory.MemoryPlan")
             except ConfigError as exc:
                 return exc
             self.plan = self.plan.fitted(self.memory.batch_cap)

@@ -148,3 +148,18 @@ class RankFailure(ProtocolError):
     def rank(self) -> int | None:
         """The first failed rank, or None when the failure is a timeout of uncollected ranks."""
         return self.failed[0] if self.failed else None
+
+
+def checked_hook_result(value, hook: str, valid: bool, want: str):
+    """``value``, returned by the overridable hook ``hook`` (``"Controller.fit_memory"``), when
+    ``valid``. A variant's subclass that returned the wrong kind of value failed deep inside the
+    protocol, naming no hook (a fresh variant author's finding).
+
+    Raises:
+        TypeError: not ``valid``: "HOOK returned VALUE; expected WANT".
+    """
+    if not valid:
+        text = repr(value)
+        shown = text if len(text) <= 80 else text[:77] + "..."
+        raise TypeError(f"{hook} returned {shown}; expected {want}")
+    return value

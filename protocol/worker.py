@@ -54,7 +54,7 @@ from protocol.commands import (
     Warmup,
 )
 from protocol.eligibility import GraphPlan
-from protocol.errors import EligibilityError, PageError, ProtocolError
+from protocol.errors import EligibilityError, PageError, ProtocolError, checked_hook_result
 from protocol.pages import PageMap
 from protocol.slots import SlotMap
 
@@ -63,23 +63,15 @@ __all__ = ["SYNC", "Worker"]
 
 def hook_ops(ops, hook: str) -> Sequence[Op]:
     """``ops`` as returned by the worker hook named ``hook``, checked to be a list (or tuple)
-    of ops.
-
-    A variant's Worker subclass overrides these hooks; one that returned a string or None
-    failed deep inside the driver ("'str' object has no attribute 'name'"), naming no hook.
+    of ops: one that returned a string failed with "'str' object has no attribute 'name'".
 
     Raises:
         TypeError: ``ops`` is not a list of `protocol.backend.Op`, naming the hook.
     """
-    if not isinstance(ops, (list, tuple)) or not all(isinstance(op, Op) for op in ops):
-        raise TypeError(f"Worker.{hook} returned {_short_repr(ops)}; expected a list of "
-                        "protocol.backend.Op")
-    return ops
-
-
-def _short_repr(value, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return checked_hook_result(
+        ops, f"Worker.{hook}",
+        isinstance(ops, (list, tuple)) and all(isinstance(op, Op) for op in ops),
+        "a list of protocol.backend.Op")
 
 
 class Worker:

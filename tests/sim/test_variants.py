@@ -329,3 +329,30 @@ def test_a_controller_that_stops_its_ranks_in_no_known_way_is_refused_and_events
                                "expected 'abort' or 'exit'")
     listed = replace(REGISTRY["correct"], name="test-listed", events=["scrub"], reaches=["scrub"])
     assert list(listed.events) == ["scrub"]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("hook, returned, words", [
+    ("fit_memory", "12", "Controller.fit_memory returned 12; expected a protocol.memory.MemoryPlan"),
+    ("warmup_sizes", "'abc'", "Controller.warmup_sizes returned 'abc'; expected a tuple of "
+                              "message sizes in bytes, each an int > 0"),
+    ("measure_keys", "None", "Controller.measure_keys returned None; expected a tuple of "
+                             "protocol.keys.GraphKey"),
+])
+def test_a_controller_hook_returning_the_wrong_kind_of_value_is_an_error_naming_it(
+        hook, returned, words):
+    """A fresh variant author's fit_memory returning 12 failed at controller.py:546, naming no
+    hook; warmup_sizes returning "abc" was reported as the invariant I5."""
+    from dataclasses import replace
+
+    from protocol.controller import Controller
+
+    def wrong(self, *args):
+        return eval(returned)
+
+    bad_controller = type("BadController", (Controller,), {hook: wrong})
+    bad = replace(REGISTRY["correct"], name="test-bad-controller-hook",
+                  controller_cls=bad_controller)
+    with pytest.raises(TypeError) as info:
+        check_correct(bad, CheckSpec(schedules=2, fault_schedules=0, jobs=1), "shared")
+    assert str(info.value) == words
