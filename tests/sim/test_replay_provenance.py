@@ -1,0 +1,58 @@
+"""What a replayed trace's header and scenario may hold, checked without running a search: the
+fields every recording writes refuse null (`check_scenario_json`), and a departing replay names
+an edit of the variant file that recorded it (`_recorded_by_other_code`). The CLI paths are in
+test_cli.py; these sit where the mutation run's simulator killer reaches them."""
+
+import pytest
+
+import sim.variants as variants
+from protocol.errors import ConfigError
+from sim.check import SCENARIO_KEYS, _recorded_by_other_code, check_scenario_json
+from sim.report import model_fingerprint, variant_file_fingerprint
+
+RECORDED = {"ranks": 2, "buckets": None, "max_batch": None, "hazards_off": [],
+            "h2_scope": "process", "h2_calls": "both", "topology": "shared", "faults": []}
+
+
+def test_a_recorded_scenario_with_its_default_nulls_is_read():
+    out = check_scenario_json(dict(RECORDED))
+    assert out["topology"] == "shared" and "buckets" not in out and "max_batch" not in out
+
+
+@pytest.mark.parametrize("field", [k for k in SCENARIO_KEYS if k not in ("buckets", "max_batch")])
+def test_a_null_in_a_field_every_recording_holds_is_refused(field):
+    with pytest.raises(ConfigError) as info:
+        check_scenario_json(dict(RECORDED, **{field: None}))
+    assert str(info.value).startswith(f"bad scenario in trace: {field} = null: a recording "
+                                      "writes a value here")
+
+
+def test_a_null_optional_field_reads_as_missing():
+    out = check_scenario_json(dict(RECORDED, short_context=None, prompt_lengths=None))
+    assert "short_context" not in out and "prompt_lengths" not in out
+
+
+@pytest.fixture
+def file_variant(tmp_path):
+    path = tmp_path / "provenance_variant.py"
+    path.write_text("from dataclasses import replace\n"
+                    "from sim.variants import REGISTRY\n"
+                    "V = replace(REGISTRY['correct'], name='test-provenance')\n")
+    variants.load_variant_file(path)
+    yield path
+    variants.REGISTRY.pop("test-provenance", None)
+    variants._ORIGIN.pop("test-provenance", None)
+    variants._LOADED_FILES.pop(str(path.resolve()), None)
+
+
+def test_a_departure_names_an_edit_of_the_variant_file_and_only_an_edit(file_variant):
+    model = model_fingerprint()
+    now = variant_file_fingerprint("test-provenance")
+    assert now is not None and variant_file_fingerprint("correct") is None
+    same = {"model": model, "variant": "test-provenance", "variant_file": now}
+    assert _recorded_by_other_code(same) == ""
+    assert _recorded_by_other_code({"model": model, "variant": "correct"}) == ""
+    edited = dict(same, variant_file="0" * 12)
+    assert _recorded_by_other_code(edited) == (
+        f"; the variant file was edited since the recording (variant_file {'0' * 12}, now "
+        f"{now}), and its schedule need not replay on the new code")
