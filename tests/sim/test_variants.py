@@ -230,15 +230,17 @@ def test_a_worker_hook_returning_no_list_of_ops_is_an_error_naming_the_hook(retu
 
 
 @pytest.mark.timeout(120)
-def test_a_sim_op_handler_returning_no_status_is_an_error_naming_the_handler(tmp_path):
+@pytest.mark.parametrize("returned", ["'yes'", "7", "True"])
+def test_a_sim_op_handler_returning_no_status_is_an_error_naming_the_handler(tmp_path, returned):
     """A fresh user's handler returned "yes": read as not DONE forever, the run ended in
-    `livelock` after 200,000 actions, naming neither the handler nor its value."""
+    `livelock` after 200,000 actions, naming neither the handler nor its value. An int that is
+    no status, and True (equal to PROGRESS), are refused too."""
     import sim.variants as variants
 
     text = Path("docs/examples/state_variants.py").read_text()
     assert "    return backend.done(host)\n" in text
     path = tmp_path / "yes_handler.py"
-    path.write_text(text.replace("    return backend.done(host)\n", "    return 'yes'\n")
+    path.write_text(text.replace("    return backend.done(host)\n", f"    return {returned}\n")
                     .replace('name="my-', 'name="test-yes-'))
     loaded = load_variant_file(path)
     try:
@@ -246,7 +248,8 @@ def test_a_sim_op_handler_returning_no_status_is_an_error_naming_the_handler(tmp
         with pytest.raises(TypeError) as info:
             check_bad(variant, CheckSpec(schedules=2, fault_schedules=0, jobs=1), "shared")
         assert str(info.value).startswith("sim_ops handler '_sim_new_logits' for NewLogits "
-                                          "returned 'yes'; expected BLOCKED, PROGRESS or DONE")
+                                          f"returned {returned}; expected BLOCKED, PROGRESS or "
+                                          "DONE")
     finally:
         for v in loaded:
             REGISTRY.pop(v.name, None)
