@@ -141,12 +141,20 @@ def tokens(n: int) -> str:
     return f"{n} token" if n == 1 else f"{n} tokens"
 
 
-def check_text(text: str, what: str) -> None:
-    """Raises RequestError if ``text`` cannot be encoded as UTF-8 (a lone surrogate, such as
-    Python makes of non-UTF-8 bytes on the command line), naming where; the tokenizer would
-    raise a TypeError from deep inside instead."""
+def not_utf8_text(text: str) -> str | None:
+    """Why ``text`` cannot be encoded as UTF-8 -- "not valid UTF-8 text: '\\udcff' at character
+    8" (a lone surrogate, such as Python makes of non-UTF-8 bytes on the command line or in a
+    path) -- or None."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise RequestError(f"{what} is not valid UTF-8 text: {text[exc.start:exc.end]!r} at "
-                           f"character {exc.start}") from None
+        return f"not valid UTF-8 text: {text[exc.start:exc.end]!r} at character {exc.start}"
+    return None
+
+
+def check_text(text: str, what: str) -> None:
+    """Raises RequestError if ``text`` cannot be encoded as UTF-8 (`not_utf8_text`), naming
+    where; the tokenizer would raise a TypeError from deep inside instead."""
+    problem = not_utf8_text(text)
+    if problem is not None:
+        raise RequestError(f"{what} is {problem}")

@@ -165,15 +165,15 @@ def utf8_refused(out: str | os.PathLike) -> str | None:
     after every shard was written. ``out`` is checked as given and as the real path it
     resolves to, beside which the files are first written (`_staging_dir`). The reason follows
     the path: "is not valid UTF-8 text: '\\udcff' at character 8; ..."."""
+    from engine.errors import not_utf8_text
+
     given = os.fspath(out)
     for path in (given, os.path.realpath(given)):
-        try:
-            path.encode("utf-8")
-        except UnicodeEncodeError as exc:
+        problem = not_utf8_text(path)
+        if problem is not None:
             where = "is" if path == given else f"resolves to {path!r},"
-            return (f"{where} not valid UTF-8 text: {path[exc.start:exc.end]!r} at character "
-                    f"{exc.start}; the tokenizers library writes tokenizer.json only to a "
-                    "UTF-8 path")
+            return (f"{where} {problem}; the tokenizers library writes tokenizer.json only to "
+                    "a UTF-8 path")
     return None
 
 
