@@ -184,6 +184,8 @@ class Row:
     passed: bool = False
     notes: list[str] = field(default_factory=list)
     compared: bool = True
+    missing: tuple[str, ...] = ()
+    """For a vacuous clean row, the events its search never reached."""
     report: str = "same"
     """For a row reported, not compared (another model than the full one): ``"same"`` verdict
     as the full model's expected one, ``"other harm"`` (one the full model's check passes too,
@@ -392,6 +394,7 @@ def check_correct(variant: Variant, spec: CheckSpec, topology: str, progress=Non
     result = _search(spec, family, variant, CLEAN, planned, progress)
     rows = []
     stats = result.stats
+    missing: list[str] = []
     if result.failure is not None:
         got, detail = verdict_label(result.failure), _wrong_refusal(result.failure)
         minimal = reduce_schedule(result.failure.world.scenario, variant, result.failure,
@@ -418,7 +421,7 @@ def check_correct(variant: Variant, spec: CheckSpec, topology: str, progress=Non
         minimal = None
     expected = variant.expected.get(topology, "clean")
     rows.append(Row(variant.name, topology, expected, got, stats, detail, minimal, base,
-                    got == expected))
+                    got == expected, missing=tuple(missing)))
     if has_faulted_row(variant, spec) and expected == "clean":
         fres = sample_search(faulted_family(family, base, spec.seed), variant, CLEAN_OR_ABORT,
                              "random", spec.fault_schedules, spec.time_budget, spec.seed,

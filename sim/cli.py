@@ -25,6 +25,7 @@ from typing import Callable
 from lockstep.args import clipped, integer, number, option_integer, seed, within_digits
 from lockstep.paths import nearest_existing, write_refused
 from protocol.errors import ConfigError
+from sim.common import EVENT_NEEDS
 from sim.check import (NOT_REACHABLE, TRACE_REDUCE_ATTEMPTS, CheckSpec, Row,
                        check_coverage_reachable, check_scenario_value, has_faulted_row,
                        replay_trace, scenario_spec, is_other_harm, unreachable_here,
@@ -924,6 +925,12 @@ def _vacuous_causes(row: Row, budgets: dict[str, tuple[int, int]]) -> str:
     faulted = row.variant.endswith("+faults")
     clean, faults = budgets.get(row.variant.removesuffix("+faults"),
                                 (CLEAN_SCHEDULES, DEFAULTS["fault_schedules"]))
+    if row.missing and all(e in EVENT_NEEDS for e in row.missing):
+        what = "; ".join(f"{e} needs {EVENT_NEEDS[e]}" for e in row.missing)
+        if n < clean and not row.stats.complete:
+            return (f"(only {n} schedule{'' if n == 1 else 's'} ran: a larger --schedules "
+                    f"(default {clean} for this row) may reach them; {what})")
+        return f"({what})"
     subject, small = "the max batch or the bucket set", "too small to need them"
     if faulted:
         return f"(is {subject} {small}?)" + (

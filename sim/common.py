@@ -54,6 +54,15 @@ EVENTS = ("replay", "padded_replay", "mixed_replay", "eager_decode", "short_repl
 may list. Each is counted where it happens (sim/world.py, sim/ops.py, sim/devices.py); a test
 (tests/sim/test_api_bad_input.py) holds this list to those places."""
 
+EVENT_NEEDS = {
+    "preemption": "a KV pool of fewer pages than the running requests grow into, as "
+                  "adjust=sim.variants_paging.page_pressure gives",
+    "chunked_prefill": "a step prefill budget below the prompts' length, as "
+                       "adjust=sim.variants_chunked.chunked gives",
+}
+"""Event -> the configuration a run needs to record it, where that is not a max batch or bucket
+set large enough: the hint of a vacuous row that never reached it (`sim.cli`)."""
+
 
 @dataclass
 class Outcome:

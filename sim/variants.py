@@ -154,7 +154,11 @@ class Variant:
                               f"{one_line_repr(self.expected, 80)}; expected a dict of topology "
                               f"({', '.join(map(repr, TOPOLOGIES))}) -> verdict")
         for topology in TOPOLOGIES:
-            verdict = self.expected.get(topology) if isinstance(self.expected, Mapping) else None
+            if topology not in self.expected:
+                raise ConfigError(f"variant {self.name!r}: expected has no verdict for topology "
+                                  f"{topology!r}; give both, e.g. expected={{'shared': 'clean', "
+                                  f"'per-rank': 'clean'}}")
+            verdict = self.expected[topology]
             if verdict not in VERDICTS:
                 raise ConfigError(f"variant {self.name!r}: expected verdict for topology {topology!r} "
                                   f"is {verdict!r}; use one of {', '.join(VERDICTS)}")

@@ -583,7 +583,7 @@ def test_a_vacuous_row_says_under_the_table_what_was_never_reached(tmp_path, cap
     assert code == 1
     note = [line for line in out.splitlines() if line.startswith("note: wants-preemption")]
     assert len(note) == 1 and "vacuous: never reached: preemption" in note[0]
-    assert "too small" in note[0]
+    assert "only 5 schedules ran" in note[0] and "preemption needs a KV pool" in note[0]
 
 
 @pytest.mark.timeout(120)
@@ -658,11 +658,23 @@ def test_a_vacuous_row_that_ran_its_default_schedules_blames_only_the_configurat
         config_only + "; only 2 faulted schedules ran: raise --fault-schedules (default 18 for "
         "this row)")
 
+    def missing(*events, schedules=35):
+        return cli._vacuous_causes(Row("correct", "shared", "clean", "vacuous", SearchStats(
+            schedules=schedules), missing=events), budgets)
+
+    assert missing("preemption").startswith("(preemption needs a KV pool")
+    assert missing("preemption", "chunked_prefill").count(" needs ") == 2
+    assert missing("preemption", schedules=3).startswith("(only 3 schedules ran")
+    assert "preemption needs" in missing("preemption", schedules=3)
+    assert missing("replay", "preemption") == config_only  # what a bigger batch set may need
+
 
 @pytest.mark.timeout(120)
 def test_a_vacuous_row_of_a_default_run_blames_only_the_configuration(tmp_path, capsys):
     """A clean design that claims to reach preemption, under the default scenario (whose KV
-    pool never runs out) and the default schedules: nothing about --schedules."""
+    pool never runs out) and the default schedules: nothing about --schedules. The hint names
+    what preemption needs, a small KV pool; it used to ask whether the max batch or the bucket
+    set was too small, which no larger one would change (found by a fresh variant author)."""
     variant = tmp_path / "v.py"
     variant.write_text(
         "from sim.variants import Variant\n"
@@ -672,7 +684,9 @@ def test_a_vacuous_row_of_a_default_run_blames_only_the_configuration(tmp_path, 
                  "--fault-schedules", "0", "--no-progress", "--jobs", "1"]) == 1
     note, = [line for line in capsys.readouterr().out.splitlines()
              if line.startswith("note: wants-preemption-default")]
-    assert note.endswith("(is the max batch or the bucket set too small to need them?)"), note
+    assert note.endswith("(preemption needs a KV pool of fewer pages than the running "
+                         "requests grow into, as adjust=sim.variants_paging.page_pressure "
+                         "gives)"), note
 
 
 @pytest.mark.timeout(120)

@@ -301,6 +301,10 @@ def test_a_variant_whose_runs_differ_is_an_error_not_a_clean_row(tmp_path):
     (dict(name="zz", expected="divergence"),
      "variant 'zz': expected is 'divergence'; expected a dict of topology ('shared', "
      "'per-rank') -> verdict"),
+    (dict(name="zz", expected={"shared": "clean"}),
+     "variant 'zz': expected has no verdict for topology 'per-rank'; give both"),
+    (dict(name="zz", expected={}),
+     "variant 'zz': expected has no verdict for topology 'shared'; give both"),
 ])
 def test_a_variant_name_or_expected_a_table_cannot_hold_is_refused(fields, words):
     """A fresh variant author's name of spaces printed a blank cell and one with a newline broke
