@@ -33,7 +33,8 @@ class RequestOutput:
     Attributes:
         prompt_token_ids: the prompt as token ids ([] if it could not be tokenized).
         token_ids: generated token ids (the stop token included when one ended it).
-        text: decoded `token_ids`, or None without a tokenizer.
+        text: decoded `token_ids` without special tokens (the stop token that ended it, as
+            vLLM's default ``skip_special_tokens``), or None without a tokenizer.
         logprobs: natural-log probability of each generated token (SamplingParams.logprobs).
         logits: float32 tensor [len(token_ids), vocab] (SamplingParams.return_logits).
         finish_reason: "stop", "length", "error" (non-finite logits ended it), or None when
@@ -385,7 +386,7 @@ class LLM:
 
                 out.logits = torch.stack(side.get("logits", []))
             if self.tokenizer is not None:
-                out.text = self.tokenizer.decode(out.token_ids)
+                out.text = output_text(self.tokenizer, out.token_ids)
         return outs
 
     def _tokenize(self, prompt) -> list[int]:
@@ -463,6 +464,13 @@ TOKENIZERS_MAX_DEPTH = 128
 serde_json's recursion limit (128 by default; "recursion limit exceeded" past it). Python's json
 follows about 1,000 levels, so a tokenizer file nested deeper than this is too deep for one of
 the two."""
+
+
+def output_text(tokenizer, token_ids: list[int]) -> str:
+    """``token_ids`` decoded by ``tokenizer`` without its special tokens: the end-of-sequence
+    token that stopped a request is in `RequestOutput.token_ids`, not in its text (vLLM's
+    default ``skip_special_tokens=True``)."""
+    return tokenizer.decode(token_ids, skip_special_tokens=True)
 
 
 def has_tokenizer(d: Path) -> bool:

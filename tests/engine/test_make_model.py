@@ -298,6 +298,20 @@ def test_make_model_writes_a_byte_level_tokenizer(tmp_path):
     assert res.error is None and res.prompt_token_ids == ids and isinstance(res.text, str)
 
 
+def test_output_text_leaves_out_the_stop_token(tmp_path):
+    """A fresh user's output ended in "<|im_end|>" (or the byte tokenizer's eos) where the
+    stop token ended the request: the text leaves special tokens out, the ids keep them."""
+    from transformers import AutoTokenizer
+
+    from engine.llm import output_text
+
+    tok = AutoTokenizer.from_pretrained(str(write_model_dir("tiny", tmp_path / "m",
+                                                            dtype="float32")))
+    ids = tok.encode("héllo") + [tok.eos_token_id]
+    assert tok.decode(ids) != "héllo"
+    assert output_text(tok, ids) == "héllo"
+
+
 def test_a_disk_too_small_for_the_model_is_refused_before_writing(tmp_path, capsys, monkeypatch):
     """Old behaviour: `--preset qwen3-8b` on a small disk wrote shards until the disk was full
     (exit 1 after minutes); with --overwrite the model already there had been removed first."""
