@@ -316,8 +316,8 @@ def _check_output_path(flag: str, p: str) -> None:
         raise BenchArgError(f"{flag} {p!r}: {str(blocking)!r} is not a directory; give a "
                             "path in a directory")
     if not parent.is_dir():
-        raise BenchArgError(f"{flag} {p!r}: directory {str(parent)!r} does not exist "
-                            "or is not writable")
+        raise BenchArgError(f"{flag} {p!r}: directory {str(parent)!r} does not exist; "
+                            f"create it first or choose another {flag}")
     refused = write_refused(parent)
     if refused is None and path.exists():
         try:

@@ -42,7 +42,8 @@ def test_bad_arguments_are_one_line_errors(argv, message, capsys):
 
 
 @pytest.mark.parametrize("where, words", [("dir", "is a directory; give a file path"),
-                                          ("missing/h.json", "does not exist or is not writable")])
+                                          ("missing/h.json", "missing' does not exist; create it first or "
+                                                            "choose another --json")])
 def test_json_path_is_checked_before_the_run(tmp_path, capsys, monkeypatch, where, words):
     """Old behaviour: the whole measurement ran first, then open() raised a traceback."""
     import engine.bench.host_overhead as host_overhead
