@@ -926,7 +926,8 @@ def _vacuous_causes(row: Row, budgets: dict[str, tuple[int, int]]) -> str:
     clean, faults = budgets.get(row.variant.removesuffix("+faults"),
                                 (CLEAN_SCHEDULES, DEFAULTS["fault_schedules"]))
     if row.missing and all(e in EVENT_NEEDS for e in row.missing):
-        what = "; ".join(f"{e} needs {EVENT_NEEDS[e]}" for e in row.missing)
+        what = "; ".join(f"{e} needs {EVENT_NEEDS[e][0]}, as adjust={EVENT_NEEDS[e][1]} gives"
+                         for e in row.missing)
         if n < clean and not row.stats.complete:
             return (f"(only {n} schedule{'' if n == 1 else 's'} ran: a larger --schedules "
                     f"(default {clean} for this row) may reach them; {what})")

@@ -55,13 +55,22 @@ may list. Each is counted where it happens (sim/world.py, sim/ops.py, sim/device
 (tests/sim/test_api_bad_input.py) holds this list to those places."""
 
 EVENT_NEEDS = {
-    "preemption": "a KV pool of fewer pages than the running requests grow into, as "
-                  "adjust=sim.variants_paging.page_pressure gives",
-    "chunked_prefill": "a step prefill budget below the prompts' length, as "
-                       "adjust=sim.variants_chunked.chunked gives",
+    "preemption": ("a KV pool of fewer pages than the running requests grow into",
+                   "sim.variants_paging.page_pressure"),
+    "chunked_prefill": ("a step prefill budget below the prompts' length",
+                        "sim.variants_chunked.chunked"),
+    "overlapped_step": ("overlapped scheduling", "sim.variants_overlap.overlapped"),
+    "fed_row": ("overlapped scheduling", "sim.variants_overlap.overlapped"),
+    "leftover_row": ("overlapped scheduling and requests that end on stop tokens",
+                     "lambda sc: sim.variants_overlap.stopping("
+                     "sim.variants_overlap.overlapped(sc))"),
+    "short_replay": ("the short-context decode path", "sim.scenario.short_path_on"),
+    "short_declined": ("the short-context decode path", "sim.scenario.short_path_on"),
+    "idle_rank_step": ("data-parallel lanes", "sim.variants_comms.data_parallel_lanes"),
 }
-"""Event -> the configuration a run needs to record it, where that is not a max batch or bucket
-set large enough: the hint of a vacuous row that never reached it (`sim.cli`)."""
+"""Event -> (the configuration a run needs to record it, a Python expression of a variant
+``adjust`` that gives it), where that is not a max batch or bucket set large enough: the hint
+of a vacuous row that never reached the event (`sim.cli`)."""
 
 
 @dataclass

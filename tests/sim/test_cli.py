@@ -11,6 +11,7 @@ import pytest
 from lockstep.cli import main
 import sim.cli as cli
 from sim.check import Row
+from sim.common import EVENT_NEEDS
 from sim.search import SearchStats
 
 
@@ -1310,3 +1311,26 @@ def test_a_replay_after_its_variant_file_was_edited_says_so(tmp_path, capsys):
         REGISTRY.pop("test-edited-file", None)
         variants._ORIGIN.pop("test-edited-file", None)
         variants._LOADED_FILES.pop(str(path.resolve()), None)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("event", sorted(EVENT_NEEDS))
+def test_what_a_vacuous_hint_says_an_event_needs_makes_the_correct_protocol_reach_it(event):
+    """Each ``adjust`` a vacuous row's hint names (`sim.common.EVENT_NEEDS`) is one under which
+    the correct protocol records that event, clean: the hint is advice that works."""
+    import dataclasses
+
+    import sim.scenario
+    import sim.variants_chunked
+    import sim.variants_comms
+    import sim.variants_overlap
+    import sim.variants_paging
+    from sim.check import CheckSpec, check_variant
+    from sim.variants import CORRECT
+
+    adjust = eval(EVENT_NEEDS[event][1], {"sim": sim})
+    wants = dataclasses.replace(CORRECT, name=f"wants-{event.replace('_', '-')}",
+                                adjust=adjust, reaches=(event,))
+    row = check_variant(wants, CheckSpec(clean_schedules=35, fault_schedules=0, jobs=1),
+                        "shared")[0]
+    assert row.got == "clean", (row.got, row.detail)
