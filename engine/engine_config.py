@@ -55,6 +55,50 @@ def short_decode_default(device: str, cuda_graph: bool, world_size: int) -> bool
             and switch("LOCKSTEP_SHORT_DECODE") and switch("LOCKSTEP_FUSED_NORM"))
 
 
+def check_timeout(name: str, value) -> None:
+    """Raises ParallelConfigError unless ``value`` is a positive, finite number of seconds
+    below 1e9 (a NaN startup timeout expired at once and aborted the process; an infinite one
+    overflowed the watchdog's timer thread)."""
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or not 0 < value < 1e9 or math.isnan(value)):
+        raise ParallelConfigError(f"{name} = {value!r}, expected a positive, finite number of "
+                                  "seconds below 1e9")
+
+
+def check_model_dir_arg(model_dir) -> None:
+    """Raises ModelDirError unless ``model_dir`` is a non-empty path (str or os.PathLike)."""
+    if not isinstance(model_dir, (str, os.PathLike)):
+        raise ModelDirError(f"model_dir = {model_dir!r}, expected a path to a model directory")
+    if isinstance(model_dir, str) and not model_dir.strip():  # else read as '.'
+        raise ModelDirError(f"model_dir = {model_dir!r} is empty; name the model directory")
+
+
+def check_model_fits(model: ModelConfig, world_size: int, device: str) -> None:
+    """Check that ``world_size`` ranks split ``model`` exactly (`check_parallel`), that its
+    weights hold every tensor with the right shape (`engine.weights.WeightIndex`) and, on
+    CUDA, that CUDA works and ``world_size`` GPUs are visible (unless under torchrun).
+
+    Raises:
+        ParallelConfigError, ModelDirError: naming the setting or file.
+    """
+    from engine.weights import WeightIndex
+
+    check_parallel(model, world_size)
+    WeightIndex(model)
+    if device == "cuda":
+        import torch
+
+        from engine.ranks import torchrun_env
+
+        problem = cuda_missing()
+        if problem is not None:
+            raise ParallelConfigError(f"device = 'cuda' {problem}")
+        if torch.cuda.device_count() < world_size and torchrun_env() is None:
+            raise ParallelConfigError(
+                f"tensor_parallel_size = {world_size} needs that many GPUs; "
+                f"{torch.cuda.device_count()} visible")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Everything the controller and a rank need. Build it with `create` (checks, defaults);
@@ -165,7 +209,6 @@ class EngineConfig:
                 default), or on a torch without separate instantiate/upload, or
                 an environment switch (`engine.env.SWITCHES`) set to other than 0 or 1.
         """
-        from engine.weights import WeightIndex
         from protocol.buckets import DEFAULT_DECODE_BUCKETS, select_bucket
 
         check_switches()  # read again in the ranks and at each kernel launch (LOCKSTEP_PDL)
@@ -183,46 +226,20 @@ class EngineConfig:
                             ("graph_standin", graph_standin)):
             if not isinstance(value, bool):
                 raise ParallelConfigError(f"{name} = {value!r}, expected True or False")
-        for name, value in (("step_timeout_s", step_timeout_s),
-                            ("startup_timeout_s", startup_timeout_s)):
-            if value is None and name == "startup_timeout_s":
-                continue
-            if (isinstance(value, bool) or not isinstance(value, (int, float))
-                    or not 0 < value < 1e9 or math.isnan(value)):
-                raise ParallelConfigError(f"{name} = {value!r}, expected a positive, finite "
-                                          "number of seconds below 1e9")
+        check_timeout("step_timeout_s", step_timeout_s)
         if startup_timeout_s is None:
             startup_timeout_s = step_timeout_s
+        check_timeout("startup_timeout_s", startup_timeout_s)
         utilization_given = gpu_memory_utilization is not None
         if not utilization_given:
             gpu_memory_utilization = DEFAULT_GPU_MEMORY_UTILIZATION
-        if not isinstance(model_dir, (str, os.PathLike)):
-            raise ModelDirError(f"model_dir = {model_dir!r}, expected a path to a model "
-                                "directory")
-        if isinstance(model_dir, str) and not model_dir.strip():  # else read as '.'
-            raise ModelDirError(f"model_dir = {model_dir!r} is empty; name the model directory")
+        check_model_dir_arg(model_dir)
         model = load_model_config(model_dir)
-        check_parallel(model, tensor_parallel_size)
-        WeightIndex(model)  # every tensor present with the right shape
-        if device == "cuda":
-            import torch
-
-            from engine.ranks import torchrun_env
-
-            problem = cuda_missing()
-            if problem is not None:
-                raise ParallelConfigError(f"device = 'cuda' {problem}")
-            if torch.cuda.device_count() < tensor_parallel_size and torchrun_env() is None:
-                raise ParallelConfigError(
-                    f"tensor_parallel_size = {tensor_parallel_size} needs that many GPUs; "
-                    f"{torch.cuda.device_count()} visible")
+        check_model_fits(model, tensor_parallel_size, device)
         if dtype is None:  # only None means the checkpoint's: "" or 0 is named by validate
             dtype = model.torch_dtype if model.torch_dtype in DTYPES else "bfloat16"
         if max_model_len is None:
             max_model_len = min(model.max_position, 2048)
-        if isinstance(max_model_len, int) and max_model_len > model.max_position:
-            raise ParallelConfigError(f"max_model_len = {max_model_len} exceeds the model's "
-                                      f"max_position_embeddings {model.max_position}")
         if (not isinstance(max_batch, int) or isinstance(max_batch, bool)
                 or not 1 <= max_batch <= DEFAULT_DECODE_BUCKETS[-1]):
             raise ParallelConfigError(f"max_batch = {max_batch!r}, expected 1.."
@@ -322,7 +339,19 @@ class EngineConfig:
                              name=Path(self.model_dir).name))
 
     def validate(self) -> None:
-        """Raises ParallelConfigError naming the bad setting."""
+        """Check every setting, the model directory and the devices, as `create` does for its
+        arguments (a config built directly, `LLM(EngineConfig(...))`, gets the same checks).
+
+        Raises:
+            ModelDirError: a model_dir that is no path, or a directory `create` refuses.
+            ParallelConfigError: naming the bad setting and its value: a timeout that is not a
+                positive finite number of seconds below 1e9, a world size that does not
+                divide the model or exceeds the visible GPUs, a max_model_len past the model's
+                max_position_embeddings, and the rest below.
+        """
+        check_model_dir_arg(self.model_dir)
+        check_timeout("step_timeout_s", self.step_timeout_s)
+        check_timeout("startup_timeout_s", self.startup_timeout_s)
         if self.device not in ("cpu", "cuda"):
             raise ParallelConfigError(f"device = {self.device!r}, expected 'cpu' or 'cuda'")
         if self.dtype not in DTYPES:
@@ -331,6 +360,14 @@ class EngineConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ParallelConfigError(f"{name} = {v!r}, expected a positive integer")
+        model = self.model_config
+        if self.model is not None:  # `create` passes the model it checked just now
+            check_parallel(model, self.world_size)
+        else:
+            check_model_fits(model, self.world_size, self.device)
+        if self.max_model_len > model.max_position:
+            raise ParallelConfigError(f"max_model_len = {self.max_model_len} exceeds the "
+                                      f"model's max_position_embeddings {model.max_position}")
         u = self.gpu_memory_utilization
         if isinstance(u, bool) or not isinstance(u, (int, float)) or not 0 < u <= 1:
             raise ParallelConfigError(f"gpu_memory_utilization = {u!r}, expected a fraction "

@@ -255,6 +255,32 @@ def test_an_engine_config_built_directly_is_checked(tiny_dir):
     assert multiprocessing.active_children() == []
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("fields, error, words", [
+    (dict(startup_timeout_s=float("nan")), ParallelConfigError, "startup_timeout_s = nan, "),
+    (dict(startup_timeout_s=float("inf")), ParallelConfigError, "startup_timeout_s = inf, "),
+    (dict(step_timeout_s=float("nan")), ParallelConfigError, "step_timeout_s = nan, "),
+    (dict(step_timeout_s=0), ParallelConfigError, "step_timeout_s = 0, expected a positive"),
+    (dict(world_size=0), ParallelConfigError, "tensor_parallel_size = 0, expected an integer"),
+    (dict(model_dir=None), ModelDirError, "model_dir = None, expected a path"),
+    (dict(max_model_len=4096), ParallelConfigError,
+     "max_model_len = 4096 exceeds the model's max_position_embeddings 2048"),
+])
+def test_an_engine_config_built_directly_gets_the_checks_of_create(tiny_dir, fields, error,
+                                                                   words):
+    """A fresh user's `LLM(EngineConfig(...))`: a NaN startup timeout expired at once and
+    aborted the Python process (SIGABRT), an infinite one crashed the watchdog's thread and
+    served with no watchdog, world size 0 was a ZeroDivisionError, model_dir None a pathlib
+    TypeError, and a max_model_len past the model's positions was served. `validate` now runs
+    `create`'s checks: one line, no rank started."""
+    from engine.engine_config import EngineConfig
+
+    with pytest.raises(error) as info:
+        LLM(EngineConfig(**{"model_dir": str(tiny_dir), "max_model_len": 64, **fields}))
+    assert str(info.value).startswith(words), info.value
+    assert multiprocessing.active_children() == []
+
+
 def test_a_prompt_matrix_inside_the_list_is_named_on_one_line(llm):
     """A reviewer's finding: its error repeated numpy's repr, one line per row."""
     bad, good = llm.generate([np.ones((3, 3), dtype=int), [1, 2, 3]], GREEDY)
