@@ -425,8 +425,9 @@ class LLM:
             raise RequestError("prompt is empty")
         total = len(prompt) + p.max_tokens
         if total > self.config.max_model_len:
-            raise RequestError(f"prompt of {tokens(len(prompt))} + max_tokens {p.max_tokens} = "
-                               f"{total} exceeds max_model_len {self.config.max_model_len}")
+            raise RequestError(f"prompt of {tokens(len(prompt))} + max_tokens "
+                               f"{one_line_repr(p.max_tokens)} = {one_line_repr(total)} exceeds "
+                               f"max_model_len {self.config.max_model_len}")
 
     def shutdown(self) -> None:
         """Tear down every rank (graphs, then communicator) and join their processes."""

@@ -50,6 +50,7 @@ Only the sampled token ids (int32, one per row) need to cross to the host.
 from __future__ import annotations
 
 import math
+import sys
 import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -149,28 +150,31 @@ class SamplingParams:
                                "token ids")
         if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) \
                 or self.max_tokens < 1:
-            raise RequestError(f"max_tokens = {self.max_tokens!r}, expected an integer >= 1")
+            raise RequestError(f"max_tokens = {one_line_repr(self.max_tokens)}, expected an "
+                               "integer >= 1")
         if not isinstance(self.temperature, (int, float)) or self.temperature < 0 \
-                or not math.isfinite(self.temperature):
-            raise RequestError(f"temperature = {self.temperature!r}, expected a finite "
-                               "number >= 0")
+                or self.temperature > sys.float_info.max or not math.isfinite(self.temperature):
+            # an int past the largest float (10**400) raised OverflowError from isfinite
+            raise RequestError(f"temperature = {one_line_repr(self.temperature)}, expected a "
+                               "finite number >= 0")
         if 0 < self.temperature < MIN_TEMPERATURE:
             # logits / a subnormal temperature overflow to inf and the race returns junk
-            raise RequestError(f"temperature = {self.temperature!r}, expected 0 (greedy) or "
-                               f"at least {MIN_TEMPERATURE:g}")
+            raise RequestError(f"temperature = {one_line_repr(self.temperature)}, expected 0 "
+                               f"(greedy) or at least {MIN_TEMPERATURE:g}")
         if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < -1:
-            raise RequestError(f"top_k = {self.top_k!r}, expected -1, 0 (all) or a positive int")
+            raise RequestError(f"top_k = {one_line_repr(self.top_k)}, expected -1, 0 (all) or a "
+                               "positive int")
         if self.top_k > vocab_size:
-            raise RequestError(f"top_k = {self.top_k!r}, expected at most the vocabulary size "
-                               f"{vocab_size}")
+            raise RequestError(f"top_k = {one_line_repr(self.top_k)}, expected at most the "
+                               f"vocabulary size {vocab_size}")
         if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
-            raise RequestError(f"top_p = {self.top_p!r}, expected a number in (0, 1]")
+            raise RequestError(f"top_p = {one_line_repr(self.top_p)}, expected a number in (0, 1]")
         if not isinstance(self.min_p, (int, float)) or not 0 <= self.min_p <= 1:
-            raise RequestError(f"min_p = {self.min_p!r}, expected a number in [0, 1]")
+            raise RequestError(f"min_p = {one_line_repr(self.min_p)}, expected a number in [0, 1]")
         if self.seed is not None and (not isinstance(self.seed, int)
                                       or isinstance(self.seed, bool)
                                       or not 0 <= self.seed < SEED_LIMIT):
-            raise RequestError(f"seed = {self.seed!r}, expected None or an integer in "
+            raise RequestError(f"seed = {one_line_repr(self.seed)}, expected None or an integer in "
                                "[0, 2**64)")
         for t in self.stop_token_ids:
             i = as_token_id(t)
