@@ -9,6 +9,7 @@ own, before submission, while the others run.
 
 from __future__ import annotations
 
+import numbers
 import os
 import random
 import sys
@@ -530,13 +531,23 @@ def _tokenizer_error(d: Path, exc: Exception) -> ModelDirError:
 
 
 def _is_id_list(prompts) -> bool:
-    """True if ``prompts`` is one prompt of token ids (its first item is integer-like)."""
+    """True if ``prompts`` is one prompt of token ids, not a batch: its first item is a scalar
+    (an int, or a float, bool or 0-d array that `_tokenize` then names as no token id), or it
+    is an empty 1-D array or tensor. A batch's items are texts or sequences; an empty list is
+    an empty batch. ``[1.0, 2.0]`` was read as a batch of two prompts, each refused, so
+    ``out, = llm.generate(...)`` failed to unpack rather than showing the error."""
     if isinstance(prompts, Mapping):  # {0: 5}[0] is integer-like, but a dict is no prompt
         return False
     try:
-        return len(prompts) > 0 and as_token_id(prompts[0]) is not None
+        if len(prompts) == 0:
+            return getattr(prompts, "ndim", None) == 1
+        first = prompts[0]
     except (TypeError, KeyError, IndexError):
         return False
+    if isinstance(first, (str, bytes)):
+        return False
+    return (as_token_id(first) is not None or isinstance(first, numbers.Number)
+            or getattr(first, "ndim", None) == 0)
 
 
 def torchrun_world():

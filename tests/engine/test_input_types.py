@@ -296,6 +296,26 @@ def test_an_integer_past_the_largest_float_is_one_clipped_line_and_the_batch_is_
     assert len(str(bad.error)) < 200 and "\n" not in str(bad.error)
 
 
+@pytest.mark.parametrize("prompt, words", [
+    ([1.0, 2.0], "prompt token id 1.0 is a float"),
+    (np.array([1.0, 2.0, 3.0]), "prompt token id"),
+    (torch.tensor([1.0, 2.0]), "prompt token id"),
+    (torch.tensor([1.0, 2.0], dtype=torch.bfloat16), "prompt token id"),
+    (np.array([True, False]), "prompt token id"),
+    ([True, 1], "prompt token id True"),
+    (np.array([], dtype=np.int64), "prompt is empty"),
+    (torch.tensor([], dtype=torch.long), "prompt is empty"),
+])
+def test_one_prompt_of_non_integer_items_is_one_refused_output(llm, prompt, words):
+    """A fresh user's `generate([1.0, 2.0])` (or a float array or tensor) came back as one
+    refused output per item, each "prompt 1.0 is neither a text nor a list of token ids", and
+    an empty int64 array as no output at all; `[5, 1.5]` already gave one. Whatever its items,
+    a flat prompt is one request with one error."""
+    out, = llm.generate(prompt, GREEDY)
+    assert str(out.error).startswith(words), out.error
+    assert llm.generate([], GREEDY) == []  # an empty list is still an empty batch
+
+
 def test_a_prompt_matrix_inside_the_list_is_named_on_one_line(llm):
     """A reviewer's finding: its error repeated numpy's repr, one line per row."""
     bad, good = llm.generate([np.ones((3, 3), dtype=int), [1, 2, 3]], GREEDY)
