@@ -13,8 +13,10 @@ import numbers
 import os
 import random
 import sys
+import threading
 import time
 from collections.abc import Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -87,6 +89,7 @@ class LLM:
 
     def __init__(self, model: "str | Path | EngineConfig", **kwargs):
         self._closed, self._closed_by = True, "its start failed"
+        self._busy = threading.Lock()  # held by generate and shutdown: one call at a time
         if "_fault" in kwargs:  # test hooks
             kwargs["fault"] = kwargs.pop("_fault")
         if "_graph_standin" in kwargs:
@@ -315,6 +318,28 @@ class LLM:
             RuntimeError: the engine is closed, saying why (shut down, interrupted, a rank
                 failure or another error); a Ctrl-C during a call also closes it.
         """
+        with self._one_call("generate()"):
+            return self._generate(prompts, params)
+
+    @contextmanager
+    def _one_call(self, name: str):
+        """Hold the LLM for one public call. Two threads' `generate` calls raced in the
+        controller: one failed inside it ("controller waits for ranks ... after collect") and
+        its accepted requests were never returned, left in the controller's tables.
+
+        Raises:
+            RuntimeError: another thread's call is running, before anything is submitted.
+        """
+        if not self._busy.acquire(blocking=False):
+            raise RuntimeError(f"{name} while another thread's call runs on this LLM; an LLM "
+                               "serves one call at a time: wait for it, or build one LLM per "
+                               "thread")
+        try:
+            yield
+        finally:
+            self._busy.release()
+
+    def _generate(self, prompts, params) -> list[RequestOutput]:
         if self._closed:
             raise RuntimeError(f"this LLM is closed ({self._closed_by}); build a new LLM")
         from protocol.requests import Request
@@ -431,7 +456,15 @@ class LLM:
                                f"max_model_len {self.config.max_model_len}")
 
     def shutdown(self) -> None:
-        """Tear down every rank (graphs, then communicator) and join their processes."""
+        """Tear down every rank (graphs, then communicator) and join their processes.
+
+        Raises:
+            RuntimeError: another thread's `generate` is running (`_one_call`).
+        """
+        with self._one_call("shutdown()"):
+            self._shutdown()
+
+    def _shutdown(self) -> None:
         if self._closed:
             return
         self.controller.shutdown()

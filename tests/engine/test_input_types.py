@@ -316,6 +316,45 @@ def test_one_prompt_of_non_integer_items_is_one_refused_output(llm, prompt, word
     assert llm.generate([], GREEDY) == []  # an empty list is still an empty batch
 
 
+@pytest.mark.timeout(120)
+def test_a_generate_call_while_another_thread_s_runs_is_refused_and_nothing_leaks(llm):
+    """A fresh user's two threads calling `generate` on one LLM: one failed inside the
+    controller ("controller waits for ranks (0,) after collect") and its 8 accepted requests
+    were never returned, left in the controller's tables. The second call is now refused
+    before it submits anything; the first is served whole, and the LLM serves on."""
+    import threading
+
+    inside, release = threading.Event(), threading.Event()
+    drive = llm._drive
+
+    def slow_drive():
+        inside.set()
+        release.wait(30)
+        drive()
+
+    llm._drive = slow_drive
+    results = []
+    first = threading.Thread(target=lambda: results.append(llm.generate([[1, 2, 3]] * 8,
+                                                                        GREEDY)))
+    first.start()
+    try:
+        assert inside.wait(30)
+        with pytest.raises(RuntimeError, match=r"^generate\(\) while another thread's call "
+                                               "runs on this LLM"):
+            llm.generate([[4, 5]], GREEDY)
+        with pytest.raises(RuntimeError, match=r"^shutdown\(\) while another thread's"):
+            llm.shutdown()
+    finally:
+        release.set()
+        first.join(60)
+        del llm._drive
+    outs, = results
+    assert len(outs) == 8 and all(o.error is None and len(o.token_ids) == 3 for o in outs)
+    assert not llm.controller.outputs and not llm._extras and not llm.controller.requests
+    again, = llm.generate([[4, 5]], GREEDY)
+    assert again.error is None and len(again.token_ids) == 3
+
+
 def test_a_prompt_matrix_inside_the_list_is_named_on_one_line(llm):
     """A reviewer's finding: its error repeated numpy's repr, one line per row."""
     bad, good = llm.generate([np.ones((3, 3), dtype=int), [1, 2, 3]], GREEDY)
