@@ -25,11 +25,11 @@ from typing import Callable
 from lockstep.args import clipped, integer, number, option_integer, seed, within_digits
 from lockstep.paths import nearest_existing, write_refused
 from protocol.errors import ConfigError
-from sim.common import EVENT_NEEDS
 from sim.check import (NOT_REACHABLE, TRACE_REDUCE_ATTEMPTS, CheckSpec, Row,
                        check_coverage_reachable, check_scenario_value, has_faulted_row,
                        replay_trace, scenario_spec, is_other_harm, unreachable_here,
                        variant_spec, verdict_label)
+from sim.common import EVENT_NEEDS
 from sim.guard import Stalled, describe, watchdog
 from sim.hazards import H2_CALLS, H2_SCOPES, RULES, HazardModel
 from sim.limits import MAX_JOBS, check_limits
