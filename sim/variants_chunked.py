@@ -46,7 +46,9 @@ from sim.devices import SampleKernel
 from sim.headroom import HeadroomDraw
 from sim.scenario import Scenario
 from sim.variants import Variant, register
-from sim.variants_paging import page_pressure
+# the module, not its function: where a script imports sim.variants_paging first, that module is
+# still half run when this one is imported, and its page_pressure not yet defined
+from sim import variants_paging
 
 
 def chunked(sc: Scenario) -> Scenario:
@@ -79,7 +81,7 @@ register(Variant(
     expected={"shared": "clean", "per-rank": "clean"},
     remedy="Nothing to fix: preempting the request in chunked prefill frees its pages and "
            "its chunk slot in the step's command; it is prefilled again from its first chunk.",
-    adjust=lambda sc: chunked(page_pressure(sc)),
+    adjust=lambda sc: chunked(variants_paging.page_pressure(sc)),
     reaches=("chunked_prefill", "preemption"), draw=HeadroomDraw))
 
 
