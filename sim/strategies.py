@@ -85,7 +85,9 @@ class PCT:
 
 
 class Replay:
-    """Follows recorded choices; raises NondeterminismError if one is not enabled."""
+    """Follows recorded choices; raises NondeterminismError where the run departs from them: a
+    recorded actor not enabled, or, at an action where only one actor is enabled (no choice is
+    asked for), another actor recorded there (`forced`)."""
 
     name = "replay"
 
@@ -104,6 +106,14 @@ class Replay:
             raise NondeterminismError(f"replay departed from its recording at action {step}: "
                                       f"{actor} is not enabled (enabled: {', '.join(enabled)})")
         return actor
+
+    def forced(self, actor: str, step: int) -> None:
+        """The run took ``actor``, the only one enabled, at action ``step``: an edited
+        recording that names another there was followed silently before."""
+        if step < len(self.choices) and self.choices[step] != actor:
+            raise NondeterminismError(f"replay departed from its recording at action {step}: "
+                                      f"it took {actor!r}, the only actor enabled, where the "
+                                      f"recording has {self.choices[step]!r}")
 
 
 class Sticky:

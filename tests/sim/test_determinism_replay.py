@@ -82,3 +82,17 @@ def test_a_replay_that_takes_another_actor_names_both_actions():
                 break
     assert problems, "no swap of two actions gave a replay that took another actor"
     assert "it took '" in problems[0]
+
+
+def test_a_recording_edited_where_only_one_actor_could_move_is_nondeterminism():
+    """A reader of docs/python-api.md: `Replay(["rank0"] + good[1:])` ran clean and returned
+    the unedited choices, since a run asks for no choice where one actor alone is enabled.
+    Those actions are checked against the recording too."""
+    from sim.strategies import NondeterminismError, Replay
+
+    sc = default_scenario(**SMALL)
+    good = run_schedule(sc, REGISTRY["correct"], RandomWalk(3)).choices
+    assert run_schedule(sc, REGISTRY["correct"], Replay(good)).choices == good
+    other = "rank0" if good[0] != "rank0" else "rank1"
+    with pytest.raises(NondeterminismError, match=r"at action 0: it took '.*', the only actor enabled, where the recording has"):
+        run_schedule(sc, REGISTRY["correct"], Replay([other] + good[1:]))
