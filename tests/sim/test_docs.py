@@ -301,3 +301,27 @@ def test_the_python_api_page_s_property_tests_pass():
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "2 passed" in done.stdout
     assert done.stdout.count("15 passing") == 2, done.stdout[-2000:]
+
+
+def test_python_api_md_lists_signatures_in_their_order():
+    """A reader's finding: docs/python-api.md listed CheckSpec's clean_schedules before
+    fault_schedules, the other way round from the dataclass (wrong for a positional call).
+    Every `name(args)` it lists for a function or class of sim/ names its parameters in order."""
+    import importlib
+    import inspect
+    import re
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "python-api.md").read_text()
+    checked = 0
+    for dotted, args in re.findall(r"`(sim(?:\.\w+)+)\(([^()`]*)\)`", text):
+        module, _, name = dotted.rpartition(".")
+        try:
+            obj = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError):
+            continue
+        listed = [a.split("=")[0].strip() for a in args.split(",") if a.strip()]
+        listed = [a for a in listed if a not in ("...", "")]
+        params = [p for p in inspect.signature(obj).parameters if p != "self"]
+        assert listed == params[:len(listed)], (dotted, listed, params)
+        checked += 1
+    assert checked >= 5, checked
