@@ -339,15 +339,17 @@ class EngineConfig:
                              name=Path(self.model_dir).name))
 
     def validate(self) -> None:
-        """Check every setting, the model directory and the devices, as `create` does for its
-        arguments (a config built directly, `LLM(EngineConfig(...))`, gets the same checks).
+        """Check every setting against the others and the model's config.json, as `create`
+        does for its arguments. The weights and the devices are checked by `check_model_fits`
+        (which `create` runs, and `LLM` for a config built directly), not here: the benchmarks
+        build CUDA settings on machines that only plan a run.
 
         Raises:
-            ModelDirError: a model_dir that is no path, or a directory `create` refuses.
+            ModelDirError: a model_dir that is no path, or whose config.json is refused.
             ParallelConfigError: naming the bad setting and its value: a timeout that is not a
                 positive finite number of seconds below 1e9, a world size that does not
-                divide the model or exceeds the visible GPUs, a max_model_len past the model's
-                max_position_embeddings, and the rest below.
+                divide the model, a max_model_len past the model's max_position_embeddings,
+                and the rest below.
         """
         check_model_dir_arg(self.model_dir)
         check_timeout("step_timeout_s", self.step_timeout_s)
@@ -356,15 +358,13 @@ class EngineConfig:
             raise ParallelConfigError(f"device = {self.device!r}, expected 'cpu' or 'cuda'")
         if self.dtype not in DTYPES:
             raise ParallelConfigError(f"dtype = {self.dtype!r}, expected one of {DTYPES}")
-        for name in ("max_batch", "max_model_len", "page_size", "max_prefill_tokens"):
+        for name in ("world_size", "max_batch", "max_model_len", "page_size",
+                     "max_prefill_tokens"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ParallelConfigError(f"{name} = {v!r}, expected a positive integer")
         model = self.model_config
-        if self.model is not None:  # `create` passes the model it checked just now
-            check_parallel(model, self.world_size)
-        else:
-            check_model_fits(model, self.world_size, self.device)
+        check_parallel(model, self.world_size)
         if self.max_model_len > model.max_position:
             raise ParallelConfigError(f"max_model_len = {self.max_model_len} exceeds the "
                                       f"model's max_position_embeddings {model.max_position}")

@@ -17,14 +17,14 @@ import threading
 import time
 from collections.abc import Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
 from engine.errors import (ModelDirError, RankError, RequestError, check_text, refuse_not_regular,
                            tokens)
 from engine.sampling import SamplingParams, as_token_id
-from engine.engine_config import EngineConfig
+from engine.engine_config import EngineConfig, check_model_fits
 from engine.startup import StartupReport, StartupWatchdog
 from lockstep.args import clipped, one_line_repr
 
@@ -98,8 +98,9 @@ class LLM:
             if kwargs:
                 raise TypeError(f"LLM(EngineConfig, ...) takes no other arguments, got "
                                 f"{sorted(kwargs)}")
-            config = model
-            config.validate()  # built directly, its values were taken as given
+            model.validate()  # built directly, its values were taken as given
+            config = replace(model, model=model.model_config)  # config.json read once
+            check_model_fits(config.model, config.world_size, config.device)
         else:
             config = EngineConfig.create(model, **kwargs)
         progress = config.progress

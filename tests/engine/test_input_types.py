@@ -261,7 +261,8 @@ def test_an_engine_config_built_directly_is_checked(tiny_dir):
     (dict(startup_timeout_s=float("inf")), ParallelConfigError, "startup_timeout_s = inf, "),
     (dict(step_timeout_s=float("nan")), ParallelConfigError, "step_timeout_s = nan, "),
     (dict(step_timeout_s=0), ParallelConfigError, "step_timeout_s = 0, expected a positive"),
-    (dict(world_size=0), ParallelConfigError, "tensor_parallel_size = 0, expected an integer"),
+    (dict(world_size=0), ParallelConfigError, "world_size = 0, expected a positive integer"),
+    (dict(world_size=3), ParallelConfigError, "is not divisible by tensor_parallel_size = 3"),
     (dict(model_dir=None), ModelDirError, "model_dir = None, expected a path"),
     (dict(max_model_len=4096), ParallelConfigError,
      "max_model_len = 4096 exceeds the model's max_position_embeddings 2048"),
@@ -277,7 +278,7 @@ def test_an_engine_config_built_directly_gets_the_checks_of_create(tiny_dir, fie
 
     with pytest.raises(error) as info:
         LLM(EngineConfig(**{"model_dir": str(tiny_dir), "max_model_len": 64, **fields}))
-    assert str(info.value).startswith(words), info.value
+    assert words in str(info.value) and "\n" not in str(info.value), info.value
     assert multiprocessing.active_children() == []
 
 
@@ -353,6 +354,30 @@ def test_a_generate_call_while_another_thread_s_runs_is_refused_and_nothing_leak
     assert not llm.controller.outputs and not llm._extras and not llm.controller.requests
     again, = llm.generate([[4, 5]], GREEDY)
     assert again.error is None and len(again.token_ids) == 3
+
+
+@pytest.mark.timeout(60)
+def test_an_engine_config_built_or_replaced_directly_gets_the_weight_and_device_checks(
+        tiny_dir, tmp_path):
+    """A reviewer's finding: a created config passed through `dataclasses.replace` skipped the
+    weights and CUDA checks (its `model` field read as "checked"). `LLM` runs
+    `check_model_fits` on every config it did not create."""
+    import dataclasses
+    import shutil
+
+    from engine.engine_config import EngineConfig
+
+    created = EngineConfig.create(tiny_dir, max_model_len=64)
+    if not torch.cuda.is_available():
+        with pytest.raises(ParallelConfigError, match="^device = 'cuda' "):
+            LLM(dataclasses.replace(created, device="cuda", dtype="bfloat16"))
+    broken = tmp_path / "no-weights"
+    shutil.copytree(tiny_dir, broken)
+    for shard in broken.glob("*.safetensors"):
+        shard.unlink()
+    with pytest.raises(ModelDirError):
+        LLM(dataclasses.replace(created, model_dir=str(broken), model=None))
+    assert multiprocessing.active_children() == []
 
 
 def test_a_prompt_matrix_inside_the_list_is_named_on_one_line(llm):
