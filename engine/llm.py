@@ -332,9 +332,9 @@ class LLM:
             RuntimeError: another thread's call is running, before anything is submitted.
         """
         if not self._busy.acquire(blocking=False):
-            raise RuntimeError(f"{name} while another thread's call runs on this LLM; an LLM "
-                               "serves one call at a time: wait for it, or build one LLM per "
-                               "thread")
+            raise RuntimeError(f"{name} while another call runs on this LLM (another "
+                               "thread's, or a signal handler's); an LLM serves one call at a "
+                               "time: wait for it, or build one LLM per thread")
         try:
             yield
         finally:
@@ -481,7 +481,10 @@ class LLM:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.shutdown()
+        # waits for a call another thread still runs (each step is bounded by step_timeout_s),
+        # so that leaving the block shuts the engine down and never masks the block's error
+        with self._busy:
+            self._shutdown()
 
     def __del__(self) -> None:
         if not getattr(self, "_closed", True):

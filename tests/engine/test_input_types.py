@@ -340,10 +340,10 @@ def test_a_generate_call_while_another_thread_s_runs_is_refused_and_nothing_leak
     first.start()
     try:
         assert inside.wait(30)
-        with pytest.raises(RuntimeError, match=r"^generate\(\) while another thread's call "
-                                               "runs on this LLM"):
+        with pytest.raises(RuntimeError, match=r"^generate\(\) while another call runs on "
+                                               "this LLM"):
             llm.generate([[4, 5]], GREEDY)
-        with pytest.raises(RuntimeError, match=r"^shutdown\(\) while another thread's"):
+        with pytest.raises(RuntimeError, match=r"^shutdown\(\) while another call runs"):
             llm.shutdown()
     finally:
         release.set()
@@ -377,6 +377,39 @@ def test_an_engine_config_built_or_replaced_directly_gets_the_weight_and_device_
         shard.unlink()
     with pytest.raises(ModelDirError):
         LLM(dataclasses.replace(created, model_dir=str(broken), model=None))
+    assert multiprocessing.active_children() == []
+
+
+@pytest.mark.timeout(120)
+def test_leaving_a_with_block_while_another_thread_generates_waits_and_keeps_the_error(
+        tiny_dir):
+    """A reviewer's finding: `__exit__` raised the busy error over the block's own exception
+    (kept only as its context) and left the engine open. It now waits for the other call,
+    shuts down, and the block's error is the one raised."""
+    import threading
+
+    inside, release = threading.Event(), threading.Event()
+    results = []
+    with pytest.raises(ValueError, match="^the block's own error$"):
+        with LLM(tiny_dir, max_model_len=64) as engine:
+            drive = engine._drive
+
+            def slow_drive():
+                inside.set()
+                release.wait(30)
+                drive()
+
+            engine._drive = slow_drive
+            worker = threading.Thread(
+                target=lambda: results.append(engine.generate([[1, 2, 3]] * 2, GREEDY)))
+            worker.start()
+            assert inside.wait(30)
+            threading.Timer(0.5, release.set).start()
+            raise ValueError("the block's own error")
+    worker.join(60)
+    outs, = results
+    assert all(o.error is None and len(o.token_ids) == 3 for o in outs)
+    assert engine._closed and engine._closed_by == "shut down"
     assert multiprocessing.active_children() == []
 
 
