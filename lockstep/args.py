@@ -33,9 +33,17 @@ def one_line_repr(value, limit: int = SHOWN_CHARS) -> str:
     could not tell the value was cut) and kept the line breaks of a numpy array's or a tensor's
     repr, so a bad-input error ran over several lines. ``limit`` is SHOWN_CHARS unless a
     message wants more of its value (a fault's fields, a list of pairs); it must be at least 4,
-    room for one character and the "...".
+    room for one character and the "...". An integer too long for `repr` (past
+    ``sys.get_int_max_str_digits()``, 4,300 digits by default, where repr raises ValueError)
+    is described by its length.
     """
-    return clipped(" ".join(repr(value).split()), limit)
+    try:
+        text = repr(value)
+    except ValueError:  # the description is short enough to show whole
+        return (f"<an integer of about {int(value.bit_length() * 0.30103) + 1} digits>"
+                if isinstance(value, int) else
+                f"<a {type(value).__name__} holding an integer too long to print>")
+    return clipped(" ".join(text.split()), limit)
 
 
 _SEED = re.compile(r"[+-]?[0-9]+", re.ASCII)

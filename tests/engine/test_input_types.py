@@ -282,18 +282,21 @@ def test_an_engine_config_built_directly_gets_the_checks_of_create(tiny_dir, fie
     assert multiprocessing.active_children() == []
 
 
+@pytest.mark.parametrize("digits", [400, 5000])
 @pytest.mark.parametrize("field", ["temperature", "top_p", "min_p", "top_k", "seed",
                                    "max_tokens"])
 def test_an_integer_past_the_largest_float_is_one_clipped_line_and_the_batch_is_served(
-        llm, field):
+        llm, field, digits):
     """A fresh user's temperature=10**400 raised OverflowError out of `generate` (from
     math.isfinite), and the good request beside it got no result; the other fields' errors
     printed all 401 digits."""
     good, bad = llm.generate([[1, 2, 3], [4, 5]],
-                             [GREEDY, SamplingParams(**{"max_tokens": 3, field: 10**400})])
+                             [GREEDY, SamplingParams(**{"max_tokens": 3, field: 10**digits})])
     assert good.error is None and len(good.token_ids) == GREEDY.max_tokens
-    assert f"{field} = 1000" in str(bad.error) or f"{field} 1000" in str(bad.error)
-    assert "..." in str(bad.error)
+    # past 4,300 digits repr itself raises ValueError (a reviewer's finding), so the value is
+    # described by its length
+    shown = "1000" if digits == 400 else "<an integer of about 5001 digits>"
+    assert f"{field} = {shown}" in str(bad.error) or f"{field} {shown}" in str(bad.error)
     assert len(str(bad.error)) < 200 and "\n" not in str(bad.error)
 
 

@@ -50,3 +50,13 @@ def test_the_default_limit_is_unchanged_for_existing_callers():
     value = {"key": "v" * 50}
     assert one_line_repr(value) == one_line_repr(value, SHOWN_CHARS)
     assert clipped("w" * 50) == clipped("w" * 50, SHOWN_CHARS)
+
+
+def test_one_line_repr_describes_an_integer_too_long_for_repr():
+    """A reviewer's finding: past 4,300 digits repr raises ValueError, so an error message
+    that repeated such a value raised instead of being shown."""
+    from lockstep.args import one_line_repr
+
+    assert one_line_repr(10**5000) == "<an integer of about 5001 digits>"
+    assert one_line_repr([1, 10**5000]) == "<a list holding an integer too long to print>"
+    assert one_line_repr(10**400).endswith("...") and len(one_line_repr(10**400)) < 100
