@@ -577,14 +577,21 @@ def _is_id_list(prompts) -> bool:
         return False
     try:
         if len(prompts) == 0:
-            return getattr(prompts, "ndim", None) == 1
+            return getattr(prompts, "ndim", None) == 1 and _numeric(prompts)
         first = prompts[0]
     except (TypeError, KeyError, IndexError):
         return False
     if isinstance(first, (str, bytes)):
         return False
     return (as_token_id(first) is not None or isinstance(first, numbers.Number)
-            or getattr(first, "ndim", None) == 0)
+            or getattr(first, "ndim", None) == 0 and _numeric(first))
+
+
+def _numeric(array) -> bool:
+    """Whether a numpy array or scalar, or a torch tensor, holds numbers or bools (not text or
+    objects: an empty array of str is an empty batch of texts, a 0-d one a text)."""
+    kind = getattr(getattr(array, "dtype", None), "kind", None)  # numpy; a torch dtype has none
+    return kind in tuple("biufc") if kind is not None else hasattr(array, "is_floating_point")
 
 
 def torchrun_world():

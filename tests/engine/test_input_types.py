@@ -320,6 +320,14 @@ def test_one_prompt_of_non_integer_items_is_one_refused_output(llm, prompt, word
     assert llm.generate([], GREEDY) == []  # an empty list is still an empty batch
 
 
+def test_arrays_of_text_stay_batches_of_texts(llm):
+    """A reviewer's finding on the rule above: an empty array of str (an empty batch of texts)
+    read as one empty prompt, and a 0-d str array first in a list made the list one prompt."""
+    assert llm.generate(np.array([], dtype=str), GREEDY) == []
+    outs = llm.generate([np.array("hello"), "world"], GREEDY)
+    assert len(outs) == 2
+
+
 @pytest.mark.timeout(120)
 def test_a_generate_call_while_another_thread_s_runs_is_refused_and_nothing_leaks(llm):
     """A fresh user's two threads calling `generate` on one LLM: one failed inside the
