@@ -71,7 +71,7 @@ def run_schedule(scenario: Scenario, variant, chooser, on_state=None,
                  deadline: float | None = None) -> RunResult:
     """Run until a verdict, asking ``chooser.choose(enabled, step)`` at every action where
     more than one actor is enabled; where only one is, that one runs, and a chooser with a
-    ``forced(actor, step)`` method is told (`sim.strategies.Replay` checks it against its
+    ``on_forced(actor, step)`` method is told (`sim.strategies.Replay` checks it against its
     recording).
 
     Args:
@@ -148,7 +148,7 @@ def _run(scenario: Scenario, variant, chooser, on_state, deadline: float | None)
     choices: list[str] = []
     # bound once: this loop runs once per action
     enabled_now, advance, record, choose = world.enabled, world.step, choices.append, chooser.choose
-    forced = getattr(chooser, "forced", None)  # told the actors no choice was asked for
+    forced = getattr(chooser, "on_forced", None)  # told the actors no choice was asked for
     now = time.perf_counter
     with counting_choices(choices):  # the watchdog's progress: one choice per action
         # checked before every action: a variant's hook may take seconds per action (every

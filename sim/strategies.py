@@ -87,7 +87,7 @@ class PCT:
 class Replay:
     """Follows recorded choices; raises NondeterminismError where the run departs from them: a
     recorded actor not enabled, or, at an action where only one actor is enabled (no choice is
-    asked for), another actor recorded there (`forced`)."""
+    asked for), another actor recorded there (`on_forced`)."""
 
     name = "replay"
 
@@ -107,7 +107,7 @@ class Replay:
                                       f"{actor} is not enabled (enabled: {', '.join(enabled)})")
         return actor
 
-    def forced(self, actor: str, step: int) -> None:
+    def on_forced(self, actor: str, step: int) -> None:
         """The run took ``actor``, the only one enabled, at action ``step``: an edited
         recording that names another there was followed silently before."""
         if step < len(self.choices) and self.choices[step] != actor:
