@@ -925,22 +925,31 @@ def _vacuous_causes(row: Row, budgets: dict[str, tuple[int, int]]) -> str:
     faulted = row.variant.endswith("+faults")
     clean, faults = budgets.get(row.variant.removesuffix("+faults"),
                                 (CLEAN_SCHEDULES, DEFAULTS["fault_schedules"]))
-    if row.missing and all(e in EVENT_NEEDS for e in row.missing):
-        what = "; ".join(f"{e} needs {EVENT_NEEDS[e][0]}, as adjust={EVENT_NEEDS[e][1]} gives"
-                         for e in row.missing)
-        if n < clean and not row.stats.complete:
-            return (f"(only {n} schedule{'' if n == 1 else 's'} ran: a larger --schedules "
-                    f"(default {clean} for this row) may reach them; {what})")
-        return f"({what})"
+    few = (f"only {n} schedule{'' if n == 1 else 's'} ran: a larger --schedules (default "
+           f"{clean} for this row) may reach them"
+           if not faulted and n < clean and not row.stats.complete else "")
+    needs = _event_needs(row.missing)
+    if needs:
+        return f"({few}; {needs})" if few else f"({needs})"
     subject, small = "the max batch or the bucket set", "too small to need them"
-    if faulted:
-        return f"(is {subject} {small}?)" + (
-            f"; only {n} faulted schedule{'' if n == 1 else 's'} ran: raise "
-            f"--fault-schedules (default {faults} for this row)" if n < faults else "")
-    if n < clean and not row.stats.complete:
-        return (f"(only {n} schedule{'' if n == 1 else 's'} ran: a larger --schedules (default "
-                f"{clean} for this row) may reach them, unless {subject} is {small})")
-    return f"(is {subject} {small}?)"
+    if few:
+        return f"({few}, unless {subject} is {small})"
+    return f"(is {subject} {small}?)" + (
+        f"; only {n} faulted schedule{'' if n == 1 else 's'} ran: raise --fault-schedules "
+        f"(default {faults} for this row)" if faulted and n < faults else "")
+
+
+def _event_needs(missing: tuple[str, ...]) -> str:
+    """What the configuration needs to reach every event of ``missing`` (`EVENT_NEEDS`), events
+    of one need named together; "" unless each has an entry there (a replay or compaction
+    never reached points at the max batch and the buckets instead)."""
+    if not missing or not all(e in EVENT_NEEDS for e in missing):
+        return ""
+    grouped: dict[tuple[str, str], list[str]] = {}
+    for event in missing:
+        grouped.setdefault(EVENT_NEEDS[event], []).append(event)
+    return "; ".join(f"{' and '.join(events)} need{'s' if len(events) == 1 else ''} {need}, as "
+                     f"adjust={adjust} gives" for (need, adjust), events in grouped.items())
 
 
 def _budget_note(row: Row) -> str:

@@ -668,6 +668,9 @@ def test_a_vacuous_row_that_ran_its_default_schedules_blames_only_the_configurat
     assert missing("preemption", schedules=3).startswith("(only 3 schedules ran")
     assert "preemption needs" in missing("preemption", schedules=3)
     assert missing("replay", "preemption") == config_only  # what a bigger batch set may need
+    assert missing("short_replay", "short_declined") == (
+        "(short_replay and short_declined need the short-context decode path, as "
+        "adjust=sim.scenario.short_path_on gives)")
 
 
 @pytest.mark.timeout(120)
