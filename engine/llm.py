@@ -99,7 +99,9 @@ class LLM:
                 raise TypeError(f"LLM(EngineConfig, ...) takes no other arguments, got "
                                 f"{sorted(kwargs)}")
             model.validate()  # built directly, its values were taken as given
-            config = replace(model, model=model.model_config)  # config.json read once
+            # the caller's own object where it holds its model config, else config.json read once
+            config = model if model.model is not None else replace(model,
+                                                                     model=model.model_config)
             check_model_fits(config.model, config.world_size, config.device)
         else:
             config = EngineConfig.create(model, **kwargs)
