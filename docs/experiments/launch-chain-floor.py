@@ -21,6 +21,14 @@ Timed as one CUDA graph of the whole chain (median of the replays, CUDA events),
   chain, no PDL the same 217 launches without PDL;
   GEMMs only    the 145 streaming launches alone (PDL, after the wait);
   empty chain   217 launches that read nothing (PDL), the launch and dependency cost alone.
+  persistent    the same 217 phases in one cooperative launch, a grid-wide barrier after each
+                phase in place of a launch boundary (an arrival counter, polled with L2 reads),
+                each program reading another's value written before the barrier (added
+                2026-12-07, session of 15:44 UTC: what the "persistent kernel per layer" that
+                docs/benchmarks.md names as the remaining lever could gain at most);
+  persistent, pre  the same, each program loading its first block of the next phase before
+                the barrier;
+  persistent/layer one cooperative launch per layer (6 phases; 37 launches with PDL).
 The floor is the step's bytes over the read bandwidth of `torch.sum` measured in the same run
 (`engine.bench.floor.measure_read_bandwidth`), as `lockstep bench` computes it.
 
@@ -86,6 +94,89 @@ def empty_kernel(dep_ptr, out_ptr, PDL: tl.constexpr):
     tl.store(out_ptr + tl.program_id(0), dep + 1.0)
 
 
+@triton.jit
+def _grid_barrier(bar_ptr, target):
+    """Wait until `target` arrivals at bar_ptr[0] (every program of the grid, this phase).
+    The arrival releases this program's stores; the final acquire makes the others' visible."""
+    tl.debug_barrier()
+    seen = tl.atomic_add(bar_ptr, 1, sem="acq_rel") + 1
+    while seen < target:
+        seen = tl.load(bar_ptr, volatile=True)
+    seen = tl.atomic_add(bar_ptr, 0, sem="acquire")
+    tl.debug_barrier()
+
+
+@triton.jit
+def persistent_kernel(w_ptr, off_ptr, per_ptr, first, last, scratch_ptr, bar_ptr, dep_ptr,
+                      out_ptr, NPROG: tl.constexpr, BLOCK: tl.constexpr, BARRIERS: tl.constexpr,
+                      PDL: tl.constexpr, PRE: tl.constexpr, FROM_SCRATCH: tl.constexpr):
+    """Phases first..last-1 of a chain: in each, sum this program's `per_ptr[ph]` weights at
+    `off_ptr[ph]` plus the carried value, store it to scratch[ph % 2][program], pass a grid
+    barrier (`BARRIERS`; in the interpreter each phase is its own launch instead), and carry on
+    the value the next program stored (a data dependency between programs, as a layer's GEMM
+    needs its predecessor's whole output). out_ptr[program] gets the last value carried."""
+    pid = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+    if FROM_SCRATCH:  # the interpreter's phase-per-launch form
+        carry = tl.load(scratch_ptr + ((first + 1) % 2) * NPROG + (pid + 1) % NPROG)
+    else:
+        carry = tl.load(dep_ptr)
+    per = tl.load(per_ptr + first)
+    base = w_ptr + tl.load(off_ptr + first) + pid.to(tl.int64) * per
+    head = tl.zeros([BLOCK], tl.float32)
+    if PRE and per > 0:
+        head = tl.load(base + offs).to(tl.float32)
+    for ph in range(first, last):
+        acc = head
+        start = BLOCK if PRE else 0
+        if per == 0:
+            start = 0
+        for i in tl.range(start, per, BLOCK):
+            acc += tl.load(base + i + offs).to(tl.float32)
+        tl.store(scratch_ptr + (ph % 2) * NPROG + pid, tl.sum(acc) + carry)
+        head = tl.zeros([BLOCK], tl.float32)
+        if ph + 1 < last:
+            per = tl.load(per_ptr + ph + 1)
+            base = w_ptr + tl.load(off_ptr + ph + 1) + pid.to(tl.int64) * per
+            if PRE and per > 0:  # weights of the next phase do not wait for the barrier
+                head = tl.load(base + offs).to(tl.float32)
+        if BARRIERS:
+            _grid_barrier(bar_ptr, (ph - first + 1) * NPROG)
+            carry = tl.load(scratch_ptr + (ph % 2) * NPROG + (pid + 1) % NPROG)
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+    if BARRIERS:
+        tl.store(out_ptr + pid, carry)
+
+
+def run_persistent(chain, w, dep, scratch, bars, out, programs: int, block: int, warps: int,
+                   per_layer: bool, pre: bool, tables=None) -> None:
+    """The chain's phases in one cooperative launch, or one per layer (PDL between them);
+    `bars` holds one zeroed arrival counter per launch (the caller zeroes them per replay)."""
+    off, per = tables
+    phases = len(chain)
+    bounds = ([(i, min(i + len(LAYER), phases)) for i in range(0, phases, len(LAYER))]
+              if per_layer else [(0, phases)])
+    bars.zero_()
+    prev = dep
+    for j, (a, b) in enumerate(bounds):
+        persistent_kernel[(programs,)](w, off, per, a, b, scratch, bars[j:], prev, out,
+                                       NPROG=programs, BLOCK=block, BARRIERS=True,
+                                       PDL=per_layer, PRE=pre, FROM_SCRATCH=False,
+                                       num_warps=warps, launch_cooperative_grid=True,
+                                       **({"launch_pdl": True} if per_layer else {}))
+        prev = out
+
+
+def phase_tables(chain, device):
+    """int64 offsets and per-program weights of each phase, on `device`."""
+    off = torch.tensor([c[1] for c in chain], dtype=torch.int64, device=device)
+    per = torch.tensor([c[2] for c in chain], dtype=torch.int64, device=device)
+    return off, per
+
+
 def plan_chain(layers: int, block: int, programs: int, lm_head: int = LM_HEAD,
                layer_weights: dict[str, int] = LAYER_WEIGHTS) -> list[tuple[str, int, int]]:
     """The chain's launches as (name, offset into the weight buffer, weights a program reads);
@@ -148,6 +239,22 @@ def check() -> None:
             else:
                 assert out[0].item() == (torch.tensor(prev, dtype=torch.float32) + 1.0).item(), name
             prev = out[0].item()
+    off, per = phase_tables(chain, "cpu")
+    scratch = torch.zeros(2 * programs, dtype=torch.float32)
+    out = torch.zeros(programs, dtype=torch.float32)
+    for pre in (False, True):
+        carry = [0.5] * programs
+        for ph, (name, o, n) in enumerate(chain):
+            persistent_kernel[(programs,)](w, off, per, ph, ph + 1, scratch, dep[:1], dep, out,
+                                           NPROG=programs, BLOCK=block, BARRIERS=False,
+                                           PDL=False, PRE=pre, FROM_SCRATCH=ph > 0)
+            sums = (w[o:o + n * programs].double().view(programs, n).sum(1) if n
+                    else torch.zeros(programs, dtype=torch.float64))
+            want = [float(sums[p]) + carry[p] for p in range(programs)]
+            got = scratch[(ph % 2) * programs:(ph % 2 + 1) * programs].double()
+            assert torch.allclose(got, torch.tensor(want, dtype=torch.float64), rtol=1e-5,
+                                  atol=1e-3), (pre, name)
+            carry = [float(got[(p + 1) % programs]) for p in range(programs)]
     print("launch-chain-floor: interpreter check passed "
           f"({len(chain)} launches, {sum(1 for c in chain if c[2])} streaming)")
 
@@ -226,6 +333,19 @@ def main() -> None:
         print(f"  {programs:4d} programs, block {block:5d}, {warps} warps, empty chain     "
               f"{med:7.3f} ms (p90 {p90:.3f}) {med * 1e3 / len(chain):.2f} us a launch",
               flush=True)
+        tables = phase_tables(chain, device)
+        scratch = torch.zeros(2 * programs, dtype=torch.float32, device=device)
+        bars = torch.zeros(len(chain), dtype=torch.int32, device=device)
+        for label, per_layer, pre in (("persistent", False, False),
+                                      ("persistent, pre", False, True),
+                                      ("persistent/layer", True, False)):
+            try:
+                timed(label, lambda: run_persistent(chain, w, dep, scratch, bars, outs[0],
+                                                    programs, block, warps, per_layer, pre,
+                                                    tables))
+            except Exception as exc:  # a grid that cannot be co-resident is refused
+                row[label] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+                print(f"  {programs:4d} programs, {label}: {row[label]['error']}", flush=True)
         result["settings"].append(row)
     if args.out:
         with open(args.out, "w") as f:
