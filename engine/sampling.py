@@ -50,8 +50,8 @@ Only the sampled token ids (int32, one per row) need to cross to the host.
 from __future__ import annotations
 
 import math
-import sys
 import operator
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
