@@ -6,6 +6,8 @@ names the bad value and the fix.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 
 from protocol.buckets import DEFAULT_DECODE_BUCKETS, validate_buckets
@@ -147,14 +149,16 @@ class ProtocolConfig:
                               "(buckets) or lower max_batch", fields=("max_batch", "buckets"))
         if self.graph_batch_cap is not None:
             _positive_int("graph_batch_cap", self.graph_batch_cap)
-        if not isinstance(self.watchdog_timeout_s, (int, float)) or self.watchdog_timeout_s <= 0:
-            raise ConfigError(
-                f"watchdog_timeout_s={self.watchdog_timeout_s!r} must be a positive number of seconds",
-                fields=("watchdog_timeout_s",))
-        if not isinstance(self.step_timeout_s, (int, float)) or self.step_timeout_s <= 0:
-            raise ConfigError(
-                f"step_timeout_s={self.step_timeout_s!r} must be a positive number of seconds",
-                fields=("step_timeout_s",))
+        for name in ("watchdog_timeout_s", "step_timeout_s"):
+            value = getattr(self, name)
+            # NaN compared false with every clock, so a missing reply was waited for forever
+            if (not isinstance(value, (int, float)) or isinstance(value, bool)
+                    or not 0 < value < math.inf):
+                raise ConfigError(f"{name}={value!r} must be a positive, finite number of "
+                                  "seconds", fields=(name,))
+        if not isinstance(self.cuda_graphs, bool):  # "no" read as true
+            raise ConfigError(f"cuda_graphs={self.cuda_graphs!r} must be True or False",
+                              fields=("cuda_graphs",))
         if not isinstance(self.memory_headroom_bytes, int) or self.memory_headroom_bytes < 0:
             raise ConfigError(
                 f"memory_headroom_bytes={self.memory_headroom_bytes!r} must be a non-negative integer",

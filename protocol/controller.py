@@ -51,6 +51,7 @@ from protocol.errors import (
     PageError,
     ProtocolError,
     checked_hook_result,
+    shown,
     RankFailure,
     ReplyError,
     WatchdogExpired,
@@ -268,8 +269,9 @@ class Controller:
         """Take one rank's reply to the current command.
 
         Raises:
-            ReplyError: unknown rank, duplicate reply, wrong sequence number, or a rank-0 step
-                reply without the sampled tokens. The controller is then failed too.
+            ReplyError: not a Reply, a rank, seq or ok of the wrong type, unknown rank,
+                duplicate reply, wrong sequence number, or a rank-0 step reply without the
+                sampled tokens. The controller is then failed too.
         """
         try:
             self._validate(reply)
@@ -293,7 +295,16 @@ class Controller:
         """Liveness signal: ``rank``'s process is gone (its connection broke), so no reply will
         come from it. The failure is global and names the dead rank, not the survivors stuck
         behind it in a collective (I13; ai2cm/ace #348: every survivor reports a collective
-        timeout and nothing names the rank that died). Ignored once failed or done."""
+        timeout and nothing names the rank that died). Ignored once failed or done.
+
+        Raises:
+            ConfigError: ``rank`` is no rank of this world (the run is left as it was: it
+                aborted, naming a rank 9 that never existed).
+        """
+        if not isinstance(rank, int) or isinstance(rank, bool) \
+                or not 0 <= rank < self.world_size:
+            raise ConfigError(f"on_rank_dead({shown(rank)}): not a rank of world size "
+                              f"{self.world_size}")
         if self.phase in ("failed", "done"):
             return
         seq = self.current.seq if self.current is not None else self.seq
@@ -309,7 +320,12 @@ class Controller:
         Raises:
             ConfigError: duplicate request id, or the controller is shutting down or failed.
         """
-        if self._closing or self.phase in ("failed", "done"):
+        if not isinstance(request, Request):
+            raise ConfigError(f"submit({shown(request)}): expected a protocol.requests.Request")
+        if self.phase == "failed":
+            raise ConfigError(f"request {request.request_id} submitted after the run failed "
+                              f"({self.failure})")
+        if self._closing or self.phase == "done":
             raise ConfigError(f"request {request.request_id} submitted after shutdown")
         if request.request_id in self.requests:
             raise ConfigError(f"request id {request.request_id} is already in use")
@@ -319,7 +335,8 @@ class Controller:
         self.pending.append(request)
 
     def shutdown(self) -> None:
-        """Tear down once the current command is collected: graphs first, then communicator."""
+        """Stop taking requests; once every queued and running request has finished, tear down:
+        graphs first, then the communicator (`Teardown`)."""
         self._closing = True
 
     def take_finished(self, request_id: int) -> list[int]:
@@ -331,6 +348,9 @@ class Controller:
         if request_id not in self.requests:
             raise ConfigError(f"request {request_id} is unknown (or was already taken)")
         if request_id not in self.finished:
+            if self.phase == "failed":  # it never will: say why, not "has not finished" for ever
+                raise ConfigError(f"request {request_id} did not finish: the run failed "
+                                  f"({self.failure})")
             raise ConfigError(f"request {request_id} has not finished")
         self.finished.remove(request_id)
         self.failed_requests.discard(request_id)
@@ -468,6 +488,15 @@ class Controller:
         return Abort(self.failure, self.abort_how)
 
     def _validate(self, reply: Reply) -> None:
+        if not isinstance(reply, Reply):  # None was an AttributeError that left the run alive
+            raise ReplyError(f"reply {shown(reply)} is not a protocol.commands.Reply")
+        for name in ("rank", "seq"):
+            value = getattr(reply, name)
+            if not isinstance(value, int) or isinstance(value, bool):  # Reply(True, ...) was rank 1
+                raise ReplyError(f"reply {name}={shown(value)} must be an integer")
+        if not isinstance(reply.ok, bool):  # ok="no" read as success
+            raise ReplyError(f"reply from rank {reply.rank}: ok={shown(reply.ok)} must be True "
+                             "or False")
         if self.current is None:
             raise ReplyError(f"reply from rank {reply.rank} for command {reply.seq}, "
                              "but no command is outstanding")

@@ -150,6 +150,17 @@ class RankFailure(ProtocolError):
         return self.failed[0] if self.failed else None
 
 
+def shown(value, limit: int = 60) -> str:
+    """``repr(value)`` on one line, cut to ``limit`` characters with "..." (an integer too long
+    for repr, past 4,300 digits, described by its length): for an error naming a bad value."""
+    try:
+        text = " ".join(repr(value).split())
+    except ValueError:
+        return f"<an integer of about {int(value.bit_length() * 0.30103) + 1} digits>" \
+            if isinstance(value, int) else f"<a {type(value).__name__}>"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def checked_hook_result(value, hook: str, valid: bool, want: str):
     """``value``, returned by the overridable hook ``hook`` (``"Controller.fit_memory"``), when
     ``valid``. A variant's subclass that returned the wrong kind of value failed deep inside the
@@ -159,7 +170,5 @@ def checked_hook_result(value, hook: str, valid: bool, want: str):
         TypeError: not ``valid``: "HOOK returned VALUE; expected WANT".
     """
     if not valid:
-        text = repr(value)
-        shown = text if len(text) <= 80 else text[:77] + "..."
-        raise TypeError(f"{hook} returned {shown}; expected {want}")
+        raise TypeError(f"{hook} returned {shown(value, 80)}; expected {want}")
     return value

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from protocol.errors import ConfigError
+from protocol.errors import ConfigError, shown
 
 
 @dataclass(frozen=True)
@@ -28,9 +28,35 @@ class Request:
     params: Any = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.request_id, int) or self.request_id < 0:
-            raise ConfigError(f"request_id={self.request_id!r} must be a non-negative integer")
+        """Raises ConfigError, one line naming the field and its value: a request the
+        controller accepted with a list or str prompt, a float or negative token id, or an
+        int as its stop tokens failed later inside a step, with the controller's tables half
+        updated (a fresh engine author's finding)."""
+        if not _token_id(self.request_id):
+            raise ConfigError(f"request_id={shown(self.request_id)} must be a non-negative "
+                              "integer")
+        where = f"request {self.request_id}"
+        if not isinstance(self.prompt, tuple):
+            raise ConfigError(f"{where}: prompt={shown(self.prompt)} must be a tuple of token ids")
         if len(self.prompt) == 0:
-            raise ConfigError(f"request {self.request_id}: prompt is empty")
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ConfigError(f"request {self.request_id}: max_tokens={self.max_tokens!r} must be >= 1")
+            raise ConfigError(f"{where}: prompt is empty")
+        bad = [t for t in self.prompt if not _token_id(t)][:1]
+        if bad:
+            raise ConfigError(f"{where}: prompt token id {shown(bad[0])} must be a non-negative "
+                              "integer")
+        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) \
+                or self.max_tokens < 1:
+            raise ConfigError(f"{where}: max_tokens={shown(self.max_tokens)} must be an integer "
+                              ">= 1")
+        if not isinstance(self.stop_token_ids, frozenset):
+            raise ConfigError(f"{where}: stop_token_ids={shown(self.stop_token_ids)} must be a "
+                              "frozenset of token ids")
+        bad = [t for t in self.stop_token_ids if not _token_id(t)][:1]
+        if bad:
+            raise ConfigError(f"{where}: stop token id {shown(bad[0])} must be a non-negative "
+                              "integer")
+
+
+def _token_id(value) -> bool:
+    """Whether ``value`` is a non-negative int (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

@@ -1,0 +1,111 @@
+"""What an engine author driving `Controller` directly may pass wrong (a fresh helper's trial of
+the protocol as a library, 2026-12-07): each is one line naming the value, raised before any
+state changes, and the run is left as it was where the caller, not a rank, erred."""
+
+import math
+
+import pytest
+
+from protocol.commands import Reply
+from protocol.config import ProtocolConfig
+from protocol.controller import Broadcast, Controller
+from protocol.errors import ConfigError, ReplyError
+from protocol.requests import Request
+from tests.protocol.driver import drive
+
+CONFIG = ProtocolConfig(buckets=(1, 2), max_batch=2)
+
+
+@pytest.mark.parametrize("fields, words", [
+    (dict(request_id=None, prompt=(1,)), "request_id=None must be a non-negative integer"),
+    (dict(request_id=True, prompt=(1,)), "request_id=True must be a non-negative integer"),
+    (dict(request_id=-1, prompt=(1,)), "request_id=-1 must be"),
+    (dict(request_id=1, prompt=[1, 2]), "request 1: prompt=[1, 2] must be a tuple of token ids"),
+    (dict(request_id=1, prompt="ab"), "request 1: prompt='ab' must be a tuple"),
+    (dict(request_id=1, prompt=None), "request 1: prompt=None must be a tuple"),
+    (dict(request_id=1, prompt=(1, 2.5)), "request 1: prompt token id 2.5 must be a "
+                                          "non-negative integer"),
+    (dict(request_id=1, prompt=(1, None)), "request 1: prompt token id None must be"),
+    (dict(request_id=1, prompt=(-3,)), "request 1: prompt token id -3 must be"),
+    (dict(request_id=1, prompt=(True,)), "request 1: prompt token id True must be"),
+    (dict(request_id=1, prompt=(1,), max_tokens=True), "request 1: max_tokens=True must be"),
+    (dict(request_id=1, prompt=(1,), stop_token_ids=5), "request 1: stop_token_ids=5 must be "
+                                                        "a frozenset of token ids"),
+    (dict(request_id=1, prompt=(1,), stop_token_ids=frozenset({-1})),
+     "request 1: stop token id -1 must be"),
+    (dict(request_id=-10**5000, prompt=(1,)),
+     "request_id=<an integer of about 5001 digits> must be"),
+])
+def test_a_request_of_the_wrong_shape_is_refused_where_it_is_made(fields, words):
+    """A list prompt, a float or negative id, an int as the stop tokens: the controller took
+    them and failed later inside a step (a TypeError at its command building), with request
+    tables half updated, so the next step's command made the ranks abort."""
+    with pytest.raises(ConfigError) as info:
+        Request(**fields)
+    assert str(info.value).startswith(words) and "\n" not in str(info.value), info.value
+
+
+@pytest.mark.parametrize("fields, words", [
+    (dict(step_timeout_s=math.nan), "step_timeout_s=nan must be a positive, finite number"),
+    (dict(watchdog_timeout_s=math.nan), "watchdog_timeout_s=nan must be"),
+    (dict(step_timeout_s=math.inf), "step_timeout_s=inf must be"),
+    (dict(watchdog_timeout_s=True), "watchdog_timeout_s=True must be"),
+    (dict(cuda_graphs="no"), "cuda_graphs='no' must be True or False"),
+    (dict(cuda_graphs=None), "cuda_graphs=None must be True or False"),
+])
+def test_a_timeout_that_never_expires_or_a_graph_switch_of_text_is_refused(fields, words):
+    """NaN compared false with every clock, so a missing reply was waited for for ever;
+    cuda_graphs="no" read as on."""
+    with pytest.raises(ConfigError) as info:
+        ProtocolConfig(buckets=(1, 2), max_batch=2, **fields)
+    assert str(info.value).startswith(words), info.value
+
+
+def _outstanding() -> Controller:
+    ctrl = Controller(CONFIG)
+    action = ctrl.next_action()
+    assert isinstance(action, Broadcast)
+    return ctrl
+
+
+@pytest.mark.parametrize("reply, words", [
+    (None, "reply None is not a protocol.commands.Reply"),
+    (Reply("0", 0), "reply rank='0' must be an integer"),
+    (Reply(True, 0), "reply rank=True must be an integer"),
+    (Reply(1.0, 0), "reply rank=1.0 must be an integer"),
+    (Reply(1, "0"), "reply seq='0' must be an integer"),
+    (Reply(1, 0, ok="no"), "reply from rank 1: ok='no' must be True or False"),
+])
+def test_a_reply_of_the_wrong_type_fails_the_run_with_one_line(reply, words):
+    """`Reply("0", seq)` was a TypeError from a comparison and left the run alive, None an
+    AttributeError; `Reply(True, seq)` counted as rank 1 and ok="no" as success."""
+    ctrl = _outstanding()
+    seq = ctrl.current.seq
+    if isinstance(reply, Reply) and reply.seq == 0:
+        reply = Reply(reply.rank, seq, reply.ok)
+    with pytest.raises(ReplyError) as info:
+        ctrl.on_reply(reply)
+    assert str(info.value).startswith(words), info.value
+    assert ctrl.phase == "failed"
+
+
+@pytest.mark.parametrize("rank", [9, -1, "x", True])
+def test_a_dead_rank_outside_the_world_is_the_caller_s_error_and_the_run_goes_on(rank):
+    """on_rank_dead(9) in a world of two aborted the run, naming a rank that never existed."""
+    ctrl = _outstanding()
+    with pytest.raises(ConfigError, match=r"^on_rank_dead\(.*\): not a rank of world size 2$"):
+        ctrl.on_rank_dead(rank)
+    assert ctrl.phase == "startup" and ctrl.failure is None
+
+
+def test_after_a_failed_run_submit_and_take_finished_say_the_run_failed():
+    """submit said "submitted after shutdown" of a run that had failed, and take_finished said
+    "has not finished" for ever of a request that never would."""
+    ctrl, _, _, _, _ = drive(CONFIG, [Request(0, (1,), max_tokens=4)], fail=(0, "read_tokens"))
+    assert ctrl.phase == "failed"
+    with pytest.raises(ConfigError, match=r"^request 5 submitted after the run failed \("):
+        ctrl.submit(Request(5, (1,)))
+    with pytest.raises(ConfigError, match=r"^request 0 did not finish: the run failed \("):
+        ctrl.take_finished(0)
+    with pytest.raises(ConfigError, match=r"^submit\(\(1, 2\)\): expected a "):
+        Controller(CONFIG).submit((1, 2))
