@@ -154,7 +154,14 @@ class Controller:
     Args:
         config: the validated protocol configuration.
         clock: returns seconds (monotonic); drives the startup watchdog.
-        pages_per_seq: KV pages one full-length sequence needs (memory fitting, page tables).
+        pages_per_seq: KV pages one full-length sequence needs, ceil(max_model_len /
+            config.page_size) (memory fitting, page tables, the longest request accepted).
+            The default, 1, accepts only requests of at most config.page_size tokens.
+
+    Raises:
+        ConfigError: config is no ProtocolConfig, clock not callable, pages_per_seq not a
+            positive integer, or config.max_kv_pages below pages_per_seq (no sequence of full
+            length would fit; found only after the startup sweep before).
     """
 
     abort_how = "abort"
@@ -162,6 +169,16 @@ class Controller:
 
     def __init__(self, config: ProtocolConfig, clock: Callable[[], float] = lambda: 0.0,
                  pages_per_seq: int = 1):
+        if not isinstance(config, ProtocolConfig):
+            raise ConfigError(f"config={shown(config)}: expected a protocol.config.ProtocolConfig")
+        if not callable(clock):
+            raise ConfigError(f"clock={shown(clock)}: expected a function returning seconds")
+        if not isinstance(pages_per_seq, int) or isinstance(pages_per_seq, bool) \
+                or pages_per_seq < 1:  # 0 wedged the startup sweep on every later call
+            raise ConfigError(f"pages_per_seq={shown(pages_per_seq)} must be a positive integer")
+        if config.max_kv_pages is not None and config.max_kv_pages < pages_per_seq:
+            raise ConfigError(f"max_kv_pages={config.max_kv_pages} is below pages_per_seq="
+                              f"{pages_per_seq}: no sequence of full length fits")
         self.config = config
         self.world_size = config.world_size
         self.plan = GraphPlan.from_config(config)

@@ -54,7 +54,8 @@ from protocol.commands import (
     Warmup,
 )
 from protocol.eligibility import GraphPlan
-from protocol.errors import EligibilityError, PageError, ProtocolError, checked_hook_result
+from protocol.errors import (ConfigError, EligibilityError, PageError, ProtocolError,
+                             checked_hook_result, shown)
 from protocol.pages import PageMap
 from protocol.slots import SlotMap
 
@@ -81,10 +82,22 @@ class Worker:
         rank: this rank (0 samples and carries the step payload).
         world_size: number of ranks.
         plan: the graph plan from the same configuration as the controller's (I7).
-        capacity: number of real decode slots.
+        capacity: number of real decode slots: the configuration's max_batch.
+
+    Raises:
+        ConfigError: a rank outside 0..world_size - 1, a world size or capacity that is no
+            positive integer, or a plan that is no GraphPlan.
     """
 
     def __init__(self, rank: int, world_size: int, plan: GraphPlan, capacity: int):
+        for name, value in (("world_size", world_size), ("capacity", capacity)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"Worker {name}={shown(value)} must be a positive integer")
+        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < world_size:
+            raise ConfigError(f"Worker rank={shown(rank)} must be in 0..{world_size - 1}")
+        if not isinstance(plan, GraphPlan):
+            raise ConfigError(f"Worker plan={shown(plan)}: expected a "
+                              "protocol.eligibility.GraphPlan (GraphPlan.from_config)")
         self.rank = rank
         self.world_size = world_size
         self.plan = plan

@@ -109,3 +109,39 @@ def test_after_a_failed_run_submit_and_take_finished_say_the_run_failed():
         ctrl.take_finished(0)
     with pytest.raises(ConfigError, match=r"^submit\(\(1, 2\)\): expected a "):
         Controller(CONFIG).submit((1, 2))
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(config=None), "config=None: expected a protocol.config.ProtocolConfig"),
+    (dict(config=CONFIG, clock=5), "clock=5: expected a function returning seconds"),
+    (dict(config=CONFIG, pages_per_seq=0), "pages_per_seq=0 must be a positive integer"),
+    (dict(config=CONFIG, pages_per_seq="8"), "pages_per_seq='8' must be a positive integer"),
+    (dict(config=ProtocolConfig(buckets=(1, 2), max_batch=2, max_kv_pages=3), pages_per_seq=4),
+     "max_kv_pages=3 is below pages_per_seq=4: no sequence of full length fits"),
+])
+def test_a_controller_of_bad_arguments_is_refused_when_built(kwargs, words):
+    """pages_per_seq=0 raised a PageError out of every later next_action (shutdown included),
+    the phase stuck at startup; "8" was a TypeError inside the memory plan; a pool below one
+    sequence was found only after the whole startup sweep."""
+    with pytest.raises(ConfigError) as info:
+        Controller(**kwargs)
+    assert str(info.value).startswith(words), info.value
+
+
+@pytest.mark.parametrize("args, words", [
+    ((5, 2, "plan", 2), "Worker rank=5 must be in 0..1"),
+    ((-1, 2, "plan", 2), "Worker rank=-1 must be in 0..1"),
+    ((0, "2", "plan", 2), "Worker world_size='2' must be a positive integer"),
+    ((0, 2, "plan", 0), "Worker capacity=0 must be a positive integer"),
+    ((0, 2, None, 2), "Worker plan=None: expected a protocol.eligibility.GraphPlan"),
+])
+def test_a_worker_of_bad_arguments_is_refused_when_built(args, words):
+    """Every one was accepted: a rank-5 worker was caught only by the controller, a capacity
+    of 0 at the first admission."""
+    from protocol.eligibility import GraphPlan
+    from protocol.worker import Worker
+
+    args = tuple(GraphPlan.from_config(CONFIG) if a == "plan" else a for a in args)
+    with pytest.raises(ConfigError) as info:
+        Worker(*args)
+    assert str(info.value).startswith(words), info.value
