@@ -18,7 +18,7 @@ from operator import attrgetter
 from typing import Any, ClassVar
 
 from protocol.commands import Admit, Chunk, Step
-from protocol.errors import ProtocolError
+from protocol.errors import ProtocolError, checked_hook_result
 from protocol.keys import GraphKey
 from protocol.trace import describe_args
 
@@ -397,20 +397,34 @@ class Backend(ABC):
         """Destroy the TP communicator; only after `free_graphs` (I10)."""
 
 
+def _byte_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def perform(backend: Backend, op: Op) -> Any:
     """Run ``op`` on ``backend`` and return its result.
 
     Raises:
         ProtocolError: ``op`` is a variant's own op, which a real backend does not run.
+        TypeError: a memory report of the wrong kind (`profile_memory`, `graph_memory`),
+            naming the method: the worker's reply failed on it with a TypeError that escaped
+            `protocol.execution.run_command`, no reply sent and the worker not poisoned.
         Exception: whatever the backend method raises.
     """
     match op:
         case WarmupCollective(nbytes):
             return backend.warmup_collective(nbytes)
         case ProfileForward(rows):
-            return backend.profile_memory(rows)
+            report = backend.profile_memory(rows)
+            return checked_hook_result(
+                report, "Backend.profile_memory",
+                isinstance(report, tuple) and len(report) == 2
+                and all(_byte_count(b) for b in report),
+                "(free bytes, peak activation bytes), two integers >= 0")
         case GraphMemory():
-            return backend.graph_memory()
+            held = backend.graph_memory()
+            return checked_hook_result(held, "Backend.graph_memory", _byte_count(held),
+                                       "the bytes the rank's graphs hold, an integer >= 0")
         case Record(key):
             return backend.record(key)
         case Instantiate(key):

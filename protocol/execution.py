@@ -134,8 +134,10 @@ def run_command(worker, backend: Backend, command: Command,
                 clock: Callable[[], float] = lambda: 0.0) -> Reply:
     """Run ``command`` on one rank to its reply: every op through `perform`, in order.
 
-    Any exception an op raises becomes a failed reply that poisons the worker (I13); nothing
-    propagates. ``record`` receives the trace events (see `CommandRun`).
+    Any exception an op raises becomes a failed reply that poisons the worker (I13), a
+    memory report of the wrong kind too (`protocol.backend.perform` checks those). An exception
+    from the worker's own code (a subclass's hook) propagates: it is the caller's bug, not the
+    rank's. ``record`` receives the trace events (see `CommandRun`).
     """
     run = CommandRun(worker, command, record, clock)
     while run.op is not None:

@@ -3,6 +3,8 @@ the protocol as a library, 2026-12-07): each is one line naming the value, raise
 state changes, and the run is left as it was where the caller, not a rank, erred."""
 
 import math
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -145,3 +147,26 @@ def test_a_worker_of_bad_arguments_is_refused_when_built(args, words):
     with pytest.raises(ConfigError) as info:
         Worker(*args)
     assert str(info.value).startswith(words), info.value
+
+
+@pytest.mark.parametrize("method, value", [("profile_memory", 8 << 30),
+                                           ("profile_memory", (-5, "x")),
+                                           ("graph_memory", None)])
+def test_a_backend_memory_report_of_the_wrong_kind_is_the_rank_s_failed_reply(method, value):
+    """A backend whose profile_memory returned an int (not a tuple), or graph_memory None: the
+    worker's reply raised a TypeError out of run_command, no reply came and the worker was not
+    poisoned, so the controller waited for its timeout. Now the rank replies with the failure,
+    naming the method, and the run aborts."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "docs" / "examples" /
+                           "protocol"))
+    from echo_engine import EchoBackend, serve
+
+    def backend(rank):
+        echo = EchoBackend()
+        if rank == 1:
+            setattr(echo, method, lambda *args: value)
+        return echo
+
+    with pytest.raises(RuntimeError, match=rf"^the run aborted: .*rank\(s\) 1: TypeError: "
+                                           rf"Backend\.{method} returned "):
+        serve(CONFIG, 1, [[Request(0, (1,))]], backend=backend)

@@ -322,3 +322,34 @@ def test_python_api_md_lists_signatures_in_their_order():
         assert listed == params[:len(listed)], (dotted, listed, params)
         checked += 1
     assert checked >= 5, checked
+
+
+@pytest.mark.timeout(300)
+def test_the_protocol_api_page_s_engine_example_and_its_property_test_run():
+    """docs/protocol-api.md's example engine runs as its page says and its property test
+    passes (pytest from the root), having run examples rather than rejecting them all."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    folder = root / "docs" / "examples" / "protocol"
+    page = (root / "docs" / "protocol-api.md").read_text()
+    for name in ("echo_engine.py", "test_echo_engine.py"):
+        assert f"docs/examples/protocol/{name}" in page
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    shown = subprocess.run([sys.executable, str(folder / "echo_engine.py")], cwd=root,
+                           capture_output=True, text=True, timeout=120, env=env)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    first, second = shown.stdout.splitlines()[:2]
+    assert first == "1 [8, 9, 10, 11] [8, 9, 10, 11]" and second == "2 [999, 0, 1] [999, 0, 1]"
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           str(folder / "test_echo_engine.py"), "--hypothesis-show-statistics"],
+                          cwd=root, capture_output=True, text=True, timeout=280, env=env)
+    assert done.returncode == 0, done.stdout[-3000:]
+    import re
+
+    phases = re.findall(r"(\d+) passing, (\d+) failing, and (\d+) invalid", done.stdout)
+    assert "1 passed" in done.stdout and phases, done.stdout[-2000:]
+    passing, invalid = (sum(int(p[i]) for p in phases) for i in (0, 2))
+    assert passing >= 30 and invalid <= passing, phases
