@@ -170,3 +170,14 @@ def test_a_backend_memory_report_of_the_wrong_kind_is_the_rank_s_failed_reply(me
     with pytest.raises(RuntimeError, match=rf"^the run aborted: .*rank\(s\) 1: TypeError: "
                                            rf"Backend\.{method} returned "):
         serve(CONFIG, 1, [[Request(0, (1,))]], backend=backend)
+
+
+def test_shown_cuts_a_value_at_its_limit_with_a_mark():
+    """`protocol.errors.shown`, the one-line form of a bad value in the protocol's errors."""
+    from protocol.errors import shown
+
+    assert shown("x" * 58) == repr("x" * 58)  # 60 characters with its quotes: whole
+    assert shown("x" * 59) == repr("x" * 59)[:57] + "..." and len(shown("x" * 59)) == 60
+    assert shown([1,
+                  2]) == "[1, 2]" and shown(10**5000) == "<an integer of about 5001 digits>"
+    assert len(shown("y" * 200, 80)) == 80
