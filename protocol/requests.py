@@ -40,9 +40,9 @@ class Request:
             raise ConfigError(f"{where}: prompt={shown(self.prompt)} must be a tuple of token ids")
         if len(self.prompt) == 0:
             raise ConfigError(f"{where}: prompt is empty")
-        bad = [t for t in self.prompt if not _token_id(t)][:1]
-        if bad:
-            raise ConfigError(f"{where}: prompt token id {shown(bad[0])} must be a non-negative "
+        if set(map(type, self.prompt)) != {int} or min(self.prompt) < 0:  # C-level passes
+            bad = next(t for t in self.prompt if not _token_id(t))
+            raise ConfigError(f"{where}: prompt token id {shown(bad)} must be a non-negative "
                               "integer")
         if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) \
                 or self.max_tokens < 1:
@@ -51,9 +51,10 @@ class Request:
         if not isinstance(self.stop_token_ids, frozenset):
             raise ConfigError(f"{where}: stop_token_ids={shown(self.stop_token_ids)} must be a "
                               "frozenset of token ids")
-        bad = [t for t in self.stop_token_ids if not _token_id(t)][:1]
-        if bad:
-            raise ConfigError(f"{where}: stop token id {shown(bad[0])} must be a non-negative "
+        if self.stop_token_ids and (set(map(type, self.stop_token_ids)) != {int}
+                                    or min(self.stop_token_ids) < 0):
+            bad = next(t for t in self.stop_token_ids if not _token_id(t))
+            raise ConfigError(f"{where}: stop token id {shown(bad)} must be a non-negative "
                               "integer")
 
 
