@@ -4,6 +4,8 @@ the worker refuses fails the bench instead of being timed."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from engine.bench.decode import BenchBackend, bench_worker, time_steps
@@ -89,7 +91,8 @@ def test_timed_steps_are_the_workers_ops_run_by_the_reference_driver(bench):
     assert ex.input_ids[:3].tolist() == [11, 12, 13]  # the last step's rows reached the replay
     eager = LoggedBackend(ex)
     ex.phases = timer = Timer()
-    assert time_steps(bench_worker(1, settings, 2), eager, _steps(1, 2, key=None), timer)[0] > 0
+    two = dataclasses.replace(settings, world_size=2)  # a rank 1 exists only in a world of two
+    assert time_steps(bench_worker(1, two, 2), eager, _steps(1, 2, key=None), timer)[0] > 0
     assert eager.log == ["run_eager", "hold", "synchronize"]  # rank 1 samples nothing
 
 
