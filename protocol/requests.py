@@ -40,10 +40,7 @@ class Request:
             raise ConfigError(f"{where}: prompt={shown(self.prompt)} must be a tuple of token ids")
         if len(self.prompt) == 0:
             raise ConfigError(f"{where}: prompt is empty")
-        if set(map(type, self.prompt)) != {int} or min(self.prompt) < 0:  # C-level passes
-            bad = next(t for t in self.prompt if not _token_id(t))
-            raise ConfigError(f"{where}: prompt token id {shown(bad)} must be a non-negative "
-                              "integer")
+        _check_ids(where, "prompt token id", self.prompt)
         if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) \
                 or self.max_tokens < 1:
             raise ConfigError(f"{where}: max_tokens={shown(self.max_tokens)} must be an integer "
@@ -51,11 +48,15 @@ class Request:
         if not isinstance(self.stop_token_ids, frozenset):
             raise ConfigError(f"{where}: stop_token_ids={shown(self.stop_token_ids)} must be a "
                               "frozenset of token ids")
-        if self.stop_token_ids and (set(map(type, self.stop_token_ids)) != {int}
-                                    or min(self.stop_token_ids) < 0):
-            bad = next(t for t in self.stop_token_ids if not _token_id(t))
-            raise ConfigError(f"{where}: stop token id {shown(bad)} must be a non-negative "
-                              "integer")
+        _check_ids(where, "stop token id", self.stop_token_ids)
+
+
+def _check_ids(where: str, what: str, ids) -> None:
+    """Raises ConfigError naming the first of ``ids`` that is no non-negative int; the common
+    case, all good, in C-level passes (a 512-token prompt in about 20 us)."""
+    if ids and (set(map(type, ids)) != {int} or min(ids) < 0):
+        bad = next(t for t in ids if not _token_id(t))
+        raise ConfigError(f"{where}: {what} {shown(bad)} must be a non-negative integer")
 
 
 def _token_id(value) -> bool:
