@@ -7,7 +7,6 @@ names the bad value and the fix.
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass, field
 
 from protocol.buckets import DEFAULT_DECODE_BUCKETS, validate_buckets

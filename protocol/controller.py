@@ -509,7 +509,7 @@ class Controller:
             raise ReplyError(f"reply {shown(reply)} is not a protocol.commands.Reply")
         for name in ("rank", "seq"):
             value = getattr(reply, name)
-            if not isinstance(value, int) or isinstance(value, bool):  # Reply(True, ...) was rank 1
+            if not isinstance(value, int) or isinstance(value, bool):  # True was rank 1
                 raise ReplyError(f"reply {name}={shown(value)} must be an integer")
         if not isinstance(reply.ok, bool):  # ok="no" read as success
             raise ReplyError(f"reply from rank {reply.rank}: ok={shown(reply.ok)} must be True "
