@@ -158,7 +158,11 @@ class ProtocolConfig:
         if not isinstance(self.cuda_graphs, bool):  # "no" read as true
             raise ConfigError(f"cuda_graphs={self.cuda_graphs!r} must be True or False",
                               fields=("cuda_graphs",))
-        if not isinstance(self.memory_headroom_bytes, int) or self.memory_headroom_bytes < 0:
+        if not isinstance(self.shape, ModelShape):  # None failed at the first next_action
+            raise ConfigError(f"shape={self.shape!r}: expected a protocol.config.ModelShape",
+                              fields=("shape",))
+        if (not isinstance(self.memory_headroom_bytes, int)
+                or isinstance(self.memory_headroom_bytes, bool) or self.memory_headroom_bytes < 0):
             raise ConfigError(
                 f"memory_headroom_bytes={self.memory_headroom_bytes!r} must be a non-negative integer",
                 fields=("memory_headroom_bytes",))

@@ -54,6 +54,9 @@ def test_a_request_of_the_wrong_shape_is_refused_where_it_is_made(fields, words)
     (dict(watchdog_timeout_s=True), "watchdog_timeout_s=True must be"),
     (dict(cuda_graphs="no"), "cuda_graphs='no' must be True or False"),
     (dict(cuda_graphs=None), "cuda_graphs=None must be True or False"),
+    (dict(shape=None), "shape=None: expected a protocol.config.ModelShape"),
+    (dict(shape="qwen"), "shape='qwen': expected a protocol.config.ModelShape"),
+    (dict(memory_headroom_bytes=True), "memory_headroom_bytes=True must be a non-negative"),
 ])
 def test_a_timeout_that_never_expires_or_a_graph_switch_of_text_is_refused(fields, words):
     """NaN compared false with every clock, so a missing reply was waited for for ever;

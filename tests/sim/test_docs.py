@@ -353,3 +353,42 @@ def test_the_protocol_api_page_s_engine_example_and_its_property_test_run():
     assert "1 passed" in done.stdout and phases, done.stdout[-2000:]
     passing, invalid = (sum(int(p[i]) for p in phases) for i in (0, 2))
     assert passing >= 30 and invalid <= passing, phases
+
+
+def test_the_protocol_api_page_s_loop_runs_as_written():
+    """A reader's finding: the page's loop, copied, crashed at the first `Wait` (its pattern
+    rebound the name of the ranks' list) and spun for ever on `Abort`. The fragment runs here
+    with the example's backend, its Idle branch filled in; a rank that fails ends it."""
+    import re
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(root / "docs" / "examples" / "protocol"))
+    from echo_engine import EchoBackend
+
+    from protocol import ProtocolConfig
+
+    text = (root / "docs" / "protocol-api.md").read_text()
+    code = re.search(r"## The loop\n\n```python\n(.*?)```", text, re.S).group(1)
+    idle = ("            controller.submit(Request(request_id, prompt, max_tokens, stop_token_ids))\n"
+            "            # or: controller.shutdown()")
+    assert idle in code
+    code = code.replace(idle, "            if todo:\n"
+                              "                controller.submit(Request(*todo.pop()))\n"
+                              "            else:\n"
+                              "                outputs.append(controller.take_finished(7))\n"
+                              "                controller.shutdown()")
+    config = ProtocolConfig(world_size=2, buckets=(1, 2), max_batch=2)
+    scope = dict(config=config, pages_per_seq=4, MyBackend=lambda rank: EchoBackend(),
+                 todo=[(7, (1, 2, 3), 3, frozenset())], outputs=[])
+    exec(code, scope)
+    assert scope["outputs"] == [[4, 5, 6]] and scope["controller"].phase == "done"
+
+    class Failing(EchoBackend):
+        def launch(self, key):
+            raise RuntimeError("device lost")
+
+    scope.update(MyBackend=lambda rank: Failing() if rank == 1 else EchoBackend(),
+                 todo=[(7, (1, 2, 3), 3, frozenset())], outputs=[])
+    with pytest.raises(RuntimeError, match="device lost"):
+        exec(code, scope)
