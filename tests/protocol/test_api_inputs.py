@@ -3,6 +3,7 @@ the protocol as a library, 2026-12-07): each is one line naming the value, raise
 state changes, and the run is left as it was where the caller, not a rank, erred."""
 
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -184,3 +185,47 @@ def test_shown_cuts_a_value_at_its_limit_with_a_mark():
     assert shown([1,
                   2]) == "[1, 2]" and shown(10**5000) == "<an integer of about 5001 digits>"
     assert len(shown("y" * 200, 80)) == 80
+
+
+@pytest.mark.parametrize("token", [1.5, True, "x", [3]])
+def test_a_sampled_token_id_that_is_no_token_fails_the_run_naming_it(token):
+    """Rank 0's reply tokens were checked for their count only: 1.5 and True were stored as
+    the request's output and fed back to the ranks; "x" failed a step later inside a rank.
+    NO_TOKEN (None) stays a request that could not be sampled."""
+    from tests.protocol.driver import FakeBackend
+
+    class Sampler(FakeBackend):
+        def run(self, op):
+            result = super().run(op)
+            return (token,) * len(result) if op.name == "read_tokens" else result
+
+    with pytest.raises(ReplyError, match=rf"^rank 0 reply to step \d+: sampled token id "
+                                         rf"{re.escape(repr(token))} must be an integer "):
+        drive(CONFIG, [Request(0, (1,), max_tokens=3)], backends=[Sampler(0), FakeBackend(1)])
+
+
+def test_a_step_reply_of_no_token_ends_that_request_and_the_run_goes_on():
+    from tests.protocol.driver import FakeBackend
+
+    class NoToken(FakeBackend):
+        def run(self, op):
+            result = super().run(op)
+            return (None,) + result[1:] if op.name == "read_tokens" and result else result
+
+    ctrl, _, _, _, action = drive(CONFIG, [Request(0, (1,), max_tokens=3),
+                                           Request(1, (2,), max_tokens=3)],
+                                  backends=[NoToken(0), FakeBackend(1)])
+    assert ctrl.phase == "done" and ctrl.failure is None
+
+
+def test_a_step_reply_of_a_list_says_a_tuple_is_needed():
+    from tests.protocol.driver import FakeBackend
+
+    class Listing(FakeBackend):
+        def run(self, op):
+            result = super().run(op)
+            return list(result) if op.name == "read_tokens" else result
+
+    with pytest.raises(ReplyError, match=r"must carry 1 token ids in slot order \(its rows, "
+                                         r"then admissions\), got \[7\], not a tuple$"):
+        drive(CONFIG, [Request(0, (1,), max_tokens=3)], backends=[Listing(0), FakeBackend(1)])
