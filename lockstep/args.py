@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import re
 
+from protocol.errors import shown
+
 SHOWN_CHARS = 32
 """Most characters of a bad value an error line repeats."""
 
@@ -35,15 +37,9 @@ def one_line_repr(value, limit: int = SHOWN_CHARS) -> str:
     message wants more of its value (a fault's fields, a list of pairs); it must be at least 4,
     room for one character and the "...". An integer too long for `repr` (past
     ``sys.get_int_max_str_digits()``, 4,300 digits by default, where repr raises ValueError)
-    is described by its length.
+    is described by its length. The same as the protocol's `protocol.errors.shown`, which it is.
     """
-    try:
-        text = repr(value)
-    except ValueError:  # the description is short enough to show whole
-        return (f"<an integer of about {int(value.bit_length() * 0.30103) + 1} digits>"
-                if isinstance(value, int) else
-                f"<a {type(value).__name__} holding an integer too long to print>")
-    return clipped(" ".join(text.split()), limit)
+    return shown(value, limit)
 
 
 _SEED = re.compile(r"[+-]?[0-9]+", re.ASCII)

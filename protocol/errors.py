@@ -155,9 +155,10 @@ def shown(value, limit: int = 60) -> str:
     for repr, past 4,300 digits, described by its length): for an error naming a bad value."""
     try:
         text = " ".join(repr(value).split())
-    except ValueError:
-        return f"<an integer of about {int(value.bit_length() * 0.30103) + 1} digits>" \
-            if isinstance(value, int) else f"<a {type(value).__name__}>"
+    except ValueError:  # the description is short enough to show whole
+        return (f"<an integer of about {int(value.bit_length() * 0.30103) + 1} digits>"
+                if isinstance(value, int) else
+                f"<a {type(value).__name__} holding an integer too long to print>")
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
