@@ -133,6 +133,7 @@ class Worker:
         if self.poisoned is not None and not isinstance(command, Teardown):
             raise ProtocolError(f"rank {self.rank} is poisoned by an earlier failure "
                                 f"({self.poisoned}); refusing command {command.seq}")
+        self.check_lifecycle(command)
         match command:
             case Warmup():
                 return self._ops_warmup(command)
@@ -153,6 +154,32 @@ class Worker:
             case Teardown():
                 return self._ops_teardown(command)
         return self.ops_for_other(command)
+
+    def check_lifecycle(self, command: Command) -> None:
+        """Refuse a command this rank's lifecycle has passed: the KV cache is allocated once
+        (I15: a second `AllocateKV` would replace the cache every captured graph reads), no
+        startup command runs once Finalize made the rank serve (I3: serving never captures,
+        measures, warms up or allocates), and nothing runs after `Teardown`.
+
+        A sleep/wake cycle that re-allocates the KV cache under graphs captured before it is the
+        bug this refuses (ROCm/ATOM PR #2267; vllm-project/vllm PR #53197); the simulator's
+        variant `kv-realloc-on-wake` shows what it does where nothing refuses it.
+
+        Raises:
+            ProtocolError: naming the command, the rank and the rule (``invariant`` I3 or I15).
+        """
+        what = type(command).__name__
+        if self.torn_down:
+            raise ProtocolError(f"rank {self.rank}: {what} (command {command.seq}) after "
+                                "Teardown; a torn-down rank runs nothing")
+        if isinstance(command, AllocateKV) and self.pages is not None:
+            raise ProtocolError(f"rank {self.rank}: AllocateKV (command {command.seq}) but the KV "
+                                "cache is allocated already; a second allocation would replace "
+                                "the cache the captured graphs read (I15)", invariant="I15")
+        if self.serving and isinstance(command, STARTUP_COMMANDS):
+            raise ProtocolError(f"rank {self.rank}: {what} (command {command.seq}) after "
+                                "Finalize; a serving rank runs no startup command (I3)",
+                                invariant="I3")
 
     def ops_for_other(self, command: Command) -> list[Op]:
         """Hook for a variant's own command types; the protocol has none, so this raises.
@@ -179,9 +206,6 @@ class Worker:
         return [AllocateKVCache(command.pages), SYNC]
 
     def _ops_capture(self, command: Capture) -> list[Op]:
-        if self.serving:
-            raise EligibilityError(f"rank {self.rank}: capture of {command.key} after startup; "
-                                   "serving under TP never captures (I3)")
         self.plan.require_eligible(command.key, "capture")
         return list(_capture_ops(command.key))
 
@@ -349,6 +373,10 @@ class Worker:
     def _ops_teardown(self, command: Teardown) -> list[Op]:
         self.in_flight = None
         return [SYNC, FreeGraphs(), DestroyCommunicator()]
+
+
+STARTUP_COMMANDS = (Warmup, ProfileMemory, MeasureGraphs, AllocateKV, Capture, Launch, Finalize)
+"""Commands of the startup sequence alone (`Worker.check_lifecycle` refuses them once serving)."""
 
 
 # The startup sweep's ops depend on the graph key (or the warm-up sizes) alone: frozen records,

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from protocol.backend import SYNC, EnqueueSample, Op, PrepareReplay, ReadTokens, RunEager
-from protocol.commands import DecodeRow, DecodeRows, Step
+from protocol.commands import AllocateKV, DecodeRow, DecodeRows, Step
 from protocol.controller import Controller
 from protocol.worker import Worker
 from sim.common import DONE
@@ -129,6 +129,84 @@ register(Variant(
            "replayed only while every buffer it captured is the live one (I15).",
     worker_cls=ClearKVAfterCaptureWorker,
     sim_ops={ResetKV: _sim_reset_kv}))
+
+
+# -- kv-realloc-on-wake ---------------------------------------------------------------------------
+
+
+class SleepWakeController(Controller):
+    """Drives the engine as an RL rollout loop does: whenever nothing is queued, live or
+    unread (right after startup too) the engine sleeps, releasing its KV cache, and the next
+    round's first step is preceded by a wake that allocates the cache again (`AllocateKV`,
+    the same size)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.asleep = True
+
+    def fingerprint(self) -> tuple:
+        return super().fingerprint() + (self.asleep,)
+
+    def _next_step(self):
+        if not self.has_work():
+            self.asleep = True
+        elif self.asleep:
+            self.asleep = False
+            self.seq += 1
+            memory = self.memory
+            return AllocateKV(self.seq, memory.kv_pages if memory else 0,
+                              memory.batch_cap if memory else None, self.config.page_size)
+        return super()._next_step()
+
+
+@dataclass(frozen=True)
+class ReleaseKV(Op):
+    """The sleep's release of the KV cache (its memory goes back to the driver)."""
+
+    name: ClassVar[str] = "release_kv"
+    frees: ClassVar[bool] = True
+
+
+def _sim_release_kv(backend, r, host, op, probe):
+    """Free the KV cache's bytes: a lock-holding driver free (H1, H2). The buffer stays
+    what the graphs captured; the wake's allocation makes a new generation of it."""
+    status = backend.locked(r, host, quiesce=False, probe=probe, frees=True)
+    if status != DONE or probe:
+        return status
+    world = backend.world
+    world.used[r] -= (world.workers[r].pages.num_pages + 1) * world.config.kv_page_bytes
+    return backend.done(host)
+
+
+class WakeReallocWorker(Worker):
+    """Takes the wake's `AllocateKV` while serving, as the worker did before the lifecycle
+    rule (`Worker.check_lifecycle`): the sleep releases the cache, the wake allocates a new
+    one at a new address, and the graphs captured at startup keep the old one's."""
+
+    def check_lifecycle(self, command) -> None:
+        if not (self.serving and isinstance(command, AllocateKV)):
+            super().check_lifecycle(command)
+
+    def _ops_allocatekv(self, command) -> list[Op]:
+        ops = super()._ops_allocatekv(command)
+        return [ReleaseKV()] + ops if self.serving else ops
+
+
+register(Variant(
+    name="kv-realloc-on-wake",
+    summary="the engine sleeps whenever it is idle, releasing its KV cache, and the wake "
+            "before the next round allocates a new one, while the decode graphs captured at "
+            "startup keep the old cache's addresses",
+    source="vllm-project/vllm PR #53197 (the KV-cache wake-up rebuilt tensors a captured "
+           "graph reads: illegal address on the first request after wake); ROCm/ATOM PR "
+           "#2267 (a wake re-sized the KV pool behind the scheduler's back)",
+    expected={"shared": "invariant:I15", "per-rank": "invariant:I15"},
+    remedy="A rank allocates its KV cache once, before capture, and refuses a second "
+           "AllocateKV, and every other startup command once serving (Worker.check_lifecycle: "
+           "I15, I3); an engine that must sleep keeps the cache's addresses or recaptures "
+           "under the startup barrier.",
+    controller_cls=SleepWakeController, worker_cls=WakeReallocWorker,
+    sim_ops={ReleaseKV: _sim_release_kv}))
 
 
 # -- no-liveness ----------------------------------------------------------------------------------

@@ -214,13 +214,6 @@ def test_worker_capture_barrier_ops_end_in_sync():
     assert [op.name for op in w.ops_for(Launch(1, GraphKey(4)))] == ["launch", "synchronize"]
 
 
-def test_worker_never_captures_after_startup():
-    w = _worker()
-    w.reply(Finalize(0, ()), [0, None])
-    with pytest.raises(EligibilityError, match="serving under TP never captures"):
-        w.ops_for(Capture(1, GraphKey(1)))
-
-
 def test_decode_step_for_uncaptured_key_fails_loudly():
     from protocol.commands import Admit, AllocateKV, DecodeRow, PageAssign
     w = _worker()

@@ -446,3 +446,38 @@ def test_a_clean_run_s_trace_marks_every_event_ok_and_the_watchdog_s_arming():
     assert "watchdog-disarm" in kinds[arm:]
     first_capture = next(i for i, e in enumerate(trace) if e.kind == "send" and e.what == "Capture")
     assert arm < first_capture
+
+
+@pytest.mark.timeout(120)
+def test_a_wake_that_reallocates_the_kv_cache_replays_freed_memory(monkeypatch):
+    """kv-realloc-on-wake: the sleep/wake's second AllocateKV, taken by a worker without the
+    lifecycle rule, leaves the startup graphs on the freed cache (I15, at the first replay);
+    without that direct check the stale cache still shows in the tokens."""
+    sc = default_scenario(topology="shared", **SMALL)
+    variant = REGISTRY["kv-realloc-on-wake"]
+    outcome = run_schedule(sc, variant, RandomWalk(0)).outcome
+    assert outcome.invariant == "I15" and outcome.check == "replay-of-freed-buffer"
+    assert "kv generation 1" in outcome.detail and "live generation 2" in outcome.detail
+    monkeypatch.setattr(ModelledBackend, "live_buffers", lambda self, r, host, graph: True)
+    outcome = run_schedule(sc, variant, RandomWalk(0)).outcome
+    assert outcome.invariant == "I21" and outcome.check == "decode-row-past-cache"
+    monkeypatch.setattr(DeviceModel, "check_continues",
+                        lambda self, r, seq, kv, rows, padding=None: True)
+    outcome = run_schedule(sc, variant, RandomWalk(0)).outcome
+    assert outcome.verdict == "divergence" and "diverged at output token" in outcome.detail
+
+
+@pytest.mark.timeout(120)
+def test_the_lifecycle_rule_refuses_the_wake_before_any_memory_moves():
+    """The same sleep/wake controller against the protocol's own worker: every rank refuses
+    the second AllocateKV (I15, from the rank's reply), and no buffer was re-allocated."""
+    from sim.variants_state import SleepWakeController
+    sc = default_scenario(topology="shared", **SMALL)
+    variant = Variant(name="wake-against-the-rule", summary="test", source="test",
+                      expected={"shared": "clean", "per-rank": "clean"},
+                      controller_cls=SleepWakeController)
+    result = run_schedule(sc, variant, RandomWalk(0))
+    outcome = result.outcome
+    assert outcome.invariant == "I15" and outcome.check == "rank:error"
+    assert "AllocateKV" in outcome.detail and "allocated already" in outcome.detail
+    assert all(dev.buffers["kv"].generation == 1 for dev in result.world.devices)
