@@ -17,7 +17,7 @@ from typing import Callable
 
 from lockstep.args import MAX_DIGITS, SEED_LIMIT, clipped, one_line_repr
 from protocol.errors import ConfigError
-from sim.common import OUTCOME_VERDICTS, fault_phase_event
+from sim.common import INVARIANTS, OUTCOME_VERDICTS, fault_phase_event
 from sim.checks import attribute_divergence
 from sim.guard import Stalled, describe, locate, watchdog
 from sim.limits import MAX_BUCKET, MIN_RANKS
@@ -606,12 +606,18 @@ def check_variant(variant: Variant, spec: CheckSpec, topology: str, progress=Non
     row with verdict ``error`` and a one-line detail naming the variant and the place.
 
     Raises:
-        ConfigError: a topology other than those two (a caller's mistake, which an ``error``
-            row blamed on the variant).
+        ConfigError: a ``variant`` that is no Variant, a ``spec`` that is no `CheckSpec`, or a
+            topology other than those two (a caller's mistake, which an ``error`` row blamed
+            on the variant).
     """
+    from sim.run import check_variant_arg
     from sim.scenario import TOPOLOGIES
     from sim.workers import WorkerError
 
+    check_variant_arg(variant)
+    if not isinstance(spec, CheckSpec):
+        raise ConfigError(f"spec {one_line_repr(spec, 60)}: expected a CheckSpec "
+                          "(sim.check.CheckSpec(ranks=2, ...) holds the check's settings)")
     if topology not in TOPOLOGIES:
         raise ConfigError(f"topology = {one_line_repr(topology)}: expected one of "
                           f"{', '.join(TOPOLOGIES)} (check each for 'both')")
@@ -665,6 +671,10 @@ def _check_recorded_header(data: dict, choices: list[str]) -> None:
                                   and data["verdict"] in OUTCOME_VERDICTS):
         raise ConfigError(f"'verdict' is {_shown(data['verdict'])}: not a verdict a run ends "
                           f"with ({', '.join(OUTCOME_VERDICTS)})")
+    if data.get("invariant") is not None and not (isinstance(data["invariant"], str)
+                                                  and data["invariant"] in INVARIANTS):
+        raise ConfigError(f"'invariant' is {_shown(data['invariant'])}: not null or an invariant "
+                          f"of docs/design.md ({INVARIANTS[0]} .. {INVARIANTS[-1]})")
     if "variant_file" in data and not (isinstance(data["variant_file"], str)
                                        and MODEL_TEXT.fullmatch(data["variant_file"])):
         raise ConfigError(f"'variant_file' is {_shown(data['variant_file'])}: not 12 lowercase "
@@ -1047,13 +1057,16 @@ def check_coverage_reachable(scenario: Scenario) -> None:
     the correct protocol vacuous and every bug that needs them clean.
 
     Raises:
-        ConfigError: max batch 1 (one slot never compacts) or 2 (its one compaction is the
-            tail shift), every batch size up to max batch is a bucket (no replay is ever
-            padded), or the serving workload's steps reach neither in this configuration,
-            naming the values (and ``max_batch`` among its ``fields``).
+        ConfigError: a ``scenario`` that is no Scenario, max batch 1 (one slot never
+            compacts) or 2 (its one compaction is the tail shift), every batch size up to max
+            batch is a bucket (no replay is ever padded), or the serving workload's steps
+            reach neither in this configuration, naming the values (and ``max_batch`` among
+            its ``fields``).
     """
     from protocol.eligibility import GraphPlan
+    from sim.run import check_scenario
 
+    check_scenario(scenario)
     cfg = scenario.config
     if cfg.max_batch < 2:
         raise ConfigError(f"max_batch={cfg.max_batch}: a single slot never compacts, so no "
@@ -1220,7 +1233,7 @@ def check_scenario_json(data: dict) -> dict:
             raise ConfigError(f"bad scenario in trace: {name} = null: a recording writes a "
                               f"value here (null only for {' and '.join(NULLABLE_FIELDS)}, "
                               "their defaults)")
-        if value is None or name == "faults" or (name == "buckets" and value == []):
+        if value is None or name == "faults":
             continue
         shown = clipped(repr(value))
         if _holds_huge_integer(value):  # echoed whole by the rules' messages, or past float()

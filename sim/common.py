@@ -27,6 +27,10 @@ OUTCOME_VERDICTS = ("clean", "abort", "deadlock", "hang", "hang-at-exit", "diver
                     "startup-refused", "invariant", "livelock", "budget")
 """Every verdict a run can end with (`Outcome.verdict`); a trace's ``verdict`` is one of them."""
 
+INVARIANTS = tuple(f"I{n}" for n in range(1, 23))
+"""The invariants of docs/design.md, I1 .. I22: what `Outcome.invariant` and a trace's
+``invariant`` may name."""
+
 FAULT_FIRED_EVENT = "fault_fired"
 """The event a run counts for every fault fired; ``<it>_<phase>`` counts those of one phase
 (`fault_phase_event`)."""

@@ -113,18 +113,42 @@ class _OwnChooser:
         return actor
 
 
+def check_scenario(scenario) -> None:
+    """Refuse a ``scenario`` that is no `Scenario` (a function of the run index, say, where a
+    search takes one scenario).
+
+    Raises:
+        ConfigError: one line naming the value.
+    """
+    if not isinstance(scenario, Scenario):
+        hint = (": a function of the run index is what sample_search takes; call it, or pass "
+                "a Scenario" if callable(scenario) else "")
+        raise ConfigError(f"scenario {one_line_repr(scenario, 60)}: expected a Scenario "
+                          f"(sim.scenario.default_scenario makes one){hint}")
+
+
+def check_variant_arg(variant) -> None:
+    """Refuse a ``variant`` that is no `sim.variants.Variant` (its name, say).
+
+    Raises:
+        ConfigError: one line naming the value.
+    """
+    from sim.variants import Variant
+
+    if not isinstance(variant, Variant):
+        hint = (f": sim.variants.get_variant({variant!r}) gives the variant of that name"
+                if isinstance(variant, str) else " (sim.variants.get_variant('correct'), or one "
+                "of your own)")
+        raise ConfigError(f"variant {one_line_repr(variant, 60)}: expected a Variant{hint}")
+
+
 def _checked(scenario, variant, chooser):
     """``chooser`` as the run uses it (see `_OwnChooser`); raises ConfigError naming an
     argument of the wrong kind, before the world is built."""
     from sim.strategies import PCT, Drawn, RandomWalk, Replay, Sticky
-    from sim.variants import Variant
 
-    if not isinstance(scenario, Scenario):
-        raise ConfigError(f"scenario {one_line_repr(scenario, 60)}: expected a Scenario "
-                          "(sim.scenario.default_scenario makes one)")
-    if not isinstance(variant, Variant):
-        raise ConfigError(f"variant {one_line_repr(variant, 60)}: expected a Variant (sim.variants."
-                          "get_variant('correct'), or one of your own)")
+    check_scenario(scenario)
+    check_variant_arg(variant)
     if scenario.faults:
         known = variant.fault_ops()
         for fault in scenario.faults:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import numbers
 import random
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 from lockstep.args import one_line_repr
 from protocol.buckets import DEFAULT_DECODE_BUCKETS
@@ -218,8 +218,19 @@ class Scenario:
         return replace(self, communicators=self.communicators + tuple(comms))
 
     def with_(self, **changes) -> "Scenario":
-        """A copy with fields replaced."""
+        """A copy with fields replaced.
+
+        Raises:
+            ConfigError: a name that is no field of Scenario, or a value its checks refuse.
+        """
+        unknown = [name for name in changes if name not in _SCENARIO_FIELDS]
+        if unknown:
+            raise ConfigError(f"Scenario has no field {unknown[0]!r}; its fields: "
+                              f"{', '.join(_SCENARIO_FIELDS)}")
         return replace(self, **changes)
+
+
+_SCENARIO_FIELDS = tuple(f.name for f in fields(Scenario))
 
 
 FIRST_WAVE = 9

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from lockstep.args import one_line_repr
 from protocol.errors import ConfigError
 from sim.guard import tick, watchdog
-from sim.run import RunResult, collector_off, run_schedule
+from sim.run import RunResult, check_scenario, check_variant_arg, collector_off, run_schedule
 from sim.scenario import Scenario, is_integer, is_real
 from sim.strategies import PCT, Drawn, NondeterminismError, RandomWalk
 from sim.world import World
@@ -106,9 +106,24 @@ class SearchResult:
 Acceptable = Callable[[RunResult], bool]
 
 
-def _tally(stats: SearchStats, result: RunResult, acceptable: Acceptable, progress) -> bool:
-    """Count one finished run; returns whether it was acceptable."""
+def accepted(acceptable: Acceptable, result: RunResult) -> bool:
+    """``acceptable(result)``, checked to be True or False.
+
+    Raises:
+        ConfigError: it returned anything else ("no" read as a pass), naming the value.
+    """
     ok = acceptable(result)
+    if ok is True or ok is False:
+        return ok
+    if type(ok).__name__ in ("bool", "bool_"):  # numpy 2's, numpy 1's
+        return bool(ok)
+    raise ConfigError(f"acceptable returned {one_line_repr(ok, 60)} for a run whose verdict "
+                      f"is {result.outcome.verdict}: expected True or False")
+
+
+def _tally(stats: SearchStats, result: RunResult, acceptable: Acceptable, progress) -> bool:
+    """Count one finished run; returns whether it was acceptable (`accepted`)."""
+    ok = accepted(acceptable, result)
     stats.add(result, ok)
     if progress:
         progress(1)
@@ -131,6 +146,25 @@ def check_budget(time_budget, **counts) -> None:
     if not is_real(time_budget) or not 0 < time_budget < math.inf:
         raise ConfigError(f"time_budget = {one_line_repr(time_budget, 60)}: expected a finite "
                           "number of seconds above 0")
+
+
+def check_acceptable(acceptable) -> None:
+    """Refuse an ``acceptable`` that cannot be called on a run's result.
+
+    Raises:
+        ConfigError: one line naming the value.
+    """
+    if not callable(acceptable) or isinstance(acceptable, type):
+        raise ConfigError(f"acceptable = {one_line_repr(acceptable, 60)}: expected a function "
+                          "of a RunResult returning True where the run passes, such as "
+                          "sim.check.clean_or_abort")
+
+
+def _check_scenario_for(scenario_for) -> None:
+    if isinstance(scenario_for, Scenario) or not callable(scenario_for):
+        raise ConfigError(f"scenario_for = {one_line_repr(scenario_for, 60)}: expected a "
+                          "function of the run index returning a Scenario (lambda i: scenario "
+                          "for one scenario in every run)")
 
 
 def check_flags(**flags) -> None:
@@ -187,14 +221,19 @@ def sample_search(scenario_for: Callable[[int], Scenario], variant, acceptable: 
             failing run whatever ``jobs`` is. A job that cannot be pickled (a variant or
             scenario function defined in a closure) runs serially.
     Raises:
-        ConfigError: a budget `check_budget` refuses, a strategy other than random or pct, or
-            a ``stop_on_failure`` other than True or False (`check_flags`).
+        ConfigError: a budget `check_budget` refuses, a strategy other than random or pct,
+            a ``stop_on_failure`` other than True or False (`check_flags`), a
+            ``scenario_for`` that is no function (a Scenario, say), a ``variant`` that is no
+            Variant, or an ``acceptable`` that cannot be called.
         sim.strategies.NondeterminismError: a run that failed in a worker process passed when
             run again in this one (the variant's code keeps state between runs).
     """
     check_budget(time_budget, schedules=schedules, jobs=jobs, seed=seed)
     seed = int(seed)  # a numpy seed overflowed in _chooser's arithmetic: another search
     check_flags(stop_on_failure=stop_on_failure)
+    _check_scenario_for(scenario_for)
+    check_variant_arg(variant)
+    check_acceptable(acceptable)
     if strategy not in ("random", "pct"):
         raise ConfigError(f"strategy = {strategy!r}: expected 'random' or 'pct' (exhaustive "
                           "and Hypothesis search are exhaustive_search and hypothesis_search)")
@@ -269,11 +308,16 @@ def exhaustive_search(scenario: Scenario, variant, acceptable: Acceptable,
     permutation of ranks 1..n-1 count as one.
 
     Raises:
-        ConfigError: a budget `check_budget` refuses, or a ``stop_on_failure`` or ``symmetry``
-            other than True or False (`check_flags`).
+        ConfigError: a budget `check_budget` refuses, a ``stop_on_failure`` or ``symmetry``
+            other than True or False (`check_flags`), a ``scenario`` that is no Scenario (a
+            function of the run index, say), a ``variant`` that is no Variant, or an
+            ``acceptable`` that cannot be called.
     """
     check_budget(time_budget, max_states=max_states)
     check_flags(stop_on_failure=stop_on_failure, symmetry=symmetry)
+    check_scenario(scenario)
+    check_variant_arg(variant)
+    check_acceptable(acceptable)
     stats = SearchStats()
     start = time.perf_counter()
     visited: set = set()
@@ -399,14 +443,18 @@ def hypothesis_search(scenario: Scenario, variant, acceptable: Acceptable, max_e
     the shortest failure found by then is the result.
 
     Raises:
-        ConfigError: a budget `check_budget` refuses, or a ``shrink`` other than True or False
-            (`check_flags`).
+        ConfigError: a budget `check_budget` refuses, a ``shrink`` other than True or False
+            (`check_flags`), a ``scenario`` that is no Scenario, a ``variant`` that is no
+            Variant, or an ``acceptable`` that cannot be called.
     """
     from sim.guard import paused, resumed
 
     check_budget(time_budget, max_examples=max_examples, seed=seed)
     seed = int(seed)
     check_flags(shrink=shrink)
+    check_scenario(scenario)
+    check_variant_arg(variant)
+    check_acceptable(acceptable)
     with paused():  # a slow import is not a stalled hook
         from hypothesis import HealthCheck, Phase, given, settings
         from hypothesis import seed as hseed
@@ -428,7 +476,7 @@ def hypothesis_search(scenario: Scenario, variant, acceptable: Acceptable, max_e
         chooser = Drawn(lambda n: data.draw(st.integers(0, n - 1)))
         with resumed():  # the simulator's run is watched; Hypothesis's own work is not
             result = run_schedule(scenario, variant, chooser)
-        ok = acceptable(result)
+        ok = accepted(acceptable, result)
         if not ok:  # kept before it is counted: the budget's interrupt may come in between
             failures.append(result)
         stats.add(result, ok)
@@ -492,7 +540,7 @@ def _chunk(job: _SampleJob, bounds: tuple[int, int], deadline: float):
             if result.outcome.verdict == "budget":
                 stats.add(result, True)
                 break
-            ok = job.acceptable(result)
+            ok = accepted(job.acceptable, result)
             stats.add(result, ok)
             result.world.dispose()  # only the index of a failure goes back
             ran()

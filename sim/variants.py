@@ -41,7 +41,7 @@ from protocol.keys import GraphKey
 from protocol.memory import MemoryPlan, candidate_caps
 from protocol.worker import SYNC, Worker
 from protocol.eligibility import GraphPlan
-from sim.common import EVENTS, FAULT_FIRED_EVENT, FAULT_OP_EVENT
+from sim.common import EVENTS, FAULT_FIRED_EVENT, FAULT_OP_EVENT, INVARIANTS
 from sim.devices import Kernel
 from sim.faults import FaultFamily
 from sim.headroom import HeadroomDraw
@@ -57,7 +57,7 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 """A variant name: one table cell, one file name of `--trace-out`."""
 
 VERDICTS = ("clean", "abort", "deadlock", "hang", "hang-at-exit", "divergence", "oom",
-            "startup-refused", "livelock") + tuple(f"invariant:I{n}" for n in range(1, 22))
+            "startup-refused", "livelock") + tuple(f"invariant:{i}" for i in INVARIANTS)
 """Verdicts a variant may expect."""
 
 
@@ -355,10 +355,14 @@ def load_variant_file(path: str | Path) -> list[Variant]:
     The file defines module-level `Variant` objects, or a ``VARIANTS`` list of them. Variants it
     only imports (a shipped one it derives from, say) are not re-registered.
 
+    A file loaded before is not imported again while its bytes are the same; once they
+    changed, its variants are imported again and replace the ones it registered before (a
+    notebook or a rerun test session checks the edited code).
+
     Raises:
         ConfigError: the file is missing, cannot be read, not a file or one of lockstep's own
-            modules, fails to import (SystemExit included), defines no variant, lists something that is not a
-            Variant, or reuses a name.
+            modules, fails to import (SystemExit included), defines no variant, lists something
+            that is not a Variant, or reuses a name.
     """
     if not str(path):
         raise ConfigError("variant file '': the path is empty; name a Python file")
@@ -381,8 +385,11 @@ def load_variant_file(path: str | Path) -> list[Variant]:
                           "shipped variants are registered already (`lockstep check --variant "
                           "NAME` runs one)")
     key = str(path.resolve())
-    if key in _LOADED_FILES:
-        return _LOADED_FILES[key]
+    digest = _file_digest(path)
+    loaded = _LOADED_FILES.get(key)
+    if loaded is not None and loaded[0] == digest:
+        return loaded[1]
+    earlier = {v.name for v in loaded[1]} if loaded is not None else set()
     module = _import_user_file(path, key)
     listed = getattr(module, "VARIANTS", None)
     if listed is not None:
@@ -394,22 +401,43 @@ def load_variant_file(path: str | Path) -> list[Variant]:
         found = [v for v in vars(module).values()
                  if isinstance(v, Variant) and REGISTRY.get(v.name) is not v]
     if not found:
-        raise ConfigError(f"variant file {str(path)!r} defines no Variant")
+        raise ConfigError(f"variant file {str(path)!r} defines no Variant of its own (a "
+                          "registered variant it only imports or looks up is not registered "
+                          "again; `lockstep check --variant NAME` runs a shipped one)")
     names = [v.name for v in found]
     for name in names:
         if names.count(name) > 1:
             raise ConfigError(f"variant file {str(path)!r} defines variant {name!r} twice")
-        if name in REGISTRY:
+        if name in REGISTRY and name not in earlier:
             raise ConfigError(f"variant file {str(path)!r}: variant name {name!r} is already "
                               "registered (pick another name)")
+    for name in earlier:  # the file was edited since it was loaded: its variants are replaced
+        REGISTRY.pop(name, None)
+        _ORIGIN.pop(name, None)
     for variant in found:
         register(variant)
         _ORIGIN[variant.name] = key
-    _LOADED_FILES[key] = found
+    _LOADED_FILES[key] = (digest, found)
     return found
 
 
-_LOADED_FILES: dict[str, list[Variant]] = {}
+_LOADED_FILES: dict[str, tuple[str, list[Variant]]] = {}
+"""Resolved path of each loaded variant file -> (hash of its bytes when loaded, its variants)."""
+
+
+def _file_digest(path: Path) -> str:
+    """SHA-1 of the file's bytes (one read of a small file).
+
+    Raises:
+        ConfigError: the file cannot be read.
+    """
+    import hashlib
+
+    try:
+        return hashlib.sha1(path.read_bytes()).hexdigest()
+    except OSError as exc:
+        raise ConfigError(f"variant file {str(path)!r} cannot be read: "
+                          f"{exc.strerror or exc}") from None
 
 
 def _import_user_file(path: Path, key: str):

@@ -527,3 +527,65 @@ def test_a_variant_field_whose_repr_spans_lines_is_named_on_one_line(field_name)
     shown = "array([[ 0, 1, 2, 3, 4, 5, 6, 7, 8, 9], [10, 11, 12, 13, 14, 15, 16, 17, 18, ..."
     assert len(shown) == 80
     assert message.startswith(f"variant 'mine': {field_name} is {shown}; expected "), message
+
+
+def _ok(result) -> bool:
+    return result.outcome.verdict == "clean"
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda sc: __import__("sim.check", fromlist=["x"]).check_variant(
+        CORRECT, {"ranks": 2}, "shared"),
+     "spec {'ranks': 2}: expected a CheckSpec"),
+    (lambda sc: __import__("sim.check", fromlist=["x"]).check_variant(
+        "local-bucket", __import__("sim.check", fromlist=["x"]).CheckSpec(), "shared"),
+     "variant 'local-bucket': expected a Variant: sim.variants.get_variant('local-bucket') "
+     "gives the variant of that name"),
+    (lambda sc: sample_search(sc, CORRECT, _ok, schedules=1),
+     "scenario_for = Scenario("),
+    (lambda sc: sample_search(lambda i: sc, "correct", _ok, schedules=1),
+     "variant 'correct': expected a Variant"),
+    (lambda sc: sample_search(lambda i: sc, CORRECT, None, schedules=1),
+     "acceptable = None: expected a function of a RunResult"),
+    (lambda sc: exhaustive_search(lambda i: sc, CORRECT, _ok),
+     "scenario <function"),
+    (lambda sc: exhaustive_search(sc, CORRECT, "clean"),
+     "acceptable = 'clean': expected a function"),
+    (lambda sc: hypothesis_search(lambda i: sc, CORRECT, _ok, max_examples=1),
+     "scenario <function"),
+    (lambda sc: hypothesis_search(sc, CORRECT, bool, max_examples=1),
+     "acceptable = <class 'bool'>: expected a function"),
+    (lambda sc: __import__("sim.check", fromlist=["x"]).check_coverage_reachable("x"),
+     "scenario 'x': expected a Scenario"),
+    (lambda sc: sc.with_(colour=1), "Scenario has no field 'colour'; its fields: config, "),
+])
+def test_a_search_or_check_argument_of_the_wrong_kind_is_named(call, words):
+    """A property-test writer's findings (2026-12-07): a dict as the CheckSpec gave an ``error``
+    row blaming the shipped variant, a variant's name gave AttributeError from
+    ``variant_spec``, a Scenario passed where a function of the run index goes (and the
+    reverse) a TypeError / AttributeError from deep inside, ``acceptable=None`` a TypeError at
+    the first run, and ``Scenario.with_`` a dataclass TypeError."""
+    with pytest.raises(ConfigError) as info:
+        call(default_scenario(**SMALL))
+    assert _one_line(info.value).startswith(words), info.value
+
+
+@pytest.mark.parametrize("search", ["sample", "exhaustive", "hypothesis"])
+def test_an_acceptable_that_answers_other_than_true_or_false_is_named(search):
+    """``acceptable=lambda r: "no"`` counted every run as passing."""
+    sc = default_scenario(**SMALL)
+    answer = lambda result: "no"  # noqa: E731
+    run = {"sample": lambda: sample_search(lambda i: sc, CORRECT, answer, schedules=1),
+           "exhaustive": lambda: exhaustive_search(sc, CORRECT, answer, max_states=10),
+           "hypothesis": lambda: hypothesis_search(sc, CORRECT, answer, max_examples=1)}[search]
+    with pytest.raises(ConfigError) as info:
+        run()
+    assert _one_line(info.value) == ("acceptable returned 'no' for a run whose verdict is "
+                                     "clean: expected True or False")
+
+
+def test_an_acceptable_answering_numpy_booleans_is_taken():
+    sc = default_scenario(**SMALL)
+    result = sample_search(lambda i: sc, CORRECT,
+                           lambda r: np.bool_(r.outcome.verdict == "clean"), schedules=2)
+    assert result.failure is None and result.stats.schedules == 2

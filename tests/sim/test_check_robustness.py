@@ -506,6 +506,10 @@ def _fault_on(op):
      "'verdict' is \"xxxxxxxxxxxxxxxxxxxxxxxxxxxx...: not a verdict a run ends with (clean, "),
     (lambda d: d.update(verdict=None), "'verdict' is null: not a verdict a run ends with"),
     (lambda d: d.update(model=None), "'model' is null: not 12 lowercase hex digits"),
+    # a property-test writer's findings: replayed with exit 0, and as the default buckets
+    (lambda d: d.update(invariant="I99"),
+     "'invariant' is \"I99\": not null or an invariant of docs/design.md (I1 .. I22)"),
+    (lambda d: d["scenario"].update(buckets=[]), "bad scenario in trace: buckets = []"),
     (lambda d: d.update(model=[1]), "'model' is [1]: not 12 lowercase hex digits"),
     (lambda d: d.update(model="x" * 500),
      "'model' is \"xxxxxxxxxxxxxxxxxxxxxxxxxxxx...: not 12"),

@@ -392,3 +392,28 @@ def test_the_protocol_api_page_s_loop_runs_as_written():
                  todo=[(7, (1, 2, 3), 3, frozenset())], outputs=[])
     with pytest.raises(RuntimeError, match="device lost"):
         exec(code, scope)
+
+
+@pytest.mark.timeout(300)
+def test_python_api_md_s_trace_file_fragment_replays():
+    """docs/python-api.md's "A counterexample kept in a file": a row's minimal run through
+    `to_json` and `scenario_spec`, then `replay_trace`, replays exactly; JSON round-trip
+    included, as a file would carry it."""
+    import json
+
+    from sim.check import CheckSpec, check_variant, replay_trace, scenario_spec
+    from sim.report import to_json
+    from sim.variants import NeedsTwoBuckets, get_variant
+
+    variant = get_variant("local-bucket")
+    assert isinstance(variant.unreachable, NeedsTwoBuckets)
+    spec = CheckSpec(ranks=2, buckets=(1, 2, 4, 8), max_batch=8, schedules=20, jobs=1)
+    [row] = check_variant(variant, spec, "shared")
+    assert row.passed and row.got == "divergence"
+    result = row.minimal
+    data = json.loads(json.dumps(to_json(result, variant.name,
+                                         scenario_spec(spec, "shared", result.world.scenario))))
+    replayed, departed = replay_trace(data)
+    assert departed is None
+    assert replayed.choices == result.choices
+    assert replayed.outcome.verdict == "divergence"

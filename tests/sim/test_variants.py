@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from protocol.errors import ConfigError
 from sim.check import CheckSpec, check_bad, check_correct
 from sim.variants import REGISTRY, SHIPPED, load_variant_file
 
@@ -97,6 +98,55 @@ def test_a_variant_this_process_has_is_unpickled_from_the_registry_without_its_f
     finally:
         REGISTRY.pop(variant.name, None)
         variants._ORIGIN.pop(variant.name, None)
+        variants._LOADED_FILES.pop(str(path.resolve()), None)
+
+
+def test_a_variant_file_edited_after_loading_is_loaded_again(tmp_path):
+    """A property-test writer's finding (2026-12-07): in one process, loading a file again
+    after editing it gave the old objects back, so a notebook or a rerun test session checked
+    old code. Same bytes: the same objects; edited: its variants replaced, a renamed one's old
+    name gone."""
+    import sim.variants as variants
+
+    path = tmp_path / "edited.py"
+    source = ("from dataclasses import replace\n"
+              "from sim.variants import REGISTRY\n"
+              "V = replace(REGISTRY['correct'], name='test-edited-{n}', summary='{summary}')\n")
+    path.write_text(source.format(n=1, summary="first"))
+    try:
+        [first] = load_variant_file(path)
+        assert load_variant_file(path)[0] is first
+        path.write_text(source.format(n=1, summary="second"))
+        [second] = load_variant_file(path)
+        assert second.summary == "second" and REGISTRY["test-edited-1"] is second
+        path.write_text(source.format(n=2, summary="renamed"))
+        [third] = load_variant_file(path)
+        assert third.name == "test-edited-2" and "test-edited-1" not in REGISTRY
+        assert variants._ORIGIN["test-edited-2"] == str(path.resolve())
+        assert "test-edited-1" not in variants._ORIGIN
+    finally:
+        for name in ("test-edited-1", "test-edited-2"):
+            REGISTRY.pop(name, None)
+            variants._ORIGIN.pop(name, None)
+        variants._LOADED_FILES.pop(str(path.resolve()), None)
+
+
+def test_an_edited_variant_file_that_now_fails_keeps_its_earlier_variants(tmp_path):
+    import sim.variants as variants
+
+    path = tmp_path / "breaks.py"
+    path.write_text("from dataclasses import replace\n"
+                    "from sim.variants import REGISTRY\n"
+                    "V = replace(REGISTRY['correct'], name='test-breaks-later')\n")
+    try:
+        [variant] = load_variant_file(path)
+        path.write_text("raise RuntimeError('half-edited')\n")
+        with pytest.raises(ConfigError, match="failed to import: RuntimeError: half-edited"):
+            load_variant_file(path)
+        assert REGISTRY["test-breaks-later"] is variant
+    finally:
+        REGISTRY.pop("test-breaks-later", None)
+        variants._ORIGIN.pop("test-breaks-later", None)
         variants._LOADED_FILES.pop(str(path.resolve()), None)
 
 
