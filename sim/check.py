@@ -631,12 +631,12 @@ def check_variant(variant: Variant, spec: CheckSpec, topology: str, progress=Non
         problem = exc.message
     except ConfigError as exc:
         if str(exc).startswith(f"variant {variant.name!r}: "):  # a mistake the variant's own
-            return [Row(variant.name, topology, variant.expected.get(topology, "?"), "error",
+            return [Row(variant.name, topology, variant.expected[topology], "error",
                         SearchStats(), str(exc))]                # checks name (adjust's result)
         problem = locate(exc)
     except (Exception, Stalled, SystemExit) as exc:  # noqa: BLE001 - a variant's code can
         problem = locate(exc)                         # raise anything, sys.exit included
-    return [Row(variant.name, topology, variant.expected.get(topology, "?"), "error", SearchStats(),
+    return [Row(variant.name, topology, variant.expected[topology], "error", SearchStats(),
                 describe(variant.name, problem))]
 
 

@@ -481,3 +481,38 @@ def test_the_lifecycle_rule_refuses_the_wake_before_any_memory_moves():
     assert outcome.invariant == "I15" and outcome.check == "rank:error"
     assert "AllocateKV" in outcome.detail and "allocated already" in outcome.detail
     assert all(dev.buffers["kv"].generation == 1 for dev in result.world.devices)
+
+
+def test_the_sleep_wake_model_frees_the_cache_it_allocates_again():
+    """kv-realloc-on-wake's memory: the sleep frees the KV cache's bytes and the wake takes
+    as many again, so each rank holds what it held once startup ended (a release that freed
+    nothing, or freed it twice, moved the total), and the controller's state hashing tells a
+    sleeping engine from an awake one (exhaustive search must not merge them)."""
+    from protocol.commands import AllocateKV, Finalize
+    from sim.variants_state import SleepWakeController
+
+    sc = default_scenario(topology="shared", **SMALL)
+    variant = REGISTRY["kv-realloc-on-wake"]
+    after: list[tuple[type, list[int]]] = []  # each command, and the bytes held once it ran
+    asleep: list[bool] = []
+    last = [None]
+
+    def watch(world) -> None:
+        current = world.ctrl.current
+        if current is not None and current is not last[0]:
+            if last[0] is not None:  # the command before this one has every reply
+                after.append((type(last[0]), list(world.used)))
+            last[0] = current
+        asleep.append(world.ctrl.asleep)
+
+    result = run_schedule(sc, variant, RandomWalk(0), on_state=watch)
+    assert result.outcome.invariant == "I15"
+    finalize = [used for kind, used in after if kind is Finalize]
+    wakes = [used for kind, used in after if kind is AllocateKV]
+    assert len(finalize) == 1 and len(wakes) == 2  # startup's allocation, then the wake's
+    assert wakes[-1] == finalize[0] and min(finalize[0]) > 0
+    assert True in asleep and False in asleep
+    ctrl = SleepWakeController(sc.config)
+    awake = SleepWakeController(sc.config)
+    awake.asleep = False
+    assert ctrl.fingerprint() != awake.fingerprint()
