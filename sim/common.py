@@ -174,3 +174,8 @@ def sig_text(kernel: Collective) -> str:
     mode = ", in-graph" if sig.mode == "graph" else ""
     return (f"{sig.op}{peer} #{kernel.index} on {sig.comm} ({sig.label}: {sig.count} x "
             f"{sig.nbytes} bytes{mode})")
+
+
+def command_text(command) -> str:
+    """``command N (Type)``: a protocol command as a report names it."""
+    return f"command {command.seq} ({type(command).__name__})"

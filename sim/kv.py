@@ -80,11 +80,14 @@ class ModelledKV:
 
 @dataclass
 class Buffer:
-    """One allocation: ``name``, ``generation`` (bumped by every re-allocation) and ``data``."""
+    """One allocation: ``name``, ``generation`` (bumped by every re-allocation), ``data``, and
+    ``by``: the command that allocated it (``"command 77 (AllocateKV)"``), or "" for the
+    world's own allocations before any command."""
 
     name: str
     generation: int
     data: Any = field(default=None, compare=False)
+    by: str = field(default="", compare=False)
 
     @property
     def ref(self) -> tuple[str, int]:

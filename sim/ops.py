@@ -42,7 +42,8 @@ from protocol.backend import (
 from protocol.commands import Step
 from protocol.errors import ConfigError
 from protocol.keys import SHORT, GraphKey
-from sim.common import BLOCKED, DONE, PROGRESS, Collective, Outcome, SimFault, Signature
+from sim.common import (BLOCKED, DONE, PROGRESS, Collective, Outcome, SimFault, Signature,
+                        command_text)
 from sim.comms import pairing_key
 from sim.devices import (
     CAPTURED,
@@ -717,12 +718,13 @@ class ModelledBackend:
         live = self.world.devices[r].buffers
         for name, generation in graph.buffers:
             if live[name].generation != generation:
+                who = live[name].by or "a later allocation"
                 self.world.outcome = Outcome(
                     "invariant", f"I15 violated: rank {r} replays {graph.key} in command "
                     f"{host.cmd.seq}, which captured {name} generation {generation}, but "
-                    f"{name} was re-allocated since (live generation {live[name].generation}): "
-                    "the replay reads and writes freed memory", "I15", rank=r, step=host.cmd.seq,
-                    check="replay-of-freed-buffer")
+                    f"{who} re-allocated {name} since (live generation "
+                    f"{live[name].generation}): the replay reads and writes freed memory",
+                    "I15", rank=r, step=host.cmd.seq, check="replay-of-freed-buffer")
                 return False
         return True
 
@@ -745,7 +747,8 @@ class ModelledBackend:
             return status
         self.alloc(r, (pages + 1) * self.world.config.kv_page_bytes, f"KV cache of {pages} pages")
         cfg = self.world.config
-        self.world.devices[r].allocate("kv", PagedKV(cfg.max_batch + 1, pages, cfg.page_size))
+        self.world.devices[r].allocate("kv", PagedKV(cfg.max_batch + 1, pages, cfg.page_size),
+                                       by=command_text(host.cmd))
         return self.done(host)
 
     def prefill(self, r: int, host: Host, admits, chunk=None) -> int:

@@ -15,7 +15,7 @@ from protocol.backend import SYNC, EnqueueSample, Op, PrepareReplay, ReadTokens,
 from protocol.commands import AllocateKV, DecodeRow, DecodeRows, Step
 from protocol.controller import Controller
 from protocol.worker import Worker
-from sim.common import DONE
+from sim.common import DONE, command_text
 from sim.devices import EagerDecode, WriteReplayMeta
 from sim.kv import PAD_REQUEST
 from sim.faults import FaultFamily
@@ -105,7 +105,7 @@ def _sim_reset_kv(backend, r, host, op, probe):
     if status != DONE or probe:
         return status
     dev = backend.world.devices[r]
-    dev.allocate("kv", dev.live("kv").empty_like())
+    dev.allocate("kv", dev.live("kv").empty_like(), by=command_text(host.cmd))
     return backend.done(host)
 
 

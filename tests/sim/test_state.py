@@ -2,6 +2,7 @@
 next token reads, padding rows on the scratch slot, buffers with generations that graphs
 capture, and direct invariants checked at the step where they break."""
 
+import re
 from dataclasses import replace
 
 import pytest
@@ -72,6 +73,7 @@ def test_replay_over_a_reallocated_kv_cache_is_i14_and_computes_from_stale_memor
     variant = REGISTRY["kv-realloc-under-graphs"]
     outcome = run_schedule(sc, variant, RandomWalk(0)).outcome
     assert outcome.invariant == "I15" and "generation 1" in outcome.detail
+    assert re.search(r"but command \d+ \(Finalize\) re-allocated kv since", outcome.detail)
     assert outcome.rank is not None and outcome.step is not None
     monkeypatch.setattr(ModelledBackend, "live_buffers", lambda self, r, host, graph: True)
     outcome = run_schedule(sc, variant, RandomWalk(0)).outcome
@@ -458,6 +460,8 @@ def test_a_wake_that_reallocates_the_kv_cache_replays_freed_memory(monkeypatch):
     outcome = run_schedule(sc, variant, RandomWalk(0)).outcome
     assert outcome.invariant == "I15" and outcome.check == "replay-of-freed-buffer"
     assert "kv generation 1" in outcome.detail and "live generation 2" in outcome.detail
+    wake = re.search(r"but command (\d+) \(AllocateKV\) re-allocated kv since", outcome.detail)
+    assert wake and int(wake.group(1)) < outcome.step
     monkeypatch.setattr(ModelledBackend, "live_buffers", lambda self, r, host, graph: True)
     outcome = run_schedule(sc, variant, RandomWalk(0)).outcome
     assert outcome.invariant == "I21" and outcome.check == "decode-row-past-cache"
