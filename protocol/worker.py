@@ -158,28 +158,31 @@ class Worker:
     def check_lifecycle(self, command: Command) -> None:
         """Refuse a command this rank's lifecycle has passed: the KV cache is allocated once
         (I15: a second `AllocateKV` would replace the cache every captured graph reads), no
-        startup command runs once Finalize made the rank serve (I3: serving never captures,
-        measures, warms up or allocates), and nothing runs after `Teardown`.
+        other startup command runs once Finalize made the rank serve (I3: serving never
+        captures, measures, warms up or profiles), and nothing runs after `Teardown`.
 
         A sleep/wake cycle that re-allocates the KV cache under graphs captured before it is the
-        bug this refuses (ROCm/ATOM PR #2267; vllm-project/vllm PR #53197); the simulator's
-        variant `kv-realloc-on-wake` shows what it does where nothing refuses it.
+        bug this refuses (vllm-project/vllm PR #53197, where the wake rebuilt tensors a captured
+        graph reads); the simulator's variant `kv-realloc-on-wake` shows what it does where
+        nothing refuses it.
 
         Raises:
-            ProtocolError: naming the command, the rank and the rule (``invariant`` I3 or I15).
+            ProtocolError: naming the command and the rank; ``invariant`` I15 for a second
+                AllocateKV, I3 for another startup command after Finalize, None after Teardown.
         """
-        what = type(command).__name__
         if self.torn_down:
-            raise ProtocolError(f"rank {self.rank}: {what} (command {command.seq}) after "
-                                "Teardown; a torn-down rank runs nothing")
+            raise ProtocolError(f"rank {self.rank}: {type(command).__name__} (command "
+                                f"{command.seq}) after Teardown; a torn-down rank runs nothing")
+        if not isinstance(command, STARTUP_COMMANDS):
+            return
         if isinstance(command, AllocateKV) and self.pages is not None:
             raise ProtocolError(f"rank {self.rank}: AllocateKV (command {command.seq}) but the KV "
                                 "cache is allocated already; a second allocation would replace "
                                 "the cache the captured graphs read (I15)", invariant="I15")
-        if self.serving and isinstance(command, STARTUP_COMMANDS):
-            raise ProtocolError(f"rank {self.rank}: {what} (command {command.seq}) after "
-                                "Finalize; a serving rank runs no startup command (I3)",
-                                invariant="I3")
+        if self.serving:
+            raise ProtocolError(f"rank {self.rank}: {type(command).__name__} (command "
+                                f"{command.seq}) after Finalize; a serving rank runs no startup "
+                                "command (I3)", invariant="I3")
 
     def ops_for_other(self, command: Command) -> list[Op]:
         """Hook for a variant's own command types; the protocol has none, so this raises.

@@ -233,11 +233,11 @@ class Device:
         """Host buffer 0 of the sampled ids (the only one without overlapped scheduling)."""
         return self.host_ids[0]
 
-    def allocate(self, name: str, data, by: str = "") -> Buffer:
+    def allocate(self, name: str, data, by: str = "", nbytes: int = 0) -> Buffer:
         """A new live buffer ``name`` holding ``data``, one generation past the previous one;
-        ``by`` names the command that allocates it (`Buffer.by`)."""
+        ``by`` names the command that allocates it, ``nbytes`` its size (`Buffer`)."""
         old = self.buffers.get(name)
-        buffer = Buffer(name, old.generation + 1 if old else 0, data, by)
+        buffer = Buffer(name, old.generation + 1 if old else 0, data, by, nbytes)
         self.buffers[name] = buffer
         self.allocations[buffer.ref] = buffer
         return buffer

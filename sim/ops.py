@@ -745,10 +745,11 @@ class ModelledBackend:
         status = self.locked(r, host, quiesce=True, probe=probe)
         if status != DONE or probe:
             return status
-        self.alloc(r, (pages + 1) * self.world.config.kv_page_bytes, f"KV cache of {pages} pages")
+        nbytes = (pages + 1) * self.world.config.kv_page_bytes
+        self.alloc(r, nbytes, f"KV cache of {pages} pages")
         cfg = self.world.config
         self.world.devices[r].allocate("kv", PagedKV(cfg.max_batch + 1, pages, cfg.page_size),
-                                       by=command_text(host.cmd))
+                                       by=command_text(host.cmd), nbytes=nbytes)
         return self.done(host)
 
     def prefill(self, r: int, host: Host, admits, chunk=None) -> int:

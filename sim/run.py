@@ -133,12 +133,12 @@ def check_variant_arg(variant) -> None:
     Raises:
         ConfigError: one line naming the value.
     """
-    from sim.variants import Variant
+    from sim.variants import REGISTRY, Variant
 
     if not isinstance(variant, Variant):
         hint = (f": sim.variants.get_variant({variant!r}) gives the variant of that name"
-                if isinstance(variant, str) else " (sim.variants.get_variant('correct'), or one "
-                "of your own)")
+                if isinstance(variant, str) and variant in REGISTRY else
+                " (sim.variants.get_variant('correct'), or one of your own)")
         raise ConfigError(f"variant {one_line_repr(variant, 60)}: expected a Variant{hint}")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import numbers
 import random
+import sys
 from dataclasses import dataclass, field, fields, replace
 
 from lockstep.args import one_line_repr
@@ -122,10 +123,27 @@ class MemoryModel:
 
 @dataclass(frozen=True)
 class Arrival:
-    """``request`` is submitted once the controller has issued ``after_step`` serving steps."""
+    """``request`` is submitted once the controller has issued ``after_step`` serving steps,
+    or earlier, as soon as it has nothing to do (`sim.world.World` submits the next arrival to
+    an idle controller); ``after_step`` `AFTER_IDLE` means only then."""
 
     after_step: int
     request: Request
+
+
+AFTER_IDLE = sys.maxsize
+"""An `Arrival.after_step` no run reaches: the request comes once the controller is idle."""
+
+
+def in_rounds(scenario: "Scenario") -> "Scenario":
+    """``scenario`` with its workload served in rounds, as a rollout loop drives an engine: the
+    requests of the first serving step form the first round, and each later one arrives only
+    once every request before it has finished (`AFTER_IDLE`), so the engine goes idle between
+    rounds."""
+    first = min((a.after_step for a in scenario.workload), default=0)
+    return scenario.with_(workload=tuple(
+        a if a.after_step == first else replace(a, after_step=AFTER_IDLE)
+        for a in scenario.workload))
 
 
 @dataclass(frozen=True)

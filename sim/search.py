@@ -106,6 +106,12 @@ class SearchResult:
 Acceptable = Callable[[RunResult], bool]
 
 
+def is_bool(value) -> bool:
+    """True for True and False, numpy's booleans included (type name ``bool`` in numpy 2,
+    ``bool_`` in numpy 1)."""
+    return isinstance(value, bool) or type(value).__name__ in ("bool", "bool_")
+
+
 def accepted(acceptable: Acceptable, result: RunResult) -> bool:
     """``acceptable(result)``, checked to be True or False.
 
@@ -115,7 +121,7 @@ def accepted(acceptable: Acceptable, result: RunResult) -> bool:
     ok = acceptable(result)
     if ok is True or ok is False:
         return ok
-    if type(ok).__name__ in ("bool", "bool_"):  # numpy 2's, numpy 1's
+    if is_bool(ok):
         return bool(ok)
     raise ConfigError(f"acceptable returned {one_line_repr(ok, 60)} for a run whose verdict "
                       f"is {result.outcome.verdict}: expected True or False")
@@ -157,7 +163,7 @@ def check_acceptable(acceptable) -> None:
     if not callable(acceptable) or isinstance(acceptable, type):
         raise ConfigError(f"acceptable = {one_line_repr(acceptable, 60)}: expected a function "
                           "of a RunResult returning True where the run passes, such as "
-                          "sim.check.clean_or_abort")
+                          "sim.check.CLEAN_OR_ABORT")
 
 
 def _check_scenario_for(scenario_for) -> None:
@@ -176,7 +182,7 @@ def check_flags(**flags) -> None:
         ConfigError: one line naming the argument and the value.
     """
     for name, value in flags.items():
-        if not (isinstance(value, bool) or type(value).__name__ in ("bool", "bool_")):  # numpy's
+        if not is_bool(value):
             raise ConfigError(f"{name} = {one_line_repr(value)}: expected True or False")
 
 

@@ -356,8 +356,9 @@ def load_variant_file(path: str | Path) -> list[Variant]:
     only imports (a shipped one it derives from, say) are not re-registered.
 
     A file loaded before is not imported again while its bytes are the same; once they
-    changed, its variants are imported again and replace the ones it registered before (a
-    notebook or a rerun test session checks the edited code).
+    changed, the variants it registered before are dropped and it is imported again (a
+    notebook or a rerun test session checks the edited code; an edit that fails to import
+    leaves none of its variants, as a worker process importing the file would find it).
 
     Raises:
         ConfigError: the file is missing, cannot be read, not a file or one of lockstep's own
@@ -390,6 +391,11 @@ def load_variant_file(path: str | Path) -> list[Variant]:
     if loaded is not None and loaded[0] == digest:
         return loaded[1]
     earlier = {v.name for v in loaded[1]} if loaded is not None else set()
+    if earlier:  # edited since it was loaded: what it defined before goes, whatever it now does
+        del _LOADED_FILES[key]
+        for name in earlier:
+            REGISTRY.pop(name, None)
+            _ORIGIN.pop(name, None)
     module = _import_user_file(path, key)
     listed = getattr(module, "VARIANTS", None)
     if listed is not None:
@@ -408,12 +414,9 @@ def load_variant_file(path: str | Path) -> list[Variant]:
     for name in names:
         if names.count(name) > 1:
             raise ConfigError(f"variant file {str(path)!r} defines variant {name!r} twice")
-        if name in REGISTRY and name not in earlier:
+        if name in REGISTRY:
             raise ConfigError(f"variant file {str(path)!r}: variant name {name!r} is already "
                               "registered (pick another name)")
-    for name in earlier:  # the file was edited since it was loaded: its variants are replaced
-        REGISTRY.pop(name, None)
-        _ORIGIN.pop(name, None)
     for variant in found:
         register(variant)
         _ORIGIN[variant.name] = key

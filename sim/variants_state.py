@@ -18,6 +18,7 @@ from protocol.worker import Worker
 from sim.common import DONE, command_text
 from sim.devices import EagerDecode, WriteReplayMeta
 from sim.kv import PAD_REQUEST
+from sim.scenario import in_rounds
 from sim.faults import FaultFamily
 from sim.variants import Variant, register
 
@@ -105,7 +106,8 @@ def _sim_reset_kv(backend, r, host, op, probe):
     if status != DONE or probe:
         return status
     dev = backend.world.devices[r]
-    dev.allocate("kv", dev.live("kv").empty_like(), by=command_text(host.cmd))
+    dev.allocate("kv", dev.live("kv").empty_like(), by=command_text(host.cmd),
+                 nbytes=dev.buffers["kv"].nbytes)
     return backend.done(host)
 
 
@@ -135,23 +137,26 @@ register(Variant(
 
 
 class SleepWakeController(Controller):
-    """Drives the engine as an RL rollout loop does: whenever nothing is queued, live or
-    unread (right after startup too) the engine sleeps, releasing its KV cache, and the next
-    round's first step is preceded by a wake that allocates the cache again (`AllocateKV`,
-    the same size)."""
+    """Drives the engine as an RL rollout loop does: it serves the first round straight after
+    startup; once a round's last request has left (nothing live, retiring, chunking or
+    unread) the engine has slept, its KV cache released, and the next round's first step is
+    preceded by a wake that allocates the cache again (`AllocateKV`, the same size)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.asleep = True
+        self.woke = False  # the wake of the current idle spell was sent
 
     def fingerprint(self) -> tuple:
-        return super().fingerprint() + (self.asleep,)
+        return super().fingerprint() + (self.woke,)
 
     def _next_step(self):
-        if not self.has_work():
-            self.asleep = True
-        elif self.asleep:
-            self.asleep = False
+        idle = self._steps > 0 and not (self.slots.requests() or self._to_retire
+                                        or self._chunking is not None
+                                        or self._unread is not None)
+        if not idle:
+            self.woke = False
+        elif self.pending and not self.woke:
+            self.woke = True
             self.seq += 1
             memory = self.memory
             return AllocateKV(self.seq, memory.kv_pages if memory else 0,
@@ -174,7 +179,7 @@ def _sim_release_kv(backend, r, host, op, probe):
     if status != DONE or probe:
         return status
     world = backend.world
-    world.used[r] -= (world.workers[r].pages.num_pages + 1) * world.config.kv_page_bytes
+    world.used[r] -= world.devices[r].buffers["kv"].nbytes
     return backend.done(host)
 
 
@@ -194,19 +199,20 @@ class WakeReallocWorker(Worker):
 
 register(Variant(
     name="kv-realloc-on-wake",
-    summary="the engine sleeps whenever it is idle, releasing its KV cache, and the wake "
-            "before the next round allocates a new one, while the decode graphs captured at "
-            "startup keep the old cache's addresses",
-    source="vllm-project/vllm PR #53197 (the KV-cache wake-up rebuilt tensors a captured "
-           "graph reads: illegal address on the first request after wake); ROCm/ATOM PR "
-           "#2267 (a wake re-sized the KV pool behind the scheduler's back)",
+    summary="the workload comes in rounds; between rounds the idle engine sleeps, releasing "
+            "its KV cache, and the wake before the next round allocates a new one, while the "
+            "decode graphs captured at startup keep the old cache's addresses",
+    source="vllm-project/vllm PR #53197 (a KV-cache wake-up rebuilt tensors that a captured "
+           "decode graph reads, at new addresses: an illegal address on the first request "
+           "after the wake; there block-table metadata, here the cache itself); ROCm/ATOM PR "
+           "#2267 (the KV pool allocated anew, and re-sized, at a wake)",
     expected={"shared": "invariant:I15", "per-rank": "invariant:I15"},
     remedy="A rank allocates its KV cache once, before capture, and refuses a second "
            "AllocateKV, and every other startup command once serving (Worker.check_lifecycle: "
-           "I15, I3); an engine that must sleep keeps the cache's addresses or recaptures "
-           "under the startup barrier.",
+           "I15, I3). An engine that must give memory back while idle keeps the cache's "
+           "addresses (its pages unmapped and mapped again in place), so the graphs stay valid.",
     controller_cls=SleepWakeController, worker_cls=WakeReallocWorker,
-    sim_ops={ReleaseKV: _sim_release_kv}))
+    adjust=in_rounds, sim_ops={ReleaseKV: _sim_release_kv}))
 
 
 # -- no-liveness ----------------------------------------------------------------------------------

@@ -65,8 +65,9 @@ def test_a_torn_down_rank_runs_nothing(command):
     w = _worker()
     w.ops_for(Teardown(2))
     w.reply(Teardown(2), [None, None, None])
-    with pytest.raises(ProtocolError, match=r"after Teardown; a torn-down rank runs nothing"):
+    with pytest.raises(ProtocolError, match=r"after Teardown; a torn-down rank runs nothing") as info:
         w.ops_for(command)
+    assert info.value.invariant is None
 
 
 def test_the_correct_controller_never_meets_the_rule():

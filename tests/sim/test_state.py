@@ -454,14 +454,20 @@ def test_a_clean_run_s_trace_marks_every_event_ok_and_the_watchdog_s_arming():
 def test_a_wake_that_reallocates_the_kv_cache_replays_freed_memory(monkeypatch):
     """kv-realloc-on-wake: the sleep/wake's second AllocateKV, taken by a worker without the
     lifecycle rule, leaves the startup graphs on the freed cache (I15, at the first replay);
-    without that direct check the stale cache still shows in the tokens."""
-    sc = default_scenario(topology="shared", **SMALL)
+    without that direct check the stale cache still shows in the tokens. The first round
+    replays the same graphs on the cache they captured, and is served."""
     variant = REGISTRY["kv-realloc-on-wake"]
-    outcome = run_schedule(sc, variant, RandomWalk(0)).outcome
+    sc = variant.scenario(default_scenario(topology="shared", **SMALL))
+    result = run_schedule(sc, variant, RandomWalk(0))
+    outcome = result.outcome
     assert outcome.invariant == "I15" and outcome.check == "replay-of-freed-buffer"
     assert "kv generation 1" in outcome.detail and "live generation 2" in outcome.detail
     wake = re.search(r"but command (\d+) \(AllocateKV\) re-allocated kv since", outcome.detail)
     assert wake and int(wake.group(1)) < outcome.step
+    before = [e for e in result.world.trace if e.seq is not None and e.seq < int(wake.group(1))]
+    assert any(e.kind == "op" and e.what == "launch" and e.detail.startswith("decode")
+               for e in before)  # serving replays before the wake
+    assert result.world.ctrl.finished  # the first round's requests finished
     monkeypatch.setattr(ModelledBackend, "live_buffers", lambda self, r, host, graph: True)
     outcome = run_schedule(sc, variant, RandomWalk(0)).outcome
     assert outcome.invariant == "I21" and outcome.check == "decode-row-past-cache"
@@ -475,8 +481,9 @@ def test_a_wake_that_reallocates_the_kv_cache_replays_freed_memory(monkeypatch):
 def test_the_lifecycle_rule_refuses_the_wake_before_any_memory_moves():
     """The same sleep/wake controller against the protocol's own worker: every rank refuses
     the second AllocateKV (I15, from the rank's reply), and no buffer was re-allocated."""
+    from sim.scenario import in_rounds
     from sim.variants_state import SleepWakeController
-    sc = default_scenario(topology="shared", **SMALL)
+    sc = in_rounds(default_scenario(topology="shared", **SMALL))
     variant = Variant(name="wake-against-the-rule", summary="test", source="test",
                       expected={"shared": "clean", "per-rank": "clean"},
                       controller_cls=SleepWakeController)
@@ -490,15 +497,16 @@ def test_the_lifecycle_rule_refuses_the_wake_before_any_memory_moves():
 def test_the_sleep_wake_model_frees_the_cache_it_allocates_again():
     """kv-realloc-on-wake's memory: the sleep frees the KV cache's bytes and the wake takes
     as many again, so each rank holds what it held once startup ended (a release that freed
-    nothing, or freed it twice, moved the total), and the controller's state hashing tells a
-    sleeping engine from an awake one (exhaustive search must not merge them)."""
+    nothing, or freed it twice, moved the total); the wake comes between rounds, after the
+    first round's steps; and the controller's state hashing tells an idle spell whose wake
+    was sent from one whose was not (exhaustive search must not merge them)."""
     from protocol.commands import AllocateKV, Finalize
     from sim.variants_state import SleepWakeController
 
-    sc = default_scenario(topology="shared", **SMALL)
     variant = REGISTRY["kv-realloc-on-wake"]
+    sc = variant.scenario(default_scenario(topology="shared", **SMALL))
     after: list[tuple[type, list[int]]] = []  # each command, and the bytes held once it ran
-    asleep: list[bool] = []
+    woke: list[bool] = []
     last = [None]
 
     def watch(world) -> None:
@@ -507,7 +515,7 @@ def test_the_sleep_wake_model_frees_the_cache_it_allocates_again():
             if last[0] is not None:  # the command before this one has every reply
                 after.append((type(last[0]), list(world.used)))
             last[0] = current
-        asleep.append(world.ctrl.asleep)
+        woke.append(world.ctrl.woke)
 
     result = run_schedule(sc, variant, RandomWalk(0), on_state=watch)
     assert result.outcome.invariant == "I15"
@@ -515,8 +523,20 @@ def test_the_sleep_wake_model_frees_the_cache_it_allocates_again():
     wakes = [used for kind, used in after if kind is AllocateKV]
     assert len(finalize) == 1 and len(wakes) == 2  # startup's allocation, then the wake's
     assert wakes[-1] == finalize[0] and min(finalize[0]) > 0
-    assert True in asleep and False in asleep
+    assert True in woke and False in woke
     ctrl = SleepWakeController(sc.config)
-    awake = SleepWakeController(sc.config)
-    awake.asleep = False
-    assert ctrl.fingerprint() != awake.fingerprint()
+    woken = SleepWakeController(sc.config)
+    woken.woke = True
+    assert ctrl.fingerprint() != woken.fingerprint()
+
+
+def test_in_rounds_keeps_the_first_wave_and_sends_the_rest_when_idle():
+    from sim.scenario import AFTER_IDLE, in_rounds
+
+    sc = default_scenario(topology="shared", **SMALL)
+    rounds = in_rounds(sc).workload
+    assert [a.request for a in rounds] == [a.request for a in sc.workload]
+    first = min(a.after_step for a in sc.workload)
+    assert {a.after_step for a in rounds} == {first, AFTER_IDLE}
+    assert all((a.after_step == first) == (b.after_step == first)
+               for a, b in zip(rounds, sc.workload))

@@ -131,7 +131,10 @@ def test_a_variant_file_edited_after_loading_is_loaded_again(tmp_path):
         variants._LOADED_FILES.pop(str(path.resolve()), None)
 
 
-def test_an_edited_variant_file_that_now_fails_keeps_its_earlier_variants(tmp_path):
+def test_an_edited_variant_file_that_now_fails_leaves_none_of_its_variants(tmp_path):
+    """A reviewer's finding: keeping the earlier variants after a failed reload left them
+    registered in this process while worker processes, which import the file by path, failed
+    on it (a parallel search raised WorkerError)."""
     import sim.variants as variants
 
     path = tmp_path / "breaks.py"
@@ -143,7 +146,12 @@ def test_an_edited_variant_file_that_now_fails_keeps_its_earlier_variants(tmp_pa
         path.write_text("raise RuntimeError('half-edited')\n")
         with pytest.raises(ConfigError, match="failed to import: RuntimeError: half-edited"):
             load_variant_file(path)
-        assert REGISTRY["test-breaks-later"] is variant
+        assert "test-breaks-later" not in REGISTRY and variant.name == "test-breaks-later"
+        assert "test-breaks-later" not in variants._ORIGIN
+        path.write_text("from dataclasses import replace\n"
+                        "from sim.variants import REGISTRY\n"
+                        "V = replace(REGISTRY['correct'], name='test-breaks-later')\n")
+        assert load_variant_file(path)[0].name == "test-breaks-later"  # mended: loads again
     finally:
         REGISTRY.pop("test-breaks-later", None)
         variants._ORIGIN.pop("test-breaks-later", None)
