@@ -749,7 +749,8 @@ class ModelledBackend:
         self.alloc(r, nbytes, f"KV cache of {pages} pages")
         cfg = self.world.config
         self.world.devices[r].allocate("kv", PagedKV(cfg.max_batch + 1, pages, cfg.page_size),
-                                       by=command_text(host.cmd), nbytes=nbytes)
+                                       by=command_text(host.cmd) if host.cmd else "",
+                                       nbytes=nbytes)
         return self.done(host)
 
     def prefill(self, r: int, host: Host, admits, chunk=None) -> int:

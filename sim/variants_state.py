@@ -106,7 +106,8 @@ def _sim_reset_kv(backend, r, host, op, probe):
     if status != DONE or probe:
         return status
     dev = backend.world.devices[r]
-    dev.allocate("kv", dev.live("kv").empty_like(), by=command_text(host.cmd),
+    dev.allocate("kv", dev.live("kv").empty_like(),
+                 by=command_text(host.cmd) if host.cmd else "",
                  nbytes=dev.buffers["kv"].nbytes)
     return backend.done(host)
 
