@@ -113,8 +113,10 @@ def check_i4_capture_barrier(events: Sequence[TraceEvent],
             launched.add(first)
             missing = every - uploaded.get(e.detail, _NONE)
             if missing:
+                itself = (" (itself included: a first launch without an upload uploads "
+                          "implicitly)" if e.rank in missing else "")
                 return Violation("I4", f"rank {e.rank} launched graph {e.detail} (command {e.seq}) before "
-                              f"rank(s) {sorted(missing)} had uploaded it", e.rank, e.seq,
+                              f"rank(s) {sorted(missing)} had uploaded it{itself}", e.rank, e.seq,
                                  "launched-before-upload", e)
     return None
 

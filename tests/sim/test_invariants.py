@@ -112,3 +112,18 @@ def test_a_reply_that_skips_the_wait_for_the_previous_step_is_i11():
     assert "I11" in names(events)
     waited = events[:5] + [data_op(1, "await_step", 1, (0,)), reply(1, 1)]
     assert "I11" not in names(waited)
+
+
+def test_an_i4_launch_before_its_own_upload_says_the_launch_uploads_implicitly():
+    """A fresh user read "rank 0 launched ... before rank(s) [0, 1] had uploaded it" as
+    confusing: rank 0 is among the ranks it launched before. The text now says why, and only
+    where the launching rank is among them."""
+    from protocol.invariants import check_i4_capture_barrier
+
+    own = check_i4_capture_barrier([op(1, "upload", 0, "decode@8"), op(0, "launch", 0, "decode@8"),
+                                    op(0, "upload", 0, "decode@8")])
+    assert own.text.endswith("before rank(s) [0] had uploaded it (itself included: a first "
+                             "launch without an upload uploads implicitly)")
+    peer = check_i4_capture_barrier([op(0, "upload", 0, "decode@8"), op(0, "launch", 0, "decode@8"),
+                                     op(1, "upload", 0, "decode@8")])
+    assert peer.text.endswith("before rank(s) [1] had uploaded it")
