@@ -497,9 +497,10 @@ def test_the_lifecycle_rule_refuses_the_wake_before_any_memory_moves():
 def test_the_sleep_wake_model_frees_the_cache_it_allocates_again():
     """kv-realloc-on-wake's memory: the sleep frees the KV cache's bytes and the wake takes
     as many again, so each rank holds what it held once startup ended (a release that freed
-    nothing, or freed it twice, moved the total); the wake comes between rounds, after the
-    first round's steps; and the controller's state hashing tells an idle spell whose wake
-    was sent from one whose was not (exhaustive search must not merge them)."""
+    nothing, or freed it twice, moved the total); the wake comes between rounds, when no
+    request holds a slot, as the next command in sequence; and the controller's state hashing
+    tells an idle spell whose wake was sent from one whose was not (exhaustive search must not
+    merge them)."""
     from protocol.commands import AllocateKV, Finalize
     from sim.variants_state import SleepWakeController
 
@@ -507,6 +508,8 @@ def test_the_sleep_wake_model_frees_the_cache_it_allocates_again():
     sc = variant.scenario(default_scenario(topology="shared", **SMALL))
     after: list[tuple[type, list[int]]] = []  # each command, and the bytes held once it ran
     woke: list[bool] = []
+    seqs: list[int] = []
+    live_at_wake: list[tuple] = []
     last = [None]
 
     def watch(world) -> None:
@@ -515,6 +518,9 @@ def test_the_sleep_wake_model_frees_the_cache_it_allocates_again():
             if last[0] is not None:  # the command before this one has every reply
                 after.append((type(last[0]), list(world.used)))
             last[0] = current
+            seqs.append(current.seq)
+            if isinstance(current, AllocateKV) and world.ctrl.serving:
+                live_at_wake.append(world.ctrl.slots.requests())
         woke.append(world.ctrl.woke)
 
     result = run_schedule(sc, variant, RandomWalk(0), on_state=watch)
@@ -524,6 +530,8 @@ def test_the_sleep_wake_model_frees_the_cache_it_allocates_again():
     assert len(finalize) == 1 and len(wakes) == 2  # startup's allocation, then the wake's
     assert wakes[-1] == finalize[0] and min(finalize[0]) > 0
     assert True in woke and False in woke
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))  # the wake is one command more
+    assert live_at_wake == [()]  # between rounds: no request holds a slot
     ctrl = SleepWakeController(sc.config)
     woken = SleepWakeController(sc.config)
     woken.woke = True
