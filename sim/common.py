@@ -97,6 +97,9 @@ class Outcome:
             shrinks into another rule's failure of the same invariant (I11 has four checks).
         at: for a rule the trace checker found after the run ended, the index in the run's
             trace of the event that broke it (the run went on past it); None otherwise.
+        cause: the command that made the state the failure reads (the re-allocation under a
+            graph that I15 flags at a later replay), when it comes before the failing step;
+            the story shows its events even where its window would leave them out.
     """
 
     verdict: str
@@ -107,6 +110,7 @@ class Outcome:
     step: int | None = None
     check: str = ""
     at: int | None = None
+    cause: int | None = None
 
     def __post_init__(self):
         if self.verdict not in OUTCOME_VERDICTS:

@@ -233,7 +233,7 @@ class Device:
         """Host buffer 0 of the sampled ids (the only one without overlapped scheduling)."""
         return self.host_ids[0]
 
-    def allocate(self, name: str, data, by: str = "", nbytes: int = 0) -> Buffer:
+    def allocate(self, name: str, data, by=None, nbytes: int = 0) -> Buffer:
         """A new live buffer ``name`` holding ``data``, one generation past the previous one;
         ``by`` names the command that allocates it, ``nbytes`` its size (`Buffer`)."""
         old = self.buffers.get(name)

@@ -81,14 +81,14 @@ class ModelledKV:
 @dataclass
 class Buffer:
     """One allocation: ``name``, ``generation`` (bumped by every re-allocation), ``data``, and
-    ``by``: the command that allocated it (``"command 77 (AllocateKV)"``), or "" for the
-    world's own allocations before any command; ``nbytes``: the device memory it takes, where
-    the memory model counts it (the KV cache), else 0."""
+    ``by``: the command that allocated it, or None for the world's own allocations before
+    any command; ``nbytes``: the device memory it takes, where the memory model counts it (the
+    KV cache), else 0."""
 
     name: str
     generation: int
     data: Any = field(default=None, compare=False)
-    by: str = field(default="", compare=False)
+    by: Any = field(default=None, compare=False)
     nbytes: int = field(default=0, compare=False)
 
     @property

@@ -718,13 +718,15 @@ class ModelledBackend:
         live = self.world.devices[r].buffers
         for name, generation in graph.buffers:
             if live[name].generation != generation:
-                who = live[name].by or "a later allocation"
+                by = live[name].by
+                who = command_text(by) if by is not None else "a later allocation"
                 self.world.outcome = Outcome(
                     "invariant", f"I15 violated: rank {r} replays {graph.key} in command "
                     f"{host.cmd.seq}, which captured {name} generation {generation}, but "
                     f"{who} re-allocated {name} since (live generation "
                     f"{live[name].generation}): the replay reads and writes freed memory",
-                    "I15", rank=r, step=host.cmd.seq, check="replay-of-freed-buffer")
+                    "I15", rank=r, step=host.cmd.seq, check="replay-of-freed-buffer",
+                    cause=by.seq if by is not None else None)
                 return False
         return True
 
@@ -749,8 +751,7 @@ class ModelledBackend:
         self.alloc(r, nbytes, f"KV cache of {pages} pages")
         cfg = self.world.config
         self.world.devices[r].allocate("kv", PagedKV(cfg.max_batch + 1, pages, cfg.page_size),
-                                       by=command_text(host.cmd) if host.cmd else "",
-                                       nbytes=nbytes)
+                                       by=host.cmd, nbytes=nbytes)
         return self.done(host)
 
     def prefill(self, r: int, host: Host, admits, chunk=None) -> int:

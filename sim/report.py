@@ -62,6 +62,12 @@ def _is_story_event(e: TraceEvent) -> bool:
     return e.kind != "kernel" and not (e.kind == "op" and e.what in NOISY_OPS)
 
 
+def _told_step(outcome) -> int | None:
+    """The command whose events the story must show besides its tail: the failure's cause
+    where it names one (`Outcome.cause`), else the step at which it broke."""
+    return outcome.cause if outcome.cause is not None else outcome.step
+
+
 def _window(events: list[TraceEvent], limit: int, step: int | None = None,
             at: int | None = None) -> list:
     """The events since the command before the last one, at most ``limit`` of them.
@@ -121,7 +127,7 @@ def narrative(result: RunResult, limit: int = 40) -> str:
     shows its simulated time when the story's times differ (a watchdog or a timeout moved the
     clock), and none when they are all equal."""
     outcome = result.outcome
-    events = _window(result.world.trace, limit, outcome.step, outcome.at)
+    events = _window(result.world.trace, limit, _told_step(outcome), outcome.at)
     breaking = result.world.trace[outcome.at] if outcome.at is not None else None
     shown = [e for e in events if e is not EARLIER and e is not None]
     timed = len({e.time for e in shown}) > 1  # simulated time that never moves says nothing
@@ -172,7 +178,7 @@ def mermaid(result: RunResult, limit: int = 40) -> str:
         lines.append(f"    participant D{r} as device {r}")
     outcome = result.outcome
     breaking = world.trace[outcome.at] if outcome.at is not None else None
-    for e in _window(world.trace, limit, outcome.step, outcome.at):
+    for e in _window(world.trace, limit, _told_step(outcome), outcome.at):
         if e is EARLIER:
             lines.append("    Note over C: ... earlier events left out")
         elif e is None:

@@ -15,7 +15,7 @@ from protocol.backend import SYNC, EnqueueSample, Op, PrepareReplay, ReadTokens,
 from protocol.commands import AllocateKV, DecodeRow, DecodeRows, Step
 from protocol.controller import Controller
 from protocol.worker import Worker
-from sim.common import DONE, command_text
+from sim.common import DONE
 from sim.devices import EagerDecode, WriteReplayMeta
 from sim.kv import PAD_REQUEST
 from sim.scenario import in_rounds
@@ -106,8 +106,7 @@ def _sim_reset_kv(backend, r, host, op, probe):
     if status != DONE or probe:
         return status
     dev = backend.world.devices[r]
-    dev.allocate("kv", dev.live("kv").empty_like(),
-                 by=command_text(host.cmd) if host.cmd else "",
+    dev.allocate("kv", dev.live("kv").empty_like(), by=host.cmd,
                  nbytes=dev.buffers["kv"].nbytes)
     return backend.done(host)
 

@@ -548,3 +548,21 @@ def test_in_rounds_keeps_the_first_wave_and_sends_the_rest_when_idle():
     assert {a.after_step for a in rounds} == {first, AFTER_IDLE}
     assert all((a.after_step == first) == (b.after_step == first)
                for a, b in zip(rounds, sc.workload))
+
+
+def test_the_story_of_a_replay_of_a_freed_buffer_shows_the_command_that_freed_it():
+    """A reader's finding: kv-realloc-on-wake's story showed the replay and the step before
+    it, not the wake two commands earlier. The outcome names it (`Outcome.cause`) and the
+    story shows its events, then the tail."""
+    from sim.report import narrative
+
+    variant = REGISTRY["kv-realloc-on-wake"]
+    result = run_schedule(variant.scenario(default_scenario(topology="shared", **SMALL)),
+                          variant, RandomWalk(0))
+    cause = result.outcome.cause
+    assert cause is not None and cause < result.outcome.step
+    story = narrative(result)
+    assert f"controller sends command {cause} AllocateKV" in story
+    assert "rank 0 release_kv" in story and "rank 1 release_kv" in story
+    assert story.index(f"command {cause} AllocateKV") < story.index(
+        f"controller sends command {result.outcome.step} Step")
