@@ -18,7 +18,7 @@ from operator import attrgetter
 from typing import Any, ClassVar
 
 from protocol.commands import Admit, Chunk, Step
-from protocol.errors import ProtocolError, checked_hook_result
+from protocol.errors import ProtocolError, checked_hook_result, is_int
 from protocol.keys import GraphKey
 from protocol.trace import describe_args
 
@@ -398,7 +398,7 @@ class Backend(ABC):
 
 
 def _byte_count(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return is_int(value) and value >= 0
 
 
 def perform(backend: Backend, op: Op) -> Any:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Sequence
 
-from protocol.errors import ConfigError
+from protocol.errors import ConfigError, is_int
 
 DEFAULT_DECODE_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 20, 24) + tuple(range(32, 257, 8))
 """pegainfer's 36 Qwen3 decode buckets: 1, 2, 4, 8, 16, 20, 24, then every 8 from 32 to 256."""
@@ -26,7 +26,7 @@ def validate_buckets(buckets: Sequence[int]) -> tuple[int, ...]:
     if not result:
         raise ConfigError("bucket list is empty; give at least one decode bucket")
     for i, b in enumerate(result):
-        if not isinstance(b, int) or isinstance(b, bool) or b <= 0:
+        if not is_int(b) or b <= 0:
             shown = repr(b) if len(repr(b)) <= 32 else f"{repr(b)[:29]}..."  # one line
             raise ConfigError(f"bucket {shown} at position {i} is not a positive integer")
         if i and b <= result[i - 1]:

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field
 
 from protocol.buckets import DEFAULT_DECODE_BUCKETS, validate_buckets
-from protocol.errors import ConfigError
+from protocol.errors import ConfigError, is_int
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class ModelShape:
     def __post_init__(self) -> None:
         for attr in ("hidden_size", "num_layers", "allreduces_per_layer", "dtype_bytes"):
             value = getattr(self, attr)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            if not is_int(value) or value <= 0:
                 raise ConfigError(f"ModelShape.{attr}={value!r} must be a positive integer")
 
     @property
@@ -161,8 +161,7 @@ class ProtocolConfig:
         if not isinstance(self.shape, ModelShape):  # None failed at the first next_action
             raise ConfigError(f"shape={self.shape!r}: expected a protocol.config.ModelShape",
                               fields=("shape",))
-        if (not isinstance(self.memory_headroom_bytes, int)
-                or isinstance(self.memory_headroom_bytes, bool) or self.memory_headroom_bytes < 0):
+        if not is_int(self.memory_headroom_bytes) or self.memory_headroom_bytes < 0:
             raise ConfigError(
                 f"memory_headroom_bytes={self.memory_headroom_bytes!r} must be a non-negative integer",
                 fields=("memory_headroom_bytes",))
@@ -180,5 +179,5 @@ class ProtocolConfig:
 
 
 def _positive_int(name: str, value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+    if not is_int(value) or value <= 0:
         raise ConfigError(f"{name}={value!r} must be a positive integer", fields=(name,))

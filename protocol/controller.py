@@ -51,6 +51,7 @@ from protocol.errors import (
     PageError,
     ProtocolError,
     checked_hook_result,
+    is_int,
     shown,
     RankFailure,
     ReplyError,
@@ -188,8 +189,7 @@ class Controller:
             raise ConfigError(f"config={shown(config)}: expected a protocol.config.ProtocolConfig")
         if not callable(clock):
             raise ConfigError(f"clock={shown(clock)}: expected a function returning seconds")
-        if not isinstance(pages_per_seq, int) or isinstance(pages_per_seq, bool) \
-                or pages_per_seq < 1:  # 0 wedged the startup sweep on every later call
+        if not is_int(pages_per_seq) or pages_per_seq < 1:  # 0 wedged every later sweep
             raise ConfigError(f"pages_per_seq={shown(pages_per_seq)} must be a positive integer")
         if config.max_kv_pages is not None and config.max_kv_pages < pages_per_seq:
             raise ConfigError(f"max_kv_pages={config.max_kv_pages} is below pages_per_seq="
@@ -333,8 +333,7 @@ class Controller:
             ConfigError: ``rank`` is no rank of this world (the run is left as it was: it
                 aborted, naming a rank 9 that never existed).
         """
-        if not isinstance(rank, int) or isinstance(rank, bool) \
-                or not 0 <= rank < self.world_size:
+        if not is_int(rank) or not 0 <= rank < self.world_size:
             raise ConfigError(f"on_rank_dead({shown(rank)}): not a rank of world size "
                               f"{self.world_size}")
         if self.phase in ("failed", "done"):
@@ -524,7 +523,7 @@ class Controller:
             raise ReplyError(f"reply {shown(reply)} is not a protocol.commands.Reply")
         for name in ("rank", "seq"):
             value = getattr(reply, name)
-            if not isinstance(value, int) or isinstance(value, bool):  # True was rank 1
+            if not is_int(value):  # True was rank 1
                 raise ReplyError(f"reply {name}={shown(value)} must be an integer")
         if not isinstance(reply.ok, bool):  # ok="no" read as success
             raise ReplyError(f"reply from rank {reply.rank}: ok={shown(reply.ok)} must be True "

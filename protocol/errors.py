@@ -150,6 +150,11 @@ class RankFailure(ProtocolError):
         return self.failed[0] if self.failed else None
 
 
+def is_int(value) -> bool:
+    """Whether ``value`` is an int and not a bool (True passed as rank 1, as a count of 1)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def shown(value, limit: int = 60) -> str:
     """``repr(value)`` on one line, cut to ``limit`` characters with "..." (an integer too long
     for repr, past 4,300 digits, described by its length): for an error naming a bad value."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from protocol.errors import ConfigError, shown
+from protocol.errors import ConfigError, is_int, shown
 
 
 @dataclass(frozen=True)
@@ -41,8 +41,7 @@ class Request:
         if len(self.prompt) == 0:
             raise ConfigError(f"{where}: prompt is empty")
         _check_ids(where, "prompt token id", self.prompt)
-        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) \
-                or self.max_tokens < 1:
+        if not is_int(self.max_tokens) or self.max_tokens < 1:
             raise ConfigError(f"{where}: max_tokens={shown(self.max_tokens)} must be an integer "
                               ">= 1")
         if not isinstance(self.stop_token_ids, frozenset):
@@ -61,4 +60,4 @@ def _check_ids(where: str, what: str, ids) -> None:
 
 def _token_id(value) -> bool:
     """Whether ``value`` is a non-negative int (not a bool)."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return is_int(value) and value >= 0

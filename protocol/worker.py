@@ -55,7 +55,7 @@ from protocol.commands import (
 )
 from protocol.eligibility import GraphPlan
 from protocol.errors import (ConfigError, EligibilityError, PageError, ProtocolError,
-                             checked_hook_result, shown)
+                             checked_hook_result, is_int, shown)
 from protocol.pages import PageMap
 from protocol.slots import SlotMap
 
@@ -91,9 +91,9 @@ class Worker:
 
     def __init__(self, rank: int, world_size: int, plan: GraphPlan, capacity: int):
         for name, value in (("world_size", world_size), ("capacity", capacity)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            if not is_int(value) or value < 1:
                 raise ConfigError(f"Worker {name}={shown(value)} must be a positive integer")
-        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < world_size:
+        if not is_int(rank) or not 0 <= rank < world_size:
             raise ConfigError(f"Worker rank={shown(rank)} must be in 0..{world_size - 1}")
         if not isinstance(plan, GraphPlan):
             raise ConfigError(f"Worker plan={shown(plan)}: expected a "
