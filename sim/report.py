@@ -40,11 +40,11 @@ def variant_file_fingerprint(variant_name: str) -> str | None:
     (`sim.variants.load_variant_file`), or None for a variant from no file or a file no longer
     readable. A trace records it (``"variant_file"``): a fresh user's replay after editing the
     file read as the simulator's NONDETERMINISM."""
-    from sim.variants import _ORIGIN
+    from sim.variants import _ORIGIN, file_digest
 
     origin = _ORIGIN.get(variant_name)
     try:
-        return None if origin is None else hashlib.sha256(Path(origin).read_bytes()).hexdigest()[:12]
+        return None if origin is None else file_digest(origin)[:12]
     except OSError:
         return None
 

@@ -428,16 +428,26 @@ _LOADED_FILES: dict[str, tuple[str, list[Variant]]] = {}
 """Resolved path of each loaded variant file -> (hash of its bytes when loaded, its variants)."""
 
 
+def file_digest(path: str | Path) -> str:
+    """SHA-256 of a variant file's bytes, in hex: what `load_variant_file` compares to load an
+    edited file again, and what a trace records of it (`sim.report.variant_file_fingerprint`).
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    import hashlib
+
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
 def _file_digest(path: Path) -> str:
-    """SHA-1 of the file's bytes (one read of a small file).
+    """`file_digest`, for `load_variant_file`.
 
     Raises:
         ConfigError: the file cannot be read.
     """
-    import hashlib
-
     try:
-        return hashlib.sha1(path.read_bytes()).hexdigest()
+        return file_digest(path)
     except OSError as exc:
         raise ConfigError(f"variant file {str(path)!r} cannot be read: "
                           f"{exc.strerror or exc}") from None
