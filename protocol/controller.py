@@ -441,6 +441,13 @@ class Controller:
         """Names of the startup stages in order; 'sweep' expands to Capture/Launch per key."""
         return ["warmup", "profile", "measure", "allocate", "sweep", "finalize"]
 
+    def allocate_command(self, seq: int) -> AllocateKV:
+        """The `AllocateKV` command numbered ``seq`` for the memory plan the fit chose: its KV
+        pages and batch cap (0 pages and no cap before a fit)."""
+        memory = self.memory
+        return AllocateKV(seq, memory.kv_pages if memory else 0,
+                          memory.batch_cap if memory else None, self.config.page_size)
+
     def warmup_sizes(self) -> tuple[int, ...]:
         """One message size per distinct all-reduce size the captured graphs use (I5)."""
         return tuple(sorted({self.config.shape.allreduce_bytes(k.bucket) for k in self.plan.keys()}))
@@ -590,9 +597,7 @@ class Controller:
                                     "a tuple of protocol.keys.GraphKey")
                 command = MeasureGraphs(seq, tuple(keys))
             elif name == "allocate":
-                command = AllocateKV(seq, self.memory.kv_pages if self.memory else 0,
-                                     self.memory.batch_cap if self.memory else None,
-                                     self.config.page_size)
+                command = self.allocate_command(seq)
             elif name.startswith("sweep"):
                 command = self.sweep_commands(seq, self._sweep_index)
                 checked_hook_result(command, "Controller.sweep_commands",

@@ -158,9 +158,7 @@ class SleepWakeController(Controller):
         elif self.pending and not self.woke:
             self.woke = True
             self.seq += 1
-            memory = self.memory
-            return AllocateKV(self.seq, memory.kv_pages if memory else 0,
-                              memory.batch_cap if memory else None, self.config.page_size)
+            return self.allocate_command(self.seq)
         return super()._next_step()
 
 
