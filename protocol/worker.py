@@ -156,8 +156,10 @@ class Worker:
         return self.ops_for_other(command)
 
     def check_lifecycle(self, command: Command) -> None:
-        """Refuse a command this rank's lifecycle has passed: the KV cache is allocated once
-        (I15: a second `AllocateKV` would replace the cache every captured graph reads), no
+        """Refuse a command this rank's lifecycle has not reached or has passed: the KV cache is
+        allocated once, before any graph that serves is captured (I15: a `Capture` before
+        `AllocateKV` would record the placeholder cache the measurement graphs use, and a second
+        `AllocateKV` would replace the cache every captured graph reads), no
         other startup command runs once Finalize made the rank serve (I3: serving never
         captures, measures, warms up or profiles), and nothing runs after `Teardown`.
 
@@ -167,14 +169,20 @@ class Worker:
         nothing refuses it.
 
         Raises:
-            ProtocolError: naming the command and the rank; ``invariant`` I15 for a second
-                AllocateKV, I3 for another startup command after Finalize, None after Teardown.
+            ProtocolError: naming the command and the rank; ``invariant`` I15 for a Capture
+                before AllocateKV or a second AllocateKV, I3 for another startup command after
+                Finalize, None after Teardown.
         """
         if self.torn_down:
             raise ProtocolError(f"rank {self.rank}: {type(command).__name__} (command "
                                 f"{command.seq}) after Teardown; a torn-down rank runs nothing")
         if not isinstance(command, STARTUP_COMMANDS):
             return
+        if isinstance(command, Capture) and self.pages is None:
+            raise ProtocolError(f"rank {self.rank}: Capture of {command.key} (command "
+                                f"{command.seq}) before AllocateKV; the graph would capture the "
+                                "placeholder cache that the allocation replaces (I15)",
+                                invariant="I15")
         if isinstance(command, AllocateKV) and self.pages is not None:
             raise ProtocolError(f"rank {self.rank}: AllocateKV (command {command.seq}) but the KV "
                                 "cache is allocated already; a second allocation would replace "
@@ -215,7 +223,7 @@ class Worker:
     def _ops_launch(self, command: Launch) -> list[Op]:
         if command.key not in self.uploaded:
             raise EligibilityError(f"rank {self.rank}: launch of {command.key}, which was not "
-                                   "recorded, instantiated and uploaded (I4)")
+                                   "recorded, instantiated and uploaded (I4)", invariant="I4")
         return [_launch_op(command.key), SYNC]
 
     def _ops_finalize(self, command: Finalize) -> list[Op]:
@@ -329,7 +337,8 @@ class Worker:
             return [RunEager(step)]
         if step.key not in self.captured:
             raise EligibilityError(f"rank {self.rank}: decode step {step.seq} asks to replay "
-                                   f"{step.key}, which was not captured at startup (I3)")
+                                   f"{step.key}, which was not captured at startup (I3)",
+                                   invariant="I3")
         return [PrepareReplay(step), _launch_op(step.key)]
 
     # -- results to replies -------------------------------------------------------------------

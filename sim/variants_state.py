@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from protocol.backend import SYNC, EnqueueSample, Op, PrepareReplay, ReadTokens, RunEager
-from protocol.commands import AllocateKV, DecodeRow, DecodeRows, Step
+from protocol.commands import AllocateKV, Capture, DecodeRow, DecodeRows, Step
 from protocol.controller import Controller
 from protocol.worker import Worker
 from sim.common import DONE
@@ -131,6 +131,45 @@ register(Variant(
            "replayed only while every buffer it captured is the live one (I15).",
     worker_cls=ClearKVAfterCaptureWorker,
     sim_ops={ResetKV: _sim_reset_kv}))
+
+
+# -- capture-before-kv ----------------------------------------------------------------------------
+
+
+class CaptureBeforeKVController(Controller):
+    """Runs the capture sweep straight after measuring the graphs, before the KV cache is
+    allocated: the serving graphs are captured against the placeholder cache that the
+    measurement graphs read, and `AllocateKV` then replaces it."""
+
+    def startup_stages(self) -> list[str]:
+        stages = [s for s in super().startup_stages() if s != "sweep"]
+        stages.insert(stages.index("allocate"), "sweep")
+        return stages
+
+
+class CaptureBeforeKVWorker(Worker):
+    """Takes a Capture before `AllocateKV`, as the worker did before the lifecycle rule
+    (`Worker.check_lifecycle`) refused it."""
+
+    def check_lifecycle(self, command) -> None:
+        if not (isinstance(command, Capture) and self.pages is None):
+            super().check_lifecycle(command)
+
+
+register(Variant(
+    name="capture-before-kv",
+    summary="the serving graphs are captured before the KV cache is allocated, against the "
+            "placeholder cache the graph measurement used; the allocation then replaces it "
+            "and every replay reads and writes the placeholder",
+    source="lightseekorg/tokenspeed PR #1509 (graphs measured against a probe-sized KV arena "
+           "before the budget is spent: the probe's graphs are released and the ladder "
+           "captured again once the real pool is bound, since a graph keeps the addresses "
+           "it captured)",
+    expected={"shared": "invariant:I15", "per-rank": "invariant:I15"},
+    remedy="The startup order is measure, allocate, capture: a rank refuses a Capture before "
+           "its AllocateKV (Worker.check_lifecycle, I15), so every serving graph captures the "
+           "cache that serves.",
+    controller_cls=CaptureBeforeKVController, worker_cls=CaptureBeforeKVWorker))
 
 
 # -- kv-realloc-on-wake ---------------------------------------------------------------------------

@@ -193,21 +193,26 @@ def test_step_timeout_aborts_during_serving():
     assert isinstance(action, Abort) and "timed out after 5 s" in str(action.error)
 
 
-def _worker(**kw):
+def _worker(allocated: bool = False, **kw):
     config = ProtocolConfig(**SMALL, **kw)
-    return Worker(0, 2, GraphPlan.from_config(config), 8)
+    worker = Worker(0, 2, GraphPlan.from_config(config), 8)
+    if allocated:
+        from protocol.commands import AllocateKV
+        worker.reply(AllocateKV(0, pages=4, page_size=16), [None, None])
+    return worker
 
 
 def test_worker_refuses_uncaptured_replay_and_ineligible_capture():
-    w = _worker(graph_batch_cap=2)
+    w = _worker(allocated=True, graph_batch_cap=2)
     with pytest.raises(EligibilityError, match="capture of graph decode@8 refused"):
         w.ops_for(Capture(0, GraphKey(8)))
-    with pytest.raises(EligibilityError, match="launch of decode@2, which was not recorded"):
+    with pytest.raises(EligibilityError, match="launch of decode@2, which was not recorded") as info:
         w.ops_for(Launch(0, GraphKey(2)))
+    assert info.value.invariant == "I4"
 
 
 def test_worker_capture_barrier_ops_end_in_sync():
-    w = _worker()
+    w = _worker(allocated=True)
     ops = [op.name for op in w.ops_for(Capture(0, GraphKey(4)))]
     assert ops == ["record", "instantiate", "upload", "synchronize"]
     w.reply(Capture(0, GraphKey(4)), [None] * 4)
@@ -219,8 +224,9 @@ def test_decode_step_for_uncaptured_key_fails_loudly():
     w = _worker()
     w.reply(AllocateKV(0, pages=4, page_size=16), [None, None])
     w.ops_for(Step(0, admits=(Admit(1, 0, (1,)),), pages=(PageAssign(1, 0, 0, (0,)),)))
-    with pytest.raises(EligibilityError, match="not captured at startup"):
+    with pytest.raises(EligibilityError, match="not captured at startup") as info:
         w.ops_for(Step(1, rows=(DecodeRow(0, 1, 5, 1),), key=GraphKey(1), bucket=1))
+    assert info.value.invariant == "I3"
 
 
 def test_workers_refit_their_plan_to_the_memory_cap():

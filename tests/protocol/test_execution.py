@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import pytest
 
 from protocol.backend import SYNC, Backend, LaunchGraph, Op, Record, perform
-from protocol.commands import Capture, Command, Launch, Warmup
+from protocol.commands import AllocateKV, Capture, Command, Launch, Warmup
 from protocol.config import ProtocolConfig
 from protocol.eligibility import GraphPlan
 from protocol.errors import ProtocolError, RankFailure, SlotError
@@ -51,8 +51,11 @@ class LoggingBackend(Backend):
 
 
 def worker(rank=0):
+    """A rank's worker whose KV cache is allocated, so it may capture."""
     config = ProtocolConfig(buckets=(1, 2), max_batch=2)
-    return Worker(rank, 2, GraphPlan.from_config(config), 2)
+    w = Worker(rank, 2, GraphPlan.from_config(config), 2)
+    w.reply(AllocateKV(0, pages=4, page_size=16), [None, None])
+    return w
 
 
 def test_run_command_runs_ops_in_order_and_records_the_trace():

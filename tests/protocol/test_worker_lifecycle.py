@@ -1,4 +1,5 @@
-"""The worker's lifecycle rule (`Worker.check_lifecycle`): one KV allocation (I15), no startup
+"""The worker's lifecycle rule (`Worker.check_lifecycle`): one KV allocation, before any capture
+(I15), no startup
 command once serving (I3), nothing after Teardown; the commands of a normal startup pass."""
 
 import pytest
@@ -49,6 +50,19 @@ def test_the_kv_cache_is_allocated_once_even_during_startup():
         w.ops_for(AllocateKV(1, 8, None, 4))
     assert info.value.invariant == "I15"
     assert w.pages.num_pages == 8  # the first allocation's page map is kept
+
+
+def test_a_capture_before_the_kv_cache_is_allocated_is_refused():
+    """A serving graph must capture the KV cache that serves, not the placeholder the
+    measurement graphs read; MeasureGraphs itself runs before AllocateKV."""
+    w = _worker()
+    assert w.ops_for(MeasureGraphs(0, (GraphKey(1),)))
+    with pytest.raises(ProtocolError, match=r"Capture of decode@2 \(command 1\) before "
+                       r"AllocateKV") as info:
+        w.ops_for(Capture(1, GraphKey(2)))
+    assert info.value.invariant == "I15" and not w.uploaded
+    w.reply(AllocateKV(2, 8, None, 4), [None, None])
+    assert [op.name for op in w.ops_for(Capture(3, GraphKey(2)))][0] == "record"
 
 
 def test_before_finalize_the_startup_commands_run():

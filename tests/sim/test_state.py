@@ -494,6 +494,46 @@ def test_the_lifecycle_rule_refuses_the_wake_before_any_memory_moves():
     assert all(dev.buffers["kv"].generation == 1 for dev in result.world.devices)
 
 
+@pytest.mark.timeout(120)
+def test_graphs_captured_before_the_kv_allocation_replay_the_placeholder(monkeypatch):
+    """capture-before-kv: a sweep run before AllocateKV, taken by a worker without the rule,
+    captures the measurement's placeholder cache (generation 0), which the allocation then
+    replaces: caught at the first serving replay (I15); without that direct check the replay
+    reads a cache the prefill never wrote (I21), and without that the tokens diverge."""
+    variant = REGISTRY["capture-before-kv"]
+    sc = variant.scenario(default_scenario(topology="shared", **SMALL))
+    result = run_schedule(sc, variant, RandomWalk(0))
+    outcome = result.outcome
+    assert outcome.invariant == "I15" and outcome.check == "replay-of-freed-buffer"
+    assert "kv generation 0" in outcome.detail and "live generation 1" in outcome.detail
+    sent = [e.what for e in result.world.trace if e.kind == "send"]
+    assert sent.index("Capture") < sent.index("AllocateKV") < sent.index("Finalize")
+    assert outcome.cause is not None and f"command {outcome.cause} (AllocateKV)" in outcome.detail
+    monkeypatch.setattr(ModelledBackend, "live_buffers", lambda self, r, host, graph: True)
+    outcome = run_schedule(sc, variant, RandomWalk(0)).outcome
+    assert outcome.invariant == "I21" and outcome.check == "decode-row-past-cache"
+    monkeypatch.setattr(DeviceModel, "check_continues",
+                        lambda self, r, seq, kv, rows, padding=None: True)
+    outcome = run_schedule(sc, variant, RandomWalk(0)).outcome
+    assert outcome.verdict == "divergence" and "diverged at output token" in outcome.detail
+
+
+@pytest.mark.timeout(120)
+def test_the_lifecycle_rule_refuses_a_capture_before_the_kv_allocation():
+    """The same early sweep against the protocol's own worker: every rank refuses the first
+    Capture (I15, from the rank's reply) and records no graph."""
+    from sim.variants_state import CaptureBeforeKVController
+    sc = default_scenario(topology="shared", **SMALL)
+    variant = Variant(name="early-sweep-against-the-rule", summary="test", source="test",
+                      expected={"shared": "clean", "per-rank": "clean"},
+                      controller_cls=CaptureBeforeKVController)
+    result = run_schedule(sc, variant, RandomWalk(0))
+    outcome = result.outcome
+    assert outcome.invariant == "I15" and outcome.check == "rank:error"
+    assert "Capture of" in outcome.detail and "before AllocateKV" in outcome.detail
+    assert not any(result.world.graphs[r] for r in range(len(result.world.devices)))
+
+
 def test_the_sleep_wake_model_frees_the_cache_it_allocates_again():
     """kv-realloc-on-wake's memory: the sleep frees the KV cache's bytes and the wake takes
     as many again, so each rank holds what it held once startup ended (a release that freed
