@@ -59,7 +59,7 @@ from protocol.errors import (
 )
 from protocol.keys import GraphKey
 from protocol.memory import MemoryPlan, plan_memory
-from protocol.pages import PagePool
+from protocol.pages import PagePool, pages_for
 from protocol.requests import Request
 from protocol.slots import SlotTable
 from protocol.watchdog import Watchdog
@@ -677,17 +677,24 @@ class Controller:
         return None
 
     def _check_fits(self, request: Request, raise_: bool = True) -> ConfigError | None:
-        """A request must fit the page pool alone, or it could never finish (I14)."""
-        if self.pool is None:
-            return None
+        """A request must fit the page pool alone, or it could never finish (I14). Before the
+        pool exists (a request submitted during startup) the bound is one full-length
+        sequence's pages, which every memory fit leaves room for (`plan_memory`), so a request
+        too long for any pool is refused alone when submitted, not found at `AllocateKV`, where
+        it would fail the run and every request queued beside it."""
         tokens = len(request.prompt) + request.max_tokens - 1  # the last token is never fed
-        if self.pool.fits_alone(tokens):
+        if self.pool is None:
+            page_size, room = self.config.page_size, self.pages_per_seq
+        else:
+            page_size = self.pool.page_size
+            room = min(self.pool.num_pages, self.pool.max_pages_per_seq)
+        if pages_for(tokens, page_size) <= room:
             return None
         error = ConfigError(
             f"request {request.request_id}: {len(request.prompt)} prompt tokens + "
-            f"{request.max_tokens} new tokens need {-(-tokens // self.pool.page_size)} KV pages, "
-            f"above the {min(self.pool.num_pages, self.pool.max_pages_per_seq)} one sequence "
-            "may hold; shorten it or give the KV cache more memory")
+            f"{request.max_tokens} new tokens need {pages_for(tokens, page_size)} KV pages, "
+            f"above the {room} one sequence may hold; shorten it or give the KV cache more "
+            "memory")
         if raise_:
             raise error
         return error

@@ -80,11 +80,6 @@ class PagePool:
         """Extra pages ``request_id`` needs to hold ``tokens`` tokens (0 if it already does)."""
         return max(0, pages_for(tokens, self.page_size) - self.held(request_id))
 
-    def fits_alone(self, tokens: int) -> bool:
-        """True if a sequence of ``tokens`` tokens fits in the whole pool and one page table."""
-        need = pages_for(tokens, self.page_size)
-        return need <= self.num_pages and need <= self.max_pages_per_seq
-
     def can_admit(self, tokens: int, running: int) -> bool:
         """Admission by free pages: a prompt of ``tokens`` tokens is admitted if its pages leave
         the watermark free; with no request ``running`` the watermark is waived, so a lone

@@ -149,11 +149,26 @@ def test_admission_is_by_free_pages_not_max_batch_times_pages_per_seq():
 
 def test_request_that_cannot_fit_alone_is_refused_naming_it():
     ctrl = Controller(ProtocolConfig(**SMALL), pages_per_seq=2)
-    ctrl.submit(Request(1, tuple(range(6)), max_tokens=4))  # no pool yet: checked at AllocateKV
-    assert isinstance(ctrl._absorb(AllocateKV(3, pages=8, page_size=4), {}), ConfigError)
+    assert ctrl.config.page_size == 4
+    # no pool yet: the bound is one full-length sequence, which every memory fit leaves room for
+    with pytest.raises(ConfigError, match="request 1: 6 prompt tokens \\+ 4 new tokens need 3 KV "
+                                          "pages, above the 2 one sequence may hold"):
+        ctrl.submit(Request(1, tuple(range(6)), max_tokens=4))
+    ctrl.submit(Request(2, tuple(range(5)), max_tokens=4))  # 8 tokens fed: 2 pages, fits
+    assert ctrl._absorb(AllocateKV(3, pages=8, page_size=4), {}) is None
+    assert [r.request_id for r in ctrl.pending] == [2] and 1 not in ctrl.requests
     with pytest.raises(ConfigError, match="request 3: 6 prompt tokens \\+ 4 new tokens need 3 KV "
                                           "pages, above the 2 one sequence may hold"):
         ctrl.submit(Request(3, tuple(range(6)), max_tokens=4))
+
+
+def test_a_pool_smaller_than_one_sequence_fails_the_run_at_allocation():
+    """Only a fit that breaks plan_memory's bound (a variant's `fit_memory`) gives a pool below
+    one full-length sequence; a queued request that fits no longer is found at AllocateKV."""
+    ctrl = Controller(ProtocolConfig(**SMALL), pages_per_seq=2)
+    ctrl.submit(Request(1, tuple(range(5)), max_tokens=4))
+    error = ctrl._absorb(AllocateKV(3, pages=1, page_size=4), {})
+    assert isinstance(error, ConfigError) and "above the 1 one sequence may hold" in str(error)
 
 
 def test_startup_needs_only_one_full_length_sequence_of_pages():
