@@ -166,7 +166,9 @@ class Worker:
         A sleep/wake cycle that re-allocates the KV cache under graphs captured before it is the
         bug this refuses (vllm-project/vllm PR #53197, where the wake rebuilt tensors a captured
         graph reads); the simulator's variant `kv-realloc-on-wake` shows what it does where
-        nothing refuses it.
+        nothing refuses it. Graphs captured against a probe-sized cache and kept to serve are
+        the other (lightseekorg/tokenspeed PR #1509 releases them and captures again once the
+        real pool is bound); the variant `capture-before-kv` shows that one.
 
         Raises:
             ProtocolError: naming the command and the rank; ``invariant`` I15 for a Capture
