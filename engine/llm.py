@@ -424,7 +424,15 @@ class LLM:
                 raise RequestError(f"text prompt {prompt[:40]!r} but {self.config.model_dir} "
                                    "has no tokenizer; pass token ids")
             check_text(prompt, "text prompt")
-            return list(self.tokenizer.encode(prompt))
+            ids = list(self.tokenizer.encode(prompt))
+            vocab = self.cfg.vocab_size
+            if ids and not (min(ids) >= 0 and max(ids) < vocab):
+                bad = next(i for i in ids if not 0 <= i < vocab)
+                raise RequestError(f"text prompt {prompt[:40]!r} encodes to token id {bad}, "
+                                   f"outside the model's vocabulary [0, {vocab}): the "
+                                   f"tokenizer in {self.config.model_dir} does not match "
+                                   "the model")
+            return ids
         if not hasattr(prompt, "__iter__") or isinstance(prompt, (bytes, Mapping)) \
                 or getattr(prompt, "ndim", 1) != 1:
             raise RequestError(f"prompt {one_line_repr(prompt)} is neither a text nor a list "

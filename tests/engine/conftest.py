@@ -25,6 +25,22 @@ def no_tokenizer_dir(tiny_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def mismatched_tokenizer_dir(tiny_dir, tmp_path_factory):
+    """`tiny_dir` whose tokenizer encodes "h" as id 700, past the model's 512-token vocabulary
+    (a tokenizer from another model beside these weights)."""
+    import json
+    import shutil
+
+    d = tmp_path_factory.mktemp("bad_tok") / "m"
+    shutil.copytree(tiny_dir, d)
+    assert json.loads((d / "config.json").read_text())["vocab_size"] == 512
+    tok = json.loads((d / "tokenizer.json").read_text())
+    tok["model"]["vocab"]["h"] = 700
+    (d / "tokenizer.json").write_text(json.dumps(tok))
+    return d
+
+
+@pytest.fixture(scope="session")
 def tiny_tied_dir(tmp_path_factory):
     """`tiny-tied` preset (tied embeddings, q width != hidden), float32, seed 1."""
     from engine.model_dir import write_model_dir

@@ -123,6 +123,14 @@ def test_text_prompt_with_the_make_model_tokenizer(tiny_dir, capsys):
     assert lines[1].startswith("text: ")
 
 
+def test_a_text_prompt_encoded_past_the_vocabulary_is_one_line(mismatched_tokenizer_dir, capsys):
+    assert main(["generate", "--model", str(mismatched_tokenizer_dir), "--prompt", "hi"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()  # progress lines, then the error
+    assert lines[-1].startswith("lockstep generate: error: text prompt 'hi' encodes to token "
+                                "id 700, outside the model's vocabulary [0, 512)")
+    assert not any("Traceback" in line or "error" in line for line in lines[:-1])
+
+
 def test_bad_prompt_ids_are_an_argparse_error(tiny_dir, capsys):
     with pytest.raises(SystemExit) as info:
         main(["generate", "--model", str(tiny_dir), "--prompt-ids", "1,x"])

@@ -128,6 +128,20 @@ def test_text_prompt_without_a_tokenizer_is_a_request_error(no_tokenizer_dir):
     assert outs[1].error is None and len(outs[1].token_ids) == 2
 
 
+def test_a_text_prompt_encoded_past_the_vocabulary_is_that_request_error(mismatched_tokenizer_dir):
+    """A tokenizer whose ids run past the model's vocabulary: the text prompt is refused alone
+    (it indexed the embedding out of range at TP 1, and was silently masked at TP 2)."""
+    greedy = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
+    with LLM(mismatched_tokenizer_dir, max_batch=2, max_model_len=32) as llm:
+        outs = llm.generate([[1, 2], "hi", [3, 4]], greedy)
+        assert llm.generate(["i"], greedy)[0].error is None  # ids in range: served
+    assert isinstance(outs[1].error, RequestError) and outs[1].token_ids == []
+    assert ("text prompt 'hi' encodes to token id 700, outside the model's vocabulary [0, 512)"
+            in str(outs[1].error))
+    assert [o.error for o in (outs[0], outs[2])] == [None, None]
+    assert len(outs[0].token_ids) == len(outs[2].token_ids) == 2
+
+
 def test_eos_from_generation_config_stops_unless_ignored(tiny_dir, tmp_path):
     import json
     import shutil
