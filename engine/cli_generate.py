@@ -253,7 +253,11 @@ def run(args: argparse.Namespace) -> int:
                     startup_timeout_s=args.startup_timeout, step_timeout_s=args.step_timeout)
     if args.gpu_memory_utilization is not None:  # else the engine's default
         llm_args["gpu_memory_utilization"] = args.gpu_memory_utilization
-    launched = torchrun_world()
+    try:
+        launched = torchrun_world()
+    except ValueError as exc:  # a launcher's variables half set
+        print(f"lockstep generate: error: {exc}", file=sys.stderr)
+        return 2
     if launched is not None and launched[0] > 0:  # torchrun rank > 0: serve rank 0's commands
         try:
             return serve_rank(args.model, **llm_args)

@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from multiprocessing.connection import wait as mp_wait
 from typing import Any
 
-from engine.errors import LoadTimeoutError, RankError
+from engine.errors import LoadTimeoutError, ParallelConfigError, RankError
 from engine.engine_config import EngineConfig
 from engine.rendezvous import HeldStore, StoreAddress, join_process_group
 
@@ -446,10 +446,34 @@ class SpawnedRanks:
 
 
 def torchrun_env() -> tuple[int, int] | None:
-    """(rank, world size) when this process was started by torchrun, else None."""
-    if "TORCHELASTIC_RUN_ID" not in os.environ and "LOCAL_RANK" not in os.environ:
+    """(rank, world size) when this process was started by torchrun (TORCHELASTIC_RUN_ID or
+    LOCAL_RANK set), else None.
+
+    Raises:
+        ParallelConfigError: one of those is set but RANK or WORLD_SIZE is missing or not an
+            integer, or RANK is outside [0, WORLD_SIZE) (a LOCAL_RANK left over from another
+            launcher's shell, say); the line names the variable and its value.
+    """
+    launcher = next((name for name in ("TORCHELASTIC_RUN_ID", "LOCAL_RANK")
+                     if name in os.environ), None)
+    if launcher is None:
         return None
-    return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    values = []
+    for name in ("RANK", "WORLD_SIZE"):
+        text = os.environ.get(name)
+        if text is None:
+            raise ParallelConfigError(f"{launcher} is set, as torchrun sets it, but {name} is "
+                                      f"not; start the ranks with torchrun, or unset {launcher}")
+        try:
+            values.append(int(text))
+        except ValueError:
+            raise ParallelConfigError(f"{name}={text!r} is not an integer ({launcher} is set, "
+                                      "as torchrun sets it)") from None
+    rank, world = values
+    if not 0 <= rank < world:
+        raise ParallelConfigError(f"RANK={rank} is outside [0, WORLD_SIZE={world}) ({launcher} "
+                                  "is set, as torchrun sets it)")
+    return rank, world
 
 
 def _init_torchrun(settings: EngineConfig):

@@ -3,6 +3,7 @@ giving the TP 1 tokens."""
 
 from __future__ import annotations
 
+import re
 import os
 import shutil
 import subprocess
@@ -476,3 +477,28 @@ def test_more_ranks_than_gpus_is_named_by_its_flag_before_the_engine_starts(tiny
     assert capsys.readouterr().err.strip() == ("lockstep generate: error: --tensor-parallel-size "
                                                "2 with --device cuda needs that many GPUs; 1 "
                                                "visible")
+
+
+@pytest.mark.parametrize("env, line", [
+    ({"LOCAL_RANK": "0"}, "LOCAL_RANK is set, as torchrun sets it, but RANK is not; start the "
+                          "ranks with torchrun, or unset LOCAL_RANK"),
+    ({"TORCHELASTIC_RUN_ID": "x", "RANK": "0"}, "TORCHELASTIC_RUN_ID is set, as torchrun sets "
+                                                "it, but WORLD_SIZE is not"),
+    ({"LOCAL_RANK": "0", "RANK": "x", "WORLD_SIZE": "2"}, "RANK='x' is not an integer"),
+    ({"LOCAL_RANK": "0", "RANK": "2", "WORLD_SIZE": "2"}, "RANK=2 is outside [0, WORLD_SIZE=2)"),
+])
+def test_a_launcher_variable_left_half_set_is_one_line(tiny_dir, capsys, monkeypatch, env, line):
+    """A LOCAL_RANK left in the shell by another launcher (SLURM, accelerate) read as torchrun:
+    a KeyError or int() traceback before; now the variable and its value, exit 2."""
+    import engine.llm
+
+    for name in ("TORCHELASTIC_RUN_ID", "LOCAL_RANK", "RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(engine.llm, "LLM", None)  # refused before any load
+    assert main(["generate", "--model", str(tiny_dir), "--prompt-ids", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"lockstep generate: error: {line}") and len(err.splitlines()) == 1
+    with pytest.raises(ValueError, match=re.escape(line)):
+        engine.llm.torchrun_world()
