@@ -43,6 +43,35 @@ DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 (the default) leaves it unset."""
 
 
+def check_init_method(method) -> None:
+    """Refuse a `EngineConfig.dist_init_method` the spawned ranks could not meet at: it is ""
+    (the spawning process's store), ``env://``, ``file://PATH`` or ``tcp://HOST:PORT`` with a
+    port in 1..65535. The host is not resolved here.
+
+    Raises:
+        ParallelConfigError: naming the value and what is wrong with it.
+    """
+    from urllib.parse import urlsplit
+
+    if not isinstance(method, str):
+        raise ParallelConfigError(f"dist_init_method = {method!r}, expected a str")
+    if method in ("", "env://"):
+        return
+    url = urlsplit(method)
+    if url.scheme == "file" and url.path:
+        return
+    if url.scheme != "tcp":
+        raise ParallelConfigError(f"dist_init_method = {method!r}, expected '', 'env://', "
+                                  "'file://PATH' or 'tcp://HOST:PORT'")
+    try:
+        port = url.port
+    except ValueError:
+        port = None
+    if not url.hostname or port is None or not 0 < port < 65536:
+        raise ParallelConfigError(f"dist_init_method = {method!r}, expected tcp://HOST:PORT "
+                                  "with a host and a port in 1..65535")
+
+
 def short_decode_default(device: str, cuda_graph: bool, world_size: int) -> bool:
     """`EngineConfig.short_decode` as `create` sets it: on with CUDA graphs at world size 1,
     unless the environment sets LOCKSTEP_SHORT_DECODE=0 (the benchmarks' A/B baseline) or
@@ -378,9 +407,12 @@ class EngineConfig:
         if self.decode_gemm not in DECODE_GEMMS:
             raise ParallelConfigError(f"decode_gemm = {self.decode_gemm!r}, expected one of "
                                       f"{DECODE_GEMMS}")
-        if not isinstance(self.short_decode, bool):
-            raise ParallelConfigError(f"short_decode = {self.short_decode!r}, expected True "
-                                      "or False")
+        for name in ("cuda_graph", "short_decode", "decode_overlap", "progress", "trace",
+                     "graph_standin"):
+            if not isinstance(getattr(self, name), bool):
+                raise ParallelConfigError(f"{name} = {getattr(self, name)!r}, expected True "
+                                          "or False")
+        check_init_method(self.dist_init_method)
         f = self.fault
         if f is not None:
             if not isinstance(f, tuple) or len(f) != 3:

@@ -88,3 +88,32 @@ def test_good_test_hooks_are_taken(tiny_dir):
     c = EngineConfig.create(tiny_dir, tensor_parallel_size=2, progress=True, record_trace=True,
                             fault=(1, 0, "hang"))
     assert c.progress and c.trace and c.fault == (1, 0, "hang") and not c.graph_standin
+
+
+@pytest.mark.parametrize("fields, line", [
+    (dict(progress="x"), "progress = 'x', expected True or False"),
+    (dict(trace=1), "trace = 1, expected True or False"),
+    (dict(graph_standin="yes"), "graph_standin = 'yes', expected True or False"),
+    (dict(cuda_graph=None), "cuda_graph = None, expected True or False"),
+    (dict(decode_overlap=0), "decode_overlap = 0, expected True or False"),
+    (dict(world_size=2, dist_init_method="tcp://256.0.0.1:99999"),
+     "dist_init_method = 'tcp://256.0.0.1:99999', expected tcp://HOST:PORT with a host and a "
+     "port in 1..65535"),
+    (dict(world_size=2, dist_init_method="tcp://:29500"), "with a host and a port"),
+    (dict(world_size=2, dist_init_method="tcp://localhost"), "with a host and a port"),
+    (dict(world_size=2, dist_init_method="garbage"),
+     "dist_init_method = 'garbage', expected '', 'env://', 'file://PATH' or 'tcp://HOST:PORT'"),
+    (dict(world_size=2, dist_init_method=5), "dist_init_method = 5, expected a str"),
+])
+def test_a_config_built_directly_is_checked_like_create(tiny_dir, fields, line):
+    """`LLM(EngineConfig(...))` skips `create`'s argument checks: validate refuses what create
+    would, before any rank is spawned (old behaviour: a bad port failed inside rank 1)."""
+    config = EngineConfig(model_dir=str(tiny_dir), **fields)
+    with pytest.raises(ParallelConfigError) as info:
+        config.validate()
+    assert line in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("method", ["", "env://", "tcp://127.0.0.1:29500", "file:///tmp/rdv"])
+def test_the_init_methods_torch_distributed_takes_pass(tiny_dir, method):
+    EngineConfig(model_dir=str(tiny_dir), world_size=2, dist_init_method=method).validate()
