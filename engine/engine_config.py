@@ -43,6 +43,11 @@ DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 (the default) leaves it unset."""
 
 
+MAX_MODEL_LEN = 2**24
+"""The longest max_model_len: the RoPE table's positions are float32, whose integers are exact up
+to 2**24 (a position past it rotates by a neighbour's angle)."""
+
+
 def check_init_method(method) -> None:
     """Refuse a `EngineConfig.dist_init_method` the spawned ranks could not meet at: it is ""
     (the spawning process's store), ``env://``, ``file://PATH`` or ``tcp://HOST:PORT`` with a
@@ -377,8 +382,8 @@ class EngineConfig:
             ModelDirError: a model_dir that is no path, or whose config.json is refused.
             ParallelConfigError: naming the bad setting and its value: a timeout that is not a
                 positive finite number of seconds below 1e9, a world size that does not
-                divide the model, a max_model_len past the model's max_position_embeddings,
-                and the rest below.
+                divide the model, a max_model_len past 2**24 or the model's
+                max_position_embeddings, and the rest below.
         """
         check_model_dir_arg(self.model_dir)
         check_timeout("step_timeout_s", self.step_timeout_s)
@@ -394,6 +399,10 @@ class EngineConfig:
                 raise ParallelConfigError(f"{name} = {v!r}, expected a positive integer")
         model = self.model_config
         check_parallel(model, self.world_size)
+        if self.max_model_len > MAX_MODEL_LEN:
+            raise ParallelConfigError(f"max_model_len = {self.max_model_len} exceeds "
+                                      f"{MAX_MODEL_LEN} (2**24): RoPE positions are float32, "
+                                      "exact only up to there")
         if self.max_model_len > model.max_position:
             raise ParallelConfigError(f"max_model_len = {self.max_model_len} exceeds the "
                                       f"model's max_position_embeddings {model.max_position}")

@@ -89,18 +89,31 @@ def _make_worker(settings: EngineConfig, protocol_config, rank: int):
 
 
 class InProcessRanks:
-    """World size 1: one executor in this process."""
+    """World size 1: one executor in this process.
+
+    Raises:
+        ValueError: the model directory's files refused while loading (`ModelDirError`).
+        RankError: any other start-up failure (an allocation the device or host cannot make,
+            say), in one line as a spawned rank reports it: "rank 0 failed: start-up failed:
+            ...".
+    """
 
     def __init__(self, settings: EngineConfig, protocol_config, cfg=None):
         from engine.executor import RankExecutor
         from engine.parallel import SINGLE
 
-        if settings.device == "cuda":
-            import torch
+        try:
+            if settings.device == "cuda":
+                import torch
 
-            torch.cuda.set_device(0)
-        self.executor = RankExecutor(settings, SINGLE, cfg)
-        self.executor.load_model()
+                torch.cuda.set_device(0)
+            self.executor = RankExecutor(settings, SINGLE, cfg)
+            self.executor.load_model()
+        except ValueError:
+            raise
+        except Exception as exc:  # as `_serve` sends it from a spawned rank
+            raise RankError(0, "start-up failed: "
+                            + _last_line(f"{type(exc).__name__}: {exc}")) from exc
         self.worker = _make_worker(settings, protocol_config, 0)
         self._pending: tuple | None = None
         self.fault = settings.fault

@@ -502,3 +502,23 @@ def test_a_launcher_variable_left_half_set_is_one_line(tiny_dir, capsys, monkeyp
     assert err.startswith(f"lockstep generate: error: {line}") and len(err.splitlines()) == 1
     with pytest.raises(ValueError, match=re.escape(line)):
         engine.llm.torchrun_world()
+
+
+def test_an_in_process_start_up_failure_is_one_line_as_a_spawned_rank_reports_it(
+        tiny_dir, capsys, monkeypatch):
+    """TP 1 loads in this process: an allocation that fails there (the RoPE table of a huge
+    max_model_len, a KV cache past the device) printed a traceback, where TP 2 printed
+    "rank 1 failed: start-up failed: ..."."""
+    from engine.executor import RankExecutor
+
+    def cannot_allocate(self):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate "
+                           "32000000000 bytes")
+
+    monkeypatch.setattr(RankExecutor, "load_model", cannot_allocate)
+    assert main(["generate", "--model", str(tiny_dir), "--prompt-ids", "1"]) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[-1] == ("lockstep generate: error: rank 0 failed: start-up failed: RuntimeError: "
+                         "DefaultCPUAllocator: can't allocate memory: you tried to allocate "
+                         "32000000000 bytes")
+    assert not any("Traceback" in line for line in lines)

@@ -117,3 +117,21 @@ def test_a_config_built_directly_is_checked_like_create(tiny_dir, fields, line):
 @pytest.mark.parametrize("method", ["", "env://", "tcp://127.0.0.1:29500", "file:///tmp/rdv"])
 def test_the_init_methods_torch_distributed_takes_pass(tiny_dir, method):
     EngineConfig(model_dir=str(tiny_dir), world_size=2, dist_init_method=method).validate()
+
+
+def test_max_model_len_past_float32_positions_is_refused_before_any_table_is_built(tiny_dir,
+                                                                                  tmp_path):
+    """A config.json whose max_position_embeddings is 10**9 let max_model_len 10**9 through, and
+    the RoPE table's allocation failed with a traceback (TP 1)."""
+    import json
+    import shutil
+
+    d = tmp_path / "long"
+    shutil.copytree(tiny_dir, d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["max_position_embeddings"] = 10**9
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ParallelConfigError, match=r"max_model_len = 1000000000 exceeds 16777216 "
+                       r"\(2\*\*24\): RoPE positions are float32"):
+        EngineConfig.create(d, max_model_len=10**9)
+    assert EngineConfig.create(d, max_model_len=2**24).max_model_len == 2**24
