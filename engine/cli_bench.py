@@ -21,7 +21,8 @@ from engine.bench.flags import apply_workload_flags
 from engine.bench.options import (MAX_STEPS, BenchArgError, BenchOptions, max_positions,
                                   parse_int_list, validate)
 from engine.cli_args import integer, number, seed as seed_arg, shown
-from engine.errors import cuda_missing
+from engine.bench.fits import check_fits
+from engine.errors import ModelDirError, cuda_missing
 from engine.presets import PRESETS
 
 
@@ -172,6 +173,27 @@ def _gpu_problem(tensor_parallel_size: int) -> str | None:
     return None
 
 
+def _shape(opts) -> dict:
+    """The model's config.json fields: the preset's, or read from ``--model``."""
+    if opts.preset is not None:
+        return PRESETS[opts.preset]
+    from engine.config import load_model_config
+
+    m = load_model_config(opts.model)
+    return dict(hidden_size=m.hidden_size, num_hidden_layers=m.num_layers,
+                num_attention_heads=m.num_q_heads, num_key_value_heads=m.num_kv_heads,
+                head_dim=m.head_dim, intermediate_size=m.intermediate_size,
+                vocab_size=m.vocab_size, tie_word_embeddings=m.tie_word_embeddings)
+
+
+def _smallest_gpu_bytes(tensor_parallel_size: int) -> int:
+    """Total memory of the smallest of the GPUs the ranks take (cuda:0 .. cuda:tp-1)."""
+    import torch
+
+    return min(torch.cuda.get_device_properties(r).total_memory
+               for r in range(tensor_parallel_size))
+
+
 @contextlib.contextmanager
 def _model_dir(opts):
     """The model directory to bench: ``--model``, or a preset's random weights written to a
@@ -213,6 +235,10 @@ def run(args: argparse.Namespace) -> int:
     problem = _gpu_problem(opts.tensor_parallel_size)
     if problem:
         return _error(problem)
+    try:
+        check_fits(_shape(opts), opts, _smallest_gpu_bytes(opts.tensor_parallel_size))
+    except (BenchArgError, ModelDirError) as exc:
+        return _error(str(exc))
     from engine.bench.decode import measure_engine
     from engine.bench.report import build_document, format_table, write_json, write_plot
 

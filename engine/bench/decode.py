@@ -153,14 +153,22 @@ def summarize(times_s: list[float]) -> dict:
             "min_ms": 1e3 * min(times_s), "n": len(times_s)}
 
 
+def slots_for(opts) -> int:
+    """Decode slots the benchmark allocates: the largest bucket measured, 256 with the capture
+    sweep (which captures every bucket)."""
+    from protocol.buckets import DEFAULT_DECODE_BUCKETS, select_bucket
+
+    return 256 if opts.capture_sweep else select_bucket(max(opts.batch_sizes),
+                                                        DEFAULT_DECODE_BUCKETS)
+
+
 def engine_settings(model_dir: str, opts, world_size: int):
     """EngineConfig for the benchmark: slots for the largest bucket measured (256 with the
     capture sweep), room for the longest context plus the measured token."""
     from engine.engine_config import EngineConfig, short_decode_default
-    from protocol.buckets import DEFAULT_DECODE_BUCKETS, select_bucket
+    from protocol.buckets import DEFAULT_DECODE_BUCKETS
 
-    top = 256 if opts.capture_sweep else select_bucket(max(opts.batch_sizes),
-                                                       DEFAULT_DECODE_BUCKETS)
+    top = slots_for(opts)
     buckets = tuple(b for b in DEFAULT_DECODE_BUCKETS if b <= top)
     s = EngineConfig(model_dir=str(model_dir), world_size=world_size, device="cuda",
                        dtype=opts.dtype, max_batch=top, max_model_len=max(opts.context_lens) + 1,

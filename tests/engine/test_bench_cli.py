@@ -774,3 +774,64 @@ def test_a_seed_is_a_short_line_whatever_its_length(text, needle):
     with pytest.raises(argparse.ArgumentTypeError) as e:
         seed(text)
     assert needle in str(e.value) and len(str(e.value)) < 80, str(e.value)
+
+
+class _Device:
+    total_memory = 80 * 2**30  # an H100's
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--preset", "qwen3-8b", "--batch-sizes", "256", "--context-lens", "40959"],
+     "--context-lens 40959 needs a KV cache of 1440.0 GiB per GPU for 256 slots (the capture "
+     "sweep's 256; --no-capture-sweep sizes it to the batch sizes), beside 15.3 GiB of weights: "
+     "more than the GPU's 80.0 GiB"),
+    (["--preset", "qwen3-0.6b", "--context-lens", "4096"], "needs a KV cache of 112.4 GiB"),
+    (["--preset", "qwen3-0.6b", "--context-lens", "8192", "--no-capture-sweep", "--batch-sizes",
+      "1,8,64,256", "-tp", "2"], "needs a KV cache of 112.2 GiB per GPU for 256 slots, beside"),
+])
+def test_a_kv_cache_past_the_gpu_is_refused_before_any_weights(argv, words, capsys,
+                                                               monkeypatch):
+    """Old behaviour: the weights were written and loaded, then the KV allocation raised an
+    OutOfMemoryError traceback for K's 720 GiB (a hostile-input trial's finding, on an H100)."""
+    import torch
+
+    import engine.cli_bench
+    from engine.bench import modeldir
+
+    monkeypatch.setattr(engine.cli_bench, "_gpu_problem", lambda tp: None)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda rank: _Device)
+    monkeypatch.setattr(modeldir, "write_random_model_fast", None)  # never reached
+    assert main(["bench", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("lockstep bench: error: ") and words in err and "\n" not in err
+
+
+def _parse(argv):
+    """`lockstep bench` arguments as `engine.cli_bench.run` reads them."""
+    import argparse
+
+    import engine.cli_bench
+    from engine.bench.flags import apply_workload_flags
+
+    parser = argparse.ArgumentParser()
+    engine.cli_bench.add_parser(parser.add_subparsers(), "bench")
+    args = parser.parse_args(["bench", *argv])
+    apply_workload_flags(args)
+    return args
+
+
+def test_the_fit_check_passes_the_runs_the_docs_make(monkeypatch):
+    """The issue-14 reference runs, and 16k tokens of context at batch 1, fit an 80 GiB GPU."""
+    import torch
+
+    import engine.cli_bench
+    from engine.bench.fits import check_fits
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda rank: _Device)
+    for argv in (["--preset", "qwen3-4b", "--batch-sizes", "1,8,64,256"],
+                 ["--preset", "qwen3-8b"],
+                 ["--preset", "qwen3-4b", "--context-lens", "16384", "--batch-sizes", "1",
+                  "--no-capture-sweep"]):
+        args = _parse(argv)
+        opts = engine.cli_bench.options_from_args(args)
+        check_fits(engine.cli_bench._shape(opts), opts, _Device.total_memory)

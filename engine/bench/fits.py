@@ -1,0 +1,52 @@
+"""Refuse a decode benchmark whose weights and KV cache cannot fit its GPUs, before anything is
+written or loaded: the bench allocates a KV cache for every slot at the longest context (256
+slots with the capture sweep), which at long contexts is hundreds of GiB."""
+
+from __future__ import annotations
+
+from engine.bench.options import BenchArgError
+
+GiB = 2**30
+
+
+def weight_and_kv_bytes(shape: dict, world_size: int, dtype_bytes: int, max_batch: int,
+                        max_model_len: int, page_size: int) -> tuple[int, int]:
+    """A lower bound of one rank's (weight bytes, KV cache bytes) for a Qwen3 dense ``shape``
+    (config.json's keys: hidden_size, num_hidden_layers, num_attention_heads,
+    num_key_value_heads, head_dim, intermediate_size, vocab_size, tie_word_embeddings): the
+    layer and embedding matrices (norms left out) split over ``world_size`` ranks, and K and V
+    for ``max_batch`` slots of ``max_model_len`` tokens in pages of ``page_size`` plus the
+    padding page, in ``dtype_bytes`` bytes an element."""
+    hidden, layers = shape["hidden_size"], shape["num_hidden_layers"]
+    q_heads, kv_heads = shape["num_attention_heads"], shape["num_key_value_heads"]
+    head_dim = shape.get("head_dim") or hidden // q_heads
+    per_layer = (hidden * (q_heads + 2 * kv_heads) * head_dim + q_heads * head_dim * hidden
+                 + 3 * hidden * shape["intermediate_size"])
+    embeddings = shape["vocab_size"] * hidden * (1 if shape.get("tie_word_embeddings") else 2)
+    weights = (layers * per_layer + embeddings) // world_size * dtype_bytes
+    pages = max_batch * -(-max_model_len // page_size) + 1
+    page_bytes = 2 * layers * page_size * (kv_heads // world_size) * head_dim * dtype_bytes
+    return weights, pages * page_bytes
+
+
+def check_fits(shape: dict, opts, device_bytes: int) -> None:
+    """Raise BenchArgError naming the options if one rank's weights and KV cache need more than
+    ``device_bytes`` (the smallest GPU's total memory).
+
+    Raises:
+        BenchArgError: with the bytes needed and the device's, and what to lower.
+    """
+    from engine.bench.decode import PAGE_SIZE, slots_for
+    from engine.engine_config import DTYPE_BYTES
+
+    max_batch = slots_for(opts)
+    weights, kv = weight_and_kv_bytes(shape, opts.tensor_parallel_size, DTYPE_BYTES[opts.dtype],
+                                      max_batch, max(opts.context_lens) + 1, PAGE_SIZE)
+    if weights + kv > device_bytes:
+        sweep = " (the capture sweep's 256; --no-capture-sweep sizes it to the batch sizes)" \
+            if opts.capture_sweep else ""
+        raise BenchArgError(
+            f"--context-lens {max(opts.context_lens)} needs a KV cache of {kv / GiB:.1f} GiB per "
+            f"GPU for {max_batch} slots{sweep}, beside {weights / GiB:.1f} GiB of weights: more "
+            f"than the GPU's {device_bytes / GiB:.1f} GiB; shorten the context, lower the batch "
+            "sizes or raise --tensor-parallel-size")
