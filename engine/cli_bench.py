@@ -22,7 +22,7 @@ from engine.bench.options import (MAX_STEPS, BenchArgError, BenchOptions, max_po
                                   parse_int_list, validate)
 from engine.cli_args import integer, number, seed as seed_arg, shown
 from engine.bench.fits import check_fits
-from engine.errors import ModelDirError, cuda_missing
+from engine.errors import ModelDirError, RankError, cuda_missing
 from engine.presets import PRESETS
 
 
@@ -274,12 +274,18 @@ def run_throughput(args: argparse.Namespace) -> int:
 
     from engine.bench.serving import format_table, measure_throughput, write_plot
 
-    with _model_dir(opts) as model_dir:
-        doc = measure_throughput(
-            model_dir, opts.preset or opts.model, args.num_requests, opts.seed, opts.dtype,
-            args.max_batch, args.max_model_len, args.temperature, args.top_p,
-            opts.compare == "hf", args.max_prefill_tokens, opts.tensor_parallel_size,
-            False if args.no_decode_overlap else None)
+    try:
+        with _model_dir(opts) as model_dir:
+            doc = measure_throughput(
+                model_dir, opts.preset or opts.model, args.num_requests, opts.seed, opts.dtype,
+                args.max_batch, args.max_model_len, args.temperature, args.top_p,
+                opts.compare == "hf", args.max_prefill_tokens, opts.tensor_parallel_size,
+                False if args.no_decode_overlap else None)
+    except ValueError as exc:  # settings the engine refused (a memory fit with no room)
+        return _error(str(exc))
+    except RankError as exc:
+        print(f"lockstep bench: error: {exc}", file=sys.stderr)
+        return 1
     doc["command"] = "lockstep bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
     print(format_table(doc), flush=True)
 

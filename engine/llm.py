@@ -21,8 +21,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
-from engine.errors import (ModelDirError, RankError, RequestError, check_text, refuse_not_regular,
-                           tokens)
+from engine.errors import (ModelDirError, ParallelConfigError, RankError, RequestError, check_text,
+                           refuse_not_regular, tokens)
 from engine.sampling import SamplingParams, as_token_id
 from engine.engine_config import EngineConfig, check_model_fits
 from engine.startup import StartupReport, StartupWatchdog
@@ -79,7 +79,9 @@ class LLM:
             backend op and reply as `protocol.trace.TraceEvent`s in `self.trace`).
     Raises:
         ModelDirError, ParallelConfigError (ValueError): bad directory or settings, before
-            any rank starts or device memory is allocated.
+            any rank starts or device memory is allocated; or, once the ranks measured the
+            GPU, settings that leave no memory for one full-length sequence (the memory fit's
+            `StartupRefused`, with the settings to change).
         RankError: a rank failed while starting.
 
     Under torchrun (WORLD_SIZE > 1) only rank 0 builds an LLM; the other ranks call
@@ -208,10 +210,25 @@ class LLM:
 
     # -- driving the controller ------------------------------------------------------------
 
+    def _what_to_lower(self) -> str:
+        """The settings a startup the memory fit refused can change, with their values."""
+        c = self.config
+        share = (f"raise gpu_memory_utilization (now {c.gpu_memory_utilization}), or "
+                 if c.device == "cuda" else "")
+        return (f"{share}lower max_batch (now {c.max_batch}) or max_model_len (now "
+                f"{c.max_model_len})")
+
     def _drive(self) -> None:
-        """Run commands until the controller is idle or done; a failure aborts every rank."""
+        """Run commands until the controller is idle or done; a failure aborts every rank.
+
+        Raises:
+            ParallelConfigError: the memory fit refused the startup (`StartupRefused`): the
+                settings ask for more memory than the GPU leaves.
+            RankError: any other failure, naming the lowest failed rank.
+        """
         from protocol.controller import Abort, Done, Idle, Wait
         from protocol.commands import Step
+        from protocol.errors import StartupRefused
 
         while True:
             t_top = time.perf_counter()  # a step's wall counts the controller's work for it
@@ -228,6 +245,8 @@ class LLM:
                 self._startup.close()
                 err = action.error
                 self._abort(err)
+                if isinstance(err, StartupRefused):  # the settings ask more than the GPU has
+                    raise ParallelConfigError(f"{err}; {self._what_to_lower()}") from err
                 rank = min(getattr(err, "failed", ()) or getattr(err, "uncollected", ()) or (0,))
                 raise RankError(rank, str(err)) from err
             if isinstance(action, Wait):  # cannot happen: collect() returns every reply

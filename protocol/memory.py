@@ -102,7 +102,10 @@ def plan_memory(reports: Mapping[int, MemoryReport], graph_bytes: Mapping[GraphK
             pages = min(pages, max_pages)
         if pages >= pages_needed(MIN_SEQUENCES, pages_per_seq):
             return MemoryPlan(batch_cap=cap, kv_pages=int(pages), graph_reserve_bytes=reserve)
+    left = (f"{budget} bytes" if budget > 0 else
+            f"no bytes ({tight.free_bytes} free, {tight.peak_activation_bytes} of activations, "
+            f"{headroom_bytes} of headroom)")
     raise StartupRefused(
-        f"startup refused: rank {tight_rank} has {budget} bytes after activations and headroom, "
+        f"startup refused: rank {tight_rank} has {left} after activations and headroom, "
         f"too few for even one sequence ({pages_needed(1, pages_per_seq)} KV pages of "
         f"{page_bytes} bytes) beside its graphs")

@@ -835,3 +835,30 @@ def test_the_fit_check_passes_the_runs_the_docs_make(monkeypatch):
         args = _parse(argv)
         opts = engine.cli_bench.options_from_args(args)
         check_fits(engine.cli_bench._shape(opts), opts, _Device.total_memory)
+
+
+@pytest.mark.parametrize("error, status", [("refused", 2), ("rank", 1)])
+def test_a_throughput_run_the_engine_refuses_or_that_fails_is_one_line(error, status, capsys,
+                                                                       monkeypatch):
+    import engine.cli_bench
+    from engine.bench import serving
+    from engine.errors import ParallelConfigError, RankError
+
+    def fail(*args, **kwargs):
+        if error == "refused":
+            raise ParallelConfigError("startup refused: rank 0 has no bytes; raise "
+                                      "gpu_memory_utilization")
+        raise RankError(1, "process exited with code 9")
+
+    import contextlib
+
+    monkeypatch.setattr(engine.cli_bench, "_gpu_problem", lambda tp: None)
+    monkeypatch.setattr(engine.cli_bench, "_model_dir",
+                        lambda opts: contextlib.nullcontext("/nonexistent"))
+    monkeypatch.setattr(serving, "measure_throughput", fail)
+    assert main(["bench", "--preset", "tiny", "--workload", "throughput", "-n", "4"]) == status
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] in ("lockstep bench: error: startup refused: rank 0 has no bytes; raise "
+                       "gpu_memory_utilization",
+                       "lockstep bench: error: rank 1 failed: process exited with code 9")
+    assert not any("Traceback" in line for line in err)

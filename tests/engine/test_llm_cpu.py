@@ -251,3 +251,18 @@ def test_a_config_naming_10_to_the_12_positions_runs_with_a_table_of_max_model_l
             assert llm.ranks.executor.model.rotary.cos.shape[0] == 64
             outs.append(llm.generate([[5, 6, 7]], params)[0].token_ids)
     assert outs[0] == outs[1] and len(outs[0]) == 6
+
+
+def test_a_startup_the_memory_fit_refuses_names_the_settings_to_change(tiny_dir, monkeypatch):
+    """Old behaviour (an H100, gpu_memory_utilization 0.01): "rank 0 failed: startup refused:
+    rank 0 has -33569792 bytes ..." as a rank failure, exit 1, naming no setting."""
+    from engine.errors import ParallelConfigError
+    from engine.executor import RankExecutor
+
+    monkeypatch.setattr(RankExecutor, "profile_memory", lambda self, rows: (0, 4096))
+    with pytest.raises(ParallelConfigError) as info:
+        LLM(tiny_dir, max_batch=2, max_model_len=32)
+    line = str(info.value)
+    assert line.startswith("startup refused: rank 0 has no bytes (0 free, 4096 of activations, ")
+    assert line.endswith("; lower max_batch (now 2) or max_model_len (now 32)")
+    assert "\n" not in line

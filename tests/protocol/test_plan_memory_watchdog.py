@@ -96,3 +96,8 @@ def test_memory_is_fitted_to_the_rank_with_least_free_after_activations_less_the
     with pytest.raises(ConfigError, match="rank 0 has 300 bytes after activations and headroom"):
         plan_memory(reports, graphs, (1, 2), 2, page_bytes=10, pages_per_seq=100,
                     headroom_bytes=4_700)
+    # nothing left: the parts, not a negative byte count (a user's -33569792 bytes)
+    with pytest.raises(ConfigError, match=r"rank 0 has no bytes \(10000 free, 5000 of "
+                       r"activations, 6000 of headroom\) after activations and headroom"):
+        plan_memory(reports, graphs, (1, 2), 2, page_bytes=10, pages_per_seq=1,
+                    headroom_bytes=6_000)
