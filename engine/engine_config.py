@@ -146,7 +146,8 @@ class EngineConfig:
         dtype: parameter and KV-cache dtype, one of DTYPES; `create` defaults to the
             checkpoint's dtype (bfloat16 when it names another).
         max_batch: decode slots (most requests decoded together), 1..256.
-        max_model_len: longest sequence, prompt + generated tokens; `create` defaults to
+        max_model_len: longest sequence, prompt + generated tokens, at most
+            max_position_embeddings and MAX_MODEL_LEN (2**24); `create` defaults to
             min(max_position_embeddings, 2048).
         page_size: tokens per KV page (power of two >= 16 for the Triton kernels), at most
             max_model_len rounded up to a power of two (one page then holds a sequence).
