@@ -450,6 +450,18 @@ def test_a_clean_run_s_trace_marks_every_event_ok_and_the_watchdog_s_arming():
     assert arm < first_capture
 
 
+def _stale_cache_shows_without_the_direct_checks(sc, variant, monkeypatch) -> None:
+    """A replay on a stale KV cache, with the buffer-generation check (I15) off, is caught as a
+    row that reads a cache its sequence never wrote (I21); with that off too, in the tokens."""
+    monkeypatch.setattr(ModelledBackend, "live_buffers", lambda self, r, host, graph: True)
+    outcome = run_schedule(sc, variant, RandomWalk(0)).outcome
+    assert outcome.invariant == "I21" and outcome.check == "decode-row-past-cache"
+    monkeypatch.setattr(DeviceModel, "check_continues",
+                        lambda self, r, seq, kv, rows, padding=None: True)
+    outcome = run_schedule(sc, variant, RandomWalk(0)).outcome
+    assert outcome.verdict == "divergence" and "diverged at output token" in outcome.detail
+
+
 @pytest.mark.timeout(120)
 def test_a_wake_that_reallocates_the_kv_cache_replays_freed_memory(monkeypatch):
     """kv-realloc-on-wake: the sleep/wake's second AllocateKV, taken by a worker without the
@@ -468,13 +480,18 @@ def test_a_wake_that_reallocates_the_kv_cache_replays_freed_memory(monkeypatch):
     assert any(e.kind == "op" and e.what == "launch" and e.detail.startswith("decode")
                for e in before)  # serving replays before the wake
     assert result.world.ctrl.finished  # the first round's requests finished
-    monkeypatch.setattr(ModelledBackend, "live_buffers", lambda self, r, host, graph: True)
-    outcome = run_schedule(sc, variant, RandomWalk(0)).outcome
-    assert outcome.invariant == "I21" and outcome.check == "decode-row-past-cache"
-    monkeypatch.setattr(DeviceModel, "check_continues",
-                        lambda self, r, seq, kv, rows, padding=None: True)
-    outcome = run_schedule(sc, variant, RandomWalk(0)).outcome
-    assert outcome.verdict == "divergence" and "diverged at output token" in outcome.detail
+    _stale_cache_shows_without_the_direct_checks(sc, variant, monkeypatch)
+
+
+def _against_the_protocols_worker(controller_cls, sc):
+    """Run a variant's controller against the protocol's own worker; its lifecycle rule must
+    refuse, I15, as the ranks' reply (the run's result)."""
+    variant = Variant(name="against-the-rule", summary="test", source="test",
+                      expected={"shared": "clean", "per-rank": "clean"},
+                      controller_cls=controller_cls)
+    result = run_schedule(sc, variant, RandomWalk(0))
+    assert result.outcome.invariant == "I15" and result.outcome.check == "rank:error"
+    return result
 
 
 @pytest.mark.timeout(120)
@@ -483,13 +500,9 @@ def test_the_lifecycle_rule_refuses_the_wake_before_any_memory_moves():
     the second AllocateKV (I15, from the rank's reply), and no buffer was re-allocated."""
     from sim.scenario import in_rounds
     from sim.variants_state import SleepWakeController
-    sc = in_rounds(default_scenario(topology="shared", **SMALL))
-    variant = Variant(name="wake-against-the-rule", summary="test", source="test",
-                      expected={"shared": "clean", "per-rank": "clean"},
-                      controller_cls=SleepWakeController)
-    result = run_schedule(sc, variant, RandomWalk(0))
+    result = _against_the_protocols_worker(SleepWakeController,
+                                           in_rounds(default_scenario(topology="shared", **SMALL)))
     outcome = result.outcome
-    assert outcome.invariant == "I15" and outcome.check == "rank:error"
     assert "AllocateKV" in outcome.detail and "allocated already" in outcome.detail
     assert all(dev.buffers["kv"].generation == 1 for dev in result.world.devices)
 
@@ -509,13 +522,7 @@ def test_graphs_captured_before_the_kv_allocation_replay_the_placeholder(monkeyp
     sent = [e.what for e in result.world.trace if e.kind == "send"]
     assert sent.index("Capture") < sent.index("AllocateKV") < sent.index("Finalize")
     assert outcome.cause is not None and f"command {outcome.cause} (AllocateKV)" in outcome.detail
-    monkeypatch.setattr(ModelledBackend, "live_buffers", lambda self, r, host, graph: True)
-    outcome = run_schedule(sc, variant, RandomWalk(0)).outcome
-    assert outcome.invariant == "I21" and outcome.check == "decode-row-past-cache"
-    monkeypatch.setattr(DeviceModel, "check_continues",
-                        lambda self, r, seq, kv, rows, padding=None: True)
-    outcome = run_schedule(sc, variant, RandomWalk(0)).outcome
-    assert outcome.verdict == "divergence" and "diverged at output token" in outcome.detail
+    _stale_cache_shows_without_the_direct_checks(sc, variant, monkeypatch)
 
 
 @pytest.mark.timeout(120)
@@ -523,13 +530,9 @@ def test_the_lifecycle_rule_refuses_a_capture_before_the_kv_allocation():
     """The same early sweep against the protocol's own worker: every rank refuses the first
     Capture (I15, from the rank's reply) and records no graph."""
     from sim.variants_state import CaptureBeforeKVController
-    sc = default_scenario(topology="shared", **SMALL)
-    variant = Variant(name="early-sweep-against-the-rule", summary="test", source="test",
-                      expected={"shared": "clean", "per-rank": "clean"},
-                      controller_cls=CaptureBeforeKVController)
-    result = run_schedule(sc, variant, RandomWalk(0))
+    result = _against_the_protocols_worker(CaptureBeforeKVController,
+                                           default_scenario(topology="shared", **SMALL))
     outcome = result.outcome
-    assert outcome.invariant == "I15" and outcome.check == "rank:error"
     assert "Capture of" in outcome.detail and "before AllocateKV" in outcome.detail
     assert not any(result.world.graphs[r] for r in range(len(result.world.devices)))
 
