@@ -6,6 +6,7 @@ import math
 import numbers
 import random
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
 
 from lockstep.args import one_line_repr
@@ -291,28 +292,43 @@ def serving_workload(max_batch: int, buckets: tuple[int, ...], stop_token: int =
     return tuple(arrivals)
 
 
+_CONFIG_FIELDS = tuple(f.name for f in fields(ProtocolConfig))
+
+
 def default_scenario(topology: str = "shared", world_size: int = 2,
                      buckets: tuple[int, ...] = DEFAULT_DECODE_BUCKETS, max_batch: int | None = None,
                      **config_overrides) -> Scenario:
     """The `lockstep check` default: Qwen3-4B shapes, TP 2, the 36 buckets, max batch 256,
     startup sweep then a serving workload with admissions, retirements and compactions.
 
+    ``config_overrides`` are further `ProtocolConfig` fields (``step_timeout_s=5``, or a
+    ``shape`` other than Qwen3-4B's).
+
     Raises:
         ConfigError: a world of fewer than `sim.limits.MIN_RANKS` ranks (as `lockstep check
-            --ranks` refuses), an empty bucket list, or a value `ProtocolConfig` refuses.
+            --ranks` refuses), a bucket list that is empty or not a list or tuple (a set has no
+            order), a keyword that is no field of `ProtocolConfig`, or a value `ProtocolConfig`
+            refuses.
     """
     if is_integer(world_size) and world_size < MIN_RANKS:
         raise ConfigError(f"world_size {world_size} must be at least {MIN_RANKS}: every hazard "
                           "the simulator models is between ranks")
-    if (isinstance(buckets, (str, bytes)) or not hasattr(buckets, "__len__")
+    if (not isinstance(buckets, Sequence) or isinstance(buckets, (str, bytes))
             or not len(buckets)):
-        raise ConfigError(f"buckets {buckets!r}: expected a non-empty list of batch sizes")
+        # a set was taken, then failed as "'set' object is not subscriptable"
+        raise ConfigError(f"buckets {one_line_repr(buckets, 60)}: expected a non-empty list of "
+                          "batch sizes")
+    unknown = [name for name in config_overrides if name not in _CONFIG_FIELDS]
+    if unknown:  # a TypeError from ProtocolConfig's constructor before
+        raise ConfigError(f"default_scenario: {unknown[0]!r} is no field of ProtocolConfig; its "
+                          f"fields: {', '.join(_CONFIG_FIELDS)}")
     check_limits(ranks=world_size if is_integer(world_size) else None,
                  buckets=[b for b in buckets if is_integer(b)],
                  max_batch=max_batch if is_integer(max_batch) else None)
     max_batch = buckets[-1] if max_batch is None else max_batch
+    # a shape of the caller's replaces Qwen3-4B's (given twice, it was a TypeError)
     config = ProtocolConfig(world_size=world_size, buckets=buckets, max_batch=max_batch,
-                            shape=QWEN3_4B, **config_overrides)
+                            **{"shape": QWEN3_4B, **config_overrides})
     return Scenario(config=config, topology=topology,
                     workload=serving_workload(max_batch, config.buckets))
 

@@ -119,11 +119,27 @@ def test_a_fault_that_could_never_fire_as_written_is_named(args, words):
                          "is between ranks"),
     (dict(world_size=0), "world_size 0 must be at least 2"),
     (dict(buckets=(1, 4, 2**40), max_batch=4), "bucket 1099511627776 is above 1048576"),
+    # a hostile user's trial: a set failed as "'set' object is not subscriptable", and an
+    # unknown keyword or a shape of one's own was a TypeError from ProtocolConfig
+    (dict(buckets={1, 2}), "buckets {1, 2}: expected a non-empty list of batch sizes"),
+    (dict(buckets=(1, 2), bogus=1), "default_scenario: 'bogus' is no field of ProtocolConfig; "
+                                    "its fields: world_size, "),
+    (dict(buckets=(1, 2), shape=None), "shape=None: expected a protocol.config.ModelShape"),
 ])
 def test_default_scenario_names_a_bucket_list_or_size_it_cannot_model(kwargs, words):
     with pytest.raises(ConfigError) as info:
         default_scenario(**kwargs)
     assert _one_line(info.value).startswith(words), info.value
+
+
+def test_default_scenario_takes_a_shape_of_ones_own():
+    """The control for the refusals above: ``shape`` is a ProtocolConfig field like the others
+    a caller may override (it was passed twice, a TypeError)."""
+    from protocol.config import ModelShape
+
+    shape = ModelShape(hidden_size=64, num_layers=2)
+    assert default_scenario(buckets=(1, 2), shape=shape).config.shape is shape
+    assert default_scenario(buckets=(1, 2)).config.shape.name == "Qwen3-4B"
 
 
 FUSED_SWEEP = get_variant("fused-sweep")
