@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import importlib.util
+import os
 import sys
 import re
 from collections.abc import Callable, Mapping
@@ -361,10 +362,19 @@ def load_variant_file(path: str | Path) -> list[Variant]:
     leaves none of its variants, as a worker process importing the file would find it).
 
     Raises:
-        ConfigError: the file is missing, cannot be read, not a file or one of lockstep's own
-            modules, fails to import (SystemExit included), defines no variant, lists something
-            that is not a Variant, or reuses a name.
+        ConfigError: ``path`` is no path (a str or an os.PathLike of a str), the file is
+            missing, cannot be read, not a file or one of lockstep's own modules, fails to
+            import (SystemExit included), defines no variant, lists something that is not a
+            Variant, or reuses a name.
     """
+    try:
+        text = os.fspath(path) if isinstance(path, (str, os.PathLike)) else None
+    except TypeError:  # an os.PathLike whose __fspath__ gives neither str nor bytes
+        text = None
+    if not isinstance(text, str):
+        # None, 5 or b"/x.py" failed in pathlib with a TypeError naming no argument
+        raise ConfigError(f"variant file {one_line_repr(path, 60)}: expected a path (a str or "
+                          "an os.PathLike)")
     if not str(path):
         raise ConfigError("variant file '': the path is empty; name a Python file")
     path = Path(path)

@@ -330,6 +330,27 @@ def test_a_variant_s_text_fields_must_be_text(change, words):
     assert _one_line(info.value).startswith(words), info.value
 
 
+class _BytesPath:
+    def __fspath__(self):
+        return b"/x.py"
+
+
+@pytest.mark.parametrize("path, words", [
+    (None, "variant file None: expected a path (a str or an os.PathLike)"),
+    (5, "variant file 5: expected a path"),
+    (b"/x.py", "variant file b'/x.py': expected a path"),
+    (_BytesPath(), "variant file <"),
+])
+def test_a_variant_file_that_is_no_path_is_named(path, words):
+    """A hostile user's trial: None, 5 and bytes failed inside pathlib with a TypeError that
+    named no argument."""
+    from sim.variants import load_variant_file
+
+    with pytest.raises(ConfigError) as info:
+        load_variant_file(path)
+    assert _one_line(info.value).startswith(words), info.value
+
+
 def test_every_shipped_variant_still_constructs(monkeypatch):
     """The shipped variants and the documented examples pass the checks of their fields (they
     are made when loaded) and of their scenario (`Variant.scenario`, which refuses a fault's
