@@ -166,6 +166,20 @@ def check_acceptable(acceptable) -> None:
                           "sim.check.CLEAN_OR_ABORT")
 
 
+def check_progress(progress) -> None:
+    """Refuse a ``progress`` that is neither None nor a function of the runs finished (a tqdm
+    bar's ``update``): 5 was taken, and the search failed after its first run with "'int'
+    object is not callable" (a hostile user's trial).
+
+    Raises:
+        ConfigError: one line naming the value.
+    """
+    if progress is not None and (not callable(progress) or isinstance(progress, type)):
+        raise ConfigError(f"progress = {one_line_repr(progress, 60)}: expected None or a "
+                          "function called with the number of runs just finished (a tqdm "
+                          "bar's update)")
+
+
 def _check_scenario_for(scenario_for) -> None:
     if isinstance(scenario_for, Scenario) or not callable(scenario_for):
         raise ConfigError(f"scenario_for = {one_line_repr(scenario_for, 60)}: expected a "
@@ -228,15 +242,17 @@ def sample_search(scenario_for: Callable[[int], Scenario], variant, acceptable: 
             scenario function defined in a closure) runs serially.
     Raises:
         ConfigError: a budget `check_budget` refuses, a strategy other than random or pct,
-            a ``stop_on_failure`` other than True or False (`check_flags`), a
-            ``scenario_for`` that is no function (a Scenario, say), a ``variant`` that is no
-            Variant, or an ``acceptable`` that cannot be called.
+            a ``stop_on_failure`` other than True or False (`check_flags`), a ``progress``
+            that is neither None nor a function (`check_progress`), a ``scenario_for`` that is
+            no function (a Scenario, say), a ``variant`` that is no Variant, or an
+            ``acceptable`` that cannot be called.
         sim.strategies.NondeterminismError: a run that failed in a worker process passed when
             run again in this one (the variant's code keeps state between runs).
     """
     check_budget(time_budget, schedules=schedules, jobs=jobs, seed=seed)
     seed = int(seed)  # a numpy seed overflowed in _chooser's arithmetic: another search
     check_flags(stop_on_failure=stop_on_failure)
+    check_progress(progress)
     _check_scenario_for(scenario_for)
     check_variant_arg(variant)
     check_acceptable(acceptable)
@@ -315,12 +331,14 @@ def exhaustive_search(scenario: Scenario, variant, acceptable: Acceptable,
 
     Raises:
         ConfigError: a budget `check_budget` refuses, a ``stop_on_failure`` or ``symmetry``
-            other than True or False (`check_flags`), a ``scenario`` that is no Scenario (a
+            other than True or False (`check_flags`), a ``progress`` that is neither None nor
+            a function (`check_progress`), a ``scenario`` that is no Scenario (a
             function of the run index, say), a ``variant`` that is no Variant, or an
             ``acceptable`` that cannot be called.
     """
     check_budget(time_budget, max_states=max_states)
     check_flags(stop_on_failure=stop_on_failure, symmetry=symmetry)
+    check_progress(progress)
     check_scenario(scenario)
     check_variant_arg(variant)
     check_acceptable(acceptable)

@@ -169,6 +169,12 @@ def _bad(result) -> bool:
     ("exhaustive", dict(symmetry=None), "symmetry = None: expected True or False"),
     ("exhaustive", dict(stop_on_failure=0), "stop_on_failure = 0: expected True or False"),
     ("hypothesis", dict(shrink="false"), "shrink = 'false': expected True or False"),
+    # a hostile user's trial: progress=5 failed after the first run, "'int' object is not
+    # callable"
+    ("sample", dict(progress=5), "progress = 5: expected None or a function called with the "
+                                 "number of runs just finished"),
+    ("sample", dict(progress=True), "progress = True: expected None or a function"),
+    ("exhaustive", dict(progress="bar"), "progress = 'bar': expected None or a function"),
 ])
 def test_a_search_budget_that_runs_nothing_or_never_ends_is_refused(search, kwargs, words,
                                                                      no_simulation):
