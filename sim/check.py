@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from lockstep.args import MAX_DIGITS, SEED_LIMIT, clipped, one_line_repr
+from lockstep.args import MAX_DIGITS, clipped, one_line_repr
 from protocol.errors import ConfigError
 from sim.common import INVARIANTS, OUTCOME_VERDICTS, fault_phase_event
 from sim.checks import attribute_divergence
@@ -115,9 +115,7 @@ class CheckSpec:
             if not is_integer(value) or value < least:
                 raise ConfigError(f"{name} = {one_line_repr(value)}: expected an integer >= "
                                   f"{least}")
-        if not is_integer(self.seed) or not 0 <= self.seed < SEED_LIMIT:
-            raise ConfigError(f"seed = {one_line_repr(self.seed)}: expected an integer in "
-                              "[0, 2**64)")
+        check_budget(self.time_budget, seed=self.seed)  # the searches' rule: [0, 2**64)
         check_limits(schedules=self.schedules, fault_schedules=self.fault_schedules,
                      jobs=self.jobs, time_budget=self.time_budget)
         if self.clean_schedules is not None:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from lockstep.args import one_line_repr
+from lockstep.args import SEED_LIMIT, one_line_repr
 from protocol.errors import ConfigError
 from sim.guard import tick, watchdog
 from sim.run import RunResult, check_scenario, check_variant_arg, collector_off, run_schedule
@@ -139,16 +139,21 @@ def _tally(stats: SearchStats, result: RunResult, acceptable: Acceptable, progre
 def check_budget(time_budget, **counts) -> None:
     """Refuse a search budget that would let a search run nothing and pass, or never end: each
     of ``counts`` (schedules, states, workers, examples, seed) an integer (>= 1, but a seed
-    any integer), ``time_budget`` a finite number of seconds above 0 (NaN compared false with
-    every deadline, so the search ran without one; 0 schedules read as "no failure").
+    one in [0, 2**64), `lockstep.args.SEED_LIMIT`, as ``--seed`` and `sim.check.CheckSpec`
+    take: -1 drew the same schedules as 1, and 2**64 was taken only here), ``time_budget`` a
+    finite number of seconds above 0 (NaN compared false with every deadline, so the search
+    ran without one; 0 schedules read as "no failure").
 
     Raises:
         ConfigError: one line naming the argument and the value.
     """
     for name, value in counts.items():
-        if not is_integer(value) or name != "seed" and value < 1:
-            raise ConfigError(f"{name} = {one_line_repr(value, 60)}: expected an integer"
-                              + ("" if name == "seed" else " >= 1"))
+        if name == "seed":
+            if not is_integer(value) or not 0 <= value < SEED_LIMIT:
+                raise ConfigError(f"seed = {one_line_repr(value, 60)}: expected an integer in "
+                                  "[0, 2**64)")
+        elif not is_integer(value) or value < 1:
+            raise ConfigError(f"{name} = {one_line_repr(value, 60)}: expected an integer >= 1")
     if not is_real(time_budget) or not 0 < time_budget < math.inf:
         raise ConfigError(f"time_budget = {one_line_repr(time_budget, 60)}: expected a finite "
                           "number of seconds above 0")

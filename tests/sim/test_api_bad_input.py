@@ -158,6 +158,14 @@ def _bad(result) -> bool:
     ("sample", dict(time_budget="5"), "time_budget = '5'"),
     ("sample", dict(jobs=0), "jobs = 0"),
     ("sample", dict(seed=None), "seed = None: expected an integer"),
+    # a hostile user's trial: the searches took what --seed and CheckSpec refuse, and -1 drew
+    # the schedules of another seed
+    ("sample", dict(seed=-1), "seed = -1: expected an integer in [0, 2**64)"),
+    ("sample", dict(seed=2**64), "seed = 18446744073709551616: expected an integer in "
+                                 "[0, 2**64)"),
+    ("hypothesis", dict(seed=-1), "seed = -1: expected an integer in [0, 2**64)"),
+    ("hypothesis", dict(seed=2**64), "seed = 18446744073709551616: expected an integer in "),
+    ("hypothesis", dict(seed=1.5), "seed = 1.5: expected an integer in [0, 2**64)"),
     ("sample", dict(strategy="exhaustive"), "strategy = 'exhaustive': expected 'random' or "),
     ("exhaustive", dict(max_states=-1), "max_states = -1"),
     ("exhaustive", dict(time_budget=math.nan), "time_budget = nan"),
@@ -197,6 +205,17 @@ def test_the_smallest_budgets_still_search():
     sc = FUSED_SWEEP.scenario(default_scenario(**SMALL))
     result = sample_search(lambda i: sc, FUSED_SWEEP, _bad, schedules=1, time_budget=30)
     assert result.stats.schedules == 1
+
+
+@pytest.mark.timeout(60)
+def test_the_seeds_at_either_end_of_the_range_still_search():
+    """The control for the seed refusals: 0 and 2**64 - 1 are seeds --seed takes."""
+    sc = default_scenario(**SMALL)
+    for seed in (0, 2**64 - 1):
+        assert sample_search(lambda i: sc, CORRECT, lambda r: True, schedules=1, time_budget=30,
+                             seed=seed).stats.schedules == 1
+        assert hypothesis_search(sc, CORRECT, lambda r: True, max_examples=1, time_budget=30,
+                                 seed=seed).stats.schedules == 1
 
 
 class _Nobody:
