@@ -62,7 +62,7 @@ from protocol.memory import MemoryPlan, plan_memory
 from protocol.pages import PagePool, pages_for
 from protocol.requests import Request
 from protocol.slots import SlotTable
-from protocol.watchdog import Watchdog
+from protocol.watchdog import Watchdog, read_clock
 
 
 @dataclass(frozen=True)
@@ -169,7 +169,10 @@ class Controller:
 
     Args:
         config: the validated protocol configuration.
-        clock: returns seconds (monotonic); drives the startup watchdog.
+        clock: returns seconds (monotonic), a finite int or float; drives the startup
+            watchdog and the step timeout. Each reading is checked (`protocol.watchdog.
+            read_clock`): `next_action` raises ConfigError naming any other value, before it
+            changes any state.
         pages_per_seq: KV pages one full-length sequence needs, ceil(max_model_len /
             config.page_size) (memory fitting, page tables, the longest request accepted).
             The default, 1, accepts only requests of at most config.page_size tokens.
@@ -252,18 +255,24 @@ class Controller:
     # -- what the driver asks --------------------------------------------------------------
 
     def next_action(self) -> Action:
-        """What the driver does next. Never issues a command while a reply is outstanding (I1)."""
+        """What the driver does next. Never issues a command while a reply is outstanding (I1).
+
+        Raises:
+            ConfigError: the clock returned something other than a finite int or float (the
+                caller's clock, `protocol.watchdog.read_clock`), before any state changed.
+        """
         if self.phase == "failed":
             return Abort(self.failure, self.abort_how)
         if self.phase == "done":
             return Done()
+        now = read_clock(self._clock)  # first: a bad reading raises before any state changes
         uncollected = self.uncollected()
         if self.phase == "startup":
             try:
-                self.watchdog.check(uncollected)
+                self.watchdog.check(uncollected, now)
             except WatchdogExpired as exc:
                 return self._fail(exc)
-        elif uncollected and self._clock() >= self.step_deadline:
+        elif uncollected and now >= self.step_deadline:
             return self._fail(RankFailure(
                 f"command {self.current.seq} ({type(self.current).__name__}) timed out after "
                 f"{self.config.step_timeout_s:g} s; ranks not collected: "
@@ -283,7 +292,7 @@ class Controller:
             return Idle()
         self.current = command
         self.replies = {}
-        self._sent_at = self._clock()
+        self._sent_at = now
         return Broadcast(command)
 
     def uncollected(self) -> tuple[int, ...]:

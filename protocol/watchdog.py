@@ -10,16 +10,39 @@ kills a healthy process (pegainfer PR #848 review). Time comes from an injected 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
-from protocol.errors import WatchdogExpired
+from protocol.errors import ConfigError, WatchdogExpired, shown
+
+
+def read_clock(clock: Callable[[], float]) -> float:
+    """``clock()``, checked to be a finite int or float (not a bool): the caller's clock that
+    returned None part-way through raised a TypeError at a deadline comparison, and one that
+    returned NaN compared false with every deadline, so the watchdog and the step timeout
+    never fired and the run finished "done" (a hostile user's trial). One type check and one
+    `math.isfinite` per reading: it runs at every controller step.
+
+    Raises:
+        ConfigError: "clock() returned VALUE: ...", naming the value.
+    """
+    now = clock()
+    kind = type(now)
+    if kind is float or (kind is not bool and isinstance(now, float)):
+        if math.isfinite(now):
+            return now
+    elif kind is int or (kind is not bool and isinstance(now, int)):
+        return now  # every int is finite (math.isfinite of one past a float's range raises)
+    raise ConfigError(f"clock() returned {shown(now)}: expected a finite int or float of "
+                      "seconds (the clock passed to the controller)")
 
 
 class Watchdog:
     """Deadline over the startup sweep.
 
     Args:
-        clock: returns the current time in seconds (monotonic); the simulator injects its own.
+        clock: returns the current time in seconds (monotonic), a finite int or float
+            (`read_clock`); the simulator injects its own.
         timeout_s: seconds from `arm` to expiry.
     """
 
@@ -34,16 +57,30 @@ class Watchdog:
         return self.deadline is not None
 
     def arm(self) -> None:
-        """Start the deadline now."""
-        self.deadline = self._clock() + self.timeout_s
+        """Start the deadline now.
+
+        Raises:
+            ConfigError: the clock returned something other than a finite int or float
+                (`read_clock`); the watchdog stays disarmed.
+        """
+        self.deadline = read_clock(self._clock) + self.timeout_s
 
     def disarm(self) -> None:
         """Stop the deadline; safe to call when not armed."""
         self.deadline = None
 
-    def check(self, uncollected: tuple[int, ...]) -> None:
-        """Raise WatchdogExpired, naming the ranks not yet collected, if the deadline passed."""
-        if self.deadline is not None and self._clock() >= self.deadline:
+    def check(self, uncollected: tuple[int, ...], now: float | None = None) -> None:
+        """Raise WatchdogExpired, naming the ranks not yet collected, if the deadline passed
+        by ``now`` (None: read the clock).
+
+        Raises:
+            WatchdogExpired: the deadline passed.
+            ConfigError: the clock returned something other than a finite int or float
+                (`read_clock`); the watchdog stays armed.
+        """
+        if self.deadline is None:
+            return
+        if (read_clock(self._clock) if now is None else now) >= self.deadline:
             self.deadline = None
             ranks = ", ".join(map(str, uncollected)) or "none"
             raise WatchdogExpired(

@@ -134,6 +134,71 @@ def test_a_controller_of_bad_arguments_is_refused_when_built(kwargs, words):
     assert str(info.value).startswith(words), info.value
 
 
+@pytest.mark.parametrize("bad, shown", [
+    (None, "None"), (math.nan, "nan"), (math.inf, "inf"), (-math.inf, "-inf"), (True, "True"),
+    ("5", "'5'"),
+])
+def test_a_clock_reading_that_is_no_finite_number_is_named_and_changes_nothing(bad, shown):
+    """A hostile user's trial: a clock that returned None part-way through raised a TypeError
+    at the watchdog's deadline comparison, and one that returned NaN compared false with every
+    deadline, so neither the startup watchdog nor the step timeout could fire and the run read
+    "done". Every reading `next_action` takes is checked: a bad one is a ConfigError naming it,
+    raised before any state changes, so the run goes on once the clock reads a number again."""
+    from protocol.controller import Abort, Done, Idle
+    from protocol.eligibility import GraphPlan
+    from protocol.worker import Worker
+    from tests.protocol.driver import FakeBackend, deliver
+
+    reading = [0.0]
+    ctrl = Controller(CONFIG, clock=lambda: reading[0])
+    workers = [Worker(r, 2, GraphPlan.from_config(CONFIG), CONFIG.max_batch) for r in range(2)]
+    backends = [FakeBackend(r, None, 10**12) for r in range(2)]
+    pending = [Request(0, (1, 2), max_tokens=3)]
+    refused_in = set()
+    for call in range(1000):
+        if call % 3 == 0:  # every third reading is the bad value, in startup and in serving
+            reading[0] = bad
+            state = (ctrl.phase, ctrl.seq, ctrl.current, dict(ctrl.replies),
+                     ctrl.watchdog.deadline)
+            with pytest.raises(ConfigError) as info:
+                ctrl.next_action()
+            assert str(info.value) == (f"clock() returned {shown}: expected a finite int or "
+                                       "float of seconds (the clock passed to the controller)")
+            assert (ctrl.phase, ctrl.seq, ctrl.current, dict(ctrl.replies),
+                    ctrl.watchdog.deadline) == state
+            refused_in.add(ctrl.phase)
+            continue
+        reading[0] = float(call)
+        action = ctrl.next_action()
+        if isinstance(action, (Done, Abort)):
+            break
+        if isinstance(action, Idle):
+            if pending:
+                ctrl.submit(pending.pop())
+            else:
+                ctrl.shutdown()
+            continue
+        deliver(ctrl, workers, backends, action.command)
+    assert isinstance(action, Done) and refused_in >= {"startup", "serving"}
+    assert len(ctrl.take_finished(0)) == 3
+
+
+def test_the_watchdog_names_a_bad_clock_reading_and_keeps_its_state():
+    from protocol.watchdog import Watchdog
+
+    reading = [None]
+    dog = Watchdog(lambda: reading[0], 5.0)
+    with pytest.raises(ConfigError, match=r"^clock\(\) returned None: expected a finite"):
+        dog.arm()
+    assert not dog.armed
+    reading[0] = 1  # an int is a reading too
+    dog.arm()
+    reading[0] = math.nan
+    with pytest.raises(ConfigError, match=r"^clock\(\) returned nan: "):
+        dog.check((1,))
+    assert dog.deadline == 6.0
+
+
 @pytest.mark.parametrize("args, words", [
     ((5, 2, "plan", 2), "Worker rank=5 must be in 0..1"),
     ((-1, 2, "plan", 2), "Worker rank=-1 must be in 0..1"),
