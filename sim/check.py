@@ -52,10 +52,10 @@ class CheckSpec:
     ``clean_schedules`` (or None) and ``jobs`` integers >= 1, ``fault_schedules`` an integer
     >= 0 (0: no faulted row), each at most its `sim.limits` bound, ``time_budget`` a finite
     number of seconds above 0 and at most a day, ``seed`` an integer in [0, 2**64),
-    ``hazards_off`` hazard rule names (``h1`` ... ``h9``), ``h2_scope`` and ``h2_calls`` one
-    of theirs; ``reduce_attempts``, which no option sets, an integer >= 0. The integer fields
-    take numpy's integers too, kept as ints; ``buckets`` takes plain ints, as ``--buckets``
-    does, and ``hazards_off`` a list or tuple of names.
+    ``hazards_off`` hazard rule names (``h1`` ... ``h9``, each once), ``h2_scope`` and
+    ``h2_calls`` one of theirs; ``reduce_attempts``, which no option sets, an integer >= 0. The
+    integer fields take numpy's integers too, kept as ints; ``buckets`` takes plain ints, as
+    ``--buckets`` does, and ``hazards_off`` a list or tuple of names.
 
     Raises:
         ConfigError: one line naming the first field refused and its value, or the fields that
@@ -1166,9 +1166,11 @@ def check_scenario_value(name: str, value):
     if name == "hazards_off":
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{clipped(repr(value))} is not a list of hazard names ({', '.join(RULES)})")
-        for hazard in value:
+        for i, hazard in enumerate(value):
             if hazard not in RULES:
                 raise ConfigError(f"unknown hazard {clipped(repr(hazard))}; known: {', '.join(RULES)}")
+            if hazard in value[:i]:  # a trace edited by hand took it (--hazard-off counts once)
+                raise ConfigError(f"hazard {hazard!r} is named twice; name each once")
         return tuple(value)
     choices = {"topology": TOPOLOGIES, "h2_scope": H2_SCOPES, "h2_calls": H2_CALLS}[name]
     if not isinstance(value, str) or value not in choices:
@@ -1241,7 +1243,7 @@ def check_scenario_json(data: dict) -> dict:
             out[name] = check_scenario_value(name, value)
         except ConfigError as exc:
             raise ConfigError(f"bad scenario in trace: {name} = {shown}: {exc}") from None
-    faults = data.get("faults") or []
+    faults = data.get("faults", [])  # 0, "" or {} read as "no faults" when `or []` stood here
     if not isinstance(faults, list):
         raise ConfigError(f"bad scenario in trace: faults = {one_line_repr(faults, 80)}: "
                           "not a list")

@@ -290,6 +290,7 @@ def test_a_chooser_of_one_s_own_that_chooses_an_enabled_actor_runs():
     (dict(buckets=(4, 2)), "buckets = (4, 2): buckets must be strictly ascending"),
     (dict(hazards_off=("H6",)), "hazards_off = ('H6',): unknown hazard 'H6'; known: h1, "),
     (dict(hazards_off="h6"), "hazards_off = 'h6': 'h6' is not a list of hazard names"),
+    (dict(hazards_off=("h1", "h1")), "hazards_off = ('h1', 'h1'): hazard 'h1' is named twice"),
     (dict(h2_scope="all"), "h2_scope = 'all': 'all' is not one of device, process, peers"),
     (dict(h2_calls=None), "h2_calls = None: None is not one of assumed, measured, both"),
     # a variant author's finding: taken, and each row then blamed the variant for it

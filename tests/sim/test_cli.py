@@ -407,6 +407,13 @@ def test_variant_file_may_derive_from_a_shipped_variant(tmp_path, capsys):
     (lambda d: d["scenario"].update(ranks=None), "bad scenario in trace: ranks = null"),
     (lambda d: d.update(variant_file="xyz"), "'variant_file' is \"xyz\": not 12 lowercase hex"),
     (lambda d: d["scenario"].update(faults=None), "bad scenario in trace: faults = null"),
+    # a hostile user's trial: 0, "" and {} read as "no faults", a hazard named twice was taken
+    (lambda d: d["scenario"].update(faults=0), "bad scenario in trace: faults = 0: not a list"),
+    (lambda d: d["scenario"].update(faults=""), "bad scenario in trace: faults = '': not a list"),
+    (lambda d: d["scenario"].update(faults={}), "bad scenario in trace: faults = {}: not a list"),
+    (lambda d: d["scenario"].update(hazards_off=["h9", "h9"]),
+     "bad scenario in trace: hazards_off = ['h9', 'h9']: hazard 'h9' is named twice; name each "
+     "once"),
     # a fresh user's finding: these leaked "TypeError ... (at difflib.py:280)", exit 1
     # a fresh user's finding: hand-edited traces read as the simulator's NONDETERMINISM
     (lambda d: d["choices"].__setitem__(0, "rank7"),
