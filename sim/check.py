@@ -649,10 +649,12 @@ def _shown(value) -> str:
 
 
 def _check_recorded_header(data: dict, choices: list[str]) -> None:
-    """The trace's ``actions``, ``verdict`` and ``model``, which the replay only compares: a
-    value no recording holds would read as the simulator's nondeterminism (``actions``,
-    ``verdict``) or be taken as naming the code that recorded it (``model``). Each may be
-    absent (``model`` is, in traces written before 2026-12-06).
+    """The trace's ``actions``, ``verdict``, ``model`` and ``scenario_digest``, which the replay
+    only compares: a value no recording holds would read as the simulator's nondeterminism
+    (``actions``, ``verdict``) or be taken as naming the code that recorded it (``model``) or
+    the scenario it was recorded under (``scenario_digest``). Each may be absent (``model`` is,
+    in traces written before 2026-12-06, ``scenario_digest`` in those written before
+    2026-12-07).
 
     Raises:
         ConfigError: naming the field and its value, clipped.
@@ -683,6 +685,67 @@ def _check_recorded_header(data: dict, choices: list[str]) -> None:
         raise ConfigError(f"'model' is {_shown(data['model'])}: not 12 lowercase hex digits (the "
                           "hash of the code that recorded the trace, `sim.report."
                           "model_fingerprint`)")
+    digest = data.get("scenario_digest", {})
+    if not (isinstance(digest, dict)
+            and all(k in SCENARIO_FIELDS and isinstance(v, str) and MODEL_TEXT.fullmatch(v)
+                    for k, v in digest.items())):
+        raise ConfigError(f"'scenario_digest' is {_shown(digest)}: not an object of scenario "
+                          "fields, each 12 lowercase hex digits (the hash of each field of the "
+                          "recording's scenario, `sim.report.scenario_digest`)")
+
+
+def _check_scenario_digest(data: dict, short_contexts: tuple | None) -> None:
+    """The trace's ``scenario`` against the ``scenario_digest`` it was written with
+    (`sim.report.scenario_digest`), where it has one: a field edited, added or dropped by hand
+    (ranks, buckets, max batch, hazards off) replayed into a departure from the recording,
+    reported as the simulator's NONDETERMINISM. Where a field has few possible values (ranks,
+    topology, the H2 settings, hazards off in rule order, the ``short_context`` values its run
+    could draw: ``short_contexts``), the error names the recorded one too.
+
+    Raises:
+        ConfigError: a bad-trace line naming the first such field (in `SCENARIO_FIELDS`
+            order) and its value.
+    """
+    from sim.report import field_digest
+
+    digest, scenario = data.get("scenario_digest"), data["scenario"]
+    if digest is None:
+        return
+    for name in SCENARIO_FIELDS:
+        recorded, present = digest.get(name), name in scenario
+        if recorded is None and not present:
+            continue
+        where = f"bad scenario in trace: {name}"
+        if recorded is None:
+            raise ConfigError(f"{where} = {clipped(repr(scenario[name]))}: the recording has no "
+                              f"{name} (its scenario_digest names none; added by hand?)")
+        if not present:
+            raise ConfigError(f"{where} is missing, but the recording has one (its "
+                              "scenario_digest names it; removed by hand?)")
+        if field_digest(name, scenario[name]) == recorded:
+            continue
+        was = [v for v in _digest_candidates(name, short_contexts)
+               if field_digest(name, v) == recorded]
+        what = (f"the recording has {name} {clipped(repr(was[0]))}" if was else
+                f"not the recording's {name}")
+        raise ConfigError(f"{where} = {clipped(repr(scenario[name]))}: {what} (its "
+                          "scenario_digest says so; edited by hand?)")
+
+
+def _digest_candidates(name: str, short_contexts: tuple | None):
+    """The values of field ``name`` few enough to hash each (`_check_scenario_digest`), as a
+    trace writes them; none for the others."""
+    from itertools import combinations
+
+    from sim.hazards import H2_CALLS, H2_SCOPES, RULES
+    from sim.limits import MAX_RANKS
+    from sim.scenario import TOPOLOGIES
+
+    if name == "hazards_off":  # 512 subsets, in rule order, as explain names them
+        return [list(c) for n in range(len(RULES) + 1) for c in combinations(RULES, n)]
+    return {"ranks": range(MIN_RANKS, MAX_RANKS + 1), "topology": TOPOLOGIES,
+            "h2_scope": H2_SCOPES, "h2_calls": H2_CALLS,
+            "short_context": [v for v in short_contexts or () if v is not None]}.get(name, ())
 
 
 def _check_fault_ops(variant: Variant, faults: tuple[Fault, ...]) -> None:
@@ -935,12 +998,16 @@ def replay_trace(data: dict) -> tuple[RunResult | None, str | None]:
     unless the scenario's fields drawn per run are what departs: a ``short_context`` that no
     run of the variant has, or one at which the recording does not replay while another drawn
     value replays it exactly, and faults that the recording's fault events contradict, are a
-    bad trace (an edit by hand), not the simulator's nondeterminism.
+    bad trace (an edit by hand), not the simulator's nondeterminism; so is any field of its
+    scenario that is not the one its ``scenario_digest`` records (`_check_scenario_digest`;
+    a trace written before 2026-12-07 has none, and replays as before).
 
     Raises:
         ConfigError: the file is not a lockstep trace of this format, names an unknown
-            variant, hazard, fault or fault op, its ``actions`` or ``model`` is no recording's,
-            or its drawn fields (``short_context``, ``faults``) are not its recording's.
+            variant, hazard, fault or fault op, its ``actions``, ``model`` or
+            ``scenario_digest`` is no recording's, its drawn fields (``short_context``,
+            ``faults``) are not its recording's, or a field of its scenario is not the one its
+            ``scenario_digest`` records.
         Stalled: the variant's code stopped making progress (`sim.guard.watchdog`); whatever
             else the variant's code raises passes through.
     """
@@ -1004,6 +1071,9 @@ def replay_trace(data: dict) -> tuple[RunResult | None, str | None]:
     _check_recorded_run(data, choices, spec.ranks)
     if data.get("trace") is not None:
         _check_recorded_faults(data["trace"], faults)
+    # last: a field the checks above can place (a drawn value no run has, faults the
+    # recording contradicts) is named by its own rule
+    _check_scenario_digest(data, allowed)
     try:
         with watchdog():  # the variant's hooks are user code, as in a search
             result = run_schedule(scenario, variant, Replay(list(choices)))
@@ -1013,6 +1083,9 @@ def replay_trace(data: dict) -> tuple[RunResult | None, str | None]:
         problem = _departure(result, data, choices)
     if problem is not None:
         problem += _recorded_by_other_code(data)
+        if "scenario_digest" not in data:
+            problem += ("; the trace has no scenario_digest (traces written before 2026-12-07 "
+                        "do not), so a scenario edited by hand cannot be told from a departure")
         # a short_context the variant draws, but not the recording's: the value that replays
         # the recording exactly names the edit
         for other in [v for v in allowed or () if v is not None and v != given]:

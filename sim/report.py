@@ -49,6 +49,23 @@ def variant_file_fingerprint(variant_name: str) -> str | None:
         return None
 
 
+def field_digest(name: str, value) -> str:
+    """12 hex digits of a SHA-256 of one field of a trace's ``scenario``: its name and its
+    value as canonical JSON (keys sorted, no spaces), so the same value hashes alike however
+    the file is laid out, and a field's value never passes for another field's."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(f"{name}\0{text}".encode()).hexdigest()[:12]
+
+
+def scenario_digest(scenario_spec: dict) -> dict[str, str]:
+    """Field -> `field_digest` of each field of a trace's ``scenario`` object. A trace records
+    it (``"scenario_digest"``): a replay of a scenario edited by hand (ranks, buckets, hazards
+    off) departed from its recording and read as the simulator's NONDETERMINISM (a hostile
+    user's trial); with the digest it is a bad trace naming the edited field
+    (`sim.check.replay_trace`)."""
+    return {name: field_digest(name, value) for name, value in scenario_spec.items()}
+
+
 NOISY_OPS = {"graph_memory", "release_slot", "move_slot", "prepare_replay"}
 _GAP = "     ... (events in between left out)"
 EARLIER = "earlier"
@@ -221,6 +238,7 @@ def to_json(result: RunResult, variant_name: str, scenario_spec: dict) -> dict:
            if (fingerprint := variant_file_fingerprint(variant_name)) is not None else {}),
         "variant": variant_name,
         "scenario": scenario_spec,
+        "scenario_digest": scenario_digest(scenario_spec),
         "verdict": result.outcome.verdict,
         "invariant": result.outcome.invariant,
         "check": result.outcome.check,

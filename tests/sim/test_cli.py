@@ -430,6 +430,83 @@ def test_bad_trace_contents_exit_2(fused_trace, capsys, edit, needle):
     assert needle in err and len(err.strip().splitlines()) == 1, err
 
 
+@pytest.mark.parametrize("field, value, words", [
+    ("ranks", 3, "ranks = 3: the recording has ranks 2 (its scenario_digest says so; edited by "
+                 "hand?)"),
+    ("buckets", [1, 2, 4, 8], "buckets = [1, 2, 4, 8]: not the recording's buckets (its "
+                              "scenario_digest says so; edited by hand?)"),
+    ("max_batch", 3, "max_batch = 3: not the recording's max_batch"),
+    ("hazards_off", ["h9"], "hazards_off = ['h9']: the recording has hazards_off []"),
+    ("hazards_off", ["h1"], "hazards_off = ['h1']: the recording has hazards_off []"),
+    ("topology", "per-rank", "topology = 'per-rank': the recording has topology 'shared'"),
+    ("h2_scope", "device", "h2_scope = 'device': the recording has h2_scope 'process'"),
+    ("h2_calls", "assumed", "h2_calls = 'assumed': the recording has h2_calls 'both'"),
+    ("rank_overhead", [], "rank_overhead = []: the recording has no rank_overhead (its "
+                          "scenario_digest names none; added by hand?)"),
+])
+def test_a_scenario_edited_by_hand_is_a_bad_trace_not_nondeterminism(fused_trace, capsys, field,
+                                                                      value, words,
+                                                                      no_simulation):
+    """A hostile user's trial: ranks, buckets, max_batch or hazards_off edited in a trace
+    replayed into "NONDETERMINISM: replay departed ...", exit 1, blaming the simulator (or,
+    for some, "replayed exactly" a scenario no run had). The trace carries a digest of each
+    field of its scenario (`sim.report.scenario_digest`), and a field that no longer matches
+    it is a bad trace naming it, exit 2, before any run."""
+    _rewrite(fused_trace, lambda d: d["scenario"].__setitem__(field, value))
+    assert main(["check", "--replay", str(fused_trace)]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert captured.out == "" and len(err.splitlines()) == 1, captured
+    assert err.startswith(f"lockstep check: error: {fused_trace}: bad scenario in trace: "
+                          f"{words}"), err
+
+
+def test_a_trace_records_the_digest_of_the_scenario_it_was_written_with(fused_trace, tmp_path,
+                                                                       capsys):
+    """The control for the refusals above: an unedited trace replays exactly (the digest of
+    its scenario as read back from JSON is the one written), and so does its replay's own
+    trace (--trace-out)."""
+    from sim.report import scenario_digest
+
+    data = json.loads(fused_trace.read_text())
+    assert data["scenario_digest"] == scenario_digest(data["scenario"])
+    assert set(data["scenario_digest"]) == set(data["scenario"])
+    out = tmp_path / "again"
+    assert main(["check", "--replay", str(fused_trace), "--trace-out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["check", "--replay", str(out / "fused-sweep.shared.replayed.json")]) == 0
+
+
+def test_a_trace_without_a_scenario_digest_still_replays(fused_trace, capsys):
+    """Traces written before 2026-12-07 have no scenario_digest: they replay as before, and a
+    departure says that an edit of the scenario cannot be told from it."""
+    _rewrite(fused_trace, lambda d: d.pop("scenario_digest"))
+    assert main(["check", "--replay", str(fused_trace)]) == 0
+    assert capsys.readouterr().out.startswith("replayed ")
+    _rewrite(fused_trace, lambda d: d["scenario"].__setitem__("ranks", 3))
+    assert main(["check", "--replay", str(fused_trace)]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("NONDETERMINISM: replay departed from its recording"), out
+    assert out.rstrip().endswith("; the trace has no scenario_digest (traces written before "
+                                 "2026-12-07 do not), so a scenario edited by hand cannot be "
+                                 "told from a departure"), out
+
+
+@pytest.mark.parametrize("digest, shown", [
+    ("x", '"x"'), (["ranks"], '["ranks"]'), ({"ranks": "zz"}, '{"ranks": "zz"}'),
+    ({"bogus": "0" * 12}, '{"bogus": "000000000000"}'), ({"ranks": 5}, '{"ranks": 5}'),
+    (None, "null"),
+])
+def test_a_scenario_digest_no_recording_has_is_named(fused_trace, capsys, digest, shown,
+                                                     no_simulation):
+    _rewrite(fused_trace, lambda d: d.__setitem__("scenario_digest", digest))
+    assert main(["check", "--replay", str(fused_trace)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"lockstep check: error: {fused_trace}: 'scenario_digest' is {shown}: not an "
+                   "object of scenario fields, each 12 lowercase hex digits (the hash of each "
+                   "field of the recording's scenario, `sim.report.scenario_digest`)"), err
+
+
 def test_replay_names_the_invariant_as_the_table_does(tmp_path, capsys):
     """A fresh user's finding: the table said `invariant:I5`, the replay "exactly: invariant"."""
     out = tmp_path / "t"

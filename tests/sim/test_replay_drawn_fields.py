@@ -72,7 +72,9 @@ def test_the_unedited_traces_replay_exactly(short_trace, fault_trace, tmp_path, 
 
 def test_another_drawn_short_context_names_the_value_that_replays(short_trace, tmp_path, capsys):
     """Old behaviour: NONDETERMINISM ("replayed trace differs from the recording at event
-    1456"), exit 1, for a value the variant draws but the recording was not made at."""
+    1456"), exit 1, for a value the variant draws but the recording was not made at. A trace
+    with a scenario_digest names the recorded value from it, before any run; one without (as
+    written before 2026-12-07) finds it by replaying the values its run could draw."""
     values, recorded = _drawn(short_trace)
     assert recorded in values and len(values) >= 3
     for other in (v for v in values if v != recorded):
@@ -80,8 +82,17 @@ def test_another_drawn_short_context_names_the_value_that_replays(short_trace, t
             tmp_path, capsys, short_trace,
             lambda d: d["scenario"].__setitem__("short_context", other))
         _assert_bad_trace(code, out, err, path,
-                          f"short_context = {other}: the recording replays exactly at "
-                          f"short_context {recorded}")
+                          f"short_context = {other}: the recording has short_context "
+                          f"{recorded} (its scenario_digest says so; edited by hand?)")
+    other = next(v for v in values if v != recorded)
+
+    def edit(d):
+        d["scenario"]["short_context"] = other
+        del d["scenario_digest"]
+
+    code, out, err, path = _replay_edited(tmp_path, capsys, short_trace, edit)
+    _assert_bad_trace(code, out, err, path, f"short_context = {other}: the recording replays "
+                                            f"exactly at short_context {recorded}")
 
 
 @pytest.mark.parametrize("how", ["above", "missing", "null"])
@@ -172,6 +183,15 @@ def test_the_first_row_trace_records_its_drawn_workload(short_trace):
     assert len(short_trace["scenario"]["prompt_lengths"]) == n
     assert len(short_trace["scenario"]["max_tokens"]) == n
     assert short_trace["scenario"]["max_tokens"] != list(max_tokens(default_scenario()))
+
+
+def test_a_drawn_workload_dropped_by_hand_is_named(short_trace, tmp_path, capsys, no_simulation):
+    """Without its prompt_lengths the trace's run would be the check's workload, and the replay
+    depart from the recording: its scenario_digest names the dropped field."""
+    code, out, err, path = _replay_edited(tmp_path, capsys, short_trace,
+                                          lambda d: d["scenario"].pop("prompt_lengths"))
+    _assert_bad_trace(code, out, err, path, "prompt_lengths is missing, but the recording has "
+                                            "one (its scenario_digest names it; removed by hand?)")
 
 
 @pytest.mark.parametrize("edit, words", [
