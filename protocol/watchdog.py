@@ -27,12 +27,10 @@ def read_clock(clock: Callable[[], float]) -> float:
         ConfigError: "clock() returned VALUE: ...", naming the value.
     """
     now = clock()
-    kind = type(now)
-    if kind is float or (kind is not bool and isinstance(now, float)):
-        if math.isfinite(now):
-            return now
-    elif kind is int or (kind is not bool and isinstance(now, int)):
-        return now  # every int is finite (math.isfinite of one past a float's range raises)
+    if isinstance(now, float) and math.isfinite(now):
+        return now
+    if isinstance(now, int) and type(now) is not bool:  # every int is finite
+        return now
     raise ConfigError(f"clock() returned {shown(now)}: expected a finite int or float of "
                       "seconds (the clock passed to the controller)")
 
