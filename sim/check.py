@@ -729,7 +729,7 @@ def _check_scenario_digest(data: dict, short_contexts: tuple | None) -> None:
         what = (f"the recording has {name} {clipped(repr(was[0]))}" if was else
                 f"not the recording's {name}")
         raise ConfigError(f"{where} = {clipped(repr(scenario[name]))}: {what} (its "
-                          "scenario_digest says so; edited by hand?)")
+                          "scenario_digest says so; the field or the digest edited by hand?)")
 
 
 def _digest_candidates(name: str, short_contexts: tuple | None):

@@ -53,7 +53,7 @@ def check_limits(ranks: int | None = None, buckets=None, max_batch: int | None =
             raise ConfigError(f"{len(buckets)} buckets is above {MAX_BUCKETS}, the most buckets "
                               "the simulator models")
         above("bucket", max(buckets, default=None), MAX_BUCKET, "rows a bucket may have")
-    above("max batch", max_batch, MAX_BUCKET, "rows a bucket may have")
+    above("max batch", max_batch, MAX_BUCKET, "decode rows the simulator models in one step")
     above("schedules", schedules, MAX_SCHEDULES, "schedules one search runs")
     above("fault schedules", fault_schedules, MAX_SCHEDULES, "schedules one search runs")
     above("jobs", jobs, MAX_JOBS, "worker processes")

@@ -431,10 +431,11 @@ def test_bad_trace_contents_exit_2(fused_trace, capsys, edit, needle):
 
 
 @pytest.mark.parametrize("field, value, words", [
-    ("ranks", 3, "ranks = 3: the recording has ranks 2 (its scenario_digest says so; edited by "
-                 "hand?)"),
+    ("ranks", 3, "ranks = 3: the recording has ranks 2 (its scenario_digest says so; the field "
+                 "or the digest edited by hand?)"),
     ("buckets", [1, 2, 4, 8], "buckets = [1, 2, 4, 8]: not the recording's buckets (its "
-                              "scenario_digest says so; edited by hand?)"),
+                              "scenario_digest says so; the field or the digest edited by "
+                              "hand?)"),
     ("max_batch", 3, "max_batch = 3: not the recording's max_batch"),
     ("hazards_off", ["h9"], "hazards_off = ['h9']: the recording has hazards_off []"),
     ("hazards_off", ["h1"], "hazards_off = ['h1']: the recording has hazards_off []"),

@@ -16,7 +16,8 @@ from sim.limits import MAX_BUCKET, MAX_BUCKETS, MAX_JOBS, MAX_RANKS, MAX_SCHEDUL
     (["--ranks", str(MAX_RANKS + 1)], f"ranks {MAX_RANKS + 1} is above"),
     (["--buckets", "1,2,100000000"], "--buckets: bucket 100000000 is above 1048576"),
     (["--buckets", ",".join(map(str, range(1, MAX_BUCKETS + 2)))], f"{MAX_BUCKETS + 1} buckets is above"),
-    (["--max-batch", str(10**19)], f"--max-batch: max batch {10**19} is above"),
+    (["--max-batch", str(10**19)], f"--max-batch: max batch {10**19} is above 1048576, the most "
+                                   "decode rows the simulator models in one step"),
     # more digits than any bound has: refused unparsed (its echo clipped past 32 characters)
     (["--max-batch", str(10**30)], f"--max-batch: {10**30} has more than 20 digits"),
     (["--schedules", str(10**12)], f"--schedules: schedules {10**12} is above 1000000"),

@@ -83,7 +83,8 @@ def test_another_drawn_short_context_names_the_value_that_replays(short_trace, t
             lambda d: d["scenario"].__setitem__("short_context", other))
         _assert_bad_trace(code, out, err, path,
                           f"short_context = {other}: the recording has short_context "
-                          f"{recorded} (its scenario_digest says so; edited by hand?)")
+                          f"{recorded} (its scenario_digest says so; the field or the digest "
+                          "edited by hand?)")
     other = next(v for v in values if v != recorded)
 
     def edit(d):
