@@ -450,6 +450,16 @@ def test_a_clean_run_s_trace_marks_every_event_ok_and_the_watchdog_s_arming():
     assert arm < first_capture
 
 
+def _replayed_on_a_replaced_cache(name: str):
+    """(scenario, variant, result) of the shipped variant ``name`` on the small scenario, whose
+    run the buffer-generation check must end at a replay of a re-allocated buffer (I15)."""
+    variant = REGISTRY[name]
+    sc = variant.scenario(default_scenario(topology="shared", **SMALL))
+    result = run_schedule(sc, variant, RandomWalk(0))
+    assert result.outcome.invariant == "I15" and result.outcome.check == "replay-of-freed-buffer"
+    return sc, variant, result
+
+
 def _stale_cache_shows_without_the_direct_checks(sc, variant, monkeypatch) -> None:
     """A replay on a stale KV cache, with the buffer-generation check (I15) off, is caught as a
     row that reads a cache its sequence never wrote (I21); with that off too, in the tokens."""
@@ -468,11 +478,8 @@ def test_a_wake_that_reallocates_the_kv_cache_replays_freed_memory(monkeypatch):
     lifecycle rule, leaves the startup graphs on the freed cache (I15, at the first replay);
     without that direct check the stale cache still shows in the tokens. The first round
     replays the same graphs on the cache they captured, and is served."""
-    variant = REGISTRY["kv-realloc-on-wake"]
-    sc = variant.scenario(default_scenario(topology="shared", **SMALL))
-    result = run_schedule(sc, variant, RandomWalk(0))
+    sc, variant, result = _replayed_on_a_replaced_cache("kv-realloc-on-wake")
     outcome = result.outcome
-    assert outcome.invariant == "I15" and outcome.check == "replay-of-freed-buffer"
     assert "kv generation 1" in outcome.detail and "live generation 2" in outcome.detail
     wake = re.search(r"but command (\d+) \(AllocateKV\) re-allocated kv since", outcome.detail)
     assert wake and int(wake.group(1)) < outcome.step
@@ -513,11 +520,8 @@ def test_graphs_captured_before_the_kv_allocation_replay_the_placeholder(monkeyp
     captures the measurement's placeholder cache (generation 0), which the allocation then
     replaces: caught at the first serving replay (I15); without that direct check the replay
     reads a cache the prefill never wrote (I21), and without that the tokens diverge."""
-    variant = REGISTRY["capture-before-kv"]
-    sc = variant.scenario(default_scenario(topology="shared", **SMALL))
-    result = run_schedule(sc, variant, RandomWalk(0))
+    sc, variant, result = _replayed_on_a_replaced_cache("capture-before-kv")
     outcome = result.outcome
-    assert outcome.invariant == "I15" and outcome.check == "replay-of-freed-buffer"
     assert "kv generation 0" in outcome.detail and "live generation 1" in outcome.detail
     sent = [e.what for e in result.world.trace if e.kind == "send"]
     assert sent.index("Capture") < sent.index("AllocateKV") < sent.index("Finalize")
