@@ -649,12 +649,13 @@ def _shown(value) -> str:
 
 
 def _check_recorded_header(data: dict, choices: list[str]) -> None:
-    """The trace's ``actions``, ``verdict``, ``model`` and ``scenario_digest``, which the replay
-    only compares: a value no recording holds would read as the simulator's nondeterminism
-    (``actions``, ``verdict``) or be taken as naming the code that recorded it (``model``) or
-    the scenario it was recorded under (``scenario_digest``). Each may be absent (``model`` is,
-    in traces written before 2026-12-06, ``scenario_digest`` in those written before
-    2026-12-07).
+    """The trace's ``actions``, ``verdict``, ``model``, ``scenario_digest`` and
+    ``record_digest``, which the replay only compares: a value no recording holds would read as
+    the simulator's nondeterminism (``actions``, ``verdict``) or be taken as naming the code
+    that recorded it (``model``), the scenario it was recorded under (``scenario_digest``) or
+    the rest of the recording (``record_digest``). Each may be absent (``model`` is, in traces
+    written before 2026-12-06, ``scenario_digest`` in those written before 2026-12-07,
+    ``record_digest`` in those written before 2026-12-08).
 
     Raises:
         ConfigError: naming the field and its value, clipped.
@@ -685,13 +686,18 @@ def _check_recorded_header(data: dict, choices: list[str]) -> None:
         raise ConfigError(f"'model' is {_shown(data['model'])}: not 12 lowercase hex digits (the "
                           "hash of the code that recorded the trace, `sim.report."
                           "model_fingerprint`)")
-    digest = data.get("scenario_digest", {})
-    if not (isinstance(digest, dict)
-            and all(k in SCENARIO_FIELDS and isinstance(v, str) and MODEL_TEXT.fullmatch(v)
-                    for k, v in digest.items())):
-        raise ConfigError(f"'scenario_digest' is {_shown(digest)}: not an object of scenario "
-                          "fields, each 12 lowercase hex digits (the hash of each field of the "
-                          "recording's scenario, `sim.report.scenario_digest`)")
+    from sim.report import RECORD_FIELDS
+
+    for key, names, of in (("scenario_digest", SCENARIO_FIELDS, "scenario fields"),
+                           ("record_digest", RECORD_FIELDS, "trace fields")):
+        digest = data.get(key, {})
+        if not (isinstance(digest, dict)
+                and all(k in names and isinstance(v, str) and MODEL_TEXT.fullmatch(v)
+                        for k, v in digest.items())):
+            what = "scenario" if key == "scenario_digest" else "record"
+            raise ConfigError(f"'{key}' is {_shown(digest)}: not an object of {of}, each 12 "
+                              f"lowercase hex digits (the hash of each field of the recording's "
+                              f"{what}, `sim.report.{key}`)")
 
 
 def _check_scenario_digest(data: dict, short_contexts: tuple | None) -> None:
@@ -706,30 +712,63 @@ def _check_scenario_digest(data: dict, short_contexts: tuple | None) -> None:
         ConfigError: a bad-trace line naming the first such field (in `SCENARIO_FIELDS`
             order) and its value.
     """
+    _check_digest(data["scenario"], data.get("scenario_digest"), SCENARIO_FIELDS,
+                  "bad scenario in trace", "scenario_digest",
+                  lambda name: _digest_candidates(name, short_contexts))
+
+
+def _check_record_digest(data: dict) -> None:
+    """The trace's `sim.report.RECORD_FIELDS` (the code and variant that recorded it, its
+    verdict and invariant, its choices and events) against the ``record_digest`` it was written
+    with, where it has one: an edited verdict or variant name replayed into a departure,
+    reported as the simulator's NONDETERMINISM. A verdict, invariant or variant name edited
+    away from the recording's is named with the recorded one.
+
+    Raises:
+        ConfigError: a bad-trace line naming the first such field and its value.
+    """
+    from sim.report import RECORD_FIELDS, model_fingerprint
+    from sim.variants import REGISTRY
+
+    candidates = {"verdict": OUTCOME_VERDICTS, "invariant": (None, *INVARIANTS),
+                  "variant": tuple(REGISTRY), "model": (model_fingerprint(),)}
+    _check_digest(data, data.get("record_digest"), RECORD_FIELDS, "bad trace", "record_digest",
+                  lambda name: candidates.get(name, ()))
+
+
+def _check_digest(values: dict, digest: dict | None, names, where: str, digest_key: str,
+                  candidates) -> None:
+    """Each field of ``names`` in ``values`` against ``digest`` (name -> `sim.report.
+    field_digest`, a trace's ``digest_key``); none where ``digest`` is None (a trace written
+    before the digest was). ``candidates(name)`` gives the values of a field few enough to
+    hash each, so the error can name the recorded one.
+
+    Raises:
+        ConfigError: ``where``, then the first field added, dropped or changed since the
+            digest was written, and its value.
+    """
     from sim.report import field_digest
 
-    digest, scenario = data.get("scenario_digest"), data["scenario"]
     if digest is None:
         return
-    for name in SCENARIO_FIELDS:
-        recorded, present = digest.get(name), name in scenario
+    for name in names:
+        recorded, present = digest.get(name), name in values
         if recorded is None and not present:
             continue
-        where = f"bad scenario in trace: {name}"
+        prefix = f"{where}: {name}"
         if recorded is None:
-            raise ConfigError(f"{where} = {clipped(repr(scenario[name]))}: the recording has no "
-                              f"{name} (its scenario_digest names none; added by hand?)")
+            raise ConfigError(f"{prefix} = {clipped(repr(values[name]))}: the recording has no "
+                              f"{name} (its {digest_key} names none; added by hand?)")
         if not present:
-            raise ConfigError(f"{where} is missing, but the recording has one (its "
-                              "scenario_digest names it; removed by hand?)")
-        if field_digest(name, scenario[name]) == recorded:
+            raise ConfigError(f"{prefix} is missing, but the recording has one (its "
+                              f"{digest_key} names it; removed by hand?)")
+        if field_digest(name, values[name]) == recorded:
             continue
-        was = [v for v in _digest_candidates(name, short_contexts)
-               if field_digest(name, v) == recorded]
+        was = [v for v in candidates(name) if field_digest(name, v) == recorded]
         what = (f"the recording has {name} {clipped(repr(was[0]))}" if was else
                 f"not the recording's {name}")
-        raise ConfigError(f"{where} = {clipped(repr(scenario[name]))}: {what} (its "
-                          "scenario_digest says so; the field or the digest edited by hand?)")
+        raise ConfigError(f"{prefix} = {clipped(repr(values[name]))}: {what} (its "
+                          f"{digest_key} says so; the field or the digest edited by hand?)")
 
 
 def _digest_candidates(name: str, short_contexts: tuple | None):
@@ -969,6 +1008,9 @@ def _departure(result: RunResult, data: dict, choices: list[str]) -> str | None:
         return f"replay departed from its recording at action {first}: {where}"
     if "verdict" in data and result.outcome.verdict != data["verdict"]:
         return f"replay gave verdict {result.outcome.verdict}, the recording {data['verdict']}"
+    if "invariant" in data and result.outcome.invariant != data["invariant"]:
+        return (f"replay broke invariant {result.outcome.invariant}, the recording "
+                f"{data['invariant']}")
     recorded = data.get("trace")
     if recorded is not None:
         replayed = [e.to_json() for e in result.world.trace]
@@ -993,21 +1035,25 @@ def _replays_exactly(scenario: Scenario, variant: Variant, data: dict,
 def replay_trace(data: dict) -> tuple[RunResult | None, str | None]:
     """Re-run a recorded trace JSON exactly; returns (result, nondeterminism message or None).
 
-    The replay must take the recorded choices and give the recorded verdict and trace event
-    for event, where the trace records them; any departure is reported as nondeterminism,
+    The replay must take the recorded choices and give the recorded verdict, invariant and
+    trace event for event, where the trace records them; any departure is reported as
+    nondeterminism,
     unless the scenario's fields drawn per run are what departs: a ``short_context`` that no
     run of the variant has, or one at which the recording does not replay while another drawn
     value replays it exactly, and faults that the recording's fault events contradict, are a
     bad trace (an edit by hand), not the simulator's nondeterminism; so is any field of its
     scenario that is not the one its ``scenario_digest`` records (`_check_scenario_digest`;
-    a trace written before 2026-12-07 has none, and replays as before).
+    a trace written before 2026-12-07 has none, and replays as before), and any of its
+    `sim.report.RECORD_FIELDS` (variant name, verdict, invariant, choices, events, the
+    fingerprints) that is not the one its ``record_digest`` records (`_check_record_digest`;
+    none before 2026-12-08).
 
     Raises:
         ConfigError: the file is not a lockstep trace of this format, names an unknown
             variant, hazard, fault or fault op, its ``actions``, ``model`` or
             ``scenario_digest`` is no recording's, its drawn fields (``short_context``,
-            ``faults``) are not its recording's, or a field of its scenario is not the one its
-            ``scenario_digest`` records.
+            ``faults``) are not its recording's, or a field of its scenario or of its record
+            is not the one its ``scenario_digest`` or ``record_digest`` records.
         Stalled: the variant's code stopped making progress (`sim.guard.watchdog`); whatever
             else the variant's code raises passes through.
     """
@@ -1073,6 +1119,7 @@ def replay_trace(data: dict) -> tuple[RunResult | None, str | None]:
         _check_recorded_faults(data["trace"], faults)
     # last: a field the checks above can place (a drawn value no run has, faults the
     # recording contradicts) is named by its own rule
+    _check_record_digest(data)
     _check_scenario_digest(data, allowed)
     try:
         with watchdog():  # the variant's hooks are user code, as in a search

@@ -50,8 +50,8 @@ def variant_file_fingerprint(variant_name: str) -> str | None:
 
 
 def field_digest(name: str, value) -> str:
-    """12 hex digits of a SHA-256 of one field of a trace's ``scenario``: its name and its
-    value as canonical JSON (keys sorted, no spaces), so the same value hashes alike however
+    """12 hex digits of a SHA-256 of one field of a trace (of its ``scenario``, or one of its
+    `RECORD_FIELDS`): its name and its value as canonical JSON (keys sorted, no spaces), so the same value hashes alike however
     the file is laid out, and a field's value never passes for another field's."""
     text = json.dumps(value, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(f"{name}\0{text}".encode()).hexdigest()[:12]
@@ -229,9 +229,22 @@ def mermaid(result: RunResult, limit: int = 40) -> str:
     return "\n".join(lines) + "\n"
 
 
+RECORD_FIELDS = ("model", "variant_file", "variant", "verdict", "invariant", "choices", "trace")
+"""The fields of a trace outside its ``scenario`` that a replay reads or compares: the code and
+variant that recorded it, what it found, and the run itself."""
+
+
+def record_digest(trace: dict) -> dict[str, str]:
+    """Field -> `field_digest` of each of a trace's `RECORD_FIELDS` it holds. A trace records it
+    (``"record_digest"``): a replay of a verdict, variant name, invariant or schedule edited by
+    hand departed from the recording and was reported as the simulator's nondeterminism; with
+    the digest it is a bad trace naming the edited field (`sim.check.replay_trace`)."""
+    return {name: field_digest(name, trace[name]) for name in RECORD_FIELDS if name in trace}
+
+
 def to_json(result: RunResult, variant_name: str, scenario_spec: dict) -> dict:
     """Everything needed to replay the run exactly and to read it without the simulator."""
-    return {
+    data = {
         "format": TRACE_FORMAT,
         "model": model_fingerprint(),
         **({"variant_file": fingerprint}
@@ -248,6 +261,7 @@ def to_json(result: RunResult, variant_name: str, scenario_spec: dict) -> dict:
         "choices": result.choices,
         "trace": [e.to_json() for e in result.world.trace],
     }
+    return {**data, "record_digest": record_digest(data)}
 
 
 def write_trace(directory: str | Path, name: str, result: RunResult, variant_name: str,

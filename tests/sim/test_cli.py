@@ -31,6 +31,18 @@ def _rewrite(trace, edit):
     trace.write_text(json.dumps(data))
 
 
+def _restamped(edit):
+    """``edit``, then the trace's ``record_digest`` written afresh: a recording that other
+    code, or a nondeterministic simulator, made as edited, so its replay departs from it."""
+    from sim.report import record_digest
+
+    def both(data):
+        edit(data)
+        data.pop("record_digest", None)
+        data["record_digest"] = record_digest(data)
+    return both
+
+
 @pytest.mark.parametrize("argv,needle", [
     (["check", "--ranks", "0"], "--ranks: 0 must be at least 2"),
     (["check", "--ranks", "1"], "--ranks: 1 must be at least 2"),
@@ -467,11 +479,13 @@ def test_a_trace_records_the_digest_of_the_scenario_it_was_written_with(fused_tr
     """The control for the refusals above: an unedited trace replays exactly (the digest of
     its scenario as read back from JSON is the one written), and so does its replay's own
     trace (--trace-out)."""
-    from sim.report import scenario_digest
+    from sim.report import RECORD_FIELDS, record_digest, scenario_digest
 
     data = json.loads(fused_trace.read_text())
     assert data["scenario_digest"] == scenario_digest(data["scenario"])
     assert set(data["scenario_digest"]) == set(data["scenario"])
+    assert data["record_digest"] == record_digest(data)
+    assert set(data["record_digest"]) == set(RECORD_FIELDS) - {"variant_file"}
     out = tmp_path / "again"
     assert main(["check", "--replay", str(fused_trace), "--trace-out", str(out)]) == 0
     capsys.readouterr()
@@ -561,10 +575,59 @@ def test_a_trace_out_that_cannot_be_created_is_refused_without_creating(target, 
     assert words in err and "\n" not in err, err
 
 
-def test_edited_trace_is_nondeterminism_not_silence(fused_trace, capsys):
-    _rewrite(fused_trace, lambda d: d["trace"][3].update(detail="edited"))
+def test_a_departing_trace_is_nondeterminism_not_silence(fused_trace, capsys):
+    _rewrite(fused_trace, _restamped(lambda d: d["trace"][3].update(detail="edited")))
     assert main(["check", "--replay", str(fused_trace), "--json"]) == 1
     assert "differs from the recording at event 3" in json.loads(capsys.readouterr().out)["nondeterminism"]
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda d: d["trace"][3].update(detail="edited"), "trace = [{"),
+    (lambda d: d.update(verdict="clean"), "verdict = 'clean': the recording has verdict "
+                                          "'deadlock'"),
+    (lambda d: d.update(invariant="I7"), "invariant = 'I7': the recording has invariant None"),
+    (lambda d: d.update(variant="correct"), "variant = 'correct': the recording has variant "
+                                            "'fused-sweep'"),
+    (lambda d: d.update(model="0" * 12), "model = '000000000000': the recording has model '"),
+    (lambda d: d["choices"].reverse(), "choices = ["),
+    (lambda d: d.update(variant_file="0" * 12), "variant_file = '000000000000': the recording "
+                                                "has no variant_file (its record_digest names "
+                                                "none; added by hand?)"),
+    (lambda d: d.pop("invariant"), "invariant is missing, but the recording has one"),
+])
+def test_a_record_edited_by_hand_is_a_bad_trace_not_nondeterminism(fused_trace, capsys, edit,
+                                                                   words, no_simulation):
+    """A fresh reader's finding: a trace's verdict or variant name edited by hand replayed into
+    "NONDETERMINISM", exit 1, blaming the simulator. The trace carries a digest of each field
+    outside its scenario that the replay reads (`sim.report.record_digest`), and a field that
+    no longer matches it is a bad trace naming it, exit 2, before any run."""
+    _rewrite(fused_trace, edit)
+    assert main(["check", "--replay", str(fused_trace)]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert captured.out == "" and len(err.splitlines()) == 1, captured
+    assert err.startswith(f"lockstep check: error: {fused_trace}: bad trace: {words}"), err
+    assert "(its record_digest " in err, err
+
+
+def test_a_trace_without_a_record_digest_still_replays(fused_trace, capsys):
+    """Traces written before 2026-12-08 have no record_digest: they replay as before, and an
+    edited verdict reads as a departure."""
+    _rewrite(fused_trace, lambda d: d.pop("record_digest"))
+    assert main(["check", "--replay", str(fused_trace)]) == 0
+    capsys.readouterr()
+    _rewrite(fused_trace, lambda d: d.update(verdict="clean"))
+    assert main(["check", "--replay", str(fused_trace)]) == 1
+    assert capsys.readouterr().out.startswith("NONDETERMINISM: replay gave verdict deadlock, "
+                                              "the recording clean")
+
+
+def test_a_replay_compares_the_recorded_invariant(fused_trace, capsys):
+    """The recorded invariant was not compared: a replay breaking another rule read as exact."""
+    _rewrite(fused_trace, _restamped(lambda d: d.update(invariant="I7")))
+    assert main(["check", "--replay", str(fused_trace)]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("NONDETERMINISM: replay broke invariant None, the recording I7"), out
 
 
 def test_non_utf8_trace_exit_2(tmp_path, capsys):
@@ -1177,7 +1240,7 @@ def test_a_departing_replay_says_when_other_code_recorded_it(fused_trace, capsys
         elif model != "same":
             d["model"] = model
 
-    _rewrite(fused_trace, edit)
+    _rewrite(fused_trace, _restamped(edit))
     assert main(["check", "--replay", str(fused_trace)]) == 1
     out = capsys.readouterr().out
     assert out.startswith("NONDETERMINISM: replay departed from its recording"), out
@@ -1290,7 +1353,7 @@ def test_a_replay_compares_the_verdict_only_where_the_trace_records_one(fused_tr
         else:
             d["verdict"] = verdict
 
-    _rewrite(fused_trace, edit)
+    _rewrite(fused_trace, _restamped(edit))
     assert main(["check", "--replay", str(fused_trace)]) == code
     out = capsys.readouterr().out
     assert out.startswith(words.format(n=n)), out
