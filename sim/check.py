@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
@@ -1077,8 +1078,11 @@ def replay_trace(data: dict) -> tuple[RunResult | None, str | None]:
     try:
         variant = get_variant(data["variant"])
     except ConfigError as exc:  # a user's variant is known only once its file is loaded
+        path = data.get("variant_path")
+        named = (f"--variant-file {shlex.quote(path)} (the file that recorded it)"
+                 if isinstance(path, str) else "--variant-file PATH")
         raise ConfigError(f"{exc}; a trace of a variant from a file replays with that file: "
-                          "--replay TRACE --variant-file PATH") from None
+                          f"--replay TRACE {named}") from None
     spec_data = data["scenario"]
     if not isinstance(spec_data, dict):
         raise ConfigError("'scenario' must be an object")

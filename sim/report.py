@@ -243,11 +243,16 @@ def record_digest(trace: dict) -> dict[str, str]:
 
 
 def to_json(result: RunResult, variant_name: str, scenario_spec: dict) -> dict:
-    """Everything needed to replay the run exactly and to read it without the simulator."""
+    """Everything needed to replay the run exactly and to read it without the simulator. A
+    variant from a file (`sim.variants.load_variant_file`) adds its file's fingerprint
+    (``variant_file``) and resolved path (``variant_path``): a replay names the file to load,
+    and never loads it itself (a trace is data; running the code a trace names is not)."""
+    from sim.variants import _ORIGIN
+
     data = {
         "format": TRACE_FORMAT,
         "model": model_fingerprint(),
-        **({"variant_file": fingerprint}
+        **({"variant_file": fingerprint, "variant_path": _ORIGIN[variant_name]}
            if (fingerprint := variant_file_fingerprint(variant_name)) is not None else {}),
         "variant": variant_name,
         "scenario": scenario_spec,

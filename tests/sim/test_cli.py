@@ -1453,6 +1453,12 @@ def test_a_replay_after_its_variant_file_was_edited_says_so(tmp_path, capsys):
         assert "exactly" in capsys.readouterr().out
         variants._LOADED_FILES.pop(str(path.resolve()), None)
         REGISTRY.pop("test-edited-file", None)
+        # a fresh reader's finding: the refusal said "--variant-file PATH", not which file
+        assert main(["check", "--replay", str(trace)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.endswith("a trace of a variant from a file replays with that file: --replay "
+                            f"TRACE --variant-file {path.resolve()} (the file that recorded "
+                            "it)"), err
         path.write_text(source.replace("bucket == 1", "bucket == 2"))
         assert main(["check", "--replay", str(trace), "--variant-file", str(path)]) == 1
         text = capsys.readouterr().out
