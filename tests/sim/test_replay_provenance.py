@@ -3,6 +3,8 @@ fields every recording writes refuse null (`check_scenario_json`), and a departi
 an edit of the variant file that recorded it (`_recorded_by_other_code`). The CLI paths are in
 test_cli.py; these sit where the mutation run's simulator killer reaches them."""
 
+import json
+
 import pytest
 
 import sim.variants as variants
@@ -56,3 +58,35 @@ def test_a_departure_names_an_edit_of_the_variant_file_and_only_an_edit(file_var
     assert _recorded_by_other_code(edited) == (
         f"; the variant file was edited since the recording (variant_file {'0' * 12}, now "
         f"{now}), and its schedule need not replay on the new code")
+
+
+@pytest.fixture(scope="module")
+def clean_trace():
+    """A trace of one random schedule of the correct protocol, as `to_json` writes it."""
+    from sim.check import CheckSpec, scenario_spec
+    from sim.report import to_json
+    from sim.run import run_schedule
+    from sim.scenario import default_scenario
+    from sim.strategies import RandomWalk
+
+    spec = CheckSpec()
+    result = run_schedule(spec.scenario("shared"), variants.CORRECT, RandomWalk(seed=3))
+    assert result.outcome.verdict == "clean"
+    return to_json(result, "correct", scenario_spec(spec, "shared", result.world.scenario))
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("verdict", "deadlock", "verdict = 'deadlock': the recording has verdict 'clean'"),
+    ("invariant", "I4", "invariant = 'I4': the recording has invariant None"),
+    ("variant", "fused-sweep", "variant = 'fused-sweep': the recording has variant 'correct'"),
+])
+def test_a_replay_refuses_a_record_edited_by_hand(clean_trace, field, value, words):
+    """The record's fields outside its scenario are checked against its ``record_digest``
+    before the replay runs: an edited one is a bad trace, not a departure."""
+    from sim.check import replay_trace
+
+    assert replay_trace(json.loads(json.dumps(clean_trace)))[1] is None  # the control
+    edited = dict(json.loads(json.dumps(clean_trace)), **{field: value})
+    with pytest.raises(ConfigError) as info:
+        replay_trace(edited)
+    assert str(info.value).startswith(f"bad trace: {words} (its record_digest says so"), info.value
