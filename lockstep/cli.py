@@ -12,6 +12,7 @@ up, importing the engine lazily so that `lockstep check` never imports torch.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import re
@@ -60,14 +61,39 @@ class OneLineParser(argparse.ArgumentParser):
         if needed and all(a.option_strings for a in self._actions):
             for item in needed:
                 item.required = False
+            self._relaxed = needed
             try:
                 _, stray = super().parse_known_args(args, argparse.Namespace())
             finally:
+                self._relaxed = []
                 for item in needed:
                     item.required = True
             if stray:
                 self.error(f"unrecognized arguments: {' '.join(stray)}")
         return super().parse_known_args(args, namespace)
+
+    _relaxed: list = []  # the required options the first pass made optional, while it runs
+
+    def format_usage(self) -> str:
+        with self._required_shown():
+            return super().format_usage()
+
+    def format_help(self) -> str:
+        """argparse's help, showing required options as required during the first pass too
+        (a fresh user's finding: `make-model --help` put --preset and --out in brackets)."""
+        with self._required_shown():
+            return super().format_help()
+
+    @contextlib.contextmanager
+    def _required_shown(self):
+        relaxed = self._relaxed
+        for item in relaxed:
+            item.required = True
+        try:
+            yield
+        finally:
+            for item in relaxed:
+                item.required = False
 
     def _parse_optional(self, arg_string: str):
         """argparse's reading of one argument as an option or not, except that a negative

@@ -118,3 +118,24 @@ def test_every_engine_subcommand_s_help_says_a_repeated_option_keeps_its_last_va
     with pytest.raises(SystemExit):
         main([subcommand, "--help"])
     assert "A repeated option keeps its last value." in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, required, optional", [
+    (["make-model", "--help"], ["--preset {", "--out OUT"], ["[--seed SEED]"]),
+    (["generate", "--help"], ["--model MODEL"], ["[--device {cpu,cuda}]"]),
+    (["bench", "--help"], ["(--preset {"], ["[--batch-sizes BATCH_SIZES]"]),
+])
+def test_help_shows_required_options_as_required(argv, required, optional, capsys):
+    """A fresh user's finding: `make-model --help` printed `[--preset ...] [--out OUT]`, as if
+    optional, since the parse that looks for stray arguments first (`OneLineParser.
+    parse_known_args`) had made every required option optional while it ran."""
+    from lockstep.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 0
+    usage = " ".join(capsys.readouterr().out.split("\n\n")[0].split())
+    for text in required:
+        assert text in usage and f"[{text}" not in usage, usage
+    for text in optional:
+        assert text in usage, usage
