@@ -1065,9 +1065,13 @@ def replay_trace(data: dict) -> tuple[RunResult | None, str | None]:
     if data.get("format") != TRACE_FORMAT:
         raise ConfigError(f"trace format {data.get('format')!r} is not {TRACE_FORMAT}")
     choices = data["choices"]
-    if not isinstance(choices, list) or not all(isinstance(c, str) and _ACTOR.fullmatch(c) for c in choices):
-        raise ConfigError("'choices' must be a list of actor names (controller, collectives, "
-                          "rank<r>, device<r>)")
+    actors = "actor names (controller, collectives, rank<r>, device<r>)"
+    if not isinstance(choices, list):
+        raise ConfigError(f"'choices' must be a list of {actors}, not {_shown(choices)}")
+    bad = next((i for i, c in enumerate(choices)
+                if not (isinstance(c, str) and _ACTOR.fullmatch(c))), None)
+    if bad is not None:  # a fresh user's finding: the error named neither the entry nor its place
+        raise ConfigError(f"'choices'[{bad}] is {_shown(choices[bad])}: not one of the {actors}")
     if not isinstance(data["variant"], str):  # a name; get_variant's close-match lookup needs one
         raise ConfigError(f"'variant' must be a string (a variant name), not "
                           f"{json.dumps(data['variant'])}")

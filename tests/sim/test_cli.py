@@ -667,14 +667,27 @@ def test_user_variant_trace_replays_with_its_file(tmp_path, capsys):
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 2, res.stderr
     err = res.stderr
-    assert "unknown variant 'no-sync-launch'" in err and "--variant-file PATH" in err
+    named = f"--variant-file {Path('docs/examples/my_variant.py').resolve()} (the file that"
+    assert "unknown variant 'no-sync-launch'" in err and named in err, err
     assert len(err.strip().splitlines()) == 1
 
 
-def test_trace_with_unknown_actor_names_is_bad_input(fused_trace, capsys):
-    _rewrite(fused_trace, lambda d: d.update(choices=["x"] * 3))
+@pytest.mark.parametrize("choices, words", [
+    (["x"] * 3, "'choices'[0] is \"x\": not one of the actor names (controller, "),
+    (["rank0", "bogus"], "'choices'[1] is \"bogus\": not one of the actor names"),
+    (["rank0", 99], "'choices'[1] is 99: not one of the actor names"),
+    (["rank0", "rank1", None], "'choices'[2] is null: not one of the actor names"),
+    ("rank0", "'choices' must be a list of actor names (controller, collectives, rank<r>, "
+              "device<r>), not \"rank0\""),
+])
+def test_trace_with_unknown_actor_names_is_bad_input(fused_trace, capsys, choices, words):
+    """A fresh user's finding: one bad entry gave "'choices' must be a list of actor names",
+    naming neither the entry nor its place."""
+    _rewrite(fused_trace, lambda d: d.update(choices=choices))
     assert main(["check", "--replay", str(fused_trace)]) == 2
-    assert "list of actor names" in capsys.readouterr().err
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"lockstep check: error: {fused_trace}: {words}"), err
+    assert len(err.splitlines()) == 1
 
 
 def test_hazards_off_are_named_and_h2_removes_the_fused_sweep_deadlock(capsys):
