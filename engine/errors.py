@@ -136,6 +136,25 @@ class LoadTimeoutError(RankError):
                 "--startup-timeout gives them longer")
 
 
+class ReplyTimeoutError(RankError):
+    """Ranks sent no reply within their deadline. From outside, a rank blocked in a collective
+    that waits for a silent peer is silent too, so every rank not heard from is named, and
+    none is called failed for it (a fresh user's finding: "rank 0 failed: no reply within
+    0.001 s (ranks not collected: [0, 1])").
+
+    Attributes:
+        ranks: the ranks not heard from. rank: the lowest of them. timeout_s: the limit (s).
+    """
+
+    def __init__(self, ranks: list[int], timeout_s: float):
+        which = (f"rank {ranks[0]}" if len(ranks) == 1 else
+                 f"ranks {', '.join(map(str, ranks))}")
+        detail = f"no reply within {timeout_s:g} s from {which}"
+        RuntimeError.__init__(self, detail)
+        self.rank, self.detail = ranks[0], detail
+        self.ranks, self.timeout_s = ranks, timeout_s
+
+
 def tokens(n: int) -> str:
     """``1 token``, ``3 tokens``: a token count as messages write it."""
     return f"{n} token" if n == 1 else f"{n} tokens"

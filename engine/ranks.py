@@ -28,7 +28,8 @@ from contextlib import contextmanager
 from multiprocessing.connection import wait as mp_wait
 from typing import Any
 
-from engine.errors import LoadTimeoutError, ParallelConfigError, RankError
+from engine.errors import (LoadTimeoutError, ParallelConfigError, RankError,
+                           ReplyTimeoutError)
 from engine.engine_config import EngineConfig
 from engine.rendezvous import HeldStore, StoreAddress, join_process_group
 
@@ -340,9 +341,9 @@ class SpawnedRanks:
             raise
 
     def _gather(self, timeout_s: float, loading: bool = False) -> list[tuple[int, Any]]:
-        """One message from every rank, in rank order; raises RankError for a dead or silent
-        rank (the lowest such rank is named), LoadTimeoutError for ranks still loading the
-        model (`loading`) at the deadline. Returns early, with the messages so far, once
+        """One message from every rank, in rank order; raises RankError for a dead rank (the
+        lowest such rank is named), ReplyTimeoutError naming the silent ones, and
+        LoadTimeoutError for ranks still loading the model (`loading`) at the deadline. Returns early, with the messages so far, once
         a rank reports a failure: its peers may be blocked in a collective that will never
         complete, and the controller aborts them (I13)."""
         got: dict[int, Any] = {}
@@ -362,8 +363,7 @@ class SpawnedRanks:
                                                 f"within {timeout_s:g} s")
                 if loading:
                     raise LoadTimeoutError(missing, timeout_s)
-                raise RankError(missing[0], f"no reply within {timeout_s:g} s (ranks not "
-                                            f"collected: {missing})")
+                raise ReplyTimeoutError(missing, timeout_s)
             ready = mp_wait(list(waiting.values()) + list(sentinels), timeout=left)
             dead = None
             for r, c in waiting.items():
