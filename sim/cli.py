@@ -879,8 +879,12 @@ def _row_notes(rows: list[Row], budgets: dict[str, tuple[int, int]],
                        f"that never does these cannot show the protocol handles them "
                        f"{_vacuous_causes(row, budgets)}")
         elif row.got == "incomplete":
+            smaller = ("; or a smaller configuration: the states an exhaustive search visits "
+                       "grow with the buckets and the max batch (the README's example: "
+                       "--buckets 1,2,4,8 --max-batch 8)" if row.stats.hashed else "")
             out.append(f"note: {row.variant} / {place}: {row.detail}; a larger "
-                       f"--time-budget (default {DEFAULTS['time_budget']:g} s) may finish it")
+                       f"--time-budget (default {DEFAULTS['time_budget']:g} s) may finish "
+                       f"it{smaller}")
         elif row.stats.budget_reached:
             out.append(f"note: {row.variant} / {place}: {_budget_note(row)}")
         elif row.got == "startup-refused" and row.expected in ("clean", "abort"):
@@ -1071,7 +1075,11 @@ def _replay(path: str, as_json: bool, trace_out: Path | None = None) -> int:
     except UnicodeDecodeError:
         return _fail(f"trace file {path!r} is not UTF-8 text")
     except json.JSONDecodeError as exc:
-        return _fail(f"trace file {path!r} is not JSON: {exc}")
+        beside = trace.with_suffix(".json")
+        hint = (f"; the trace to replay is the JSON beside it, {str(beside)!r} (--trace-out "
+                "writes .json, .txt and .mmd)" if trace.suffix in (".txt", ".mmd")
+                and beside.is_file() else "")
+        return _fail(f"trace file {path!r} is not JSON: {exc}{hint}")
     except ValueError as exc:  # an integer of thousands of digits (Python's conversion limit)
         return _fail(f"trace file {path!r} is not a trace: a value in it cannot be read ({exc})")
     except RecursionError:  # json.loads of thousands of nested brackets

@@ -1195,7 +1195,11 @@ def test_a_budget_that_ends_a_clean_search_reads_not_proven_not_failed(capsys):
     assert "MISMATCH" not in out and "FAILED" not in out
     assert "\nNOT PROVEN: 0/1 verdicts as expected" in out
     [note] = [line for line in out.splitlines() if line.startswith("note: correct / shared")]
-    assert note.endswith("a larger --time-budget (default 60 s) may finish it"), note
+    # a fresh user's finding: at the default 36 buckets no sensible budget finishes it
+    assert note.endswith("a larger --time-budget (default 60 s) may finish it; or a smaller "
+                         "configuration: the states an exhaustive search visits grow with the "
+                         "buckets and the max batch (the README's example: --buckets 1,2,4,8 "
+                         "--max-batch 8)"), note
     rows = [Row("correct", "shared", "clean", "incomplete", SearchStats(), "", None),
             Row("v", "shared", "deadlock", "clean", SearchStats(), "", None)]
     assert cli._headline(rows) == "FAILED" and cli._headline(rows[:1]) == "NOT PROVEN"
@@ -1504,3 +1508,16 @@ def test_what_a_vacuous_hint_says_an_event_needs_makes_the_correct_protocol_reac
     row = check_variant(wants, CheckSpec(clean_schedules=35, fault_schedules=0, jobs=1),
                         "shared")[0]
     assert row.got == "clean", (row.got, row.detail)
+
+
+@pytest.mark.parametrize("suffix", [".txt", ".mmd"])
+def test_replaying_the_story_of_a_trace_names_its_json(fused_trace, capsys, suffix):
+    """A fresh user's finding: `--replay traces/x.shared.txt` said only "is not JSON"."""
+    story = fused_trace.with_suffix(suffix)
+    assert story.is_file()
+    assert main(["check", "--replay", str(story)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"lockstep check: error: trace file {str(story)!r} is not JSON: "), err
+    assert err.endswith(f"; the trace to replay is the JSON beside it, {str(fused_trace)!r} "
+                        "(--trace-out writes .json, .txt and .mmd)"), err
+    assert len(err.splitlines()) == 1
