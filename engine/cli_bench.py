@@ -21,7 +21,7 @@ from engine.bench.flags import apply_workload_flags
 from engine.bench.options import (MAX_STEPS, BenchArgError, BenchOptions, max_positions,
                                   parse_int_list, validate)
 from engine.cli_args import integer, number, seed as seed_arg, shown
-from engine.bench.fits import check_fits
+from engine.bench.fits import check_fits, check_serving_fits
 from engine.errors import ModelDirError, RankError, cuda_missing
 from engine.presets import PRESETS
 
@@ -270,6 +270,13 @@ def run_throughput(args: argparse.Namespace) -> int:
     problem = _gpu_problem(opts.tensor_parallel_size)
     if problem:
         return _error(problem)
+    model = f"--preset {opts.preset}" if opts.preset is not None else f"--model {opts.model}"
+    try:
+        check_serving_fits(_shape(opts), opts.tensor_parallel_size, opts.dtype,
+                           args.max_model_len, _smallest_gpu_bytes(opts.tensor_parallel_size),
+                           model)
+    except (BenchArgError, ModelDirError) as exc:
+        return _error(str(exc))
     import json
 
     from engine.bench.serving import format_table, measure_throughput, write_plot

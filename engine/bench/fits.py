@@ -1,6 +1,7 @@
-"""Refuse a decode benchmark whose weights and KV cache cannot fit its GPUs, before anything is
-written or loaded: the bench allocates a KV cache for every slot at the longest context (256
-slots with the capture sweep), which at long contexts is hundreds of GiB."""
+"""Refuse a benchmark whose weights and KV cache cannot fit its GPUs, before anything is written
+or loaded: the decode bench allocates a KV cache for every slot at the longest context (256
+slots with the capture sweep), which at long contexts is hundreds of GiB; workload W needs at
+least the weights and one sequence of --max-model-len tokens."""
 
 from __future__ import annotations
 
@@ -50,3 +51,26 @@ def check_fits(shape: dict, opts, device_bytes: int) -> None:
             f"GPU for {max_batch} slots{sweep}, beside {weights / GiB:.1f} GiB of weights: more "
             f"than the GPU's {device_bytes / GiB:.1f} GiB; shorten the context, lower the batch "
             "sizes or raise --tensor-parallel-size")
+
+
+def check_serving_fits(shape: dict, tensor_parallel_size: int, dtype: str, max_model_len: int,
+                       device_bytes: int, model: str) -> None:
+    """Raise BenchArgError if one rank's weights and the KV cache of one sequence of
+    ``max_model_len`` tokens (a lower bound of what the engine's startup plans,
+    `protocol.memory.plan_memory`) need more than ``device_bytes``: a preset's weights
+    would be written to disk, and loaded, before the engine refused.
+
+    Raises:
+        BenchArgError: naming ``model`` (``--preset NAME`` or ``--model PATH``), the bytes
+            needed and the GPU's.
+    """
+    from engine.engine_config import DTYPE_BYTES
+
+    weights, kv = weight_and_kv_bytes(shape, tensor_parallel_size, DTYPE_BYTES[dtype], 1,
+                                      max_model_len, 16)
+    if weights + kv > device_bytes:
+        raise BenchArgError(
+            f"{model}: {weights / GiB:.1f} GiB of {dtype} weights per GPU and one sequence's KV "
+            f"cache at --max-model-len {max_model_len} ({kv / GiB:.1f} GiB) need more than the "
+            f"GPU's {device_bytes / GiB:.1f} GiB; use a smaller model or raise "
+            "--tensor-parallel-size")

@@ -837,6 +837,46 @@ def test_the_fit_check_passes_the_runs_the_docs_make(monkeypatch):
         check_fits(engine.cli_bench._shape(opts), opts, _Device.total_memory)
 
 
+class _SmallDevice:
+    total_memory = 12 * 2**30
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--preset", "qwen3-8b"], "--preset qwen3-8b: 15.3 GiB of bfloat16 weights per GPU and one "
+                               "sequence's KV cache at --max-model-len 2048 (0.3 GiB) need more "
+                               "than the GPU's 12.0 GiB; use a smaller model or raise "
+                               "--tensor-parallel-size"),
+    (["--preset", "qwen3-4b", "--dtype", "float32"], "--preset qwen3-4b: 15.0 GiB of float32 "
+                                                     "weights per GPU"),
+])
+def test_a_throughput_model_past_the_gpu_is_refused_before_any_weights(argv, words, capsys,
+                                                                       monkeypatch):
+    """Old behaviour: workload W wrote a preset's weights (16 GB for qwen3-8b) and loaded them
+    before the engine's startup refused the memory plan."""
+    import torch
+
+    import engine.cli_bench
+    from engine.bench import modeldir
+
+    monkeypatch.setattr(engine.cli_bench, "_gpu_problem", lambda tp: None)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda rank: _SmallDevice)
+    monkeypatch.setattr(modeldir, "write_random_model_fast", None)  # never reached
+    assert main(["bench", "--workload", "throughput", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("lockstep bench: error: ") and words in err and "\n" not in err, err
+
+
+def test_the_serving_fit_check_passes_what_fits(monkeypatch):
+    """The control: the documented workload-W runs fit an 80 GiB GPU, and 0.6B a 12 GiB one."""
+    from engine.bench.fits import check_serving_fits
+    from engine.presets import PRESETS
+
+    for preset in ("qwen3-0.6b", "qwen3-4b", "qwen3-8b"):
+        check_serving_fits(PRESETS[preset], 1, "bfloat16", 2048, _Device.total_memory, preset)
+    check_serving_fits(PRESETS["qwen3-0.6b"], 1, "bfloat16", 40960, _SmallDevice.total_memory,
+                       "qwen3-0.6b")
+
+
 @pytest.mark.parametrize("error, status", [("refused", 2), ("rank", 1)])
 def test_a_throughput_run_the_engine_refuses_or_that_fails_is_one_line(error, status, capsys,
                                                                        monkeypatch):
@@ -853,6 +893,7 @@ def test_a_throughput_run_the_engine_refuses_or_that_fails_is_one_line(error, st
     import contextlib
 
     monkeypatch.setattr(engine.cli_bench, "_gpu_problem", lambda tp: None)
+    monkeypatch.setattr(engine.cli_bench, "_smallest_gpu_bytes", lambda tp: 80 * 2**30)
     monkeypatch.setattr(engine.cli_bench, "_model_dir",
                         lambda opts: contextlib.nullcontext("/nonexistent"))
     monkeypatch.setattr(serving, "measure_throughput", fail)
