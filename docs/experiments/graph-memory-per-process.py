@@ -51,10 +51,11 @@ def main() -> None:
                 return p.usedGpuMemory
         return None
 
-    stop = mp.Event()
+    spawn = mp.get_context("spawn")  # a CUDA process: no fork
+    stop = spawn.Event()
     other = None
     if args.neighbour:
-        other = mp.get_context("spawn").Process(target=neighbour, args=(stop,))
+        other = spawn.Process(target=neighbour, args=(stop,))
         other.start()
         time.sleep(3)
 
