@@ -470,7 +470,8 @@ def _import_user_file(path: Path, key: str):
     __future__ import annotations`` looks its module up there; it was an AttributeError).
 
     Raises:
-        ConfigError: the file raises (SystemExit included), naming the line.
+        ConfigError: the file raises (SystemExit included) or calls ``os._exit``, naming the
+            line.
     """
     import hashlib
 
@@ -480,6 +481,8 @@ def _import_user_file(path: Path, key: str):
     sys.modules[name] = module
     folder = str(Path(key).parent)
     sys.path.insert(0, folder)
+    hard_exit = os._exit
+    os._exit = _exit_refused  # a file calling it ended `lockstep check` silently, with its status
     try:
         spec.loader.exec_module(module)
     except ConfigError as exc:  # a Variant(...) with a bad field: the variant names itself
@@ -490,9 +493,20 @@ def _import_user_file(path: Path, key: str):
         raise ConfigError(f"variant file {str(path)!r} failed to import: {type(exc).__name__}: "
                           f"{exc}{_line_in(path, exc)}") from None
     finally:
+        os._exit = hard_exit
         if folder in sys.path:
             sys.path.remove(folder)
     return module
+
+
+class HardExitRefused(SystemExit):
+    """A variant file called ``os._exit`` while it was imported (`_import_user_file`)."""
+
+
+def _exit_refused(status) -> None:
+    """``os._exit`` while a variant file is imported: raised as `HardExitRefused`, which the
+    import reports as any other failure, rather than ending the process with no word."""
+    raise HardExitRefused(f"os._exit({status!r}) called")
 
 
 def _line_in(path: Path, exc: BaseException) -> str:

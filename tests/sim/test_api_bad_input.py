@@ -652,3 +652,23 @@ def test_an_acceptable_answering_numpy_booleans_is_taken():
     result = sample_search(lambda i: sc, CORRECT,
                            lambda r: np.bool_(r.outcome.verdict == "clean"), schedules=2)
     assert result.failure is None and result.stats.schedules == 2
+
+
+@pytest.mark.parametrize("content", ["import os\nos._exit(0)\n",
+                                     "from os import _exit\n\n_exit(3)\n"])
+def test_a_variant_file_that_calls_os_exit_is_named_not_silent(tmp_path, capsys, content):
+    """A hostile user's trial: a variant file calling os._exit(0) at import ended `lockstep
+    check` at once, exit 0, with no output: read as success."""
+    import os
+
+    from lockstep.cli import main
+
+    path = tmp_path / "exits.py"
+    path.write_text(content)
+    code = content.split("(")[-1].split(")")[0]
+    assert main(["check", "--variant-file", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    line = content.count("\n")
+    assert err == (f"lockstep check: error: variant file {str(path)!r} failed to import: "
+                   f"HardExitRefused: os._exit({code}) called (at exits.py:{line})"), err
+    assert os._exit.__module__ == "posix"  # restored
