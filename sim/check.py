@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
@@ -656,7 +655,7 @@ def _check_recorded_header(data: dict, choices: list[str]) -> None:
     that recorded it (``model``), the scenario it was recorded under (``scenario_digest``) or
     the rest of the recording (``record_digest``). Each may be absent (``model`` is, in traces
     written before 2026-12-06, ``scenario_digest`` in those written before 2026-12-07,
-    ``record_digest`` in those written before 2026-12-08).
+    ``record_digest`` in those written before 2026-12-07, 22:40 UTC).
 
     Raises:
         ConfigError: naming the field and its value, clipped.
@@ -1010,8 +1009,10 @@ def _departure(result: RunResult, data: dict, choices: list[str]) -> str | None:
     if "verdict" in data and result.outcome.verdict != data["verdict"]:
         return f"replay gave verdict {result.outcome.verdict}, the recording {data['verdict']}"
     if "invariant" in data and result.outcome.invariant != data["invariant"]:
-        return (f"replay broke invariant {result.outcome.invariant}, the recording "
-                f"{data['invariant']}")
+        def broke(invariant):
+            return "no invariant" if invariant is None else f"invariant {invariant}"
+        return (f"replay broke {broke(result.outcome.invariant)}, the recording "
+                f"{broke(data['invariant'])}")
     recorded = data.get("trace")
     if recorded is not None:
         replayed = [e.to_json() for e in result.world.trace]
@@ -1047,7 +1048,7 @@ def replay_trace(data: dict) -> tuple[RunResult | None, str | None]:
     a trace written before 2026-12-07 has none, and replays as before), and any of its
     `sim.report.RECORD_FIELDS` (variant name, verdict, invariant, choices, events, the
     fingerprints) that is not the one its ``record_digest`` records (`_check_record_digest`;
-    none before 2026-12-08).
+    none before 2026-12-07, 22:40 UTC).
 
     Raises:
         ConfigError: the file is not a lockstep trace of this format, names an unknown
@@ -1082,8 +1083,9 @@ def replay_trace(data: dict) -> tuple[RunResult | None, str | None]:
     try:
         variant = get_variant(data["variant"])
     except ConfigError as exc:  # a user's variant is known only once its file is loaded
+        _check_record_digest(data)  # an edited name, or path, is named as such
         path = data.get("variant_path")
-        named = (f"--variant-file {shlex.quote(path)} (the file that recorded it)"
+        named = (f"--variant-file {clipped(json.dumps(path), 300)} (the path the trace records)"
                  if isinstance(path, str) else "--variant-file PATH")
         raise ConfigError(f"{exc}; a trace of a variant from a file replays with that file: "
                           f"--replay TRACE {named}") from None

@@ -40,9 +40,9 @@ def variant_file_fingerprint(variant_name: str) -> str | None:
     (`sim.variants.load_variant_file`), or None for a variant from no file or a file no longer
     readable. A trace records it (``"variant_file"``): a fresh user's replay after editing the
     file read as the simulator's NONDETERMINISM."""
-    from sim.variants import _ORIGIN, file_digest
+    from sim.variants import file_digest, origin_of
 
-    origin = _ORIGIN.get(variant_name)
+    origin = origin_of(variant_name)
     try:
         return None if origin is None else file_digest(origin)[:12]
     except OSError:
@@ -51,10 +51,23 @@ def variant_file_fingerprint(variant_name: str) -> str | None:
 
 def field_digest(name: str, value) -> str:
     """12 hex digits of a SHA-256 of one field of a trace (of its ``scenario``, or one of its
-    `RECORD_FIELDS`): its name and its value as canonical JSON (keys sorted, no spaces), so the same value hashes alike however
-    the file is laid out, and a field's value never passes for another field's."""
-    text = json.dumps(value, sort_keys=True, separators=(",", ":"))
+    `RECORD_FIELDS`): its name and its value as canonical JSON (keys sorted, no spaces, a
+    whole float as its integer), so the same value hashes alike however the file is laid out
+    or a JSON tool rewrote its numbers (jq writes 0.0 as 0; the replay compares with ``==``),
+    and a field's value never passes for another field's."""
+    text = json.dumps(_whole_floats_as_ints(value), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(f"{name}\0{text}".encode()).hexdigest()[:12]
+
+
+def _whole_floats_as_ints(value):
+    """``value`` (parsed JSON) with every float that is a whole number replaced by its int."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, (list, tuple)):
+        return [_whole_floats_as_ints(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _whole_floats_as_ints(v) for k, v in value.items()}
+    return value
 
 
 def scenario_digest(scenario_spec: dict) -> dict[str, str]:
@@ -229,9 +242,12 @@ def mermaid(result: RunResult, limit: int = 40) -> str:
     return "\n".join(lines) + "\n"
 
 
-RECORD_FIELDS = ("model", "variant_file", "variant", "verdict", "invariant", "choices", "trace")
-"""The fields of a trace outside its ``scenario`` that a replay reads or compares: the code and
-variant that recorded it, what it found, and the run itself."""
+RECORD_FIELDS = ("model", "variant_file", "variant_path", "variant", "verdict", "invariant",
+                 "choices", "trace")
+"""The fields of a trace outside its ``scenario`` that a replay reads, compares or names: the
+code and variant that recorded it, what it found, and the run itself. Not ``detail``,
+``check``, ``cycle`` (text for a reader, never read back) or ``actions`` (checked against the
+choices)."""
 
 
 def record_digest(trace: dict) -> dict[str, str]:
@@ -247,12 +263,12 @@ def to_json(result: RunResult, variant_name: str, scenario_spec: dict) -> dict:
     variant from a file (`sim.variants.load_variant_file`) adds its file's fingerprint
     (``variant_file``) and resolved path (``variant_path``): a replay names the file to load,
     and never loads it itself (a trace is data; running the code a trace names is not)."""
-    from sim.variants import _ORIGIN
+    from sim.variants import origin_of
 
     data = {
         "format": TRACE_FORMAT,
         "model": model_fingerprint(),
-        **({"variant_file": fingerprint, "variant_path": _ORIGIN[variant_name]}
+        **({"variant_file": fingerprint, "variant_path": origin_of(variant_name)}
            if (fingerprint := variant_file_fingerprint(variant_name)) is not None else {}),
         "variant": variant_name,
         "scenario": scenario_spec,

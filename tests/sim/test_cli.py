@@ -485,7 +485,7 @@ def test_a_trace_records_the_digest_of_the_scenario_it_was_written_with(fused_tr
     assert data["scenario_digest"] == scenario_digest(data["scenario"])
     assert set(data["scenario_digest"]) == set(data["scenario"])
     assert data["record_digest"] == record_digest(data)
-    assert set(data["record_digest"]) == set(RECORD_FIELDS) - {"variant_file"}
+    assert set(data["record_digest"]) == set(RECORD_FIELDS) - {"variant_file", "variant_path"}
     out = tmp_path / "again"
     assert main(["check", "--replay", str(fused_trace), "--trace-out", str(out)]) == 0
     capsys.readouterr()
@@ -610,9 +610,44 @@ def test_a_record_edited_by_hand_is_a_bad_trace_not_nondeterminism(fused_trace, 
     assert "(its record_digest " in err, err
 
 
+def test_a_trace_whose_numbers_a_json_tool_rewrote_still_replays(fused_trace, capsys):
+    """A reviewer's finding: `jq . trace.json` writes the events' 0.0 as 0, and the record
+    digest, hashing the number's text, refused the trace as edited by hand; the replay itself
+    compares with ==."""
+    def as_jq_writes(d):
+        floats = [e for e in d["trace"] if any(isinstance(v, float) and v.is_integer()
+                                                for v in e.values())]
+        assert floats, "the trace has no whole float for jq to rewrite"
+        for e in d["trace"]:
+            e.update({k: int(v) for k, v in e.items() if isinstance(v, float) and v.is_integer()})
+
+    _rewrite(fused_trace, as_jq_writes)
+    assert main(["check", "--replay", str(fused_trace)]) == 0, capsys.readouterr()
+    assert "exactly" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda d: d.update(variant="fused-swep"), "bad trace: variant = 'fused-swep': the recording "
+                                               "has variant 'fused-sweep'"),
+    (lambda d: d.update(variant="my-gone", variant_path="/x.py\nlockstep: ok"),
+     "bad trace: variant_path = '/x.py\\nlockstep: ok': the recording has no variant_path"),
+])
+def test_an_edited_variant_name_or_path_is_named_before_the_file_hint(fused_trace, capsys,
+                                                                      edit, words,
+                                                                      no_simulation):
+    """A reviewer's findings: a misspelt shipped variant's name drew the hint to replay "with
+    its file", and an edited variant_path was repeated as the file that recorded the trace,
+    newline and all."""
+    _rewrite(fused_trace, edit)
+    assert main(["check", "--replay", str(fused_trace)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"lockstep check: error: {fused_trace}: {words}"), err
+    assert len(err.splitlines()) == 1, err
+
+
 def test_a_trace_without_a_record_digest_still_replays(fused_trace, capsys):
-    """Traces written before 2026-12-08 have no record_digest: they replay as before, and an
-    edited verdict reads as a departure."""
+    """Traces written before 2026-12-07, 22:40 UTC, have no record_digest: they replay as
+    before, and an edited verdict reads as a departure."""
     _rewrite(fused_trace, lambda d: d.pop("record_digest"))
     assert main(["check", "--replay", str(fused_trace)]) == 0
     capsys.readouterr()
@@ -627,7 +662,8 @@ def test_a_replay_compares_the_recorded_invariant(fused_trace, capsys):
     _rewrite(fused_trace, _restamped(lambda d: d.update(invariant="I7")))
     assert main(["check", "--replay", str(fused_trace)]) == 1
     out = capsys.readouterr().out
-    assert out.startswith("NONDETERMINISM: replay broke invariant None, the recording I7"), out
+    assert out.startswith("NONDETERMINISM: replay broke no invariant, the recording "
+                          "invariant I7"), out
 
 
 def test_non_utf8_trace_exit_2(tmp_path, capsys):
@@ -667,7 +703,7 @@ def test_user_variant_trace_replays_with_its_file(tmp_path, capsys):
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 2, res.stderr
     err = res.stderr
-    named = f"--variant-file {Path('docs/examples/my_variant.py').resolve()} (the file that"
+    named = f"--variant-file \"{Path('docs/examples/my_variant.py').resolve()}\" (the path"
     assert "unknown variant 'no-sync-launch'" in err and named in err, err
     assert len(err.strip().splitlines()) == 1
 
@@ -1474,8 +1510,8 @@ def test_a_replay_after_its_variant_file_was_edited_says_so(tmp_path, capsys):
         assert main(["check", "--replay", str(trace)]) == 2
         err = capsys.readouterr().err.strip()
         assert err.endswith("a trace of a variant from a file replays with that file: --replay "
-                            f"TRACE --variant-file {path.resolve()} (the file that recorded "
-                            "it)"), err
+                            f"TRACE --variant-file \"{path.resolve()}\" (the path the trace "
+                            "records)"), err
         path.write_text(source.replace("bucket == 1", "bucket == 2"))
         assert main(["check", "--replay", str(trace), "--variant-file", str(path)]) == 1
         text = capsys.readouterr().out
