@@ -309,6 +309,12 @@ REGISTRY: dict[str, Variant] = {}
 _ORIGIN: dict[str, str] = {}  # variant name -> the user file that defined it
 
 
+def origin_of(name: str) -> str | None:
+    """The resolved path of the user file that defined variant ``name``
+    (`load_variant_file`), or None for a shipped variant or an unknown name."""
+    return _ORIGIN.get(name)
+
+
 def _registered(name: str, origin: str | None) -> Variant:
     """The registered variant ``name``, loading ``origin`` first if this process lacks it."""
     if name not in REGISTRY and origin is not None:
@@ -481,7 +487,8 @@ def _import_user_file(path: Path, key: str):
     sys.modules[name] = module
     folder = str(Path(key).parent)
     sys.path.insert(0, folder)
-    hard_exit = os._exit
+    global _IMPORTING
+    importing, _IMPORTING = _IMPORTING, os.getpid()
     os._exit = _exit_refused  # a file calling it ended `lockstep check` silently, with its status
     try:
         spec.loader.exec_module(module)
@@ -493,7 +500,9 @@ def _import_user_file(path: Path, key: str):
         raise ConfigError(f"variant file {str(path)!r} failed to import: {type(exc).__name__}: "
                           f"{exc}{_line_in(path, exc)}") from None
     finally:
-        os._exit = hard_exit
+        _IMPORTING = importing
+        if importing is None:
+            os._exit = _REAL_EXIT
         if folder in sys.path:
             sys.path.remove(folder)
     return module
@@ -503,9 +512,18 @@ class HardExitRefused(SystemExit):
     """A variant file called ``os._exit`` while it was imported (`_import_user_file`)."""
 
 
+_REAL_EXIT = os._exit
+_IMPORTING: int | None = None
+"""The pid of the process importing a variant file (`_import_user_file`), while it does."""
+
+
 def _exit_refused(status) -> None:
-    """``os._exit`` while a variant file is imported: raised as `HardExitRefused`, which the
-    import reports as any other failure, rather than ending the process with no word."""
+    """``os._exit`` while a variant file is imported: raised as `HardExitRefused` in the
+    importing process, which reports it as any other failed import, rather than ending with no
+    word. Anywhere else -- a child the file forks, a call after the import through a name the
+    file bound meanwhile (``from os import _exit``) -- it is ``os._exit``."""
+    if _IMPORTING != os.getpid():
+        _REAL_EXIT(status)
     raise HardExitRefused(f"os._exit({status!r}) called")
 
 

@@ -654,21 +654,46 @@ def test_an_acceptable_answering_numpy_booleans_is_taken():
     assert result.failure is None and result.stats.schedules == 2
 
 
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("content", ["import os\nos._exit(0)\n",
                                      "from os import _exit\n\n_exit(3)\n"])
-def test_a_variant_file_that_calls_os_exit_is_named_not_silent(tmp_path, capsys, content):
+def test_a_variant_file_that_calls_os_exit_is_named_not_silent(tmp_path, content):
     """A hostile user's trial: a variant file calling os._exit(0) at import ended `lockstep
-    check` at once, exit 0, with no output: read as success."""
-    import os
-
-    from lockstep.cli import main
+    check` at once, exit 0, with no output: read as success. In a subprocess: without the
+    refusal the call would end the test's own process, which pytest alone reads as a pass."""
+    import subprocess
+    import sys
 
     path = tmp_path / "exits.py"
     path.write_text(content)
     code = content.split("(")[-1].split(")")[0]
-    assert main(["check", "--variant-file", str(path)]) == 2
-    err = capsys.readouterr().err.strip()
+    res = subprocess.run([sys.executable, "-m", "lockstep", "check", "--variant-file", str(path),
+                          "--list"], capture_output=True, text=True, timeout=100)
     line = content.count("\n")
-    assert err == (f"lockstep check: error: variant file {str(path)!r} failed to import: "
-                   f"HardExitRefused: os._exit({code}) called (at exits.py:{line})"), err
-    assert os._exit.__module__ == "posix"  # restored
+    assert (res.returncode, res.stdout) == (2, ""), res
+    assert res.stderr.strip() == (f"lockstep check: error: variant file {str(path)!r} failed to "
+                                  f"import: HardExitRefused: os._exit({code}) called (at "
+                                  f"exits.py:{line})"), res.stderr
+
+
+@pytest.mark.timeout(120)
+def test_a_child_a_variant_file_forks_still_exits(tmp_path):
+    """A reviewer's finding: the refusal replaced os._exit in the whole process, so a child
+    the file forked while imported ran the parent's error path instead of exiting."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "forks.py"
+    path.write_text("import os\n"
+                    "from dataclasses import replace\n"
+                    "from sim.variants import CORRECT\n"
+                    "pid = os.fork()\n"
+                    "if pid == 0:\n"
+                    "    os._exit(7)\n"
+                    "_, status = os.waitpid(pid, 0)\n"
+                    "assert os.waitstatus_to_exitcode(status) == 7, status\n"
+                    "V = replace(CORRECT, name='forks-and-waits')\n")
+    res = subprocess.run([sys.executable, "-m", "lockstep", "check", "--variant-file", str(path),
+                          "--list"], capture_output=True, text=True, timeout=100)
+    assert res.returncode == 0 and res.stderr == "", res
+    assert "forks-and-waits" in res.stdout, res.stdout
