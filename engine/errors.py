@@ -111,19 +111,26 @@ class RankError(RuntimeError):
         self.detail = detail
 
 
-class LoadTimeoutError(RankError):
-    """The rank processes did not all load the model within the startup timeout (the startup
-    watchdog's limit, I6, which covers loading under TP): no rank failed, they were slow.
+class SilentRanksError(RankError):
+    """Ranks did not answer within a deadline, with no rank known to have failed: from
+    outside, a rank blocked in a collective that waits for a silent peer is silent too.
 
     Attributes:
-        ranks: the ranks not ready. rank: the lowest of them. timeout_s: the limit (s).
+        ranks: the ranks not heard from. rank: the lowest of them. timeout_s: the limit (s).
     """
 
-    def __init__(self, ranks: list[int], timeout_s: float):
-        detail = self.line(ranks, timeout_s)
-        RuntimeError.__init__(self, detail)  # not "rank N failed: ...": no rank failed
+    def __init__(self, ranks: list[int], timeout_s: float, detail: str):
+        RuntimeError.__init__(self, detail)  # not "rank N failed: ...": none is known to have
         self.rank, self.detail = ranks[0], detail
         self.ranks, self.timeout_s = ranks, timeout_s
+
+
+class LoadTimeoutError(SilentRanksError):
+    """The rank processes did not all load the model within the startup timeout (the startup
+    watchdog's limit, I6, which covers loading under TP): no rank failed, they were slow."""
+
+    def __init__(self, ranks: list[int], timeout_s: float):
+        super().__init__(ranks, timeout_s, self.line(ranks, timeout_s))
 
     @staticmethod
     def line(ranks: list[int], timeout_s: float, limit: str = "") -> str:
@@ -136,23 +143,16 @@ class LoadTimeoutError(RankError):
                 "--startup-timeout gives them longer")
 
 
-class ReplyTimeoutError(RankError):
-    """Ranks sent no reply within their deadline. From outside, a rank blocked in a collective
-    that waits for a silent peer is silent too, so every rank not heard from is named, and
-    none is called failed for it (a fresh user's finding: "rank 0 failed: no reply within
-    0.001 s (ranks not collected: [0, 1])").
-
-    Attributes:
-        ranks: the ranks not heard from. rank: the lowest of them. timeout_s: the limit (s).
-    """
+class ReplyTimeoutError(SilentRanksError):
+    """Ranks sent no reply to a command within the step timeout. Every rank not heard from is
+    named, and none is called failed for it (a fresh user's finding: "rank 0 failed: no reply
+    within 0.001 s (ranks not collected: [0, 1])")."""
 
     def __init__(self, ranks: list[int], timeout_s: float):
         which = (f"rank {ranks[0]}" if len(ranks) == 1 else
                  f"ranks {', '.join(map(str, ranks))}")
-        detail = f"no reply within {timeout_s:g} s from {which}"
-        RuntimeError.__init__(self, detail)
-        self.rank, self.detail = ranks[0], detail
-        self.ranks, self.timeout_s = ranks, timeout_s
+        super().__init__(ranks, timeout_s,
+                         f"no reply within {timeout_s:g} s (the step timeout) from {which}")
 
 
 def tokens(n: int) -> str:

@@ -343,9 +343,10 @@ class SpawnedRanks:
     def _gather(self, timeout_s: float, loading: bool = False) -> list[tuple[int, Any]]:
         """One message from every rank, in rank order; raises RankError for a dead rank (the
         lowest such rank is named), ReplyTimeoutError naming the silent ones, and
-        LoadTimeoutError for ranks still loading the model (`loading`) at the deadline. Returns early, with the messages so far, once
-        a rank reports a failure: its peers may be blocked in a collective that will never
-        complete, and the controller aborts them (I13)."""
+        LoadTimeoutError for ranks still loading the model (`loading`) at the deadline.
+        Returns early, with the messages so far, once a rank reports a failure: its peers may
+        be blocked in a collective that will never complete, and the controller aborts them
+        (I13)."""
         got: dict[int, Any] = {}
         deadline = time.monotonic() + timeout_s
         while len(got) < len(self.conns):

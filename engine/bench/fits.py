@@ -64,10 +64,10 @@ def check_serving_fits(shape: dict, tensor_parallel_size: int, dtype: str, max_m
         BenchArgError: naming ``model`` (``--preset NAME`` or ``--model PATH``), the bytes
             needed and the GPU's.
     """
-    from engine.engine_config import DTYPE_BYTES
+    from engine.engine_config import DTYPE_BYTES, EngineConfig
 
     weights, kv = weight_and_kv_bytes(shape, tensor_parallel_size, DTYPE_BYTES[dtype], 1,
-                                      max_model_len, 16)
+                                      max_model_len, EngineConfig.page_size)
     if weights + kv > device_bytes:
         raise BenchArgError(
             f"{model}: {weights / GiB:.1f} GiB of {dtype} weights per GPU and one sequence's KV "

@@ -63,7 +63,8 @@ def test_silent_ranks_are_declared_failed_after_the_step_timeout(tiny_dir):
     # Rank 0 is blocked in the step's first all-reduce, waiting for rank 1: from outside both
     # are silent, so both are named as not collected.
     # Neither is called failed (a fresh user's finding: "rank 0 failed: no reply ...").
-    assert str(info.value) == "no reply within 5 s from ranks 0, 1", info.value
+    assert str(info.value) == "no reply within 5 s (the step timeout) from ranks 0, 1", \
+        info.value
     assert info.value.ranks == [0, 1] and info.value.timeout_s == 5.0
     assert multiprocessing.active_children() == []
     with pytest.raises(RuntimeError, match="closed"):
