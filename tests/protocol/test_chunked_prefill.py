@@ -173,3 +173,18 @@ def test_the_last_chunk_takes_a_decode_slot_from_the_admissions_of_its_step():
     last = next(s for s in steps if any(a.request_id == 1 for a in s.admits))
     assert [a.request_id for a in last.admits] == [1] and last.rows.request_ids == (0,)
     assert sorted(ctrl.finished) == [0, 1, 2]
+
+
+def test_the_last_chunk_takes_one_decode_slot_and_leaves_the_rest_to_admissions():
+    # three decode slots: request 0 holds one, request 1's last chunk takes one, so request 2
+    # is admitted beside that chunk, in the same step (a mutation-run survivor: the last
+    # chunk counted for two slots and request 2 waited a step)
+    config = ProtocolConfig(world_size=1, max_prefill_tokens=6, **dict(SMALL, max_batch=3))
+    reqs = _requests([(1, 6), (8, 2), (2, 2)])
+    ctrl, _, _, sent, action = drive(config, reqs, backends=[PagedBackend(0, 64)],
+                                     pages_per_seq=8)
+    assert isinstance(action, Done) and sorted(ctrl.finished) == [0, 1, 2]
+    last = next(c for c in sent if isinstance(c, Step)
+                and any(a.request_id == 1 for a in c.admits))
+    assert [(a.request_id, a.start) for a in last.admits] == [(1, 5), (2, 0)], last.admits
+    assert last.rows.request_ids == (0,)

@@ -45,6 +45,8 @@ def test_bad_buckets(buckets, match):
     ({"kv_watermark": 1}, "kv_watermark=1"),  # admission would leave every page free
     ({"memory_headroom_bytes": -5}, "memory_headroom_bytes=-5"),
     ({"kv_page_bytes": 0}, "kv_page_bytes=0"),
+    ({"page_size": 0}, "page_size=0 must be a positive integer"),  # a mutation-run survivor
+    ({"page_size": 2.5}, "page_size=2.5 must be a positive integer"),
     ({"decode_overlap": "yes"}, "decode_overlap='yes' must be True or False"),
     ({"buckets": (8, 4)}, "ascending"),
 ])

@@ -11,7 +11,7 @@ from protocol.keys import GraphKey
 from protocol.pages import PagePool
 from protocol.requests import Request
 from protocol.worker import Worker
-from tests.protocol.driver import drive
+from tests.protocol.driver import FakeBackend, deliver, drive
 
 SMALL = dict(buckets=(1, 2, 4, 8), max_batch=8)
 
@@ -179,6 +179,29 @@ def test_watchdog_expiry_aborts_during_startup():
     now[0] = 11
     action = ctrl.next_action()
     assert isinstance(action, Abort) and "ranks not collected: 1" in str(action.error)
+
+
+def test_the_startup_watchdog_spans_the_whole_startup_not_each_command():
+    """I6: the startup watchdog is armed once, at the first startup command, and expires
+    when the startup as a whole outlasts it, though each command took less."""
+    from protocol.commands import ProfileMemory, Warmup
+
+    now = [0.0]
+    config = ProtocolConfig(watchdog_timeout_s=10, world_size=1, **SMALL)
+    ctrl = Controller(config, clock=lambda: now[0])
+    worker = Worker(0, 1, GraphPlan.from_config(config), config.max_batch)
+    backend = FakeBackend(0, None, 10**12)
+    sent = []
+    while True:
+        action = ctrl.next_action()
+        if isinstance(action, Abort):
+            break
+        assert isinstance(action, Broadcast), action
+        sent.append(action.command)
+        deliver(ctrl, [worker], [backend], action.command)
+        now[0] += 4  # each command answered within 4 s of the 10 s limit
+    assert [type(c) for c in sent] == [Warmup, ProfileMemory, MeasureGraphs], sent
+    assert now[0] == 12 and "exceeded its 10 s watchdog" in str(action.error), action.error
 
 
 def test_step_timeout_aborts_during_serving():

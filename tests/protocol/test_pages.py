@@ -205,3 +205,12 @@ def test_a_page_pool_refuses_any_size_below_one(sizes):
     # pages, tokens per page, pages per sequence: each alone makes the pool unusable
     with pytest.raises(PageError, match="each must be at least 1"):
         PagePool(*sizes)
+
+
+def test_a_pool_without_a_watermark_admits_into_its_last_free_page():
+    """The default is no watermark: beside a running request, a prompt may take every page
+    left (a mutation-run survivor: a default of one page went unnoticed)."""
+    pool = PagePool(num_pages=4, page_size=4, max_pages_per_seq=4)
+    pool.allocate(0, 8)  # a running request holds two pages
+    assert pool.can_admit(8, running=1) and not pool.can_admit(9, running=1)
+    assert PagePool(4, 4, 4, watermark_pages=1).can_admit(12, running=0)  # waived when alone
