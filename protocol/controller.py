@@ -583,7 +583,7 @@ class Controller:
         return None
 
     def _next_startup_command(self) -> Command | None:
-        if self._stage == 0 and not self.watchdog.armed and self.seq == -1:
+        if self.seq == -1:  # the first command of the run: the startup watchdog spans it all
             self.watchdog.arm()
         while self._stage < len(self._stages):
             name = self._stages[self._stage]
