@@ -1039,11 +1039,11 @@ def replay_trace(data: dict) -> tuple[RunResult | None, str | None]:
 
     The replay must take the recorded choices and give the recorded verdict, invariant and
     trace event for event, where the trace records them; any departure is reported as
-    nondeterminism,
-    unless the scenario's fields drawn per run are what departs: a ``short_context`` that no
-    run of the variant has, or one at which the recording does not replay while another drawn
-    value replays it exactly, and faults that the recording's fault events contradict, are a
-    bad trace (an edit by hand), not the simulator's nondeterminism; so is any field of its
+    nondeterminism, unless the scenario's fields drawn per run are what departs: a
+    ``short_context`` that no run of the variant has, or one at which the recording does not
+    replay while another drawn value replays it exactly, and faults that the recording's fault
+    events contradict, are a bad trace (an edit by hand), not the simulator's nondeterminism;
+    so is any field of its
     scenario that is not the one its ``scenario_digest`` records (`_check_scenario_digest`;
     a trace written before 2026-12-07 has none, and replays as before), and any of its
     `sim.report.RECORD_FIELDS` (variant name, verdict, invariant, choices, events, the
