@@ -1140,9 +1140,7 @@ def replay_trace(data: dict) -> tuple[RunResult | None, str | None]:
         problem = _departure(result, data, choices)
     if problem is not None:
         problem += _recorded_by_other_code(data)
-        if "scenario_digest" not in data:
-            problem += ("; the trace has no scenario_digest (traces written before 2026-12-07 "
-                        "do not), so a scenario edited by hand cannot be told from a departure")
+        problem += _undigested(data)
         # a short_context the variant draws, but not the recording's: the value that replays
         # the recording exactly names the edit
         for other in [v for v in allowed or () if v is not None and v != given]:
@@ -1156,6 +1154,23 @@ def replay_trace(data: dict) -> tuple[RunResult | None, str | None]:
     with watchdog():  # a token divergence names its step, as in the report it was written from
         result = attribute_divergence(scenario, variant, result)
     return result, None
+
+
+def _undigested(data: dict) -> str:
+    """What a departing replay adds when the trace lacks a digest, so that an edit by hand of
+    what it covers cannot be told from a departure (a fresh user's finding: with both
+    missing, the note named the scenario alone, and an edited verdict drew no note at all)."""
+    missing = [(key, since, what) for key, since, what in (
+        ("scenario_digest", "2026-12-07", "its scenario"),
+        ("record_digest", "2026-12-07, 22:40 UTC", "its verdict, variant, choices or events"))
+        if key not in data]
+    if not missing:
+        return ""
+    keys = " or ".join(key for key, _, _ in missing)
+    since = missing[-1][1]
+    what = " or ".join(what for _, _, what in missing)
+    return (f"; the trace has no {keys} (traces written before {since} do not), so an edit "
+            f"by hand of {what} cannot be told from a departure")
 
 
 def _recorded_by_other_code(data: dict) -> str:

@@ -503,8 +503,8 @@ def test_a_trace_without_a_scenario_digest_still_replays(fused_trace, capsys):
     out = capsys.readouterr().out
     assert out.startswith("NONDETERMINISM: replay departed from its recording"), out
     assert out.rstrip().endswith("; the trace has no scenario_digest (traces written before "
-                                 "2026-12-07 do not), so a scenario edited by hand cannot be "
-                                 "told from a departure"), out
+                                 "2026-12-07 do not), so an edit by hand of its scenario cannot "
+                                 "be told from a departure"), out
 
 
 @pytest.mark.parametrize("digest, shown", [
@@ -647,14 +647,24 @@ def test_an_edited_variant_name_or_path_is_named_before_the_file_hint(fused_trac
 
 def test_a_trace_without_a_record_digest_still_replays(fused_trace, capsys):
     """Traces written before 2026-12-07, 22:40 UTC, have no record_digest: they replay as
-    before, and an edited verdict reads as a departure."""
+    before, and an edited verdict reads as a departure that says it may be an edit (a fresh
+    user's finding: it drew no note; with both digests gone, the note named the scenario)."""
     _rewrite(fused_trace, lambda d: d.pop("record_digest"))
     assert main(["check", "--replay", str(fused_trace)]) == 0
     capsys.readouterr()
     _rewrite(fused_trace, lambda d: d.update(verdict="clean"))
     assert main(["check", "--replay", str(fused_trace)]) == 1
-    assert capsys.readouterr().out.startswith("NONDETERMINISM: replay gave verdict deadlock, "
-                                              "the recording clean")
+    out = capsys.readouterr().out.rstrip()
+    assert out.startswith("NONDETERMINISM: replay gave verdict deadlock, the recording clean")
+    assert out.endswith("; the trace has no record_digest (traces written before 2026-12-07, "
+                        "22:40 UTC do not), so an edit by hand of its verdict, variant, choices "
+                        "or events cannot be told from a departure"), out
+    _rewrite(fused_trace, lambda d: d.pop("scenario_digest"))
+    assert main(["check", "--replay", str(fused_trace)]) == 1
+    assert capsys.readouterr().out.rstrip().endswith(
+        "; the trace has no scenario_digest or record_digest (traces written before 2026-12-07, "
+        "22:40 UTC do not), so an edit by hand of its scenario or its verdict, variant, choices "
+        "or events cannot be told from a departure")
 
 
 def test_a_replay_compares_the_recorded_invariant(fused_trace, capsys):
