@@ -90,3 +90,41 @@ def test_a_replay_refuses_a_record_edited_by_hand(clean_trace, field, value, wor
     with pytest.raises(ConfigError) as info:
         replay_trace(edited)
     assert str(info.value).startswith(f"bad trace: {words} (its record_digest says so"), info.value
+
+
+def test_a_digest_reads_a_whole_float_as_its_integer():
+    """jq writes 0.0 as 0 (the replay compares with ==), so the digests do too; a fraction, a
+    string or a bool stays itself."""
+    from sim.report import field_digest
+
+    assert field_digest("trace", [{"time": 0.0, "n": [2.0]}]) == field_digest(
+        "trace", [{"time": 0, "n": [2]}])
+    assert field_digest("trace", (1.0, 2)) == field_digest("trace", [1, 2])
+    assert field_digest("trace", 0.5) != field_digest("trace", 0)
+    assert field_digest("trace", "0") != field_digest("trace", 0)
+    assert field_digest("trace", True) != field_digest("trace", 1.0)
+    assert field_digest("trace", 1) != field_digest("verdict", 1)  # the name is hashed too
+    assert len(field_digest("trace", 1)) == 12
+
+
+@pytest.mark.parametrize("absent, words", [
+    ((), ""),
+    (("scenario_digest",), "; the trace has no scenario_digest (traces written before "
+                           "2026-12-07 do not), so an edit by hand of its scenario cannot be "
+                           "told from a departure"),
+    (("record_digest",), "; the trace has no record_digest (traces written before 2026-12-07, "
+                         "22:40 UTC do not), so an edit by hand of its verdict, variant, "
+                         "choices or events cannot be told from a departure"),
+    (("scenario_digest", "record_digest"), "; the trace has no scenario_digest or "
+                                           "record_digest (traces written before 2026-12-07, "
+                                           "22:40 UTC do not), so an edit by hand of its "
+                                           "scenario or its verdict, variant, choices or "
+                                           "events cannot be told from a departure"),
+])
+def test_a_departure_names_the_digests_the_trace_lacks(absent, words):
+    from sim.check import _undigested
+
+    data = {"scenario_digest": {}, "record_digest": {}}
+    for key in absent:
+        del data[key]
+    assert _undigested(data) == words
