@@ -101,6 +101,10 @@ def test_a_digest_reads_a_whole_float_as_its_integer():
         "trace", [{"time": 0, "n": [2]}])
     assert field_digest("trace", (1.0, 2)) == field_digest("trace", [1, 2])
     assert field_digest("trace", 0.5) != field_digest("trace", 0)
+    assert field_digest("trace", [1, 2]) != field_digest("trace", [1, 3])  # contents count
+    assert field_digest("trace", {"t": 1}) != field_digest("trace", {"t": 2})
+    # a tool that writes an object's keys in another order changes nothing
+    assert field_digest("trace", {"a": 1, "b": 2}) == field_digest("trace", {"b": 2, "a": 1})
     assert field_digest("trace", "0") != field_digest("trace", 0)
     assert field_digest("trace", True) != field_digest("trace", 1.0)
     assert field_digest("trace", 1) != field_digest("verdict", 1)  # the name is hashed too
