@@ -751,6 +751,9 @@ def _check_digest(values: dict, digest: dict | None, names, where: str, digest_k
 
     if digest is None:
         return
+    if not digest and any(name in values for name in names):
+        raise ConfigError(f"{where}: its {digest_key} is empty, but every recording names its "
+                          "fields there (emptied by hand?)")
     for name in names:
         recorded, present = digest.get(name), name in values
         if recorded is None and not present:

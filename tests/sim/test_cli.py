@@ -594,6 +594,8 @@ def test_a_departing_trace_is_nondeterminism_not_silence(fused_trace, capsys):
                                                 "has no variant_file (its record_digest names "
                                                 "none; added by hand?)"),
     (lambda d: d.pop("invariant"), "invariant is missing, but the recording has one"),
+    (lambda d: d.update(record_digest={}), "its record_digest is empty, but every recording "
+                                           "names its fields there (emptied by hand?)"),
 ])
 def test_a_record_edited_by_hand_is_a_bad_trace_not_nondeterminism(fused_trace, capsys, edit,
                                                                    words, no_simulation):
@@ -607,7 +609,7 @@ def test_a_record_edited_by_hand_is_a_bad_trace_not_nondeterminism(fused_trace, 
     err = captured.err.strip()
     assert captured.out == "" and len(err.splitlines()) == 1, captured
     assert err.startswith(f"lockstep check: error: {fused_trace}: bad trace: {words}"), err
-    assert "(its record_digest " in err, err
+    assert "its record_digest " in err, err
 
 
 def test_a_trace_whose_numbers_a_json_tool_rewrote_still_replays(fused_trace, capsys):
