@@ -5,6 +5,8 @@ least the weights and one sequence of --max-model-len tokens."""
 
 from __future__ import annotations
 
+import math
+
 from engine.bench.options import BenchArgError
 
 GiB = 2**30
@@ -14,19 +16,18 @@ def weight_and_kv_bytes(shape: dict, world_size: int, dtype_bytes: int, max_batc
                         max_model_len: int, page_size: int) -> tuple[int, int]:
     """A lower bound of one rank's (weight bytes, KV cache bytes) for a Qwen3 dense ``shape``
     (config.json's keys: hidden_size, num_hidden_layers, num_attention_heads,
-    num_key_value_heads, head_dim, intermediate_size, vocab_size, tie_word_embeddings): the
-    layer and embedding matrices (norms left out) split over ``world_size`` ranks, and K and V
-    for ``max_batch`` slots of ``max_model_len`` tokens in pages of ``page_size`` plus the
-    padding page, in ``dtype_bytes`` bytes an element."""
-    hidden, layers = shape["hidden_size"], shape["num_hidden_layers"]
-    q_heads, kv_heads = shape["num_attention_heads"], shape["num_key_value_heads"]
-    head_dim = shape.get("head_dim") or hidden // q_heads
-    per_layer = (hidden * (q_heads + 2 * kv_heads) * head_dim + q_heads * head_dim * hidden
-                 + 3 * hidden * shape["intermediate_size"])
-    embeddings = shape["vocab_size"] * hidden * (1 if shape.get("tie_word_embeddings") else 2)
-    weights = (layers * per_layer + embeddings) // world_size * dtype_bytes
+    num_key_value_heads, head_dim, intermediate_size, vocab_size, tie_word_embeddings): every
+    checkpoint tensor (`engine.model_dir.tensor_shapes`) split over ``world_size`` ranks, and
+    K and V for ``max_batch`` slots of ``max_model_len`` tokens in pages of ``page_size`` plus
+    the padding page, in ``dtype_bytes`` bytes an element."""
+    from engine.model_dir import tensor_shapes
+
+    weights = (sum(math.prod(dims) for _, dims in tensor_shapes(shape)) // world_size
+               * dtype_bytes)
+    layers, kv_heads = shape["num_hidden_layers"], shape["num_key_value_heads"]
     pages = max_batch * -(-max_model_len // page_size) + 1
-    page_bytes = 2 * layers * page_size * (kv_heads // world_size) * head_dim * dtype_bytes
+    page_bytes = (2 * layers * page_size * (kv_heads // world_size) * shape["head_dim"]
+                  * dtype_bytes)
     return weights, pages * page_bytes
 
 
